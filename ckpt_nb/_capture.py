@@ -1,0 +1,371 @@
+"""Turning live objects into checkpoint state and back.
+
+State is a tree of dicts, lists and scalars with tensors at the leaves (what
+``state_dict()`` returns). ``flatten`` splits it into a JSON skeleton and the
+raw bytes of each distinct tensor storage, so tensors that share memory (tied
+weights, views) are stored once and come back sharing it. Values that are
+neither JSON nor tensors are pickled, and unpickled only on explicit trust.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from ._errors import CaptureError, StateMismatchError, UntrustedPickleError
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything with ``state_dict()`` and ``load_state_dict()``: modules,
+    optimizers, schedulers, GradScalers and user objects alike."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
+class RNGState:
+    """The random number generators a training loop draws from, as a Stateful:
+    Python's ``random``, NumPy's global state, torch's CPU and CUDA generators."""
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = random.getstate()
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state: dict[str, Any] = {
+            "python": {"version": version, "state": list(internal), "gauss": gauss},
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.copy()), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached": float(cached)},
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        py = state["python"]
+        random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+        npy = state["numpy"]
+        np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
+                             npy["has_gauss"], npy["cached"]))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            saved = state["cuda"][: torch.cuda.device_count()]
+            torch.cuda.set_rng_state_all(saved)
+
+
+@dataclass
+class TensorRecord:
+    """A tensor as a view (offset, shape, stride, dtype) of a stored storage."""
+
+    name: str
+    storage: int
+    offset: int
+    shape: list[int]
+    stride: list[int]
+    dtype: str
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+@dataclass
+class StorageBytes:
+    """The raw bytes of one storage (or pickle), as a flat uint8 array."""
+
+    name: str
+    data: np.ndarray
+    itemsize: int
+    device: str
+    kind: str = "tensor"  # or "pickle"
+
+
+@dataclass
+class FlatState:
+    """A state tree split into a JSON skeleton and raw byte buffers."""
+
+    skeleton: dict[str, Any]
+    tensors: list[TensorRecord] = field(default_factory=list)
+    storages: list[StorageBytes] = field(default_factory=list)
+
+    @property
+    def logical_bytes(self) -> int:
+        return sum(s.data.nbytes for s in self.storages)
+
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values()
+           if isinstance(d, torch.dtype)}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise CaptureError(
+            f"this torch ({torch.__version__}) has no dtype {name!r}: "
+            "restore with the torch version that wrote the checkpoint"
+        ) from None
+
+
+def storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
+    """A zero-copy uint8 view of a CPU storage."""
+    flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+    return flat.numpy()
+
+
+class _Flattener:
+    def __init__(self, copy_tensors: bool) -> None:
+        self.flat = FlatState(skeleton={})
+        self._by_ptr: dict[tuple[str, int, int], int] = {}
+        self._copy = copy_tensors
+
+    def tensor(self, t: torch.Tensor, name: str) -> dict[str, Any]:
+        if t.layout != torch.strided or t.is_quantized or t.is_nested:
+            return self.pickled(t, name)
+        if t.device.type == "meta":
+            raise CaptureError(f"{name} is on the meta device and holds no data to save")
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr(), storage.nbytes())
+        index = self._by_ptr.get(key)
+        if index is None:
+            if t.device.type != "cpu":
+                cpu = storage.cpu()
+            else:
+                cpu = storage.clone() if self._copy else storage
+            index = len(self.flat.storages)
+            self.flat.storages.append(
+                StorageBytes(name, storage_bytes(cpu), t.element_size(), str(t.device))
+            )
+            self._by_ptr[key] = index
+        record = TensorRecord(name, index, t.storage_offset(), list(t.shape),
+                              list(t.stride()), str(t.dtype).removeprefix("torch."))
+        self.flat.tensors.append(record)
+        return {"__tensor__": len(self.flat.tensors) - 1}
+
+    def pickled(self, value: Any, name: str) -> dict[str, Any]:
+        try:
+            data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise CaptureError(
+                f"{name} ({type(value).__name__}) cannot be saved: it is neither JSON, "
+                f"a tensor nor picklable ({exc})"
+            ) from exc
+        self.flat.storages.append(
+            StorageBytes(name, np.frombuffer(data, dtype=np.uint8), 1, "cpu", "pickle")
+        )
+        return {"__pickle__": len(self.flat.storages) - 1}
+
+    def encode(self, value: Any, name: str) -> Any:
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {"__float__": repr(value)}
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value.detach(), name)
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+            t = torch.from_numpy(np.ascontiguousarray(value))
+            return {"__ndarray__": self.tensor(t, name)["__tensor__"], "dtype": value.dtype.str}
+        if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+            return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}
+        if isinstance(value, torch.dtype):
+            return {"__dtype__": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.device):
+            return {"__device__": str(value)}
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return {"__tuple__": [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, dict) and _plain_keys(value):
+            return {k: self.encode(v, f"{name}/{k}") for k, v in value.items()}
+        if isinstance(value, dict):
+            return {"__dict__": [[self.encode(k, f"{name}/key"), self.encode(v, f"{name}/{k}")]
+                                 for k, v in value.items()]}
+        return self.pickled(value, name)
+
+
+def _plain_keys(d: dict[Any, Any]) -> bool:
+    return all(isinstance(k, str) and not k.startswith("__") for k in d)
+
+
+def flatten(tree: Mapping[str, Any], *, copy_tensors: bool = False) -> FlatState:
+    """Split a state tree; with ``copy_tensors``, its bytes no longer alias live memory."""
+    flattener = _Flattener(copy_tensors)
+    flattener.flat.skeleton = {k: flattener.encode(v, k) for k, v in tree.items()}
+    return flattener.flat
+
+
+@dataclass
+class Unflattener:
+    """Rebuilds a state tree from its skeleton and the decoded storages."""
+
+    tensors: list[dict[str, Any]]
+    storages: list[torch.Tensor]  # flat uint8 tensors
+    trust_pickle: bool = False
+    on_pickle: Callable[[str], Any] | None = None
+
+    def __post_init__(self) -> None:
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def tensor(self, index: int) -> torch.Tensor:
+        if index not in self._cache:
+            rec = self.tensors[index]
+            base = self.storages[rec["storage"]]
+            t = torch.empty(0, dtype=dtype_from_name(rec["dtype"]))
+            t.set_(base.untyped_storage(), rec["offset"], rec["shape"], rec["stride"])
+            self._cache[index] = t
+        return self._cache[index]
+
+    def decode(self, value: Any, name: str = "") -> Any:
+        if isinstance(value, list):
+            return [self.decode(v, name) for v in value]
+        if not isinstance(value, dict):
+            return value
+        if "__tensor__" in value:
+            return self.tensor(value["__tensor__"])
+        if "__ndarray__" in value:
+            return self.tensor(value["__ndarray__"]).numpy().view(np.dtype(value["dtype"]))
+        if "__npscalar__" in value:
+            return np.dtype(value["__npscalar__"]).type(value["value"])
+        if "__float__" in value:
+            return float(value["__float__"])
+        if "__dtype__" in value:
+            return dtype_from_name(value["__dtype__"])
+        if "__device__" in value:
+            return torch.device(value["__device__"])
+        if "__tuple__" in value:
+            return tuple(self.decode(v, name) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {self.decode(k, name): self.decode(v, name) for k, v in value["__dict__"]}
+        if "__pickle__" in value:
+            if not self.trust_pickle:
+                if self.on_pickle is not None:
+                    return self.on_pickle(name)
+                raise UntrustedPickleError(
+                    f"{name or 'a value'} is stored as a pickle, which can run code when "
+                    "loaded: pass trust_pickle=True if you trust this checkpoint store"
+                )
+            raw = self.storages[value["__pickle__"]].numpy().tobytes()
+            return pickle.loads(raw)  # noqa: S301 - only with trust_pickle=True
+        return {k: self.decode(v, f"{name}/{k}" if name else k) for k, v in value.items()}
+
+
+def has_pickle(skeleton: Any) -> bool:
+    if isinstance(skeleton, dict):
+        return "__pickle__" in skeleton or any(has_pickle(v) for v in skeleton.values())
+    if isinstance(skeleton, list):
+        return any(has_pickle(v) for v in skeleton)
+    return False
+
+
+# -- validating and loading in place --------------------------------------------
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
+                 strict: bool) -> list[str]:
+    """Problems that would make ``module.load_state_dict(state)`` fail or cast."""
+    current = module.state_dict()
+    problems = []
+    missing = [k for k in current if k not in state]
+    unexpected = [k for k in state if k not in current]
+    if strict and missing:
+        problems.append(f"{name}: missing keys {missing[:10]}" + (" ..." if len(missing) > 10 else ""))
+    if strict and unexpected:
+        problems.append(f"{name}: unexpected keys {unexpected[:10]}"
+                        + (" ..." if len(unexpected) > 10 else ""))
+    for key, saved in state.items():
+        live = current.get(key)
+        if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
+            if live.shape != saved.shape or live.dtype != saved.dtype:
+                problems.append(f"{name}: {key} is {_describe(saved)} in the checkpoint "
+                                f"but {_describe(live)} in the live object")
+    return problems
+
+
+def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
+                    state: Mapping[str, Any]) -> list[str]:
+    groups = state.get("param_groups")
+    if not isinstance(groups, list) or "state" not in state:
+        return [f"{name}: the checkpoint holds no optimizer state"]
+    live = optimizer.param_groups
+    if len(groups) != len(live):
+        return [f"{name}: {len(groups)} parameter groups in the checkpoint, {len(live)} live"]
+    problems = []
+    for i, (saved, now) in enumerate(zip(groups, live)):
+        if len(saved["params"]) != len(now["params"]):
+            problems.append(f"{name}: group {i} has {len(saved['params'])} parameters in the "
+                            f"checkpoint, {len(now['params'])} live")
+    if problems:
+        return problems
+    params = {pid: p for saved, now in zip(groups, live)
+              for pid, p in zip(saved["params"], now["params"])}
+    for pid, slots in state["state"].items():
+        param = params.get(pid)
+        if param is None:
+            problems.append(f"{name}: state for unknown parameter {pid}")
+            continue
+        for slot, value in slots.items():
+            if (isinstance(value, torch.Tensor) and value.dim() > 0
+                    and value.numel() == param.numel() and value.shape != param.shape):
+                problems.append(f"{name}: state {pid}/{slot} is {_describe(value)}, "
+                                f"parameter is {_describe(param)}")
+    return problems
+
+
+def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True) -> None:
+    """Validate every target against its state, then load them all or none.
+
+    Modules and optimizers are checked structurally before anything changes;
+    other Statefuls are backed up and put back if one of them refuses.
+    """
+    problems: list[str] = []
+    for name, obj in targets.items():
+        if name not in states:
+            problems.append(f"{name}: not in the checkpoint (it holds {sorted(states)})")
+        elif not isinstance(obj, Stateful):
+            problems.append(f"{name}: {type(obj).__name__} has no load_state_dict()")
+        elif isinstance(obj, torch.nn.Module):
+            problems += check_module(name, obj, states[name], strict)
+        elif isinstance(obj, torch.optim.Optimizer):
+            problems += check_optimizer(name, obj, states[name])
+    if problems:
+        raise StateMismatchError("checkpoint does not fit; nothing was changed:\n  "
+                                 + "\n  ".join(problems))
+    order = sorted(targets, key=lambda n: not isinstance(targets[n], torch.nn.Module))
+    backups: dict[str, Any] = {}
+    done: list[str] = []
+    try:
+        for name in order:
+            obj = targets[name]
+            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
+                backups[name] = copy.deepcopy(obj.state_dict())
+            if isinstance(obj, torch.nn.Module):
+                obj.load_state_dict(states[name], strict=strict)
+            else:
+                obj.load_state_dict(states[name])
+            done.append(name)
+    except Exception as exc:
+        for name in done:
+            if name in backups:
+                targets[name].load_state_dict(backups[name])
+        raise StateMismatchError(
+            f"{name}: load_state_dict failed ({exc}); "
+            + ("objects loaded before it were left changed: "
+               + ", ".join(n for n in done if n not in backups) if any(n not in backups for n in done)
+               else "nothing was changed")
+        ) from exc

@@ -1,0 +1,294 @@
+"""The SQLite catalog: which checkpoints exist, how they relate, where chunks lie.
+
+A checkpoint exists once its row is committed here, and not before; the
+store's files are written first. The catalog knows nothing of tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import StoreFormatError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    parent TEXT,
+    branch TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    step INTEGER,
+    epoch INTEGER,
+    batch_idx INTEGER,
+    metrics TEXT NOT NULL DEFAULT '{}',
+    strategy TEXT NOT NULL,
+    full_base TEXT,
+    chain INTEGER NOT NULL DEFAULT 0,
+    logical_bytes INTEGER NOT NULL DEFAULT 0,
+    stored_bytes INTEGER NOT NULL DEFAULT 0,
+    pinned INTEGER NOT NULL DEFAULT 0,
+    note TEXT NOT NULL DEFAULT '',
+    tags TEXT NOT NULL DEFAULT '{}',
+    manifest_digest TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
+CREATE TABLE IF NOT EXISTS chunks (
+    digest TEXT PRIMARY KEY,
+    pack TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    raw_len INTEGER NOT NULL,
+    base TEXT,
+    depth INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS chunks_pack ON chunks(pack);
+CREATE TABLE IF NOT EXISTS refs (
+    checkpoint TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    PRIMARY KEY (checkpoint, digest)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS refs_digest ON refs(digest);
+CREATE TABLE IF NOT EXISTS branches (name TEXT PRIMARY KEY, tip TEXT);
+"""
+
+
+@dataclass
+class CheckpointRow:
+    """One committed checkpoint, as the catalog records it."""
+
+    id: str
+    parent: str | None
+    branch: str
+    created_at: float
+    step: int | None
+    epoch: int | None
+    batch_idx: int | None
+    metrics: dict[str, float]
+    strategy: str
+    full_base: str | None
+    chain: int
+    logical_bytes: int
+    stored_bytes: int
+    pinned: bool
+    note: str
+    tags: dict[str, Any] = field(default_factory=dict)
+    manifest_digest: str = ""
+    seq: int = 0
+
+    @classmethod
+    def from_sql(cls, row: sqlite3.Row) -> CheckpointRow:
+        data = dict(row)
+        data["metrics"] = json.loads(data["metrics"])
+        data["tags"] = json.loads(data["tags"])
+        data["pinned"] = bool(data["pinned"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """Where one content-addressed chunk lies, and what it is a delta of."""
+
+    digest: str
+    pack: str
+    offset: int
+    length: int
+    raw_len: int
+    base: str | None
+    depth: int
+
+
+class Catalog:
+    """The SQLite database beside (or for) a store; WAL mode, full sync."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
+                                   isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self.transaction() as db:
+            found = self._meta("schema_version")
+            if found is None:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                self._set_meta("schema_version", str(SCHEMA_VERSION))
+                self._set_meta("created_at", str(time.time()))
+            elif int(found) > SCHEMA_VERSION:
+                raise StoreFormatError(
+                    f"catalog {self.path} has format {found}, newer than this ckpt_nb "
+                    f"reads ({SCHEMA_VERSION}): upgrade ckpt_nb to open it"
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic, durable unit of change."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _meta(self, key: str) -> str | None:
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        except sqlite3.OperationalError:  # a brand-new, empty database
+            return None
+        return None if row is None else row[0]
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    # -- checkpoints --------------------------------------------------------
+    def checkpoints(self) -> list[CheckpointRow]:
+        """Every committed checkpoint, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM checkpoints ORDER BY seq").fetchall()
+        return [CheckpointRow.from_sql(r) for r in rows]
+
+    def get(self, checkpoint_id: str) -> CheckpointRow | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT * FROM checkpoints WHERE id=?", (checkpoint_id,)
+            ).fetchone()
+        return None if row is None else CheckpointRow.from_sql(row)
+
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM checkpoints WHERE id LIKE ? ESCAPE '\\'",
+                (prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def children(self, checkpoint_id: str) -> list[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM checkpoints WHERE parent=? ORDER BY seq", (checkpoint_id,)
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def commit_checkpoint(
+        self, row: CheckpointRow, new_chunks: Iterable[ChunkRow], refs: Iterable[str]
+    ) -> None:
+        """Make a checkpoint visible: chunks, refs, row and branch tip in one transaction."""
+        with self.transaction() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(c.digest, c.pack, c.offset, c.length, c.raw_len, c.base, c.depth)
+                 for c in new_chunks],
+            )
+            db.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)",
+                           [(row.id, d) for d in set(refs)])
+            db.execute(
+                "INSERT INTO checkpoints (id, parent, branch, created_at, step, epoch,"
+                " batch_idx, metrics, strategy, full_base, chain, logical_bytes,"
+                " stored_bytes, pinned, note, tags, manifest_digest)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.id, row.parent, row.branch, row.created_at, row.step, row.epoch,
+                 row.batch_idx, json.dumps(row.metrics), row.strategy, row.full_base,
+                 row.chain, row.logical_bytes, row.stored_bytes, int(row.pinned),
+                 row.note, json.dumps(row.tags), row.manifest_digest),
+            )
+            db.execute("INSERT OR REPLACE INTO branches VALUES (?, ?)", (row.branch, row.id))
+
+    def delete_checkpoints(self, ids: Iterable[str]) -> None:
+        """Forget checkpoints; their children are re-parented to the grandparent."""
+        with self.transaction() as db:
+            for cid in ids:
+                parent = db.execute("SELECT parent FROM checkpoints WHERE id=?",
+                                    (cid,)).fetchone()
+                if parent is None:
+                    continue
+                db.execute("UPDATE checkpoints SET parent=? WHERE parent=?", (parent[0], cid))
+                db.execute("UPDATE branches SET tip=? WHERE tip=?", (parent[0], cid))
+                db.execute("DELETE FROM refs WHERE checkpoint=?", (cid,))
+                db.execute("DELETE FROM checkpoints WHERE id=?", (cid,))
+            db.execute("DELETE FROM branches WHERE tip IS NULL")
+
+    def update(self, checkpoint_id: str, **fields: Any) -> None:
+        """Change the pinned flag, the note or the tags of a checkpoint."""
+        allowed = {"pinned", "note", "tags"}
+        if not fields or set(fields) - allowed:
+            raise ValueError(f"only {sorted(allowed)} can be updated")
+        if "tags" in fields:
+            fields["tags"] = json.dumps(fields["tags"])
+        assignments = ", ".join(f"{name}=?" for name in fields)
+        with self.transaction() as db:
+            db.execute(f"UPDATE checkpoints SET {assignments} WHERE id=?",
+                       (*fields.values(), checkpoint_id))
+
+    # -- branches -----------------------------------------------------------
+    def branch_tips(self) -> dict[str, str]:
+        with self._lock:
+            return {r[0]: r[1] for r in self._db.execute("SELECT name, tip FROM branches")}
+
+    # -- chunks -------------------------------------------------------------
+    def chunk_digests(self) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT digest FROM chunks")}
+
+    def chunks(self, digests: Iterable[str]) -> dict[str, ChunkRow]:
+        """Location rows for the digests asked for (absent ones are left out)."""
+        wanted = list(set(digests))
+        found: dict[str, ChunkRow] = {}
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i : i + 500]
+                marks = ",".join("?" * len(part))
+                for r in self._db.execute(
+                    f"SELECT * FROM chunks WHERE digest IN ({marks})", part
+                ):
+                    found[r["digest"]] = ChunkRow(*r)
+        return found
+
+    def all_chunks(self) -> list[ChunkRow]:
+        with self._lock:
+            return [ChunkRow(*r) for r in self._db.execute("SELECT * FROM chunks")]
+
+    def refs(self, checkpoint_id: str | None = None) -> set[str]:
+        """Digests referenced directly by one checkpoint, or by any."""
+        with self._lock:
+            if checkpoint_id is None:
+                rows = self._db.execute("SELECT DISTINCT digest FROM refs")
+            else:
+                rows = self._db.execute("SELECT digest FROM refs WHERE checkpoint=?",
+                                        (checkpoint_id,))
+            return {r[0] for r in rows}
+
+    def drop_chunks(self, digests: Iterable[str]) -> None:
+        with self.transaction() as db:
+            db.executemany("DELETE FROM chunks WHERE digest=?", [(d,) for d in digests])
+
+    def move_chunks(self, moved: Iterable[ChunkRow]) -> None:
+        """Point chunks at their new pack after a compaction, in one transaction."""
+        with self.transaction() as db:
+            db.executemany(
+                "UPDATE chunks SET pack=?, offset=?, length=? WHERE digest=?",
+                [(c.pack, c.offset, c.length, c.digest) for c in moved],
+            )
+
+    def packs(self) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT DISTINCT pack FROM chunks")}

@@ -1,0 +1,60 @@
+"""The exceptions ckpt_nb raises.
+
+Every error is a ``CkptError`` and also the built-in a caller would catch
+without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
+
+    CkptError (Exception)
+    ├── CheckpointNotFoundError (+ FileNotFoundError, KeyError)
+    ├── CorruptCheckpointError (+ ValueError)       a checksum or manifest is bad
+    ├── StateMismatchError (+ ValueError)           restore target does not fit
+    ├── UntrustedPickleError (+ PermissionError)    pickled data without trust_pickle=True
+    ├── StoreFormatError (+ RuntimeError)           store written by a newer ckpt_nb
+    ├── CheckpointInUseError (+ PermissionError)    pinned, or needed by another
+    ├── StoreError (+ OSError)                      the storage backend failed
+    └── CaptureError (+ TypeError)                  a value cannot be checkpointed
+"""
+
+from __future__ import annotations
+
+
+class CkptError(Exception):
+    """Base of every error ckpt_nb raises."""
+
+
+class CheckpointNotFoundError(CkptError, FileNotFoundError, KeyError):
+    """No checkpoint matches the id, alias or path asked for."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CorruptCheckpointError(CkptError, ValueError):
+    """Stored bytes do not match their checksum, or a manifest cannot be read."""
+
+    def __init__(self, message: str, checkpoint_id: str | None = None) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+
+
+class StateMismatchError(CkptError, ValueError):
+    """The objects to restore into do not match what the checkpoint holds."""
+
+
+class UntrustedPickleError(CkptError, PermissionError):
+    """The checkpoint holds pickled data, which is loaded only with trust_pickle=True."""
+
+
+class StoreFormatError(CkptError, RuntimeError):
+    """The store was written in a format this version of ckpt_nb cannot read."""
+
+
+class CheckpointInUseError(CkptError, PermissionError):
+    """The checkpoint is pinned, or another checkpoint still needs it."""
+
+
+class StoreError(CkptError, OSError):
+    """The storage backend failed to read or write."""
+
+
+class CaptureError(CkptError, TypeError):
+    """A value cannot be turned into checkpoint state."""

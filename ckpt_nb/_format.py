@@ -1,0 +1,123 @@
+"""The on-store layout: pack files of chunk blobs, and JSON manifests.
+
+    ckpt_nb.json                 {"format": 1}
+    packs/<hex>.pack             b"CKNBPAK1" | blobs ... | index JSON | u64 len | b"CKNBIDX1"
+    manifests/<id>.json.zst      one checkpoint's tensors, chunks and JSON state
+
+A checkpoint's new chunks go into one pack, written and fsynced once: one
+durable write per save, however many tensors. The pack's trailing index makes
+the catalog rebuildable from the store alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import zstandard
+
+from ._catalog import ChunkRow
+from ._errors import CorruptCheckpointError, StoreFormatError
+from ._store import Store, Writer
+
+FORMAT = 1
+FORMAT_KEY = "ckpt_nb.json"
+PACK_MAGIC = b"CKNBPAK1"
+INDEX_MAGIC = b"CKNBIDX1"
+_U64 = struct.Struct("<Q")
+_ID = re.compile(r"[0-9a-f]{6,32}")
+
+
+def check_format(store: Store) -> None:
+    """Stamp a new store with the format; refuse one written by a newer ckpt_nb."""
+    if not store.has(FORMAT_KEY):
+        store.put(FORMAT_KEY, json.dumps({"format": FORMAT}).encode())
+        return
+    try:
+        found = int(json.loads(store.get(FORMAT_KEY))["format"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreFormatError(f"{store.url}/{FORMAT_KEY} is unreadable: {exc}") from exc
+    if found > FORMAT:
+        raise StoreFormatError(
+            f"the store at {store.url} has format {found}; this ckpt_nb reads up to "
+            f"format {FORMAT}: upgrade ckpt_nb (pip install -U ckpt_nb) to open it"
+        )
+
+
+def new_pack_key() -> str:
+    return f"packs/{uuid.uuid4().hex}.pack"
+
+
+def manifest_key(checkpoint_id: str) -> str:
+    if not _ID.fullmatch(checkpoint_id):
+        raise CorruptCheckpointError(f"invalid checkpoint id {checkpoint_id!r}")
+    return f"manifests/{checkpoint_id}.json.zst"
+
+
+@dataclass
+class PackWriter:
+    """Appends blobs to one pack; ``rows`` says where each landed."""
+
+    key: str
+    out: Writer
+    offset: int = len(PACK_MAGIC)
+    rows: list[ChunkRow] = field(default_factory=list)
+
+    def add(self, digest: str, blob: bytes, raw_len: int, base: str | None, depth: int) -> None:
+        self.out.write(blob)
+        self.rows.append(ChunkRow(digest, self.key, self.offset, len(blob), raw_len, base, depth))
+        self.offset += len(blob)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(r.length for r in self.rows)
+
+
+@contextmanager
+def write_pack(store: Store) -> Iterator[PackWriter]:
+    """A pack that becomes visible, index and all, when the block exits cleanly."""
+    key = new_pack_key()
+    with store.writer(key) as out:
+        out.write(PACK_MAGIC)
+        pack = PackWriter(key, out)
+        yield pack
+        index = json.dumps([[r.digest, r.offset, r.length, r.raw_len, r.base, r.depth]
+                            for r in pack.rows]).encode()
+        out.write(index)
+        out.write(_U64.pack(len(index)))
+        out.write(INDEX_MAGIC)
+
+
+def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
+    """The chunks a pack holds, from its own trailing index."""
+    size = store.size(key)
+    tail = store.get(key, size - 16, size)
+    if len(tail) != 16 or tail[8:] != INDEX_MAGIC:
+        raise CorruptCheckpointError(f"pack {key} has no index (it was cut short)")
+    (length,) = _U64.unpack(tail[:8])
+    index = json.loads(store.get(key, size - 16 - length, size - 16))
+    return [ChunkRow(d, key, o, n, r, b, depth) for d, o, n, r, b, depth in index]
+
+
+def encode_manifest(manifest: dict[str, Any]) -> bytes:
+    return zstandard.ZstdCompressor(level=3).compress(json.dumps(manifest).encode())
+
+
+def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
+    try:
+        manifest = json.loads(zstandard.ZstdDecompressor().decompress(data))
+    except (zstandard.ZstdError, ValueError) as exc:
+        raise CorruptCheckpointError(
+            f"manifest of checkpoint {checkpoint_id} is unreadable: {exc}", checkpoint_id
+        ) from exc
+    if manifest.get("format", 0) > FORMAT:
+        raise StoreFormatError(
+            f"checkpoint {checkpoint_id} has format {manifest['format']}: upgrade ckpt_nb"
+        )
+    return manifest

@@ -1,0 +1,183 @@
+"""Reading and writing the files other tools use: torch.save (.pt) and safetensors.
+
+Exports are plain: a .pt file is a dict that ``torch.load(weights_only=True)``
+opens (``{"model": ..., "optimizer": ..., "epoch": ..., ...}``), and a
+.safetensors file holds the tensors under their state names, with the rest of
+the state as JSON metadata so that ckpt_nb can read it back whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ._capture import Unflattener, flatten
+from ._errors import CkptError, UntrustedPickleError
+
+if TYPE_CHECKING:
+    from ._manager import Checkpoint
+
+_META_KEYS = ("epoch", "step", "batch_idx", "metrics", "extra", "rng", "ckpt_nb")
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def _portable(value: Any, name: str, dropped: list[str]) -> Any:
+    """``value`` with NumPy arrays as tensors and unloaded pickles left out."""
+    from ._manager import PickledValue
+
+    if isinstance(value, PickledValue):
+        dropped.append(name)
+        return None
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {k: _portable(v, f"{name}/{k}", dropped) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_portable(v, f"{name}/{i}", dropped) for i, v in enumerate(value))
+    return value
+
+
+def _atomic_target(path: Path) -> tuple[int, str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+
+
+def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
+    """Write ``ck`` to ``path``; the suffix picks the format."""
+    target = Path(path)
+    dropped: list[str] = []
+    payload = {**_portable(ck.state, "", dropped),
+               "epoch": ck.epoch, "step": ck.step, "batch_idx": ck.batch_idx,
+               "metrics": dict(ck.metrics), "extra": _portable(ck.extra, "extra", dropped),
+               "rng": ck.rng, "ckpt_nb": {"id": ck.id, "branch": ck.branch, "note": ck.note}}
+    fd, tmp = _atomic_target(target)
+    os.close(fd)
+    try:
+        if target.suffix == ".safetensors":
+            _write_safetensors(payload, tmp)
+        elif target.suffix in _TORCH_SUFFIXES:
+            torch.save(payload, tmp)
+        else:
+            raise ValueError(f"cannot export to {target.name!r}: use a .pt or .safetensors path")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    if dropped:
+        warnings.warn(f"left out of {target.name} (pickled, not loaded): {dropped}",
+                      stacklevel=3)
+    return target
+
+
+def _write_safetensors(payload: dict[str, Any], tmp: str) -> None:
+    from safetensors.torch import save_file
+
+    flat = flatten(payload)
+    storages = [torch.from_numpy(s.data.copy()) for s in flat.storages]
+    decoder = Unflattener([t.to_json() for t in flat.tensors], storages)
+    tensors = {rec.name: decoder.tensor(i).contiguous().clone()
+               for i, rec in enumerate(flat.tensors)}
+    pickles = {f"__pickle__/{i}": storages[i] for i, s in enumerate(flat.storages)
+               if s.kind == "pickle"}
+    meta = {"skeleton": flat.skeleton, "names": [rec.name for rec in flat.tensors]}
+    save_file({**tensors, **pickles}, tmp, metadata={"ckpt_nb": json.dumps(meta)})
+
+
+def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = (f.metadata() or {}).get("ckpt_nb")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if meta is None:
+        return {"model": tensors}
+    meta = json.loads(meta)
+    names = meta["names"]
+
+    class _Decoder(Unflattener):
+        def tensor(self, index: int) -> torch.Tensor:
+            return tensors[names[index]]
+
+    storages = {int(k.split("/")[1]): v for k, v in tensors.items() if k.startswith("__pickle__/")}
+    decoder = _Decoder([], [storages.get(i) for i in range(max(storages, default=-1) + 1)],
+                       trust_pickle=trust_pickle)
+    return decoder.decode(meta["skeleton"])
+
+
+def _read_torch(path: Path, trust_pickle: bool) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except pickle.UnpicklingError as exc:
+        raise UntrustedPickleError(
+            f"{path} holds objects other than tensors and plain data, and loading them "
+            f"could run code: pass trust_pickle=True if you trust the file ({exc})"
+        ) from exc
+
+
+def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Checkpoint:
+    """A Checkpoint from a .pt / .safetensors file, ours or a conventional one.
+
+    Conventional dicts map ``model_state_dict`` / ``state_dict`` to "model",
+    ``optimizer_state_dict`` to "optimizer", and so on; a dict of tensors alone is
+    a model's state dict.
+    """
+    from ._manager import Checkpoint
+
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"no file {source}")
+    if source.suffix == ".safetensors":
+        data = _read_safetensors(source, trust_pickle)
+    elif source.suffix in _TORCH_SUFFIXES:
+        data = _read_torch(source, trust_pickle)
+    else:
+        raise ValueError(f"cannot read {source.name!r}: expected .pt, .pth, .bin, .ckpt "
+                         "or .safetensors")
+    if not isinstance(data, Mapping):
+        raise CkptError(f"{source} holds a {type(data).__name__}, not a dict of state")
+    state, meta = _split_state(dict(data))
+    return Checkpoint(
+        id=str(source), parent=None, branch="", created=source.stat().st_mtime,
+        step=meta.get("step"), epoch=meta.get("epoch"), batch_idx=meta.get("batch_idx"),
+        metrics=meta.get("metrics", {}), extra=meta.get("extra", {}), strategy="file",
+        note=(meta.get("ckpt_nb") or {}).get("note", ""), pinned=False, state=state,
+        rng=meta.get("rng"))
+
+
+def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    if all(isinstance(v, torch.Tensor) for v in data.values()):
+        return {"model": data}, {}
+    if "ckpt_nb" in data:
+        meta = {k: data.pop(k) for k in _META_KEYS if k in data}
+        return data, meta
+    state: dict[str, Any] = {}
+    meta: dict[str, Any] = {"metrics": {}, "extra": {}}
+    for key, value in data.items():
+        if key == "state_dict" and isinstance(value, Mapping):
+            state["model"] = value
+        elif key.endswith("_state_dict") and isinstance(value, Mapping):
+            state[key.removesuffix("_state_dict")] = value
+        elif key in ("model", "optimizer", "scheduler", "lr_scheduler", "scaler") \
+                and isinstance(value, Mapping):
+            state["scheduler" if key == "lr_scheduler" else key] = value
+        elif key in ("epoch", "step", "batch_idx", "global_step") and isinstance(value, int):
+            meta["step" if key == "global_step" else key] = value
+        elif key == "metrics" and isinstance(value, Mapping):
+            meta["metrics"].update(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                any(w in key for w in ("loss", "acc", "score", "metric")):
+            meta["metrics"][key] = float(value)
+        else:
+            meta["extra"][key] = value
+    return state, meta

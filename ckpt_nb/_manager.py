@@ -1,0 +1,941 @@
+"""``CheckpointManager``: save, restore, inspect and prune checkpoints.
+
+A save walks down the layers: live objects -> capture (state tree) -> codec
+(blobs, in a thread pool, overlapping the writes) -> store (one pack, one
+manifest, each atomic) -> catalog (one transaction, last). A restore walks back
+up and checks every chunk against its digest before any live object changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import math
+import os
+import time
+import uuid
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import _codec as codec
+from ._capture import (FlatState, RNGState, Stateful, Unflattener, flatten, has_pickle,
+                       load_all)
+from ._catalog import Catalog, CheckpointRow, ChunkRow
+from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
+                      CorruptCheckpointError)
+from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, manifest_key,
+                      read_pack_index, write_pack)
+from ._store import Store, local_root, open_store
+
+STRATEGIES = ("full", "incremental", "differential")
+RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
+                      "note", "branch"})
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class PickledValue:
+    """A value stored as a pickle, left unloaded because trust_pickle was not given."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"<pickled value {self.name!r}: restore with trust_pickle=True to load it>"
+
+
+@dataclass
+class Checkpoint:
+    """A restored (or loaded) checkpoint: its metadata and the state not put back in place."""
+
+    id: str
+    parent: str | None
+    branch: str
+    created: float
+    step: int | None
+    epoch: int | None
+    batch_idx: int | None
+    metrics: dict[str, float]
+    extra: dict[str, Any]
+    strategy: str
+    note: str
+    pinned: bool
+    state: dict[str, Any] = field(default_factory=dict)
+    rng: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"{k}={v}" for k, v in
+                          (("epoch", self.epoch), ("batch_idx", self.batch_idx),
+                           ("step", self.step)) if v is not None)
+        return f"Checkpoint({self.id!r}, {where or 'no position'}, metrics={self.metrics})"
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify()`` found: ``bad`` maps each failing checkpoint id to its problems."""
+
+    checked: list[str]
+    bad: dict[str, list[str]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass
+class GCReport:
+    """What ``gc()`` reclaimed."""
+
+    chunks_dropped: int = 0
+    packs_deleted: int = 0
+    packs_compacted: int = 0
+    manifests_deleted: int = 0
+    temporaries_deleted: int = 0
+    bytes_freed: int = 0
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+class CheckpointManager:
+    """Checkpoints of one training run (or many branching runs) in one store.
+
+    ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``
+    (``mode`` "min" or "max"); pinned checkpoints and the newest are always kept.
+    ``strategy`` is "full", "incremental" (deltas against the parent) or
+    "differential" (deltas against the branch's last full checkpoint);
+    ``full_every`` bounds a chain of deltas. ``codec="none"`` stores raw bytes.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | Store,
+        max_to_keep: int | None = None,
+        *,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: str = "min",
+        strategy: str = "full",
+        full_every: int | None = None,
+        max_bytes: int | None = None,
+        codec: str = "zstd",
+        level: int = 1,
+        threads: int | None = None,
+        chunk_size: int = 1 << 20,
+        durable: bool = True,
+        catalog: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _check_choice("strategy", strategy, STRATEGIES)
+        _check_choice("mode", mode, ("min", "max"))
+        _check_choice("codec", codec, codec_names())
+        for name, value in (("max_to_keep", max_to_keep), ("keep_best", keep_best),
+                            ("full_every", full_every), ("max_bytes", max_bytes)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+        if keep_best is not None and metric is None:
+            raise ValueError("keep_best needs metric=, the name of the metric to rank by")
+        if chunk_size < 4096 or chunk_size % 64:
+            raise ValueError("chunk_size must be a multiple of 64 bytes, at least 4096")
+        self.store = open_store(directory, **({} if isinstance(directory, Store)
+                                              or "://" in os.fspath(directory)
+                                              else {"durable": durable}))
+        self.max_to_keep, self.keep_best, self.metric, self.mode = (
+            max_to_keep, keep_best, metric, mode)
+        self.strategy, self.full_every, self.max_bytes = strategy, full_every, max_bytes
+        self.codec, self.level, self.chunk_size = codec, level, chunk_size
+        self.threads = threads or min(4, os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock_path: Path | None = None
+        check_format(self.store)
+        self.catalog = Catalog(self._catalog_path(catalog))
+        self.head: str | None = None
+        """The checkpoint the live objects came from (last saved or restored): the next
+        save's parent."""
+        self._manifests: dict[str, dict[str, Any]] = {}
+        self._listeners: list[Callable[[str, str], None]] = []
+
+    # -- set-up -----------------------------------------------------------------
+    def _catalog_path(self, catalog: str | os.PathLike[str] | None) -> str:
+        root = local_root(self.store)
+        if catalog is not None:
+            path = Path(catalog)
+        elif root is not None:
+            path = root / "catalog.sqlite"
+        else:
+            key = hashlib.sha256(self.store.url.encode()).hexdigest()[:16]
+            if self.store.url.startswith("memory://"):
+                return ":memory:"
+            path = Path.home() / ".cache" / "ckpt_nb" / key / "catalog.sqlite"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_path = path.with_name(path.name + ".lock")
+        return str(path)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One writer at a time across processes: saves, deletes and gc."""
+        if self._lock_path is None:
+            yield
+            return
+        with open(self._lock_path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt_nb")
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self.catalog.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self.store.url!r}, {len(self.catalog.checkpoints())} checkpoints)"
+
+    def add_listener(self, callback: Callable[[str, str], None]) -> None:
+        """Call ``callback(event, checkpoint_id)`` after each save, delete or restore."""
+        self._listeners.append(callback)
+
+    def _notify(self, event: str, checkpoint_id: str) -> None:
+        for callback in list(self._listeners):
+            callback(event, checkpoint_id)
+
+    # -- save -------------------------------------------------------------------
+    def save(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        epoch: int | None = None,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        scheduler: Any = None,
+        batch_idx: int | None = None,
+        step: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        scaler: Any = None,
+        strategy: str | None = None,
+        note: str = "",
+        rng: bool = True,
+        progress: ProgressFn | None = None,
+        **statefuls: Any,
+    ) -> str:
+        """Save a checkpoint and return its id; it exists once this returns.
+
+        Any further Stateful goes by keyword (``ema=ema``). A failed save leaves
+        every earlier checkpoint as it was.
+        """
+        objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
+                   "scaler": scaler, **statefuls}
+        objects = {k: v for k, v in objects.items() if v is not None}
+        state = self.capture(objects, metrics=metrics, extra=extra, rng=rng)
+        return self.save_state(state, epoch=epoch, batch_idx=batch_idx, step=step,
+                               metrics=metrics, strategy=strategy, note=note, progress=progress)
+
+    def capture(self, objects: Mapping[str, Any], *, metrics: Mapping[str, float] | None = None,
+                extra: Mapping[str, Any] | None = None, rng: bool = True,
+                copy_tensors: bool = False) -> FlatState:
+        """Take the state of live objects, ready for ``save_state``.
+
+        With ``copy_tensors`` the state owns its bytes, so training may go on while
+        a background thread saves it.
+        """
+        clash = RESERVED & set(objects)
+        if clash:
+            raise ValueError(f"{sorted(clash)} name checkpoint fields, not objects: rename "
+                             "the keyword (e.g. ema=...)")
+        tree: dict[str, Any] = {}
+        kinds: dict[str, str] = {}
+        for name, obj in objects.items():
+            if not isinstance(obj, Stateful):
+                raise TypeError(f"{name}: {type(obj).__name__} has no state_dict() / "
+                                "load_state_dict(); pass it in extra= if it is plain data")
+            tree[name] = obj.state_dict()
+            kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        for key, value in (metrics or {}).items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"metric {key!r} must be a number, not {type(value).__name__}")
+        flat = flatten({"objects": tree, "extra": dict(extra or {}),
+                        "rng": RNGState().state_dict() if rng else None},
+                       copy_tensors=copy_tensors)
+        flat.skeleton["types"] = kinds
+        return flat
+
+    def save_state(
+        self,
+        state: FlatState,
+        *,
+        epoch: int | None = None,
+        batch_idx: int | None = None,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        strategy: str | None = None,
+        note: str = "",
+        parent: str | None | type[Ellipsis] = ...,
+        progress: ProgressFn | None = None,
+    ) -> str:
+        """Write captured state as a checkpoint (the second half of ``save``)."""
+        strategy = strategy or self.strategy
+        _check_choice("strategy", strategy, STRATEGIES)
+        metrics = {k: float(v) for k, v in (metrics or {}).items()}
+        with self._exclusive():
+            parent_id = self.head if parent is ... else parent
+            parent_row = self.catalog.get(parent_id) if parent_id else None
+            if parent_id and parent_row is None:
+                parent_id = None  # deleted by someone else: start a new root
+            strategy, base_id, chain = self._plan(strategy, parent_row)
+            row = CheckpointRow(
+                id=_new_id(), parent=parent_id, branch=self._branch_for(parent_row),
+                created_at=time.time(), step=_opt_int(step), epoch=_opt_int(epoch),
+                batch_idx=_opt_int(batch_idx), metrics=metrics, strategy=strategy,
+                full_base=None, chain=chain, logical_bytes=state.logical_bytes,
+                stored_bytes=0, pinned=False, note=note,
+            )
+            row.full_base = row.id if strategy == "full" else parent_row.full_base  # type: ignore[union-attr]
+            base_chunks = self._base_chunks(base_id)
+            manifest, new_rows, refs = self._write_chunks(state, base_chunks, progress)
+            manifest.update(format=FORMAT, id=row.id, parent=parent_id, branch=row.branch,
+                            created_at=row.created_at, step=row.step, epoch=row.epoch,
+                            batch_idx=row.batch_idx, metrics=metrics, strategy=strategy,
+                            chain=chain, full_base=row.full_base, note=note,
+                            state=state.skeleton)
+            blob = encode_manifest(manifest)
+            row.manifest_digest = codec.digest(blob)
+            row.stored_bytes = sum(r.length for r in new_rows) + len(blob)
+            self.store.put(manifest_key(row.id), blob)
+            self.catalog.commit_checkpoint(row, new_rows, refs)
+            self._manifests[row.id] = manifest
+            if parent is ...:
+                self.head = row.id
+            self._apply_retention(protect={row.id})
+        self._notify("save", row.id)
+        return row.id
+
+    def _plan(self, strategy: str, parent: CheckpointRow | None) -> tuple[str, str | None, int]:
+        """The strategy this save really uses, its delta base, and its chain length."""
+        if strategy == "full" or parent is None:
+            return "full", None, 0
+        chain = parent.chain + 1
+        if self.full_every is not None and chain >= self.full_every:
+            return "full", None, 0
+        base = parent.id if strategy == "incremental" else parent.full_base
+        if base is None or self.catalog.get(base) is None:
+            return "full", None, 0
+        return strategy, base, chain
+
+    def _branch_for(self, parent: CheckpointRow | None) -> str:
+        tips = self.catalog.branch_tips()
+        if parent is None:
+            if not tips:
+                return "main"
+        elif tips.get(parent.branch) == parent.id:
+            return parent.branch
+        n = len(tips)
+        while f"branch-{n}" in tips:
+            n += 1
+        return f"branch-{n}"
+
+    def _base_chunks(self, base_id: str | None) -> dict[tuple[str, int], tuple[str, int]]:
+        """(storage name, chunk index) -> (digest, raw length) in the delta base."""
+        if base_id is None:
+            return {}
+        manifest = self._manifest(base_id)
+        found = {}
+        for storage in manifest["storages"]:
+            for i, (digest, raw_len) in enumerate(storage["chunks"]):
+                found[(storage["name"], i)] = (digest, raw_len)
+        return found
+
+    def _write_chunks(
+        self, state: FlatState, base_chunks: Mapping[tuple[str, int], tuple[str, int]],
+        progress: ProgressFn | None,
+    ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
+        known = self.catalog.chunk_digests()
+        depths = {d: r.depth for d, r in self.catalog.chunks(d for d, _ in base_chunks.values()).items()}
+        max_depth = (self.full_every - 1) if self.full_every else 64
+        jobs: list[tuple[int, int, np.ndarray, tuple[str, int] | None]] = []
+        storages_out: list[dict[str, Any]] = []
+        for si, storage in enumerate(state.storages):
+            size = max(self.chunk_size - self.chunk_size % storage.itemsize, storage.itemsize)
+            data = storage.data
+            count = max(1, math.ceil(len(data) / size)) if len(data) else 0
+            storages_out.append({"name": storage.name, "nbytes": int(data.nbytes),
+                                 "itemsize": storage.itemsize, "device": storage.device,
+                                 "kind": storage.kind, "chunks": [None] * count})
+            for ci in range(count):
+                base = base_chunks.get((storage.name, ci))
+                if base is not None and depths.get(base[0], max_depth) >= max_depth:
+                    base = None
+                jobs.append((si, ci, data[ci * size : (ci + 1) * size], base))
+
+        def encode(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None
+                   ) -> tuple[str, bytes | None, str | None]:
+            digest = codec.digest(raw)
+            if digest in known:
+                return digest, None, None
+            blob = codec.encode(raw, itemsize, codec=self.codec, level=self.level)
+            if base is not None and base[1] == len(raw) and base[0] != digest:
+                base_raw = self._read_raw(base[0])
+                delta = codec.encode(raw, itemsize, codec=self.codec, level=self.level,
+                                     base=base_raw, base_digest=base[0])
+                if len(delta) < len(blob):
+                    return digest, delta, base[0]
+            return digest, blob, None
+
+        pool = self._executor()
+        window: deque[tuple[int, int, int, Future[tuple[str, bytes | None, str | None]]]] = deque()
+        refs: list[str] = []
+        written: set[str] = set()
+        try:
+            with write_pack(self.store) as pack:
+                pending = iter(jobs)
+                done = 0
+                while True:
+                    while len(window) < 2 * self.threads + 2:
+                        job = next(pending, None)
+                        if job is None:
+                            break
+                        si, ci, raw, base = job
+                        itemsize = state.storages[si].itemsize
+                        window.append((si, ci, len(raw), pool.submit(encode, raw, itemsize, base)))
+                    if not window:
+                        break
+                    si, ci, raw_len, future = window.popleft()
+                    digest, blob, base_digest = future.result()
+                    storages_out[si]["chunks"][ci] = [digest, raw_len]
+                    refs.append(digest)
+                    if blob is not None and digest not in written:
+                        depth = depths.get(base_digest, 0) + 1 if base_digest else 0
+                        pack.add(digest, blob, raw_len, base_digest, depth)
+                        written.add(digest)
+                        depths[digest] = depth
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(jobs))
+                if not pack.rows:
+                    raise _NothingToWrite
+            new_rows = pack.rows
+        except _NothingToWrite:
+            new_rows = []
+        return ({"storages": storages_out, "tensors": [t.to_json() for t in state.tensors]},
+                new_rows, refs)
+
+    # -- reading chunks -----------------------------------------------------------
+    def _read_blob(self, row: ChunkRow) -> bytes:
+        try:
+            return self.store.get(row.pack, row.offset, row.offset + row.length)
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"pack {row.pack} is missing from the store") from exc
+
+    def _read_raw(self, digest: str, rows: Mapping[str, ChunkRow] | None = None) -> np.ndarray:
+        """A chunk's raw bytes, checked against its digest (delta bases resolved)."""
+        row = (rows or {}).get(digest) or self.catalog.chunks([digest]).get(digest)
+        if row is None:
+            raise CorruptCheckpointError(f"chunk {digest[:12]} is not in the catalog")
+        out = np.empty(row.raw_len, dtype=np.uint8)
+        self._decode_chunk(row, out, rows)
+        return out
+
+    def _decode_chunk(self, row: ChunkRow, out: np.ndarray,
+                      rows: Mapping[str, ChunkRow] | None = None) -> None:
+        blob = self._read_blob(row)
+        base = self._read_raw(row.base, rows) if row.base else None
+        codec.decode_into(blob, out, base)
+        if codec.digest(out) != row.digest:
+            raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} fails its checksum")
+
+    def _chunk_rows(self, manifest: Mapping[str, Any]) -> dict[str, ChunkRow]:
+        wanted = {d for s in manifest["storages"] for d, _ in s["chunks"]}
+        rows: dict[str, ChunkRow] = {}
+        while wanted:
+            found = self.catalog.chunks(wanted)
+            missing = wanted - set(found)
+            if missing:
+                raise CorruptCheckpointError(
+                    f"{len(missing)} chunks (e.g. {sorted(missing)[0][:12]}) are missing")
+            rows.update(found)
+            wanted = {r.base for r in found.values() if r.base and r.base not in rows}
+        return rows
+
+    def _manifest(self, checkpoint_id: str) -> dict[str, Any]:
+        if checkpoint_id not in self._manifests:
+            row = self.catalog.get(checkpoint_id)
+            if row is None:
+                raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id!r}")
+            try:
+                blob = self.store.get(manifest_key(checkpoint_id))
+            except FileNotFoundError as exc:
+                raise CorruptCheckpointError(
+                    f"checkpoint {checkpoint_id}: its manifest is missing", checkpoint_id) from exc
+            if row.manifest_digest and codec.digest(blob) != row.manifest_digest:
+                raise CorruptCheckpointError(
+                    f"checkpoint {checkpoint_id}: its manifest fails its checksum", checkpoint_id)
+            self._manifests[checkpoint_id] = decode_manifest(blob, checkpoint_id)
+        return self._manifests[checkpoint_id]
+
+    def _decode_storages(self, checkpoint_id: str, manifest: Mapping[str, Any],
+                         progress: ProgressFn | None = None) -> list[torch.Tensor]:
+        """Every storage of a checkpoint, decoded into fresh memory and verified."""
+        rows = self._chunk_rows(manifest)
+        buffers = [torch.empty(s["nbytes"], dtype=torch.uint8) for s in manifest["storages"]]
+        jobs = []
+        for storage, buf in zip(manifest["storages"], buffers):
+            view, pos = buf.numpy(), 0
+            for digest, raw_len in storage["chunks"]:
+                jobs.append((rows[digest], view[pos : pos + raw_len]))
+                pos += raw_len
+            if pos != storage["nbytes"]:
+                raise CorruptCheckpointError(
+                    f"checkpoint {checkpoint_id}: storage {storage['name']} chunks do not "
+                    "add up to its size", checkpoint_id)
+        pool = self._executor()
+        futures = [pool.submit(self._decode_chunk, row, out, rows) for row, out in jobs]
+        for done, future in enumerate(futures, 1):
+            try:
+                future.result()
+            except CorruptCheckpointError as exc:
+                for other in futures:
+                    other.cancel()
+                raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {exc}",
+                                             checkpoint_id) from exc
+            if progress is not None:
+                progress(done, len(futures))
+        return buffers
+
+    # -- resolving ids ---------------------------------------------------------------
+    def resolve(self, which: str = "latest") -> str:
+        """The id meant by "latest", "best", "-N" (N back from latest) or an id prefix."""
+        rows = self.catalog.checkpoints()
+        if not rows:
+            raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
+        which = str(which)
+        if which == "latest":
+            return rows[-1].id
+        if which == "best":
+            best = self._best(rows, 1)
+            if not best:
+                raise CheckpointNotFoundError(
+                    f"no checkpoint has the metric {self.metric!r}" if self.metric else
+                    "'best' needs the manager's metric=: CheckpointManager(..., metric='val_loss')")
+            return best[0]
+        if which.startswith("-") and which[1:].isdigit():
+            back = int(which[1:])
+            if back >= len(rows):
+                raise CheckpointNotFoundError(f"only {len(rows)} checkpoints: {which} is too far back")
+            return rows[-1 - back].id
+        if self.catalog.get(which) is not None:
+            return which
+        matches = self.catalog.ids_with_prefix(which) if which else []
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise CheckpointNotFoundError(f"{which!r} is ambiguous: {', '.join(matches[:5])}")
+        raise CheckpointNotFoundError(
+            f"no checkpoint {which!r} in {self.store.url}: use an id from list(), "
+            "'latest', 'best' or '-N'")
+
+    def _best(self, rows: list[CheckpointRow], k: int) -> list[str]:
+        if self.metric is None:
+            return []
+        scored = [r for r in rows if self.metric in r.metrics
+                  and not math.isnan(r.metrics[self.metric])]
+        sign = 1 if self.mode == "min" else -1
+        scored.sort(key=lambda r: (sign * r.metrics[self.metric], -r.seq))
+        return [r.id for r in scored[:k]]
+
+    # -- restore ------------------------------------------------------------------------
+    def restore(
+        self,
+        which: str | os.PathLike[str] = "latest",
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        scheduler: Any = None,
+        scaler: Any = None,
+        rng: bool = True,
+        strict: bool = True,
+        trust_pickle: bool = False,
+        progress: ProgressFn | None = None,
+        **statefuls: Any,
+    ) -> Checkpoint:
+        """Put a checkpoint back into live objects, in place, all or nothing.
+
+        ``which`` is "latest" (the newest that verifies), "best", "-N", an id, or
+        the path of a .pt / .safetensors file. Objects not passed stay in
+        ``Checkpoint.state``; ``rng=False`` leaves the random generators alone.
+        """
+        targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
+                   "scaler": scaler, **statefuls}
+        targets = {k: v for k, v in targets.items() if v is not None}
+        path = os.fspath(which)
+        if os.path.isfile(path) and Path(path).suffix in (".pt", ".pth", ".bin", ".safetensors"):
+            from ._interop import read_file
+
+            ck = read_file(path, trust_pickle=trust_pickle)
+        else:
+            ck = self._load_verified(path, trust_pickle, progress)
+        load_all(targets, ck.state, strict=strict)
+        for name in targets:
+            ck.state.pop(name)
+        if rng and ck.rng is not None:
+            RNGState().load_state_dict(ck.rng)
+        if ck.id in {r.id for r in self.catalog.checkpoints()}:
+            self.head = ck.id
+            self._notify("restore", ck.id)
+        return ck
+
+    def _load_verified(self, which: str, trust_pickle: bool,
+                       progress: ProgressFn | None) -> Checkpoint:
+        if which != "latest":
+            return self.load(which, trust_pickle=trust_pickle, progress=progress)
+        for row in reversed(self.catalog.checkpoints()):
+            try:
+                return self.load(row.id, trust_pickle=trust_pickle, progress=progress)
+            except CorruptCheckpointError as exc:
+                warnings.warn(f"skipping checkpoint {row.id}, which fails verification "
+                              f"({exc}); trying the one before it", stacklevel=3)
+        raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
+
+    def load(self, which: str = "latest", *, trust_pickle: bool = False,
+             progress: ProgressFn | None = None) -> Checkpoint:
+        """Read a checkpoint into fresh objects, touching nothing live."""
+        cid = self.resolve(which)
+        row = self.catalog.get(cid)
+        assert row is not None
+        manifest = self._manifest(cid)
+        storages = self._decode_storages(cid, manifest, progress)
+        skeleton = manifest["state"]
+        decoder = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle)
+        objects = decoder.decode(skeleton["objects"], "")
+        extra_decoder = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
+                                    on_pickle=PickledValue)
+        extra = {k: extra_decoder.decode(v, f"extra/{k}") for k, v in skeleton["extra"].items()}
+        if any(isinstance(v, PickledValue) for v in extra.values()):
+            warnings.warn(f"checkpoint {cid}: extra values "
+                          f"{[k for k, v in extra.items() if isinstance(v, PickledValue)]} are "
+                          "pickles and were not loaded; pass trust_pickle=True to load them",
+                          stacklevel=3)
+        rng = decoder.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
+        return Checkpoint(
+            id=cid, parent=row.parent, branch=row.branch, created=row.created_at,
+            step=row.step, epoch=row.epoch, batch_idx=row.batch_idx, metrics=row.metrics,
+            extra=extra, strategy=row.strategy, note=row.note, pinned=row.pinned,
+            state=objects, rng=rng)
+
+    # -- inspecting -------------------------------------------------------------------------
+    def list(self, *, branch: str | None = None) -> Any:
+        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric."""
+        import pandas as pd
+
+        rows = self.catalog.checkpoints()
+        if branch is not None:
+            rows = [r for r in rows if r.branch == branch]
+        names = sorted({m for r in rows for m in r.metrics})
+        best = set(self._best(rows, self.keep_best or 1))
+        table = pd.DataFrame(
+            [{"id": r.id, "parent": r.parent, "branch": r.branch,
+              "created": pd.Timestamp(r.created_at, unit="s"), "step": r.step,
+              "epoch": r.epoch, "batch_idx": r.batch_idx, "strategy": r.strategy,
+              "stored_bytes": r.stored_bytes, "logical_bytes": r.logical_bytes,
+              "pinned": r.pinned, "best": r.id in best, "head": r.id == self.head,
+              "note": r.note, **{m: r.metrics.get(m, math.nan) for m in names}}
+             for r in rows],
+            columns=["id", "parent", "branch", "created", "step", "epoch", "batch_idx",
+                     "strategy", "stored_bytes", "logical_bytes", "pinned", "best", "head",
+                     "note", *names])
+        for column in ("step", "epoch", "batch_idx"):
+            table[column] = table[column].astype("Int64")
+        return table
+
+    def info(self, which: str = "latest") -> dict[str, Any]:
+        """One checkpoint's catalog row and the tensors its manifest lists."""
+        cid = self.resolve(which)
+        row = self.catalog.get(cid)
+        manifest = self._manifest(cid)
+        storages = manifest["storages"]
+        tensors = [{"name": t["name"], "dtype": t["dtype"], "shape": tuple(t["shape"]),
+                    "stride": tuple(t["stride"]), "offset": t["offset"],
+                    "storage": storages[t["storage"]]["name"],
+                    "chunks": len(storages[t["storage"]]["chunks"])}
+                   for t in manifest["tensors"]]
+        return {**{k: v for k, v in vars(row).items() if k not in ("tags", "seq")},
+                "children": self.catalog.children(cid), "tensors": tensors,
+                "objects": manifest["state"]["types"],
+                "pickles": has_pickle(manifest["state"])}
+
+    def diff(self, a: str, b: str) -> Any:
+        """Per-tensor change from checkpoint ``a`` to ``b`` as a pandas DataFrame."""
+        import pandas as pd
+
+        ids = [self.resolve(a), self.resolve(b)]
+        sides = []
+        for cid in ids:
+            manifest = self._manifest(cid)
+            storages = self._decode_storages(cid, manifest)
+            decoder = Unflattener(manifest["tensors"], storages)
+            chunks = [tuple(d for d, _ in s["chunks"]) for s in manifest["storages"]]
+            sides.append({t["name"]: (decoder.tensor(i), chunks[t["storage"]], t)
+                          for i, t in enumerate(manifest["tensors"])})
+        left, right = sides
+        records = []
+        for name in list(left) + [n for n in right if n not in left]:
+            ta, ca, ra = left.get(name, (None, None, None))
+            tb, cb, rb = right.get(name, (None, None, None))
+            record: dict[str, Any] = {"tensor": name, "status": "changed", "shape": None,
+                                      "dtype": None, "changed": True, "same_chunks": False,
+                                      "l2": math.nan, "rel_change": math.nan}
+            if ta is None or tb is None:
+                present = ta if tb is None else tb
+                record.update(status="removed" if tb is None else "added",
+                              shape=tuple(present.shape), dtype=str(present.dtype)[6:])
+            else:
+                record.update(shape=tuple(tb.shape), dtype=str(tb.dtype)[6:])
+                same_layout = ra["shape"] == rb["shape"] and ra["stride"] == rb["stride"] \
+                    and ra["offset"] == rb["offset"] and ra["dtype"] == rb["dtype"]
+                if same_layout and ca == cb:
+                    record.update(status="identical", changed=False, same_chunks=True,
+                                  l2=0.0, rel_change=0.0)
+                elif ta.shape != tb.shape:
+                    record.update(status="reshaped", shape=f"{tuple(ta.shape)}->{tuple(tb.shape)}")
+                else:
+                    da, db = _as_float(ta), _as_float(tb)
+                    l2 = float(torch.linalg.vector_norm(db - da))
+                    base = float(torch.linalg.vector_norm(da))
+                    changed = not torch.equal(ta, tb)
+                    record.update(status="changed" if changed else "identical",
+                                  changed=changed, l2=l2,
+                                  rel_change=l2 / base if base else (0.0 if l2 == 0 else math.inf))
+            records.append(record)
+        return pd.DataFrame(records, columns=["tensor", "status", "shape", "dtype", "changed",
+                                              "same_chunks", "l2", "rel_change"])
+
+    # -- integrity ---------------------------------------------------------------------------
+    def verify(self, ids: Iterable[str] | None = None,
+               progress: ProgressFn | None = None) -> VerifyReport:
+        """Re-read every chunk of the checkpoints (all by default) and check checksums."""
+        wanted = [self.resolve(i) for i in ids] if ids is not None else \
+            [r.id for r in self.catalog.checkpoints()]
+        good: set[str] = set()
+        bad: dict[str, list[str]] = {}
+        for n, cid in enumerate(wanted, 1):
+            problems = []
+            try:
+                self._manifests.pop(cid, None)
+                manifest = self._manifest(cid)
+                rows = self._chunk_rows(manifest)
+                for digest in sorted(rows):
+                    if digest in good:
+                        continue
+                    try:
+                        self._decode_chunk(rows[digest], np.empty(rows[digest].raw_len, np.uint8),
+                                           rows)
+                        good.add(digest)
+                    except CorruptCheckpointError as exc:
+                        problems.append(str(exc))
+            except CkptError as exc:
+                problems.append(str(exc))
+            if problems:
+                bad[cid] = problems
+            if progress is not None:
+                progress(n, len(wanted))
+        return VerifyReport(wanted, bad)
+
+    # -- pins, deletes, retention ---------------------------------------------------------------
+    def pin(self, which: str, pinned: bool = True) -> str:
+        """Protect a checkpoint from retention (``pinned=False`` releases it)."""
+        cid = self.resolve(which)
+        self.catalog.update(cid, pinned=pinned)
+        self._notify("pin", cid)
+        return cid
+
+    def unpin(self, which: str) -> str:
+        return self.pin(which, False)
+
+    def annotate(self, which: str, note: str) -> str:
+        cid = self.resolve(which)
+        self.catalog.update(cid, note=note)
+        return cid
+
+    def delete(self, which: str, *, force: bool = False) -> None:
+        """Delete a checkpoint; other checkpoints keep every chunk they share with it."""
+        cid = self.resolve(which)
+        row = self.catalog.get(cid)
+        if row is not None and row.pinned and not force:
+            raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
+                                       "or pass force=True")
+        with self._exclusive():
+            self.catalog.delete_checkpoints([cid])
+            self._forget(cid)
+            self._gc_locked()
+        self._notify("delete", cid)
+
+    def _forget(self, cid: str) -> None:
+        self._manifests.pop(cid, None)
+        if self.head == cid:
+            self.head = None
+
+    def _apply_retention(self, protect: set[str]) -> None:
+        if self.max_to_keep is None and self.keep_best is None and self.max_bytes is None:
+            return
+        rows = self.catalog.checkpoints()
+        keep = protect | {r.id for r in rows if r.pinned} | {rows[-1].id}
+        if self.head:
+            keep.add(self.head)
+        if self.keep_best:
+            keep |= set(self._best(rows, self.keep_best))
+        if self.max_to_keep is not None:
+            keep |= {r.id for r in rows[-self.max_to_keep:]}
+        elif self.keep_best is None:
+            keep |= {r.id for r in rows}
+        doomed = [r.id for r in rows if r.id not in keep]
+        if doomed:
+            self.catalog.delete_checkpoints(doomed)
+            for cid in doomed:
+                self._forget(cid)
+            self._gc_locked()
+        if self.max_bytes is not None:
+            for row in self.catalog.checkpoints():
+                if self.stored_bytes() <= self.max_bytes:
+                    break
+                if row.id not in keep:
+                    self.catalog.delete_checkpoints([row.id])
+                    self._forget(row.id)
+                    self._gc_locked()
+
+    def stored_bytes(self) -> int:
+        """Bytes the store's packs and manifests take."""
+        return sum(self.store.size(k) for k in (*self.store.list("packs"),
+                                                 *self.store.list("manifests")))
+
+    # -- garbage collection -------------------------------------------------------------------------
+    def gc(self, *, compact_below: float = 0.5) -> GCReport:
+        """Reclaim what no checkpoint needs: orphans of crashed saves, dead chunks.
+
+        A pack whose live bytes fall under ``compact_below`` of its size is
+        rewritten with only the live chunks. Safe to interrupt at any point.
+        """
+        with self._exclusive():
+            return self._gc_locked(compact_below)
+
+    def _gc_locked(self, compact_below: float = 0.5) -> GCReport:
+        report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
+        chunks = {c.digest: c for c in self.catalog.all_chunks()}
+        live = self.catalog.refs() & set(chunks)
+        frontier = list(live)
+        while frontier:
+            base = chunks[frontier.pop()].base
+            if base and base not in live and base in chunks:
+                live.add(base)
+                frontier.append(base)
+        dead = set(chunks) - live
+        if dead:
+            self.catalog.drop_chunks(dead)
+            report.chunks_dropped = len(dead)
+        by_pack: dict[str, list[ChunkRow]] = {}
+        for digest in live:
+            by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
+        for key in list(self.store.list("packs")):
+            size = self.store.size(key)
+            members = by_pack.get(key)
+            if not members:
+                self.store.delete(key)
+                report.packs_deleted += 1
+                report.bytes_freed += size
+            elif sum(c.length for c in members) < compact_below * size:
+                moved = []
+                with write_pack(self.store) as pack:
+                    for row in sorted(members, key=lambda c: c.offset):
+                        pack.add(row.digest, self._read_blob(row), row.raw_len, row.base, row.depth)
+                    moved = pack.rows
+                self.catalog.move_chunks(moved)
+                self.store.delete(key)
+                report.packs_compacted += 1
+                report.bytes_freed += size - sum(c.length for c in moved)
+        known = {r.id for r in self.catalog.checkpoints()}
+        for key in list(self.store.list("manifests")):
+            cid = key.removeprefix("manifests/").removesuffix(".json.zst")
+            if cid not in known:
+                report.bytes_freed += self.store.size(key)
+                self.store.delete(key)
+                report.manifests_deleted += 1
+        return report
+
+    # -- interop -------------------------------------------------------------------------------------
+    def export(self, which: str, path: str | os.PathLike[str], *,
+               trust_pickle: bool = False) -> Path:
+        """Write a checkpoint as a .pt (``torch.load(weights_only=True)``) or .safetensors file."""
+        from ._interop import write_file
+
+        return write_file(self.load(which, trust_pickle=trust_pickle), path)
+
+    def import_file(self, path: str | os.PathLike[str], *, trust_pickle: bool = False,
+                    note: str | None = None) -> str:
+        """Bring a torch.save (or safetensors) checkpoint into the store; returns its id."""
+        from ._interop import read_file
+
+        ck = read_file(path, trust_pickle=trust_pickle)
+        holders = {name: _StateHolder(state) for name, state in ck.state.items()}
+        flat = self.capture(holders, metrics=ck.metrics, extra=ck.extra, rng=False)
+        return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
+                               metrics=ck.metrics, strategy="full", parent=None,
+                               note=note if note is not None else f"imported from {path}")
+
+
+class _StateHolder:
+    """Presents an already-taken state dict as a Stateful."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def state_dict(self) -> Any:
+        return self._state
+
+    def load_state_dict(self, state: Any) -> None:
+        self._state = state
+
+
+class _NothingToWrite(Exception):
+    """Internal: every chunk was already stored, so the empty pack is dropped."""
+
+
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        return torch.view_as_real(t).double()
+    return t.double()
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, not {value!r}")
+
+
+def codec_names() -> tuple[str, ...]:
+    return codec.CODECS
+
