@@ -308,8 +308,8 @@ class CheckpointManager:
             strategy, base_id, chain = self._plan(strategy, parent_row)
             row = CheckpointRow(
                 id=_new_id(), parent=parent_id, branch=self._branch_for(parent_row),
-                created_at=time.time(), step=_opt_int(step), epoch=_opt_int(epoch),
-                batch_idx=_opt_int(batch_idx), metrics=metrics, strategy=strategy,
+                created_at=time.time(), step=_opt_int("step", step),
+                epoch=_opt_int("epoch", epoch), batch_idx=_opt_int("batch_idx", batch_idx), metrics=metrics, strategy=strategy,
                 full_base=None, chain=chain, logical_bytes=state.logical_bytes,
                 stored_bytes=0, pinned=False, note=note,
             )
@@ -595,7 +595,7 @@ class CheckpointManager:
 
             ck = read_file(path, trust_pickle=trust_pickle)
         else:
-            ck = self._load_verified(path, trust_pickle, progress)
+            ck = self._load_verified(path, trust_pickle, progress, targets)
         load_all(targets, ck.state, strict=strict)
         for name in targets:
             ck.state.pop(name)
@@ -606,38 +606,49 @@ class CheckpointManager:
             self._notify("restore", ck.id)
         return ck
 
-    def _load_verified(self, which: str, trust_pickle: bool,
-                       progress: ProgressFn | None) -> Checkpoint:
+    def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,
+                       needed: Iterable[str]) -> Checkpoint:
         if which != "latest":
-            return self.load(which, trust_pickle=trust_pickle, progress=progress)
+            return self.load(which, trust_pickle=trust_pickle, progress=progress, needed=needed)
         for row in reversed(self.catalog.checkpoints()):
             try:
-                return self.load(row.id, trust_pickle=trust_pickle, progress=progress)
+                return self.load(row.id, trust_pickle=trust_pickle, progress=progress,
+                                 needed=needed)
             except CorruptCheckpointError as exc:
                 warnings.warn(f"skipping checkpoint {row.id}, which fails verification "
                               f"({exc}); trying the one before it", stacklevel=3)
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
 
     def load(self, which: str = "latest", *, trust_pickle: bool = False,
-             progress: ProgressFn | None = None) -> Checkpoint:
-        """Read a checkpoint into fresh objects, touching nothing live."""
+             progress: ProgressFn | None = None, needed: Iterable[str] = ()) -> Checkpoint:
+        """Read a checkpoint into fresh objects, touching nothing live.
+
+        Pickled values are left as ``PickledValue`` placeholders unless
+        ``trust_pickle``; in the objects named in ``needed`` they raise instead.
+        """
         cid = self.resolve(which)
         row = self.catalog.get(cid)
         assert row is not None
         manifest = self._manifest(cid)
         storages = self._decode_storages(cid, manifest, progress)
         skeleton = manifest["state"]
-        decoder = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle)
-        objects = decoder.decode(skeleton["objects"], "")
-        extra_decoder = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
-                                    on_pickle=PickledValue)
-        extra = {k: extra_decoder.decode(v, f"extra/{k}") for k, v in skeleton["extra"].items()}
-        if any(isinstance(v, PickledValue) for v in extra.values()):
-            warnings.warn(f"checkpoint {cid}: extra values "
-                          f"{[k for k, v in extra.items() if isinstance(v, PickledValue)]} are "
-                          "pickles and were not loaded; pass trust_pickle=True to load them",
-                          stacklevel=3)
-        rng = decoder.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
+        unloaded: list[str] = []
+
+        def placeholder(name: str) -> PickledValue:
+            unloaded.append(name)
+            return PickledValue(name)
+
+        strict = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle)
+        lenient = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
+                              on_pickle=placeholder)
+        needed = set(needed)
+        objects = {name: (strict if name in needed else lenient).decode(value, name)
+                   for name, value in skeleton["objects"].items()}
+        extra = {k: lenient.decode(v, f"extra/{k}") for k, v in skeleton["extra"].items()}
+        rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
+        if unloaded:
+            warnings.warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "
+                          "pass trust_pickle=True to load them", stacklevel=3)
         return Checkpoint(
             id=cid, parent=row.parent, branch=row.branch, created=row.created_at,
             step=row.step, epoch=row.epoch, batch_idx=row.batch_idx, metrics=row.metrics,
@@ -786,9 +797,7 @@ class CheckpointManager:
             raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
                                        "or pass force=True")
         with self._exclusive():
-            self.catalog.delete_checkpoints([cid])
-            self._forget(cid)
-            self._gc_locked()
+            self._drop([cid])
         self._notify("delete", cid)
 
     def _forget(self, cid: str) -> None:
@@ -797,32 +806,31 @@ class CheckpointManager:
             self.head = None
 
     def _apply_retention(self, protect: set[str]) -> None:
+        """Delete what the retention rules let go; the newest, pinned, best and head stay."""
         if self.max_to_keep is None and self.keep_best is None and self.max_bytes is None:
             return
         rows = self.catalog.checkpoints()
-        keep = protect | {r.id for r in rows if r.pinned} | {rows[-1].id}
+        protected = protect | {r.id for r in rows if r.pinned} | {rows[-1].id}
         if self.head:
-            keep.add(self.head)
+            protected.add(self.head)
         if self.keep_best:
-            keep |= set(self._best(rows, self.keep_best))
-        if self.max_to_keep is not None:
-            keep |= {r.id for r in rows[-self.max_to_keep:]}
-        elif self.keep_best is None:
-            keep |= {r.id for r in rows}
-        doomed = [r.id for r in rows if r.id not in keep]
-        if doomed:
-            self.catalog.delete_checkpoints(doomed)
-            for cid in doomed:
-                self._forget(cid)
-            self._gc_locked()
+            protected |= set(self._best(rows, self.keep_best))
+        if self.max_to_keep is not None or self.keep_best is not None:
+            recent = {r.id for r in rows[-self.max_to_keep:]} if self.max_to_keep else set()
+            self._drop([r.id for r in rows if r.id not in protected | recent])
         if self.max_bytes is not None:
             for row in self.catalog.checkpoints():
                 if self.stored_bytes() <= self.max_bytes:
                     break
-                if row.id not in keep:
-                    self.catalog.delete_checkpoints([row.id])
-                    self._forget(row.id)
-                    self._gc_locked()
+                if row.id not in protected:
+                    self._drop([row.id])
+
+    def _drop(self, ids: list[str]) -> None:
+        if ids:
+            self.catalog.delete_checkpoints(ids)
+            for cid in ids:
+                self._forget(cid)
+            self._gc_locked()
 
     def stored_bytes(self) -> int:
         """Bytes the store's packs and manifests take."""
@@ -926,8 +934,12 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
     return t.double()
 
 
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _opt_int(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer or None, not {value!r}")
+    return int(value)
 
 
 def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:

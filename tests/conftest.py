@@ -1,0 +1,54 @@
+"""Shared fixtures: a small classifier trained on scikit-learn's real digits data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+
+class DigitsRun:
+    """A model, optimizer and scheduler with a deterministic training step on digits."""
+
+    def __init__(self, seed: int = 0, hidden: int = 64) -> None:
+        torch.manual_seed(seed)
+        data = load_digits()
+        self.x = torch.tensor(data.data / 16.0, dtype=torch.float32)
+        self.y = torch.tensor(data.target, dtype=torch.long)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=5, gamma=0.5)
+
+    def train_step(self, batch: int = 128) -> float:
+        """One step on a random batch: it draws from torch's RNG, so RNG state matters."""
+        idx = torch.randint(0, len(self.x), (batch,))
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss.item()
+
+    def accuracy(self) -> float:
+        with torch.no_grad():
+            return float((self.model(self.x).argmax(1) == self.y).float().mean())
+
+    def weights(self) -> list[torch.Tensor]:
+        return [t.detach().clone() for t in self.model.state_dict().values()]
+
+    def optimizer_tensors(self) -> list[torch.Tensor]:
+        return [v.clone() for s in self.optimizer.state_dict()["state"].values()
+                for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.fixture
+def digits() -> DigitsRun:
+    np.random.seed(0)
+    return DigitsRun()

@@ -1,0 +1,461 @@
+"""CheckpointManager end to end: real training on digits, real SQLite, real files."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import DigitsRun, same
+
+import ckpt_nb
+from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
+                     LocalStore, PickledValue, StateMismatchError, StoreFormatError,
+                     UntrustedPickleError)
+
+
+class Holder:
+    """A user Stateful holding plain state."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+def test_resume_continues_bit_exact(tmp_path: Path) -> None:
+    run = DigitsRun(seed=1)
+    mgr = CheckpointManager(tmp_path / "exp", max_to_keep=3)
+    for step in range(1, 11):
+        loss = run.train_step()
+        if step == 5:
+            mgr.save(run.model, run.optimizer, 0, metrics={"loss": loss},
+                     scheduler=run.scheduler, step=step, batch_idx=step)
+    expected_w, expected_opt = run.weights(), run.optimizer_tensors()
+    expected_lr = run.scheduler.get_last_lr()
+
+    fresh = DigitsRun(seed=99)  # different init, different RNG position
+    ck = CheckpointManager(tmp_path / "exp").restore(
+        "latest", model=fresh.model, optimizer=fresh.optimizer, scheduler=fresh.scheduler)
+    assert (ck.step, ck.batch_idx, ck.epoch) == (5, 5, 0)
+    for _ in range(5):
+        fresh.train_step()
+    assert same(fresh.weights(), expected_w)
+    assert same(fresh.optimizer_tensors(), expected_opt)
+    assert fresh.scheduler.get_last_lr() == expected_lr
+    assert fresh.accuracy() > 0.5  # it really trained
+
+
+def test_restore_is_in_place(tmp_path: Path, digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path)
+    digits.train_step()
+    mgr.save(digits.model, digits.optimizer)
+    params = list(digits.model.parameters())
+    digits.train_step()
+    mgr.restore("latest", model=digits.model, optimizer=digits.optimizer)
+    assert all(a is b for a, b in zip(params, digits.model.parameters()))
+    assert all(a is b for a, b in zip(params, digits.optimizer.param_groups[0]["params"]))
+    digits.train_step()  # the optimizer still drives the model's parameters
+
+
+def test_rng_states_restored_unless_asked(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    mgr.save(Holder({"x": 1}))
+    draws = (random.random(), np.random.rand(), torch.rand(1).item())
+    mgr.restore("latest")
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
+    mgr.restore("latest", rng=False)
+    assert random.random() != draws[0]
+
+
+DTYPES = [d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+    torch.complex128, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+    torch.bool, getattr(torch, "uint16", None), getattr(torch, "uint32", None),
+    getattr(torch, "uint64", None), getattr(torch, "float8_e4m3fn", None),
+    getattr(torch, "float8_e5m2", None)) if d is not None]
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_every_dtype_round_trips_bit_exact(tmp_path: Path, codec: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    state = {}
+    for dtype in DTYPES:
+        raw = torch.randint(0, 256, (3000 * torch.empty(0, dtype=dtype).element_size(),),
+                            dtype=torch.uint8, generator=gen)
+        state[str(dtype)] = raw.view(dtype).reshape(30, -1)  # NaN payloads included
+    state["scalar"] = torch.tensor(3.5)
+    state["empty"] = torch.empty(0, 7)
+    mgr = CheckpointManager(tmp_path, codec=codec, chunk_size=4096)
+    mgr.save(holder=Holder(state))
+    back = mgr.load("latest").state["holder"]
+    for key, tensor in state.items():
+        assert back[key].dtype == tensor.dtype and back[key].shape == tensor.shape
+        assert torch.equal(back[key].reshape(-1).view(torch.uint8),
+                           tensor.reshape(-1).view(torch.uint8)), key
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_shared_storage_and_views_survive(tmp_path: Path) -> None:
+    model = Tied()
+    base = torch.arange(24.0).reshape(4, 6)
+    views = {"t": base.t(), "slice": base[1:3, ::2], "whole": base}
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(model, views=Holder(views))
+    ck = mgr.load("latest")
+    sd = ck.state["model"]
+    assert sd["embed.weight"].data_ptr() == sd["head.weight"].data_ptr()
+    got = ck.state["views"]
+    for key, view in views.items():
+        assert torch.equal(got[key], view) and got[key].stride() == view.stride()
+    assert got["t"].untyped_storage().data_ptr() == got["whole"].untyped_storage().data_ptr()
+    fresh = Tied()
+    mgr.restore("latest", model=fresh)
+    assert fresh.head.weight is fresh.embed.weight
+    assert torch.equal(fresh.embed.weight, model.embed.weight)
+    tensors = [t for t in mgr.info("latest")["tensors"] if t["name"].startswith("objects/")]
+    assert len(tensors) == 5 and len({t["storage"] for t in tensors}) == 2
+
+
+def test_gradscaler_and_user_statefuls(tmp_path: Path) -> None:
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.tensor(1.0))
+    scaler.update(512.0)
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(scaler=scaler, ema=Holder({"decay": 0.99, "shadow": torch.ones(3)}))
+    fresh, ema = torch.amp.GradScaler("cpu"), Holder({})
+    mgr.restore("latest", scaler=fresh, ema=ema)
+    assert fresh.get_scale() == 512.0
+    assert ema.state["decay"] == 0.99 and torch.equal(ema.state["shadow"], torch.ones(3))
+
+
+def test_retention_keeps_newest_best_and_pinned(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, max_to_keep=2, keep_best=2, metric="val_loss", mode="min")
+    losses = [0.9, 0.2, 0.5, 0.1, 0.7, 0.8, None, 0.95]
+    ids = []
+    for i, loss in enumerate(losses):
+        ids.append(mgr.save(Holder({"w": torch.full((1000,), float(i))}),
+                            metrics={} if loss is None else {"val_loss": loss}, step=i))
+        if i == 0:
+            mgr.pin(ids[0])
+    kept = list(mgr.list()["id"])
+    assert kept == [ids[0], ids[1], ids[3], ids[6], ids[7]]
+    assert mgr.resolve("best") == ids[3]
+    assert set(mgr.list().query("best")["id"]) == {ids[3], ids[1]}
+    for cid in kept:  # every kept checkpoint still restores after retention's gc
+        assert mgr.load(cid).step == ids.index(cid)
+    assert mgr.verify().ok
+    with pytest.raises(ckpt_nb.CheckpointInUseError):
+        mgr.delete(ids[0])
+
+
+def test_byte_budget(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, max_bytes=300_000, codec="none")
+    for i in range(6):
+        mgr.save(Holder({"w": torch.randn(25_000)}), step=i)  # ~100 kB each
+    assert mgr.stored_bytes() <= 300_000
+    assert list(mgr.list()["step"])[-1] == 5
+
+
+def test_rollback_then_save_branches(tmp_path: Path, digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path)
+    a = mgr.save(digits.model, step=1)
+    digits.train_step()
+    b = mgr.save(digits.model, step=2)
+    mgr.restore(a, model=digits.model)
+    digits.train_step()
+    c = mgr.save(digits.model, step=2)
+    d = mgr.save(digits.model, step=3)
+    table = mgr.list().set_index("id")
+    assert table.loc[b, "parent"] == a and table.loc[c, "parent"] == a
+    assert table.loc[a, "branch"] == table.loc[b, "branch"] == "main"
+    assert table.loc[c, "branch"] == table.loc[d, "branch"] != "main"
+    assert table.loc[d, "parent"] == c and bool(table.loc[d, "head"])
+    fresh = CheckpointManager(tmp_path)  # a new process starts a new root
+    e = fresh.save(digits.model)
+    assert pd.isna(fresh.list().set_index("id").loc[e, "parent"])
+
+
+class Finetune(torch.nn.Module):
+    """A frozen backbone and a trainable head, like a fine-tune."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
+        self.head = torch.nn.Linear(256, 10)
+        self.backbone.requires_grad_(False)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad()
+        self.head(self.backbone(torch.randn(8, 256))).square().mean().backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("strategy", ["incremental", "differential"])
+def test_delta_strategies_restore_every_checkpoint(tmp_path: Path, strategy: str) -> None:
+    model = Finetune()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-3)
+    mgr = CheckpointManager(tmp_path, strategy=strategy, full_every=3, chunk_size=8192)
+    expected = {}
+    for i in range(7):
+        model.step(opt)
+        cid = mgr.save(model, step=i)
+        expected[cid] = [t.clone() for t in model.state_dict().values()]
+    rows = mgr.list()
+    assert list(rows["strategy"]) == ["full", strategy, strategy] * 2 + ["full"]
+    full, delta = rows["stored_bytes"].iloc[0], rows["stored_bytes"].iloc[1]
+    assert delta < 0.1 * full  # frozen backbone deduplicated
+    bases = [c for c in mgr.catalog.all_chunks() if c.base]
+    assert bases and max(c.depth for c in bases) <= 2  # deltas are used, chains bounded
+    # retention drops the bases of later deltas: what is kept must still restore
+    mgr.max_to_keep = 2
+    mgr.save(model, step=7)
+    for cid in list(mgr.list()["id"])[:-1]:
+        assert same(list(mgr.load(cid).state["model"].values()), expected[cid])
+    assert mgr.verify().ok
+
+
+def _own_pack(mgr: CheckpointManager, cid: str) -> Path:
+    """The pack holding chunks that only checkpoint ``cid`` references."""
+    others = set().union(*(mgr.catalog.refs(r.id) for r in mgr.catalog.checkpoints()
+                           if r.id != cid))
+    own = mgr.catalog.chunks(mgr.catalog.refs(cid) - others)
+    return Path(mgr.store.root) / next(iter(own.values())).pack
+
+
+def _flip_byte(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    offset = len(data) // 2 if offset is None else offset
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corruption_is_found_and_latest_falls_back(tmp_path: Path, digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path)
+    good = mgr.save(digits.model, step=1)
+    digits.train_step()
+    bad = mgr.save(digits.model, step=2)
+    _flip_byte(_own_pack(mgr, bad))
+    mgr = CheckpointManager(tmp_path)
+    report = mgr.verify()
+    assert not report.ok and list(report.bad) == [bad]
+    with pytest.raises(CorruptCheckpointError, match=bad) as err:
+        mgr.restore(bad, model=digits.model)
+    assert err.value.checkpoint_id == bad
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        ck = mgr.restore("latest", model=digits.model)
+    assert ck.id == good
+
+
+def test_corrupt_manifest_is_reported(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(Holder({"w": torch.ones(10)}))
+    _flip_byte(tmp_path / "manifests" / f"{cid}.json.zst", 10)
+    mgr = CheckpointManager(tmp_path)
+    assert cid in mgr.verify().bad
+    with pytest.raises(CorruptCheckpointError, match="manifest"):
+        mgr.load(cid)
+
+
+def test_mismatch_changes_nothing_and_names_keys(tmp_path: Path, digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(digits.model, digits.optimizer)
+    other = DigitsRun(hidden=32)
+    before, opt_before = other.weights(), other.optimizer.state_dict()
+    with pytest.raises(StateMismatchError, match=r"0\.weight is \(64, 64\) float32"):
+        mgr.restore("latest", model=other.model, optimizer=other.optimizer)
+    assert same(other.weights(), before)
+    assert other.optimizer.state_dict() == opt_before
+    wider = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10), torch.nn.Linear(10, 2))
+    with pytest.raises(StateMismatchError, match=r"missing keys \['3.weight', '3.bias'\]"):
+        mgr.restore("latest", model=wider)
+    with pytest.raises(StateMismatchError, match="not in the checkpoint"):
+        mgr.restore("latest", scheduler=other.scheduler)
+
+
+class Boom:
+    """Pickling this runs code on load: what a hostile store would hold."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_pickles_never_load_without_trust(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    mgr = CheckpointManager(tmp_path / "store")
+    mgr.save(extra={"history": [1.0, 2.0], "boom": Boom(str(marker))},
+             custom=Holder({"obj": Boom(str(marker))}))
+    mgr = CheckpointManager(tmp_path / "store")
+    with pytest.warns(UserWarning, match="boom"):
+        ck = mgr.load("latest")  # pickles are left unloaded
+    assert isinstance(ck.extra["boom"], PickledValue) and ck.extra["history"] == [1.0, 2.0]
+    assert isinstance(ck.state["custom"]["obj"], PickledValue)
+    with pytest.raises(UntrustedPickleError, match="trust_pickle=True"):
+        mgr.restore("latest", custom=Holder({}))
+    assert not marker.exists()
+    mgr.load("latest", trust_pickle=True)
+    assert marker.exists()
+
+
+def test_bad_values_fail_clearly_and_keep_the_store(tmp_path: Path, digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(digits.model)
+    with pytest.raises(ckpt_nb.CaptureError, match="extra/fn"):
+        mgr.save(digits.model, extra={"fn": lambda: 1})
+    with pytest.raises(TypeError, match="state_dict"):
+        mgr.save(notstateful=object())
+    with pytest.raises(ValueError, match="checkpoint fields"):
+        mgr.save(rng=True, branch=Holder({}))
+    with pytest.raises(TypeError, match="epoch must be an integer"):
+        mgr.save(digits.model, epoch="three")  # type: ignore[arg-type]
+    assert list(mgr.list()["id"]) == [first] and mgr.verify().ok
+
+
+class FullDisk(LocalStore):
+    """Fails like a full disk after a number of bytes: the one thing we cannot make real."""
+
+    def __init__(self, root: Path, budget: int) -> None:
+        super().__init__(root)
+        self.budget = budget
+
+    def writer(self, key: str):
+        inner = super().writer(key)
+        store = self
+
+        class Limited:
+            def __enter__(self):
+                self.out = inner.__enter__()
+                return self
+
+            def write(self, data):
+                store.budget -= len(memoryview(data).cast("B"))
+                if store.budget < 0:
+                    raise OSError(28, "No space left on device")
+                return self.out.write(data)
+
+            def __exit__(self, *exc):
+                return inner.__exit__(*exc)
+
+        return Limited()
+
+
+def test_failed_write_leaves_earlier_checkpoints(tmp_path: Path, digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(digits.model, digits.optimizer)
+    expected = digits.weights()
+    digits.train_step()
+    full = CheckpointManager(FullDisk(tmp_path, budget=5000), catalog=tmp_path / "catalog.sqlite")
+    with pytest.raises(OSError, match="No space"):
+        full.save(digits.model, digits.optimizer)
+    mgr = CheckpointManager(tmp_path)
+    assert list(mgr.list()["id"]) == [first]
+    assert not list(tmp_path.rglob("*.tmp-*"))
+    assert same(list(mgr.load(first).state["model"].values()), expected)
+
+
+def test_newer_format_is_refused(tmp_path: Path) -> None:
+    CheckpointManager(tmp_path).save(Holder({"a": 1}))
+    (tmp_path / "ckpt_nb.json").write_text(json.dumps({"format": 99}))
+    with pytest.raises(StoreFormatError, match="upgrade ckpt_nb"):
+        CheckpointManager(tmp_path)
+
+
+def test_resolve_aliases_and_errors(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CheckpointNotFoundError, match="no checkpoints yet"):
+        mgr.resolve("latest")
+    ids = [mgr.save(Holder({"i": i})) for i in range(3)]
+    assert mgr.resolve("-1") == ids[1] and mgr.resolve(ids[0][:6]) == ids[0]
+    with pytest.raises(FileNotFoundError, match="no checkpoint 'zzz'"):
+        mgr.restore("zzz")
+    with pytest.raises(CheckpointNotFoundError, match="metric="):
+        mgr.resolve("best")
+
+
+def test_diff_tells_frozen_from_trained(tmp_path: Path) -> None:
+    model = Finetune()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-2)
+    mgr = CheckpointManager(tmp_path)
+    a = mgr.save(model)
+    model.step(opt)
+    b = mgr.save(model)
+    table = mgr.diff(a, b).set_index("tensor")
+    frozen = table.loc["objects/model/backbone.0.weight"]
+    head = table.loc["objects/model/head.weight"]
+    assert frozen["status"] == "identical" and frozen["same_chunks"]
+    assert head["status"] == "changed" and 0 < head["rel_change"] < 1
+
+
+def test_export_and_import(tmp_path: Path, digits: DigitsRun) -> None:
+    from safetensors.torch import load_file
+
+    mgr = CheckpointManager(tmp_path / "store")
+    digits.train_step()
+    cid = mgr.save(digits.model, digits.optimizer, 2, metrics={"loss": 0.5},
+                   scheduler=digits.scheduler, step=40, extra={"note": "x"})
+    pt = mgr.export(cid, tmp_path / "out" / "model.pt")
+    data = torch.load(pt, weights_only=True)
+    assert data["epoch"] == 2 and data["metrics"] == {"loss": 0.5}
+    assert same(list(data["model"].values()), digits.weights())
+    st = mgr.export(cid, tmp_path / "model.safetensors")
+    assert torch.equal(load_file(st)["model/0.weight"], digits.model[0].weight)
+    fresh = DigitsRun(seed=5)
+    ck = mgr.restore(st, model=fresh.model, optimizer=fresh.optimizer)
+    assert ck.step == 40 and same(fresh.weights(), digits.weights())
+    # a conventional torch.save checkpoint from another training script
+    torch.save({"epoch": 7, "model_state_dict": digits.model.state_dict(),
+                "optimizer_state_dict": digits.optimizer.state_dict(), "loss": 0.25},
+               tmp_path / "old.pt")
+    imported = mgr.import_file(tmp_path / "old.pt")
+    other = DigitsRun(seed=6)
+    ck = mgr.restore(imported, model=other.model, optimizer=other.optimizer, rng=False)
+    assert ck.epoch == 7 and ck.metrics == {"loss": 0.25}
+    assert same(other.weights(), digits.weights())
+    assert same(other.optimizer_tensors(), digits.optimizer_tensors())
+    with pytest.raises(ValueError, match=r"\.pt or \.safetensors"):
+        mgr.export(cid, tmp_path / "model.zip")
+
+
+def test_threads_and_codecs_agree(tmp_path: Path) -> None:
+    state = {"w": torch.randn(300_000), "h": torch.randn(1000).half()}
+    stored = {}
+    for codec in ("zstd", "none"):
+        for threads in (1, 3):
+            mgr = CheckpointManager(tmp_path / f"{codec}{threads}", codec=codec, threads=threads,
+                                    chunk_size=65536)
+            mgr.save(h=Holder(state))
+            got = mgr.load("latest").state["h"]
+            assert all(torch.equal(got[k], v) for k, v in state.items())
+            stored[codec] = mgr.list()["stored_bytes"].iloc[0]
+    assert stored["zstd"] < stored["none"]
+
+
+def test_store_files_never_use_manifest_names(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(evil=Holder({"../../escape": torch.ones(3), "/abs": 1}))
+    files = {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*") if p.is_file()}
+    assert files <= {"catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm",
+                     "catalog.sqlite.lock", "ckpt_nb.json", "packs", "manifests"}
+    assert mgr.load("latest").state["evil"]["/abs"] == 1
+    assert not (tmp_path.parent / "escape").exists()
