@@ -678,6 +678,7 @@ class CheckpointManager:
                      "note", *names])
         for column in ("step", "epoch", "batch_idx"):
             table[column] = table[column].astype("Int64")
+        table["parent"] = pd.Series([r.parent for r in rows], dtype=object)
         return table
 
     def info(self, which: str = "latest") -> dict[str, Any]:

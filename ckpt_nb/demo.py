@@ -1,0 +1,71 @@
+"""The README's demo: train on scikit-learn's digits, checkpoint, list, restore.
+
+Run it with ``python -m ckpt_nb.demo [DIR]``; it needs scikit-learn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+
+from ._manager import CheckpointManager
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", default="runs/demo")
+    args = parser.parse_args(argv)
+    from sklearn.datasets import load_digits
+
+    directory = Path(args.directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    digits = load_digits()
+    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target)
+    train, val = slice(0, 1500), slice(1500, None)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=8)
+    mgr = CheckpointManager(directory, max_to_keep=3, keep_best=1, metric="val_loss",
+                            strategy="incremental", full_every=4)
+
+    def evaluate() -> tuple[float, float]:
+        with torch.no_grad():
+            logits = model(x[val])
+            loss = torch.nn.functional.cross_entropy(logits, y[val])
+            return float(loss), float((logits.argmax(1) == y[val]).float().mean())
+
+    for epoch in range(8):
+        perm = torch.randperm(1500)
+        for batch_idx in range(0, 1500, 100):
+            idx = perm[batch_idx : batch_idx + 100]
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[train][idx]), y[train][idx]).backward()
+            optimizer.step()
+        scheduler.step()
+        val_loss, val_acc = evaluate()
+        cid = mgr.save(model, optimizer, epoch, scheduler=scheduler, step=(epoch + 1) * 15,
+                       metrics={"val_loss": val_loss, "val_acc": val_acc})
+        print(f"epoch {epoch}: val_loss {val_loss:.4f}  val_acc {val_acc:.3f}  -> {cid}")
+
+    print(f"\nThe store at {directory} (newest 3 and the best by val_loss are kept):")
+    columns = ["id", "parent", "branch", "epoch", "step", "strategy", "stored_bytes",
+               "logical_bytes", "best", "val_loss", "val_acc"]
+    print(mgr.list()[columns].to_string(index=False))
+    best = mgr.restore("best", model=model, optimizer=optimizer, scheduler=scheduler)
+    val_loss, val_acc = evaluate()
+    print(f"\nrestored the best checkpoint {best.id} (epoch {best.epoch}): "
+          f"val_loss {val_loss:.4f}, as saved {best.metrics['val_loss']:.4f}")
+    report = mgr.verify()
+    print(f"verify: {len(report.checked)} checkpoints, "
+          f"{'all good' if report.ok else f'bad: {list(report.bad)}'}")
+    print(f"\nTry: ckpt-nb ls {directory}    ckpt-nb diff {directory} -1 latest")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
