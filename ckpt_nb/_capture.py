@@ -346,26 +346,29 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     if problems:
         raise StateMismatchError("checkpoint does not fit; nothing was changed:\n  "
                                  + "\n  ".join(problems))
-    order = sorted(targets, key=lambda n: not isinstance(targets[n], torch.nn.Module))
+    # Checked modules and optimizers cannot fail, so they go last; of the other
+    # Statefuls, all but the last are backed up in case a later one refuses.
+    checked = (torch.nn.Module, torch.optim.Optimizer)
+    risky = [n for n in targets if not isinstance(targets[n], checked)]
+    order = risky + [n for n in targets if isinstance(targets[n], torch.optim.Optimizer)] \
+        + [n for n in targets if isinstance(targets[n], torch.nn.Module)]
     backups: dict[str, Any] = {}
     done: list[str] = []
-    try:
-        for name in order:
-            obj = targets[name]
-            if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
-                backups[name] = copy.deepcopy(obj.state_dict())
+    for name in order:
+        obj = targets[name]
+        if name in risky[:-1]:
+            backups[name] = copy.deepcopy(obj.state_dict())
+        try:
             if isinstance(obj, torch.nn.Module):
                 obj.load_state_dict(states[name], strict=strict)
             else:
                 obj.load_state_dict(states[name])
-            done.append(name)
-    except Exception as exc:
-        for name in done:
-            if name in backups:
-                targets[name].load_state_dict(backups[name])
-        raise StateMismatchError(
-            f"{name}: load_state_dict failed ({exc}); "
-            + ("objects loaded before it were left changed: "
-               + ", ".join(n for n in done if n not in backups) if any(n not in backups for n in done)
-               else "nothing was changed")
-        ) from exc
+        except Exception as exc:
+            for previous in backups:
+                targets[previous].load_state_dict(backups[previous])
+            changed = [n for n in done if n not in backups]
+            raise StateMismatchError(
+                f"{name}: load_state_dict failed ({exc}); "
+                + (f"{changed} were already loaded" if changed else "nothing was changed")
+            ) from exc
+        done.append(name)
