@@ -53,8 +53,15 @@ def _atomic_target(path: Path) -> tuple[int, str]:
     return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
 
 
+def check_export_path(path: str | os.PathLike[str]) -> None:
+    """Refuse a suffix no exporter handles, before any work is done."""
+    if Path(path).suffix not in (".safetensors", *_TORCH_SUFFIXES):
+        raise ValueError(f"cannot export to {Path(path).name!r}: use a .pt or .safetensors path")
+
+
 def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
     """Write ``ck`` to ``path``; the suffix picks the format."""
+    check_export_path(path)
     target = Path(path)
     dropped: list[str] = []
     payload = {**_portable(ck.state, "", dropped),
@@ -66,10 +73,8 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
     try:
         if target.suffix == ".safetensors":
             _write_safetensors(payload, tmp)
-        elif target.suffix in _TORCH_SUFFIXES:
-            torch.save(payload, tmp)
         else:
-            raise ValueError(f"cannot export to {target.name!r}: use a .pt or .safetensors path")
+            torch.save(payload, tmp)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -895,8 +895,9 @@ class CheckpointManager:
     def export(self, which: str, path: str | os.PathLike[str], *,
                trust_pickle: bool = False) -> Path:
         """Write a checkpoint as a .pt (``torch.load(weights_only=True)``) or .safetensors file."""
-        from ._interop import write_file
+        from ._interop import check_export_path, write_file
 
+        check_export_path(path)
         return write_file(self.load(which, trust_pickle=trust_pickle), path)
 
     def import_file(self, path: str | os.PathLike[str], *, trust_pickle: bool = False,

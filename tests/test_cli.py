@@ -1,0 +1,227 @@
+"""The ``ckpt-nb`` command line, run against a real store of a small trained model."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_nb import CheckpointManager
+from ckpt_nb.cli import main
+
+
+@dataclass
+class Store:
+    directory: Path
+    ids: list[str]
+    packs: list[Path]  # the pack each save wrote, in save order
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    """Three checkpoints of an nn.Linear trained with AdamW on random data."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(64, 16), torch.randn(64, 8)
+    directory = tmp_path / "store"
+    ids, packs = [], []
+    with CheckpointManager(directory) as mgr:
+        for epoch in range(3):
+            for _ in range(5):
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+            before = set((directory / "packs").glob("*.pack"))
+            ids.append(mgr.save(model, optimizer, epoch=epoch, step=5 * (epoch + 1),
+                                metrics={"loss": loss.item(), "acc": 0.25 * epoch}))
+            (new,) = set((directory / "packs").glob("*.pack")) - before
+            packs.append(new)
+    return Store(directory, ids, packs)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def flip_byte_in_blobs(pack: Path) -> None:
+    """Corrupt one byte halfway through the pack's blobs (past the header, before the index)."""
+    data = bytearray(pack.read_bytes())
+    (index_len,) = struct.unpack("<Q", data[-16:-8])
+    blobs_end = len(data) - 16 - index_len
+    data[(8 + blobs_end) // 2] ^= 0xFF
+    pack.write_bytes(bytes(data))
+
+
+def test_ls_lists_every_checkpoint(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "ls", store.directory)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["id", "parent", "branch", "created"]
+    assert "acc" in lines[0] and "loss" in lines[0]
+    assert len(lines) == 4
+    for line, cid in zip(lines[1:], store.ids):
+        assert line.startswith(cid)
+        assert "main" in line and "full" in line and "KiB" in line
+    assert "NaN" not in out and "<NA>" not in out
+    assert lines[1].split()[1] == "-"  # the first checkpoint has no parent
+    assert lines[2].split()[1] == store.ids[0]
+
+
+def test_ls_branch_and_best(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "ls", store.directory, "--branch", "nope")
+    assert code == 0 and out.strip() == "no checkpoints on branch 'nope'"
+    code, out, _ = run(capsys, "ls", store.directory, "--metric", "acc", "--mode", "max")
+    best = [line for line in out.splitlines() if " best " in line]
+    assert code == 0 and len(best) == 1 and best[0].startswith(store.ids[2])
+
+
+def test_show_fields_and_tensors(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "show", store.directory, store.ids[1][:6])
+    assert code == 0
+    assert f"id:        {store.ids[1]}" in out
+    assert f"parent:    {store.ids[0]}" in out
+    assert f"children:  {store.ids[2]}" in out
+    assert "epoch:     1" in out and "acc=0.25" in out
+    weight = next(line for line in out.splitlines() if line.startswith("objects/model/weight"))
+    assert weight.split() == ["objects/model/weight", "float32", "8x16"]
+
+
+def test_show_resolves_aliases(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    for alias, expected in (("latest", store.ids[2]), ("-1", store.ids[1])):
+        code, out, _ = run(capsys, "show", store.directory, alias)
+        assert code == 0 and out.startswith(f"id:        {expected}")
+    code, out, _ = run(capsys, "show", store.directory, "best", "--metric", "loss")
+    assert code == 0 and out.startswith(f"id:        {store.ids[2]}")  # loss falls each epoch
+
+
+def test_diff(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "diff", store.directory, store.ids[0], store.ids[2])
+    assert code == 0
+    table, summary = out.rstrip("\n").split("\n\n")
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+    assert rows["objects/model/weight"][1:3] == ["changed", "8x16"]
+    assert rows["objects/model/weight"][3].endswith("%")
+    assert rows["rng/numpy/keys"][1:] == ["identical", "624", "0%"]
+    statuses = [r[1] for r in rows.values()]
+    assert summary == (f"{len(statuses)} tensors: {statuses.count('identical')} identical, "
+                       f"{statuses.count('changed')} changed")
+    code, out, _ = run(capsys, "diff", store.directory, "latest", store.ids[2])
+    n = out.splitlines()[-1].split()[0]
+    assert code == 0 and out.splitlines()[-1] == f"{n} tensors: {n} identical, 0 changed"
+
+
+def test_verify_ok(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "verify", store.directory) == (0, "ok: 3 checkpoints verified\n", "")
+    assert run(capsys, "verify", store.directory, store.ids[0], "latest")[:2] == (
+        0, "ok: 2 checkpoints verified\n")
+
+
+def test_verify_names_the_corrupt_checkpoint(store: Store,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    flip_byte_in_blobs(store.packs[2])  # only the last checkpoint's chunks live there
+    code, out, _ = run(capsys, "verify", store.directory)
+    assert code == 1
+    bad = [line.split()[1] for line in out.splitlines() if line.startswith("bad: ")]
+    assert bad == [store.ids[2]]
+    assert "checksum" in out
+    assert out.splitlines()[-1] == "1 of 3 checkpoints fail verification"
+    assert run(capsys, "verify", store.directory, store.ids[0], store.ids[1])[0] == 0
+
+
+def test_verify_progress_bar_on_a_tty(store: Store, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tqdm")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, err = run(capsys, "verify", store.directory)
+    assert code == 0 and out == "ok: 3 checkpoints verified\n" and "verify" in err
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # tqdm is optional
+    assert run(capsys, "verify", store.directory) == (0, "ok: 3 checkpoints verified\n", "")
+
+
+def test_gc_reports_what_it_reclaimed(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    manifests = store.directory / "manifests"
+    orphan = manifests / "0123456789.json.zst"  # as left by a save that crashed
+    orphan.write_bytes((manifests / f"{store.ids[0]}.json.zst").read_bytes())
+    code, out, _ = run(capsys, "gc", store.directory)
+    assert code == 0 and out.startswith("freed ") and "1 manifests deleted" in out
+    assert not orphan.exists()
+    assert run(capsys, "verify", store.directory)[0] == 0
+
+
+def test_export_pt(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "out" / "last.pt"
+    code, out, _ = run(capsys, "export", store.directory, "latest", target)
+    assert code == 0 and out.startswith(str(target)) and "KiB" in out
+    payload = torch.load(target, weights_only=True)
+    assert payload["model"]["weight"].shape == (8, 16)
+    assert payload["epoch"] == 2 and payload["ckpt_nb"]["id"] == store.ids[2]
+
+
+def test_export_safetensors(store: Store, tmp_path: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    safetensors = pytest.importorskip("safetensors.torch")
+    target = tmp_path / "first.safetensors"
+    assert run(capsys, "export", store.directory, store.ids[0], target)[0] == 0
+    assert safetensors.load_file(target)["model/weight"].shape == (8, 16)
+
+
+def test_pin_unpin_rm(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "pin", store.directory, store.ids[1])[:2] == (0, f"pinned {store.ids[1]}\n")
+    code, out, err = run(capsys, "rm", store.directory, store.ids[1])
+    assert code == 1 and out == "" and "pinned" in err
+    assert run(capsys, "unpin", store.directory, "-1")[:2] == (0, f"unpinned {store.ids[1]}\n")
+    assert run(capsys, "rm", store.directory, store.ids[1])[:2] == (0, f"deleted {store.ids[1]}\n")
+    run(capsys, "pin", store.directory, store.ids[0])
+    assert run(capsys, "rm", store.directory, store.ids[0], "--force")[0] == 0
+    _, out, _ = run(capsys, "ls", store.directory)
+    assert store.ids[0] not in out and store.ids[1] not in out and store.ids[2] in out
+    assert run(capsys, "verify", store.directory)[:2] == (0, "ok: 1 checkpoints verified\n")
+
+
+@pytest.mark.parametrize("argv", [
+    ["show", "{dir}", "no-such-id"],
+    ["diff", "{dir}", "latest", "-9"],
+    ["export", "{dir}", "latest", "{dir}/out.txt"],
+    ["show", "{dir}", "best"],  # 'best' without --metric
+])
+def test_errors_are_one_line(store: Store, capsys: pytest.CaptureFixture[str],
+                             argv: list[str]) -> None:
+    code, out, err = run(capsys, *(a.format(dir=store.directory) for a in argv))
+    assert code == 1 and out == ""
+    assert err.startswith("ckpt-nb: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_store_is_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nowhere"
+    assert run(capsys, "ls", missing) == (2, "", f"ckpt-nb: no checkpoint store at {missing}\n")
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run(capsys, "verify", empty)[0] == 2
+    assert list(empty.iterdir()) == []
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert main(["frobnicate", "x"]) == 2
+    assert main(["--help"]) == 0
+    assert "verify" in capsys.readouterr().out
+
+
+def test_python_dash_m(store: Store) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(store.directory)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert all(cid in result.stdout for cid in store.ids)
