@@ -9,12 +9,36 @@ from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundErro
                       CorruptCheckpointError, StateMismatchError, StoreError, StoreFormatError,
                       UntrustedPickleError)
 from ._manager import Checkpoint, CheckpointManager, GCReport, PickledValue, VerifyReport
+from ._session import AutoConfig, AutoSession, auto, batches, epochs, log, rollback, status
 from ._store import FsspecStore, LocalStore, MemoryStore, Store, open_store
 
 __version__ = "0.1.0"
 
+_registered = None  # the CkptMagics instance while the extension is loaded
+
+
+def load_ipython_extension(ipython):  # noqa: ANN001, ANN201 - IPython's hook
+    """``%load_ext ckpt_nb``: register the magics."""
+    global _registered
+    from ._magics import load
+
+    if _registered is None:
+        _registered = load(ipython)
+
+
+def unload_ipython_extension(ipython):  # noqa: ANN001, ANN201 - IPython's hook
+    """``%unload_ext ckpt_nb``: remove the magics, the sessions and every hook."""
+    global _registered
+    from ._magics import unload
+
+    if _registered is not None:
+        unload(ipython, _registered)
+        _registered = None
+
+
 __all__ = [
     "CheckpointManager", "Checkpoint", "VerifyReport", "GCReport", "PickledValue",
+    "auto", "epochs", "batches", "log", "rollback", "status", "AutoConfig", "AutoSession",
     "Stateful", "RNGState",
     "Store", "LocalStore", "MemoryStore", "FsspecStore", "open_store",
     "CkptError", "CheckpointNotFoundError", "CorruptCheckpointError", "StateMismatchError",

@@ -173,7 +173,9 @@ class _Flattener:
         if isinstance(value, torch.Tensor):
             return self.tensor(value.detach(), name)
         if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
-            t = torch.from_numpy(np.ascontiguousarray(value))
+            if not (value.flags.writeable and value.flags.c_contiguous):
+                value = np.array(value, order="C")  # torch refuses read-only memory
+            t = torch.from_numpy(value)
             return {"__ndarray__": self.tensor(t, name)["__tensor__"], "dtype": value.dtype.str}
         if isinstance(value, np.generic) and value.dtype.kind in "biuf":
             return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}

@@ -255,12 +255,12 @@ class CheckpointManager:
                                metrics=metrics, strategy=strategy, note=note, progress=progress)
 
     def capture(self, objects: Mapping[str, Any], *, metrics: Mapping[str, float] | None = None,
-                extra: Mapping[str, Any] | None = None, rng: bool = True,
-                copy_tensors: bool = False) -> FlatState:
+                extra: Mapping[str, Any] | None = None,
+                rng: bool | Mapping[str, Any] = True, copy_tensors: bool = False) -> FlatState:
         """Take the state of live objects, ready for ``save_state``.
 
         With ``copy_tensors`` the state owns its bytes, so training may go on while
-        a background thread saves it.
+        a background thread saves it. ``rng`` may be an RNG state taken earlier.
         """
         clash = RESERVED & set(objects)
         if clash:
@@ -277,8 +277,9 @@ class CheckpointManager:
         for key, value in (metrics or {}).items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(f"metric {key!r} must be a number, not {type(value).__name__}")
-        flat = flatten({"objects": tree, "extra": dict(extra or {}),
-                        "rng": RNGState().state_dict() if rng else None},
+        rng_state = dict(rng) if isinstance(rng, Mapping) else \
+            (RNGState().state_dict() if rng else None)
+        flat = flatten({"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
                        copy_tensors=copy_tensors)
         flat.skeleton["types"] = kinds
         return flat
@@ -642,9 +643,11 @@ class CheckpointManager:
         lenient = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
                               on_pickle=placeholder)
         needed = set(needed)
+        entries = skeleton["objects"]  # names are keywords: str, but may start with "__"
+        entries = dict(entries["__dict__"] if "__dict__" in entries else entries.items())
         objects = {name: (strict if name in needed else lenient).decode(value, name)
-                   for name, value in skeleton["objects"].items()}
-        extra = {k: lenient.decode(v, f"extra/{k}") for k, v in skeleton["extra"].items()}
+                   for name, value in entries.items()}
+        extra = lenient.decode(skeleton["extra"], "extra")
         rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
         if unloaded:
             warnings.warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "

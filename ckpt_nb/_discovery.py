@@ -1,0 +1,248 @@
+"""Finding what to checkpoint in a notebook's namespace.
+
+Statefuls (modules, optimizers, schedulers, scalers, anything with
+``state_dict``/``load_state_dict``) are tracked as objects and restored in
+place. Plain variables that can be stored without pickling (numbers,
+strings, containers of them, NumPy arrays, tensors, DataFrames) are captured
+by value. Everything else is skipped, with the reason said once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import io
+import threading
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._capture import Stateful
+
+_HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
+_LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
+          threading.Semaphore, threading.Event)
+_MAX_DEPTH = 6
+
+
+@dataclass
+class Discovery:
+    """What a namespace holds, sorted into tracked objects, variables and the rest."""
+
+    statefuls: dict[str, Any] = field(default_factory=dict)
+    variables: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        parts = [f"tracking {', '.join(self.statefuls) or 'no stateful objects'}"]
+        if self.variables:
+            names = list(self.variables)
+            shown = ", ".join(names[:8]) + (f", ... ({len(names)})" if len(names) > 8 else "")
+            parts.append(f"variables {shown}")
+        line = "; ".join(parts)
+        if self.skipped:
+            line += "; skipped " + ", ".join(f"{n} ({why})" for n, why in self.skipped.items())
+        return line
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def plain_size(value: Any, depth: int = 0) -> int:
+    """Bytes a plain value would take; raises _Unsupported for anything else."""
+    if depth > _MAX_DEPTH:
+        raise _Unsupported("nested too deeply")
+    if value is None or isinstance(value, (bool, int, float, str, complex)):
+        return 8 if not isinstance(value, str) else len(value)
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            raise _Unsupported("sparse tensor")
+        return value.untyped_storage().nbytes()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biufc":
+            raise _Unsupported(f"NumPy array of {value.dtype}")
+        return value.nbytes
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        return 8
+    if _is_frame(value):
+        return int(value.memory_usage(deep=True).sum()) if hasattr(value, "columns") \
+            else int(value.memory_usage(deep=True))
+    if isinstance(value, (list, tuple)):
+        return sum(plain_size(v, depth + 1) for v in value) + 8 * len(value)
+    if isinstance(value, dict):
+        if not all(isinstance(k, (str, int, float, bool)) for k in value):
+            raise _Unsupported("dict with non-scalar keys")
+        return sum(plain_size(v, depth + 1) for v in value.values()) + 16 * len(value)
+    raise _Unsupported(type(value).__name__)
+
+
+def _is_frame(value: Any) -> bool:
+    module = type(value).__module__
+    return module.startswith("pandas") and type(value).__name__ in ("DataFrame", "Series")
+
+
+def _skip_reason(value: Any) -> str | None:
+    """Why a value is reported as skipped; None for things silently ignored (code)."""
+    if isinstance(value, types.GeneratorType) or inspect.isasyncgen(value):
+        return "generator"
+    if isinstance(value, io.IOBase):
+        return "open file"
+    if isinstance(value, _LOCKS):
+        return "lock"
+    if isinstance(value, types.LambdaType) and value.__name__ == "<lambda>":
+        return "lambda"
+    if isinstance(value, torch.utils.data.DataLoader):
+        return "DataLoader: ckpt_nb.batches() restores its order"
+    return None
+
+
+def _is_code(value: Any) -> bool:
+    return isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+                              types.MethodType, functools.partial))
+
+
+def _is_stateful(value: Any) -> bool:
+    return isinstance(value, Stateful) and not isinstance(value, type) \
+        and callable(getattr(value, "state_dict", None))
+
+
+def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
+             max_variable_bytes: int = 100 << 20) -> Discovery:
+    """Sort a namespace (``track`` names, if given, else everything public)."""
+    found = Discovery()
+    names = track if track is not None else [
+        n for n in namespace if not n.startswith("_") and n not in _HIDDEN]
+    for name in names:
+        if name not in namespace:
+            found.skipped[name] = "not defined"
+            continue
+        value = namespace[name]
+        if isinstance(value, torch.Generator):
+            found.statefuls[name] = GeneratorState(value)
+        elif _is_stateful(value):
+            found.statefuls[name] = value
+        elif (reason := _skip_reason(value)) is not None:
+            found.skipped[name] = reason
+        elif _is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
+            if track is not None:
+                found.skipped[name] = f"{type(value).__name__}: code is not state"
+        else:
+            try:
+                size = plain_size(value)
+            except _Unsupported as exc:
+                found.skipped[name] = str(exc)
+                continue
+            if size > max_variable_bytes:
+                found.skipped[name] = f"{size / 1e6:.0f} MB, over the {max_variable_bytes / 1e6:.0f} MB cap"
+            else:
+                found.variables[name] = value
+    _drop_contained_modules(found.statefuls)
+    return found
+
+
+def _drop_contained_modules(statefuls: dict[str, Any]) -> None:
+    """Track each module once: a part of another module goes, and so does a wrapper
+    (torch.compile, DataParallel) whose parameters are exactly the wrapped module's."""
+    modules = {n: m for n, m in statefuls.items() if isinstance(m, torch.nn.Module)}
+    params = {n: {id(p) for p in m.parameters()} for n, m in modules.items()}
+    for name, module in modules.items():
+        for other_name, other in modules.items():
+            if other is module or other_name not in statefuls or name not in statefuls:
+                continue
+            if any(sub is module for sub in other.modules()):
+                wrapper = params[name] == params[other_name]
+                del statefuls[other_name if wrapper else name]
+
+
+class GeneratorState:
+    """A ``torch.Generator`` as a Stateful."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.generator.set_state(state["state"])
+
+
+# -- plain variables as storable values ---------------------------------------------
+
+
+def to_storable(value: Any) -> Any:
+    """A variable as JSON-and-tensor data; DataFrames become their columns."""
+    if _is_frame(value):
+        import pandas as pd
+
+        frame = value.to_frame() if isinstance(value, pd.Series) else value
+        return {"__frame__": "series" if isinstance(value, pd.Series) else "frame",
+                "name": None if not isinstance(value, pd.Series) else _plain(value.name),
+                "columns": [_plain(c) for c in frame.columns],
+                "dtypes": [str(t) for t in frame.dtypes],
+                "data": [_column(frame.iloc[:, i]) for i in range(frame.shape[1])],
+                "index": _column(frame.index.to_series())}
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_storable(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_storable(v) for k, v in value.items()}
+    return value
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _column(series: Any) -> Any:
+    array = series.to_numpy()
+    if array.dtype.kind in "biufc":
+        return array
+    return [_plain(v) for v in array.tolist()]
+
+
+def from_storable(value: Any) -> Any:
+    if isinstance(value, dict) and "__frame__" in value:
+        import pandas as pd
+
+        columns = {i: pd.Series(col) for i, col in enumerate(value["data"])}
+        frame = pd.DataFrame(columns)
+        frame.columns = value["columns"]
+        frame.index = pd.Index(value["index"])
+        frame = frame.astype(dict(zip(value["columns"], value["dtypes"])))
+        if value["__frame__"] == "series":
+            series = frame.iloc[:, 0]
+            series.name = value["name"]
+            return series
+        return frame
+    if isinstance(value, list):
+        return [from_storable(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(from_storable(v) for v in value)
+    if isinstance(value, dict):
+        return {k: from_storable(v) for k, v in value.items()}
+    return value
+
+
+def assign_in_place(namespace: dict[str, Any], name: str, saved: Any) -> None:
+    """Put a saved variable back, mutating the live object where it can."""
+    live = namespace.get(name)
+    if isinstance(live, list) and isinstance(saved, list):
+        live[:] = saved
+    elif isinstance(live, dict) and isinstance(saved, dict) and type(live) is dict:
+        live.clear()
+        live.update(saved)
+    elif isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
+            and live.shape == saved.shape and live.dtype == saved.dtype and not live.requires_grad:
+        live.copy_(saved)
+    elif isinstance(live, np.ndarray) and isinstance(saved, np.ndarray) \
+            and live.shape == saved.shape and live.dtype == saved.dtype and live.flags.writeable:
+        live[...] = saved
+    else:
+        namespace[name] = saved

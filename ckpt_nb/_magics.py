@@ -1,0 +1,183 @@
+"""IPython magics: a thin skin over ``ckpt_nb._session``.
+
+``%load_ext ckpt_nb`` registers ``%ckpt_auto`` / ``%%ckpt_auto``,
+``%ckpt_rollback``, ``%ckpt_list`` and ``%ckpt_status``; ``%unload_ext
+ckpt_nb`` removes them and every hook. Defaults are traitlets, settable with
+``%config CkptMagics.default_dir = "..."``.
+"""
+
+from __future__ import annotations
+
+import ast
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Bool, Int, Unicode
+
+from . import _session as session_mod
+from ._session import AutoConfig, parse_duration, parse_metric_trigger
+
+MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status"),
+               "cell": ("ckpt_auto",)}
+
+
+@magics_class
+class CkptMagics(Magics):
+    """Automatic, resumable checkpoints for training cells."""
+
+    default_dir = Unicode("", help="Store directory when --dir is not given "
+                                   "(default: ./checkpoints/<notebook name>)").tag(config=True)
+    sync = Bool(False, help="Write checkpoints on the training thread").tag(config=True)
+    max_variable_mb = Int(100, help="Largest plain variable captured, in MB").tag(config=True)
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._line_session: session_mod.AutoSession | None = None
+
+    # -- %ckpt_auto ---------------------------------------------------------------
+    @magic_arguments()
+    @argument("--dir", default=None, help="checkpoint store directory")
+    @argument("--every-steps", type=int, default=None, help="save every N optimizer steps")
+    @argument("--every-seconds", type=float, default=None, help="save every S seconds")
+    @argument("--every", default=None, help="save every duration: 90s, 10m, 2h")
+    @argument("--on", default=None, help="save when METRIC improves: METRIC:min or METRIC:max")
+    @argument("--keep", type=int, default=None, help="keep the newest N checkpoints")
+    @argument("--keep-best", type=int, default=None, help="keep the best K (needs --on)")
+    @argument("--strategy", default="full", choices=("full", "incremental", "differential"))
+    @argument("--track", default=None, help="comma-separated names to track (else discovery)")
+    @argument("--no-resume", action="store_true", help="start afresh, in a new branch")
+    @argument("--sync", action="store_true", help="save on the training thread")
+    @line_cell_magic
+    def ckpt_auto(self, line: str, cell: str | None = None) -> Any:
+        """Checkpoint training automatically: for one cell (%%) or the session (%)."""
+        __tracebackhide__ = True
+        try:
+            config = self._config(parse_argstring(self.ckpt_auto, line))
+        except ValueError as exc:
+            raise UsageError(f"%ckpt_auto: {exc}") from None
+        if cell is None:
+            self._start_line_session(config)
+            return None
+        session = session_mod.start(config, self.shell.user_ns, nested=True)
+        session.begin_cell(cell)
+        try:
+            value = self._run(cell)
+        except BaseException as exc:
+            session.end_cell(exc)
+            session.close()
+            raise
+        session.end_cell()
+        session.close()
+        return value
+
+    def _config(self, args: Any) -> AutoConfig:
+        every_seconds = args.every_seconds
+        if args.every is not None:
+            every_seconds = parse_duration(args.every)
+        on = parse_metric_trigger(args.on) if args.on else None
+        if args.keep_best and not on:
+            raise ValueError("--keep-best ranks by a metric: give --on METRIC:min|max too")
+        for flag, value in (("--every-steps", args.every_steps), ("--keep", args.keep),
+                            ("--keep-best", args.keep_best)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be a positive integer, not {value}")
+        if every_seconds is not None and every_seconds <= 0:
+            raise ValueError("--every-seconds must be positive")
+        return AutoConfig(
+            directory=args.dir or self.default_dir or None, every_steps=args.every_steps,
+            every_seconds=every_seconds, on=on, keep=args.keep, keep_best=args.keep_best,
+            strategy=args.strategy,
+            track=[n.strip() for n in args.track.split(",") if n.strip()] if args.track else None,
+            resume=not args.no_resume, sync=args.sync or self.sync,
+            max_variable_bytes=self.max_variable_mb << 20)
+
+    def _run(self, cell: str) -> Any:
+        """Run the cell's code in the user namespace; the last expression is the value."""
+        __tracebackhide__ = True
+        source = self.shell.transform_cell(cell)
+        tree = ast.parse(source)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        filename = self.shell.compile.cache(source)
+        namespace = self.shell.user_ns
+        exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - the user's own cell
+        if last is not None:
+            expression = ast.Expression(last.value)
+            return eval(compile(expression, filename, "eval"), namespace)  # noqa: S307
+        return None
+
+    def _start_line_session(self, config: AutoConfig) -> None:
+        self.stop_line_session()
+        session = session_mod.start(config, self.shell.user_ns)
+        session.say(session.rediscover().summary() + f" -> {session.manager.store.url}")
+        self._line_session = session
+        self.shell.events.register("pre_run_cell", self._pre_run_cell)
+        self.shell.events.register("post_run_cell", self._post_run_cell)
+
+    def _pre_run_cell(self, info: Any) -> None:
+        if self._line_session is not None and session_mod.active() is self._line_session:
+            self._line_session.loop = session_mod._Loop()
+            self._line_session._install_sigint()
+
+    def _post_run_cell(self, result: Any) -> None:
+        session = self._line_session
+        if session is not None and session_mod.active() is session:
+            session.end_cell(result.error_in_exec, final=False)
+
+    def stop_line_session(self) -> None:
+        if self._line_session is None:
+            return
+        for event, callback in (("pre_run_cell", self._pre_run_cell),
+                                ("post_run_cell", self._post_run_cell)):
+            try:
+                self.shell.events.unregister(event, callback)
+            except ValueError:
+                pass
+        self._line_session.close()
+        self._line_session = None
+
+    # -- the other magics -----------------------------------------------------------------
+    @line_magic
+    def ckpt_rollback(self, line: str) -> None:
+        """%ckpt_rollback ID|latest|best|-N: restore tracked state in place."""
+        which = shlex.split(line)[0] if line.strip() else "latest"
+        session_mod.rollback(which)
+
+    @line_magic
+    def ckpt_list(self, line: str) -> Any:
+        """%ckpt_list [DIR]: the store as a table."""
+        session = session_mod.active()
+        if line.strip():
+            from ._manager import CheckpointManager
+
+            return CheckpointManager(line.strip()).list()
+        if session is None:
+            raise UsageError("no ckpt_nb session is active: %ckpt_list DIR, or %ckpt_auto first")
+        return session.manager.list()
+
+    @line_magic
+    def ckpt_status(self, line: str) -> None:
+        """%ckpt_status: what is tracked, the triggers, the last save, pending writes."""
+        status = session_mod.status()
+        if not status.pop("active"):
+            print("ckpt_nb: no session active (run %ckpt_auto or a %%ckpt_auto cell)")
+            return
+        for key, value in status.items():
+            print(f"{key:>14}: {value}")
+
+
+def load(shell: Any) -> CkptMagics:
+    magics = CkptMagics(shell)
+    shell.register_magics(magics)
+    return magics
+
+
+def unload(shell: Any, magics: CkptMagics) -> None:
+    magics.stop_line_session()
+    session_mod.stop()
+    table = shell.magics_manager.magics
+    for kind, names in MAGIC_NAMES.items():
+        for name in names:
+            table[kind].pop(name, None)

@@ -1,0 +1,563 @@
+"""The session behind ``%ckpt_auto``: triggers, loop helpers, background saves,
+resume and rollback. Pure Python: the magics are a thin skin over it, and
+scripts can use it directly through ``ckpt_nb.auto()``.
+
+A save is taken only at a *consistent point*, where the loop body is complete:
+when ``batches()`` hands out the next batch, at an epoch boundary, or (in a
+loop without the helpers) right after an optimizer step. The training thread
+only copies the state there; compression and I/O run on a writer thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ._capture import RNGState
+from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
+from ._errors import CkptError
+from ._manager import Checkpoint, CheckpointManager
+
+RUN_KEY = "ckpt_nb_run"
+
+
+@dataclass
+class AutoConfig:
+    """The options of ``%ckpt_auto``; None means "not used"."""
+
+    directory: str | None = None
+    every_steps: int | None = None
+    every_seconds: float | None = None
+    on: tuple[str, str] | None = None  # (metric, "min" | "max")
+    keep: int | None = None
+    keep_best: int | None = None
+    strategy: str = "full"
+    track: list[str] | None = None
+    resume: bool = True
+    sync: bool = False
+    max_variable_bytes: int = 100 << 20
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "90", "90s", "10m", "2h" or "1d"."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    body, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+    try:
+        value = float(body) * unit
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a duration: use e.g. 30s, 10m or 2h") from None
+    if not value > 0:
+        raise ValueError(f"a duration must be positive, not {text!r}")
+    return value
+
+
+def parse_metric_trigger(text: str) -> tuple[str, str]:
+    """``"val_loss:min"`` -> ("val_loss", "min")."""
+    name, _, mode = text.partition(":")
+    mode = mode or "min"
+    if not name or mode not in ("min", "max"):
+        raise ValueError(f"--on takes METRIC:min or METRIC:max, not {text!r}")
+    return name, mode
+
+
+def default_directory(namespace: dict[str, Any]) -> str:
+    """./checkpoints/<notebook name>, or ./checkpoints/session outside a known notebook."""
+    path = os.environ.get("JPY_SESSION_NAME") or namespace.get("__vsc_ipynb_file__") or ""
+    stem = Path(str(path)).stem if path else "session"
+    return str(Path("checkpoints") / (stem or "session"))
+
+
+@dataclass
+class _Loop:
+    """Where the training loop is: the epoch, and how many of its batches are done."""
+
+    epoch: int | None = None
+    next_batch: int = 0
+    epoch_rng: dict[str, Any] | None = None
+    in_batches: bool = False
+
+
+@dataclass
+class _Pending:
+    """A run to resume once the loop helpers start."""
+
+    checkpoint: Checkpoint
+
+
+class BackgroundWriter:
+    """One save in flight at a time; a failure is kept until someone looks."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt_nb-writer")
+        self._future: Future[str] | None = None
+        self.error: BaseException | None = None
+        self.last_id: str | None = None
+
+    def submit(self, fn: Any) -> None:
+        self.wait()
+        self._future = self._pool.submit(fn)
+        self._future.add_done_callback(self._done)
+
+    def _done(self, future: Future[str]) -> None:
+        if future.exception() is not None:
+            self.error = future.exception()
+        else:
+            self.last_id = future.result()
+
+    def wait(self) -> None:
+        if self._future is not None:
+            try:
+                self._future.result()
+            except BaseException:  # noqa: BLE001 - kept in self.error, reported by take_error
+                pass
+            self._future = None
+
+    @property
+    def busy(self) -> bool:
+        return self._future is not None and not self._future.done()
+
+    def take_error(self) -> BaseException | None:
+        error, self.error = self.error, None
+        return error
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown()
+
+
+class AutoSession:
+    """Automatic checkpoints for the code run while it is active."""
+
+    def __init__(self, config: AutoConfig, namespace: dict[str, Any],
+                 *, out: Any = None) -> None:
+        self.config = config
+        self.namespace = namespace
+        self.out = out or sys.stdout
+        directory = config.directory or default_directory(namespace)
+        metric, mode = config.on if config.on else (None, "min")
+        self.manager = CheckpointManager(
+            directory, max_to_keep=config.keep, keep_best=config.keep_best,
+            metric=metric, mode=mode, strategy=config.strategy)
+        self.writer = BackgroundWriter()
+        self.step = 0
+        self._steps_by_optimizer: dict[int, int] = {}
+        self.history: list[dict[str, Any]] = []
+        self.metrics: dict[str, float] = {}
+        self.best: float | None = None
+        self.loop = _Loop()
+        self.cell_hash: str | None = None
+        self.last_save_step = 0
+        self.last_save_time = time.monotonic()
+        self.last_consistent_step: int | None = None
+        self._consistent_rng: dict[str, Any] | None = None
+        self._metric_due = False
+        self._interrupts = 0
+        self._pending: _Pending | None = None
+        self._previous_sigint: Any = None
+        self._hook = register_optimizer_step_post_hook(self._after_step)
+        self.discovery = Discovery()
+        self.closed = False
+
+    # -- life cycle ---------------------------------------------------------------
+    def say(self, message: str) -> None:
+        print(f"ckpt_nb: {message}", file=self.out, flush=True)
+
+    def rediscover(self) -> Discovery:
+        self.discovery = discover(self.namespace, track=self.config.track,
+                                  max_variable_bytes=self.config.max_variable_bytes)
+        return self.discovery
+
+    def begin_cell(self, source: str | None = None) -> None:
+        """Start of a training cell: report what is tracked, find a run to resume."""
+        self.cell_hash = hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
+        self._interrupts = 0
+        self.loop = _Loop()
+        self._consistent()
+        self._report_background_error()
+        self.say(self.rediscover().summary())
+        self._install_sigint()
+        if source is not None and self.config.resume:
+            self._find_resume()
+
+    def end_cell(self, error: BaseException | None = None, *, final: bool = True) -> None:
+        """End of a cell: a save (``final`` marks the run finished), or on error the
+        last consistent state."""
+        self._restore_sigint()
+        try:
+            if error is None:
+                if final or self.step > self.last_save_step:
+                    self.save(reason="end of cell", finished=final, wait=True)
+            elif isinstance(error, KeyboardInterrupt) and self._interrupts:
+                pass  # saved at the consistent point before the interrupt was raised
+            elif self.last_consistent_step == self.step and self.step > self.last_save_step:
+                self.save(reason=f"{type(error).__name__} in the cell", wait=True,
+                          rng=self._consistent_rng)
+            elif self.step > self.last_save_step:
+                latest = self.writer.last_id or "none"
+                self.say(f"not saving after {type(error).__name__}: the model changed since the "
+                         f"last consistent point; the latest checkpoint is {latest}")
+            self.writer.wait()
+        finally:
+            self._pending = None
+            self._report_background_error()
+
+    def close(self) -> None:
+        """Flush pending saves and remove every hook."""
+        if self.closed:
+            return
+        self.closed = True
+        self._restore_sigint()
+        self._hook.remove()
+        self.writer.close()
+        self._report_background_error()
+        self.manager.close()
+
+    # -- interrupts ---------------------------------------------------------------
+    def _install_sigint(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous_sigint = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1:
+            raise KeyboardInterrupt
+        print("ckpt_nb: interrupt received: saving at the next consistent point "
+              "(interrupt again to stop at once)", file=sys.stderr, flush=True)
+
+    # -- triggers -------------------------------------------------------------------
+    def _consistent(self) -> None:
+        """Mark a consistent point: the state here is one a resume can start from."""
+        self.last_consistent_step = self.step
+        self._consistent_rng = RNGState().state_dict()
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if active() is not self:
+            return
+        key = id(optimizer)
+        self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
+        self.step = max(self._steps_by_optimizer.values()) + self._step_offset
+        if not self.loop.in_batches:  # no helpers: right after the step is consistent
+            self._consistent()
+            self.checkpoint_if_due()
+
+    _step_offset = 0
+
+    def due(self) -> str | None:
+        """Why a save is due now, or None."""
+        if self._interrupts:
+            return "interrupt"
+        if self.step == self.last_save_step:
+            return None
+        if self.config.every_steps and self.step - self.last_save_step >= self.config.every_steps:
+            return f"every {self.config.every_steps} steps"
+        if self.config.every_seconds and \
+                time.monotonic() - self.last_save_time >= self.config.every_seconds:
+            return f"every {self.config.every_seconds:g} s"
+        if self._metric_due:
+            return f"{self.config.on[0]} improved"  # type: ignore[index]
+        return None
+
+    def checkpoint_if_due(self) -> None:
+        self._report_background_error()
+        reason = self.due()
+        if reason is None:
+            return
+        interrupted = reason == "interrupt"
+        self.save(reason=reason, wait=interrupted)
+        if interrupted:
+            self.say(f"saved {self.writer.last_id} on interrupt")
+            raise KeyboardInterrupt
+
+    def log(self, **metrics: float) -> None:
+        """Record metrics: they go into the next checkpoint and drive ``--on``."""
+        for name, value in metrics.items():
+            if isinstance(value, torch.Tensor):
+                value = value.item()
+            self.metrics[name] = float(value)
+        self.history.append({"step": self.step, "epoch": self.loop.epoch, **self.metrics})
+        if self.config.on and self.config.on[0] in metrics:
+            value = self.metrics[self.config.on[0]]
+            better = self.best is None or (value < self.best if self.config.on[1] == "min"
+                                           else value > self.best)
+            if better and not math.isnan(value):
+                self.best = value
+                self._metric_due = True
+
+    # -- saving -------------------------------------------------------------------------
+    def save(self, *, reason: str = "manual", finished: bool = False, wait: bool = False,
+             rng: dict[str, Any] | None = None) -> None:
+        """Snapshot tracked state now and write it (behind the training thread)."""
+        found = self.rediscover()
+        run = {"finished": finished, "cell": self.cell_hash, "step": self.step,
+               "history": self.history, "best": self.best,
+               "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
+                        "epoch_rng": self.loop.epoch_rng},
+               "variables": {n: to_storable(v) for n, v in found.variables.items()}}
+        state = self.manager.capture(found.statefuls, metrics=self.metrics,
+                                     extra={RUN_KEY: run}, rng=rng or True,
+                                     copy_tensors=not self.config.sync)
+        epoch, batch = self.loop.epoch, self.loop.next_batch
+        fields = dict(epoch=epoch, batch_idx=batch if epoch is not None or batch else None,
+                      step=self.step, metrics=dict(self.metrics), note=reason)
+        self.last_save_step, self.last_save_time = self.step, time.monotonic()
+        self._metric_due = False
+
+        def write() -> str:
+            return self.manager.save_state(state, **fields)
+
+        if self.config.sync:
+            self.writer.last_id = write()
+        else:
+            self.writer.submit(write)
+            if wait:
+                self.writer.wait()
+                self._report_background_error()
+
+    def _report_background_error(self) -> None:
+        error = self.writer.take_error()
+        if error is not None:
+            message = f"ckpt_nb: a background save failed: {type(error).__name__}: {error}"
+            print(message, file=sys.stderr, flush=True)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+    # -- resume -----------------------------------------------------------------------------
+    def _find_resume(self) -> None:
+        rows = self.manager.catalog.checkpoints()
+        if not rows:
+            return
+        latest = rows[-1]
+        try:
+            ck = self.manager.load(latest.id)
+        except CkptError as exc:
+            self.say(f"cannot read the latest checkpoint {latest.id} ({exc}); starting afresh")
+            return
+        run = ck.extra.get(RUN_KEY)
+        if not isinstance(run, dict) or run.get("finished") or run.get("cell") is None:
+            return
+        if run["cell"] != self.cell_hash:
+            self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
+        self._pending = _Pending(ck)
+
+    def _resume_now(self) -> int | None:
+        """Restore the pending run in place; returns the epoch to start at."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        found = self.rediscover()
+        ck = pending.checkpoint
+        targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
+        from ._capture import load_all
+
+        load_all(targets, ck.state)
+        run = ck.extra[RUN_KEY]
+        for name, value in run["variables"].items():
+            assign_in_place(self.namespace, name, from_storable(value))
+        self.manager.head = ck.id
+        self.history[:] = run["history"]
+        self.metrics = dict(ck.metrics)
+        self.best = run["best"]
+        self._step_offset = run["step"] - max(self._steps_by_optimizer.values(), default=0)
+        self.step = self.last_save_step = self.last_consistent_step = run["step"]
+        loop = run["loop"]
+        self.loop = _Loop(epoch=loop["epoch"], next_batch=loop["next_batch"],
+                          epoch_rng=loop["epoch_rng"])
+        if loop["epoch_rng"] is not None and loop["next_batch"]:
+            RNGState().load_state_dict(loop["epoch_rng"])  # replay the epoch's data order
+            self._pending_skip = (loop["next_batch"], ck.rng)
+        elif ck.rng is not None:
+            RNGState().load_state_dict(ck.rng)
+        missing = [n for n in ck.state if n not in targets]
+        self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
+                 f"step {run['step']})" + (f"; not restored (not defined now): {missing}"
+                                           if missing else ""))
+        return loop["epoch"]
+
+    _pending_skip: tuple[int, dict[str, Any] | None] | None = None
+
+    # -- loop helpers -------------------------------------------------------------------------
+    def epochs(self, n: int, start: int = 0) -> Iterator[int]:
+        resumed = self._resume_now()
+        epoch = resumed if resumed is not None else start
+        while epoch < n:
+            if self.loop.epoch != epoch or resumed is None:
+                self.loop = _Loop(epoch=epoch)
+            resumed = None
+            yield epoch
+            self.loop = _Loop(epoch=epoch + 1)  # the epoch's body is complete
+            self._consistent()
+            self.checkpoint_if_due()
+            epoch += 1
+
+    def batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        self._resume_now()
+        skip, rng_after = self._pending_skip or (0, None)
+        self._pending_skip = None
+        if not skip:
+            self.loop.epoch_rng = RNGState().state_dict()
+            self.loop.next_batch = 0
+        iterator = iter(loader)
+        for _ in range(skip):
+            next(iterator)
+        if rng_after is not None:
+            RNGState().load_state_dict(rng_after)
+        index = skip
+        self.loop.in_batches = True
+        try:
+            for batch in iterator:
+                if index > skip:
+                    self.loop.next_batch = index
+                    self._consistent()
+                    self.checkpoint_if_due()
+                yield index, batch
+                index += 1
+            self.loop.next_batch = index
+            self._consistent()
+        finally:
+            self.loop.in_batches = False
+
+    # -- rollback and status ---------------------------------------------------------------------
+    def rollback(self, which: str = "latest") -> str:
+        """Put tracked objects and variables back to a checkpoint, in place."""
+        self.writer.wait()
+        self._report_background_error()
+        found = self.rediscover()
+        ck = self.manager.load(which)
+        targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
+        from ._capture import load_all
+
+        load_all(targets, ck.state)
+        if ck.rng is not None:
+            RNGState().load_state_dict(ck.rng)
+        run = ck.extra.get(RUN_KEY) if isinstance(ck.extra.get(RUN_KEY), dict) else {}
+        variables = run.get("variables", {})
+        for name, value in variables.items():
+            assign_in_place(self.namespace, name, from_storable(value))
+        self.manager.head = ck.id
+        if run:
+            self.history[:] = run.get("history", [])
+            self.step = self.last_save_step = run.get("step", self.step)
+            self._step_offset = self.step - max(self._steps_by_optimizer.values(), default=0)
+        self.metrics = dict(ck.metrics)
+        restored = list(targets) + list(variables)
+        self.say(f"rolled back to {ck.id} (epoch {ck.epoch}, step {ck.step}): restored "
+                 f"{', '.join(restored) or 'nothing'}; the next save starts a branch from it")
+        return ck.id
+
+    def status(self) -> dict[str, Any]:
+        triggers = [t for t in (
+            f"every {self.config.every_steps} steps" if self.config.every_steps else None,
+            f"every {self.config.every_seconds:g} s" if self.config.every_seconds else None,
+            f"when {self.config.on[0]} improves ({self.config.on[1]})" if self.config.on else None,
+        ) if t]
+        return {"directory": str(self.manager.store.url), "tracking": list(self.discovery.statefuls),
+                "variables": list(self.discovery.variables), "skipped": dict(self.discovery.skipped),
+                "triggers": triggers or ["end of cell only"], "step": self.step,
+                "last_save": self.writer.last_id, "head": self.manager.head,
+                "pending_write": self.writer.busy, "background": not self.config.sync}
+
+
+# -- the module-level face: one active session per kernel ------------------------------------
+
+_sessions: list[AutoSession] = []  # the last is active; a cell's session sits on a line one
+_history: list[dict[str, Any]] = []
+
+
+def active() -> AutoSession | None:
+    while _sessions and _sessions[-1].closed:
+        _sessions.pop()
+    return _sessions[-1] if _sessions else None
+
+
+def start(config: AutoConfig, namespace: dict[str, Any], *, nested: bool = False) -> AutoSession:
+    """Make a session active. A ``nested`` one (a cell's) pauses the one below it;
+    otherwise the previous sessions are flushed and closed."""
+    if not nested:
+        stop()
+    session = AutoSession(config, namespace)
+    _sessions.append(session)
+    return session
+
+
+def stop() -> None:
+    """Close every session, flushing their pending saves."""
+    while _sessions:
+        _sessions.pop().close()
+
+
+def epochs(n: int, start: int = 0) -> Iterator[int]:
+    """``range(start, n)`` that records the epoch, and resumes it after a crash."""
+    session = active()
+    return iter(range(start, n)) if session is None else session.epochs(n, start)
+
+
+def batches(loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+    """``enumerate(loader)`` that records the position and saves when a save is due."""
+    session = active()
+    return enumerate(loader) if session is None else session.batches(loader)
+
+
+def log(**metrics: float) -> None:
+    """Record metrics for the next checkpoint (and for ``--on METRIC``)."""
+    session = active()
+    if session is None:
+        _history.append(dict(metrics))
+    else:
+        session.log(**metrics)
+
+
+def rollback(which: str = "latest") -> str:
+    """Restore tracked objects and variables to a checkpoint, in place."""
+    session = active()
+    if session is None:
+        raise CkptError("no ckpt_nb session is active: run %ckpt_auto (or ckpt_nb.auto()) first")
+    return session.rollback(which)
+
+
+def status() -> dict[str, Any]:
+    session = active()
+    return {"active": False} if session is None else {"active": True, **session.status()}
+
+
+@contextlib.contextmanager
+def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = None,
+         name: str = "auto", **options: Any) -> Iterator[AutoSession]:
+    """``%%ckpt_auto`` as a context manager, for scripts and tests.
+
+    ``with ckpt_nb.auto("runs/x", every_steps=50, namespace=globals()): ...``
+    resumes an unfinished run of the block called ``name`` and saves at its end.
+    """
+    if namespace is None:
+        namespace = sys._getframe(2).f_globals
+    session = start(AutoConfig(directory=directory, **options), namespace, nested=True)
+    session.begin_cell(name)
+    try:
+        yield session
+    except BaseException as exc:
+        session.end_cell(exc)
+        raise
+    else:
+        session.end_cell()
+    finally:
+        session.close()

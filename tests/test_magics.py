@@ -1,0 +1,205 @@
+"""The notebook layer driven through a real, in-process IPython shell."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+from torch.optim.optimizer import _global_optimizer_post_hooks
+
+import ckpt_nb
+from ckpt_nb import _session
+
+SETUP = """
+import torch, ckpt_nb, threading
+from sklearn.datasets import load_digits
+digits = load_digits()
+X = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+Y = torch.tensor(digits.target)
+torch.manual_seed(0)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=100,
+                                     shuffle=True)
+model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                            torch.nn.Linear(32, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+history = []
+STOP_AT = None
+"""
+
+TRAIN = """%%ckpt_auto --dir {dir} --every-steps 7
+for epoch in ckpt_nb.epochs(3):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if STOP_AT == (epoch, i):
+            {stop}
+    history.append(round(loss.item(), 6))
+    ckpt_nb.log(loss=loss.item())
+len(history)
+"""
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
+    sh = InteractiveShell.instance()
+    sh.user_ns.clear()
+    sh.init_user_ns()
+    sh.run_cell("%load_ext ckpt_nb", store_history=False)
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    yield sh
+    os.chdir(old)
+    sh.run_cell("%unload_ext ckpt_nb", store_history=False)
+
+
+def run(sh: InteractiveShell, code: str):
+    result = sh.run_cell(code, store_history=False)
+    return result
+
+
+def final_state(sh: InteractiveShell) -> list[torch.Tensor]:
+    ns = sh.user_ns
+    tensors = [t.clone() for t in ns["model"].state_dict().values()]
+    tensors += [v.clone() for s in ns["opt"].state_dict()["state"].values() for v in s.values()]
+    return tensors
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def reference(sh: InteractiveShell, tmp_path: Path) -> tuple[list[torch.Tensor], list[float]]:
+    run(sh, SETUP)
+    result = run(sh, TRAIN.format(dir=tmp_path / "ref", stop="pass"))
+    assert result.success and result.result == 3
+    return final_state(sh), list(sh.user_ns["history"])
+
+
+def test_load_and_unload_remove_everything(tmp_path: Path) -> None:
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext ckpt_nb")
+    assert "ckpt_auto" in sh.magics_manager.magics["cell"]
+    before = len(_global_optimizer_post_hooks)
+    sh.run_cell(f"%ckpt_auto --dir {tmp_path} --every-steps 2")
+    assert len(_global_optimizer_post_hooks) == before + 1
+    sh.run_cell("%unload_ext ckpt_nb")
+    assert "ckpt_auto" not in sh.magics_manager.magics["cell"]
+    assert "ckpt_rollback" not in sh.magics_manager.magics["line"]
+    assert len(_global_optimizer_post_hooks) == before and ckpt_nb.status() == {"active": False}
+
+
+def test_interrupt_saves_then_rerun_continues_bit_exact(shell, tmp_path: Path) -> None:
+    expected, expected_history = reference(shell, tmp_path)
+    run(shell, SETUP)
+    stop = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
+    run(shell, "STOP_AT = (1, 4)")
+    first = run(shell, TRAIN.format(dir=tmp_path / "run", stop=stop))
+    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    notes = list(ckpt_nb.CheckpointManager(tmp_path / "run").list()["note"])
+    assert notes[-1] == "interrupt"
+    run(shell, "STOP_AT = None")
+    second = run(shell, TRAIN.format(dir=tmp_path / "run", stop="pass"))
+    assert second.success and second.result == 3
+    assert same(final_state(shell), expected)
+    assert shell.user_ns["history"] == expected_history
+    # the run is finished now: a third run starts afresh on a new branch
+    rows = ckpt_nb.CheckpointManager(tmp_path / "run").list()
+    assert rows["note"].iloc[-1] == "end of cell" and rows["branch"].nunique() == 1
+
+
+def test_exception_saves_last_consistent_state_and_reraises(shell, tmp_path: Path, capsys) -> None:
+    run(shell, SETUP)
+    cell = TRAIN.format(dir=tmp_path / "err", stop="raise RuntimeError('diverged')")
+    run(shell, "STOP_AT = (0, 2)")
+    result = run(shell, cell.replace("        opt.zero_grad()",
+                                     "        if STOP_AT == (epoch, i):\n"
+                                     "            raise RuntimeError('diverged')\n"
+                                     "        opt.zero_grad()"))
+    assert isinstance(result.error_in_exec, RuntimeError)
+    rows = ckpt_nb.CheckpointManager(tmp_path / "err").list()
+    assert rows["note"].iloc[-1] == "RuntimeError in the cell"
+    assert (rows["epoch"].iloc[-1], rows["batch_idx"].iloc[-1], rows["step"].iloc[-1]) == (0, 2, 2)
+    out = capsys.readouterr()
+    assert "diverged" in out.out + out.err
+    assert "line" in out.out + out.err  # the traceback shows the user's cell
+
+
+def test_discovery_reports_what_it_tracks_and_skips(shell, tmp_path: Path, capsys) -> None:
+    run(shell, SETUP)
+    run(shell, "gen = (i for i in range(3)); fh = open(__file__ if '__file__' in dir() else "
+               f"'{tmp_path / 'f.txt'}', 'w'); lock = threading.Lock(); fn = lambda x: x\n"
+               "compiled = torch.compile(model)\nfrom pandas import DataFrame\n"
+               "frame = DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'd'}\nopt.step()")
+    line = capsys.readouterr().out
+    assert "tracking model, opt, sched" in line and "compiled" not in line.split(";")[0]
+    for skipped in ("gen (generator)", "fh (open file)", "lock (lock)", "fn (lambda)",
+                    "loader (DataLoader"):
+        assert skipped in line
+    ck = ckpt_nb.CheckpointManager(tmp_path / "d").load("latest")
+    variables = ck.extra["ckpt_nb_run"]["variables"]
+    assert {"history", "X", "frame"} <= set(variables)
+
+
+def test_rollback_restores_in_place_and_branches(shell, tmp_path: Path, capsys) -> None:
+    run(shell, SETUP)
+    run(shell, TRAIN.format(dir=tmp_path / "rb", stop="pass"))
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'rb'} --every-steps 1000")
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "rb")
+    early = mgr.list()["id"].iloc[1]
+    saved = mgr.load(early)
+    params = list(shell.user_ns["model"].parameters())
+    history_obj = shell.user_ns["history"]
+    run(shell, f"%ckpt_rollback {early}")
+    assert f"rolled back to {early}" in capsys.readouterr().out
+    assert all(a is b for a, b in zip(params, shell.user_ns["model"].parameters()))
+    assert same(list(shell.user_ns["model"].state_dict().values()),
+                list(saved.state["model"].values()))
+    assert shell.user_ns["history"] is history_obj
+    assert history_obj == saved.extra["ckpt_nb_run"]["variables"]["history"]
+    run(shell, "for xb, yb in loader:\n    opt.zero_grad()\n"
+               "    torch.nn.functional.cross_entropy(model(xb), yb).backward()\n    opt.step()")
+    table = ckpt_nb.CheckpointManager(tmp_path / "rb").list().set_index("id")
+    child = table.index[-1]
+    assert table.loc[child, "parent"] == early and table.loc[child, "branch"] != "main"
+    run(shell, "%ckpt_status")
+    assert "every 1000 steps" in capsys.readouterr().out
+
+
+def test_background_failure_is_reported(shell, tmp_path: Path, capsys) -> None:
+    run(shell, SETUP)
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'bg'} --every-steps 1")
+    session = _session.active()
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    session.manager.save_state = broken  # a full disk, which cannot be made real here
+    run(shell, "opt.zero_grad(); model(X).sum().backward(); opt.step()")
+    run(shell, "opt.zero_grad(); model(X).sum().backward(); opt.step()")
+    err = capsys.readouterr().err
+    assert "background save failed: OSError" in err and "No space left" in err
+
+
+def test_bad_options_give_clear_errors(shell, capsys) -> None:
+    for line, message in (("--every 5x", "duration"), ("--on loss:up", "METRIC:min"),
+                          ("--keep-best 2", "--on"), ("--every-steps 0", "positive")):
+        result = run(shell, f"%ckpt_auto {line}")
+        assert not result.success
+        assert message in capsys.readouterr().err + str(result.error_in_exec)
+
+
+def test_helpers_without_a_session_are_plain() -> None:
+    assert list(ckpt_nb.epochs(3)) == [0, 1, 2]
+    assert list(ckpt_nb.batches("ab")) == [(0, "a"), (1, "b")]
+    ckpt_nb.log(loss=1.0)
+    with pytest.raises(ckpt_nb.CkptError, match="no ckpt_nb session"):
+        ckpt_nb.rollback("latest")
