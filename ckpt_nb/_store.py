@@ -249,6 +249,7 @@ class FsspecStore(Store):
             yield spool
             spool.flush()
             try:
+                self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
                 self.fs.put_file(spool.name, path)
             except OSError as exc:
                 raise StoreError(f"upload of {key} to {self.url} failed: {exc}") from exc
@@ -265,10 +266,9 @@ class FsspecStore(Store):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         base = self._path(prefix) if prefix else self.root
-        try:
-            found = self.fs.find(base)
-        except FileNotFoundError:
+        if not self.fs.isdir(base):
             return
+        found = self.fs.find(base)
         cut = len(self.root.lstrip("/")) + 1
         for path in found:
             yield path.lstrip("/")[cut:]

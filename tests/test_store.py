@@ -1,0 +1,131 @@
+"""Every Store backend against the shipped conformance suite, plus LocalStore specifics."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ckpt_nb import FsspecStore, LocalStore, MemoryStore, open_store
+from ckpt_nb.testing import StoreConformance
+
+
+class TestLocalStore(StoreConformance):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> LocalStore:
+        return LocalStore(tmp_path / "store")
+
+
+class TestLocalStoreNotDurable(StoreConformance):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> LocalStore:
+        return LocalStore(tmp_path / "store", durable=False)
+
+
+class TestMemoryStore(StoreConformance):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> MemoryStore:
+        return MemoryStore()
+
+
+class TestFsspecMemory(StoreConformance):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> FsspecStore:
+        return FsspecStore(f"memory://ckpt-nb-test-{uuid.uuid4().hex}")
+
+
+class TestFsspecFile(StoreConformance):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> FsspecStore:
+        (tmp_path / "store").mkdir()
+        return FsspecStore(f"file://{tmp_path / 'store'}")
+
+
+# -- LocalStore specifics ---------------------------------------------------------------------
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_sweep_temporaries_removes_leftovers(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("packs/a.pack", b"kept")
+    store.put("ckpt_nb.json", b"{}")
+    (tmp_path / "packs" / "b.pack.tmp-0123456789ab").write_bytes(b"torn")
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "c.json.zst.tmp-ba9876543210").write_bytes(b"")
+    (tmp_path / "top.tmp-x").write_bytes(b"")
+    assert sorted(store.list()) == ["ckpt_nb.json", "packs/a.pack"]  # never listed
+    assert store.sweep_temporaries() == 3
+    assert _files(tmp_path) == ["ckpt_nb.json", "packs/a.pack"]
+    assert store.get("packs/a.pack") == b"kept"
+    assert store.sweep_temporaries() == 0
+
+
+def test_failed_write_leaves_no_temporary(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("k", b"old")
+    with pytest.raises(OSError):
+        with store.writer("k") as out:
+            out.write(b"new")
+            raise OSError("disk on fire")
+    assert _files(tmp_path) == ["k"]
+    assert store.get("k") == b"old"
+
+
+def test_base_store_sweep_is_a_no_op() -> None:
+    assert MemoryStore().sweep_temporaries() == 0
+
+
+def test_open_store_picks_backends(tmp_path: Path) -> None:
+    plain = open_store(tmp_path / "a")
+    assert isinstance(plain, LocalStore) and plain.root == tmp_path / "a"
+    assert isinstance(open_store(str(tmp_path / "b")), LocalStore)
+    url = open_store(f"file://{tmp_path / 'c'}")
+    assert isinstance(url, LocalStore) and url.root == tmp_path / "c"
+    assert (tmp_path / "c").is_dir()
+    assert open_store(tmp_path / "d", durable=False).durable is False
+    memory = open_store("memory://")
+    assert isinstance(memory, MemoryStore)
+    assert open_store("memory://") is not memory  # each is a fresh, private store
+    named = open_store(f"memory://ckpt-nb-{uuid.uuid4().hex}")
+    assert isinstance(named, FsspecStore)
+    assert open_store(plain) is plain
+
+
+def test_open_store_expands_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = open_store("~/runs")
+    assert isinstance(store, LocalStore) and store.root == tmp_path / "runs"
+
+
+def test_local_store_writes_are_real_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("packs/x.pack", b"abc")
+    assert (tmp_path / "packs" / "x.pack").read_bytes() == b"abc"
+    assert store.url == tmp_path.as_uri()
+    assert not any(".tmp-" in name for name in os.listdir(tmp_path / "packs"))
+
+
+def test_manager_runs_on_an_fsspec_store(tmp_path: Path) -> None:
+    """The whole engine over fsspec: catalog local, data in the file system."""
+    import torch
+
+    from ckpt_nb import CheckpointManager
+
+    mgr = CheckpointManager(FsspecStore(f"memory://ckpt-nb-mgr-{uuid.uuid4().hex}"),
+                            catalog=tmp_path / "catalog.sqlite", max_to_keep=2)
+    weights = {"w": torch.randn(5000)}
+
+    class Holder:
+        def state_dict(self):
+            return weights
+
+        def load_state_dict(self, state):
+            weights["w"] = state["w"]
+
+    ids = [mgr.save(h=Holder(), step=i) for i in range(3)]
+    assert list(mgr.list()["id"]) == ids[1:]
+    assert torch.equal(mgr.load(ids[-1]).state["h"]["w"], weights["w"]) and mgr.verify().ok
