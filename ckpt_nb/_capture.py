@@ -121,8 +121,38 @@ def storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
     return flat.numpy()
 
 
+class SnapshotBuffers:
+    """Reused memory for snapshots taken while training goes on.
+
+    Two sets alternate, so one can be written out while the next is taken;
+    copying into memory already mapped runs 2-3x faster than into fresh pages.
+    The caller must not start a set again before the write that used it ended.
+    """
+
+    def __init__(self) -> None:
+        self._sets: list[dict[tuple[str, int], torch.Tensor]] = [{}, {}]
+        self._turn = 0
+        self._used: dict[tuple[str, int], torch.Tensor] = {}
+
+    def start(self) -> None:
+        """Begin a snapshot in the other set; buffers the last one did not use go."""
+        self._sets[self._turn] = self._used
+        self._turn ^= 1
+        self._used = {}
+
+    def copy(self, name: str, storage: torch.UntypedStorage) -> torch.UntypedStorage:
+        key = (name, storage.nbytes())
+        buffer = self._sets[self._turn].get(key)
+        if buffer is None:
+            buffer = torch.empty(storage.nbytes(), dtype=torch.uint8)
+        self._used[key] = buffer
+        source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        buffer.copy_(source)
+        return buffer.untyped_storage()
+
+
 class _Flattener:
-    def __init__(self, copy_tensors: bool) -> None:
+    def __init__(self, copy_tensors: bool | SnapshotBuffers) -> None:
         self.flat = FlatState(skeleton={})
         self._by_ptr: dict[tuple[str, int, int], int] = {}
         self._copy = copy_tensors
@@ -136,7 +166,9 @@ class _Flattener:
         key = (str(t.device), storage.data_ptr(), storage.nbytes())
         index = self._by_ptr.get(key)
         if index is None:
-            if t.device.type != "cpu":
+            if isinstance(self._copy, SnapshotBuffers):
+                cpu = self._copy.copy(name, storage)
+            elif t.device.type != "cpu":
                 cpu = storage.cpu()
             else:
                 cpu = storage.clone() if self._copy else storage
@@ -199,7 +231,8 @@ def _plain_keys(d: dict[Any, Any]) -> bool:
     return all(isinstance(k, str) and not k.startswith("__") for k in d)
 
 
-def flatten(tree: Mapping[str, Any], *, copy_tensors: bool = False) -> FlatState:
+def flatten(tree: Mapping[str, Any], *,
+            copy_tensors: bool | SnapshotBuffers = False) -> FlatState:
     """Split a state tree; with ``copy_tensors``, its bytes no longer alias live memory."""
     flattener = _Flattener(copy_tensors)
     flattener.flat.skeleton = {k: flattener.encode(v, k) for k, v in tree.items()}

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from . import _codec as codec
-from ._capture import (FlatState, RNGState, Stateful, Unflattener, flatten, has_pickle,
-                       load_all)
+from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
+                       has_pickle, load_all)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError)
@@ -256,7 +256,8 @@ class CheckpointManager:
 
     def capture(self, objects: Mapping[str, Any], *, metrics: Mapping[str, float] | None = None,
                 extra: Mapping[str, Any] | None = None,
-                rng: bool | Mapping[str, Any] = True, copy_tensors: bool = False) -> FlatState:
+                rng: bool | Mapping[str, Any] = True,
+                copy_tensors: bool | SnapshotBuffers = False) -> FlatState:
         """Take the state of live objects, ready for ``save_state``.
 
         With ``copy_tensors`` the state owns its bytes, so training may go on while

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._capture import RNGState
+from ._capture import RNGState, SnapshotBuffers, load_all
 from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
 from ._errors import CkptError
 from ._manager import Checkpoint, CheckpointManager
@@ -154,6 +154,7 @@ class AutoSession:
             directory, max_to_keep=config.keep, keep_best=config.keep_best,
             metric=metric, mode=mode, strategy=config.strategy)
         self.writer = BackgroundWriter()
+        self._buffers = SnapshotBuffers()
         self.step = 0
         self._steps_by_optimizer: dict[int, int] = {}
         self.history: list[dict[str, Any]] = []
@@ -315,9 +316,11 @@ class AutoSession:
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng},
                "variables": {n: to_storable(v) for n, v in found.variables.items()}}
+        if not self.config.sync:
+            self._buffers.start()
         state = self.manager.capture(found.statefuls, metrics=self.metrics,
                                      extra={RUN_KEY: run}, rng=rng or True,
-                                     copy_tensors=not self.config.sync)
+                                     copy_tensors=False if self.config.sync else self._buffers)
         epoch, batch = self.loop.epoch, self.loop.next_batch
         fields = dict(epoch=epoch, batch_idx=batch if epoch is not None or batch else None,
                       step=self.step, metrics=dict(self.metrics), note=reason)
@@ -368,8 +371,6 @@ class AutoSession:
         found = self.rediscover()
         ck = pending.checkpoint
         targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
-        from ._capture import load_all
-
         load_all(targets, ck.state)
         run = ck.extra[RUN_KEY]
         for name, value in run["variables"].items():
@@ -445,8 +446,6 @@ class AutoSession:
         found = self.rediscover()
         ck = self.manager.load(which)
         targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
-        from ._capture import load_all
-
         load_all(targets, ck.state)
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
