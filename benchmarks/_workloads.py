@@ -358,6 +358,13 @@ def mb(n: float) -> str:
     return f"{n / 1e6:.1f}"
 
 
+def machine_line() -> str:
+    """torch version, threads and load average: a loaded machine skews every ratio."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"{os.cpu_count()} cpus, load average {load}")
+
+
 def ckpt_nb_available() -> bool:
     """Whether ``ckpt_nb.CheckpointManager`` imports."""
     try:

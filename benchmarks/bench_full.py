@@ -213,7 +213,7 @@ def main() -> int:
             print("ckpt_nb does not import; running baselines only", file=sys.stderr)
         else:
             methods = BASELINES + OURS
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repeats {repeats}")
+    print(f"{w.machine_line()}; repeats {repeats}")
 
     workloads = [
         lambda: weights_workload("(a) MiniLM fp32", torch.float32, 0.83, 1.5),
@@ -223,6 +223,7 @@ def main() -> int:
     with w.scratch() as root:
         for make in workloads:
             run(make(), methods, repeats, root)
+    print(f"\nat the end: {w.machine_line()}")
     return 0
 
 

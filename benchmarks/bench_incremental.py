@@ -197,10 +197,11 @@ def main() -> int:
     with_ours = not args.baselines_only and w.ckpt_nb_available()
     if not args.baselines_only and not with_ours:
         print("ckpt_nb does not import; running baselines only", file=sys.stderr)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repeats {repeats}")
+    print(f"{w.machine_line()}; repeats {repeats}")
     with w.scratch() as root:
         finetune_part(repeats, root, with_ours)
         changed_part(repeats, root, with_ours)
+    print(f"\nat the end: {w.machine_line()}")
     return 0
 
 
