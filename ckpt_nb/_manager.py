@@ -40,6 +40,7 @@ STRATEGIES = ("full", "incremental", "differential")
 RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
                       "note", "branch"})
 ProgressFn = Callable[[int, int], None]
+_DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
 
 
 @dataclass
@@ -165,6 +166,8 @@ class CheckpointManager:
         save's parent."""
         self._manifests: dict[str, dict[str, Any]] = {}
         self._listeners: list[Callable[[str, str], None]] = []
+        self._delta_wins: dict[str, tuple[bool, int]] = {}  # storage -> (delta won, at save)
+        self._saves = 0
 
     # -- set-up -----------------------------------------------------------------
     def _catalog_path(self, catalog: str | os.PathLike[str] | None) -> str:
@@ -392,19 +395,28 @@ class CheckpointManager:
                     base = None
                 jobs.append((si, ci, data[ci * size : (ci + 1) * size], base))
 
-        def encode(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None
+        self._saves += 1
+
+        def encode(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None, name: str
                    ) -> tuple[str, bytes | None, str | None]:
             digest = codec.digest(raw)
             if digest in known:
                 return digest, None, None
+            if base is None or base[1] != len(raw) or base[0] == digest:
+                return digest, codec.encode(raw, itemsize, codec=self.codec, level=self.level), None
+            # Which encoding wins is a property of the tensor (weights gain from a delta,
+            # Adam's moments do not), so both are tried only now and then.
+            wins, since = self._delta_wins.get(name, (None, 0))
+            fresh = wins is None or self._saves - since >= _DELTA_REPROBE
+            if wins is False and not fresh:
+                return digest, codec.encode(raw, itemsize, codec=self.codec, level=self.level), None
+            delta = codec.encode(raw, itemsize, codec=self.codec, level=self.level,
+                                 base=self._read_raw(base[0]), base_digest=base[0])
+            if wins and not fresh and len(delta) < len(raw):
+                return digest, delta, base[0]
             blob = codec.encode(raw, itemsize, codec=self.codec, level=self.level)
-            if base is not None and base[1] == len(raw) and base[0] != digest:
-                base_raw = self._read_raw(base[0])
-                delta = codec.encode(raw, itemsize, codec=self.codec, level=self.level,
-                                     base=base_raw, base_digest=base[0])
-                if len(delta) < len(blob):
-                    return digest, delta, base[0]
-            return digest, blob, None
+            self._delta_wins[name] = (len(delta) < len(blob), self._saves)
+            return (digest, delta, base[0]) if len(delta) < len(blob) else (digest, blob, None)
 
         pool = self._executor()
         window: deque[tuple[int, int, int, Future[tuple[str, bytes | None, str | None]]]] = deque()
@@ -420,8 +432,9 @@ class CheckpointManager:
                         if job is None:
                             break
                         si, ci, raw, base = job
-                        itemsize = state.storages[si].itemsize
-                        window.append((si, ci, len(raw), pool.submit(encode, raw, itemsize, base)))
+                        storage = state.storages[si]
+                        future = pool.submit(encode, raw, storage.itemsize, base, storage.name)
+                        window.append((si, ci, len(raw), future))
                     if not window:
                         break
                     si, ci, raw_len, future = window.popleft()

@@ -169,6 +169,8 @@ class AutoSession:
         self._metric_due = False
         self._interrupts = 0
         self._pending: _Pending | None = None
+        self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
+        self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
         self._hook = register_optimizer_step_post_hook(self._after_step)
         self.discovery = Discovery()
@@ -262,8 +264,6 @@ class AutoSession:
         if not self.loop.in_batches:  # no helpers: right after the step is consistent
             self._consistent()
             self.checkpoint_if_due()
-
-    _step_offset = 0
 
     def due(self) -> str | None:
         """Why a save is due now, or None."""
@@ -363,24 +363,32 @@ class AutoSession:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         self._pending = _Pending(ck)
 
+    def _apply(self, ck: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Load a checkpoint into the live objects and variables (RNG aside)."""
+        found = self.rediscover()
+        targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
+        load_all(targets, ck.state)
+        run = ck.extra.get(RUN_KEY)
+        run = run if isinstance(run, dict) else {}
+        for name, value in run.get("variables", {}).items():
+            assign_in_place(self.namespace, name, from_storable(value))
+        self.manager.head = ck.id
+        self.history[:] = run.get("history", [])
+        self.metrics = dict(ck.metrics)
+        if "step" in run:
+            self.step = self.last_save_step = run["step"]
+            self._step_offset = self.step - max(self._steps_by_optimizer.values(), default=0)
+        return targets, run
+
     def _resume_now(self) -> int | None:
         """Restore the pending run in place; returns the epoch to start at."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        found = self.rediscover()
         ck = pending.checkpoint
-        targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
-        load_all(targets, ck.state)
-        run = ck.extra[RUN_KEY]
-        for name, value in run["variables"].items():
-            assign_in_place(self.namespace, name, from_storable(value))
-        self.manager.head = ck.id
-        self.history[:] = run["history"]
-        self.metrics = dict(ck.metrics)
+        targets, run = self._apply(ck)
         self.best = run["best"]
-        self._step_offset = run["step"] - max(self._steps_by_optimizer.values(), default=0)
-        self.step = self.last_save_step = self.last_consistent_step = run["step"]
+        self.last_consistent_step = self.step
         loop = run["loop"]
         self.loop = _Loop(epoch=loop["epoch"], next_batch=loop["next_batch"],
                           epoch_rng=loop["epoch_rng"])
@@ -395,7 +403,6 @@ class AutoSession:
                                            if missing else ""))
         return loop["epoch"]
 
-    _pending_skip: tuple[int, dict[str, Any] | None] | None = None
 
     # -- loop helpers -------------------------------------------------------------------------
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
@@ -443,23 +450,11 @@ class AutoSession:
         """Put tracked objects and variables back to a checkpoint, in place."""
         self.writer.wait()
         self._report_background_error()
-        found = self.rediscover()
         ck = self.manager.load(which)
-        targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
-        load_all(targets, ck.state)
+        targets, run = self._apply(ck)
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
-        run = ck.extra.get(RUN_KEY) if isinstance(ck.extra.get(RUN_KEY), dict) else {}
-        variables = run.get("variables", {})
-        for name, value in variables.items():
-            assign_in_place(self.namespace, name, from_storable(value))
-        self.manager.head = ck.id
-        if run:
-            self.history[:] = run.get("history", [])
-            self.step = self.last_save_step = run.get("step", self.step)
-            self._step_offset = self.step - max(self._steps_by_optimizer.values(), default=0)
-        self.metrics = dict(ck.metrics)
-        restored = list(targets) + list(variables)
+        restored = list(targets) + list(run.get("variables", {}))
         self.say(f"rolled back to {ck.id} (epoch {ck.epoch}, step {ck.step}): restored "
                  f"{', '.join(restored) or 'nothing'}; the next save starts a branch from it")
         return ck.id
