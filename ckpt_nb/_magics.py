@@ -150,8 +150,12 @@ class CkptMagics(Magics):
         """%ckpt_list [DIR]: the store as a table."""
         session = session_mod.active()
         if line.strip():
+            from pathlib import Path
+
             from ._manager import CheckpointManager
 
+            if not (Path(line.strip()) / "catalog.sqlite").is_file():
+                raise UsageError(f"no checkpoint store at {line.strip()}")
             return CheckpointManager(line.strip()).list()
         if session is None:
             raise UsageError("no ckpt_nb session is active: %ckpt_list DIR, or %ckpt_auto first")
