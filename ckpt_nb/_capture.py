@@ -37,17 +37,25 @@ class RNGState:
     """The random number generators a training loop draws from, as a Stateful:
     Python's ``random``, NumPy's global state, torch's CPU and CUDA generators."""
 
-    def state_dict(self) -> dict[str, Any]:
-        version, internal, gauss = random.getstate()
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+    @staticmethod
+    def snapshot() -> tuple[Any, ...]:
+        """The generators' states as they come, for hot paths; ``state_dict`` of it later."""
+        cuda = (torch.cuda.get_rng_state_all()
+                if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+        return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+    def state_dict(self, snapshot: tuple[Any, ...] | None = None) -> dict[str, Any]:
+        python, numpy, cpu, cuda = snapshot or self.snapshot()
+        version, internal, gauss = python
+        kind, keys, pos, has_gauss, cached = numpy
         state: dict[str, Any] = {
             "python": {"version": version, "state": list(internal), "gauss": gauss},
             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.copy()), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached": float(cached)},
-            "torch": torch.get_rng_state(),
+            "torch": cpu,
         }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
+        if cuda is not None:
+            state["cuda"] = cuda
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

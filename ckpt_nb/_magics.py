@@ -9,7 +9,6 @@ ckpt_nb`` removes them and every hook. Defaults are traitlets, settable with
 from __future__ import annotations
 
 import ast
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -18,6 +17,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Int, Unicode
 
 from . import _session as session_mod
+from ._errors import CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
 
 MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status"),
@@ -139,11 +139,18 @@ class CkptMagics(Magics):
         self._line_session = None
 
     # -- the other magics -----------------------------------------------------------------
+    @magic_arguments()
+    @argument("which", nargs="?", default="latest", help="ID (or prefix), latest, best or -N")
+    @argument("--dir", default=None, help="store directory (default: the session's)")
     @line_magic
     def ckpt_rollback(self, line: str) -> None:
         """%ckpt_rollback ID|latest|best|-N: restore tracked state in place."""
-        which = shlex.split(line)[0] if line.strip() else "latest"
-        session_mod.rollback(which)
+        args = parse_argstring(self.ckpt_rollback, line)
+        try:
+            session_mod.rollback(args.which, directory=args.dir,
+                                 namespace=self.shell.user_ns)
+        except CkptError as exc:
+            raise UsageError(f"%ckpt_rollback: {exc}") from None
 
     @line_magic
     def ckpt_list(self, line: str) -> Any:

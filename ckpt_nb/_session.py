@@ -11,6 +11,7 @@ only copies the state there; compression and I/O run on a writer thread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import os
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +154,11 @@ class AutoSession:
         self.manager = CheckpointManager(
             directory, max_to_keep=config.keep, keep_best=config.keep_best,
             metric=metric, mode=mode, strategy=config.strategy)
+        self.url = self.manager.store.url
+        if not config.resume:
+            _positions.pop(self.url, None)
+        self._follow_position()
+        self.manager.add_listener(self._on_manager_event)
         self.writer = BackgroundWriter()
         self._buffers = SnapshotBuffers()
         self.step = 0
@@ -165,7 +171,7 @@ class AutoSession:
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
         self.last_consistent_step: int | None = None
-        self._consistent_rng: dict[str, Any] | None = None
+        self._consistent_rng: tuple[Any, ...] | None = None
         self._metric_due = False
         self._interrupts = 0
         self._pending: _Pending | None = None
@@ -175,6 +181,29 @@ class AutoSession:
         self._hook = register_optimizer_step_post_hook(self._after_step)
         self.discovery = Discovery()
         self.closed = False
+
+    # -- where the kernel stands -----------------------------------------------------
+    def _follow_position(self) -> None:
+        """Make the next save a child of what the kernel's state came from (this
+        process's last save, resume or rollback on this store), so branches form."""
+        position = _positions.get(self.url)
+        if position is not None and self.manager.catalog.get(position) is None:
+            _positions.pop(self.url, None)  # deleted since
+            position = None
+        if position is not None:
+            self.manager.head = position
+
+    def _on_manager_event(self, event: str, checkpoint_id: str) -> None:
+        if event == "save":
+            _positions[self.url] = checkpoint_id
+            _publish("save", checkpoint_id, self.url)
+        elif event == "delete" and _positions.get(self.url) == checkpoint_id:
+            _positions.pop(self.url, None)
+
+    def _moved_to(self, checkpoint_id: str, event: str) -> None:
+        self.manager.head = checkpoint_id
+        _positions[self.url] = checkpoint_id
+        _publish(event, checkpoint_id, self.url)
 
     # -- life cycle ---------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -209,7 +238,7 @@ class AutoSession:
                 pass  # saved at the consistent point before the interrupt was raised
             elif self.last_consistent_step == self.step and self.step > self.last_save_step:
                 self.save(reason=f"{type(error).__name__} in the cell", wait=True,
-                          rng=self._consistent_rng)
+                          rng=RNGState().state_dict(self._consistent_rng))
             elif self.step > self.last_save_step:
                 latest = self.writer.last_id or "none"
                 self.say(f"not saving after {type(error).__name__}: the model changed since the "
@@ -253,7 +282,7 @@ class AutoSession:
     def _consistent(self) -> None:
         """Mark a consistent point: the state here is one a resume can start from."""
         self.last_consistent_step = self.step
-        self._consistent_rng = RNGState().state_dict()
+        self._consistent_rng = RNGState.snapshot()  # raw: converted only if a save needs it
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if active() is not self:
@@ -328,6 +357,7 @@ class AutoSession:
         self._metric_due = False
 
         def write() -> str:
+            self._follow_position()  # a rollback elsewhere may have moved the kernel
             return self.manager.save_state(state, **fields)
 
         if self.config.sync:
@@ -347,14 +377,15 @@ class AutoSession:
 
     # -- resume -----------------------------------------------------------------------------
     def _find_resume(self) -> None:
+        position = _positions.get(self.url)
         rows = self.manager.catalog.checkpoints()
-        if not rows:
+        if position is None and not rows:
             return
-        latest = rows[-1]
+        candidate = position or rows[-1].id  # where this kernel stands, else the newest
         try:
-            ck = self.manager.load(latest.id)
+            ck = self.manager.load(candidate)
         except CkptError as exc:
-            self.say(f"cannot read the latest checkpoint {latest.id} ({exc}); starting afresh")
+            self.say(f"cannot read checkpoint {candidate} ({exc}); starting afresh")
             return
         run = ck.extra.get(RUN_KEY)
         if not isinstance(run, dict) or run.get("finished") or run.get("cell") is None:
@@ -372,7 +403,6 @@ class AutoSession:
         run = run if isinstance(run, dict) else {}
         for name, value in run.get("variables", {}).items():
             assign_in_place(self.namespace, name, from_storable(value))
-        self.manager.head = ck.id
         self.history[:] = run.get("history", [])
         self.metrics = dict(ck.metrics)
         if "step" in run:
@@ -387,6 +417,7 @@ class AutoSession:
             return None
         ck = pending.checkpoint
         targets, run = self._apply(ck)
+        self._moved_to(ck.id, "resume")
         self.best = run["best"]
         self.last_consistent_step = self.step
         loop = run["loop"]
@@ -452,6 +483,7 @@ class AutoSession:
         self._report_background_error()
         ck = self.manager.load(which)
         targets, run = self._apply(ck)
+        self._moved_to(ck.id, "rollback")
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
         restored = list(targets) + list(run.get("variables", {}))
@@ -476,6 +508,46 @@ class AutoSession:
 
 _sessions: list[AutoSession] = []  # the last is active; a cell's session sits on a line one
 _history: list[dict[str, Any]] = []
+_positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
+_subscribers: list[Callable[[str, str, str], None]] = []
+_last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's config, namespace
+
+
+def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:
+    """The key a store is known by: its URL (a local folder's resolved file:// URI)."""
+    if isinstance(store, CheckpointManager):
+        return store.store.url
+    text = os.fspath(store)
+    if "://" in text and not text.startswith("file://"):
+        return text
+    return Path(text.removeprefix("file://")).expanduser().resolve().as_uri()
+
+
+def kernel_position(store: str | os.PathLike[str] | CheckpointManager) -> str | None:
+    """The checkpoint this process's tracked state came from (its last save, resume or
+    rollback) in that store, or None."""
+    return _positions.get(store_url(store))
+
+
+def subscribe(callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+    """Call ``callback(event, checkpoint_id, store_url)`` on every "save", "resume" and
+    "rollback" of any session; it may run on the writer thread. Returns the unsubscriber."""
+    _subscribers.append(callback)
+
+    def unsubscribe() -> None:
+        with contextlib.suppress(ValueError):
+            _subscribers.remove(callback)
+
+    return unsubscribe
+
+
+def _publish(event: str, checkpoint_id: str, url: str) -> None:
+    for callback in list(_subscribers):
+        try:
+            callback(event, checkpoint_id, url)
+        except Exception as exc:  # noqa: BLE001 - a listener must not break a save
+            warnings.warn(f"ckpt_nb: a subscriber failed on {event}: {exc!r}", RuntimeWarning,
+                          stacklevel=2)
 
 
 def active() -> AutoSession | None:
@@ -487,10 +559,12 @@ def active() -> AutoSession | None:
 def start(config: AutoConfig, namespace: dict[str, Any], *, nested: bool = False) -> AutoSession:
     """Make a session active. A ``nested`` one (a cell's) pauses the one below it;
     otherwise the previous sessions are flushed and closed."""
+    global _last
     if not nested:
         stop()
     session = AutoSession(config, namespace)
     _sessions.append(session)
+    _last = (config, namespace)
     return session
 
 
@@ -521,12 +595,33 @@ def log(**metrics: float) -> None:
         session.log(**metrics)
 
 
-def rollback(which: str = "latest") -> str:
-    """Restore tracked objects and variables to a checkpoint, in place."""
+def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,
+             namespace: dict[str, Any] | None = None) -> str:
+    """Restore tracked objects and variables to a checkpoint, in place; the next save
+    is its child. Uses the active session, else ``directory`` (default: the store of
+    the last session in this process) and ``namespace`` (default: that session's)."""
     session = active()
-    if session is None:
-        raise CkptError("no ckpt_nb session is active: run %ckpt_auto (or ckpt_nb.auto()) first")
-    return session.rollback(which)
+    if session is not None and (directory is None or store_url(directory) == session.url) \
+            and namespace in (None, session.namespace):
+        return session.rollback(which)
+    if _last is None and (directory is None or namespace is None):
+        raise CkptError("nothing to roll back: no ckpt_nb session has run in this process; "
+                        "run %ckpt_auto first, or pass directory= and namespace=")
+    config, last_namespace = _last or (AutoConfig(), {})
+    if directory is not None:
+        if not (Path(os.fspath(directory)) / "catalog.sqlite").is_file() \
+                and "://" not in os.fspath(directory):
+            raise CkptError(f"no checkpoint store at {directory}: give the --dir of a "
+                            f"%ckpt_auto run")
+        config = dataclasses.replace(config, directory=os.fspath(directory))
+    elif config.directory is None:
+        config = dataclasses.replace(config, directory=default_directory(last_namespace))
+    config = dataclasses.replace(config, resume=True)  # keep the kernel's position
+    temporary = AutoSession(config, namespace if namespace is not None else last_namespace)
+    try:
+        return temporary.rollback(which)
+    finally:
+        temporary.close()
 
 
 def status() -> dict[str, Any]:

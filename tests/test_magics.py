@@ -47,6 +47,13 @@ len(history)
 """
 
 
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts like a new kernel: no last session, no kernel position."""
+    monkeypatch.setattr(_session, "_last", None)
+    monkeypatch.setattr(_session, "_positions", {})
+
+
 @pytest.fixture
 def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
     sh = InteractiveShell.instance()
@@ -203,3 +210,56 @@ def test_helpers_without_a_session_are_plain() -> None:
     ckpt_nb.log(loss=1.0)
     with pytest.raises(ckpt_nb.CkptError, match="no ckpt_nb session"):
         ckpt_nb.rollback("latest")
+
+
+def test_rollback_after_the_cell_then_rerun_continues_on_a_branch(shell, tmp_path: Path,
+                                                                  capsys) -> None:
+    expected, expected_history = reference(shell, tmp_path)
+    events: list[tuple[str, str]] = []
+    unsubscribe = _session.subscribe(lambda event, cid, url: events.append((event, cid)))
+    run(shell, SETUP)
+    assert run(shell, TRAIN.format(dir=tmp_path / "br", stop="pass")).success
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "br")
+    main_rows = mgr.list()
+    assert _session.kernel_position(tmp_path / "br") == main_rows["id"].iloc[-1]
+    middle = main_rows[main_rows["epoch"] == 1]["id"].iloc[0]  # mid-run: epoch 1 unfinished
+    run(shell, f"%ckpt_rollback {middle}")  # no session is active after the cell
+    assert f"rolled back to {middle}" in capsys.readouterr().out
+    assert _session.kernel_position(str(tmp_path / "br")) == middle
+    rerun = run(shell, TRAIN.format(dir=tmp_path / "br", stop="pass"))
+    assert rerun.success and f"resumed from {middle}" in capsys.readouterr().out
+    assert same(final_state(shell), expected)  # the continuation is exact
+    assert shell.user_ns["history"] == expected_history
+    table = mgr.list().set_index("id")
+    new = table.drop(index=list(main_rows["id"]))
+    assert new["parent"].iloc[0] == middle
+    assert new["branch"].nunique() == 1 and new["branch"].iloc[0] != "main"
+    assert ("rollback", middle) in events and ("resume", middle) in events
+    assert ("save", new.index[-1]) in events
+    unsubscribe()
+
+
+def test_no_resume_starts_a_new_root_branch(shell, tmp_path: Path) -> None:
+    run(shell, SETUP)
+    run(shell, "STOP_AT = (0, 3)")
+    interrupt = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
+    run(shell, TRAIN.format(dir=tmp_path / "nr", stop=interrupt))
+    first = set(ckpt_nb.CheckpointManager(tmp_path / "nr").list()["id"])
+    run(shell, "STOP_AT = None")
+    cell = TRAIN.format(dir=tmp_path / "nr", stop="pass").replace(
+        "--every-steps 7", "--every-steps 7 --no-resume")
+    assert run(shell, cell).success
+    table = ckpt_nb.CheckpointManager(tmp_path / "nr").list().set_index("id")
+    new = table.drop(index=list(first))
+    assert new["parent"].isna().iloc[0] and new["branch"].iloc[0] != "main"
+
+
+def test_rollback_errors_name_the_problem(shell, tmp_path: Path) -> None:
+    result = run(shell, "%ckpt_rollback latest")
+    assert "no ckpt_nb session has run" in str(result.error_in_exec)
+    result = run(shell, f"%ckpt_rollback latest --dir {tmp_path / 'nowhere'}")
+    assert "no checkpoint store at" in str(result.error_in_exec)
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'e'}\nopt.step()")
+    result = run(shell, "%ckpt_rollback nosuchid")
+    assert "nosuchid" in str(result.error_in_exec)
