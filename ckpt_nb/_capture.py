@@ -40,8 +40,7 @@ class RNGState:
     @staticmethod
     def snapshot() -> tuple[Any, ...]:
         """The generators' states as they come, for hot paths; ``state_dict`` of it later."""
-        cuda = (torch.cuda.get_rng_state_all()
-                if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
 
     def state_dict(self, snapshot: tuple[Any, ...] | None = None) -> dict[str, Any]:
