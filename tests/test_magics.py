@@ -263,3 +263,64 @@ def test_rollback_errors_name_the_problem(shell, tmp_path: Path) -> None:
     run(shell, f"%%ckpt_auto --dir {tmp_path / 'e'}\nopt.step()")
     result = run(shell, "%ckpt_rollback nosuchid")
     assert "nosuchid" in str(result.error_in_exec)
+
+
+AWKWARD = """
+import torch, ckpt_nb, io, threading
+torch.manual_seed(1)
+X = torch.randn(64, 8)
+Y = torch.randint(0, 3, (64,))
+backbone = torch.nn.Linear(8, 16).to("cpu")
+head = torch.nn.Linear(16, 3)
+parallel = torch.nn.DataParallel(backbone)           # a wrapper: tracked through backbone
+compiled = torch.compile(head, backend="eager")      # likewise, through head
+opt_a = torch.optim.SGD(backbone.parameters(), lr=0.1, momentum=0.9)
+opt_b = torch.optim.AdamW(head.parameters(), lr=1e-2)
+stream = (i for i in range(3)); buffer = io.StringIO(); guard = threading.Lock()
+square = lambda v: v * v
+"""
+
+AWKWARD_TRAIN = """%%ckpt_auto --dir {dir} --every-steps 2
+sched_b = torch.optim.lr_scheduler.StepLR(opt_b, step_size=3)  # made after the optimizer
+for epoch in ckpt_nb.epochs(2):
+    for i in range(3):
+        opt_a.zero_grad(); opt_b.zero_grad()
+        torch.nn.functional.cross_entropy(compiled(parallel(X)), Y).backward()
+        opt_a.step(); opt_b.step(); sched_b.step()
+"""
+
+
+def test_wrappers_two_optimizers_and_late_scheduler(shell, tmp_path: Path, capsys) -> None:
+    run(shell, AWKWARD)
+    result = run(shell, AWKWARD_TRAIN.format(dir=tmp_path / "aw"))
+    assert result.success, result.error_in_exec
+    line = capsys.readouterr().out.splitlines()[0]
+    tracked = line.split(";")[0]
+    assert all(n in tracked for n in ("backbone", "head", "opt_a", "opt_b"))
+    assert "parallel" not in tracked and "compiled" not in tracked
+    for skipped in ("stream (generator)", "buffer (open file)", "guard (lock)", "square (lambda)"):
+        assert skipped in line
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "aw")
+    first = mgr.list()["id"].iloc[0]
+    saved = mgr.load(first)
+    assert {"backbone", "head", "opt_a", "opt_b", "sched_b"} <= set(saved.state)
+    ns = shell.user_ns
+    params = [id(p) for p in ns["backbone"].parameters()]
+    run(shell, f"%ckpt_rollback {first}")
+    assert torch.equal(ns["backbone"].weight, saved.state["backbone"]["weight"])
+    assert torch.equal(ns["compiled"](ns["parallel"](ns["X"])),  # the wrappers see it too
+                       ns["head"](ns["backbone"](ns["X"])))
+    assert [id(p) for p in ns["opt_a"].param_groups[0]["params"]] == params
+    assert ns["sched_b"].last_epoch == saved.state["sched_b"]["last_epoch"]
+
+
+def test_a_changed_model_is_refused_and_left_alone(shell, tmp_path: Path) -> None:
+    run(shell, AWKWARD)
+    run(shell, AWKWARD_TRAIN.format(dir=tmp_path / "ch"))
+    run(shell, "backbone.to(torch.float64)")
+    before = shell.user_ns["backbone"].weight.detach().clone()
+    result = run(shell, "%ckpt_rollback latest")
+    message = str(result.error_in_exec)
+    assert "nothing was changed" in message and "backbone: weight" in message
+    assert "float64 in the live object" in message
+    assert torch.equal(shell.user_ns["backbone"].weight, before)
