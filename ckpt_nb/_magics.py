@@ -20,7 +20,7 @@ from . import _session as session_mod
 from ._errors import CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
 
-MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status"),
+MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status", "ckpt_ui"),
                "cell": ("ckpt_auto",)}
 
 
@@ -167,6 +167,19 @@ class CkptMagics(Magics):
         if session is None:
             raise UsageError("no ckpt_nb session is active: %ckpt_list DIR, or %ckpt_auto first")
         return session.manager.list()
+
+    @line_magic
+    def ckpt_ui(self, line: str) -> Any:
+        """%ckpt_ui [DIR]: the explorer for DIR, or for the active or last session's store."""
+        from ._explorer import explore
+
+        directory = line.strip() or session_mod.last_directory()
+        if directory is None:
+            raise UsageError("no store to explore: %ckpt_ui DIR, or run %ckpt_auto first")
+        try:
+            return explore(directory, namespace=self.shell.user_ns)
+        except CkptError as exc:
+            raise UsageError(f"%ckpt_ui: {exc}") from None
 
     @line_magic
     def ckpt_status(self, line: str) -> None:

@@ -523,6 +523,18 @@ def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:
     return Path(text.removeprefix("file://")).expanduser().resolve().as_uri()
 
 
+def last_directory() -> str | None:
+    """The store of the active session, else of the last one in this process."""
+    session = active()
+    if session is not None:
+        root = getattr(session.manager.store, "root", None)
+        return str(root) if root is not None else session.manager.store.url
+    if _last is None:
+        return None
+    config, namespace = _last
+    return config.directory or default_directory(namespace)
+
+
 def kernel_position(store: str | os.PathLike[str] | CheckpointManager) -> str | None:
     """The checkpoint this process's tracked state came from (its last save, resume or
     rollback) in that store, or None."""

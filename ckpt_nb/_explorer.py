@@ -1,0 +1,614 @@
+"""``ckpt_nb.explore(store)``: an ipywidgets app to browse, compare, diff and roll
+back checkpoints.
+
+Standard ipywidgets make the frame (tabs, dropdowns, buttons, a progress bar);
+two small anywidget views do what ipywidgets cannot: a sortable table with row
+selection and a clickable DAG. Plots are the figures of ``_plots`` rendered to
+PNG. Every action is a method (``select``, ``rollback``, ``pin``, ...) that the
+buttons call, so scripts and tests drive it without a browser. The app follows
+the store live: saves of this process's sessions arrive through
+``_session.subscribe``, other writers are seen by polling the catalog's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import ipywidgets as w
+import traitlets
+
+from . import _plots, _session
+from ._errors import CkptError
+from ._manager import CheckpointManager
+
+_TABLE_ESM = """
+function render({ model, el }) {
+  el.classList.add("ckpt-nb-table");
+  const draw = () => {
+    const columns = model.get("columns"), rows = model.get("rows");
+    const selected = new Set(model.get("selected"));
+    const sortBy = model.get("sort_by"), ascending = model.get("ascending");
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    for (const c of columns) {
+      const th = document.createElement("th");
+      th.textContent = c + (c === sortBy ? (ascending ? " ▲" : " ▼") : "");
+      th.title = "sort by " + c;
+      th.onclick = () => {
+        model.set("ascending", c === sortBy ? !ascending : true);
+        model.set("sort_by", c);
+        model.save_changes();
+      };
+      head.appendChild(th);
+    }
+    const body = table.createTBody();
+    for (const r of rows) {
+      const tr = body.insertRow();
+      tr.className = "ckpt-nb-row" + (selected.has(r.id) ? " ckpt-nb-selected" : "");
+      tr.dataset.id = r.id;
+      for (const c of columns) {
+        const td = tr.insertCell();
+        td.textContent = r[c] === null || r[c] === undefined ? "" : String(r[c]);
+        if ((r._best || []).includes(c)) td.classList.add("ckpt-nb-best");
+      }
+      tr.onclick = (event) => {
+        let next;
+        if (event.ctrlKey || event.metaKey || event.shiftKey) {
+          next = selected.has(r.id) ? [...selected].filter((x) => x !== r.id)
+                                    : [...selected, r.id];
+        } else {
+          next = [r.id];
+        }
+        model.set("selected", next);
+        model.save_changes();
+      };
+    }
+    el.replaceChildren(table);
+  };
+  const style = document.createElement("style");
+  style.textContent = `
+    .ckpt-nb-table { max-height: 360px; overflow: auto; font-size: 12px; }
+    .ckpt-nb-table table { border-collapse: collapse; width: 100%; }
+    .ckpt-nb-table th { position: sticky; top: 0; background: var(--jp-layout-color2, #eee);
+                        cursor: pointer; text-align: left; padding: 3px 6px; }
+    .ckpt-nb-table td { padding: 2px 6px; border-bottom: 1px solid #ddd;
+                        font-family: var(--jp-code-font-family, monospace); }
+    .ckpt-nb-row { cursor: pointer; }
+    .ckpt-nb-row:hover { background: rgba(31, 119, 180, 0.08); }
+    .ckpt-nb-selected { background: rgba(31, 119, 180, 0.22) !important; }
+    .ckpt-nb-best { font-weight: bold; color: #a66f00; }`;
+  el.parentElement ? el.parentElement.appendChild(style) : document.head.appendChild(style);
+  for (const name of ["rows", "columns", "selected", "sort_by", "ascending"]) {
+    model.on("change:" + name, draw);
+  }
+  draw();
+}
+export default { render };
+"""
+
+_DAG_ESM = """
+function render({ model, el }) {
+  el.classList.add("ckpt-nb-dag");
+  const NS = "http://www.w3.org/2000/svg";
+  const colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+  const draw = () => {
+    const nodes = model.get("nodes"), selected = new Set(model.get("selected"));
+    const current = model.get("current");
+    const lanes = Math.max(1, ...nodes.map((n) => n.lane + 1));
+    const dx = 26, dy = 22, left = 60, top = 16;
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("width", left + lanes * dx + 260);
+    svg.setAttribute("height", top + nodes.length * dy + 10);
+    const at = {};
+    for (const n of nodes) at[n.id] = [left + n.lane * dx, top + n.row * dy];
+    for (const n of nodes) {
+      if (!n.parent || !at[n.parent]) continue;
+      const [x1, y1] = at[n.parent], [x2, y2] = at[n.id];
+      const path = document.createElementNS(NS, "path");
+      path.setAttribute("d", `M${x1},${y1} C${x1},${(y1 + y2) / 2} ${x2},${(y1 + y2) / 2} ${x2},${y2}`);
+      path.setAttribute("stroke", colors[n.lane % colors.length]);
+      path.setAttribute("fill", "none");
+      path.setAttribute("stroke-width", "2");
+      svg.appendChild(path);
+    }
+    for (const n of nodes) {
+      const [x, y] = at[n.id], color = colors[n.lane % colors.length];
+      const g = document.createElementNS(NS, "g");
+      g.setAttribute("class", "ckpt-nb-node" + (selected.has(n.id) ? " ckpt-nb-selected" : ""));
+      g.dataset.id = n.id;
+      g.style.cursor = "pointer";
+      const shape = document.createElementNS(NS, n.strategy === "differential" ? "rect" : "circle");
+      if (n.strategy === "differential") {
+        shape.setAttribute("x", x - 6); shape.setAttribute("y", y - 6);
+        shape.setAttribute("width", 12); shape.setAttribute("height", 12);
+        shape.setAttribute("transform", `rotate(45 ${x} ${y})`);
+      } else {
+        shape.setAttribute("cx", x); shape.setAttribute("cy", y); shape.setAttribute("r", 6);
+      }
+      shape.setAttribute("fill", n.strategy === "full" ? color : "white");
+      shape.setAttribute("stroke", n.best ? "gold" : color);
+      shape.setAttribute("stroke-width", n.best ? 3.5 : 2);
+      g.appendChild(shape);
+      if (selected.has(n.id)) {
+        const ring = document.createElementNS(NS, "circle");
+        ring.setAttribute("cx", x); ring.setAttribute("cy", y); ring.setAttribute("r", 10);
+        ring.setAttribute("fill", "none"); ring.setAttribute("stroke", "black");
+        g.appendChild(ring);
+      }
+      const label = document.createElementNS(NS, "text");
+      label.setAttribute("x", left + lanes * dx + 4); label.setAttribute("y", y + 4);
+      label.setAttribute("font-size", "11"); label.setAttribute("font-family", "monospace");
+      label.textContent = `${n.pinned ? "★ " : ""}${n.id}  ${n.branch}` +
+                          (n.step === null ? "" : `  step ${n.step}`) + `  ${n.strategy}`;
+      g.appendChild(label);
+      if (n.id === current) {
+        const mark = document.createElementNS(NS, "text");
+        mark.setAttribute("x", 2); mark.setAttribute("y", y + 4);
+        mark.setAttribute("font-size", "11"); mark.setAttribute("fill", "crimson");
+        mark.textContent = "kernel →";
+        g.appendChild(mark);
+      }
+      g.onclick = () => { model.set("selected", [n.id]); model.save_changes(); };
+      svg.appendChild(g);
+    }
+    el.replaceChildren(svg);
+  };
+  for (const name of ["nodes", "selected", "current"]) model.on("change:" + name, draw);
+  draw();
+}
+export default { render };
+"""
+
+TABLE_COLUMNS = ("id", "branch", "step", "epoch", "created", "strategy", "stored", "logical",
+                 "pinned", "note")
+
+
+class CheckpointTable(anywidget.AnyWidget):
+    """Rows of checkpoints; click a header to sort, a row to select (ctrl/shift: more)."""
+
+    _esm = _TABLE_ESM
+    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    rows = traitlets.List(traitlets.Dict()).tag(sync=True)
+    selected = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    sort_by = traitlets.Unicode("created").tag(sync=True)
+    ascending = traitlets.Bool(True).tag(sync=True)
+
+
+class DagView(anywidget.AnyWidget):
+    """The checkpoint graph as SVG; clicking a node selects it."""
+
+    _esm = _DAG_ESM
+    nodes = traitlets.List(traitlets.Dict()).tag(sync=True)
+    selected = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    current = traitlets.Unicode(None, allow_none=True).tag(sync=True)
+
+
+def _size(n: Any) -> str:
+    n = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _cell(value: Any) -> Any:
+    """A JSON-able table cell: NaN and NA become None, floats are rounded."""
+    if value is None or _plots._missing(value):
+        return None
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+class Explorer(w.VBox):
+    """The explorer app for one store. Build it with ``ckpt_nb.explore(store)``."""
+
+    def __init__(self, store: str | os.PathLike[str] | CheckpointManager, *,
+                 namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> None:
+        self._stop = threading.Event()
+        self._unsubscribe: Any = lambda: None
+        self._owns_manager = False
+        with _plots.opened(store):  # a clear error for a missing store
+            pass
+        self.manager = store if isinstance(store, CheckpointManager) else \
+            CheckpointManager(os.fspath(store))
+        self._owns_manager = not isinstance(store, CheckpointManager)
+        self.url = self.manager.store.url
+        self.namespace = namespace
+        self._lock = threading.RLock()
+        self.table_frame: Any = None
+        self.selected: list[str] = []
+        self._pending_action: tuple[str, str] | None = None
+
+        self.title = w.HTML()
+        self.status = w.HTML(layout=w.Layout(min_height="1.6em"))
+        self.status.add_class("ckpt-nb-status")
+        self.progress = w.IntProgress(min=0, max=1, layout=w.Layout(display="none", width="40%"))
+        self.table = CheckpointTable(columns=list(TABLE_COLUMNS))
+        self.table.observe(self._on_sort, names=["sort_by", "ascending"])
+        self.table.observe(self._on_view_select, names="selected")
+        self.dag = DagView()
+        self.dag.observe(self._on_view_select, names="selected")
+        self.metric = w.Dropdown(description="metric", layout=w.Layout(width="280px"))
+        self.metric.observe(lambda _: self._draw_metrics(), names="value")
+        self.metrics_plot = w.Image(format="png")
+        self.compare_plot = w.Image(format="png")
+        self.diff_a = w.Dropdown(description="from", layout=w.Layout(width="220px"))
+        self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="220px"))
+        self.diff_a.observe(lambda _: self._draw_diff(), names="value")
+        self.diff_b.observe(lambda _: self._draw_diff(), names="value")
+        self.diff_plot = w.Image(format="png")
+        self.diff_table = w.HTML()
+        self.tabs = w.Tab(children=[
+            self.table,
+            w.VBox([self.metric, self.metrics_plot,
+                    w.HTML("<b>Selected checkpoints side by side</b>"), self.compare_plot]),
+            self.dag,
+            w.VBox([w.HBox([self.diff_a, self.diff_b]), self.diff_plot, self.diff_table]),
+        ])
+        for i, name in enumerate(("Checkpoints", "Metrics", "DAG", "Diff")):
+            self.tabs.set_title(i, name)
+        self.tabs.observe(lambda _: self._draw_visible(), names="selected_index")
+
+        def button(label: str, handler: Any, style: str = "", tip: str = "") -> w.Button:
+            b = w.Button(description=label, button_style=style, tooltip=tip)
+            b.on_click(lambda _: self._guard(handler))
+            return b
+
+        self.rollback_button = button("Roll back", self._ask_rollback, "warning",
+                                      "restore the kernel's tracked objects to the selection")
+        self.pin_button = button("Pin", lambda: self.pin(self._one()), "",
+                                 "keep it whatever retention says")
+        self.unpin_button = button("Unpin", lambda: self.unpin(self._one()))
+        self.delete_button = button("Delete", self._ask_delete, "danger")
+        self.export_path = w.Text(placeholder="model.pt or model.safetensors",
+                                  layout=w.Layout(width="220px"))
+        self.export_button = button("Export", lambda: self.export(self._one(),
+                                                                  self.export_path.value))
+        self.confirm_button = button("Confirm", self._confirm, "danger")
+        self.cancel_button = button("Cancel", self._cancel)
+        self.confirm_box = w.HBox([self.confirm_button, self.cancel_button],
+                                  layout=w.Layout(display="none"))
+        actions = w.HBox([self.rollback_button, self.pin_button, self.unpin_button,
+                          self.delete_button, self.export_path, self.export_button],
+                         layout=w.Layout(flex_flow="row wrap"))
+        super().__init__([self.title, self.tabs, actions, self.confirm_box, self.progress,
+                          self.status])
+        self.add_class("ckpt-nb-explorer")
+
+        self.refresh()
+        self._unsubscribe = _session.subscribe(self._on_session_event)
+        self._signature = self._catalog_signature()
+        self._poller: threading.Thread | None = None
+        if poll_seconds > 0:
+            self._poller = threading.Thread(target=self._poll, args=(poll_seconds,),
+                                            daemon=True, name="ckpt_nb-explorer")
+            self._poller.start()
+
+    # -- data -----------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read the catalog and redraw what is visible; safe from any thread."""
+        with self._lock:
+            frame = self.manager.list()
+            self.table_frame = frame
+            self.selected = [i for i in self.selected if i in set(frame["id"])]
+            ids = list(frame["id"])
+            metrics = _plots.metric_columns(frame)
+            self.metric.options = metrics
+            if metrics and self.metric.value not in metrics:
+                self.metric.value = self.manager.metric if self.manager.metric in metrics \
+                    else metrics[0]
+            for dropdown in (self.diff_a, self.diff_b):
+                value = dropdown.value
+                dropdown.options = ids
+                dropdown.value = value if value in ids else None
+            self.table.columns = list(TABLE_COLUMNS) + metrics
+            self._fill_table()
+            self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame)]
+            self.dag.current = self.current
+            self._sync_selection()
+            stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
+            logical = int(frame["logical_bytes"].sum()) if len(frame) else 0
+            self.title.value = (f"<b>ckpt_nb</b> · {self.url} · {len(frame)} checkpoints · "
+                                f"{_size(stored)} stored for {_size(logical)} of state")
+            self._draw_visible()
+
+    @property
+    def current(self) -> str | None:
+        """The checkpoint the kernel's tracked state came from, if this process knows."""
+        return _session.kernel_position(self.url)
+
+    def _fill_table(self) -> None:
+        frame = self.table_frame
+        metrics = _plots.metric_columns(frame)
+        best: dict[str, set[str]] = {}
+        for m in metrics:
+            values = frame[m].astype("float64")
+            if values.notna().any():
+                mode = self.manager.mode if m == self.manager.metric else \
+                    ("max" if any(k in m for k in ("acc", "f1", "auc", "score")) else "min")
+                best.setdefault(str(frame.loc[values.idxmin() if mode == "min"
+                                              else values.idxmax(), "id"]), set()).add(m)
+        rows = []
+        for record in frame.to_dict("records"):
+            row = {"id": record["id"], "branch": record["branch"], "step": _cell(record["step"]),
+                   "epoch": _cell(record["epoch"]),
+                   "created": record["created"].strftime("%Y-%m-%d %H:%M:%S"),
+                   "strategy": record["strategy"], "stored": _size(record["stored_bytes"]),
+                   "logical": _size(record["logical_bytes"]),
+                   "pinned": "★" if record["pinned"] else "", "note": record["note"],
+                   "_stored": int(record["stored_bytes"]), "_logical": int(record["logical_bytes"]),
+                   "_best": sorted(best.get(record["id"], ()))}
+            row.update({m: _cell(record[m]) for m in metrics})
+            rows.append(row)
+        key = self.table.sort_by if self.table.sort_by in self.table.columns else "created"
+        key = {"stored": "_stored", "logical": "_logical"}.get(key, key)
+        present = [r for r in rows if r.get(key) is not None]
+        absent = [r for r in rows if r.get(key) is None]  # always last
+        present.sort(key=lambda r: r[key], reverse=not self.table.ascending)
+        self.table.rows = present + absent
+
+    def _on_sort(self, _: Any) -> None:
+        with self._lock:
+            if self.table_frame is not None:
+                self._fill_table()
+
+    def sort(self, column: str, ascending: bool = True) -> list[str]:
+        """Sort the table by a column; returns the ids in their new order."""
+        if column not in self.table.columns:
+            raise CkptError(f"cannot sort by {column!r}: columns are {self.table.columns}")
+        self.table.ascending = ascending
+        self.table.sort_by = column
+        self._fill_table()
+        return [r["id"] for r in self.table.rows]
+
+    # -- selection --------------------------------------------------------------------
+    def select(self, ids: Iterable[str]) -> list[str]:
+        """Select checkpoints by id, prefix or alias ("latest", "best", "-2")."""
+        with self._lock:
+            self.selected = [self.manager.resolve(i) for i in ids]
+            self._sync_selection()
+            self._draw_visible()
+            return self.selected
+
+    def _on_view_select(self, change: Any) -> None:
+        if list(change["new"]) != self.selected:
+            self._guard(lambda: self.select(change["new"]))
+
+    def _sync_selection(self) -> None:
+        self.table.selected = list(self.selected)
+        self.dag.selected = list(self.selected)
+        if len(self.selected) >= 2:
+            self.diff_a.value, self.diff_b.value = self.selected[0], self.selected[1]
+        elif len(self.selected) == 1 and self.diff_b.options:
+            parent = self._parent(self.selected[0])
+            self.diff_a.value = parent if parent in self.diff_a.options else None
+            self.diff_b.value = self.selected[0]
+
+    def _parent(self, cid: str) -> str | None:
+        rows = self.table_frame[self.table_frame["id"] == cid]
+        parent = rows["parent"].iloc[0] if len(rows) else None
+        return parent if isinstance(parent, str) else None
+
+    def _one(self) -> str:
+        if len(self.selected) != 1:
+            raise CkptError("select one checkpoint first (click a row in Checkpoints or a "
+                            "node in DAG)")
+        return self.selected[0]
+
+    # -- drawing -------------------------------------------------------------------------
+    def _draw_visible(self) -> None:
+        index = self.tabs.selected_index
+        if index == 1:
+            self._draw_metrics()
+        elif index == 3:
+            self._draw_diff()
+
+    def _draw_metrics(self) -> None:
+        if self.table_frame is None or self.tabs.selected_index != 1:
+            return
+        frame = self.table_frame
+        self.metrics_plot.value = _plots.to_png(_plots.plot_metrics(
+            self.manager, self.metric.value, selected=self.selected, table=frame))
+        self.compare_plot.value = _plots.to_png(_plots.plot_compare(
+            self.manager, self.selected, table=frame))
+
+    def _draw_diff(self) -> None:
+        if self.table_frame is None or self.tabs.selected_index != 3:
+            return
+        a, b = self.diff_a.value, self.diff_b.value
+        if not a or not b:
+            self.diff_plot.value = b""
+            self.diff_table.value = "<i>select two checkpoints (ctrl-click rows), or one with " \
+                                    "a parent</i>"
+            return
+        self._guard(lambda: self._render_diff(a, b))
+
+    def _render_diff(self, a: str, b: str) -> None:
+        diff = self.manager.diff(a, b)
+        self.diff_plot.value = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
+        frame = self.table_frame.set_index("id")
+        deltas = []
+        for m in _plots.metric_columns(self.table_frame):
+            va, vb = frame.loc[a, m], frame.loc[b, m]
+            if not (_plots._missing(va) or _plots._missing(vb)):
+                deltas.append(f"{m}: {va:.4g} → {vb:.4g} ({vb - va:+.4g})")
+        same = diff[diff["same_chunks"]]["tensor"].tolist()
+        shown = diff.assign(l2=diff["l2"].map(lambda v: f"{v:.4g}"),
+                            rel_change=diff["rel_change"].map(lambda v: f"{v:.3g}"))
+        self.diff_table.value = (
+            f"<p><b>metrics</b>: {'; '.join(deltas) or 'none logged on both'}</p>"
+            f"<p><b>byte-identical (shared chunks)</b>: {len(same)} of {len(diff)} tensors</p>"
+            + shown.to_html(index=False, classes="ckpt-nb-diff", border=0))
+
+    def figure(self, kind: str) -> Any:
+        """The Figure behind a tab: "metrics", "compare", "dag" or "diff"."""
+        frame = self.table_frame
+        if kind == "metrics":
+            return _plots.plot_metrics(self.manager, self.metric.value, selected=self.selected,
+                                       table=frame)
+        if kind == "compare":
+            return _plots.plot_compare(self.manager, self.selected, table=frame)
+        if kind == "dag":
+            return _plots.plot_dag(self.manager, current=self.current, selected=self.selected,
+                                   table=frame)
+        if kind == "diff":
+            return _plots.plot_diff(self.manager, self.diff_a.value, self.diff_b.value)
+        raise CkptError(f"no figure {kind!r}: use metrics, compare, dag or diff")
+
+    # -- actions ---------------------------------------------------------------------------
+    def _guard(self, action: Any) -> Any:
+        """Run an action; a failure shows in the status line, never as a traceback."""
+        try:
+            return action()
+        except (CkptError, OSError, ValueError) as exc:
+            self._say(f"⚠ {exc}", error=True)
+            return None
+
+    def _say(self, text: str, *, error: bool = False) -> None:
+        import html
+
+        color = "#b00020" if error else "#1b5e20"
+        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+    def _ask(self, action: str, cid: str, question: str) -> None:
+        self._pending_action = (action, cid)
+        self.confirm_button.description = "Confirm"
+        self.confirm_box.layout.display = "flex"
+        self._say(question)
+
+    def _ask_rollback(self) -> None:
+        cid = self._one()
+        self._ask("rollback", cid, f"Roll the kernel's tracked objects and variables back to "
+                                   f"{cid}? The next save starts a branch from it.")
+
+    def _ask_delete(self) -> None:
+        cid = self._one()
+        self._ask("delete", cid, f"Delete checkpoint {cid}? Other checkpoints keep what they "
+                                 "share with it.")
+
+    def _confirm(self) -> None:
+        pending, self._pending_action = self._pending_action, None
+        self.confirm_box.layout.display = "none"
+        if pending is None:
+            return
+        action, cid = pending
+        self.rollback(cid) if action == "rollback" else self.delete(cid)
+
+    def _cancel(self) -> None:
+        self._pending_action = None
+        self.confirm_box.layout.display = "none"
+        self._say("cancelled")
+
+    def rollback(self, which: str) -> str:
+        """The same operation as ``%ckpt_rollback which``, on this store."""
+        namespace = self.namespace
+        if namespace is None:
+            with contextlib.suppress(ImportError):
+                from IPython import get_ipython
+
+                shell = get_ipython()
+                namespace = shell.user_ns if shell is not None else None
+        if namespace is None:
+            raise CkptError("no kernel namespace to roll back: outside IPython, pass "
+                            "explore(store, namespace=globals())")
+        self._progress(0, 1)
+        try:
+            cid = _session.rollback(which, directory=self._directory(), namespace=namespace)
+        finally:
+            self._progress(1, 1)
+        self.refresh()
+        self._say(f"rolled back to {cid}: the next save starts a branch from it")
+        return cid
+
+    def _directory(self) -> str:
+        root = getattr(self.manager.store, "root", None)
+        return str(root) if isinstance(root, Path) else self.url
+
+    def pin(self, which: str) -> str:
+        cid = self.manager.pin(which)
+        self.refresh()
+        self._say(f"pinned {cid}: retention will keep it")
+        return cid
+
+    def unpin(self, which: str) -> str:
+        cid = self.manager.unpin(which)
+        self.refresh()
+        self._say(f"unpinned {cid}")
+        return cid
+
+    def delete(self, which: str) -> str:
+        cid = self.manager.resolve(which)
+        self.manager.delete(cid)
+        self.selected = [i for i in self.selected if i != cid]
+        self.refresh()
+        self._say(f"deleted {cid}")
+        return cid
+
+    def export(self, which: str, path: str) -> Path:
+        if not path:
+            raise CkptError("type a file name ending in .pt or .safetensors first")
+        self._progress(0, 1)
+        try:
+            written = self.manager.export(which, path)
+        finally:
+            self._progress(1, 1)
+        self._say(f"exported {self.manager.resolve(which)} to {written}")
+        return written
+
+    def _progress(self, done: int, total: int) -> None:
+        self.progress.max = max(total, 1)
+        self.progress.value = done
+        self.progress.layout.display = "none" if done >= total else "flex"
+
+    # -- live ----------------------------------------------------------------------------------
+    def _on_session_event(self, event: str, checkpoint_id: str, url: str) -> None:
+        if url == self.url:
+            self._signature = self._catalog_signature()
+            with contextlib.suppress(Exception):
+                self.refresh()
+
+    def _catalog_signature(self) -> tuple[Any, ...]:
+        root = getattr(self.manager.store, "root", None)
+        if not isinstance(root, Path):
+            return (len(self.manager.catalog.checkpoints()),)
+        stats = []
+        for name in ("catalog.sqlite", "catalog.sqlite-wal"):
+            with contextlib.suppress(OSError):
+                st = (root / name).stat()
+                stats.append((name, st.st_mtime_ns, st.st_size))
+        return tuple(stats)
+
+    def _poll(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            with contextlib.suppress(Exception):
+                signature = self._catalog_signature()
+                if signature != self._signature:
+                    self._signature = signature
+                    self.refresh()
+
+    def close(self) -> None:
+        """Stop following the store and close the widgets."""
+        self._stop.set()
+        self._unsubscribe()
+        if self._owns_manager:
+            with contextlib.suppress(Exception):
+                self.manager.close()
+        super().close()
+
+
+def explore(store: str | os.PathLike[str] | CheckpointManager, *,
+            namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> Explorer:
+    """The explorer for a store: a directory, URL or CheckpointManager. ``namespace``
+    is what Roll back restores into (default: the IPython kernel's)."""
+    return Explorer(store, namespace=namespace, poll_seconds=poll_seconds)

@@ -1,0 +1,272 @@
+"""Plots of a checkpoint store, as matplotlib Figures.
+
+Each function takes a store (a directory, a URL or a CheckpointManager) and
+returns a ``matplotlib.figure.Figure`` built without pyplot, so nothing leaks
+into a notebook's global figure state; the explorer's widgets render these same
+figures. ``dag_layout`` is the pure part of the DAG drawing, shared with the
+explorer's clickable view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from ._errors import CheckpointNotFoundError
+from ._manager import CheckpointManager
+
+StoreLike = str | os.PathLike[str] | CheckpointManager
+
+COLUMNS = ("id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
+           "stored_bytes", "logical_bytes", "pinned", "best", "head", "note")
+LANE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+               "#7f7f7f", "#bcbd22", "#17becf")
+STRATEGY_MARKERS = {"full": ("o", True), "incremental": ("o", False),
+                    "differential": ("D", False)}
+
+
+@contextlib.contextmanager
+def opened(store: StoreLike) -> Iterator[CheckpointManager]:
+    """The store's manager: the one given, or one opened (and closed) for the call."""
+    if isinstance(store, CheckpointManager):
+        yield store
+        return
+    text = os.fspath(store)
+    if "://" not in text and not os.path.isfile(os.path.join(text, "catalog.sqlite")):
+        raise CheckpointNotFoundError(
+            f"no checkpoint store at {text}: give the directory a CheckpointManager or "
+            "%ckpt_auto --dir wrote to")
+    manager = CheckpointManager(text)
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+def metric_columns(table: Any) -> list[str]:
+    """The metric columns of ``CheckpointManager.list()``: those after the fixed ones."""
+    return [c for c in table.columns if c not in COLUMNS]
+
+
+@dataclass(frozen=True)
+class DagNode:
+    """A checkpoint placed on the graph: ``lane`` is its branch's column, ``row`` its
+    place in commit order (0 = oldest)."""
+
+    id: str
+    parent: str | None
+    branch: str
+    lane: int
+    row: int
+    strategy: str
+    pinned: bool
+    best: bool
+    step: int | None
+
+
+def dag_layout(table: Any) -> list[DagNode]:
+    """Place checkpoints like ``git log --graph``: a lane per branch (in the order
+    branches began), a row per checkpoint (oldest first)."""
+    lanes: dict[str, int] = {}
+    nodes = []
+    for row, record in enumerate(table.to_dict("records")):
+        lane = lanes.setdefault(record["branch"], len(lanes))
+        parent = record["parent"]
+        step = record["step"]
+        nodes.append(DagNode(
+            id=record["id"], parent=parent if isinstance(parent, str) else None,
+            branch=record["branch"], lane=lane, row=row, strategy=record["strategy"],
+            pinned=bool(record["pinned"]), best=bool(record["best"]),
+            step=None if step is None or _missing(step) else int(step)))
+    return nodes
+
+
+def _missing(value: Any) -> bool:
+    try:
+        return bool(value != value)  # NaN and pandas.NA
+    except TypeError:
+        return True
+
+
+def _lane_color(lane: int) -> str:
+    return LANE_COLORS[lane % len(LANE_COLORS)]
+
+
+def _empty(fig: Figure, message: str) -> Figure:
+    ax = fig.add_subplot()
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_axis_off()
+    return fig
+
+
+def plot_metrics(store: StoreLike, metric: str | None = None, *,
+                 selected: Iterable[str] = (), table: Any = None) -> Figure:
+    """A metric against step: one line per branch, a marker per checkpoint, the
+    ``selected`` checkpoints ringed."""
+    if table is None:
+        with opened(store) as manager:
+            table = manager.list()
+            metric = metric or manager.metric
+    import pandas as pd
+
+    names = metric_columns(table)
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    if not names:
+        return _empty(fig, "no metrics logged yet (ckpt_nb.log or save(metrics=...))")
+    metric = metric if metric in names else names[0]
+    ax = fig.add_subplot()
+    lanes = {n.branch: n.lane for n in dag_layout(table)}
+    x_of = table["step"].astype("float64").where(table["step"].notna(),
+                                                 other=range(len(table)))
+    position = {cid: i for i, cid in enumerate(table["id"])}
+    for branch, part in table.groupby("branch", sort=False):
+        fork = part["parent"].iloc[0]  # a branch's line starts at the checkpoint it left
+        if isinstance(fork, str) and fork in position:
+            part = pd.concat([table.iloc[[position[fork]]], part])
+        values = part[metric].astype("float64")
+        keep = values.notna()
+        if keep.any():
+            ax.plot(x_of[part.index][keep], values[keep], marker="o", markersize=4,
+                    color=_lane_color(lanes[branch]), label=branch)
+    chosen = table[table["id"].isin(list(selected))]
+    if len(chosen):
+        ax.scatter(x_of[chosen.index], chosen[metric].astype("float64"), s=140,
+                   facecolors="none", edgecolors="black", linewidths=1.8, zorder=5,
+                   label="selected")
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+    return fig
+
+
+def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable[str] = (),
+             table: Any = None) -> Figure:
+    """The checkpoint graph: branches as lanes, parent edges, strategy as marker
+    (full ●, incremental ○, differential ◇), pinned ★, best ringed in gold, the
+    kernel's position (``current``, by default this process's) arrowed."""
+    from . import _session
+
+    if table is None:
+        with opened(store) as manager:
+            table = manager.list()
+            if current is None:
+                current = _session.kernel_position(manager)
+    nodes = dag_layout(table)
+    lanes = max((n.lane for n in nodes), default=0) + 1
+    fig = Figure(figsize=(2.2 + 1.1 * lanes, min(14.0, 1.0 + 0.32 * max(len(nodes), 3))),
+                 layout="constrained")
+    if not nodes:
+        return _empty(fig, "no checkpoints yet")
+    ax = fig.add_subplot()
+    where = {n.id: n for n in nodes}
+    for node in nodes:
+        parent = where.get(node.parent) if node.parent else None
+        if parent is not None:
+            ax.plot([parent.lane, node.lane], [parent.row, node.row],
+                    color=_lane_color(node.lane), linewidth=1.6, zorder=1)
+    chosen = set(selected)
+    labels = len(nodes) <= 80
+    for node in nodes:
+        marker, filled = STRATEGY_MARKERS.get(node.strategy, ("s", True))
+        color = _lane_color(node.lane)
+        ax.scatter([node.lane], [node.row], s=70, marker=marker, zorder=3, linewidths=1.6,
+                   facecolors=color if filled else "white", edgecolors=color)
+        if node.best:
+            ax.scatter([node.lane], [node.row], s=200, marker="o", facecolors="none",
+                       edgecolors="gold", linewidths=2.2, zorder=2)
+        if node.id in chosen:
+            ax.scatter([node.lane], [node.row], s=260, marker="s", facecolors="none",
+                       edgecolors="black", linewidths=1.4, zorder=2)
+        if node.pinned:
+            ax.scatter([node.lane + 0.18], [node.row + 0.25], s=60, marker="*",
+                       color="goldenrod", zorder=4)
+        if labels:
+            step = "" if node.step is None else f"  step {node.step}"
+            ax.annotate(f"{node.id}{step}", (node.lane, node.row), xytext=(10, -3),
+                        textcoords="offset points", fontsize=7, family="monospace")
+    if current in where:
+        node = where[current]
+        ax.annotate("kernel", (node.lane, node.row), xytext=(-42, 0), textcoords="offset points",
+                    fontsize=8, color="crimson", va="center",
+                    arrowprops={"arrowstyle": "->", "color": "crimson"})
+    ax.set_xlim(-0.8, lanes - 0.2 + (1.6 if labels else 0.4))
+    ax.set_ylim(len(nodes) - 0.4, -0.6)  # newest at the bottom, like a log read downwards
+    ax.set_xticks(range(lanes), [_branch_of_lane(nodes, i) for i in range(lanes)], fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks([])
+    for side in ("right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    return fig
+
+
+def _branch_of_lane(nodes: Sequence[DagNode], lane: int) -> str:
+    return next(n.branch for n in nodes if n.lane == lane)
+
+
+def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
+    """Per-tensor relative change ``|b - a| / |a|`` as bars; byte-identical tensors
+    (shared chunks) are marked."""
+    if table is None:
+        with opened(store) as manager:
+            table = manager.diff(a, b)
+    fig = Figure(figsize=(7, min(12.0, 1.2 + 0.24 * max(len(table), 3))), layout="constrained")
+    if not len(table):
+        return _empty(fig, "no tensors")
+    ax = fig.add_subplot()
+    rel = table["rel_change"].astype("float64")
+    finite = rel.where(rel.apply(math.isfinite), other=float("nan"))
+    top = float(finite.max()) if finite.notna().any() else 1.0
+    values = rel.fillna(0.0).clip(upper=top * 1.05 if top > 0 else 1.0)
+    identical = table["status"] == "identical"
+    colors = ["#9e9e9e" if same else "#1f77b4" for same in identical]
+    rows = range(len(table))
+    ax.barh(rows, values, color=colors)
+    ax.set_yticks(rows, [str(t) for t in table["tensor"]], fontsize=7, family="monospace")
+    ax.invert_yaxis()
+    for row, (status, value) in enumerate(zip(table["status"], values)):
+        if status != "changed":
+            ax.annotate(status, (value, row), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=7, color="0.35")
+    ax.set_xlabel(f"relative L2 change, {a} → {b}")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def plot_compare(store: StoreLike, ids: Sequence[str], metrics: Sequence[str] | None = None,
+                 *, table: Any = None) -> Figure:
+    """The metrics of 2+ checkpoints side by side, as grouped bars."""
+    if table is None:
+        with opened(store) as manager:
+            table = manager.list()
+            ids = [manager.resolve(i) for i in ids]
+    names = list(metrics) if metrics else metric_columns(table)
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    chosen = table.set_index("id").reindex(list(ids))
+    if not names or not len(ids):
+        return _empty(fig, "select checkpoints that logged metrics to compare them")
+    ax = fig.add_subplot()
+    width = 0.8 / len(ids)
+    for k, cid in enumerate(ids):
+        values = [float(chosen.loc[cid, m]) if not _missing(chosen.loc[cid, m]) else 0.0
+                  for m in names]
+        ax.bar([i + k * width for i in range(len(names))], values, width=width, label=cid)
+    ax.set_xticks([i + width * (len(ids) - 1) / 2 for i in range(len(names))], names)
+    ax.legend(fontsize="small", title="checkpoint")
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def to_png(fig: Figure, dpi: int = 96) -> bytes:
+    """The figure as PNG bytes, for an ``ipywidgets.Image``."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()

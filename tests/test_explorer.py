@@ -1,0 +1,183 @@
+"""The explorer and its plots, on a real store of digits-trained checkpoints."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+from matplotlib.figure import Figure
+
+import ckpt_nb
+from ckpt_nb import _session
+from ckpt_nb._plots import dag_layout
+
+from conftest import DigitsRun
+
+
+@pytest.fixture
+def store(tmp_path: Path, digits: DigitsRun) -> tuple[Path, list[str], list[str]]:
+    """Four checkpoints on main, then a rollback to the second and two on a branch."""
+    path = tmp_path / "store"
+    mgr = ckpt_nb.CheckpointManager(path, strategy="incremental", metric="loss")
+    main = []
+    for epoch in range(4):
+        loss = sum(digits.train_step() for _ in range(5)) / 5
+        main.append(mgr.save(digits.model, digits.optimizer, epoch, step=5 * (epoch + 1),
+                             metrics={"loss": loss, "acc": digits.accuracy()}))
+    mgr.restore(main[1], model=digits.model, optimizer=digits.optimizer)
+    branch = []
+    for epoch in range(2, 4):
+        loss = sum(digits.train_step() for _ in range(5)) / 5
+        branch.append(mgr.save(digits.model, digits.optimizer, epoch, step=5 * (epoch + 1),
+                               metrics={"loss": loss, "acc": digits.accuracy()}))
+    mgr.close()
+    return path, main, branch
+
+
+def test_dag_layout_gives_a_lane_per_branch(store) -> None:
+    path, main, branch = store
+    nodes = dag_layout(ckpt_nb.CheckpointManager(path).list())
+    assert [n.row for n in nodes] == list(range(6))
+    lanes = {n.id: n.lane for n in nodes}
+    assert {lanes[i] for i in main} == {0} and {lanes[i] for i in branch} == {1}
+    parents = {n.id: n.parent for n in nodes}
+    assert parents[branch[0]] == main[1] and parents[main[0]] is None
+
+
+def test_plots_are_figures_with_what_they_show(store) -> None:
+    path, main, branch = store
+    fig = ckpt_nb.plot_metrics(path, "loss", selected=[main[2]])
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    assert len(ax.get_lines()) == 2  # one line per branch
+    assert sorted(len(line.get_xdata()) for line in ax.get_lines()) == [3, 4]  # from its fork
+    assert len(ax.collections) == 1 and len(ax.collections[0].get_offsets()) == 1
+    assert ax.get_ylabel() == "loss"
+
+    dag = ckpt_nb.plot_dag(path, current=branch[-1], selected=[main[0]])
+    edges = [line for line in dag.axes[0].get_lines()]
+    assert len(edges) == 5  # every checkpoint but the root has a parent edge
+    texts = [t.get_text() for t in dag.axes[0].texts]
+    assert "kernel" in texts and any(t.startswith(main[0]) for t in texts)
+
+    diff = ckpt_nb.plot_diff(path, main[0], main[1])
+    bars = diff.axes[0].patches
+    table = ckpt_nb.CheckpointManager(path).diff(main[0], main[1])
+    assert len(bars) == len(table) > 4  # the weights and the optimizer's state
+    widths = {t: b.get_width() for t, b in zip(table["tensor"], bars)}
+    assert all(widths[t] > 0 for t in table[table["status"] == "changed"]["tensor"])
+    assert widths["objects/model/0.weight"] > 0
+
+    compare = ckpt_nb.plot_compare(path, [main[0], main[3]])
+    assert len(compare.axes[0].patches) == 4  # 2 checkpoints x 2 metrics
+
+    with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="no checkpoint store"):
+        ckpt_nb.plot_metrics(path.parent / "missing")
+
+
+def test_explorer_table_sorting_selection_and_diff(store) -> None:
+    path, main, branch = store
+    ui = ckpt_nb.explore(path, poll_seconds=0)
+    try:
+        assert len(ui.table.rows) == 6 and "loss" in ui.table.columns
+        best_loss = min(ui.table.rows, key=lambda r: r["loss"])
+        assert "loss" in best_loss["_best"]
+        by_loss = ui.sort("loss", ascending=True)
+        losses = [r["loss"] for r in ui.table.rows]
+        assert losses == sorted(losses) and by_loss[0] == best_loss["id"]
+        ui.table.sort_by, ui.table.ascending = "step", False  # as a header click does
+        assert [r["step"] for r in ui.table.rows] == sorted((r["step"] for r in ui.table.rows),
+                                                            reverse=True)
+        ui.table.selected = [branch[0]]  # as a row click does
+        assert ui.selected == [branch[0]] and ui.dag.selected == [branch[0]]
+        assert (ui.diff_a.value, ui.diff_b.value) == (main[1], branch[0])  # its parent
+        ui.select([main[0], main[3]])
+        ui.tabs.selected_index = 3
+        assert ui.diff_plot.value.tobytes().startswith(b"\x89PNG")
+        assert "shared chunks" in ui.diff_table.value and "rel_change" in ui.diff_table.value
+        ui.tabs.selected_index = 1
+        assert ui.metrics_plot.value.tobytes().startswith(b"\x89PNG")
+        assert ui.compare_plot.value.tobytes().startswith(b"\x89PNG")
+        ui.dag.selected = [main[2]]  # as a node click does
+        assert ui.table.selected == [main[2]]
+    finally:
+        ui.close()
+
+
+def test_explorer_actions(store, tmp_path: Path) -> None:
+    path, main, branch = store
+    ui = ckpt_nb.explore(path, poll_seconds=0)
+    try:
+        ui.select([main[0]])
+        ui.pin_button.click()
+        assert ckpt_nb.CheckpointManager(path).list().set_index("id").loc[main[0], "pinned"]
+        ui.delete_button.click()
+        assert ui.confirm_box.layout.display == "flex"
+        ui.confirm_button.click()
+        assert "pinned" in ui.status.value and main[0] in set(ui.table_frame["id"])
+        ui.unpin_button.click()
+        ui.delete_button.click()
+        ui.confirm_button.click()
+        assert main[0] not in set(ckpt_nb.CheckpointManager(path).list()["id"])
+        ckpt_nb.CheckpointManager(path).restore(main[1], model=DigitsRun().model)  # intact
+        ui.select([branch[-1]])
+        ui.export_path.value = str(tmp_path / "out.pt")
+        ui.export_button.click()
+        state = torch.load(tmp_path / "out.pt", weights_only=True)
+        assert state and "exported" in ui.status.value
+        ui.export_path.value = str(tmp_path / "out.zip")
+        ui.export_button.click()
+        assert ".pt" in ui.status.value and "⚠" in ui.status.value
+        ui.select([])
+        ui.rollback_button.click()
+        assert "select one checkpoint" in ui.status.value
+    finally:
+        ui.close()
+
+
+def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(_session, "_positions", {})
+    monkeypatch.setattr(_session, "_last", None)
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext ckpt_nb")
+    try:
+        sh.run_cell("import torch, ckpt_nb\ntorch.manual_seed(0)\n"
+                    "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), 0.1)")
+        sh.run_cell(f"%%ckpt_auto --dir {tmp_path / 'k'} --every-steps 1\n"
+                    "for _ in range(3):\n    opt.zero_grad(); model(torch.ones(1, 4)).sum()"
+                    ".backward(); opt.step()")
+        result = sh.run_cell(f"ui = %ckpt_ui {tmp_path / 'k'}")
+        assert result.success, result.error_in_exec
+        ui = sh.user_ns["ui"]
+        first = ui.table_frame["id"].iloc[0]
+        assert ui.current == ui.table_frame["id"].iloc[-1] == ui.dag.current
+        saved = ckpt_nb.CheckpointManager(tmp_path / "k").load(first).state["model"]["weight"]
+        assert not torch.equal(sh.user_ns["model"].weight, saved)
+        ui.select([first])
+        ui.rollback_button.click()
+        assert not torch.equal(sh.user_ns["model"].weight, saved)  # asks first
+        ui.confirm_button.click()
+        assert torch.equal(sh.user_ns["model"].weight, saved)
+        assert f"rolled back to {first}" in ui.status.value and ui.dag.current == first
+        ui.close()
+        assert not sh.run_cell("%ckpt_ui /nonexistent/store").success
+    finally:
+        sh.run_cell("%unload_ext ckpt_nb")
+
+
+def test_explorer_follows_new_saves(store, digits: DigitsRun) -> None:
+    path, main, branch = store
+    ui = ckpt_nb.explore(path, poll_seconds=0.2)
+    try:
+        mgr = ckpt_nb.CheckpointManager(path)  # another writer: seen by polling
+        new = mgr.save(digits.model, digits.optimizer, 9, metrics={"loss": 0.1})
+        deadline = time.monotonic() + 20
+        while new not in {r["id"] for r in ui.table.rows} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert new in {r["id"] for r in ui.table.rows}
+        assert any(n["id"] == new for n in ui.dag.nodes)
+    finally:
+        ui.close()
