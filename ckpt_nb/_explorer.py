@@ -216,6 +216,7 @@ class Explorer(w.VBox):
     def __init__(self, store: str | os.PathLike[str] | CheckpointManager, *,
                  namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> None:
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._unsubscribe: Any = lambda: None
         self._owns_manager = False
         with _plots.opened(store):  # a clear error for a missing store
@@ -289,11 +290,9 @@ class Explorer(w.VBox):
         self.refresh()
         self._unsubscribe = _session.subscribe(self._on_session_event)
         self._signature = self._catalog_signature()
-        self._poller: threading.Thread | None = None
-        if poll_seconds > 0:
-            self._poller = threading.Thread(target=self._poll, args=(poll_seconds,),
-                                            daemon=True, name="ckpt_nb-explorer")
-            self._poller.start()
+        self._follower = threading.Thread(target=self._follow, args=(poll_seconds,),
+                                          daemon=True, name="ckpt_nb-explorer")
+        self._follower.start()
 
     # -- data -----------------------------------------------------------------------
     def refresh(self) -> None:
@@ -556,11 +555,15 @@ class Explorer(w.VBox):
         return cid
 
     def export(self, which: str, path: str) -> Path:
+        """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``."""
         if not path:
             raise CkptError("type a file name ending in .pt or .safetensors first")
+        from ._interop import check_export_path, write_file
+
+        check_export_path(path)  # a wrong suffix fails before any decoding
         self._progress(0, 1)
-        try:
-            written = self.manager.export(which, path)
+        try:  # CheckpointManager.export, with the decode's progress shown
+            written = write_file(self.manager.load(which, progress=self._progress), path)
         finally:
             self._progress(1, 1)
         self._say(f"exported {self.manager.resolve(which)} to {written}")
@@ -573,10 +576,10 @@ class Explorer(w.VBox):
 
     # -- live ----------------------------------------------------------------------------------
     def _on_session_event(self, event: str, checkpoint_id: str, url: str) -> None:
+        # Called on the session's writer thread: only wake the follower, so a burst of
+        # saves costs one redraw and the writer never waits for a plot.
         if url == self.url:
-            self._signature = self._catalog_signature()
-            with contextlib.suppress(Exception):
-                self.refresh()
+            self._wake.set()
 
     def _catalog_signature(self) -> tuple[Any, ...]:
         root = getattr(self.manager.store, "root", None)
@@ -589,17 +592,24 @@ class Explorer(w.VBox):
                 stats.append((name, st.st_mtime_ns, st.st_size))
         return tuple(stats)
 
-    def _poll(self, seconds: float) -> None:
-        while not self._stop.wait(seconds):
-            with contextlib.suppress(Exception):
+    def _follow(self, seconds: float) -> None:
+        """Refresh after this process's saves (woken) or when the catalog's files change
+        (checked every ``seconds``; 0 = only this process's events)."""
+        while not self._stop.is_set():
+            woken = self._wake.wait(seconds if seconds > 0 else None)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with contextlib.suppress(Exception):  # a store being rewritten: next round
                 signature = self._catalog_signature()
-                if signature != self._signature:
+                if woken or signature != self._signature:
                     self._signature = signature
                     self.refresh()
 
     def close(self) -> None:
         """Stop following the store and close the widgets."""
         self._stop.set()
+        self._wake.set()
         self._unsubscribe()
         if self._owns_manager:
             with contextlib.suppress(Exception):
@@ -610,5 +620,6 @@ class Explorer(w.VBox):
 def explore(store: str | os.PathLike[str] | CheckpointManager, *,
             namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> Explorer:
     """The explorer for a store: a directory, URL or CheckpointManager. ``namespace``
-    is what Roll back restores into (default: the IPython kernel's)."""
+    is what Roll back restores into (default: the IPython kernel's); ``poll_seconds``
+    is how often the catalog is checked for other writers (0: only this process's saves)."""
     return Explorer(store, namespace=namespace, poll_seconds=poll_seconds)

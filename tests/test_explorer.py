@@ -146,9 +146,10 @@ def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> Non
     try:
         sh.run_cell("import torch, ckpt_nb\ntorch.manual_seed(0)\n"
                     "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), 0.1)")
-        sh.run_cell(f"%%ckpt_auto --dir {tmp_path / 'k'} --every-steps 1\n"
-                    "for _ in range(3):\n    opt.zero_grad(); model(torch.ones(1, 4)).sum()"
-                    ".backward(); opt.step()")
+        cell = (f"%%ckpt_auto --dir {tmp_path / 'k'} --every-steps 1\n"
+                "for _ in ckpt_nb.epochs(3):\n    opt.zero_grad(); model(torch.ones(1, 4)).sum()"
+                ".backward(); opt.step()")
+        assert sh.run_cell(cell).success
         result = sh.run_cell(f"ui = %ckpt_ui {tmp_path / 'k'}")
         assert result.success, result.error_in_exec
         ui = sh.user_ns["ui"]
@@ -163,6 +164,20 @@ def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> Non
         assert torch.equal(sh.user_ns["model"].weight, saved)
         assert f"rolled back to {first}" in ui.status.value and ui.dag.current == first
         ui.close()
+        live = ckpt_nb.explore(tmp_path / "k", poll_seconds=0)  # only the session's events
+        try:
+            assert sh.run_cell(cell).success  # reruns from the rollback: a new branch
+            saved_ids = set(ckpt_nb.CheckpointManager(tmp_path / "k").list()["id"])
+            assert len(saved_ids) > 3
+            deadline = time.monotonic() + 20
+            while ({r["id"] for r in live.table.rows} != saved_ids
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+            assert {r["id"] for r in live.table.rows} == saved_ids
+            assert {r["branch"] for r in live.table.rows} == {"main", "branch-1"}
+            assert live.dag.current == live.table_frame["id"].iloc[-1] != first
+        finally:
+            live.close()
         assert not sh.run_cell("%ckpt_ui /nonexistent/store").success
     finally:
         sh.run_cell("%unload_ext ckpt_nb")
