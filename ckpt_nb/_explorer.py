@@ -313,7 +313,8 @@ class Explorer(w.VBox):
                 dropdown.value = value if value in ids else None
             self.table.columns = list(TABLE_COLUMNS) + metrics
             self._fill_table()
-            self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame)]
+            self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
+                                                                 self.manager.mode)]
             self.dag.current = self.current
             self._sync_selection()
             stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
@@ -331,13 +332,9 @@ class Explorer(w.VBox):
         frame = self.table_frame
         metrics = _plots.metric_columns(frame)
         best: dict[str, set[str]] = {}
-        for m in metrics:
-            values = frame[m].astype("float64")
-            if values.notna().any():
-                mode = self.manager.mode if m == self.manager.metric else \
-                    ("max" if any(k in m for k in ("acc", "f1", "auc", "score")) else "min")
-                best.setdefault(str(frame.loc[values.idxmin() if mode == "min"
-                                              else values.idxmax(), "id"]), set()).add(m)
+        for m, cid in _plots.best_by_metric(frame, self.manager.metric,
+                                            self.manager.mode).items():
+            best.setdefault(cid, set()).add(m)
         rows = []
         for record in frame.to_dict("records"):
             row = {"id": record["id"], "branch": record["branch"], "step": _cell(record["step"]),
@@ -460,6 +457,7 @@ class Explorer(w.VBox):
             return _plots.plot_compare(self.manager, self.selected, table=frame)
         if kind == "dag":
             return _plots.plot_dag(self.manager, current=self.current, selected=self.selected,
+                                   metric=self.manager.metric, mode=self.manager.mode,
                                    table=frame)
         if kind == "diff":
             return _plots.plot_diff(self.manager, self.diff_a.value, self.diff_b.value)

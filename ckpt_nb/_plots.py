@@ -70,9 +70,38 @@ class DagNode:
     step: int | None
 
 
-def dag_layout(table: Any) -> list[DagNode]:
+def metric_mode(name: str, metric: str | None = None, mode: str = "min") -> str:
+    """Whether lower or higher is better for a metric: the manager's ``mode`` for its own
+    ``metric``, else guessed from the name (accuracy-like: max, anything else: min)."""
+    if name == metric:
+        return mode
+    return "max" if any(k in name.lower() for k in ("acc", "f1", "auc", "score", "precision",
+                                                     "recall", "reward")) else "min"
+
+
+def best_by_metric(table: Any, metric: str | None = None, mode: str = "min") -> dict[str, str]:
+    """The best checkpoint's id for each metric column of ``CheckpointManager.list()``."""
+    best = {}
+    for name in metric_columns(table):
+        values = table[name].astype("float64")
+        if values.notna().any():
+            at = values.idxmax() if metric_mode(name, metric, mode) == "max" else values.idxmin()
+            best[name] = str(table.loc[at, "id"])
+    return best
+
+
+def dag_layout(table: Any, metric: str | None = None, mode: str = "min") -> list[DagNode]:
     """Place checkpoints like ``git log --graph``: a lane per branch (in the order
-    branches began), a row per checkpoint (oldest first)."""
+    branches began), a row per checkpoint (oldest first). ``best`` is the catalog's
+    (a manager opened with ``metric=``), else the best by ``metric`` or the first
+    loss-like metric column."""
+    best_ids = set(table.loc[table["best"].astype(bool), "id"]) if len(table) else set()
+    if not best_ids:
+        names = metric_columns(table)
+        ranked = metric if metric in names else next(
+            (n for n in names if "loss" in n.lower()), names[0] if names else None)
+        chosen = best_by_metric(table, metric, mode).get(ranked) if ranked else None
+        best_ids = {chosen} if chosen else set()
     lanes: dict[str, int] = {}
     nodes = []
     for row, record in enumerate(table.to_dict("records")):
@@ -82,7 +111,7 @@ def dag_layout(table: Any) -> list[DagNode]:
         nodes.append(DagNode(
             id=record["id"], parent=parent if isinstance(parent, str) else None,
             branch=record["branch"], lane=lane, row=row, strategy=record["strategy"],
-            pinned=bool(record["pinned"]), best=bool(record["best"]),
+            pinned=bool(record["pinned"]), best=record["id"] in best_ids,
             step=None if step is None or _missing(step) else int(step)))
     return nodes
 
@@ -147,18 +176,20 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
 
 
 def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable[str] = (),
-             table: Any = None) -> Figure:
+             metric: str | None = None, mode: str = "min", table: Any = None) -> Figure:
     """The checkpoint graph: branches as lanes, parent edges, strategy as marker
     (full ●, incremental ○, differential ◇), pinned ★, best ringed in gold, the
-    kernel's position (``current``, by default this process's) arrowed."""
+    kernel's position (``current``, by default this process's) arrowed. ``metric``
+    and ``mode`` say what "best" ranks by (default: the store's loss-like metric)."""
     from . import _session
 
     if table is None:
         with opened(store) as manager:
             table = manager.list()
+            metric, mode = metric or manager.metric, manager.mode
             if current is None:
                 current = _session.kernel_position(manager)
-    nodes = dag_layout(table)
+    nodes = dag_layout(table, metric, mode)
     lanes = max((n.lane for n in nodes), default=0) + 1
     fig = Figure(figsize=(2.2 + 1.1 * lanes, min(14.0, 1.0 + 0.32 * max(len(nodes), 3))),
                  layout="constrained")
@@ -173,21 +204,28 @@ def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable
                     color=_lane_color(node.lane), linewidth=1.6, zorder=1)
     chosen = set(selected)
     labels = len(nodes) <= 80
-    for node in nodes:
-        marker, filled = STRATEGY_MARKERS.get(node.strategy, ("s", True))
-        color = _lane_color(node.lane)
-        ax.scatter([node.lane], [node.row], s=70, marker=marker, zorder=3, linewidths=1.6,
-                   facecolors=color if filled else "white", edgecolors=color)
-        if node.best:
-            ax.scatter([node.lane], [node.row], s=200, marker="o", facecolors="none",
-                       edgecolors="gold", linewidths=2.2, zorder=2)
-        if node.id in chosen:
-            ax.scatter([node.lane], [node.row], s=260, marker="s", facecolors="none",
-                       edgecolors="black", linewidths=1.4, zorder=2)
-        if node.pinned:
-            ax.scatter([node.lane + 0.18], [node.row + 0.25], s=60, marker="*",
-                       color="goldenrod", zorder=4)
-        if labels:
+    groups: dict[tuple[str, int], list[DagNode]] = {}
+    for node in nodes:  # one scatter per strategy and lane: hundreds of nodes stay fast
+        groups.setdefault((node.strategy, node.lane), []).append(node)
+    for (strategy, lane), members in groups.items():
+        marker, filled = STRATEGY_MARKERS.get(strategy, ("s", True))
+        color = _lane_color(lane)
+        ax.scatter([n.lane for n in members], [n.row for n in members], s=70, marker=marker,
+                   zorder=3, linewidths=1.6, facecolors=color if filled else "white",
+                   edgecolors=color, gid=f"node:{strategy}")
+    rings = (("best", [n for n in nodes if n.best], 200, "o", "gold", 2.2),
+             ("selected", [n for n in nodes if n.id in chosen], 260, "s", "black", 1.4))
+    for gid, members, size, marker, color, width in rings:
+        if members:
+            ax.scatter([n.lane for n in members], [n.row for n in members], s=size,
+                       marker=marker, facecolors="none", edgecolors=color, linewidths=width,
+                       zorder=2, gid=gid)
+    pinned = [n for n in nodes if n.pinned]
+    if pinned:
+        ax.scatter([n.lane + 0.18 for n in pinned], [n.row + 0.25 for n in pinned], s=60,
+                   marker="*", color="goldenrod", zorder=4, gid="pinned")
+    if labels:
+        for node in nodes:
             step = "" if node.step is None else f"  step {node.step}"
             ax.annotate(f"{node.id}{step}", (node.lane, node.row), xytext=(10, -3),
                         textcoords="offset points", fontsize=7, family="monospace")

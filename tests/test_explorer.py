@@ -62,6 +62,14 @@ def test_plots_are_figures_with_what_they_show(store) -> None:
     assert len(edges) == 5  # every checkpoint but the root has a parent edge
     texts = [t.get_text() for t in dag.axes[0].texts]
     assert "kernel" in texts and any(t.startswith(main[0]) for t in texts)
+    marks = {}
+    for collection in dag.axes[0].collections:
+        marks.setdefault(collection.get_gid(), []).extend(map(tuple, collection.get_offsets()))
+    assert len(marks["node:incremental"]) + len(marks.get("node:full", [])) == 6
+    assert marks["selected"] == [(0.0, 0.0)]  # main[0]: lane 0, row 0
+    table = ckpt_nb.CheckpointManager(path).list()
+    lowest = dag_layout(table)[int(table["loss"].idxmin())]
+    assert marks["best"] == [(lowest.lane, lowest.row)] and "pinned" not in marks
 
     diff = ckpt_nb.plot_diff(path, main[0], main[1])
     bars = diff.axes[0].patches
