@@ -177,13 +177,17 @@ def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> Non
             assert sh.run_cell(cell).success  # reruns from the rollback: a new branch
             saved_ids = set(ckpt_nb.CheckpointManager(tmp_path / "k").list()["id"])
             assert len(saved_ids) > 3
+            last = ckpt_nb.CheckpointManager(tmp_path / "k").list()["id"].iloc[-1]
+
+            def caught_up() -> bool:  # the last save's event may land after its row is read
+                return {r["id"] for r in live.table.rows} == saved_ids and live.dag.current == last
+
             deadline = time.monotonic() + 20
-            while ({r["id"] for r in live.table.rows} != saved_ids
-                   and time.monotonic() < deadline):
+            while not caught_up() and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert {r["id"] for r in live.table.rows} == saved_ids
             assert {r["branch"] for r in live.table.rows} == {"main", "branch-1"}
-            assert live.dag.current == live.table_frame["id"].iloc[-1] != first
+            assert live.dag.current == last != first
         finally:
             live.close()
         assert not sh.run_cell("%ckpt_ui /nonexistent/store").success
