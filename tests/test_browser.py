@@ -34,7 +34,6 @@ from ckpt_nb import CheckpointManager
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 NOTEBOOK = ROOT / "notebooks" / "01-quickstart.ipynb"
-STORE = "checkpoints/quickstart"  # the notebook's STORE, relative to the notebook
 # Without the background-networking flags Chromium keeps dialling out, and this
 # machine's closed network refuses each attempt.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -77,21 +76,26 @@ def weights_digest(state_dict: dict) -> str:
 class Lab:
     url: str
     token: str
-    root: Path
+    root: Path  # where the notebook lies
+    store: Path  # the store the notebook explores
     log: Path
 
 
 def _prepare_notebook(folder: Path) -> str:
     """The quickstart with its stored outputs and widget state removed (so that anything
-    on the page was drawn by this run's kernel) and the probe cell appended."""
+    on the page was drawn by this run's kernel) and the probe cell appended; returns the
+    notebook's STORE, the folder that it explores."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    stores = [m.group(1) for cell in nb.cells if cell.cell_type == "code"
+              for m in [re.search(r'^STORE = "([^"]+)"', cell.source, re.M)] if m]
+    assert stores, f"{NOTEBOOK.name} no longer sets STORE = \"...\": update this test"
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     nbformat.write(nb, folder / NOTEBOOK.name)
-    return NOTEBOOK.name
+    return stores[0]
 
 
 def _get(url: str, token: str) -> bytes:
@@ -142,7 +146,7 @@ def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
     runtime, settings and workspace folders are this test's own."""
     root = tmp_path / "lab"
     root.mkdir()
-    _prepare_notebook(root)
+    store = root / _prepare_notebook(root)
     settings = tmp_path / "settings"
     for name, values in LAB_SETTINGS.items():
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +169,7 @@ def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
         proc = subprocess.Popen(command, cwd=root, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    server = Lab(f"http://127.0.0.1:{port}", token, root, log)
+    server = Lab(f"http://127.0.0.1:{port}", token, root, store, log)
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -258,7 +262,7 @@ def _drive(page, lab: Lab, shots: Path) -> None:
     digest_before = wait_until(page, lambda: probe_digest(probe), 140,
                                "the notebook to run to its last cell", lambda: cell_error(page))
     explorer = page.locator(".ckpt-nb-explorer")
-    with CheckpointManager(lab.root / STORE) as mgr:
+    with CheckpointManager(lab.store) as mgr:
         ids = list(mgr.list()["id"])
     rows = explorer.locator(".ckpt-nb-row")
     wait_until(page, lambda: rows.count() == len(ids), 30,
@@ -296,7 +300,7 @@ def _drive(page, lab: Lab, shots: Path) -> None:
         page, lambda: (p := prompt.inner_text()) != ran_as and "*" not in p
         and probe_digest(probe), 60, "the probe cell to run again", lambda: cell_error(page))
 
-    with CheckpointManager(lab.root / STORE) as mgr:
+    with CheckpointManager(lab.store) as mgr:
         expected = weights_digest(mgr.load(target).state["model"])
     assert digest_before != expected, "the kernel already held the target's weights"
     assert digest_after == expected
