@@ -244,6 +244,10 @@ class Explorer(w.VBox):
         self.metric.observe(lambda _: self._draw_metrics(), names="value")
         self.metrics_plot = w.Image(format="png")
         self.compare_plot = w.Image(format="png")
+        self.compare_box = w.VBox([w.HTML("<b>Selected checkpoints side by side</b>"),
+                                   self.compare_plot], layout=w.Layout(display="none"))
+        self.compare_hint = w.HTML("<i>ctrl- or shift-click two or more rows to compare their "
+                                   "metrics side by side</i>")
         self.diff_a = w.Dropdown(description="from", layout=w.Layout(width="220px"))
         self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="220px"))
         self.diff_a.observe(lambda _: self._draw_diff(), names="value")
@@ -252,8 +256,7 @@ class Explorer(w.VBox):
         self.diff_table = w.HTML()
         self.tabs = w.Tab(children=[
             self.table,
-            w.VBox([self.metric, self.metrics_plot,
-                    w.HTML("<b>Selected checkpoints side by side</b>"), self.compare_plot]),
+            w.VBox([self.metric, self.metrics_plot, self.compare_hint, self.compare_box]),
             self.dag,
             w.VBox([w.HBox([self.diff_a, self.diff_b]), self.diff_plot, self.diff_table]),
         ])
@@ -262,7 +265,8 @@ class Explorer(w.VBox):
         self.tabs.observe(lambda _: self._draw_visible(), names="selected_index")
 
         def button(label: str, handler: Any, style: str = "", tip: str = "") -> w.Button:
-            b = w.Button(description=label, button_style=style, tooltip=tip)
+            b = w.Button(description=label, button_style=style, tooltip=tip,
+                         layout=w.Layout(width="auto"))
             b.on_click(lambda _: self._guard(handler))
             return b
 
@@ -319,7 +323,8 @@ class Explorer(w.VBox):
             self._sync_selection()
             stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
             logical = int(frame["logical_bytes"].sum()) if len(frame) else 0
-            self.title.value = (f"<b>ckpt_nb</b> · {self.url} · {len(frame)} checkpoints · "
+            self.title.value = (f"<b>ckpt_nb</b> · {self._display_name()} · {len(frame)} "
+                                f"checkpoints · "
                                 f"{_size(stored)} stored for {_size(logical)} of state")
             self._draw_visible()
 
@@ -416,8 +421,12 @@ class Explorer(w.VBox):
         frame = self.table_frame
         self.metrics_plot.value = _plots.to_png(_plots.plot_metrics(
             self.manager, self.metric.value, selected=self.selected, table=frame))
-        self.compare_plot.value = _plots.to_png(_plots.plot_compare(
-            self.manager, self.selected, table=frame))
+        comparing = len(self.selected) >= 2  # the side-by-side bars need two or more
+        self.compare_box.layout.display = "flex" if comparing else "none"
+        self.compare_hint.layout.display = "none" if comparing else "flex"
+        if comparing:
+            self.compare_plot.value = _plots.to_png(_plots.plot_compare(
+                self.manager, self.selected, table=frame))
 
     def _draw_diff(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 3:
@@ -527,6 +536,19 @@ class Explorer(w.VBox):
         self.refresh()
         self._say(f"rolled back to {cid}: the next save starts a branch from it")
         return cid
+
+    def _display_name(self) -> str:
+        """The store as its user would write it: a path relative to here, else the URL."""
+        import html
+
+        directory = self._directory()
+        if directory == self.url:
+            return html.escape(self.url)
+        with contextlib.suppress(ValueError):
+            relative = os.path.relpath(directory)
+            if not relative.startswith(".."):
+                return html.escape(relative)
+        return html.escape(directory)
 
     def _directory(self) -> str:
         root = getattr(self.manager.store, "root", None)
