@@ -1,57 +1,76 @@
-"""The notebook layer in real Jupyter kernels (ipykernel through jupyter_client).
+"""The notebook layer in real Jupyter kernels (ipykernel through jupyter_client and nbclient).
 
-A training cell on scikit-learn's digits runs under ``%%ckpt_auto``; its kernel
-is killed with SIGKILL or interrupted mid-training, and a re-run (in a fresh
-kernel, or the same one) must end bit-identical to a run never stopped.
+A training cell on scikit-learn's digits (shuffling DataLoader, Dropout, AdamW,
+StepLR) runs under ``%%ckpt_auto``; its kernel is killed with SIGKILL or
+interrupted mid-training, and a re-run (in a fresh kernel, or the same one) must
+end bit-identical to a run never stopped.
+
+The kill and the interrupt land at a chosen step: the loop calls ``pace(step)``,
+which stops while a file ``hold-<step>`` exists in the kernel's folder (and says
+so with ``held-<step>``). That makes the tests independent of the machine's speed
+without changing what is trained.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import queue
-import shutil
+import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import nbformat
+import pandas as pd
 import pytest
 import torch
 from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
 
 import ckpt_nb
 
-SETUP = """
-import os, time, torch, ckpt_nb
+SAMPLES, BATCH, EPOCHS, EVERY = 1797, 90, 4, 6  # digits has 1797 images
+PER_EPOCH = math.ceil(SAMPLES / BATCH)
+TIMEOUT = 240  # seconds; generous, kernels start slowly on a loaded machine
+
+SETUP = f"""
+import itertools, os, time, torch, ckpt_nb
 from sklearn.datasets import load_digits
 %load_ext ckpt_nb
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(1)
-digits = load_digits()
-X = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-Y = torch.tensor(digits.target)
+X, Y = (torch.tensor(a) for a in load_digits(return_X_y=True))
+X = X.float() / 16.0
 torch.manual_seed(0)
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=90,
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size={BATCH},
                                      shuffle=True)
 model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Dropout(0.2),
                             torch.nn.Linear(48, 10))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=15, gamma=0.7)
 history = []
-DELAY = 0.0
+
+def pace(step):
+    if os.path.exists(f"hold-{{step}}"):
+        open(f"held-{{step}}", "w").close()
+        while os.path.exists(f"hold-{{step}}"):
+            time.sleep(0.01)
+
 print("pid", os.getpid())
 """
 
-TRAIN = """%%ckpt_auto --dir {dir} --every-steps 6
-for epoch in ckpt_nb.epochs(4):
+TRAIN = """%%ckpt_auto --dir {dir} --every-steps {every}
+for epoch in ckpt_nb.epochs({epochs}):
     for i, (xb, yb) in ckpt_nb.batches(loader):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
         sched.step()
-        time.sleep(DELAY)
+        pace(sched.last_epoch)
     history.append(round(loss.item(), 6))
     ckpt_nb.log(loss=loss.item())
 torch.save({{"model": model.state_dict(), "opt": opt.state_dict(),
@@ -59,46 +78,73 @@ torch.save({{"model": model.state_dict(), "opt": opt.state_dict(),
 """
 
 
+def train_cell(directory: str, result: Path) -> str:
+    return TRAIN.format(dir=directory, every=EVERY, epochs=EPOCHS, result=str(result))
+
+
+def position(step: int) -> tuple[int, int]:
+    """(epoch, batch) of the consistent point right after global step ``step``."""
+    return divmod(step, PER_EPOCH)
+
+
 class Kernel:
-    """A real ipykernel, with the outputs of each cell collected as text."""
+    """A real ipykernel; each cell's stream and error output is collected as text."""
 
     def __init__(self, cwd: Path) -> None:
         self.manager = KernelManager(kernel_name="python3")
-        self.manager.start_kernel(cwd=str(cwd), env={**os.environ, "PYTHONHASHSEED": "0"})
+        self.manager.start_kernel(cwd=str(cwd))
         self.client = self.manager.blocking_client()
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=120)
         self.pid: int | None = None
+        self._output: dict[str, list[str]] = {}
 
-    def run(self, code: str, timeout: float = 180) -> tuple[str, dict[str, Any]]:
-        """Run a cell to its end: (its stdout, stderr and error text, the reply)."""
-        chunks: list[str] = []
-        reply = self.client.execute_interactive(code, timeout=timeout,
-                                                output_hook=lambda m: chunks.append(_text(m)))
-        text = "".join(chunks)
-        if self.pid is None and text.startswith("pid "):
-            self.pid = int(text.split()[1])
-        return text, reply["content"]
+    def setup(self) -> None:
+        self.client.wait_for_ready(timeout=TIMEOUT)
+        out, reply = self.run(SETUP)
+        assert reply["status"] == "ok", out
+        self.pid = int(out.split()[1])
 
-    def start(self, code: str) -> str:
-        return self.client.execute(code)
+    def execute(self, code: str) -> str:
+        """Start a cell; returns its message id (read it with ``read``)."""
+        msg_id = self.client.execute(code)
+        self._output[msg_id] = []
+        return msg_id
 
-    def collect(self, msg_id: str, timeout: float = 180) -> tuple[str, dict[str, Any]]:
-        """The output and reply of a cell started with ``start``."""
-        chunks: list[str] = []
+    def read(self, msg_id: str, until: Callable[[str], bool],
+             timeout: float = TIMEOUT) -> str:
+        """Read the cell's output until ``until(all output so far)`` holds."""
+        chunks = self._output[msg_id]
         deadline = time.monotonic() + timeout
-        while True:
+        while not until("".join(chunks)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.manager.is_alive():
+                raise TimeoutError(f"the kernel stopped short; its output:\n{''.join(chunks)}")
             try:
-                msg = self.client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 1.0))
             except queue.Empty:
-                raise TimeoutError("the kernel did not finish the cell in time") from None
+                continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            chunks.append(_text(msg))
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        reply = self.client.get_shell_msg(timeout=30)
-        return "".join(chunks), reply["content"]
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                chunks.append(content["text"])
+            elif msg["msg_type"] == "error":
+                chunks.append(f"{content['ename']}: {content['evalue']}\n")
+            elif msg["msg_type"] == "status" and content["execution_state"] == "idle":
+                chunks.append("\0")  # the cell is over
+        return "".join(chunks)
+
+    def finish(self, msg_id: str) -> tuple[str, dict[str, Any]]:
+        """The whole output of a started cell and its reply."""
+        out = self.read(msg_id, lambda text: text.endswith("\0"))
+        while True:
+            reply = self.client.get_shell_msg(timeout=TIMEOUT)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return out.rstrip("\0"), reply["content"]
+
+    def run(self, code: str) -> tuple[str, dict[str, Any]]:
+        """Run a cell to its end: (its output, its reply)."""
+        return self.finish(self.execute(code))
 
     def close(self) -> None:
         self.client.stop_channels()
@@ -106,176 +152,277 @@ class Kernel:
             self.manager.shutdown_kernel(now=True)
 
 
-def _text(msg: dict[str, Any]) -> str:
-    content = msg["content"]
-    if msg["msg_type"] == "stream":
-        return content["text"]
-    if msg["msg_type"] == "error":
-        return f"{content['ename']}: {content['evalue']}\n"
-    return ""
+class Kernels:
+    """Started kernels, all shut down by ``close``, on failure too."""
+
+    def __init__(self) -> None:
+        self.started: list[Kernel] = []
+
+    def start(self, cwd: Path) -> Kernel:
+        kernel = Kernel(cwd)
+        self.started.append(kernel)
+        kernel.setup()
+        return kernel
+
+    def close(self) -> None:
+        for kernel in self.started:
+            try:
+                kernel.close()
+            except Exception:  # noqa: BLE001 - a killed kernel may be gone already
+                pass
 
 
 @pytest.fixture
-def kernels(tmp_path: Path) -> Iterator[list[Kernel]]:
-    """Start kernels with ``kernels.append(Kernel(tmp_path))``; all are shut down."""
-    started: list[Kernel] = []
+def kernels() -> Iterator[Kernels]:
+    started = Kernels()
     yield started
-    for kernel in started:
-        try:
-            kernel.close()
-        except Exception:  # noqa: BLE001 - a killed kernel may already be gone
-            pass
+    started.close()
 
 
-def new_kernel(kernels: list[Kernel], cwd: Path) -> Kernel:
-    kernel = Kernel(cwd)
-    kernels.append(kernel)
-    out, reply = kernel.run(SETUP)
-    assert reply["status"] == "ok", out
-    return kernel
+class Reference:
+    """An uninterrupted run: its kernel (still up), store and final state."""
+
+    def __init__(self, kernel: Kernel, folder: Path, out: str) -> None:
+        self.kernel, self.folder, self.out = kernel, folder, out
+        self.store = folder / "ref"
+        self.result = torch.load(folder / "ref.pt", weights_only=True)
 
 
-def load_result(path: Path) -> dict[str, Any]:
-    return torch.load(path, weights_only=True)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
+    folder = tmp_path_factory.mktemp("reference")
+    started = Kernels()
+    try:
+        kernel = started.start(folder)
+        out, reply = kernel.run(train_cell("ref", folder / "ref.pt"))
+        assert reply["status"] == "ok", out
+        yield Reference(kernel, folder, out)
+    finally:
+        started.close()
 
 
-def assert_identical(a: dict[str, Any], b: dict[str, Any]) -> None:
+def assert_identical(result_file: Path, reference: Reference) -> None:
+    """Weights, optimizer state, scheduler and metric history equal bit for bit."""
+    a, b = torch.load(result_file, weights_only=True), reference.result
     assert a["history"] == b["history"]
     assert a["sched"] == b["sched"]
+    assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
+    assert a["opt"]["param_groups"] == b["opt"]["param_groups"]
     state_a, state_b = a["opt"]["state"], b["opt"]["state"]
     assert state_a.keys() == state_b.keys()
     for index in state_a:
+        assert state_a[index].keys() == state_b[index].keys()
         for name, value in state_a[index].items():
             assert torch.equal(value, state_b[index][name]), (index, name)
 
 
-def wait_for_checkpoint(store: Path, *, min_step: int, mid_epoch: bool,
-                        timeout: float = 120) -> None:
-    """Poll the store from outside until a checkpoint past ``min_step`` committed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (store / "catalog.sqlite").is_file():
-            with ckpt_nb.CheckpointManager(store) as mgr:
-                rows = mgr.list()
-            done = rows[rows["step"] >= min_step]
-            if mid_epoch:
-                done = done[done["batch_idx"].fillna(0) > 0]
-            if len(done):
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"no checkpoint past step {min_step} in {store}")
+def catalog(store: Path) -> pd.DataFrame:
+    with ckpt_nb.CheckpointManager(store) as mgr:
+        return mgr.list()
 
 
-@pytest.fixture
-def reference(tmp_path: Path, kernels: list[Kernel]) -> tuple[Kernel, Path]:
-    """An uninterrupted run: its kernel and its final state."""
-    kernel = new_kernel(kernels, tmp_path)
-    out, reply = kernel.run(TRAIN.format(dir="ref", result=str(tmp_path / "ref.pt")))
-    assert reply["status"] == "ok", out
-    first_line = out.splitlines()[0]
-    assert first_line.startswith("ckpt_nb: tracking model, opt, sched"), first_line
-    return kernel, tmp_path / "ref.pt"
+def wait_for_file(path: Path, kernel: Kernel) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not path.exists():
+        if time.monotonic() > deadline or not kernel.manager.is_alive():
+            raise TimeoutError(f"the kernel never reached {path.name}")
+        time.sleep(0.02)
 
 
-def test_sigkill_then_fresh_kernel_resumes_bit_identical(
-        tmp_path: Path, kernels: list[Kernel], reference: tuple[Kernel, Path]) -> None:
-    crashed = new_kernel(kernels, tmp_path)
-    crashed.run("DELAY = 0.03")
-    cell = TRAIN.format(dir="crash", result=str(tmp_path / "crash.pt"))
-    crashed.start(cell)
-    wait_for_checkpoint(tmp_path / "crash", min_step=30, mid_epoch=True)
+def resumed_line(checkpoint_id: str, row: pd.Series) -> str:
+    return (f"ckpt_nb: resumed from {checkpoint_id} (epoch {int(row['epoch'])}, "
+            f"batch {int(row['batch_idx'])}, step {int(row['step'])})")
+
+
+def test_reference_run_reports_what_it_tracks(reference: Reference) -> None:
+    first = reference.out.splitlines()[0]
+    assert first.startswith("ckpt_nb: tracking model, opt, sched"), first
+    assert "loader (DataLoader" in first, first
+    rows = catalog(reference.store)
+    assert list(rows["step"]) == list(range(EVERY, EPOCHS * PER_EPOCH, EVERY)) + \
+        [EPOCHS * PER_EPOCH]
+    assert rows["branch"].nunique() == 1 and rows["parent"].iloc[0] is None
+    assert list(rows["parent"].iloc[1:]) == list(rows["id"].iloc[:-1])
+
+
+def test_sigkill_then_notebook_in_a_fresh_kernel_resumes_bit_identical(
+        tmp_path: Path, kernels: Kernels, reference: Reference) -> None:
+    kill_at = 7 * EVERY + 1  # one step after a save was handed to the background writer
+    hold = tmp_path / f"hold-{kill_at}"
+    hold.touch()
+    cell = train_cell("crash", tmp_path / "crash.pt")
+    crashed = kernels.start(tmp_path)
+    crashed.execute(cell)
+    wait_for_file(tmp_path / f"held-{kill_at}", crashed)
     assert crashed.pid is not None
-    os.kill(crashed.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
+    os.kill(crashed.pid, signal.SIGKILL)  # the save of step kill_at - 1 may be mid-write
+    deadline = time.monotonic() + 60
     while crashed.manager.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert not crashed.manager.is_alive()
-    assert not (tmp_path / "crash.pt").exists()  # it really died mid-run
+    hold.unlink()
+    assert not (tmp_path / "crash.pt").exists()
 
-    fresh = new_kernel(kernels, tmp_path)
-    out, reply = fresh.run(cell)
-    assert reply["status"] == "ok", out
-    assert "ckpt_nb: resumed from " in out and "(epoch " in out and ", step " in out, out
-    assert_identical(load_result(tmp_path / "crash.pt"), load_result(reference[1]))
+    with ckpt_nb.CheckpointManager(tmp_path / "crash") as mgr:
+        assert mgr.verify().ok
+        newest = mgr.list().iloc[-1]
+    assert newest["step"] in (kill_at - 1, kill_at - 1 - EVERY)
+    assert (newest["epoch"], newest["batch_idx"]) == position(newest["step"])
+    assert newest["batch_idx"] > 0  # the kill landed mid-epoch
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SETUP),
+                                               nbformat.v4.new_code_cell(cell)])
+    NotebookClient(notebook, timeout=TIMEOUT, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    out = "".join(o.get("text", "") for o in notebook.cells[1].outputs)
+    assert out.splitlines()[0].startswith("ckpt_nb: tracking model, opt, sched"), out
+    assert resumed_line(newest['id'], newest) in out, out
+    assert_identical(tmp_path / "crash.pt", reference)
 
 
 def test_interrupt_then_rerun_in_the_same_kernel_is_bit_identical(
-        tmp_path: Path, kernels: list[Kernel], reference: tuple[Kernel, Path]) -> None:
-    kernel = new_kernel(kernels, tmp_path)
-    kernel.run("DELAY = 0.03")
-    cell = TRAIN.format(dir="intr", result=str(tmp_path / "intr.pt"))
-    msg_id = kernel.start(cell)
-    wait_for_checkpoint(tmp_path / "intr", min_step=12, mid_epoch=False)
+        tmp_path: Path, kernels: Kernels, reference: Reference) -> None:
+    stop_at = 4 * EVERY + 3
+    hold = tmp_path / f"hold-{stop_at}"
+    hold.touch()
+    cell = train_cell("intr", tmp_path / "intr.pt")
+    kernel = kernels.start(tmp_path)
+    msg_id = kernel.execute(cell)
+    wait_for_file(tmp_path / f"held-{stop_at}", kernel)
     kernel.manager.interrupt_kernel()
-    out, reply = kernel.collect(msg_id)
+    kernel.read(msg_id, lambda text: "interrupt received" in text)
+    hold.unlink()
+    out, reply = kernel.finish(msg_id)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", out
-    assert "on interrupt" in out, out
-    kernel.run("DELAY = 0.0")
+    saved = re.search(r"ckpt_nb: saved (\S+) on interrupt", out)
+    assert saved, out
+    rows = catalog(tmp_path / "intr").set_index("id")
+    row = rows.loc[saved[1]]
+    assert (row["step"], row["epoch"], row["batch_idx"]) == (stop_at, *position(stop_at))
+    assert rows["step"].max() == stop_at  # nothing past the interrupt
+    assert not (tmp_path / "intr.pt").exists()
+
     out, reply = kernel.run(cell)
     assert reply["status"] == "ok", out
-    assert "ckpt_nb: resumed from " in out, out
-    assert_identical(load_result(tmp_path / "intr.pt"), load_result(reference[1]))
+    assert resumed_line(saved[1], row) in out, out
+    assert_identical(tmp_path / "intr.pt", reference)
 
 
-def test_rollback_in_the_kernel_then_rerun_branches(
-        tmp_path: Path, reference: tuple[Kernel, Path]) -> None:
-    kernel, expected = reference
-    with ckpt_nb.CheckpointManager(tmp_path / "ref") as mgr:
-        main = mgr.list()
-    middle = main[main["epoch"] == 2]["id"].iloc[0]
-    out, reply = kernel.run(f"%ckpt_rollback {middle}")
-    assert reply["status"] == "ok" and f"rolled back to {middle}" in out, out
-    with ckpt_nb.CheckpointManager(tmp_path / "ref") as mgr:
-        saved = mgr.load(middle)
-    out, _ = kernel.run("print(float(model[0].weight.detach().double().sum()))")
-    assert float(out) == float(saved.state["model"]["0.weight"].double().sum())
-    cell = TRAIN.format(dir="ref", result=str(tmp_path / "again.pt"))
-    out, reply = kernel.run(cell)
-    assert reply["status"] == "ok" and f"resumed from {middle}" in out, out
-    assert_identical(load_result(tmp_path / "again.pt"), load_result(expected))
-    with ckpt_nb.CheckpointManager(tmp_path / "ref") as mgr:
-        table = mgr.list().set_index("id")
-    new = table.drop(index=list(main["id"]))
-    assert new["parent"].iloc[0] == middle
-    assert set(new["branch"]) != {"main"} and len(set(new["branch"])) == 1
+def test_rollback_then_train_on_creates_branches(reference: Reference) -> None:
+    kernel, store = reference.kernel, reference.store
+    main = catalog(store)
+    main_branch = main["branch"].iloc[0]
+    middle = main[(main["epoch"] == 2) & (main["batch_idx"] > 0)].iloc[0]
+    out, reply = kernel.run(f"%ckpt_rollback {middle['id']}")
+    assert reply["status"] == "ok" and f"ckpt_nb: rolled back to {middle['id']}" in out, out
+    out, reply = kernel.run(
+        "torch.save({'model': model.state_dict(), 'history': history,"
+        " 'position': ckpt_nb._session.kernel_position('ref')}, 'rolled.pt')")
+    assert reply["status"] == "ok", out
+    rolled = torch.load(reference.folder / "rolled.pt", weights_only=True)
+    with ckpt_nb.CheckpointManager(store) as mgr:
+        saved = mgr.load(middle["id"]).state["model"]
+    assert saved.keys() == rolled["model"].keys()
+    for key, value in saved.items():
+        assert torch.equal(rolled["model"][key], value), key
+    assert rolled["history"] == reference.result["history"][:2]  # a captured variable
+    assert rolled["position"] == middle["id"]
+
+    # Re-running the cell continues from the mid-run checkpoint, on a new branch.
+    out, reply = kernel.run(train_cell("ref", reference.folder / "again.pt"))
+    assert reply["status"] == "ok", out
+    assert resumed_line(middle['id'], middle) in out, out
+    assert_identical(reference.folder / "again.pt", reference)
+    table = catalog(store)
+    branch = table[~table["id"].isin(main["id"])]
+    assert branch["parent"].iloc[0] == middle["id"]
+    assert branch["branch"].nunique() == 1 and branch["branch"].iloc[0] != main_branch
+    assert list(branch["step"]) == list(main[main["step"] > middle["step"]]["step"])
+
+    # %ckpt_rollback -N, then a different cell: its save is a child of that checkpoint.
+    ids = list(table["id"])
+    earlier = main[main["epoch"] == 1].iloc[0]["id"]
+    back = len(ids) - 1 - ids.index(earlier)
+    out, reply = kernel.run(f"%ckpt_rollback -{back}")
+    assert reply["status"] == "ok" and f"rolled back to {earlier}" in out, out
+    out, reply = kernel.run(
+        "%%ckpt_auto --dir ref\n"
+        "for xb, yb in itertools.islice(loader, 3):\n"
+        "    opt.zero_grad()\n"
+        "    torch.nn.functional.cross_entropy(model(xb), yb).backward()\n"
+        "    opt.step()\n")
+    assert reply["status"] == "ok", out
+    after = catalog(store)
+    new = after[~after["id"].isin(table["id"])]
+    assert len(new) == 1 and new["parent"].iloc[0] == earlier
+    assert new["branch"].iloc[0] not in (main_branch, branch["branch"].iloc[0])
 
 
-def test_discovery_background_failure_and_unload(tmp_path: Path,
-                                                 kernels: list[Kernel]) -> None:
-    kernel = new_kernel(kernels, tmp_path)
-    kernel.run("stream = (i for i in range(3)); handle = open('notes.txt', 'w')\n"
-               "square = lambda v: v * v")
-    out, reply = kernel.run("%ckpt_auto --dir live --every-steps 1 --sync")
-    assert reply["status"] == "ok"
-    assert "tracking model, opt, sched" in out
-    for skipped in ("stream (generator)", "handle (open file)", "square (lambda)"):
-        assert skipped in out, out
+BROKEN = """%%ckpt_auto --dir broken --every-steps 5
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        if epoch == 1 and i == 0:  # the store's manifest folder becomes a file
+            while ckpt_nb.status()["pending_write"]:  # once the epoch's save is in
+                time.sleep(0.01)
+            os.rename("broken/manifests", "broken/manifests.away")
+            open("broken/manifests", "w").close()
+    if epoch == 0:
+        torch.save(model.state_dict(), "epoch0.pt")
+    print("epoch", epoch, "done")
+"""
+
+
+def test_discovery_background_failure_rollback_and_unload(tmp_path: Path,
+                                                          kernels: Kernels) -> None:
+    kernel = kernels.start(tmp_path)
+    out, reply = kernel.run("stream = (i for i in range(3))\n"
+                            "handle = open('notes.txt', 'w')\n"
+                            "square = lambda v: v * v")
+    assert reply["status"] == "ok", out
+    out, reply = kernel.run(BROKEN)
+    first = out.splitlines()[0]
+    assert first.startswith("ckpt_nb: tracking model, opt, sched"), out
+    for skipped in ("stream (generator)", "handle (open file)", "square (lambda)",
+                    "loader (DataLoader"):
+        assert skipped in first, first
+    assert "epoch 1 done" in out, out  # training went on
+    # Reported during the run (the next step) and at the end of the cell.
+    assert out.count("ckpt_nb: a background save failed") >= 2, out
+
+    store = tmp_path / "broken"
+    rows = catalog(store)
+    assert list(rows["step"]) == [5, 10, 15, PER_EPOCH]  # the saves before the failure
+    (store / "manifests").unlink()
+    (store / "manifests.away").rename(store / "manifests")
+    with ckpt_nb.CheckpointManager(store) as mgr:
+        assert mgr.verify().ok
+    last_good = rows.iloc[-1]["id"]
+    out, reply = kernel.run(f"%ckpt_rollback {last_good}")
+    assert reply["status"] == "ok" and f"rolled back to {last_good}" in out, out
+    out, reply = kernel.run(
+        "saved = torch.load('epoch0.pt')\n"
+        "print(all(torch.equal(v, saved[k]) for k, v in model.state_dict().items()))")
+    assert out.strip() == "True", out
+
+    # %unload_ext removes the magics and every hook of a running line session.
+    out, reply = kernel.run("%ckpt_auto --dir live --every-steps 1")
+    assert reply["status"] == "ok", out
     step = ("opt.zero_grad(); torch.nn.functional.cross_entropy(model(X), Y).backward(); "
             "opt.step()")
     out, reply = kernel.run(step)
     assert reply["status"] == "ok", out
-    store = tmp_path / "live"
-    with ckpt_nb.CheckpointManager(store) as mgr:
-        before = list(mgr.list()["id"])
-    assert before
-    kernel.run("%ckpt_auto --dir live --every-steps 1")  # background writes from here on
-    # A real failure: the store's manifest folder becomes a file, so writes there fail.
-    (store / "manifests").rename(store / "manifests.away")
-    (store / "manifests").write_text("not a folder")
-    out1, _ = kernel.run(step)
-    out2, _ = kernel.run(step)
-    assert "ckpt_nb: a background save failed" in out1 + out2, out1 + out2
-    (store / "manifests").unlink()
-    (store / "manifests.away").rename(store / "manifests")
-    with ckpt_nb.CheckpointManager(store) as mgr:  # nothing earlier was lost
-        assert set(before) <= set(mgr.list()["id"])
-        assert mgr.verify().ok
-        for cid in before:
-            mgr.load(cid)
+    before = len(catalog(tmp_path / "live"))
+    assert before >= 1
     out, reply = kernel.run("%unload_ext ckpt_nb")
     assert reply["status"] == "ok", out
-    out, reply = kernel.run("%ckpt_status")
-    assert reply["status"] == "error" and "ckpt_status" in out
-    shutil.rmtree(store)
+    out, reply = kernel.run(step + "\nprint(ckpt_nb.status())")
+    assert reply["status"] == "ok" and "{'active': False}" in out, out
+    assert len(catalog(tmp_path / "live")) == before
+    for magic in ("%ckpt_auto --dir live", "%%ckpt_auto --dir live\npass", "%ckpt_rollback"):
+        out, reply = kernel.run(magic)
+        assert reply["status"] == "error" and "ckpt_" in out and "not found" in out, out
