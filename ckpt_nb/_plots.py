@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure as _MatplotlibFigure
 
 from ._errors import CheckpointNotFoundError
 from ._manager import CheckpointManager
@@ -29,6 +29,14 @@ LANE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                "#7f7f7f", "#bcbd22", "#17becf")
 STRATEGY_MARKERS = {"full": ("o", True), "incremental": ("o", False),
                     "differential": ("D", False)}
+
+
+class Figure(_MatplotlibFigure):
+    """A matplotlib Figure that shows itself in a notebook, with or without pyplot's
+    inline backend (a Figure made without pyplot has no display of its own)."""
+
+    def _repr_png_(self) -> bytes:
+        return to_png(self)
 
 
 @contextlib.contextmanager
@@ -301,7 +309,7 @@ def plot_compare(store: StoreLike, ids: Sequence[str], metrics: Sequence[str] | 
     return fig
 
 
-def to_png(fig: Figure, dpi: int = 96) -> bytes:
+def to_png(fig: _MatplotlibFigure, dpi: int = 96) -> bytes:
     """The figure as PNG bytes, for an ``ipywidgets.Image``."""
     import io
 

@@ -51,6 +51,7 @@ def test_plots_are_figures_with_what_they_show(store) -> None:
     path, main, branch = store
     fig = ckpt_nb.plot_metrics(path, "loss", selected=[main[2]])
     assert isinstance(fig, Figure)
+    assert fig._repr_png_().startswith(b"\x89PNG")  # shows itself in a notebook, no pyplot
     ax = fig.axes[0]
     assert len(ax.get_lines()) == 2  # one line per branch
     assert sorted(len(line.get_xdata()) for line in ax.get_lines()) == [3, 4]  # from its fork
