@@ -7,6 +7,7 @@ store's files are written first. The catalog knows nothing of tensors.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -19,6 +20,15 @@ from typing import Any
 from ._errors import StoreFormatError
 
 SCHEMA_VERSION = 1
+CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
+
+
+def store_exists(location: str | os.PathLike[str]) -> bool:
+    """Whether a location holds a store: a URL is taken on trust (asking costs a round
+    trip), a local folder must hold a catalog. Lets callers refuse a typo before
+    ``CheckpointManager`` would create an empty store there."""
+    text = os.fspath(location)
+    return "://" in text or (Path(text) / CATALOG_FILE).is_file()
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

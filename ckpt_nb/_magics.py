@@ -157,11 +157,10 @@ class CkptMagics(Magics):
         """%ckpt_list [DIR]: the store as a table."""
         session = session_mod.active()
         if line.strip():
-            from pathlib import Path
-
+            from ._catalog import store_exists
             from ._manager import CheckpointManager
 
-            if not (Path(line.strip()) / "catalog.sqlite").is_file():
+            if not store_exists(line.strip()):
                 raise UsageError(f"no checkpoint store at {line.strip()}")
             return CheckpointManager(line.strip()).list()
         if session is None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from matplotlib.figure import Figure as _MatplotlibFigure
 
+from ._catalog import store_exists
 from ._errors import CheckpointNotFoundError
 from ._manager import CheckpointManager
 
@@ -46,7 +47,7 @@ def opened(store: StoreLike) -> Iterator[CheckpointManager]:
         yield store
         return
     text = os.fspath(store)
-    if "://" not in text and not os.path.isfile(os.path.join(text, "catalog.sqlite")):
+    if not store_exists(text):
         raise CheckpointNotFoundError(
             f"no checkpoint store at {text}: give the directory a CheckpointManager or "
             "%ckpt_auto --dir wrote to")

@@ -30,6 +30,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._capture import RNGState, SnapshotBuffers, load_all
+from ._catalog import store_exists
 from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
 from ._errors import CkptError
 from ._manager import Checkpoint, CheckpointManager
@@ -621,8 +622,7 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
                         "run %ckpt_auto first, or pass directory= and namespace=")
     config, last_namespace = _last or (AutoConfig(), {})
     if directory is not None:
-        if not (Path(os.fspath(directory)) / "catalog.sqlite").is_file() \
-                and "://" not in os.fspath(directory):
+        if not store_exists(directory):
             raise CkptError(f"no checkpoint store at {directory}: give the --dir of a "
                             f"%ckpt_auto run")
         config = dataclasses.replace(config, directory=os.fspath(directory))

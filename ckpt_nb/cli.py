@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ._catalog import store_exists
 from ._errors import CkptError
 from ._manager import CheckpointManager
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else 2
     directory = Path(args.directory)
-    if not (directory / "catalog.sqlite").is_file():
+    if not store_exists(directory):
         print(f"ckpt-nb: no checkpoint store at {directory}", file=sys.stderr)
         return 2
     named = [getattr(args, k, None) for k in ("id", "a", "b")] + getattr(args, "ids", [])
