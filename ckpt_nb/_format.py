@@ -1,12 +1,16 @@
 """The on-store layout: pack files of chunk blobs, and JSON manifests.
 
-    ckpt_nb.json                 {"format": 1}
+    ckpt_nb.json                 {"format": 2}
     packs/<hex>.pack             b"CKNBPAK1" | blobs ... | index JSON | u64 len | b"CKNBIDX1"
     manifests/<id>.json.zst      one checkpoint's tensors, chunks and JSON state
 
 A checkpoint's new chunks go into one pack, written and fsynced once: one
 durable write per save, however many tensors. The pack's trailing index makes
 the catalog rebuildable from the store alone.
+
+Format 2 adds CKB2 chunk blobs (they carry an xxh3 checksum, see ``_codec``);
+format 1 stores are read as they are, and restamped 2 by the first save into
+them, as its chunks are CKB2, which a format-1 reader cannot decode.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ._catalog import ChunkRow
 from ._errors import CorruptCheckpointError, StoreFormatError
 from ._store import Store, Writer
 
-FORMAT = 1
+FORMAT = 2
 FORMAT_KEY = "ckpt_nb.json"
 PACK_MAGIC = b"CKNBPAK1"
 INDEX_MAGIC = b"CKNBIDX1"
@@ -34,11 +38,15 @@ _U64 = struct.Struct("<Q")
 _ID = re.compile(r"[0-9a-f]{6,32}")
 
 
-def check_format(store: Store) -> None:
-    """Stamp a new store with the format; refuse one written by a newer ckpt_nb."""
+def check_format(store: Store) -> int:
+    """Stamp a new store with the format; refuse one written by a newer ckpt_nb.
+
+    Returns the format found, so that an older store is restamped only when
+    something new is written to it (``stamp_format``): opening never writes.
+    """
     if not store.has(FORMAT_KEY):
-        store.put(FORMAT_KEY, json.dumps({"format": FORMAT}).encode())
-        return
+        stamp_format(store)
+        return FORMAT
     try:
         found = int(json.loads(store.get(FORMAT_KEY))["format"])
     except (ValueError, KeyError, TypeError) as exc:
@@ -48,6 +56,11 @@ def check_format(store: Store) -> None:
             f"the store at {store.url} has format {found}; this ckpt_nb reads up to "
             f"format {FORMAT}: upgrade ckpt_nb (pip install -U ckpt_nb) to open it"
         )
+    return found
+
+
+def stamp_format(store: Store) -> None:
+    store.put(FORMAT_KEY, json.dumps({"format": FORMAT}).encode())
 
 
 def new_pack_key() -> str:
@@ -69,10 +82,16 @@ class PackWriter:
     offset: int = len(PACK_MAGIC)
     rows: list[ChunkRow] = field(default_factory=list)
 
-    def add(self, digest: str, blob: bytes, raw_len: int, base: str | None, depth: int) -> None:
-        self.out.write(blob)
-        self.rows.append(ChunkRow(digest, self.key, self.offset, len(blob), raw_len, base, depth))
-        self.offset += len(blob)
+    def add(self, digest: str, blob: bytes | list[bytes | memoryview], raw_len: int,
+            base: str | None, depth: int) -> None:
+        """Append one blob, given whole or as the pieces ``codec.encode_parts`` made."""
+        parts = [blob] if isinstance(blob, bytes) else blob
+        length = 0
+        for part in parts:
+            self.out.write(part)
+            length += memoryview(part).nbytes
+        self.rows.append(ChunkRow(digest, self.key, self.offset, length, raw_len, base, depth))
+        self.offset += length
 
     @property
     def bytes_written(self) -> int:

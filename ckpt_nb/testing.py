@@ -149,6 +149,18 @@ class StoreConformance:
         assert store.get("big") == big
         assert store.get("big", 1_000_001, 1_000_011) == big[1_000_001:1_000_011]
 
+    def test_read_into(self, store: Store) -> None:
+        data = bytes(range(251)) * 40
+        store.put("r", data)
+        buf = bytearray(100)
+        assert store.read_into("r", 1000, memoryview(buf)) == 100
+        assert bytes(buf) == data[1000:1100]
+        tail = bytearray(50)  # the value ends first: fewer bytes, the rest untouched
+        assert store.read_into("r", len(data) - 20, memoryview(tail)) == 20
+        assert bytes(tail[:20]) == data[-20:] and bytes(tail[20:]) == bytes(30)
+        with pytest.raises(FileNotFoundError):
+            store.read_into("missing", 0, memoryview(bytearray(4)))
+
     def test_empty_value(self, store: Store) -> None:
         store.put("empty", b"")
         assert store.has("empty")

@@ -381,6 +381,31 @@ def test_newer_format_is_refused(tmp_path: Path) -> None:
         CheckpointManager(tmp_path)
 
 
+def test_a_format_1_store_is_read_and_restamped_only_by_a_save(
+        tmp_path: Path, digits: DigitsRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckpt_nb import _codec as codec
+
+    def format_1(*args: object, **kwargs: object) -> list[bytes | memoryview]:
+        head, *payloads = real(*args, **kwargs)
+        size, extra = codec._HEADER.size, codec.CHECK_BYTES + codec.NAME_BYTES
+        return [codec.MAGIC_V1 + bytes(head[4:size]) + bytes(head[size + extra :]), *payloads]
+
+    real = codec.encode_parts
+    with monkeypatch.context() as patch:  # write CKB1 blobs, as format 1 did
+        patch.setattr(codec, "encode_parts", format_1)
+        old = CheckpointManager(tmp_path).save(digits.model, digits.optimizer)
+    stamp = tmp_path / "ckpt_nb.json"
+    stamp.write_text(json.dumps({"format": 1}))
+    expected = [t.clone() for t in digits.model.state_dict().values()]
+    mgr = CheckpointManager(tmp_path)
+    assert json.loads(stamp.read_text())["format"] == 1  # opening writes nothing
+    assert mgr.verify().ok
+    assert same(list(mgr.load(old).state["model"].values()), expected)
+    mgr.save(digits.model, digits.optimizer, epoch=1)
+    assert json.loads(stamp.read_text())["format"] == 2
+    assert same(list(CheckpointManager(tmp_path).load(old).state["model"].values()), expected)
+
+
 def test_resolve_aliases_and_errors(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path)
     with pytest.raises(CheckpointNotFoundError, match="no checkpoints yet"):

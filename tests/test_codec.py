@@ -1,0 +1,91 @@
+"""The chunk codec: byte grouping + zstd blobs, their checks, and format-1 blobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ckpt_nb import CorruptCheckpointError
+from ckpt_nb import _codec as codec
+
+
+def weights(n: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> np.ndarray:
+    """Raw bytes of trained-looking weights: small normal values."""
+    gen = torch.Generator().manual_seed(seed)
+    t = (torch.randn(n, generator=gen) * 0.05).to(dtype)
+    return t.view(torch.uint8).numpy().copy()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64,
+                                   torch.int8, torch.complex128])
+@pytest.mark.parametrize("name", ["zstd", "none"])
+def test_round_trip_every_item_size(dtype: torch.dtype, name: str) -> None:
+    raw = weights(40_000, dtype) if not dtype.is_complex else \
+        torch.randn(20_000, dtype=dtype).view(torch.uint8).numpy().copy()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    blob = codec.encode(raw, itemsize, codec=name)
+    out = np.zeros_like(raw)
+    assert codec.decode_into(blob, out, name=codec.digest(raw)) is True
+    assert np.array_equal(out, raw)
+
+
+def test_grouping_compresses_floats_and_is_exactly_undone() -> None:
+    raw = weights(262_144)
+    blob = codec.encode(raw, 4)
+    assert len(blob) < 0.85 * len(raw)  # the exponent bytes compress
+    rows = list(codec._group(raw, 4))
+    out = np.empty_like(raw)
+    codec._ungroup(rows, out)
+    assert np.array_equal(out, raw)
+
+
+def test_delta_round_trip() -> None:
+    base = weights(100_000)
+    new = base.copy()
+    new[4000:4400] ^= 1  # a few low mantissa bits move
+    blob = codec.encode(new, 4, base=base, base_digest=codec.digest(base))
+    assert codec.info(blob).base == codec.digest(base)
+    assert len(blob) < 0.05 * len(new)
+    out = np.empty_like(new)
+    codec.decode_into(blob, out, base)
+    assert np.array_equal(out, new)
+
+
+def test_a_flipped_byte_in_a_raw_stream_fails_the_checksum() -> None:
+    raw = weights(100_000)
+    blob = bytearray(codec.encode(raw, 4))
+    blob[-10] ^= 0x40  # inside the last stream's payload
+    with pytest.raises(CorruptCheckpointError, match="checksum|decompress|length"):
+        codec.decode_into(bytes(blob), np.empty_like(raw))
+
+
+def test_a_blob_read_under_another_name_is_refused() -> None:
+    raw = weights(10_000)
+    blob = codec.encode(raw, 4)
+    with pytest.raises(CorruptCheckpointError, match="another chunk"):
+        codec.decode_into(blob, np.empty_like(raw), name=codec.digest(raw[::-1].copy()))
+
+
+def test_truncated_and_wrong_length_blobs_are_refused() -> None:
+    raw = weights(50_000)
+    blob = codec.encode(raw, 4)
+    with pytest.raises(CorruptCheckpointError):
+        codec.decode_into(blob[: len(blob) // 2], np.empty_like(raw))
+    with pytest.raises(CorruptCheckpointError, match="length"):
+        codec.decode_into(blob, np.empty(len(raw) - 4, np.uint8))
+
+
+def as_format_1(blob: bytes) -> bytes:
+    """The same blob as ckpt_nb's format 1 wrote it: CKB1, without checksum and name."""
+    head = codec._HEADER.size
+    extra = codec.CHECK_BYTES + codec.NAME_BYTES
+    return codec.MAGIC_V1 + blob[4:head] + blob[head + extra :]
+
+
+def test_format_1_blobs_still_decode_and_leave_the_check_to_the_caller() -> None:
+    raw = weights(30_000)
+    old = as_format_1(codec.encode(raw, 4))
+    out = np.empty_like(raw)
+    assert codec.decode_into(old, out, name=codec.digest(raw)) is False
+    assert np.array_equal(out, raw) and codec.digest(out) == codec.digest(raw)
