@@ -1,4 +1,5 @@
-"""RNG snapshots: the cached NumPy state must always equal np.random.get_state()."""
+"""RNG snapshots: the cached NumPy and Python states must always equal what their
+getters return."""
 
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ def test_numpy_snapshot_follows_every_kind_of_draw() -> None:
     for i in range(200):
         draws[i % len(draws)]()
         assert same_numpy(RNGState.snapshot()[1], np.random.get_state()), i
+
+
+def test_python_snapshot_follows_every_kind_of_draw() -> None:
+    random.seed(3)
+    draws = [lambda: None, lambda: random.random(), lambda: random.gauss(0, 1),  # caches
+             lambda: random.gauss(0, 1), lambda: random.getrandbits(3000),
+             lambda: random.seed(3), lambda: random.shuffle(list(range(50))),
+             lambda: random.setstate(random.getstate()), lambda: random.seed(3),
+             lambda: random.gauss(0, 1), lambda: random.setstate(random.getstate())]
+    for i in range(200):
+        draws[i % len(draws)]()
+        assert RNGState.snapshot()[0] == random.getstate(), i
 
 
 def test_state_dict_round_trips_all_generators() -> None:
