@@ -288,6 +288,40 @@ def info(blob: bytes | memoryview) -> BlobInfo:
     return _parse(memoryview(blob))[0]
 
 
+def decode_prefix(blob: bytes | memoryview, nbytes: int) -> np.ndarray:
+    """The first ``nbytes`` (whole elements) of a blob's raw bytes, unchecked.
+
+    Byte-grouped streams hold element i at position i, so a prefix needs only
+    the head of each stream: a delta's worth is judged on a sample this way
+    without decoding its base chunk whole. A delta blob's prefix is still
+    XORed with its base's: the caller does that. Nothing here is verified, so
+    it may only steer choices, never be stored or restored.
+    """
+    meta, streams = _parse(memoryview(blob))
+    n_streams = len(streams)
+    per = min(nbytes, meta.raw_len) // n_streams
+    rows = []
+    for method, payload in streams:
+        if method == ZSTD:
+            row = np.empty(per, dtype=np.uint8)
+            try:
+                reader = _decompressor().stream_reader(payload, read_across_frames=False)
+                done = 0
+                while done < per:
+                    got = reader.readinto(memoryview(row)[done:])
+                    if not got:
+                        raise CorruptCheckpointError("chunk blob stream is too short")
+                    done += got
+            except zstandard.ZstdError as exc:
+                raise CorruptCheckpointError(f"chunk blob does not decompress: {exc}") from exc
+        else:
+            row = np.frombuffer(payload[:per], dtype=np.uint8)
+        rows.append(row)
+    out = np.empty(per * n_streams, dtype=np.uint8)
+    _ungroup(rows, out)
+    return out
+
+
 def decode_into(
     blob: bytes | memoryview, out: np.ndarray, base: np.ndarray | None = None,
     name: str | None = None,

@@ -41,7 +41,7 @@ RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "
                       "note", "branch"})
 ProgressFn = Callable[[int, int], None]
 _DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
-_DELTA_SAMPLE = 128 << 10  # bytes of a chunk both encodings are tried on
+_DELTA_SAMPLE = 64 << 10  # bytes of a chunk both encodings are tried on
 
 
 @dataclass
@@ -384,7 +384,8 @@ class CheckpointManager:
         progress: ProgressFn | None,
     ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
         known = self.catalog.chunk_digests()
-        depths = {d: r.depth for d, r in self.catalog.chunks(d for d, _ in base_chunks.values()).items()}
+        base_rows = self._rows_with_bases(d for d, _ in base_chunks.values())
+        depths = {d: r.depth for d, r in base_rows.items()}
         max_depth = (self.full_every - 1) if self.full_every else 64
         jobs: list[tuple[int, int, np.ndarray, tuple[str, int] | None]] = []
         storages_out: list[dict[str, Any]] = []
@@ -432,16 +433,19 @@ class CheckpointManager:
             fresh = wins is None or self._saves - since >= _DELTA_REPROBE
             if wins is False and not fresh:
                 return digest, check, plain(raw, itemsize, check, digest), None
-            base_raw = self._read_raw(base[0])
             if fresh:
                 n = min(len(raw), _DELTA_SAMPLE - _DELTA_SAMPLE % itemsize)
-                tried = delta(raw[:n], itemsize, check, digest, base_raw[:n], base[0])
+                head = self._read_prefix(base[0], n, base_rows)
+                tried = delta(raw[:n], itemsize, check, digest, head, base[0])
                 other = plain(raw[:n], itemsize, check, digest)
                 wins = codec.blob_length(tried) < codec.blob_length(other)
                 self._delta_wins[name] = (wins, self._saves)
-                if n == len(raw):  # the sample was the whole chunk
+                if n == len(raw):  # the sample was the whole chunk (its checksum guards it)
                     return (digest, check, tried, base[0]) if wins else (digest, check, other, None)
+                if not wins:
+                    return digest, check, plain(raw, itemsize, check, digest), None
             if wins:
+                base_raw = self._read_raw(base[0], base_rows)
                 blob = delta(raw, itemsize, check, digest, base_raw, base[0])
                 if codec.blob_length(blob) < len(raw):
                     return digest, check, blob, base[0]
@@ -497,6 +501,28 @@ class CheckpointManager:
         except FileNotFoundError as exc:
             raise CorruptCheckpointError(f"pack {row.pack} is missing from the store") from exc
 
+    def _read_scratch(self, row: ChunkRow) -> np.ndarray:
+        """A chunk's blob, read into this thread's reused buffer (valid until its next use)."""
+        blob = codec.scratch("blob", row.length)
+        try:
+            got = self.store.read_into(row.pack, row.offset, memoryview(blob))
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"pack {row.pack} is missing from the store") from exc
+        if got != row.length:
+            raise CorruptCheckpointError(f"pack {row.pack} ends inside chunk {row.digest[:12]}")
+        return blob
+
+    def _read_prefix(self, digest: str, nbytes: int, rows: Mapping[str, ChunkRow]) -> np.ndarray:
+        """The first ``nbytes`` of a chunk's raw bytes, unchecked: for choosing an encoding."""
+        row = rows.get(digest) or self.catalog.chunks([digest]).get(digest)
+        if row is None:
+            raise CorruptCheckpointError(f"chunk {digest[:12]} is not in the catalog")
+        base = self._read_prefix(row.base, nbytes, rows) if row.base else None
+        prefix = codec.decode_prefix(self._read_scratch(row), nbytes)
+        if base is not None:
+            np.bitwise_xor(prefix, base[: len(prefix)], out=prefix)
+        return prefix
+
     def _read_raw(self, digest: str, rows: Mapping[str, ChunkRow] | None = None) -> np.ndarray:
         """A chunk's raw bytes, checked against its digest (delta bases resolved)."""
         row = (rows or {}).get(digest) or self.catalog.chunks([digest]).get(digest)
@@ -509,13 +535,7 @@ class CheckpointManager:
     def _decode_chunk(self, row: ChunkRow, out: np.ndarray,
                       rows: Mapping[str, ChunkRow] | None = None) -> None:
         base = self._read_raw(row.base, rows) if row.base else None
-        blob = codec.scratch("blob", row.length)  # read after the base, which reuses it
-        try:
-            got = self.store.read_into(row.pack, row.offset, memoryview(blob))
-        except FileNotFoundError as exc:
-            raise CorruptCheckpointError(f"pack {row.pack} is missing from the store") from exc
-        if got != row.length:
-            raise CorruptCheckpointError(f"pack {row.pack} ends inside chunk {row.digest[:12]}")
+        blob = self._read_scratch(row)  # after the base, which reuses the buffer
         try:
             checked = codec.decode_into(blob, out, base, row.digest)
         except CorruptCheckpointError as exc:
@@ -523,6 +543,16 @@ class CheckpointManager:
                 f"chunk {row.digest[:12]} in {row.pack} fails its checksum ({exc})") from exc
         if not checked and codec.digest(out) != row.digest:
             raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} fails its checksum")
+
+    def _rows_with_bases(self, digests: Iterable[str]) -> dict[str, ChunkRow]:
+        """Catalog rows of these chunks and of the delta bases they need, in few queries;
+        absent ones are left out."""
+        wanted, rows = set(digests), {}
+        while wanted:
+            found = self.catalog.chunks(wanted)
+            rows.update(found)
+            wanted = {r.base for r in found.values() if r.base and r.base not in rows}
+        return rows
 
     def _chunk_rows(self, manifest: Mapping[str, Any]) -> dict[str, ChunkRow]:
         wanted = {d for s in manifest["storages"] for d, _ in s["chunks"]}
