@@ -89,3 +89,12 @@ def test_format_1_blobs_still_decode_and_leave_the_check_to_the_caller() -> None
     out = np.empty_like(raw)
     assert codec.decode_into(old, out, name=codec.digest(raw)) is False
     assert np.array_equal(out, raw) and codec.digest(out) == codec.digest(raw)
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4])
+def test_a_prefix_decodes_from_the_heads_of_the_streams(itemsize: int) -> None:
+    raw = weights(300_000)
+    blob = codec.encode(raw, itemsize)
+    for n in (64, 65_536, len(raw), 10 * len(raw)):
+        want = raw[: min(n, len(raw)) // itemsize * itemsize]
+        assert np.array_equal(codec.decode_prefix(blob, n), want)
