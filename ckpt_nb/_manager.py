@@ -538,9 +538,9 @@ class CheckpointManager:
         blob = self._read_scratch(row)  # after the base, which reuses the buffer
         try:
             checked = codec.decode_into(blob, out, base, row.digest)
-        except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(
-                f"chunk {row.digest[:12]} in {row.pack} fails its checksum ({exc})") from exc
+        except CorruptCheckpointError as exc:  # "chunk fails its checksum", ...
+            detail = str(exc).removeprefix("chunk ")
+            raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} {detail}") from exc
         if not checked and codec.digest(out) != row.digest:
             raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} fails its checksum")
 
