@@ -118,8 +118,9 @@ def scratch(slot: str, nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
-def _decompress_into(payload: memoryview, row: np.ndarray) -> None:
-    """Decompress one zstd frame into ``row``, which it must fill exactly."""
+def _decompress_into(payload: memoryview, row: np.ndarray, *, whole: bool = True) -> None:
+    """Decompress one zstd frame into ``row``, which it must fill; with ``whole``
+    the frame must also end there (else ``row`` takes just its head)."""
     target = memoryview(row)
     try:
         reader = _decompressor().stream_reader(payload, read_across_frames=False)
@@ -129,7 +130,7 @@ def _decompress_into(payload: memoryview, row: np.ndarray) -> None:
             if not n:
                 break
             done += n
-        if done != len(target) or reader.read(1):
+        if done != len(target) or (whole and reader.read(1)):
             raise CorruptCheckpointError("chunk blob stream has the wrong length")
     except zstandard.ZstdError as exc:
         raise CorruptCheckpointError(f"chunk blob does not decompress: {exc}") from exc
@@ -304,16 +305,7 @@ def decode_prefix(blob: bytes | memoryview, nbytes: int) -> np.ndarray:
     for method, payload in streams:
         if method == ZSTD:
             row = np.empty(per, dtype=np.uint8)
-            try:
-                reader = _decompressor().stream_reader(payload, read_across_frames=False)
-                done = 0
-                while done < per:
-                    got = reader.readinto(memoryview(row)[done:])
-                    if not got:
-                        raise CorruptCheckpointError("chunk blob stream is too short")
-                    done += got
-            except zstandard.ZstdError as exc:
-                raise CorruptCheckpointError(f"chunk blob does not decompress: {exc}") from exc
+            _decompress_into(payload, row, whole=False)
         else:
             row = np.frombuffer(payload[:per], dtype=np.uint8)
         rows.append(row)
