@@ -29,6 +29,7 @@ import numpy as np
 import xxhash
 import zstandard
 
+from ._buffers import fill, scratch
 from ._errors import CorruptCheckpointError
 
 MAGIC_V1 = b"CKB1"
@@ -103,34 +104,13 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def scratch(slot: str, nbytes: int) -> np.ndarray:
-    """This thread's reusable uint8 buffer ``slot``, at least ``nbytes`` long.
-
-    Fresh memory costs a page fault per 4 KiB on first touch, which halved the
-    speed of decoding into new ``bytes``; a reused buffer is already mapped.
-    """
-    buffers = getattr(_local, "scratch", None)
-    if buffers is None:
-        buffers = _local.scratch = {}
-    buf = buffers.get(slot)
-    if buf is None or len(buf) < nbytes:
-        buf = buffers[slot] = np.empty(nbytes, dtype=np.uint8)
-    return buf[:nbytes]
-
-
 def _decompress_into(payload: memoryview, row: np.ndarray, *, whole: bool = True) -> None:
     """Decompress one zstd frame into ``row``, which it must fill; with ``whole``
     the frame must also end there (else ``row`` takes just its head)."""
     target = memoryview(row)
     try:
         reader = _decompressor().stream_reader(payload, read_across_frames=False)
-        done = 0
-        while done < len(target):
-            n = reader.readinto(target[done:])
-            if not n:
-                break
-            done += n
-        if done != len(target) or (whole and reader.read(1)):
+        if fill(reader, target) != len(target) or (whole and reader.read(1)):
             raise CorruptCheckpointError("chunk blob stream has the wrong length")
     except zstandard.ZstdError as exc:
         raise CorruptCheckpointError(f"chunk blob does not decompress: {exc}") from exc

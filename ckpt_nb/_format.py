@@ -82,10 +82,10 @@ class PackWriter:
     offset: int = len(PACK_MAGIC)
     rows: list[ChunkRow] = field(default_factory=list)
 
-    def add(self, digest: str, blob: bytes | list[bytes | memoryview], raw_len: int,
+    def add(self, digest: str, blob: bytes | memoryview | list[bytes | memoryview], raw_len: int,
             base: str | None, depth: int) -> None:
         """Append one blob, given whole or as the pieces ``codec.encode_parts`` made."""
-        parts = [blob] if isinstance(blob, bytes) else blob
+        parts = blob if isinstance(blob, list) else [blob]
         length = 0
         for part in parts:
             self.out.write(part)

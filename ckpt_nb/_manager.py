@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from . import _codec as codec
+from ._buffers import scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
                        has_pickle, load_all)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
@@ -495,15 +496,9 @@ class CheckpointManager:
                 new_rows, refs)
 
     # -- reading chunks -----------------------------------------------------------
-    def _read_blob(self, row: ChunkRow) -> bytes:
-        try:
-            return self.store.get(row.pack, row.offset, row.offset + row.length)
-        except FileNotFoundError as exc:
-            raise CorruptCheckpointError(f"pack {row.pack} is missing from the store") from exc
-
     def _read_scratch(self, row: ChunkRow) -> np.ndarray:
         """A chunk's blob, read into this thread's reused buffer (valid until its next use)."""
-        blob = codec.scratch("blob", row.length)
+        blob = scratch("blob", row.length)
         try:
             got = self.store.read_into(row.pack, row.offset, memoryview(blob))
         except FileNotFoundError as exc:
@@ -512,11 +507,16 @@ class CheckpointManager:
             raise CorruptCheckpointError(f"pack {row.pack} ends inside chunk {row.digest[:12]}")
         return blob
 
-    def _read_prefix(self, digest: str, nbytes: int, rows: Mapping[str, ChunkRow]) -> np.ndarray:
-        """The first ``nbytes`` of a chunk's raw bytes, unchecked: for choosing an encoding."""
-        row = rows.get(digest) or self.catalog.chunks([digest]).get(digest)
+    def _row(self, digest: str, rows: Mapping[str, ChunkRow] | None) -> ChunkRow:
+        """A chunk's catalog row, from ``rows`` when it is there."""
+        row = (rows or {}).get(digest) or self.catalog.chunks([digest]).get(digest)
         if row is None:
             raise CorruptCheckpointError(f"chunk {digest[:12]} is not in the catalog")
+        return row
+
+    def _read_prefix(self, digest: str, nbytes: int, rows: Mapping[str, ChunkRow]) -> np.ndarray:
+        """The first ``nbytes`` of a chunk's raw bytes, unchecked: for choosing an encoding."""
+        row = self._row(digest, rows)
         base = self._read_prefix(row.base, nbytes, rows) if row.base else None
         prefix = codec.decode_prefix(self._read_scratch(row), nbytes)
         if base is not None:
@@ -525,9 +525,7 @@ class CheckpointManager:
 
     def _read_raw(self, digest: str, rows: Mapping[str, ChunkRow] | None = None) -> np.ndarray:
         """A chunk's raw bytes, checked against its digest (delta bases resolved)."""
-        row = (rows or {}).get(digest) or self.catalog.chunks([digest]).get(digest)
-        if row is None:
-            raise CorruptCheckpointError(f"chunk {digest[:12]} is not in the catalog")
+        row = self._row(digest, rows)
         out = np.empty(row.raw_len, dtype=np.uint8)
         self._decode_chunk(row, out, rows)
         return out
@@ -555,16 +553,13 @@ class CheckpointManager:
         return rows
 
     def _chunk_rows(self, manifest: Mapping[str, Any]) -> dict[str, ChunkRow]:
+        """The rows of every chunk a checkpoint needs, delta bases included."""
         wanted = {d for s in manifest["storages"] for d, _ in s["chunks"]}
-        rows: dict[str, ChunkRow] = {}
-        while wanted:
-            found = self.catalog.chunks(wanted)
-            missing = wanted - set(found)
-            if missing:
-                raise CorruptCheckpointError(
-                    f"{len(missing)} chunks (e.g. {sorted(missing)[0][:12]}) are missing")
-            rows.update(found)
-            wanted = {r.base for r in found.values() if r.base and r.base not in rows}
+        rows = self._rows_with_bases(wanted)
+        missing = (wanted | {r.base for r in rows.values() if r.base}) - rows.keys()
+        if missing:
+            raise CorruptCheckpointError(
+                f"{len(missing)} chunks (e.g. {sorted(missing)[0][:12]}) are missing")
         return rows
 
     def _manifest(self, checkpoint_id: str) -> dict[str, Any]:
@@ -966,7 +961,8 @@ class CheckpointManager:
                 moved = []
                 with write_pack(self.store) as pack:
                     for row in sorted(members, key=lambda c: c.offset):
-                        pack.add(row.digest, self._read_blob(row), row.raw_len, row.base, row.depth)
+                        pack.add(row.digest, memoryview(self._read_scratch(row)), row.raw_len,
+                                 row.base, row.depth)
                     moved = pack.rows
                 self.catalog.move_chunks(moved)
                 self.store.delete(key)

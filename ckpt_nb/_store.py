@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from ._buffers import fill
 from ._errors import StoreError
 
 _KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
@@ -148,13 +149,7 @@ class LocalStore(Store):
     def read_into(self, key: str, start: int, out: memoryview) -> int:
         with open(self._path(key), "rb", buffering=0) as f:
             f.seek(start)
-            done = 0
-            while done < len(out):
-                n = f.readinto(out[done:])
-                if not n:
-                    break
-                done += n
-            return done
+            return fill(f, out)
 
     def has(self, key: str) -> bool:
         return self._path(key).is_file()
