@@ -29,6 +29,7 @@ import numpy as np
 import xxhash
 import zstandard
 
+from . import _native
 from ._buffers import fill, scratch
 from ._errors import CorruptCheckpointError
 
@@ -119,11 +120,20 @@ def _decompress_into(payload: memoryview, row: np.ndarray, *, whole: bool = True
 def _group(raw: np.ndarray, itemsize: int) -> np.ndarray:
     """Byte i of every element into row i: shape (itemsize, n).
 
-    On little-endian hosts byte i is ``(word >> 8i)`` cast to uint8: vectorized
-    shifts run about twice as fast as numpy's transposing copy.
+    In C when the build compiled ``_native``'s loops. Else with NumPy: on
+    little-endian hosts byte i is ``(word >> 8i)`` cast to uint8, vectorized
+    shifts that run about twice as fast as numpy's transposing copy.
     """
     if itemsize == 1:
         return raw.reshape(1, -1)
+    if _native.lib is None:
+        return _group_numpy(raw, itemsize)
+    out = np.empty((itemsize, len(raw) // itemsize), dtype=np.uint8)
+    _native.group(raw, out)
+    return out
+
+
+def _group_numpy(raw: np.ndarray, itemsize: int) -> np.ndarray:
     if not _LITTLE or itemsize not in _UINT:
         return np.ascontiguousarray(raw.reshape(-1, itemsize).T)
     words = raw.view(_UINT[itemsize])
@@ -145,7 +155,8 @@ def _group(raw: np.ndarray, itemsize: int) -> np.ndarray:
 def _ungroup(rows: list[np.ndarray], out: np.ndarray) -> None:
     """The inverse of ``_group``: row i becomes byte i of every element of ``out``.
 
-    On little-endian hosts the words are built by shift-and-or, in place:
+    In C when it was built. Else with NumPy: on little-endian hosts the words
+    are built by shift-and-or, in place,
     twice as fast as scattering rows into strided columns for 2-byte elements,
     as fast for 4-byte ones.
     """
@@ -154,6 +165,14 @@ def _ungroup(rows: list[np.ndarray], out: np.ndarray) -> None:
         if not np.may_share_memory(rows[0], out):  # else decompressed in place
             out[:] = rows[0]
         return
+    if _native.lib is None:
+        _ungroup_numpy(rows, out)
+    else:
+        _native.ungroup(rows, out)
+
+
+def _ungroup_numpy(rows: list[np.ndarray], out: np.ndarray) -> None:
+    n = len(rows)
     if not _LITTLE or n not in _UINT:
         columns = out.reshape(-1, n)
         for i, row in enumerate(rows):

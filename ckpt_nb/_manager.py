@@ -523,17 +523,40 @@ class CheckpointManager:
             np.bitwise_xor(prefix, base[: len(prefix)], out=prefix)
         return prefix
 
-    def _read_raw(self, digest: str, rows: Mapping[str, ChunkRow] | None = None) -> np.ndarray:
+    def _pack_views(self, rows: Mapping[str, ChunkRow]) -> dict[str, memoryview]:
+        """Zero-copy views of the packs these chunks lie in, where the store maps them."""
+        views = {}
+        for pack in {r.pack for r in rows.values()}:
+            try:
+                view = self.store.view(pack)
+            except FileNotFoundError:
+                continue  # the read of a chunk in it says so
+            if view is not None:
+                views[pack] = view
+        return views
+
+    def _blob(self, row: ChunkRow, views: Mapping[str, memoryview] | None) -> memoryview | np.ndarray:
+        """A chunk's blob: a slice of its pack's view, else read into this thread's buffer."""
+        view = views.get(row.pack) if views else None
+        if view is None:
+            return self._read_scratch(row)
+        if row.offset + row.length > len(view):
+            raise CorruptCheckpointError(f"pack {row.pack} ends inside chunk {row.digest[:12]}")
+        return view[row.offset : row.offset + row.length]
+
+    def _read_raw(self, digest: str, rows: Mapping[str, ChunkRow] | None = None,
+                  views: Mapping[str, memoryview] | None = None) -> np.ndarray:
         """A chunk's raw bytes, checked against its digest (delta bases resolved)."""
         row = self._row(digest, rows)
         out = np.empty(row.raw_len, dtype=np.uint8)
-        self._decode_chunk(row, out, rows)
+        self._decode_chunk(row, out, rows, views)
         return out
 
     def _decode_chunk(self, row: ChunkRow, out: np.ndarray,
-                      rows: Mapping[str, ChunkRow] | None = None) -> None:
-        base = self._read_raw(row.base, rows) if row.base else None
-        blob = self._read_scratch(row)  # after the base, which reuses the buffer
+                      rows: Mapping[str, ChunkRow] | None = None,
+                      views: Mapping[str, memoryview] | None = None) -> None:
+        base = self._read_raw(row.base, rows, views) if row.base else None
+        blob = self._blob(row, views)  # after the base, which may reuse the same buffer
         try:
             checked = codec.decode_into(blob, out, base, row.digest)
         except CorruptCheckpointError as exc:  # "chunk fails its checksum", ...
@@ -593,18 +616,27 @@ class CheckpointManager:
                 raise CorruptCheckpointError(
                     f"checkpoint {checkpoint_id}: storage {storage['name']} chunks do not "
                     "add up to its size", checkpoint_id)
+        views = self._pack_views(rows)
+
+        def decode(batch: list[tuple[ChunkRow, np.ndarray]]) -> None:
+            for row, out in batch:
+                self._decode_chunk(row, out, rows, views)
+
         pool = self._executor()
-        futures = [pool.submit(self._decode_chunk, row, out, rows) for row, out in jobs]
-        for done, future in enumerate(futures, 1):
+        batches = _batches(jobs, sum(len(out) for _, out in jobs) // (8 * self.threads))
+        futures = [(pool.submit(decode, batch), len(batch)) for batch in batches]
+        done = 0
+        for future, size in futures:
             try:
                 future.result()
             except CorruptCheckpointError as exc:
-                for other in futures:
+                for other, _ in futures:
                     other.cancel()
                 raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {exc}",
                                              checkpoint_id) from exc
+            done += size
             if progress is not None:
-                progress(done, len(futures))
+                progress(done, len(jobs))
         return buffers
 
     # -- resolving ids ---------------------------------------------------------------
@@ -842,12 +874,13 @@ class CheckpointManager:
                 self._manifests.pop(cid, None)
                 manifest = self._manifest(cid)
                 rows = self._chunk_rows(manifest)
+                views = self._pack_views(rows)
                 for digest in sorted(rows):
                     if digest in good:
                         continue
                     try:
                         self._decode_chunk(rows[digest], np.empty(rows[digest].raw_len, np.uint8),
-                                           rows)
+                                           rows, views)
                         good.add(digest)
                     except CorruptCheckpointError as exc:
                         problems.append(str(exc))
@@ -997,6 +1030,25 @@ class CheckpointManager:
         return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
                                metrics=ck.metrics, strategy="full", parent=None,
                                note=note if note is not None else f"imported from {path}")
+
+
+def _batches(jobs: list[tuple[ChunkRow, np.ndarray]],
+             nbytes: int) -> list[list[tuple[ChunkRow, np.ndarray]]]:
+    """Consecutive decode jobs in batches of about ``nbytes`` (at least 1 MiB) of output.
+
+    One pool task per batch, not per chunk: a task's hand-offs between threads
+    cost about as much as decoding a small chunk.
+    """
+    nbytes = max(nbytes, 1 << 20)
+    batches: list[list[tuple[ChunkRow, np.ndarray]]] = [[]]
+    filled = 0
+    for job in jobs:
+        if filled >= nbytes:
+            batches.append([])
+            filled = 0
+        batches[-1].append(job)
+        filled += len(job[1])
+    return [b for b in batches if b]
 
 
 def _arena(sizes: list[int]) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import mmap
 import os
 import re
 import sys
@@ -86,6 +87,18 @@ class Store(ABC):
         out[: len(data)] = data
         return len(data)
 
+    def view(self, key: str) -> memoryview | None:
+        """The whole value as a read-only view without copying it, where the
+        store can give one (LocalStore maps the file), else None: callers then
+        read what they need with ``read_into``. ``FileNotFoundError`` if absent.
+
+        Restores decode chunks straight out of the view: reading a pack through
+        a buffer first cost as much as decoding it.
+        """
+        if not self.has(key):
+            raise FileNotFoundError(key)
+        return None
+
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Store ``data`` under ``key`` atomically."""
         with self.writer(key) as out:
@@ -150,6 +163,14 @@ class LocalStore(Store):
         with open(self._path(key), "rb", buffering=0) as f:
             f.seek(start)
             return fill(f, out)
+
+    def view(self, key: str) -> memoryview:
+        # Committed values are never rewritten in place (writes go to a new name and
+        # are renamed over), so the mapping stays what it was when it was made.
+        with open(self._path(key), "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return memoryview(b"")
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
     def has(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -260,6 +281,9 @@ class MemoryStore(Store):
         yield buf
         with self._lock:
             self._data[key] = buf.getvalue()
+
+    def view(self, key: str) -> memoryview:
+        return memoryview(self.get(key))
 
     def has(self, key: str) -> bool:
         return check_key(key) in self._data

@@ -161,6 +161,18 @@ class StoreConformance:
         with pytest.raises(FileNotFoundError):
             store.read_into("missing", 0, memoryview(bytearray(4)))
 
+    def test_view(self, store: Store) -> None:
+        data = bytes(range(256)) * 64
+        store.put("v", data)
+        view = store.view("v")
+        assert view is None or (view.readonly and view == data)
+        store.put("v", b"new")  # an existing view keeps the old value
+        assert view is None or view == data
+        store.put("nothing", b"")
+        assert store.view("nothing") in (None, b"")
+        with pytest.raises(FileNotFoundError):
+            store.view("missing")
+
     def test_empty_value(self, store: Store) -> None:
         store.put("empty", b"")
         assert store.has("empty")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 from ckpt_nb import CorruptCheckpointError
 from ckpt_nb import _codec as codec
+from ckpt_nb import _native
 
 
 def weights(n: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> np.ndarray:
@@ -38,6 +41,40 @@ def test_grouping_compresses_floats_and_is_exactly_undone() -> None:
     out = np.empty_like(raw)
     codec._ungroup(rows, out)
     assert np.array_equal(out, raw)
+
+
+def test_the_build_compiled_the_c_loops_where_there_is_a_compiler() -> None:
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the NumPy loops do the grouping")
+    assert _native.lib is not None, f"{_native.LIBRARY} is missing: reinstall (pip install -e .)"
+
+
+@pytest.mark.skipif(_native.lib is None, reason="the build did not compile _bytegroup.c")
+@pytest.mark.parametrize("itemsize", [2, 3, 4, 8, 16])
+def test_the_c_grouping_loops_match_numpy_byte_for_byte(itemsize: int) -> None:
+    raw = np.random.default_rng(itemsize).integers(0, 256, itemsize * 70_001, dtype=np.uint8)
+    grouped = codec._group(raw, itemsize)
+    assert np.array_equal(grouped, codec._group_numpy(raw, itemsize))
+    assert np.array_equal(grouped, raw.reshape(-1, itemsize).T)
+    out = np.empty_like(raw)
+    rows = [np.ascontiguousarray(r) for r in grouped]
+    codec._ungroup(rows, out)
+    assert np.array_equal(out, raw)
+    with pytest.raises(ValueError, match="add up"):
+        _native.ungroup(rows, out[:-itemsize])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_without_the_c_loops_blobs_are_the_same_bytes(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build without a C compiler writes and reads the same blobs."""
+    raw = weights(50_000, dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    native = codec.encode(raw, itemsize)
+    monkeypatch.setattr(_native, "lib", None)
+    assert codec.encode(raw, itemsize) == native
+    out = np.empty_like(raw)
+    assert codec.decode_into(native, out) and np.array_equal(out, raw)
 
 
 def test_delta_round_trip() -> None:
