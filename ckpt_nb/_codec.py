@@ -117,8 +117,9 @@ def _decompress_into(payload: memoryview, row: np.ndarray, *, whole: bool = True
         raise CorruptCheckpointError(f"chunk blob does not decompress: {exc}") from exc
 
 
-def _group(raw: np.ndarray, itemsize: int) -> np.ndarray:
-    """Byte i of every element into row i: shape (itemsize, n).
+def _group(raw: np.ndarray, itemsize: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Byte i of every element into row i: shape (itemsize, n), in ``out`` if given
+    (a flat uint8 buffer of raw's length) and the C loops are there.
 
     In C when the build compiled ``_native``'s loops. Else with NumPy: on
     little-endian hosts byte i is ``(word >> 8i)`` cast to uint8, vectorized
@@ -128,9 +129,10 @@ def _group(raw: np.ndarray, itemsize: int) -> np.ndarray:
         return raw.reshape(1, -1)
     if _native.lib is None:
         return _group_numpy(raw, itemsize)
-    out = np.empty((itemsize, len(raw) // itemsize), dtype=np.uint8)
-    _native.group(raw, out)
-    return out
+    shape = (itemsize, len(raw) // itemsize)
+    rows = np.empty(shape, dtype=np.uint8) if out is None else out.reshape(shape)
+    _native.group(raw, rows)
+    return rows
 
 
 def _group_numpy(raw: np.ndarray, itemsize: int) -> np.ndarray:
@@ -193,7 +195,16 @@ def _compressible(cctx: zstandard.ZstdCompressor, row: np.ndarray) -> bool:
     return len(cctx.compress(probe.data)) < _KEEP_RATIO * len(probe)
 
 
-def encode_parts(
+@dataclass
+class Prepared:
+    """A chunk split into its streams, some waiting to be compressed (``finish``)."""
+
+    head: bytes  # the header up to the stream table
+    streams: list[np.ndarray]
+    to_compress: list[int]  # which streams to try compressing
+
+
+def prepare(
     raw: np.ndarray,
     itemsize: int,
     *,
@@ -203,11 +214,15 @@ def encode_parts(
     base_digest: str | None = None,
     check: bytes | None = None,
     name: str | None = None,
-) -> Parts:
-    """Encode a uint8 array as a CKB2 blob in pieces (written out without a join).
+    out: np.ndarray | None = None,
+) -> Prepared:
+    """Group a flat uint8 array into streams, and say which are worth compressing.
 
-    With ``base``, the blob is the XOR delta against it; ``check`` is the raw
-    bytes' ``checksum`` when the caller already has it, ``name`` their digest.
+    With ``base``, the blob will be the XOR delta against it; ``check`` is the
+    raw bytes' ``checksum`` when the caller already has it, ``name`` their digest.
+    ``out``, a uint8 buffer of raw's length, takes the streams where they are
+    not ``raw`` itself: the caller's reused memory (fresh memory per chunk cost
+    more in page faults than grouping); it must stay unchanged until written.
     """
     if raw.dtype != np.uint8 or raw.ndim != 1:
         raise ValueError("encode takes a flat uint8 array")
@@ -221,26 +236,57 @@ def encode_parts(
     if delta:
         if base_digest is None or len(base) != len(raw):
             raise ValueError("a delta needs a base of the same length and its digest")
-        raw = np.bitwise_xor(raw, base)
-    streams = _group(raw, itemsize) if codec == "zstd" else raw.reshape(1, -1)
-    parts: Parts = []
-    table: list[tuple[int, int]] = []
-    for row in streams:
-        method, payload = RAW, memoryview(row)
-        if codec == "zstd" and len(row) >= 64:
-            cctx = _compressor(level)
-            if _compressible(cctx, row):
-                packed = cctx.compress(row.data)
-                if len(packed) < _KEEP_RATIO * len(row):
-                    method, payload = ZSTD, packed
-        table.append((method, len(payload)))
-        parts.append(payload)
+        grouped = codec == "zstd" and itemsize > 1
+        into = None if out is None else scratch("xor", len(raw)) if grouped else out
+        raw = np.bitwise_xor(raw, base, out=into)
+    streams = list(_group(raw, itemsize, out)) if codec == "zstd" else [raw]
+    cctx = _compressor(level)
+    to_compress = [i for i, row in enumerate(streams)
+                   if codec == "zstd" and len(row) >= 64 and _compressible(cctx, row)]
     head = _HEADER.pack(MAGIC, int(delta), itemsize, len(streams), 0, len(raw)) + check \
         + bytes.fromhex(name[: 2 * NAME_BYTES])
     if delta:
-        head += bytes.fromhex(base_digest)  # type: ignore[union-attr]
-    head += b"".join(_STREAM.pack(m, n) for m, n in table)
-    return [head, *parts]
+        head += bytes.fromhex(base_digest)  # type: ignore[arg-type]
+    return Prepared(head, streams, to_compress)
+
+
+def compress_streams(rows: list[np.ndarray], level: int = 1,
+                     threads: int = 1) -> list[bytes | memoryview]:
+    """zstd frames of these streams, in one call that runs on ``threads`` threads.
+
+    One call for a whole batch lets zstd's own threads do the work with the GIL
+    released throughout: threads of ours that took a stream each spent more
+    time handing the GIL to one another than compressing.
+    """
+    cctx = _compressor(level)
+    if threads <= 1 or len(rows) < 2:
+        return [cctx.compress(row.data) for row in rows]
+    frames = cctx.multi_compress_to_buffer([row.data for row in rows], threads=threads)
+    return [memoryview(frames[i]) for i in range(len(rows))]
+
+
+def finish(prepared: Prepared, packed: list[bytes | memoryview]) -> Parts:
+    """The blob's pieces, given the compressed forms of ``prepared.to_compress``;
+    a stream stays raw where compressing it did not pay."""
+    table: list[tuple[int, int]] = []
+    parts: Parts = []
+    frames = dict(zip(prepared.to_compress, packed))
+    for i, row in enumerate(prepared.streams):
+        method, payload = RAW, memoryview(row)
+        frame = frames.get(i)
+        if frame is not None and len(frame) < _KEEP_RATIO * len(row):
+            method, payload = ZSTD, frame
+        table.append((method, len(payload)))
+        parts.append(payload)
+    return [prepared.head + b"".join(_STREAM.pack(m, n) for m, n in table), *parts]
+
+
+def encode_parts(raw: np.ndarray, itemsize: int, *, level: int = 1, **options: object) -> Parts:
+    """Encode a uint8 array as a CKB2 blob in pieces (written out without a join);
+    the options are ``prepare``'s."""
+    prepared = prepare(raw, itemsize, level=level, **options)  # type: ignore[arg-type]
+    rows = [prepared.streams[i] for i in prepared.to_compress]
+    return finish(prepared, compress_streams(rows, level))
 
 
 def encode(raw: np.ndarray, itemsize: int, **options: object) -> bytes:

@@ -16,12 +16,11 @@ import os
 import time
 import uuid
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -41,8 +40,25 @@ STRATEGIES = ("full", "incremental", "differential")
 RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
                       "note", "branch"})
 ProgressFn = Callable[[int, int], None]
+T = TypeVar("T")
 _DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
-_DELTA_SAMPLE = 64 << 10  # bytes of a chunk both encodings are tried on
+_DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
+_SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
+_ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What a save saw at one chunk's place (see ``_digest_memo``)."""
+
+    check: bytes
+    digest: str
+    head: np.ndarray | None  # its first bytes, where that save wrote the chunk
+
+
+def _kept(seen: _Seen | None, digest: str) -> bool:
+    """Whether the last save kept the head of chunk ``digest``."""
+    return seen is not None and seen.digest == digest and seen.head is not None
 
 
 @dataclass
@@ -170,7 +186,10 @@ class CheckpointManager:
         self._listeners: list[Callable[[str, str], None]] = []
         self._delta_wins: dict[str, tuple[bool, int]] = {}  # storage -> (delta won, at save)
         # (storage, chunk index, length) -> (xxh3, blake3) of the last save's chunks
-        self._digest_memo: dict[tuple[str, int, int], tuple[bytes, str]] = {}
+        # (storage, chunk index, length) -> what the last save saw there: its xxh3,
+        # its digest, and, for a chunk that save wrote, the head of its bytes.
+        self._digest_memo: dict[tuple[str, int, int], _Seen] = {}
+        self._encode_arenas: list[np.ndarray] = []
         self._saves = 0
 
     # -- set-up -----------------------------------------------------------------
@@ -386,6 +405,7 @@ class CheckpointManager:
     ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
         known = self.catalog.chunk_digests()
         base_rows = self._rows_with_bases(d for d, _ in base_chunks.values())
+        base_views = self._pack_views(base_rows)
         depths = {d: r.depth for d, r in base_rows.items()}
         max_depth = (self.full_every - 1) if self.full_every else 64
         jobs: list[tuple[int, int, np.ndarray, tuple[str, int] | None]] = []
@@ -405,92 +425,142 @@ class CheckpointManager:
 
         self._saves += 1
         memo = self._digest_memo
-        fresh_memo: dict[tuple[str, int, int], tuple[bytes, str]] = {}
+        fresh_memo: dict[tuple[str, int, int], _Seen] = {}
+        sampled = 0  # bytes of chunk heads kept for the next save's delta probes
+        options = {"codec": self.codec, "level": self.level}
 
-        def plain(raw: np.ndarray, itemsize: int, check: bytes, digest: str) -> codec.Parts:
-            return codec.encode_parts(raw, itemsize, codec=self.codec, level=self.level,
-                                      check=check, name=digest)
+        def plain(raw: np.ndarray, itemsize: int, check: bytes, digest: str,
+                  out: np.ndarray | None = None) -> codec.Prepared:
+            return codec.prepare(raw, itemsize, check=check, name=digest, out=out, **options)
 
         def delta(raw: np.ndarray, itemsize: int, check: bytes, digest: str,
-                  base_raw: np.ndarray, base_digest: str) -> codec.Parts:
-            return codec.encode_parts(raw, itemsize, codec=self.codec, level=self.level,
-                                      base=base_raw, base_digest=base_digest, check=check,
-                                      name=digest)
+                  base_raw: np.ndarray, base_digest: str,
+                  out: np.ndarray | None = None) -> codec.Prepared:
+            return codec.prepare(raw, itemsize, base=base_raw, base_digest=base_digest,
+                                 check=check, name=digest, out=out, **options)
 
-        def encode(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None, name: str,
-                   ci: int) -> tuple[str, bytes, codec.Parts | None, str | None]:
+        def sample_length(prepared: codec.Prepared) -> int:
+            rows = [prepared.streams[i] for i in prepared.to_compress]
+            return codec.blob_length(codec.finish(prepared, codec.compress_streams(rows, self.level)))
+
+        def identify(raw: np.ndarray, name: str, ci: int) -> tuple[bytes, str, _Seen | None]:
+            """The chunk's checksum and digest (and what the last save saw in its place)."""
             # xxh3 runs ~6x faster than blake3: a chunk whose xxh3 matches what this
             # process hashed for the same place at the last save keeps that digest.
             check = codec.checksum(raw)
             seen = memo.get((name, ci, len(raw)))
-            digest = seen[1] if seen is not None and seen[0] == check else codec.digest(raw)
-            if digest in known:
-                return digest, check, None, None
-            if base is None or base[1] != len(raw) or base[0] == digest:
-                return digest, check, plain(raw, itemsize, check, digest), None
-            # Which encoding wins is a property of the tensor (weights gain from a delta,
-            # Adam's moments do not), so it is decided on a sample now and then.
-            wins, since = self._delta_wins.get(name, (None, 0))
-            fresh = wins is None or self._saves - since >= _DELTA_REPROBE
-            if wins is False and not fresh:
-                return digest, check, plain(raw, itemsize, check, digest), None
-            if fresh:
-                n = min(len(raw), _DELTA_SAMPLE - _DELTA_SAMPLE % itemsize)
-                head = self._read_prefix(base[0], n, base_rows)
-                tried = delta(raw[:n], itemsize, check, digest, head, base[0])
-                other = plain(raw[:n], itemsize, check, digest)
-                wins = codec.blob_length(tried) < codec.blob_length(other)
-                self._delta_wins[name] = (wins, self._saves)
-                if n == len(raw):  # the sample was the whole chunk (its checksum guards it)
-                    return (digest, check, tried, base[0]) if wins else (digest, check, other, None)
-                if not wins:
-                    return digest, check, plain(raw, itemsize, check, digest), None
-            if wins:
-                base_raw = self._read_raw(base[0], base_rows)
-                blob = delta(raw, itemsize, check, digest, base_raw, base[0])
-                if codec.blob_length(blob) < len(raw):
-                    return digest, check, blob, base[0]
-            return digest, check, plain(raw, itemsize, check, digest), None
+            digest = seen.digest if seen is not None and seen.check == check else codec.digest(raw)
+            return check, digest, seen
 
+        def delta_base(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None, name: str,
+                       check: bytes, digest: str, seen: _Seen | None) -> str | None:
+            """The chunk to store a new chunk as a delta against, if any."""
+            if base is None or base[1] != len(raw) or base[0] == digest:
+                return None
+            # Which encoding wins is a property of the tensor (weights gain from a delta,
+            # Adam's moments do not), so it is decided on a sample now and then: the
+            # head the last save kept, else one decoded from the heads of its streams.
+            wins, since = self._delta_wins.get(name, (None, 0))
+            if wins is None or self._saves - since >= _DELTA_REPROBE:
+                n = min(len(raw), _DELTA_SAMPLE - _DELTA_SAMPLE % itemsize)
+                head = seen.head[:n] if _kept(seen, base[0]) else \
+                    self._read_prefix(base[0], n, base_rows, base_views)
+                wins = sample_length(delta(raw[:n], itemsize, check, digest, head, base[0])) < \
+                    sample_length(plain(raw[:n], itemsize, check, digest))
+                self._delta_wins[name] = (wins, self._saves)
+            return base[0] if wins else None
+
+        def base_bytes(digest: str, seen: _Seen | None, size: int) -> np.ndarray:
+            if _kept(seen, digest) and len(seen.head) == size:  # type: ignore[union-attr]
+                return seen.head  # type: ignore[union-attr]
+            return self._read_raw(digest, base_rows, base_views)
+
+        def write(adds: list[tuple[str, codec.Parts, int, str | None, int]]) -> None:
+            for add in adds:
+                pack.add(*add)
+            pack.flush()  # all of it: the next batch but one reuses these streams' memory
+
+        # The calling thread hashes, groups and chooses; zstd compresses each batch on
+        # its own threads, in one call; the pool writes the batch before while the
+        # next is encoded. (A pool thread per chunk ran no faster than one thread:
+        # they spent their time handing the GIL to each other.)
         pool = self._executor()
-        window: deque[tuple[int, int, int, Future[tuple[str, bytes, codec.Parts | None,
-                                                          str | None]]]] = deque()
+        writing: Future[None] | None = None
         refs: list[str] = []
         written: set[str] = set()
         try:
             with write_pack(self.store) as pack:
-                pending = iter(jobs)
-                done = 0
-                while True:
-                    while len(window) < 2 * self.threads + 2:
-                        job = next(pending, None)
-                        if job is None:
-                            break
-                        si, ci, raw, base = job
+                done = batch_no = 0
+                for batch in _batches(jobs, _ENCODE_BATCH, lambda job: len(job[2])):
+                    found = []
+                    for si, ci, raw, base in batch:
                         storage = state.storages[si]
-                        future = pool.submit(encode, raw, storage.itemsize, base, storage.name,
-                                             ci)
-                        window.append((si, ci, len(raw), future))
-                    if not window:
-                        break
-                    si, ci, raw_len, future = window.popleft()
-                    digest, check, blob, base_digest = future.result()
-                    fresh_memo[(state.storages[si].name, ci, raw_len)] = (check, digest)
-                    storages_out[si]["chunks"][ci] = [digest, raw_len]
-                    refs.append(digest)
-                    if blob is not None and digest not in written:
-                        depth = depths.get(base_digest, 0) + 1 if base_digest else 0
-                        pack.add(digest, blob, raw_len, base_digest, depth)
+                        check, digest, seen = identify(raw, storage.name, ci)
+                        new = digest not in known and digest not in written
                         written.add(digest)
+                        against = delta_base(raw, storage.itemsize, base, storage.name, check,
+                                             digest, seen) if new else None
+                        found.append((si, ci, raw, check, digest, seen, new, against))
+                    # Ask for the delta bases' bytes all at once: written with direct I/O,
+                    # they are read back from the disk.
+                    self._prefetch(base_rows, (a for *_, new, a in found if a is not None))
+                    # Streams go to one of two reused buffers, in turn: the batch
+                    # before is still being written from the other.
+                    arena, used = self._encode_arena(batch_no % 2), 0
+                    batch_no += 1
+                    chosen = []
+                    for si, ci, raw, check, digest, seen, new, against in found:
+                        itemsize = state.storages[si].itemsize
+                        prepared = None
+                        if new:
+                            out = arena[used : used + len(raw)]
+                            used += len(raw)
+                            prepared = plain(raw, itemsize, check, digest, out) \
+                                if against is None else \
+                                delta(raw, itemsize, check, digest,
+                                      base_bytes(against, seen, len(raw)), against, out)
+                        chosen.append((si, ci, raw, digest, check, prepared, against))
+                    rows = [p.streams[i] for *_, p, _ in chosen if p is not None
+                            for i in p.to_compress]
+                    packed = iter(codec.compress_streams(rows, self.level, self.threads))
+                    adds = []
+                    for si, ci, raw, digest, check, prepared, base_digest in chosen:
+                        storage = state.storages[si]
+                        head = None
+                        if prepared is not None and sampled < _SAMPLES_KEPT:
+                            head = raw[:_DELTA_SAMPLE].copy()
+                            sampled += len(head)
+                        fresh_memo[(storage.name, ci, len(raw))] = _Seen(check, digest, head)
+                        storages_out[si]["chunks"][ci] = [digest, len(raw)]
+                        refs.append(digest)
+                        if prepared is None:
+                            continue
+                        parts = codec.finish(prepared, [next(packed) for _ in prepared.to_compress])
+                        if base_digest is not None and codec.blob_length(parts) >= len(raw):
+                            parts = codec.encode_parts(raw, storage.itemsize, check=check,
+                                                       name=digest, **options)
+                            base_digest = None  # the delta did not pay
+                        depth = depths.get(base_digest, 0) + 1 if base_digest else 0
+                        adds.append((digest, parts, len(raw), base_digest, depth))
                         depths[digest] = depth
-                    done += 1
+                    if writing is not None:
+                        writing.result()
+                    writing = pool.submit(write, adds) if adds else None
+                    done += len(batch)
                     if progress is not None:
                         progress(done, len(jobs))
+                if writing is not None:
+                    writing.result()
+                    writing = None
                 if not pack.rows:
                     raise _NothingToWrite
             new_rows = pack.rows
         except _NothingToWrite:
             new_rows = []
+        finally:
+            if writing is not None:  # an error while it wrote: let it end before the pack goes
+                with contextlib.suppress(Exception):
+                    writing.result()
         self._digest_memo = fresh_memo
         return ({"storages": storages_out, "tensors": [t.to_json() for t in state.tensors]},
                 new_rows, refs)
@@ -514,14 +584,22 @@ class CheckpointManager:
             raise CorruptCheckpointError(f"chunk {digest[:12]} is not in the catalog")
         return row
 
-    def _read_prefix(self, digest: str, nbytes: int, rows: Mapping[str, ChunkRow]) -> np.ndarray:
+    def _read_prefix(self, digest: str, nbytes: int, rows: Mapping[str, ChunkRow],
+                     views: Mapping[str, memoryview] | None = None) -> np.ndarray:
         """The first ``nbytes`` of a chunk's raw bytes, unchecked: for choosing an encoding."""
         row = self._row(digest, rows)
-        base = self._read_prefix(row.base, nbytes, rows) if row.base else None
-        prefix = codec.decode_prefix(self._read_scratch(row), nbytes)
+        base = self._read_prefix(row.base, nbytes, rows, views) if row.base else None
+        prefix = codec.decode_prefix(self._blob(row, views), nbytes)
         if base is not None:
             np.bitwise_xor(prefix, base[: len(prefix)], out=prefix)
         return prefix
+
+    def _encode_arena(self, which: int) -> np.ndarray:
+        """One of the two buffers a save encodes batches into, kept for later saves."""
+        if not self._encode_arenas:
+            size = _ENCODE_BATCH + self.chunk_size  # a batch ends past _ENCODE_BATCH
+            self._encode_arenas = [np.empty(size, dtype=np.uint8) for _ in range(2)]
+        return self._encode_arenas[which]
 
     def _pack_views(self, rows: Mapping[str, ChunkRow]) -> dict[str, memoryview]:
         """Zero-copy views of the packs these chunks lie in, where the store maps them."""
@@ -534,6 +612,19 @@ class CheckpointManager:
             if view is not None:
                 views[pack] = view
         return views
+
+    def _prefetch(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]) -> None:
+        """Tell the store which chunks (and the delta bases they need) are read next."""
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        wanted = list(digests)
+        while wanted:
+            row = rows.get(wanted.pop())
+            if row is not None:
+                ranges.setdefault(row.pack, []).append((row.offset, row.length))
+                if row.base:
+                    wanted.append(row.base)
+        for pack, spans in ranges.items():
+            self.store.prefetch(pack, spans)
 
     def _blob(self, row: ChunkRow, views: Mapping[str, memoryview] | None) -> memoryview | np.ndarray:
         """A chunk's blob: a slice of its pack's view, else read into this thread's buffer."""
@@ -617,13 +708,15 @@ class CheckpointManager:
                     f"checkpoint {checkpoint_id}: storage {storage['name']} chunks do not "
                     "add up to its size", checkpoint_id)
         views = self._pack_views(rows)
+        self._prefetch(rows, (row.digest for row, _ in jobs))
 
         def decode(batch: list[tuple[ChunkRow, np.ndarray]]) -> None:
             for row, out in batch:
                 self._decode_chunk(row, out, rows, views)
 
         pool = self._executor()
-        batches = _batches(jobs, sum(len(out) for _, out in jobs) // (8 * self.threads))
+        batches = _batches(jobs, sum(len(out) for _, out in jobs) // (8 * self.threads),
+                           lambda job: len(job[1]))
         futures = [(pool.submit(decode, batch), len(batch)) for batch in batches]
         done = 0
         for future, size in futures:
@@ -992,10 +1085,13 @@ class CheckpointManager:
                 report.bytes_freed += size
             elif sum(c.length for c in members) < compact_below * size:
                 moved = []
+                views = self._pack_views({row.digest: row for row in members})
                 with write_pack(self.store) as pack:
                     for row in sorted(members, key=lambda c: c.offset):
-                        pack.add(row.digest, memoryview(self._read_scratch(row)), row.raw_len,
-                                 row.base, row.depth)
+                        blob = self._blob(row, views)
+                        if isinstance(blob, np.ndarray):  # the reused buffer: the pack writes later
+                            blob = blob.copy()
+                        pack.add(row.digest, memoryview(blob), row.raw_len, row.base, row.depth)
                     moved = pack.rows
                 self.catalog.move_chunks(moved)
                 self.store.delete(key)
@@ -1032,22 +1128,21 @@ class CheckpointManager:
                                note=note if note is not None else f"imported from {path}")
 
 
-def _batches(jobs: list[tuple[ChunkRow, np.ndarray]],
-             nbytes: int) -> list[list[tuple[ChunkRow, np.ndarray]]]:
-    """Consecutive decode jobs in batches of about ``nbytes`` (at least 1 MiB) of output.
+def _batches(jobs: list[T], nbytes: int, size: Callable[[T], int]) -> list[list[T]]:
+    """Consecutive jobs in batches of about ``nbytes`` (at least 1 MiB) by ``size``.
 
-    One pool task per batch, not per chunk: a task's hand-offs between threads
-    cost about as much as decoding a small chunk.
+    Work goes to other threads a batch at a time, not a chunk at a time: each
+    hand-off between threads costs about as much as coding a small chunk.
     """
     nbytes = max(nbytes, 1 << 20)
-    batches: list[list[tuple[ChunkRow, np.ndarray]]] = [[]]
+    batches: list[list[T]] = [[]]
     filled = 0
     for job in jobs:
         if filled >= nbytes:
             batches.append([])
             filled = 0
         batches[-1].append(job)
-        filled += len(job[1])
+        filled += size(job)
     return [b for b in batches if b]
 
 

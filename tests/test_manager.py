@@ -232,6 +232,27 @@ def test_delta_strategies_restore_every_checkpoint(tmp_path: Path, strategy: str
     assert mgr.verify().ok
 
 
+@pytest.mark.parametrize("strategy", ["full", "incremental"])
+def test_saves_of_many_encode_batches_restore_bit_exact(
+        tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save encodes a batch into reused memory while the one before is written."""
+    from ckpt_nb import _manager
+
+    monkeypatch.setattr(_manager, "_ENCODE_BATCH", 1 << 20)  # ~10 batches a save
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(10)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mgr = CheckpointManager(tmp_path, strategy=strategy, chunk_size=1 << 18)
+    expected = {}
+    for i in range(3):
+        model(torch.randn(4, 512)).square().mean().backward()
+        opt.step()
+        cid = mgr.save(model, opt, step=i)
+        expected[cid] = [t.clone() for t in model.state_dict().values()]
+    assert mgr.verify().ok
+    for cid, want in expected.items():
+        assert same(list(CheckpointManager(tmp_path).load(cid).state["model"].values()), want)
+
+
 def _own_pack(mgr: CheckpointManager, cid: str) -> Path:
     """The pack holding chunks that only checkpoint ``cid`` references."""
     others = set().union(*(mgr.catalog.refs(r.id) for r in mgr.catalog.checkpoints()
@@ -390,10 +411,13 @@ def test_a_format_1_store_is_read_and_restamped_only_by_a_save(
         size, extra = codec._HEADER.size, codec.CHECK_BYTES + codec.NAME_BYTES
         return [codec.MAGIC_V1 + bytes(head[4:size]) + bytes(head[size + extra :]), *payloads]
 
-    real = codec.encode_parts
+    real = codec.finish
     with monkeypatch.context() as patch:  # write CKB1 blobs, as format 1 did
-        patch.setattr(codec, "encode_parts", format_1)
+        patch.setattr(codec, "finish", format_1)
         old = CheckpointManager(tmp_path).save(digits.model, digits.optimizer)
+    blobs = [p.read_bytes() for p in (tmp_path / "packs").iterdir()]
+    assert sum(b.count(codec.MAGIC_V1) for b in blobs) > 0 and \
+        not any(codec.MAGIC in b for b in blobs)
     stamp = tmp_path / "ckpt_nb.json"
     stamp.write_text(json.dumps({"format": 1}))
     expected = [t.clone() for t in digits.model.state_dict().values()]
