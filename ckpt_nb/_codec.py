@@ -45,6 +45,7 @@ NAME_BYTES = 8
 # a long stream is first probed on a sample, as mantissa bytes never compress.
 _KEEP_RATIO = 0.97
 _PROBE_BYTES = 8192
+_PROBE_RATIO = 0.92
 CODECS = ("zstd", "none")
 _LITTLE = sys.byteorder == "little"
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -192,7 +193,7 @@ def _compressible(cctx: zstandard.ZstdCompressor, row: np.ndarray) -> bool:
     if len(row) <= 8 * _PROBE_BYTES:
         return True
     probe = row[:_PROBE_BYTES]
-    return len(cctx.compress(probe.data)) < _KEEP_RATIO * len(probe)
+    return len(cctx.compress(probe.data)) < _PROBE_RATIO * len(probe)
 
 
 @dataclass

@@ -45,6 +45,7 @@ _DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
 _DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
 _SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
 _ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
+_ARENAS = 3  # batches encoded ahead of the one being written, plus one
 
 
 @dataclass(frozen=True)
@@ -475,92 +476,91 @@ class CheckpointManager:
                 return seen.head  # type: ignore[union-attr]
             return self._read_raw(digest, base_rows, base_views)
 
-        def write(adds: list[tuple[str, codec.Parts, int, str | None, int]]) -> None:
+        Chosen = tuple[int, int, np.ndarray, str, bytes, "codec.Prepared | None", "str | None"]
+
+        def compress_and_write(chosen: list[Chosen], before: Future[None] | None) -> None:
+            rows = [p.streams[i] for *_, p, _ in chosen if p is not None for i in p.to_compress]
+            packed = iter(codec.compress_streams(rows, self.level, self.threads))
+            adds = []
+            for si, _, raw, digest, check, prepared, base_digest in chosen:
+                if prepared is None:
+                    continue
+                parts = codec.finish(prepared, [next(packed) for _ in prepared.to_compress])
+                if base_digest is not None and codec.blob_length(parts) >= len(raw):
+                    parts = codec.encode_parts(raw, state.storages[si].itemsize, check=check,
+                                               name=digest, **options)
+                    base_digest = None  # the delta did not pay
+                depth = depths.get(base_digest, 0) + 1 if base_digest else 0
+                adds.append((digest, parts, len(raw), base_digest, depth))
+            if before is not None:
+                before.result()  # the pack takes the batches in order
             for add in adds:
                 pack.add(*add)
-            pack.flush()  # all of it: the next batch but one reuses these streams' memory
+            pack.flush()  # all of it: a later batch reuses these streams' memory
 
-        # The calling thread hashes, groups and chooses; zstd compresses each batch on
-        # its own threads, in one call; the pool writes the batch before while the
-        # next is encoded. (A pool thread per chunk ran no faster than one thread:
-        # they spent their time handing the GIL to each other.)
+        # The calling thread hashes, groups and chooses, a batch at a time, while a pool
+        # thread has zstd compress the batch before on zstd's own threads, in one call
+        # that holds no GIL, and writes it. (A pool thread per chunk ran no faster than
+        # one thread: they spent their time handing the GIL to each other.)
         pool = self._executor()
-        writing: Future[None] | None = None
+        in_flight: list[Future[None]] = []
         refs: list[str] = []
         written: set[str] = set()
         try:
             with write_pack(self.store) as pack:
-                done = batch_no = 0
-                for batch in _batches(jobs, _ENCODE_BATCH, lambda job: len(job[2])):
-                    found = []
-                    for si, ci, raw, base in batch:
-                        storage = state.storages[si]
-                        check, digest, seen = identify(raw, storage.name, ci)
-                        new = digest not in known and digest not in written
-                        written.add(digest)
-                        against = delta_base(raw, storage.itemsize, base, storage.name, check,
-                                             digest, seen) if new else None
-                        found.append((si, ci, raw, check, digest, seen, new, against))
-                    # Ask for the delta bases' bytes all at once: written with direct I/O,
-                    # they are read back from the disk.
-                    self._prefetch(base_rows, (a for *_, new, a in found if a is not None))
-                    # Streams go to one of two reused buffers, in turn: the batch
-                    # before is still being written from the other.
-                    arena, used = self._encode_arena(batch_no % 2), 0
-                    batch_no += 1
-                    chosen = []
-                    for si, ci, raw, check, digest, seen, new, against in found:
-                        itemsize = state.storages[si].itemsize
-                        prepared = None
-                        if new:
-                            out = arena[used : used + len(raw)]
-                            used += len(raw)
-                            prepared = plain(raw, itemsize, check, digest, out) \
-                                if against is None else \
-                                delta(raw, itemsize, check, digest,
-                                      base_bytes(against, seen, len(raw)), against, out)
-                        chosen.append((si, ci, raw, digest, check, prepared, against))
-                    rows = [p.streams[i] for *_, p, _ in chosen if p is not None
-                            for i in p.to_compress]
-                    packed = iter(codec.compress_streams(rows, self.level, self.threads))
-                    adds = []
-                    for si, ci, raw, digest, check, prepared, base_digest in chosen:
-                        storage = state.storages[si]
-                        head = None
-                        if prepared is not None and sampled < _SAMPLES_KEPT:
-                            head = raw[:_DELTA_SAMPLE].copy()
-                            sampled += len(head)
-                        fresh_memo[(storage.name, ci, len(raw))] = _Seen(check, digest, head)
-                        storages_out[si]["chunks"][ci] = [digest, len(raw)]
-                        refs.append(digest)
-                        if prepared is None:
-                            continue
-                        parts = codec.finish(prepared, [next(packed) for _ in prepared.to_compress])
-                        if base_digest is not None and codec.blob_length(parts) >= len(raw):
-                            parts = codec.encode_parts(raw, storage.itemsize, check=check,
-                                                       name=digest, **options)
-                            base_digest = None  # the delta did not pay
-                        depth = depths.get(base_digest, 0) + 1 if base_digest else 0
-                        adds.append((digest, parts, len(raw), base_digest, depth))
-                        depths[digest] = depth
-                    if writing is not None:
-                        writing.result()
-                    writing = pool.submit(write, adds) if adds else None
-                    done += len(batch)
-                    if progress is not None:
-                        progress(done, len(jobs))
-                if writing is not None:
-                    writing.result()
-                    writing = None
+                try:
+                    done = 0
+                    for batch_no, batch in enumerate(
+                            _batches(jobs, _ENCODE_BATCH, lambda job: len(job[2]))):
+                        if len(in_flight) == _ARENAS:  # its streams' buffer is the one to reuse
+                            in_flight.pop(0).result()
+                        found = []
+                        for si, ci, raw, base in batch:
+                            storage = state.storages[si]
+                            check, digest, seen = identify(raw, storage.name, ci)
+                            new = digest not in known and digest not in written
+                            written.add(digest)
+                            against = delta_base(raw, storage.itemsize, base, storage.name,
+                                                 check, digest, seen) if new else None
+                            found.append((si, ci, raw, check, digest, seen, new, against))
+                        # Ask for the delta bases' bytes all at once: written with direct
+                        # I/O, they are read back from the disk.
+                        self._prefetch(base_rows, (a for *_, a in found if a is not None))
+                        arena, used = self._encode_arena(batch_no % _ARENAS), 0
+                        chosen: list[Chosen] = []
+                        for si, ci, raw, check, digest, seen, new, against in found:
+                            storage = state.storages[si]
+                            prepared, head = None, None
+                            if new:
+                                out = arena[used : used + len(raw)]
+                                used += len(raw)
+                                prepared = plain(raw, storage.itemsize, check, digest, out) \
+                                    if against is None else \
+                                    delta(raw, storage.itemsize, check, digest,
+                                          base_bytes(against, seen, len(raw)), against, out)
+                                if sampled < _SAMPLES_KEPT:
+                                    head = raw[:_DELTA_SAMPLE].copy()
+                                    sampled += len(head)
+                            fresh_memo[(storage.name, ci, len(raw))] = _Seen(check, digest, head)
+                            storages_out[si]["chunks"][ci] = [digest, len(raw)]
+                            refs.append(digest)
+                            chosen.append((si, ci, raw, digest, check, prepared, against))
+                        before = in_flight[-1] if in_flight else None
+                        in_flight.append(pool.submit(compress_and_write, chosen, before))
+                        done += len(batch)
+                        if progress is not None:
+                            progress(done, len(jobs))
+                    while in_flight:
+                        in_flight.pop(0).result()
+                finally:  # on an error, let the pool finish with the pack before it goes
+                    for future in in_flight:
+                        with contextlib.suppress(Exception):
+                            future.result()
                 if not pack.rows:
                     raise _NothingToWrite
             new_rows = pack.rows
         except _NothingToWrite:
             new_rows = []
-        finally:
-            if writing is not None:  # an error while it wrote: let it end before the pack goes
-                with contextlib.suppress(Exception):
-                    writing.result()
         self._digest_memo = fresh_memo
         return ({"storages": storages_out, "tensors": [t.to_json() for t in state.tensors]},
                 new_rows, refs)
@@ -595,10 +595,10 @@ class CheckpointManager:
         return prefix
 
     def _encode_arena(self, which: int) -> np.ndarray:
-        """One of the two buffers a save encodes batches into, kept for later saves."""
+        """One of the buffers a save encodes batches into, in turn; kept for later saves."""
         if not self._encode_arenas:
             size = _ENCODE_BATCH + self.chunk_size  # a batch ends past _ENCODE_BATCH
-            self._encode_arenas = [np.empty(size, dtype=np.uint8) for _ in range(2)]
+            self._encode_arenas = [np.empty(size, dtype=np.uint8) for _ in range(_ARENAS)]
         return self._encode_arenas[which]
 
     def _pack_views(self, rows: Mapping[str, ChunkRow]) -> dict[str, memoryview]:

@@ -173,6 +173,12 @@ class StoreConformance:
         with pytest.raises(FileNotFoundError):
             store.view("missing")
 
+    def test_prefetch_is_only_a_hint(self, store: Store) -> None:
+        store.put("p", bytes(10_000))
+        store.prefetch("p", [(0, 100), (50, 9_000), (20_000, 10)])  # past the end too
+        store.prefetch("missing", [(0, 1)])
+        assert store.get("p") == bytes(10_000)
+
     def test_empty_value(self, store: Store) -> None:
         store.put("empty", b"")
         assert store.has("empty")

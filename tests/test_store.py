@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -129,3 +130,49 @@ def test_manager_runs_on_an_fsspec_store(tmp_path: Path) -> None:
     ids = [mgr.save(h=Holder(), step=i) for i in range(3)]
     assert list(mgr.list()["id"]) == ids[1:]
     assert torch.equal(mgr.load(ids[-1]).state["h"]["w"], weights["w"]) and mgr.verify().ok
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, (4 << 20) - 1, 4 << 20, (9 << 20) + 123])
+def test_direct_writes_keep_every_byte(tmp_path: Path, size: int) -> None:
+    """Durable LocalStore writes go through O_DIRECT from an aligned stage, padded and cut back."""
+    store = LocalStore(tmp_path)
+    data = os.urandom(size)
+    with store.writer("v") as out:
+        half = size // 3
+        out.write(data[:half])
+        out.write_many([memoryview(data)[half : 2 * half], data[2 * half :]])
+    assert (tmp_path / "v").stat().st_size == size
+    assert store.get("v") == data
+
+
+def test_a_file_system_refusing_direct_io_gets_ordinary_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckpt_nb import _store
+
+    real_write = os.write
+
+    def refuse_direct(fd: int, data: object) -> int:
+        if _store.fcntl.fcntl(fd, _store.fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(_store.os, "write", refuse_direct)
+    data = os.urandom((6 << 20) + 5)
+    LocalStore(tmp_path).put("v", data)
+    assert LocalStore(tmp_path).get("v") == data
+
+
+def test_a_failed_direct_write_leaves_nothing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    with pytest.raises(RuntimeError), store.writer("v") as out:
+        out.write(os.urandom(5 << 20))
+        raise RuntimeError("crash mid-write")
+    assert not store.has("v") and list(tmp_path.iterdir()) == []
+    store.put("v", b"after")  # the stage went back to be reused
+    assert store.get("v") == b"after"
+
+
+def test_prefetch_ranges_are_merged() -> None:
+    from ckpt_nb._store import _merged
+
+    assert _merged([(10, 5), (0, 4), (4, 2), (12, 10), (40, 1)]) == [(0, 6), (10, 12), (40, 1)]
