@@ -287,6 +287,23 @@ def torch_load(path: Path) -> object:
     return torch.load(path, weights_only=True)
 
 
+def torch_load_into(path: Path, target: StateDict) -> None:
+    """``torch.load(weights_only=True)`` then ``copy_`` into preallocated tensors: what a
+    torch user runs to put a checkpoint back into live objects. ``target`` is keyed as
+    ``flat_tensors`` keys them, or as the state dict that was saved."""
+    loaded = torch.load(path, weights_only=True)
+    if isinstance(loaded.get("optimizer"), Mapping):  # {"model": ..., "optimizer": ...}
+        flat = {f"model.{k}": v for k, v in loaded["model"].items()}
+        flat.update({f"optim.{pid}.{name}": v
+                     for pid, st in loaded["optimizer"]["state"].items()
+                     for name, v in st.items() if isinstance(v, torch.Tensor)})
+    else:
+        flat = loaded
+    with torch.no_grad():
+        for k, t in target.items():
+            t.copy_(flat[k])
+
+
 def st_save(sd: StateDict, path: Path) -> None:
     """``safetensors.torch.save_file`` then ``fsync``."""
     from safetensors.torch import save_file
