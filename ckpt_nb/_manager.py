@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import math
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -190,7 +191,6 @@ class CheckpointManager:
         # (storage, chunk index, length) -> what the last save saw there: its xxh3,
         # its digest, and, for a chunk that save wrote, the head of its bytes.
         self._digest_memo: dict[tuple[str, int, int], _Seen] = {}
-        self._encode_arenas: list[np.ndarray] = []
         self._saves = 0
 
     # -- set-up -----------------------------------------------------------------
@@ -453,6 +453,10 @@ class CheckpointManager:
             digest = seen.digest if seen is not None and seen.check == check else codec.digest(raw)
             return check, digest, seen
 
+        def hash_batch(batch: list[tuple[int, int, np.ndarray, Any]]
+                       ) -> list[tuple[bytes, str, _Seen | None]]:
+            return [identify(raw, state.storages[si].name, ci) for si, ci, raw, _ in batch]
+
         def delta_base(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None, name: str,
                        check: bytes, digest: str, seen: _Seen | None) -> str | None:
             """The chunk to store a new chunk as a delta against, if any."""
@@ -504,20 +508,27 @@ class CheckpointManager:
         # one thread: they spent their time handing the GIL to each other.)
         pool = self._executor()
         in_flight: list[Future[None]] = []
+        hashing: list[Future[list[tuple[bytes, str, _Seen | None]]]] = []
         refs: list[str] = []
         written: set[str] = set()
         try:
-            with write_pack(self.store) as pack:
+            with _ENCODE_BUFFERS.take(_ENCODE_BATCH + self.chunk_size) as arenas, \
+                    write_pack(self.store) as pack:
                 try:
                     done = 0
-                    for batch_no, batch in enumerate(
-                            _batches(jobs, _ENCODE_BATCH, lambda job: len(job[2]))):
+                    batches = _batches(jobs, _ENCODE_BATCH, lambda job: len(job[2]))
+                    # A pool thread hashes a batch ahead: blake3 lets the GIL go for a
+                    # whole chunk, so it runs beside the grouping here.
+                    hashing.extend(pool.submit(hash_batch, b) for b in batches[:1])
+                    for batch_no, batch in enumerate(batches):
+                        if batch_no + 1 < len(batches):
+                            hashing.append(pool.submit(hash_batch, batches[batch_no + 1]))
                         if len(in_flight) == _ARENAS:  # its streams' buffer is the one to reuse
                             in_flight.pop(0).result()
                         found = []
-                        for si, ci, raw, base in batch:
+                        for (si, ci, raw, base), (check, digest, seen) in \
+                                zip(batch, hashing.pop(0).result()):
                             storage = state.storages[si]
-                            check, digest, seen = identify(raw, storage.name, ci)
                             new = digest not in known and digest not in written
                             written.add(digest)
                             against = delta_base(raw, storage.itemsize, base, storage.name,
@@ -526,7 +537,7 @@ class CheckpointManager:
                         # Ask for the delta bases' bytes all at once: written with direct
                         # I/O, they are read back from the disk.
                         self._prefetch(base_rows, (a for *_, a in found if a is not None))
-                        arena, used = self._encode_arena(batch_no % _ARENAS), 0
+                        arena, used = arenas[batch_no % _ARENAS], 0
                         chosen: list[Chosen] = []
                         for si, ci, raw, check, digest, seen, new, against in found:
                             storage = state.storages[si]
@@ -553,7 +564,7 @@ class CheckpointManager:
                     while in_flight:
                         in_flight.pop(0).result()
                 finally:  # on an error, let the pool finish with the pack before it goes
-                    for future in in_flight:
+                    for future in in_flight + hashing:
                         with contextlib.suppress(Exception):
                             future.result()
                 if not pack.rows:
@@ -593,13 +604,6 @@ class CheckpointManager:
         if base is not None:
             np.bitwise_xor(prefix, base[: len(prefix)], out=prefix)
         return prefix
-
-    def _encode_arena(self, which: int) -> np.ndarray:
-        """One of the buffers a save encodes batches into, in turn; kept for later saves."""
-        if not self._encode_arenas:
-            size = _ENCODE_BATCH + self.chunk_size  # a batch ends past _ENCODE_BATCH
-            self._encode_arenas = [np.empty(size, dtype=np.uint8) for _ in range(_ARENAS)]
-        return self._encode_arenas[which]
 
     def _pack_views(self, rows: Mapping[str, ChunkRow]) -> dict[str, memoryview]:
         """Zero-copy views of the packs these chunks lie in, where the store maps them."""
@@ -1126,6 +1130,39 @@ class CheckpointManager:
         return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
                                metrics=ck.metrics, strategy="full", parent=None,
                                note=note if note is not None else f"imported from {path}")
+
+
+class _EncodeBuffers:
+    """Sets of buffers that saves encode batches into, shared by a process's managers.
+
+    Fresh memory costs a page fault per 4 KiB, which made grouping slower than
+    copying: a save takes a set (of ``_ARENAS``, one per batch in flight; a batch
+    ends past ``_ENCODE_BATCH``, so each holds that plus a chunk) and gives it back.
+    """
+
+    KEEP = 2  # sets kept per size, for saves running at the same time
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[list[np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def take(self, size: int) -> Iterator[list[np.ndarray]]:
+        with self._lock:
+            free = self._free.setdefault(size, [])
+            buffers = free.pop() if free else None
+        if buffers is None:
+            buffers = [np.empty(size, dtype=np.uint8) for _ in range(_ARENAS)]
+        try:
+            yield buffers
+        finally:
+            with self._lock:
+                free = self._free.setdefault(size, [])
+                if len(free) < self.KEEP:
+                    free.append(buffers)
+
+
+_ENCODE_BUFFERS = _EncodeBuffers()
 
 
 def _batches(jobs: list[T], nbytes: int, size: Callable[[T], int]) -> list[list[T]]:
