@@ -45,6 +45,9 @@ T = TypeVar("T")
 _DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
 _DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
 _SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
+# Smaller tensors (biases, norms) are stored whole: a delta would save next to
+# nothing, and choosing one cost more than all of their bytes.
+_DELTA_MIN_STORAGE = 64 << 10
 _ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
 _ARENAS = 3  # batches encoded ahead of the one being written, plus one
 
@@ -453,6 +456,8 @@ class CheckpointManager:
             digest = seen.digest if seen is not None and seen.check == check else codec.digest(raw)
             return check, digest, seen
 
+        storage_bytes = {st.name: st.data.nbytes for st in state.storages}
+
         def hash_batch(batch: list[tuple[int, int, np.ndarray, Any]]
                        ) -> list[tuple[bytes, str, _Seen | None]]:
             return [identify(raw, state.storages[si].name, ci) for si, ci, raw, _ in batch]
@@ -460,7 +465,8 @@ class CheckpointManager:
         def delta_base(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None, name: str,
                        check: bytes, digest: str, seen: _Seen | None) -> str | None:
             """The chunk to store a new chunk as a delta against, if any."""
-            if base is None or base[1] != len(raw) or base[0] == digest:
+            if base is None or base[1] != len(raw) or base[0] == digest or \
+                    storage_bytes[name] < _DELTA_MIN_STORAGE:
                 return None
             # Which encoding wins is a property of the tensor (weights gain from a delta,
             # Adam's moments do not), so it is decided on a sample now and then: the

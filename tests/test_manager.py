@@ -199,7 +199,7 @@ class Finetune(torch.nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.backbone = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
-        self.head = torch.nn.Linear(256, 10)
+        self.head = torch.nn.Linear(256, 64)  # 64 KiB of weights: big enough for deltas
         self.backbone.requires_grad_(False)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -224,6 +224,7 @@ def test_delta_strategies_restore_every_checkpoint(tmp_path: Path, strategy: str
     assert delta < 0.1 * full  # frozen backbone deduplicated
     bases = [c for c in mgr.catalog.all_chunks() if c.base]
     assert bases and max(c.depth for c in bases) <= 2  # deltas are used, chains bounded
+    assert all(c.raw_len == 8192 for c in bases)  # the head's weight; its 256-byte bias: whole
     # retention drops the bases of later deltas: what is kept must still restore
     mgr.max_to_keep = 2
     mgr.save(model, step=7)
