@@ -1,7 +1,7 @@
 """``CheckpointManager``: save, restore, inspect and prune checkpoints.
 
 A save walks down the layers: live objects -> capture (state tree) -> codec
-(blobs, in a thread pool, overlapping the writes) -> store (one pack, one
+(blobs, in the stages of ``_save_pipeline``, overlapping the writes) -> store (one pack, one
 manifest, each atomic) -> catalog (one transaction, last). A restore walks back
 up and checks every chunk against its digest before any live object changes.
 """
@@ -13,15 +13,14 @@ import fcntl
 import hashlib
 import math
 import os
-import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,36 +33,14 @@ from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError)
 from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, manifest_key,
-                      read_pack_index, stamp_format, write_pack)
+                      stamp_format, write_pack)
+from ._save_pipeline import Memo, SavePipeline, in_batches
 from ._store import Store, local_root, open_store
 
 STRATEGIES = ("full", "incremental", "differential")
 RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
                       "note", "branch"})
 ProgressFn = Callable[[int, int], None]
-T = TypeVar("T")
-_DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
-_DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
-_SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
-# Smaller tensors (biases, norms) are stored whole: a delta would save next to
-# nothing, and choosing one cost more than all of their bytes.
-_DELTA_MIN_STORAGE = 64 << 10
-_ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
-_ARENAS = 3  # batches encoded ahead of the one being written, plus one
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """What a save saw at one chunk's place (see ``_digest_memo``)."""
-
-    check: bytes
-    digest: str
-    head: np.ndarray | None  # its first bytes, where that save wrote the chunk
-
-
-def _kept(seen: _Seen | None, digest: str) -> bool:
-    """Whether the last save kept the head of chunk ``digest``."""
-    return seen is not None and seen.digest == digest and seen.head is not None
 
 
 @dataclass
@@ -193,7 +170,7 @@ class CheckpointManager:
         # (storage, chunk index, length) -> (xxh3, blake3) of the last save's chunks
         # (storage, chunk index, length) -> what the last save saw there: its xxh3,
         # its digest, and, for a chunk that save wrote, the head of its bytes.
-        self._digest_memo: dict[tuple[str, int, int], _Seen] = {}
+        self._digest_memo: Memo = {}
         self._saves = 0
 
     # -- set-up -----------------------------------------------------------------
@@ -407,180 +384,7 @@ class CheckpointManager:
         self, state: FlatState, base_chunks: Mapping[tuple[str, int], tuple[str, int]],
         progress: ProgressFn | None,
     ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
-        known = self.catalog.chunk_digests()
-        base_rows = self._rows_with_bases(d for d, _ in base_chunks.values())
-        base_views = self._pack_views(base_rows)
-        depths = {d: r.depth for d, r in base_rows.items()}
-        max_depth = (self.full_every - 1) if self.full_every else 64
-        jobs: list[tuple[int, int, np.ndarray, tuple[str, int] | None]] = []
-        storages_out: list[dict[str, Any]] = []
-        for si, storage in enumerate(state.storages):
-            size = max(self.chunk_size - self.chunk_size % storage.itemsize, storage.itemsize)
-            data = storage.data
-            count = max(1, math.ceil(len(data) / size)) if len(data) else 0
-            storages_out.append({"name": storage.name, "nbytes": int(data.nbytes),
-                                 "itemsize": storage.itemsize, "device": storage.device,
-                                 "kind": storage.kind, "chunks": [None] * count})
-            for ci in range(count):
-                base = base_chunks.get((storage.name, ci))
-                if base is not None and depths.get(base[0], max_depth) >= max_depth:
-                    base = None
-                jobs.append((si, ci, data[ci * size : (ci + 1) * size], base))
-
-        self._saves += 1
-        memo = self._digest_memo
-        fresh_memo: dict[tuple[str, int, int], _Seen] = {}
-        sampled = 0  # bytes of chunk heads kept for the next save's delta probes
-        options = {"codec": self.codec, "level": self.level}
-
-        def plain(raw: np.ndarray, itemsize: int, check: bytes, digest: str,
-                  out: np.ndarray | None = None) -> codec.Prepared:
-            return codec.prepare(raw, itemsize, check=check, name=digest, out=out, **options)
-
-        def delta(raw: np.ndarray, itemsize: int, check: bytes, digest: str,
-                  base_raw: np.ndarray, base_digest: str,
-                  out: np.ndarray | None = None) -> codec.Prepared:
-            return codec.prepare(raw, itemsize, base=base_raw, base_digest=base_digest,
-                                 check=check, name=digest, out=out, **options)
-
-        def sample_length(prepared: codec.Prepared) -> int:
-            rows = [prepared.streams[i] for i in prepared.to_compress]
-            return codec.blob_length(codec.finish(prepared, codec.compress_streams(rows, self.level)))
-
-        def identify(raw: np.ndarray, name: str, ci: int) -> tuple[bytes, str, _Seen | None]:
-            """The chunk's checksum and digest (and what the last save saw in its place)."""
-            # xxh3 runs ~6x faster than blake3: a chunk whose xxh3 matches what this
-            # process hashed for the same place at the last save keeps that digest.
-            check = codec.checksum(raw)
-            seen = memo.get((name, ci, len(raw)))
-            digest = seen.digest if seen is not None and seen.check == check else codec.digest(raw)
-            return check, digest, seen
-
-        storage_bytes = {st.name: st.data.nbytes for st in state.storages}
-
-        def hash_batch(batch: list[tuple[int, int, np.ndarray, Any]]
-                       ) -> list[tuple[bytes, str, _Seen | None]]:
-            return [identify(raw, state.storages[si].name, ci) for si, ci, raw, _ in batch]
-
-        def delta_base(raw: np.ndarray, itemsize: int, base: tuple[str, int] | None, name: str,
-                       check: bytes, digest: str, seen: _Seen | None) -> str | None:
-            """The chunk to store a new chunk as a delta against, if any."""
-            if base is None or base[1] != len(raw) or base[0] == digest or \
-                    storage_bytes[name] < _DELTA_MIN_STORAGE:
-                return None
-            # Which encoding wins is a property of the tensor (weights gain from a delta,
-            # Adam's moments do not), so it is decided on a sample now and then: the
-            # head the last save kept, else one decoded from the heads of its streams.
-            wins, since = self._delta_wins.get(name, (None, 0))
-            if wins is None or self._saves - since >= _DELTA_REPROBE:
-                n = min(len(raw), _DELTA_SAMPLE - _DELTA_SAMPLE % itemsize)
-                head = seen.head[:n] if _kept(seen, base[0]) else \
-                    self._read_prefix(base[0], n, base_rows, base_views)
-                wins = sample_length(delta(raw[:n], itemsize, check, digest, head, base[0])) < \
-                    sample_length(plain(raw[:n], itemsize, check, digest))
-                self._delta_wins[name] = (wins, self._saves)
-            return base[0] if wins else None
-
-        def base_bytes(digest: str, seen: _Seen | None, size: int) -> np.ndarray:
-            if _kept(seen, digest) and len(seen.head) == size:  # type: ignore[union-attr]
-                return seen.head  # type: ignore[union-attr]
-            return self._read_raw(digest, base_rows, base_views)
-
-        Chosen = tuple[int, int, np.ndarray, str, bytes, "codec.Prepared | None", "str | None"]
-
-        def compress_and_write(chosen: list[Chosen], before: Future[None] | None) -> None:
-            rows = [p.streams[i] for *_, p, _ in chosen if p is not None for i in p.to_compress]
-            packed = iter(codec.compress_streams(rows, self.level, self.threads))
-            adds = []
-            for si, _, raw, digest, check, prepared, base_digest in chosen:
-                if prepared is None:
-                    continue
-                parts = codec.finish(prepared, [next(packed) for _ in prepared.to_compress])
-                if base_digest is not None and codec.blob_length(parts) >= len(raw):
-                    parts = codec.encode_parts(raw, state.storages[si].itemsize, check=check,
-                                               name=digest, **options)
-                    base_digest = None  # the delta did not pay
-                depth = depths.get(base_digest, 0) + 1 if base_digest else 0
-                adds.append((digest, parts, len(raw), base_digest, depth))
-            if before is not None:
-                before.result()  # the pack takes the batches in order
-            for add in adds:
-                pack.add(*add)
-            pack.flush()  # all of it: a later batch reuses these streams' memory
-
-        # The calling thread hashes, groups and chooses, a batch at a time, while a pool
-        # thread has zstd compress the batch before on zstd's own threads, in one call
-        # that holds no GIL, and writes it. (A pool thread per chunk ran no faster than
-        # one thread: they spent their time handing the GIL to each other.)
-        pool = self._executor()
-        in_flight: list[Future[None]] = []
-        hashing: list[Future[list[tuple[bytes, str, _Seen | None]]]] = []
-        refs: list[str] = []
-        written: set[str] = set()
-        try:
-            with _ENCODE_BUFFERS.take(_ENCODE_BATCH + self.chunk_size) as arenas, \
-                    write_pack(self.store) as pack:
-                try:
-                    done = 0
-                    batches = _batches(jobs, _ENCODE_BATCH, lambda job: len(job[2]))
-                    # A pool thread hashes a batch ahead: blake3 lets the GIL go for a
-                    # whole chunk, so it runs beside the grouping here.
-                    hashing.extend(pool.submit(hash_batch, b) for b in batches[:1])
-                    for batch_no, batch in enumerate(batches):
-                        if batch_no + 1 < len(batches):
-                            hashing.append(pool.submit(hash_batch, batches[batch_no + 1]))
-                        if len(in_flight) == _ARENAS:  # its streams' buffer is the one to reuse
-                            in_flight.pop(0).result()
-                        found = []
-                        for (si, ci, raw, base), (check, digest, seen) in \
-                                zip(batch, hashing.pop(0).result()):
-                            storage = state.storages[si]
-                            new = digest not in known and digest not in written
-                            written.add(digest)
-                            against = delta_base(raw, storage.itemsize, base, storage.name,
-                                                 check, digest, seen) if new else None
-                            found.append((si, ci, raw, check, digest, seen, new, against))
-                        # Ask for the delta bases' bytes all at once: written with direct
-                        # I/O, they are read back from the disk.
-                        self._prefetch(base_rows, (a for *_, a in found if a is not None))
-                        arena, used = arenas[batch_no % _ARENAS], 0
-                        chosen: list[Chosen] = []
-                        for si, ci, raw, check, digest, seen, new, against in found:
-                            storage = state.storages[si]
-                            prepared, head = None, None
-                            if new:
-                                out = arena[used : used + len(raw)]
-                                used += len(raw)
-                                prepared = plain(raw, storage.itemsize, check, digest, out) \
-                                    if against is None else \
-                                    delta(raw, storage.itemsize, check, digest,
-                                          base_bytes(against, seen, len(raw)), against, out)
-                                if sampled < _SAMPLES_KEPT:
-                                    head = raw[:_DELTA_SAMPLE].copy()
-                                    sampled += len(head)
-                            fresh_memo[(storage.name, ci, len(raw))] = _Seen(check, digest, head)
-                            storages_out[si]["chunks"][ci] = [digest, len(raw)]
-                            refs.append(digest)
-                            chosen.append((si, ci, raw, digest, check, prepared, against))
-                        before = in_flight[-1] if in_flight else None
-                        in_flight.append(pool.submit(compress_and_write, chosen, before))
-                        done += len(batch)
-                        if progress is not None:
-                            progress(done, len(jobs))
-                    while in_flight:
-                        in_flight.pop(0).result()
-                finally:  # on an error, let the pool finish with the pack before it goes
-                    for future in in_flight + hashing:
-                        with contextlib.suppress(Exception):
-                            future.result()
-                if not pack.rows:
-                    raise _NothingToWrite
-            new_rows = pack.rows
-        except _NothingToWrite:
-            new_rows = []
-        self._digest_memo = fresh_memo
-        return ({"storages": storages_out, "tensors": [t.to_json() for t in state.tensors]},
-                new_rows, refs)
+        return SavePipeline(self, state, base_chunks, progress).run()
 
     # -- reading chunks -----------------------------------------------------------
     def _read_scratch(self, row: ChunkRow) -> np.ndarray:
@@ -725,7 +529,7 @@ class CheckpointManager:
                 self._decode_chunk(row, out, rows, views)
 
         pool = self._executor()
-        batches = _batches(jobs, sum(len(out) for _, out in jobs) // (8 * self.threads),
+        batches = in_batches(jobs, sum(len(out) for _, out in jobs) // (8 * self.threads),
                            lambda job: len(job[1]))
         futures = [(pool.submit(decode, batch), len(batch)) for batch in batches]
         done = 0
@@ -1138,57 +942,6 @@ class CheckpointManager:
                                note=note if note is not None else f"imported from {path}")
 
 
-class _EncodeBuffers:
-    """Sets of buffers that saves encode batches into, shared by a process's managers.
-
-    Fresh memory costs a page fault per 4 KiB, which made grouping slower than
-    copying: a save takes a set (of ``_ARENAS``, one per batch in flight; a batch
-    ends past ``_ENCODE_BATCH``, so each holds that plus a chunk) and gives it back.
-    """
-
-    KEEP = 2  # sets kept per size, for saves running at the same time
-
-    def __init__(self) -> None:
-        self._free: dict[int, list[list[np.ndarray]]] = {}
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def take(self, size: int) -> Iterator[list[np.ndarray]]:
-        with self._lock:
-            free = self._free.setdefault(size, [])
-            buffers = free.pop() if free else None
-        if buffers is None:
-            buffers = [np.empty(size, dtype=np.uint8) for _ in range(_ARENAS)]
-        try:
-            yield buffers
-        finally:
-            with self._lock:
-                free = self._free.setdefault(size, [])
-                if len(free) < self.KEEP:
-                    free.append(buffers)
-
-
-_ENCODE_BUFFERS = _EncodeBuffers()
-
-
-def _batches(jobs: list[T], nbytes: int, size: Callable[[T], int]) -> list[list[T]]:
-    """Consecutive jobs in batches of about ``nbytes`` (at least 1 MiB) by ``size``.
-
-    Work goes to other threads a batch at a time, not a chunk at a time: each
-    hand-off between threads costs about as much as coding a small chunk.
-    """
-    nbytes = max(nbytes, 1 << 20)
-    batches: list[list[T]] = [[]]
-    filled = 0
-    for job in jobs:
-        if filled >= nbytes:
-            batches.append([])
-            filled = 0
-        batches[-1].append(job)
-        filled += size(job)
-    return [b for b in batches if b]
-
-
 def _arena(sizes: list[int]) -> list[torch.Tensor]:
     """Fresh uint8 buffers of these sizes, 64-byte aligned views of one allocation.
 
@@ -1214,10 +967,6 @@ class _StateHolder:
 
     def load_state_dict(self, state: Any) -> None:
         self._state = state
-
-
-class _NothingToWrite(Exception):
-    """Internal: every chunk was already stored, so the empty pack is dropped."""
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:

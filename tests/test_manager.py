@@ -237,9 +237,9 @@ def test_delta_strategies_restore_every_checkpoint(tmp_path: Path, strategy: str
 def test_saves_of_many_encode_batches_restore_bit_exact(
         tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A save encodes a batch into reused memory while the one before is written."""
-    from ckpt_nb import _manager
+    from ckpt_nb import _save_pipeline
 
-    monkeypatch.setattr(_manager, "_ENCODE_BATCH", 1 << 20)  # ~10 batches a save
+    monkeypatch.setattr(_save_pipeline, "ENCODE_BATCH", 1 << 20)  # ~10 batches a save
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(10)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mgr = CheckpointManager(tmp_path, strategy=strategy, chunk_size=1 << 18)

@@ -1,0 +1,316 @@
+"""How one save turns a captured state's storages into chunks in a new pack.
+
+A batch (``ENCODE_BATCH`` bytes of chunks) at a time, in three stages that run
+side by side:
+
+- a pool thread hashes the next batch: xxh3 of every chunk and, where that is
+  new at its place, blake3 (which lets the GIL go for a whole chunk);
+- the calling thread decides, chunk by chunk, whether it is stored already,
+  plain, or as a delta against its base, and groups its bytes into streams in
+  one of ``BUFFER_SETS`` reused buffers;
+- a pool thread has zstd compress the batch before in one call, on zstd's own
+  threads and without the GIL, and writes it to the pack in order.
+
+Why this shape: on a 2-vCPU VM two Python threads coding a chunk each ran no
+faster than one, as every short C call that lets the GIL go costs a wake-up
+on the other vCPU to get it back. Here the stages hand over once a batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from . import _codec as codec
+from ._capture import FlatState
+from ._catalog import ChunkRow
+from ._format import write_pack
+
+if TYPE_CHECKING:
+    from ._manager import CheckpointManager
+
+T = TypeVar("T")
+ProgressFn = Callable[[int, int], None]
+
+DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
+DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
+SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
+# Smaller tensors (biases, norms) are stored whole: a delta would save next to
+# nothing, and choosing one cost more than all of their bytes.
+DELTA_MIN_STORAGE = 64 << 10
+ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
+BUFFER_SETS = 3  # batches encoded ahead of the one being written, plus one
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a save saw at one chunk's place (a manager keeps these from its last save)."""
+
+    check: bytes
+    digest: str
+    head: np.ndarray | None  # its first bytes, where that save wrote the chunk
+
+    def kept(self, digest: str) -> bool:
+        """Whether this is chunk ``digest`` and its head was kept."""
+        return self.digest == digest and self.head is not None
+
+
+Memo = dict[tuple[str, int, int], Seen]  # (storage, chunk index, length) -> Seen
+_Job = tuple[int, int, np.ndarray, "tuple[str, int] | None"]  # storage, chunk, bytes, base
+_Chosen = tuple[int, int, np.ndarray, str, bytes, "codec.Prepared | None", "str | None"]
+
+
+class NothingToWrite(Exception):
+    """Every chunk was already stored, so the empty pack is dropped."""
+
+
+class SavePipeline:
+    """One save's chunks: ``run()`` writes the new ones and returns the manifest's part."""
+
+    def __init__(self, mgr: CheckpointManager, state: FlatState,
+                 base_chunks: Mapping[tuple[str, int], tuple[str, int]],
+                 progress: ProgressFn | None) -> None:
+        self.mgr, self.state, self.progress = mgr, state, progress
+        self.options = {"codec": mgr.codec, "level": mgr.level}
+        self.known = mgr.catalog.chunk_digests()
+        self.base_rows = mgr._rows_with_bases(d for d, _ in base_chunks.values())
+        self.base_views = mgr._pack_views(self.base_rows)
+        self.depths = {d: r.depth for d, r in self.base_rows.items()}
+        self.storage_bytes = {st.name: st.data.nbytes for st in state.storages}
+        self.memo = mgr._digest_memo
+        self.fresh_memo: Memo = {}
+        self.sampled = 0  # bytes of chunk heads kept for the next save's delta probes
+        self.refs: list[str] = []
+        self.written: set[str] = set()
+        self.storages_out: list[dict[str, Any]] = []
+        self.jobs = self._jobs(base_chunks)
+
+    def _jobs(self, base_chunks: Mapping[tuple[str, int], tuple[str, int]]) -> list[_Job]:
+        """Every chunk of every storage, with the base a delta of it may use."""
+        chunk_size, full_every = self.mgr.chunk_size, self.mgr.full_every
+        max_depth = (full_every - 1) if full_every else 64
+        jobs: list[_Job] = []
+        for si, storage in enumerate(self.state.storages):
+            size = max(chunk_size - chunk_size % storage.itemsize, storage.itemsize)
+            data = storage.data
+            count = max(1, math.ceil(len(data) / size)) if len(data) else 0
+            self.storages_out.append({"name": storage.name, "nbytes": int(data.nbytes),
+                                      "itemsize": storage.itemsize, "device": storage.device,
+                                      "kind": storage.kind, "chunks": [None] * count})
+            for ci in range(count):
+                base = base_chunks.get((storage.name, ci))
+                if base is not None and self.depths.get(base[0], max_depth) >= max_depth:
+                    base = None
+                jobs.append((si, ci, data[ci * size : (ci + 1) * size], base))
+        return jobs
+
+    def run(self) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
+        """Write the new chunks; returns the manifest's storages and tensors, the new
+        chunks' rows and every chunk the checkpoint refers to."""
+        mgr = self.mgr
+        mgr._saves += 1
+        pool = mgr._executor()
+        writing: list[Future[None]] = []
+        hashing: list[Future[list[tuple[bytes, str, Seen | None]]]] = []
+        try:
+            with ENCODE_BUFFERS.take(ENCODE_BATCH + mgr.chunk_size) as buffers, \
+                    write_pack(mgr.store) as self.pack:
+                try:
+                    batches = in_batches(self.jobs, ENCODE_BATCH, lambda job: len(job[2]))
+                    hashing.extend(pool.submit(self._hash, b) for b in batches[:1])
+                    done = 0
+                    for n, batch in enumerate(batches):
+                        if n + 1 < len(batches):
+                            hashing.append(pool.submit(self._hash, batches[n + 1]))
+                        if len(writing) == BUFFER_SETS:  # its buffer is the one to reuse
+                            writing.pop(0).result()
+                        chosen = self._choose(batch, hashing.pop(0).result(),
+                                              buffers[n % BUFFER_SETS])
+                        before = writing[-1] if writing else None
+                        writing.append(pool.submit(self._compress_and_write, chosen, before))
+                        done += len(batch)
+                        if self.progress is not None:
+                            self.progress(done, len(self.jobs))
+                    while writing:
+                        writing.pop(0).result()
+                finally:  # on an error, let the pool finish with the pack before it goes
+                    for future in writing + hashing:
+                        with contextlib.suppress(Exception):
+                            future.result()
+                if not self.pack.rows:
+                    raise NothingToWrite
+            new_rows = self.pack.rows
+        except NothingToWrite:
+            new_rows = []
+        mgr._digest_memo = self.fresh_memo
+        return ({"storages": self.storages_out,
+                 "tensors": [t.to_json() for t in self.state.tensors]}, new_rows, self.refs)
+
+    # -- stage 1: hashing (a pool thread) -------------------------------------------------
+    def _hash(self, batch: list[_Job]) -> list[tuple[bytes, str, Seen | None]]:
+        return [self._identify(raw, self.state.storages[si].name, ci)
+                for si, ci, raw, _ in batch]
+
+    def _identify(self, raw: np.ndarray, name: str, ci: int) -> tuple[bytes, str, Seen | None]:
+        """The chunk's checksum and digest (and what the last save saw in its place)."""
+        # xxh3 runs ~6x faster than blake3: a chunk whose xxh3 matches what this
+        # process hashed for the same place at the last save keeps that digest.
+        check = codec.checksum(raw)
+        seen = self.memo.get((name, ci, len(raw)))
+        digest = seen.digest if seen is not None and seen.check == check else codec.digest(raw)
+        return check, digest, seen
+
+    # -- stage 2: choosing and grouping (the calling thread) ------------------------------
+    def _choose(self, batch: list[_Job], hashes: list[tuple[bytes, str, Seen | None]],
+                buffer: np.ndarray) -> list[_Chosen]:
+        found = []
+        for (si, ci, raw, base), (check, digest, seen) in zip(batch, hashes):
+            storage = self.state.storages[si]
+            new = digest not in self.known and digest not in self.written
+            self.written.add(digest)
+            against = self._delta_base(raw, storage.itemsize, base, storage.name, check,
+                                       digest, seen) if new else None
+            found.append((si, ci, raw, check, digest, seen, new, against))
+        # Ask for the delta bases' bytes all at once: written with direct I/O, they
+        # are read back from the disk.
+        self.mgr._prefetch(self.base_rows, (a for *_, a in found if a is not None))
+        chosen: list[_Chosen] = []
+        used = 0
+        for si, ci, raw, check, digest, seen, new, against in found:
+            storage = self.state.storages[si]
+            prepared, head = None, None
+            if new:
+                out = buffer[used : used + len(raw)]
+                used += len(raw)
+                base_raw = None if against is None else self._base_bytes(against, seen, len(raw))
+                prepared = self._prepare(raw, storage.itemsize, check, digest, base_raw,
+                                         against, out)
+                if self.sampled < SAMPLES_KEPT:
+                    head = raw[:DELTA_SAMPLE].copy()
+                    self.sampled += len(head)
+            self.fresh_memo[(storage.name, ci, len(raw))] = Seen(check, digest, head)
+            self.storages_out[si]["chunks"][ci] = [digest, len(raw)]
+            self.refs.append(digest)
+            chosen.append((si, ci, raw, digest, check, prepared, against))
+        return chosen
+
+    def _prepare(self, raw: np.ndarray, itemsize: int, check: bytes, digest: str,
+                 base_raw: np.ndarray | None = None, base_digest: str | None = None,
+                 out: np.ndarray | None = None) -> codec.Prepared:
+        return codec.prepare(raw, itemsize, base=base_raw, base_digest=base_digest,
+                             check=check, name=digest, out=out, **self.options)
+
+    def _delta_base(self, raw: np.ndarray, itemsize: int, base: tuple[str, int] | None,
+                    name: str, check: bytes, digest: str, seen: Seen | None) -> str | None:
+        """The chunk to store a new chunk as a delta against, if any."""
+        if base is None or base[1] != len(raw) or base[0] == digest or \
+                self.storage_bytes[name] < DELTA_MIN_STORAGE:
+            return None
+        # Which encoding wins is a property of the tensor (weights gain from a delta,
+        # Adam's moments do not), so it is decided on a sample now and then: the head
+        # the last save kept, else one decoded from the heads of the base's streams.
+        mgr = self.mgr
+        wins, since = mgr._delta_wins.get(name, (None, 0))
+        if wins is None or mgr._saves - since >= DELTA_REPROBE:
+            n = min(len(raw), DELTA_SAMPLE - DELTA_SAMPLE % itemsize)
+            head = seen.head[:n] if seen is not None and seen.kept(base[0]) else \
+                mgr._read_prefix(base[0], n, self.base_rows, self.base_views)
+            as_delta = self._prepare(raw[:n], itemsize, check, digest, head, base[0])
+            as_plain = self._prepare(raw[:n], itemsize, check, digest)
+            wins = _length(as_delta, mgr.level) < _length(as_plain, mgr.level)
+            mgr._delta_wins[name] = (wins, mgr._saves)
+        return base[0] if wins else None
+
+    def _base_bytes(self, digest: str, seen: Seen | None, size: int) -> np.ndarray:
+        """A delta base's raw bytes: the head the last save kept when that is all of
+        it, else read back (and checked) from the store."""
+        if seen is not None and seen.kept(digest) and len(seen.head) == size:  # type: ignore[arg-type]
+            return seen.head  # type: ignore[return-value]
+        return self.mgr._read_raw(digest, self.base_rows, self.base_views)
+
+    # -- stage 3: compressing and writing (a pool thread) ---------------------------------
+    def _compress_and_write(self, chosen: list[_Chosen], before: Future[None] | None) -> None:
+        rows = [p.streams[i] for *_, p, _ in chosen if p is not None for i in p.to_compress]
+        packed = iter(codec.compress_streams(rows, self.mgr.level, self.mgr.threads))
+        adds = []
+        for si, _, raw, digest, check, prepared, base_digest in chosen:
+            if prepared is None:
+                continue
+            parts = codec.finish(prepared, [next(packed) for _ in prepared.to_compress])
+            if base_digest is not None and codec.blob_length(parts) >= len(raw):
+                parts = codec.encode_parts(raw, self.state.storages[si].itemsize, check=check,
+                                           name=digest, **self.options)
+                base_digest = None  # the delta did not pay
+            depth = self.depths.get(base_digest, 0) + 1 if base_digest else 0
+            adds.append((digest, parts, len(raw), base_digest, depth))
+        if before is not None:
+            before.result()  # the pack takes the batches in order
+        for add in adds:
+            self.pack.add(*add)
+        self.pack.flush()  # all of it: a later batch reuses these streams' memory
+
+
+def _length(prepared: codec.Prepared, level: int) -> int:
+    """The length of the blob ``prepared`` makes."""
+    rows = [prepared.streams[i] for i in prepared.to_compress]
+    return codec.blob_length(codec.finish(prepared, codec.compress_streams(rows, level)))
+
+
+class EncodeBuffers:
+    """Sets of buffers that saves encode batches into, shared by a process's managers.
+
+    Fresh memory costs a page fault per 4 KiB, which made grouping slower than
+    copying: a save takes a set (of ``BUFFER_SETS``, one per batch in flight; a
+    batch ends past ``ENCODE_BATCH``, so each holds that plus a chunk) and gives
+    it back.
+    """
+
+    KEEP = 2  # sets kept per size, for saves running at the same time
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[list[np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def take(self, size: int) -> Iterator[list[np.ndarray]]:
+        with self._lock:
+            free = self._free.setdefault(size, [])
+            buffers = free.pop() if free else None
+        if buffers is None:
+            buffers = [np.empty(size, dtype=np.uint8) for _ in range(BUFFER_SETS)]
+        try:
+            yield buffers
+        finally:
+            with self._lock:
+                free = self._free.setdefault(size, [])
+                if len(free) < self.KEEP:
+                    free.append(buffers)
+
+
+ENCODE_BUFFERS = EncodeBuffers()
+
+
+def in_batches(jobs: list[T], nbytes: int, size: Callable[[T], int]) -> list[list[T]]:
+    """Consecutive jobs in batches of about ``nbytes`` (at least 1 MiB) by ``size``.
+
+    Work goes to other threads a batch at a time, not a chunk at a time: each
+    hand-off between threads costs about as much as coding a small chunk.
+    """
+    nbytes = max(nbytes, 1 << 20)
+    batches: list[list[T]] = [[]]
+    filled = 0
+    for job in jobs:
+        if filled >= nbytes:
+            batches.append([])
+            filled = 0
+        batches[-1].append(job)
+        filled += size(job)
+    return [b for b in batches if b]
+
