@@ -167,7 +167,6 @@ class CheckpointManager:
         self._manifests: dict[str, dict[str, Any]] = {}
         self._listeners: list[Callable[[str, str], None]] = []
         self._delta_wins: dict[str, tuple[bool, int]] = {}  # storage -> (delta won, at save)
-        # (storage, chunk index, length) -> (xxh3, blake3) of the last save's chunks
         # (storage, chunk index, length) -> what the last save saw there: its xxh3,
         # its digest, and, for a chunk that save wrote, the head of its bytes.
         self._digest_memo: Memo = {}
