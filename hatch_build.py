@@ -1,8 +1,8 @@
-"""Build hook: compile the codec's byte-grouping loops (ckpt_nb/_bytegroup.c).
+"""Build hook: compile the codec's hot loops (ckpt_nb/_kernels.c).
 
 The result is a plain shared library that ckpt_nb/_native.py loads with ctypes.
 Without a working C compiler the build goes on without it, with a warning, and
-ckpt_nb groups bytes with NumPy instead (the same bytes, slower).
+ckpt_nb groups bytes with NumPy and decodes in Python instead (the same bytes, slower).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = "ckpt_nb/_bytegroup.c"
-LIBRARY = "ckpt_nb/_bytegroup.so"
+SOURCE = "ckpt_nb/_kernels.c"
+LIBRARY = "ckpt_nb/_kernels.so"
 
 
 class BytegroupBuildHook(BuildHookInterface):
@@ -27,14 +27,14 @@ class BytegroupBuildHook(BuildHookInterface):
         source, library = Path(self.root, SOURCE), Path(self.root, LIBRARY)
         partial = library.with_suffix(".so.partial")
         compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
-        command = [*compiler, "-O3", "-shared", "-fPIC", "-o", str(partial), str(source)]
+        command = [*compiler, "-O3", "-shared", "-fPIC", "-pthread", "-o", str(partial), str(source)]
         try:
             subprocess.run(command, check=True, capture_output=True, text=True)
         except (OSError, subprocess.CalledProcessError) as exc:
             detail = getattr(exc, "stderr", "") or str(exc)
             self.app.display_warning(
                 f"ckpt_nb: could not compile {SOURCE} ({detail.strip()}); "
-                "byte grouping falls back to NumPy, which is slower")
+                "the codec falls back to NumPy and Python, which are slower")
             partial.unlink(missing_ok=True)
             return
         os.replace(partial, library)

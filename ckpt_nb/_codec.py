@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import blake3
@@ -373,6 +374,67 @@ def decode_into(
     ``CorruptCheckpointError``); False for a CKB1 blob, which the caller must
     check against its digest.
     """
+    outcome = decode_many([(blob, out, base, name)])[0]
+    if isinstance(outcome, CorruptCheckpointError):
+        raise outcome
+    return outcome
+
+
+DecodeJob = tuple[bytes | memoryview | np.ndarray, np.ndarray, np.ndarray | None, str | None]
+
+# What the C decoder's statuses mean (``_kernels.c``, CKPT_E*).
+_NATIVE_ERRORS = {
+    -1: "chunk blob is truncated",
+    -2: "chunk blob has a bad header",
+    -3: "chunk blob belongs to another chunk",
+    -4: "chunk blob length does not match its record",
+    -6: "chunk blob streams do not add up",
+    -7: "chunk blob is truncated or has a bad stream",
+    -8: "chunk blob stream has the wrong length",
+    -10: "chunk fails its checksum",
+}
+
+
+def decode_many(jobs: Sequence[DecodeJob]) -> list[bool | CorruptCheckpointError]:
+    """``decode_into`` for each (blob, out, base, name) job, in one C call where the
+    C decoder is there; each job's outcome is its result or its error, so a
+    caller can name the chunk that failed."""
+    if not _native.can_decode():
+        return [_outcome(job) for job in jobs]
+    heads = [None if name is None else bytes.fromhex(name[: 2 * NAME_BYTES])
+             for _, _, _, name in jobs]
+    table = _native.decode([(blob, out, base, head)
+                            for (blob, out, base, _), head in zip(jobs, heads)])
+    outcomes: list[bool | CorruptCheckpointError] = []
+    for job, status, detail in zip(jobs, table["status"].tolist(), table["detail"].tolist()):
+        if status == 0:
+            outcomes.append(True)
+        elif status == _native.LEFT:  # a CKB1 blob
+            outcomes.append(_outcome(job))
+        elif status == -5:
+            raise ValueError("a delta blob is decoded with its base, a plain one without")
+        elif status == -9:
+            outcomes.append(CorruptCheckpointError(
+                f"chunk blob does not decompress: {_native.zstd_error(detail)}"))
+        elif status == -11:
+            raise MemoryError("no memory left to decode a chunk")
+        else:
+            outcomes.append(CorruptCheckpointError(_NATIVE_ERRORS[status]))
+    return outcomes
+
+
+def _outcome(job: DecodeJob) -> bool | CorruptCheckpointError:
+    try:
+        return _decode_python(*job)
+    except CorruptCheckpointError as exc:
+        return exc
+
+
+def _decode_python(
+    blob: bytes | memoryview | np.ndarray, out: np.ndarray, base: np.ndarray | None,
+    name: str | None,
+) -> bool:
+    """``decode_into`` where the C decoder is not there, or for CKB1 blobs."""
     meta, streams = _parse(memoryview(blob))
     if name is not None and meta.name is not None and \
             bytes.fromhex(name[: 2 * NAME_BYTES]) != meta.name:

@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from . import _codec as codec
-from ._buffers import scratch
+from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
                        has_pickle, load_all)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
@@ -34,7 +34,8 @@ from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError)
 from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, manifest_key,
                       stamp_format, write_pack)
-from ._save_pipeline import Memo, SavePipeline, in_batches
+from ._parallel import in_batches, share_work
+from ._save_pipeline import Memo, SavePipeline
 from ._store import Store, local_root, open_store
 
 STRATEGIES = ("full", "incremental", "differential")
@@ -461,12 +462,32 @@ class CheckpointManager:
                       views: Mapping[str, memoryview] | None = None) -> None:
         base = self._read_raw(row.base, rows, views) if row.base else None
         blob = self._blob(row, views)  # after the base, which may reuse the same buffer
-        try:
-            checked = codec.decode_into(blob, out, base, row.digest)
-        except CorruptCheckpointError as exc:  # "chunk fails its checksum", ...
-            detail = str(exc).removeprefix("chunk ")
-            raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} {detail}") from exc
-        if not checked and codec.digest(out) != row.digest:
+        self._check_decoded(row, out, codec.decode_many([(blob, out, base, row.digest)])[0])
+
+    def _decode_chunks(self, jobs: Sequence[tuple[ChunkRow, np.ndarray]],
+                       rows: Mapping[str, ChunkRow], views: Mapping[str, memoryview]) -> None:
+        """Decode chunks into their arrays: those in mapped packs in one codec call
+        (one release of the GIL), the others, which are read first, one by one."""
+        mapped, blobs = [], []
+        for row, out in jobs:
+            if row.pack not in views:
+                self._decode_chunk(row, out, rows, views)
+                continue
+            base = self._read_raw(row.base, rows, views) if row.base else None
+            mapped.append((row, out))
+            blobs.append((self._blob(row, views), out, base, row.digest))
+        for (row, out), outcome in zip(mapped, codec.decode_many(blobs)):
+            self._check_decoded(row, out, outcome)
+
+    @staticmethod
+    def _check_decoded(row: ChunkRow, out: np.ndarray,
+                       outcome: bool | CorruptCheckpointError) -> None:
+        """Raise for a chunk that failed to decode, naming it; check a CKB1 one's digest."""
+        if isinstance(outcome, CorruptCheckpointError):  # "chunk fails its checksum", ...
+            detail = str(outcome).removeprefix("chunk ")
+            raise CorruptCheckpointError(
+                f"chunk {row.digest[:12]} in {row.pack} {detail}") from outcome
+        if not outcome and codec.digest(out) != row.digest:
             raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} fails its checksum")
 
     def _rows_with_bases(self, digests: Iterable[str]) -> dict[str, ChunkRow]:
@@ -523,26 +544,16 @@ class CheckpointManager:
         views = self._pack_views(rows)
         self._prefetch(rows, (row.digest for row, _ in jobs))
 
-        def decode(batch: list[tuple[ChunkRow, np.ndarray]]) -> None:
-            for row, out in batch:
-                self._decode_chunk(row, out, rows, views)
-
-        pool = self._executor()
         batches = in_batches(jobs, sum(len(out) for _, out in jobs) // (8 * self.threads),
-                           lambda job: len(job[1]))
-        futures = [(pool.submit(decode, batch), len(batch)) for batch in batches]
-        done = 0
-        for future, size in futures:
-            try:
-                future.result()
-            except CorruptCheckpointError as exc:
-                for other, _ in futures:
-                    other.cancel()
-                raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {exc}",
-                                             checkpoint_id) from exc
-            done += size
-            if progress is not None:
-                progress(done, len(jobs))
+                             lambda job: len(job[1]))
+        try:
+            share_work(self._executor(), self.threads - 1, batches,
+                       lambda batch: self._decode_chunks(batch, rows, views),
+                       None if progress is None else lambda done: progress(done, len(jobs)),
+                       weight=len)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {exc}",
+                                         checkpoint_id) from exc
         return buffers
 
     # -- resolving ids ---------------------------------------------------------------
@@ -942,7 +953,8 @@ class CheckpointManager:
 
 
 def _arena(sizes: list[int]) -> list[torch.Tensor]:
-    """Fresh uint8 buffers of these sizes, 64-byte aligned views of one allocation.
+    """Uint8 buffers of these sizes, 64-byte aligned views of one allocation: the
+    last restore's memory where nothing refers to it any more (``RESTORE_ARENA``).
 
     NumPy asks the kernel for huge pages on a big allocation and torch does
     not: first-touch page faults of ``torch.empty`` cost more than decoding.
@@ -951,7 +963,7 @@ def _arena(sizes: list[int]) -> list[torch.Tensor]:
     for size in sizes:
         offsets.append(total)
         total += -(-size // 64) * 64
-    arena = np.empty(total, dtype=np.uint8)
+    arena = RESTORE_ARENA.take(total)
     return [torch.from_numpy(arena[o : o + n]) for o, n in zip(offsets, sizes)]
 
 

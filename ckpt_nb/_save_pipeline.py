@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,11 +32,11 @@ from . import _codec as codec
 from ._capture import FlatState
 from ._catalog import ChunkRow
 from ._format import write_pack
+from ._parallel import in_batches
 
 if TYPE_CHECKING:
     from ._manager import CheckpointManager
 
-T = TypeVar("T")
 ProgressFn = Callable[[int, int], None]
 
 DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
@@ -295,22 +295,3 @@ class EncodeBuffers:
 
 
 ENCODE_BUFFERS = EncodeBuffers()
-
-
-def in_batches(jobs: list[T], nbytes: int, size: Callable[[T], int]) -> list[list[T]]:
-    """Consecutive jobs in batches of about ``nbytes`` (at least 1 MiB) by ``size``.
-
-    Work goes to other threads a batch at a time, not a chunk at a time: each
-    hand-off between threads costs about as much as coding a small chunk.
-    """
-    nbytes = max(nbytes, 1 << 20)
-    batches: list[list[T]] = [[]]
-    filled = 0
-    for job in jobs:
-        if filled >= nbytes:
-            batches.append([])
-            filled = 0
-        batches[-1].append(job)
-        filled += size(job)
-    return [b for b in batches if b]
-

@@ -20,10 +20,19 @@ def weights(n: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> np.nda
     return t.view(torch.uint8).numpy().copy()
 
 
+@pytest.fixture(params=["c", "python"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a decoding test with the C decoder and with the Python one."""
+    if request.param == "c" and not _native.can_decode():
+        pytest.skip("the C decoder is not there (no compiler, or zstd/xxh3 not found)")
+    if request.param == "python":
+        monkeypatch.setattr(_native, "decoder", False)
+    return str(request.param)
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64,
                                    torch.int8, torch.complex128])
 @pytest.mark.parametrize("name", ["zstd", "none"])
-def test_round_trip_every_item_size(dtype: torch.dtype, name: str) -> None:
+def test_round_trip_every_item_size(dtype: torch.dtype, name: str, decoder: str) -> None:
     raw = weights(40_000, dtype) if not dtype.is_complex else \
         torch.randn(20_000, dtype=dtype).view(torch.uint8).numpy().copy()
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -49,7 +58,7 @@ def test_the_build_compiled_the_c_loops_where_there_is_a_compiler() -> None:
     assert _native.lib is not None, f"{_native.LIBRARY} is missing: reinstall (pip install -e .)"
 
 
-@pytest.mark.skipif(_native.lib is None, reason="the build did not compile _bytegroup.c")
+@pytest.mark.skipif(_native.lib is None, reason="the build did not compile _kernels.c")
 @pytest.mark.parametrize("itemsize", [2, 3, 4, 8, 16])
 def test_the_c_grouping_loops_match_numpy_byte_for_byte(itemsize: int) -> None:
     raw = np.random.default_rng(itemsize).integers(0, 256, itemsize * 70_001, dtype=np.uint8)
@@ -77,7 +86,7 @@ def test_without_the_c_loops_blobs_are_the_same_bytes(
     assert codec.decode_into(native, out) and np.array_equal(out, raw)
 
 
-def test_delta_round_trip() -> None:
+def test_delta_round_trip(decoder: str) -> None:
     base = weights(100_000)
     new = base.copy()
     new[4000:4400] ^= 1  # a few low mantissa bits move
@@ -89,7 +98,7 @@ def test_delta_round_trip() -> None:
     assert np.array_equal(out, new)
 
 
-def test_a_flipped_byte_in_a_raw_stream_fails_the_checksum() -> None:
+def test_a_flipped_byte_in_a_raw_stream_fails_the_checksum(decoder: str) -> None:
     raw = weights(100_000)
     blob = bytearray(codec.encode(raw, 4))
     blob[-10] ^= 0x40  # inside the last stream's payload
@@ -97,20 +106,94 @@ def test_a_flipped_byte_in_a_raw_stream_fails_the_checksum() -> None:
         codec.decode_into(bytes(blob), np.empty_like(raw))
 
 
-def test_a_blob_read_under_another_name_is_refused() -> None:
+def test_a_blob_read_under_another_name_is_refused(decoder: str) -> None:
     raw = weights(10_000)
     blob = codec.encode(raw, 4)
     with pytest.raises(CorruptCheckpointError, match="another chunk"):
         codec.decode_into(blob, np.empty_like(raw), name=codec.digest(raw[::-1].copy()))
 
 
-def test_truncated_and_wrong_length_blobs_are_refused() -> None:
+def test_truncated_and_wrong_length_blobs_are_refused(decoder: str) -> None:
     raw = weights(50_000)
     blob = codec.encode(raw, 4)
     with pytest.raises(CorruptCheckpointError):
         codec.decode_into(blob[: len(blob) // 2], np.empty_like(raw))
     with pytest.raises(CorruptCheckpointError, match="length"):
         codec.decode_into(blob, np.empty(len(raw) - 4, np.uint8))
+
+
+def test_the_c_decoder_is_bound_wherever_the_c_loops_are() -> None:
+    """zstd and xxh3 are found in the zstandard and xxhash packages (or the system):
+    a release of theirs that hid them would silently cost restores their speed."""
+    if _native.lib is None:
+        pytest.skip("the build did not compile _kernels.c")
+    assert _native.decoder, "the C decoder found no zstd / xxh3 to call"
+
+
+def corrupted(blob: bytes) -> dict[str, bytes]:
+    """One broken variant of a 4-stream blob for each check the decoder makes."""
+    head, pos = codec._HEADER.size, codec._HEADER.size + codec.CHECK_BYTES + codec.NAME_BYTES
+    table = pos  # the stream table follows (a plain blob: no base digest)
+    zstd_at = next(i for i in range(4) if blob[table + 9 * i] == codec.ZSTD)
+    payload = table + 9 * 4 + sum(int.from_bytes(blob[table + 9 * i + 1 : table + 9 * i + 9],
+                                                 "little") for i in range(zstd_at))
+    raw_at = next(i for i in range(4) if blob[table + 9 * i] == codec.RAW)
+    return {
+        "short header": blob[:10],
+        "bad magic": b"XXXX" + blob[4:],
+        "no streams": blob[:6] + b"\0" + blob[7:],
+        "cut in the table": blob[: table + 12],
+        "bad method": blob[:table] + b"\x07" + blob[table + 1 :],
+        "stream past the end": blob[:-5],
+        "raw stream too short": blob[: table + 9 * raw_at + 1]
+        + (int.from_bytes(blob[table + 9 * raw_at + 1 : table + 9 * raw_at + 9], "little") - 4)
+        .to_bytes(8, "little") + blob[table + 9 * raw_at + 9 :],
+        "odd raw length": blob[:8] + (int.from_bytes(blob[8:16], "little") + 1)
+        .to_bytes(8, "little") + blob[16:],
+        "garbage frame": blob[:payload] + b"\xff" * 8 + blob[payload + 8 :],
+        "flipped check": blob[:head] + bytes([blob[head] ^ 1]) + blob[head + 1 :],
+    }
+
+
+def test_the_c_and_python_decoders_refuse_the_same_blobs_with_the_same_words(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if not _native.can_decode():
+        pytest.skip("the C decoder is not there")
+    raw = weights(40_000)
+    good = codec.encode(raw, 4)
+    cases = corrupted(good)
+    jobs = [(bad, np.empty(len(raw) + (1 if k == "odd raw length" else 0), np.uint8), None, None)
+            for k, bad in cases.items()]
+    by_c = codec.decode_many(jobs)
+    monkeypatch.setattr(_native, "decoder", False)
+    by_python = codec.decode_many(jobs)
+    for case, c, py in zip(cases, by_c, by_python):
+        assert isinstance(c, CorruptCheckpointError), case
+        assert isinstance(py, CorruptCheckpointError), case
+        if case == "garbage frame":  # zstd's words, through two bindings
+            assert "does not decompress" in str(c) and "does not decompress" in str(py), case
+        else:
+            assert str(c) == str(py), case
+
+
+def test_a_batch_reports_each_chunk_on_its_own() -> None:
+    raws = [weights(30_000, seed=i) for i in range(3)]
+    blobs = [codec.encode(r, 4) for r in raws]
+    blobs[1] = blobs[1][:-3] + b"\0\0\0"
+    outs = [np.zeros_like(r) for r in raws]
+    outcomes = codec.decode_many([(b, o, None, codec.digest(r)) for b, o, r in zip(blobs, outs, raws)])
+    assert outcomes[0] is True and outcomes[2] is True
+    assert isinstance(outcomes[1], CorruptCheckpointError)
+    assert np.array_equal(outs[0], raws[0]) and np.array_equal(outs[2], raws[2])
+
+
+def test_a_delta_without_its_base_is_a_caller_error(decoder: str) -> None:
+    base = weights(20_000)
+    blob = codec.encode(base ^ 1, 4, base=base, base_digest=codec.digest(base))
+    with pytest.raises(ValueError, match="with its base"):
+        codec.decode_into(blob, np.empty_like(base))
+    with pytest.raises(ValueError, match="with its base"):
+        codec.decode_into(codec.encode(base, 4), np.empty_like(base), base)
 
 
 def as_format_1(blob: bytes) -> bytes:
@@ -120,7 +203,7 @@ def as_format_1(blob: bytes) -> bytes:
     return codec.MAGIC_V1 + blob[4:head] + blob[head + extra :]
 
 
-def test_format_1_blobs_still_decode_and_leave_the_check_to_the_caller() -> None:
+def test_format_1_blobs_still_decode_and_leave_the_check_to_the_caller(decoder: str) -> None:
     raw = weights(30_000)
     old = as_format_1(codec.encode(raw, 4))
     out = np.empty_like(raw)

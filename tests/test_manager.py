@@ -66,6 +66,28 @@ def test_restore_is_in_place(tmp_path: Path, digits: DigitsRun) -> None:
     digits.train_step()  # the optimizer still drives the model's parameters
 
 
+def test_a_restore_never_decodes_into_memory_an_earlier_one_handed_out(tmp_path: Path) -> None:
+    """Restores reuse the memory of the last one, but only once nothing refers to it:
+    an optimizer keeps the state tensors it is given, a Checkpoint keeps its state."""
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mgr = CheckpointManager(tmp_path)
+    ids = []
+    for _ in range(2):
+        model(torch.randn(8, 64)).square().mean().backward()
+        opt.step()
+        ids.append(mgr.save(model, opt))
+    held = mgr.load(ids[0]).state["model"]
+    want_held = [t.clone() for t in held.values()]
+    mgr.restore(ids[0], model=model, optimizer=opt)
+    want_opt = [t.clone() for st in opt.state.values() for t in st.values()]
+    for cid in (ids[1], ids[0], ids[1]):
+        mgr.load(cid)
+        mgr.restore(cid, model=torch.nn.Linear(64, 64))
+    assert same(list(held.values()), want_held)
+    assert same([t for st in opt.state.values() for t in st.values()], want_opt)
+
+
 def test_rng_states_restored_unless_asked(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path)
     random.seed(3), np.random.seed(3), torch.manual_seed(3)

@@ -1,0 +1,91 @@
+"""Work shared between threads, and memory reused between restores."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from ckpt_nb._buffers import ReusedArena
+from ckpt_nb._parallel import in_batches, share_work
+
+
+@pytest.fixture
+def pool() -> ThreadPoolExecutor:
+    with ThreadPoolExecutor(3) as executor:
+        yield executor
+
+
+def test_every_item_is_worked_once_by_the_caller_and_the_helpers(pool: ThreadPoolExecutor) -> None:
+    seen: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def work(item: int) -> None:
+        time.sleep(0.002)
+        with lock:
+            seen.append((item, threading.current_thread().name))
+
+    reports: list[int] = []
+    share_work(pool, 2, list(range(40)), work, reports.append, weight=lambda i: i)
+    assert sorted(i for i, _ in seen) == list(range(40))
+    assert threading.current_thread().name in {name for _, name in seen}
+    assert len({name for _, name in seen}) > 1
+    assert reports == sorted(reports) and reports[-1] == sum(range(40))
+
+
+def test_the_first_error_stops_the_work_and_nothing_runs_on_after_it(
+        pool: ThreadPoolExecutor) -> None:
+    started: list[int] = []
+
+    def work(item: int) -> None:
+        started.append(item)
+        if item == 3:
+            raise OSError("disk gone")
+        time.sleep(0.005)
+
+    with pytest.raises(OSError, match="disk gone"):
+        share_work(pool, 2, list(range(100)), work)
+    count = len(started)
+    time.sleep(0.05)
+    assert len(started) == count < 100  # no thread took an item after the call returned
+
+
+def test_with_no_helpers_the_caller_does_it_all(pool: ThreadPoolExecutor) -> None:
+    names: set[str] = set()
+    share_work(pool, 0, [1, 2, 3], lambda _: names.add(threading.current_thread().name))
+    assert names == {threading.current_thread().name}
+
+
+def test_batches_keep_order_and_size() -> None:
+    batches = in_batches(list(range(10)), 1, lambda _: 600_000)
+    assert [x for b in batches for x in b] == list(range(10))
+    assert all(len(b) == 2 for b in batches)
+
+
+def test_the_arena_is_handed_out_again_only_once_nothing_views_it() -> None:
+    arena = ReusedArena(limit=1 << 20)
+    first = arena.take(1000)
+    first[:] = 7
+    held = first[10:20]  # a view, as a restored tensor would hold
+    del first
+    second = arena.take(1000)
+    assert not np.shares_memory(second, held), "memory still in use was handed out"
+    second[:] = 9
+    assert (held == 7).all()
+    del held
+    address = second.__array_interface__["data"][0]
+    del second
+    third = arena.take(800)
+    assert third.__array_interface__["data"][0] == address  # warm memory, reused
+
+
+def test_the_arena_keeps_nothing_over_its_limit() -> None:
+    arena = ReusedArena(limit=1000)
+    small = arena.take(800)
+    assert arena._kept is not None
+    del small
+    arena.take(5000)
+    assert arena._kept is None
