@@ -198,6 +198,33 @@ def _compressible(cctx: zstandard.ZstdCompressor, row: np.ndarray) -> bool:
     return len(cctx.compress(probe.data)) < _PROBE_RATIO * len(probe)
 
 
+def estimated_length(raw: np.ndarray, itemsize: int, base: np.ndarray | None = None) -> float:
+    """About how many bytes ``raw`` (its XOR against ``base``) would take as a blob.
+
+    On byte-grouped streams zstd level 1 is an entropy coder (see ``_params``),
+    so each stream is costed at its order-0 entropy, or raw where that would not
+    gain the 8% the codec asks for: a tenth of the time of compressing a sample
+    both ways, to weigh a delta against a plain blob. The same in C and NumPy.
+    """
+    if len(raw) % itemsize:
+        itemsize = 1
+    if _native.lib is not None:
+        counts = _native.histograms(raw, base, itemsize).astype(np.float64)
+    else:
+        data = raw if base is None else np.bitwise_xor(raw, base)
+        columns = data[: len(data) // itemsize * itemsize].reshape(-1, itemsize)
+        counts = np.stack([np.bincount(columns[:, k], minlength=256)
+                           for k in range(itemsize)]).astype(np.float64)
+    per = len(raw) // itemsize
+    if per == 0:
+        return float(len(raw))
+    p = counts / per
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = -np.where(p > 0, p * np.log2(p), 0.0).sum(axis=1)
+    coded = bits * per / 8
+    return float(np.where(coded < _PROBE_RATIO * per, coded, per).sum())
+
+
 @dataclass
 class Prepared:
     """A chunk split into its streams, some waiting to be compressed (``finish``)."""

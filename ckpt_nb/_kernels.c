@@ -302,3 +302,21 @@ void ckpt_decode(ckpt_job *jobs, size_t n)
     for (size_t i = 0; i < n; i++)
         jobs[i].status = decode_one(&jobs[i]);
 }
+
+/* ---- byte histograms of a sample's grouped streams (for choosing deltas) ---- */
+
+/* counts[k * 256 + v]: how often byte k of an element is v, over the n / itemsize
+ * whole elements of raw (XORed with base when given). The codec weighs a delta
+ * against a plain blob by the entropy of these streams, without compressing either. */
+void ckpt_histograms(uint32_t *restrict counts, const uint8_t *restrict raw,
+                     const uint8_t *restrict base, size_t n, size_t itemsize)
+{
+    size_t per = n / itemsize;
+    memset(counts, 0, itemsize * 256 * sizeof *counts);
+    for (size_t i = 0; i < per; i++) {
+        const uint8_t *r = raw + i * itemsize;
+        const uint8_t *b = base ? base + i * itemsize : NULL;
+        for (size_t k = 0; k < itemsize; k++)
+            counts[k * 256 + (b ? r[k] ^ b[k] : r[k])]++;
+    }
+}

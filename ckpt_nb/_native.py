@@ -111,6 +111,8 @@ def _load() -> tuple[ctypes.CDLL | None, bool]:
     args = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
     for fn in (lib.ckpt_group, lib.ckpt_ungroup):
         fn.argtypes, fn.restype = args, None
+    lib.ckpt_histograms.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t] * 2
+    lib.ckpt_histograms.restype = None
     return lib, _bind_decoder(lib)
 
 
@@ -146,6 +148,18 @@ def ungroup(rows: list[np.ndarray], out: np.ndarray) -> None:
         raise ValueError("ungroup takes contiguous uint8 rows that add up to out")
     pointers = (ctypes.c_void_p * nrows)(*(r.ctypes.data for r in rows))
     lib.ckpt_ungroup(out.ctypes.data, pointers, nrows, per)
+
+
+def histograms(raw: np.ndarray, base: np.ndarray | None, itemsize: int) -> np.ndarray:
+    """Counts of each byte value in each grouped stream of ``raw`` (XOR ``base``):
+    shape (itemsize, 256)."""
+    if lib is None or not _flat_uint8(raw) or (base is not None and (
+            not _flat_uint8(base) or base.size != raw.size)):
+        raise ValueError("histograms take contiguous uint8 arrays of one length")
+    counts = np.empty((itemsize, 256), dtype=np.uint32)
+    lib.ckpt_histograms(counts.ctypes.data, raw.ctypes.data,
+                        0 if base is None else base.ctypes.data, raw.size, itemsize)
+    return counts
 
 
 def _address(buffer: memoryview | bytes | np.ndarray) -> int:

@@ -45,6 +45,9 @@ SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
 # Smaller tensors (biases, norms) are stored whole: a delta would save next to
 # nothing, and choosing one cost more than all of their bytes.
 DELTA_MIN_STORAGE = 64 << 10
+# A delta must be this much smaller than the plain blob: its base is read back at
+# every save and restore that uses it.
+DELTA_GAIN = 0.97
 ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
 BUFFER_SETS = 3  # batches encoded ahead of the one being written, plus one
 
@@ -175,8 +178,8 @@ class SavePipeline:
             storage = self.state.storages[si]
             new = digest not in self.known and digest not in self.written
             self.written.add(digest)
-            against = self._delta_base(raw, storage.itemsize, base, storage.name, check,
-                                       digest, seen) if new else None
+            against = self._delta_base(raw, storage.itemsize, base, storage.name, digest,
+                                       seen) if new else None
             found.append((si, ci, raw, check, digest, seen, new, against))
         # Ask for the delta bases' bytes all at once: written with direct I/O, they
         # are read back from the disk.
@@ -208,11 +211,11 @@ class SavePipeline:
                              check=check, name=digest, out=out, **self.options)
 
     def _delta_base(self, raw: np.ndarray, itemsize: int, base: tuple[str, int] | None,
-                    name: str, check: bytes, digest: str, seen: Seen | None) -> str | None:
+                    name: str, digest: str, seen: Seen | None) -> str | None:
         """The chunk to store a new chunk as a delta against, if any."""
         if base is None or base[1] != len(raw) or base[0] == digest or \
-                self.storage_bytes[name] < DELTA_MIN_STORAGE:
-            return None
+                self.storage_bytes[name] < DELTA_MIN_STORAGE or self.options["codec"] == "none":
+            return None  # (uncompressed, a delta is no smaller)
         # Which encoding wins is a property of the tensor (weights gain from a delta,
         # Adam's moments do not), so it is decided on a sample now and then: the head
         # the last save kept, else one decoded from the heads of the base's streams.
@@ -222,9 +225,9 @@ class SavePipeline:
             n = min(len(raw), DELTA_SAMPLE - DELTA_SAMPLE % itemsize)
             head = seen.head[:n] if seen is not None and seen.kept(base[0]) else \
                 mgr._read_prefix(base[0], n, self.base_rows, self.base_views)
-            as_delta = self._prepare(raw[:n], itemsize, check, digest, head, base[0])
-            as_plain = self._prepare(raw[:n], itemsize, check, digest)
-            wins = _length(as_delta, mgr.level) < _length(as_plain, mgr.level)
+            sample = raw[:n]
+            wins = codec.estimated_length(sample, itemsize, head) < \
+                DELTA_GAIN * codec.estimated_length(sample, itemsize)
             mgr._delta_wins[name] = (wins, mgr._saves)
         return base[0] if wins else None
 
@@ -255,12 +258,6 @@ class SavePipeline:
         for add in adds:
             self.pack.add(*add)
         self.pack.flush()  # all of it: a later batch reuses these streams' memory
-
-
-def _length(prepared: codec.Prepared, level: int) -> int:
-    """The length of the blob ``prepared`` makes."""
-    rows = [prepared.streams[i] for i in prepared.to_compress]
-    return codec.blob_length(codec.finish(prepared, codec.compress_streams(rows, level)))
 
 
 class EncodeBuffers:

@@ -218,3 +218,26 @@ def test_a_prefix_decodes_from_the_heads_of_the_streams(itemsize: int) -> None:
     for n in (64, 65_536, len(raw), 10 * len(raw)):
         want = raw[: min(n, len(raw)) // itemsize * itemsize]
         assert np.array_equal(codec.decode_prefix(blob, n), want)
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 3])
+def test_a_delta_is_weighed_by_entropy_alike_in_c_and_numpy(
+        itemsize: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights after a small step gain from a delta; unrelated bytes do not; and the
+    estimate is near what zstd really stores."""
+    before = weights(6_000, seed=1)[: 6_000 // itemsize * itemsize]
+    after = before.copy()
+    after[::4] ^= 1  # low mantissa bits move
+    unrelated = weights(6_000, seed=2)[: len(before)]
+    figures = [codec.estimated_length(after, itemsize, before),
+               codec.estimated_length(after, itemsize),
+               codec.estimated_length(unrelated, itemsize, before)]
+    assert figures[0] < 0.5 * figures[1]
+    assert figures[2] > 0.97 * figures[1]
+    if itemsize == 4:
+        assert 0.9 < figures[1] / len(codec.encode(after, 4)) < 1.1
+    if _native.lib is not None:
+        monkeypatch.setattr(_native, "lib", None)
+        assert [codec.estimated_length(after, itemsize, before),
+                codec.estimated_length(after, itemsize),
+                codec.estimated_length(unrelated, itemsize, before)] == figures
