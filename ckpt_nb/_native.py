@@ -108,12 +108,15 @@ def _load() -> tuple[ctypes.CDLL | None, bool]:
         lib = ctypes.CDLL(str(LIBRARY))
     except OSError:  # built for another platform, or damaged: NumPy does the work
         return None, False
-    args = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-    for fn in (lib.ckpt_group, lib.ckpt_ungroup):
-        fn.argtypes, fn.restype = args, None
-    lib.ckpt_histograms.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t] * 2
-    lib.ckpt_histograms.restype = None
-    return lib, _bind_decoder(lib)
+    try:
+        args = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+        for fn in (lib.ckpt_group, lib.ckpt_ungroup):
+            fn.argtypes, fn.restype = args, None
+        lib.ckpt_histograms.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t] * 2
+        lib.ckpt_histograms.restype = None
+        return lib, _bind_decoder(lib)
+    except AttributeError:  # a library built from an older _kernels.c: rebuild to use it
+        return None, False
 
 
 _error_names: list[Callable[[int], bytes]] = []  # ZSTD_getErrorName, once bound

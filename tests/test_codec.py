@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,6 +58,21 @@ def test_the_build_compiled_the_c_loops_where_there_is_a_compiler() -> None:
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler here: the NumPy loops do the grouping")
     assert _native.lib is not None, f"{_native.LIBRARY} is missing: reinstall (pip install -e .)"
+
+
+def test_a_library_left_from_an_older_build_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editable install whose _kernels.so predates _kernels.c groups in NumPy
+    instead of failing at import."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    source = tmp_path / "old.c"
+    source.write_text("void ckpt_group(void) {}\nvoid ckpt_ungroup(void) {}\n")
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(tmp_path / "old.so"), str(source)],
+                   check=True)
+    monkeypatch.setattr(_native, "LIBRARY", tmp_path / "old.so")
+    assert _native._load() == (None, False)
 
 
 @pytest.mark.skipif(_native.lib is None, reason="the build did not compile _kernels.c")
