@@ -208,10 +208,14 @@ class CheckpointManager:
         return self._pool
 
     def close(self) -> None:
+        """Stop the thread pool, close the catalog, and let go of the memory kept for the
+        next restore (shared by the process's managers: one closing only costs the next
+        restore its warm pages)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
         self.catalog.close()
+        RESTORE_ARENA.release()
 
     def __enter__(self) -> CheckpointManager:
         return self

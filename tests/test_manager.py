@@ -86,6 +86,11 @@ def test_a_restore_never_decodes_into_memory_an_earlier_one_handed_out(tmp_path:
         mgr.restore(cid, model=torch.nn.Linear(64, 64))
     assert same(list(held.values()), want_held)
     assert same([t for st in opt.state.values() for t in st.values()], want_opt)
+    from ckpt_nb._buffers import RESTORE_ARENA
+
+    assert RESTORE_ARENA._kept is not None
+    mgr.close()  # lets go of the memory kept for the next restore
+    assert RESTORE_ARENA._kept is None
 
 
 def test_rng_states_restored_unless_asked(tmp_path: Path) -> None:
