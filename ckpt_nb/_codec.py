@@ -209,7 +209,8 @@ def estimated_length(raw: np.ndarray, itemsize: int, base: np.ndarray | None = N
     if len(raw) % itemsize:
         itemsize = 1
     if _native.lib is not None:
-        counts = _native.histograms(raw, base, itemsize).astype(np.float64)
+        counts = _native.histograms(np.ascontiguousarray(raw), None if base is None else
+                                    np.ascontiguousarray(base), itemsize).astype(np.float64)
     else:
         data = raw if base is None else np.bitwise_xor(raw, base)
         columns = data[: len(data) // itemsize * itemsize].reshape(-1, itemsize)

@@ -253,6 +253,8 @@ def test_a_delta_is_weighed_by_entropy_alike_in_c_and_numpy(
     assert figures[2] > 0.97 * figures[1]
     if itemsize == 4:
         assert 0.9 < figures[1] / len(codec.encode(after, 4)) < 1.1
+    strided = np.repeat(after, 2)[::2]  # the same bytes, not contiguous
+    assert codec.estimated_length(strided, itemsize) == figures[1]
     if _native.lib is not None:
         monkeypatch.setattr(_native, "lib", None)
         assert [codec.estimated_length(after, itemsize, before),
