@@ -4,7 +4,8 @@ Part 1, workload (c): a MiniLM-shaped model fine-tuning encoder layers 4-5
 and a new head (AdamW). Save d0 (full), train 20 steps, save d1; report the
 bytes d1 adds to the store and d1's save time, as ratios to torch.save of the
 model and optimizer state dicts, for strategy incremental, differential, and
-full (content dedup only).
+full (content dedup only). Then train 20 more steps and time d2, the save
+after, in the same managers (for reference: the targets are set on d1).
 
 Part 2: with 0%, 10% and 50% of MiniLM's tensors changed between two saves,
 the incremental save's bytes and time against torch.save: both should grow
@@ -68,6 +69,7 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
     w.finetune_steps(model, opt, gen, WARMUP_STEPS)  # d0 already has optimizer state
     methods = ("torch",) + (STRATEGIES if with_ours else ())
     save_t: dict[str, list[float]] = {m: [] for m in methods}
+    save2_t: dict[str, list[float]] = {m: [] for m in methods}
     added: dict[str, list[int]] = {m: [] for m in methods}
     listed: dict[str, int] = {}
     verdicts: dict[str, str] = {}
@@ -98,6 +100,14 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
             if r == repeats - 1:
                 listed[m] = listed_bytes(d / m, cid1)
                 verdicts[m] = verify_chain(d / m, model, opt, d0, cid0[m], cid1)
+        # d2, the save after: what a run of checkpoints costs once it is under way.
+        w.finetune_steps(model, opt, gen, STEPS)
+        for m in w.rotated(methods, r):
+            if m == "torch":
+                state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+                save2_t[m].append(w.timed(w.torch_save, state, d / "d2.pt")[0])
+            else:
+                save2_t[m].append(w.timed(mgrs[m].save, model, opt, epoch=r + 2, strategy=m)[0])
         shutil.rmtree(d)
 
     rows = [
@@ -116,6 +126,12 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
         rows,
     )
     print("bytes added = store size on disk after d1 minus after d0; torch.save = whole file")
+    w.print_table(
+        f"(c) d2, {STEPS} steps after d1 (the same managers): median of {repeats}",
+        ["method", "save s", "x save"],
+        [["torch.save" if m == "torch" else f"ckpt_nb {m}", w.median(save2_t[m]),
+          w.paired_ratio(save2_t[m], save2_t["torch"])] for m in methods],
+    )
     if not with_ours:
         return
     for m in STRATEGIES:

@@ -171,6 +171,7 @@ class CheckpointManager:
         # (storage, chunk index, length) -> what the last save saw there: its xxh3,
         # its digest, and, for a chunk that save wrote, the head of its bytes.
         self._digest_memo: Memo = {}
+        self._delta_bases: dict[str, np.ndarray] = {}  # raw bytes of the last save's deltas' ends
         self._saves = 0
 
     # -- set-up -----------------------------------------------------------------
@@ -209,12 +210,13 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Stop the thread pool, close the catalog, and let go of the memory kept for the
-        next restore (shared by the process's managers: one closing only costs the next
-        restore its warm pages)."""
+        next save's deltas and the next restore (the latter shared by the process's
+        managers: one closing only costs the next restore its warm pages)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
         self.catalog.close()
+        self._delta_bases = {}
         RESTORE_ARENA.release()
 
     def __enter__(self) -> CheckpointManager:

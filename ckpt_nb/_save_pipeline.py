@@ -42,6 +42,10 @@ ProgressFn = Callable[[int, int], None]
 DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
 DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
 SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
+# A save that writes deltas keeps, for the next one, the raw bytes of both ends of each
+# (the next incremental save's base is this chunk, the next differential's the same
+# base): packs bypass the page cache, so a base not kept is read back from the disk.
+DELTA_BASES_KEPT = 256 << 20
 # Smaller tensors (biases, norms) are stored whole: a delta would save next to
 # nothing, and choosing one cost more than all of their bytes.
 DELTA_MIN_STORAGE = 64 << 10
@@ -89,6 +93,9 @@ class SavePipeline:
         self.storage_bytes = {st.name: st.data.nbytes for st in state.storages}
         self.memo = mgr._digest_memo
         self.fresh_memo: Memo = {}
+        self.kept_bases = mgr._delta_bases  # digest -> raw bytes, from the last save
+        self.fresh_bases: dict[str, np.ndarray] = {}
+        self.fresh_bases_bytes = 0
         self.sampled = 0  # bytes of chunk heads kept for the next save's delta probes
         self.refs: list[str] = []
         self.written: set[str] = set()
@@ -153,6 +160,7 @@ class SavePipeline:
         except NothingToWrite:
             new_rows = []
         mgr._digest_memo = self.fresh_memo
+        mgr._delta_bases = self.fresh_bases
         return ({"storages": self.storages_out,
                  "tensors": [t.to_json() for t in self.state.tensors]}, new_rows, self.refs)
 
@@ -193,6 +201,9 @@ class SavePipeline:
                 out = buffer[used : used + len(raw)]
                 used += len(raw)
                 base_raw = None if against is None else self._base_bytes(against, seen, len(raw))
+                if base_raw is not None:
+                    self._keep_base(against, base_raw)  # type: ignore[arg-type]
+                    self._keep_base(digest, raw)
                 prepared = self._prepare(raw, storage.itemsize, check, digest, base_raw,
                                          against, out)
                 if self.sampled < SAMPLES_KEPT:
@@ -236,7 +247,19 @@ class SavePipeline:
         it, else read back (and checked) from the store."""
         if seen is not None and seen.kept(digest) and len(seen.head) == size:  # type: ignore[arg-type]
             return seen.head  # type: ignore[return-value]
+        kept = self.kept_bases.get(digest)
+        if kept is not None and len(kept) == size:
+            return kept
         return self.mgr._read_raw(digest, self.base_rows, self.base_views)
+
+    def _keep_base(self, digest: str, raw: np.ndarray) -> None:
+        """Keep a chunk's raw bytes (named by their digest) for the next save's deltas."""
+        if digest in self.fresh_bases or self.fresh_bases_bytes + len(raw) > DELTA_BASES_KEPT:
+            return
+        kept = self.kept_bases.get(digest)  # kept already: not copied again
+        self.fresh_bases[digest] = kept if kept is not None and len(kept) == len(raw) \
+            else raw.copy()
+        self.fresh_bases_bytes += len(raw)
 
     # -- stage 3: compressing and writing (a pool thread) ---------------------------------
     def _compress_and_write(self, chosen: list[_Chosen], before: Future[None] | None) -> None:

@@ -260,6 +260,36 @@ def test_delta_strategies_restore_every_checkpoint(tmp_path: Path, strategy: str
     assert mgr.verify().ok
 
 
+@pytest.mark.parametrize("strategy", ["incremental", "differential"])
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_run_of_delta_saves_keeps_its_bases_in_memory(
+        tmp_path: Path, strategy: str, kept: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packs bypass the page cache: the save after a delta save finds its bases in
+    memory, not on the disk (and, with nothing kept, reads them back)."""
+    from ckpt_nb import _save_pipeline
+
+    if not kept:
+        monkeypatch.setattr(_save_pipeline, "DELTA_BASES_KEPT", 0)
+    model = Finetune()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-3)
+    # chunks longer than the heads a save keeps for choosing deltas (16 KiB)
+    mgr = CheckpointManager(tmp_path, strategy=strategy, chunk_size=1 << 15)
+    reads: list[str] = []
+    read_raw = mgr._read_raw
+    monkeypatch.setattr(mgr, "_read_raw", lambda digest, *a: reads.append(digest)
+                        or read_raw(digest, *a))
+    expected = {}
+    for i in range(4):
+        model.step(opt)
+        reads.clear()
+        cid = mgr.save(model, step=i)
+        expected[cid] = [t.clone() for t in model.state_dict().values()]
+    assert [c for c in mgr.catalog.all_chunks() if c.base]  # deltas were written
+    assert (reads == []) == kept  # the last save's bases: from memory, or read back
+    for cid, want in expected.items():
+        assert same(list(CheckpointManager(tmp_path).load(cid).state["model"].values()), want)
+
+
 @pytest.mark.parametrize("strategy", ["full", "incremental"])
 def test_saves_of_many_encode_batches_restore_bit_exact(
         tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
