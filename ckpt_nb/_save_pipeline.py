@@ -201,9 +201,9 @@ class SavePipeline:
                 out = buffer[used : used + len(raw)]
                 used += len(raw)
                 base_raw = None if against is None else self._base_bytes(against, seen, len(raw))
-                if base_raw is not None:
-                    self._keep_base(against, base_raw)  # type: ignore[arg-type]
-                    self._keep_base(digest, raw)
+                if base_raw is not None:  # (read back or kept: this save's own memory)
+                    self._keep_base(against, base_raw, copy=False)  # type: ignore[arg-type]
+                    self._keep_base(digest, raw, copy=True)
                 prepared = self._prepare(raw, storage.itemsize, check, digest, base_raw,
                                          against, out)
                 if self.sampled < SAMPLES_KEPT:
@@ -252,13 +252,12 @@ class SavePipeline:
             return kept
         return self.mgr._read_raw(digest, self.base_rows, self.base_views)
 
-    def _keep_base(self, digest: str, raw: np.ndarray) -> None:
-        """Keep a chunk's raw bytes (named by their digest) for the next save's deltas."""
+    def _keep_base(self, digest: str, raw: np.ndarray, *, copy: bool) -> None:
+        """Keep a chunk's raw bytes (named by their digest) for the next save's deltas;
+        ``copy`` where they are the live state's."""
         if digest in self.fresh_bases or self.fresh_bases_bytes + len(raw) > DELTA_BASES_KEPT:
             return
-        kept = self.kept_bases.get(digest)  # kept already: not copied again
-        self.fresh_bases[digest] = kept if kept is not None and len(kept) == len(raw) \
-            else raw.copy()
+        self.fresh_bases[digest] = raw.copy() if copy else raw
         self.fresh_bases_bytes += len(raw)
 
     # -- stage 3: compressing and writing (a pool thread) ---------------------------------
