@@ -189,9 +189,11 @@ class SavePipeline:
             against = self._delta_base(raw, storage.itemsize, base, storage.name, digest,
                                        seen) if new else None
             found.append((si, ci, raw, check, digest, seen, new, against))
-        # Ask for the delta bases' bytes all at once: written with direct I/O, they
-        # are read back from the disk.
-        self.mgr._prefetch(self.base_rows, (a for *_, a in found if a is not None))
+        # Ask for the delta bases not in memory all at once: written with direct I/O,
+        # they are read back from the disk.
+        self.mgr._prefetch(self.base_rows, (
+            a for _, _, raw, _, _, seen, _, a in found
+            if a is not None and self._in_memory(a, seen, len(raw)) is None))
         chosen: list[_Chosen] = []
         used = 0
         for si, ci, raw, check, digest, seen, new, against in found:
@@ -234,7 +236,8 @@ class SavePipeline:
         wins, since = mgr._delta_wins.get(name, (None, 0))
         if wins is None or mgr._saves - since >= DELTA_REPROBE:
             n = min(len(raw), DELTA_SAMPLE - DELTA_SAMPLE % itemsize)
-            head = seen.head[:n] if seen is not None and seen.kept(base[0]) else \
+            known = self._in_memory(base[0], seen, n)
+            head = known[:n] if known is not None else \
                 mgr._read_prefix(base[0], n, self.base_rows, self.base_views)
             sample = raw[:n]
             wins = codec.estimated_length(sample, itemsize, head) < \
@@ -242,14 +245,21 @@ class SavePipeline:
             mgr._delta_wins[name] = (wins, mgr._saves)
         return base[0] if wins else None
 
+    def _in_memory(self, digest: str, seen: Seen | None, size: int) -> np.ndarray | None:
+        """The first ``size`` or more raw bytes of chunk ``digest``, where the last save
+        kept them: the whole chunk (the ends of its deltas) or the head of one it wrote."""
+        for known in (self.kept_bases.get(digest),
+                      seen.head if seen is not None and seen.kept(digest) else None):
+            if known is not None and len(known) >= size:
+                return known
+        return None
+
     def _base_bytes(self, digest: str, seen: Seen | None, size: int) -> np.ndarray:
-        """A delta base's raw bytes: the head the last save kept when that is all of
-        it, else read back (and checked) from the store."""
-        if seen is not None and seen.kept(digest) and len(seen.head) == size:  # type: ignore[arg-type]
-            return seen.head  # type: ignore[return-value]
-        kept = self.kept_bases.get(digest)
-        if kept is not None and len(kept) == size:
-            return kept
+        """A delta base's raw bytes (``size`` of them): from memory where the last save
+        kept them all, else read back (and checked) from the store."""
+        known = self._in_memory(digest, seen, size)
+        if known is not None and len(known) == size:
+            return known
         return self.mgr._read_raw(digest, self.base_rows, self.base_views)
 
     def _keep_base(self, digest: str, raw: np.ndarray, *, copy: bool) -> None:

@@ -278,14 +278,20 @@ def test_a_run_of_delta_saves_keeps_its_bases_in_memory(
     read_raw = mgr._read_raw
     monkeypatch.setattr(mgr, "_read_raw", lambda digest, *a: reads.append(digest)
                         or read_raw(digest, *a))
+    asked: list[str] = []  # delta bases the disk is asked for ahead (restores ask too: not here)
+    prefetch = mgr._prefetch
+    monkeypatch.setattr(mgr, "_prefetch", lambda rows, digests: prefetch(
+        rows, [d for d in digests if not asked.append(d)]))
     expected = {}
     for i in range(4):
         model.step(opt)
         reads.clear()
+        asked.clear()
         cid = mgr.save(model, step=i)
         expected[cid] = [t.clone() for t in model.state_dict().values()]
     assert [c for c in mgr.catalog.all_chunks() if c.base]  # deltas were written
     assert (reads == []) == kept  # the last save's bases: from memory, or read back
+    assert (asked == []) == kept  # and the disk is asked only for those it reads
     for cid, want in expected.items():
         assert same(list(CheckpointManager(tmp_path).load(cid).state["model"].values()), want)
 
