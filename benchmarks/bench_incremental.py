@@ -1,10 +1,11 @@
 """Consecutive checkpoints: what a second save costs, against torch.save of the same state.
 
 Part 1, workload (c): a MiniLM-shaped model fine-tuning encoder layers 4-5
-and a new head (AdamW). Save d0 (full), train 20 steps, save d1; report the
-bytes d1 adds to the store and d1's save time, as ratios to torch.save of the
-model and optimizer state dicts, for strategy incremental, differential, and
-full (content dedup only). Then train 20 more steps and time d2, the save
+and a new head (AdamW). In a manager made with each strategy, save d0 (full:
+a manager's first save is), train 20 steps, save d1; report the bytes d1 adds
+to the store and d1's save time, as ratios to torch.save of the model and
+optimizer state dicts, for strategy incremental, differential, and full
+(content dedup only). Then train 20 more steps and time d2, the save
 after, in the same managers (for reference: the targets are set on d1).
 
 Part 2: with 0%, 10% and 50% of MiniLM's tensors changed between two saves,
@@ -81,8 +82,8 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
         if with_ours:
             from ckpt_nb import CheckpointManager
 
-            for s in STRATEGIES:
-                mgrs[s] = CheckpointManager(d / s)
+            for s in STRATEGIES:  # (a manager's first save is full whatever its strategy)
+                mgrs[s] = CheckpointManager(d / s, strategy=s)
                 cid0[s] = mgrs[s].save(model, opt, epoch=r, strategy="full")
         before = {s: w.disk_bytes(d / s) for s in mgrs}
         d0 = {k: v.clone() for k, v in w.flat_tensors(model, opt).items()} if r == repeats - 1 else {}

@@ -15,7 +15,7 @@ import math
 import pickle
 import random
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -155,6 +155,7 @@ class StorageBytes:
     itemsize: int
     device: str
     kind: str = "tensor"  # or "pickle"
+    trains: bool = False  # backs a parameter that requires grad: it changes every step
 
 
 @dataclass
@@ -221,10 +222,12 @@ class SnapshotBuffers:
 
 
 class _Flattener:
-    def __init__(self, copy_tensors: bool | SnapshotBuffers) -> None:
+    def __init__(self, copy_tensors: bool | SnapshotBuffers,
+                 trained: set[tuple[str, int]]) -> None:
         self.flat = FlatState(skeleton={})
         self._by_ptr: dict[tuple[str, int, int], int] = {}
         self._copy = copy_tensors
+        self._trained = trained
 
     def tensor(self, t: torch.Tensor, name: str) -> dict[str, Any]:
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
@@ -243,7 +246,8 @@ class _Flattener:
                 cpu = storage.clone() if self._copy else storage
             index = len(self.flat.storages)
             self.flat.storages.append(
-                StorageBytes(name, storage_bytes(cpu), t.element_size(), str(t.device))
+                StorageBytes(name, storage_bytes(cpu), t.element_size(), str(t.device),
+                             trains=(str(t.device), storage.data_ptr()) in self._trained)
             )
             self._by_ptr[key] = index
         record = TensorRecord(name, index, t.storage_offset(), list(t.shape),
@@ -300,10 +304,18 @@ def _plain_keys(d: dict[Any, Any]) -> bool:
     return all(isinstance(k, str) and not k.startswith("__") for k in d)
 
 
-def flatten(tree: Mapping[str, Any], *,
-            copy_tensors: bool | SnapshotBuffers = False) -> FlatState:
-    """Split a state tree; with ``copy_tensors``, its bytes no longer alias live memory."""
-    flattener = _Flattener(copy_tensors)
+def trained_storages(objects: Iterable[Any]) -> set[tuple[str, int]]:
+    """(device, address) of the storages behind the parameters that these modules train."""
+    return {(str(p.device), p.untyped_storage().data_ptr())
+            for obj in objects if isinstance(obj, torch.nn.Module)
+            for p in obj.parameters() if p.requires_grad}
+
+
+def flatten(tree: Mapping[str, Any], *, copy_tensors: bool | SnapshotBuffers = False,
+            trained: set[tuple[str, int]] | None = None) -> FlatState:
+    """Split a state tree; with ``copy_tensors``, its bytes no longer alias live memory.
+    ``trained`` (``trained_storages``) marks the storages that train."""
+    flattener = _Flattener(copy_tensors, trained or set())
     flattener.flat.skeleton = {k: flattener.encode(v, k) for k, v in tree.items()}
     return flattener.flat
 

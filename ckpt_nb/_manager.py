@@ -28,7 +28,7 @@ import torch
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
-                       has_pickle, load_all)
+                       has_pickle, load_all, trained_storages)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError)
@@ -294,7 +294,7 @@ class CheckpointManager:
         rng_state = dict(rng) if isinstance(rng, Mapping) else \
             (RNGState().state_dict() if rng else None)
         flat = flatten({"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
-                       copy_tensors=copy_tensors)
+                       copy_tensors=copy_tensors, trained=trained_storages(objects.values()))
         flat.skeleton["types"] = kinds
         return flat
 

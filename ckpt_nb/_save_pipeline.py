@@ -42,16 +42,19 @@ ProgressFn = Callable[[int, int], None]
 DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
 DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
 SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
-# A save that writes deltas keeps, for the next one, the raw bytes of both ends of each
-# (the next incremental save's base is this chunk, the next differential's the same
-# base): packs bypass the page cache, so a base not kept is read back from the disk.
+# A save keeps, for the next one's deltas, the raw bytes of both ends of each delta it
+# writes (the next incremental save's base is this chunk, the next differential's the
+# same base) and, where the next save may write deltas, those of the storages being
+# trained: packs bypass the page cache, so a base not kept is read back from the disk.
 DELTA_BASES_KEPT = 256 << 20
 # Smaller tensors (biases, norms) are stored whole: a delta would save next to
 # nothing, and choosing one cost more than all of their bytes.
 DELTA_MIN_STORAGE = 64 << 10
 # A delta must be this much smaller than the plain blob: its base is read back at
-# every save and restore that uses it.
+# every restore that uses it, and at this save unless the last one kept it (reading
+# and decoding it cost as much as compressing the chunk).
 DELTA_GAIN = 0.97
+DELTA_GAIN_BASE_ON_DISK = 0.90
 ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
 BUFFER_SETS = 3  # batches encoded ahead of the one being written, plus one
 
@@ -94,6 +97,9 @@ class SavePipeline:
         self.memo = mgr._digest_memo
         self.fresh_memo: Memo = {}
         self.kept_bases = mgr._delta_bases  # digest -> raw bytes, from the last save
+        # A delta save is likely followed by another, and so is a full one in a manager
+        # whose saves are deltas by default (the first save, and every full_every-th).
+        self.keep_trained = bool(base_chunks) or mgr.strategy != "full"
         self.fresh_bases: dict[str, np.ndarray] = {}
         self.fresh_bases_bytes = 0
         self.sampled = 0  # bytes of chunk heads kept for the next save's delta probes
@@ -211,6 +217,9 @@ class SavePipeline:
                 if self.sampled < SAMPLES_KEPT:
                     head = raw[:DELTA_SAMPLE].copy()
                     self.sampled += len(head)
+            if against is None and self.keep_trained and storage.trains and \
+                    self._may_delta(storage.name):
+                self._keep_base(digest, raw, copy=True)
             self.fresh_memo[(storage.name, ci, len(raw))] = Seen(check, digest, head)
             self.storages_out[si]["chunks"][ci] = [digest, len(raw)]
             self.refs.append(digest)
@@ -222,6 +231,12 @@ class SavePipeline:
                  out: np.ndarray | None = None) -> codec.Prepared:
         return codec.prepare(raw, itemsize, base=base_raw, base_digest=base_digest,
                              check=check, name=digest, out=out, **self.options)
+
+    def _may_delta(self, name: str) -> bool:
+        """Whether a later save may store this storage's chunks as deltas."""
+        return self.storage_bytes[name] >= DELTA_MIN_STORAGE and \
+            self.options["codec"] != "none" and \
+            self.mgr._delta_wins.get(name, (True, 0))[0] is not False
 
     def _delta_base(self, raw: np.ndarray, itemsize: int, base: tuple[str, int] | None,
                     name: str, digest: str, seen: Seen | None) -> str | None:
@@ -240,8 +255,11 @@ class SavePipeline:
             head = known[:n] if known is not None else \
                 mgr._read_prefix(base[0], n, self.base_rows, self.base_views)
             sample = raw[:n]
+            kept = self._in_memory(base[0], seen, len(raw))
+            gain = DELTA_GAIN if kept is not None and len(kept) == len(raw) else \
+                DELTA_GAIN_BASE_ON_DISK
             wins = codec.estimated_length(sample, itemsize, head) < \
-                DELTA_GAIN * codec.estimated_length(sample, itemsize)
+                gain * codec.estimated_length(sample, itemsize)
             mgr._delta_wins[name] = (wins, mgr._saves)
         return base[0] if wins else None
 
@@ -267,7 +285,12 @@ class SavePipeline:
         ``copy`` where they are the live state's."""
         if digest in self.fresh_bases or self.fresh_bases_bytes + len(raw) > DELTA_BASES_KEPT:
             return
-        self.fresh_bases[digest] = raw.copy() if copy else raw
+        kept = self.kept_bases.get(digest)
+        if kept is not None and len(kept) == len(raw):
+            raw = kept  # kept already: no copy
+        elif copy:
+            raw = raw.copy()
+        self.fresh_bases[digest] = raw
         self.fresh_bases_bytes += len(raw)
 
     # -- stage 3: compressing and writing (a pool thread) ---------------------------------

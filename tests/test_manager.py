@@ -282,18 +282,75 @@ def test_a_run_of_delta_saves_keeps_its_bases_in_memory(
     prefetch = mgr._prefetch
     monkeypatch.setattr(mgr, "_prefetch", lambda rows, digests: prefetch(
         rows, [d for d in digests if not asked.append(d)]))
-    expected = {}
+    expected, read_per_save, asked_per_save = {}, [], []
     for i in range(4):
         model.step(opt)
         reads.clear()
         asked.clear()
         cid = mgr.save(model, step=i)
+        read_per_save.append(bool(reads))
+        asked_per_save.append(bool(asked))
         expected[cid] = [t.clone() for t in model.state_dict().values()]
+        if i == 0 and kept:  # the full save kept what trains (the head's weight), no more
+            assert sum(len(b) for b in mgr._delta_bases.values()) == 256 * 64 * 4
     assert [c for c in mgr.catalog.all_chunks() if c.base]  # deltas were written
-    assert (reads == []) == kept  # the last save's bases: from memory, or read back
-    assert (asked == []) == kept  # and the disk is asked only for those it reads
+    # every delta save's bases (the first's too, from the full save): from memory, or
+    # read back; and the disk is asked only for those it reads
+    assert read_per_save == asked_per_save == [False] + [not kept] * 3
     for cid, want in expected.items():
         assert same(list(CheckpointManager(tmp_path).load(cid).state["model"].values()), want)
+
+
+def test_saves_mark_and_keep_only_what_trains(tmp_path: Path) -> None:
+    """Storages behind parameters that require grad are marked (a storage shared with
+    a trained one too); a full save keeps them only where the next may be a delta."""
+    model = Finetune()
+    model.backbone[0].weight = model.head.weight  # tied: shapes differ, storage shared
+    state = CheckpointManager(tmp_path / "a").capture({"model": model})
+    trains = {s.name.removeprefix("objects/model/"): s.trains for s in state.storages
+              if s.name.startswith("objects/model/")}
+    assert trains.pop("backbone.0.weight") and trains.pop("head.bias")
+    assert not any(trains.values())  # the frozen backbone
+    full = CheckpointManager(tmp_path / "full")
+    full.save(model)
+    assert not full._delta_bases  # its saves are full: no deltas to keep bases for
+    delta = CheckpointManager(tmp_path / "delta", strategy="incremental")
+    delta.save(model)
+    assert sum(len(b) for b in delta._delta_bases.values()) == 256 * 64 * 4
+
+
+@pytest.mark.parametrize("base_kept", [True, False])
+def test_a_delta_against_a_base_on_disk_must_gain_more(
+        tmp_path: Path, base_kept: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a base back costs as much as compressing the chunk: a delta that saves
+    5% is written against a base in memory, not against one on the disk."""
+    from ckpt_nb import _codec as codec
+    from ckpt_nb import _save_pipeline
+
+    if not base_kept:
+        monkeypatch.setattr(_save_pipeline, "DELTA_BASES_KEPT", 0)
+    model = torch.nn.Linear(512, 512, bias=False)
+    before = model.weight.detach().clone()
+    gen = torch.Generator().manual_seed(0)
+    for changed in np.linspace(0.5, 1.0, 51):  # find edits where a delta saves ~5%
+        bound = float(before.abs().max())
+        fresh = torch.rand(before.shape, generator=gen) * 2 * bound - bound
+        after = torch.where(torch.rand(before.shape, generator=gen) < changed, fresh, before)
+        head = [t.numpy().reshape(-1).view(np.uint8)[: _save_pipeline.DELTA_SAMPLE]
+                for t in (after, before)]
+        ratio = codec.estimated_length(head[0], 4, head[1]) / codec.estimated_length(head[0], 4)
+        if _save_pipeline.DELTA_GAIN_BASE_ON_DISK < ratio < _save_pipeline.DELTA_GAIN - 0.01:
+            break
+    else:
+        pytest.fail("no edit of the weights made a delta save 3-10%")
+    mgr = CheckpointManager(tmp_path, strategy="incremental")
+    mgr.save(model)
+    with torch.no_grad():
+        model.weight.copy_(after)
+    cid = mgr.save(model)
+    digest = mgr._manifest(cid)["storages"][0]["chunks"][0][0]
+    assert (mgr.catalog.chunks({digest})[digest].base is not None) == base_kept
+    assert same(list(CheckpointManager(tmp_path).load(cid).state["model"].values()), [after])
 
 
 @pytest.mark.parametrize("strategy", ["full", "incremental"])
