@@ -333,7 +333,8 @@ class CheckpointManager:
             if self._stale_format:
                 stamp_format(self.store)
                 self._stale_format = False
-            manifest, new_rows, refs = self._write_chunks(state, base_chunks, progress)
+            manifest, new_rows, refs = self._write_chunks(state, strategy, base_chunks,
+                                                          progress)
             manifest.update(format=FORMAT, id=row.id, parent=parent_id, branch=row.branch,
                             created_at=row.created_at, step=row.step, epoch=row.epoch,
                             batch_idx=row.batch_idx, metrics=metrics, strategy=strategy,
@@ -387,10 +388,10 @@ class CheckpointManager:
         return found
 
     def _write_chunks(
-        self, state: FlatState, base_chunks: Mapping[tuple[str, int], tuple[str, int]],
-        progress: ProgressFn | None,
+        self, state: FlatState, strategy: str,
+        base_chunks: Mapping[tuple[str, int], tuple[str, int]], progress: ProgressFn | None,
     ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
-        return SavePipeline(self, state, base_chunks, progress).run()
+        return SavePipeline(self, state, strategy, base_chunks, progress).run()
 
     # -- reading chunks -----------------------------------------------------------
     def _read_scratch(self, row: ChunkRow) -> np.ndarray:

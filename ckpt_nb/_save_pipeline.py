@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -42,10 +43,10 @@ ProgressFn = Callable[[int, int], None]
 DELTA_REPROBE = 8  # saves between re-tries of the encoding that lost
 DELTA_SAMPLE = 16 << 10  # bytes of a chunk both encodings are tried on
 SAMPLES_KEPT = 64 << 20  # at most this much of them kept between saves
-# A save keeps, for the next one's deltas, the raw bytes of both ends of each delta it
-# writes (the next incremental save's base is this chunk, the next differential's the
-# same base) and, where the next save may write deltas, those of the storages being
-# trained: packs bypass the page cache, so a base not kept is read back from the disk.
+# A save keeps the raw bytes the next save's deltas will be taken against (packs bypass
+# the page cache, so a base not kept is read back from the disk): of each delta it
+# writes, this chunk where the next save is incremental, its base where differential;
+# and, in a full save followed by delta saves, the chunks of the storages that train.
 DELTA_BASES_KEPT = 256 << 20
 # Smaller tensors (biases, norms) are stored whole: a delta would save next to
 # nothing, and choosing one cost more than all of their bytes.
@@ -84,7 +85,7 @@ class NothingToWrite(Exception):
 class SavePipeline:
     """One save's chunks: ``run()`` writes the new ones and returns the manifest's part."""
 
-    def __init__(self, mgr: CheckpointManager, state: FlatState,
+    def __init__(self, mgr: CheckpointManager, state: FlatState, strategy: str,
                  base_chunks: Mapping[tuple[str, int], tuple[str, int]],
                  progress: ProgressFn | None) -> None:
         self.mgr, self.state, self.progress = mgr, state, progress
@@ -97,9 +98,9 @@ class SavePipeline:
         self.memo = mgr._digest_memo
         self.fresh_memo: Memo = {}
         self.kept_bases = mgr._delta_bases  # digest -> raw bytes, from the last save
-        # A delta save is likely followed by another, and so is a full one in a manager
-        # whose saves are deltas by default (the first save, and every full_every-th).
-        self.keep_trained = bool(base_chunks) or mgr.strategy != "full"
+        # The next save is likely of the manager's strategy (a full save there is its
+        # first, or a full_every-th), else of this one's.
+        self.next_strategy = mgr.strategy if mgr.strategy != "full" else strategy
         self.fresh_bases: dict[str, np.ndarray] = {}
         self.fresh_bases_bytes = 0
         self.sampled = 0  # bytes of chunk heads kept for the next save's delta probes
@@ -107,6 +108,7 @@ class SavePipeline:
         self.written: set[str] = set()
         self.storages_out: list[dict[str, Any]] = []
         self.jobs = self._jobs(base_chunks)
+        self.base_uses = Counter(base[0] for *_, base in self.jobs if base is not None)
 
     def _jobs(self, base_chunks: Mapping[tuple[str, int], tuple[str, int]]) -> list[_Job]:
         """Every chunk of every storage, with the base a delta of it may use."""
@@ -209,15 +211,15 @@ class SavePipeline:
                 out = buffer[used : used + len(raw)]
                 used += len(raw)
                 base_raw = None if against is None else self._base_bytes(against, seen, len(raw))
-                if base_raw is not None:  # (read back or kept: this save's own memory)
-                    self._keep_base(against, base_raw, copy=False)  # type: ignore[arg-type]
-                    self._keep_base(digest, raw, copy=True)
                 prepared = self._prepare(raw, storage.itemsize, check, digest, base_raw,
                                          against, out)
+                if base_raw is not None:
+                    self._keep_delta_end(against, base_raw, digest, raw,  # type: ignore[arg-type]
+                                         seen)
                 if self.sampled < SAMPLES_KEPT:
                     head = raw[:DELTA_SAMPLE].copy()
                     self.sampled += len(head)
-            if against is None and self.keep_trained and storage.trains and \
+            if against is None and self.next_strategy != "full" and storage.trains and \
                     self._may_delta(storage.name):
                 self._keep_base(digest, raw, copy=True)
             self.fresh_memo[(storage.name, ci, len(raw))] = Seen(check, digest, head)
@@ -279,6 +281,24 @@ class SavePipeline:
         if known is not None and len(known) == size:
             return known
         return self.mgr._read_raw(digest, self.base_rows, self.base_views)
+
+    def _keep_delta_end(self, base_digest: str, base_raw: np.ndarray, digest: str,
+                        raw: np.ndarray, seen: Seen | None) -> None:
+        """Keep the end of a delta just encoded that the next save's will be taken
+        against: its base for a differential save, else this chunk, copied into the
+        base's memory where no other chunk of this save needs that (fresh memory
+        costs a page fault per 4 KiB)."""
+        if self.next_strategy == "differential":
+            self._keep_base(base_digest, base_raw, copy=False)
+            return
+        ours = seen is None or base_raw is not seen.head  # (else the last save's sample)
+        if ours and self.base_uses[base_digest] == 1 and base_digest not in self.fresh_bases \
+                and digest not in self.kept_bases:
+            self.kept_bases.pop(base_digest, None)  # no later lookup may find it changed
+            np.copyto(base_raw, raw)
+            self._keep_base(digest, base_raw, copy=False)
+        else:
+            self._keep_base(digest, raw, copy=True)
 
     def _keep_base(self, digest: str, raw: np.ndarray, *, copy: bool) -> None:
         """Keep a chunk's raw bytes (named by their digest) for the next save's deltas;

@@ -293,10 +293,42 @@ def test_a_run_of_delta_saves_keeps_its_bases_in_memory(
         expected[cid] = [t.clone() for t in model.state_dict().values()]
         if i == 0 and kept:  # the full save kept what trains (the head's weight), no more
             assert sum(len(b) for b in mgr._delta_bases.values()) == 256 * 64 * 4
+        assert _kept_bases_hold_their_bytes(mgr)
     assert [c for c in mgr.catalog.all_chunks() if c.base]  # deltas were written
     # every delta save's bases (the first's too, from the full save): from memory, or
     # read back; and the disk is asked only for those it reads
     assert read_per_save == asked_per_save == [False] + [not kept] * 3
+    for cid, want in expected.items():
+        assert same(list(CheckpointManager(tmp_path).load(cid).state["model"].values()), want)
+
+
+def _kept_bases_hold_their_bytes(mgr: CheckpointManager) -> bool:
+    from ckpt_nb import _codec as codec
+
+    return all(codec.digest(raw) == digest for digest, raw in mgr._delta_bases.items())
+
+
+@pytest.mark.parametrize("strategy", ["incremental", "differential"])
+def test_kept_bases_stay_right_when_chunks_share_or_swap_bytes(
+        tmp_path: Path, strategy: str) -> None:
+    """A base's memory is reused for the chunk that replaces it only where no other
+    chunk needs it: tensors that start equal, drift, swap and come back."""
+    start = torch.randn(128, 256, generator=torch.Generator().manual_seed(0))
+    model = torch.nn.ParameterDict({k: torch.nn.Parameter(start.clone()) for k in "abc"})
+    mgr = CheckpointManager(tmp_path, strategy=strategy, chunk_size=1 << 16)
+    edits = [lambda p: p["a"].add_(1e-3), lambda p: p["b"].mul_(1.001),
+             lambda p: p["c"].copy_(p["a"]),  # c now holds a's bytes
+             lambda p: (lambda a: (p["a"].copy_(p["b"]), p["b"].copy_(a)))(p["a"].clone()),
+             lambda p: p["a"].copy_(start)]  # back to what all three started from
+    expected = {}
+    for edit in [lambda p: None, *edits]:
+        with torch.no_grad():
+            edit(model)
+            model["a"][0, :8] += 1e-4  # and a little drift in every save
+        cid = mgr.save(model)
+        expected[cid] = [t.clone() for t in model.state_dict().values()]
+        assert _kept_bases_hold_their_bytes(mgr)
+    assert [c for c in mgr.catalog.all_chunks() if c.base]
     for cid, want in expected.items():
         assert same(list(CheckpointManager(tmp_path).load(cid).state["model"].values()), want)
 
