@@ -155,7 +155,7 @@ class StorageBytes:
     itemsize: int
     device: str
     kind: str = "tensor"  # or "pickle"
-    trains: bool = False  # backs a parameter that requires grad: it changes every step
+    trains: bool = False  # backs a trained parameter or its optimizer state: changes every step
 
 
 @dataclass
@@ -305,10 +305,19 @@ def _plain_keys(d: dict[Any, Any]) -> bool:
 
 
 def trained_storages(objects: Iterable[Any]) -> set[tuple[str, int]]:
-    """(device, address) of the storages behind the parameters that these modules train."""
-    return {(str(p.device), p.untyped_storage().data_ptr())
-            for obj in objects if isinstance(obj, torch.nn.Module)
-            for p in obj.parameters() if p.requires_grad}
+    """(device, address) of the storages that change at every step: the parameters
+    these modules train, and these optimizers' state (momenta) for theirs."""
+    found: set[tuple[str, int]] = set()
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            tensors: Iterable[Any] = (p for p in obj.parameters() if p.requires_grad)
+        elif isinstance(obj, torch.optim.Optimizer):
+            tensors = (v for state in obj.state.values() for v in state.values())
+        else:
+            continue
+        found.update((str(t.device), t.untyped_storage().data_ptr())
+                     for t in tensors if isinstance(t, torch.Tensor))
+    return found
 
 
 def flatten(tree: Mapping[str, Any], *, copy_tensors: bool | SnapshotBuffers = False,

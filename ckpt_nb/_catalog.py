@@ -255,22 +255,23 @@ class Catalog:
             return {r[0]: r[1] for r in self._db.execute("SELECT name, tip FROM branches")}
 
     # -- chunks -------------------------------------------------------------
-    def chunk_digests(self) -> set[str]:
-        with self._lock:
-            return {r[0] for r in self._db.execute("SELECT digest FROM chunks")}
+    def known(self, digests: Iterable[str]) -> set[str]:
+        """Those of these digests that name a stored chunk."""
+        return {r[0] for r in self._chunks_where_digest_in("digest", digests)}
 
     def chunks(self, digests: Iterable[str]) -> dict[str, ChunkRow]:
         """Location rows for the digests asked for (absent ones are left out)."""
+        return {r["digest"]: ChunkRow(*r) for r in self._chunks_where_digest_in("*", digests)}
+
+    def _chunks_where_digest_in(self, columns: str, digests: Iterable[str]) -> list[sqlite3.Row]:
         wanted = list(set(digests))
-        found: dict[str, ChunkRow] = {}
+        found: list[sqlite3.Row] = []
         with self._lock:
             for i in range(0, len(wanted), 500):
                 part = wanted[i : i + 500]
                 marks = ",".join("?" * len(part))
-                for r in self._db.execute(
-                    f"SELECT * FROM chunks WHERE digest IN ({marks})", part
-                ):
-                    found[r["digest"]] = ChunkRow(*r)
+                found += self._db.execute(
+                    f"SELECT {columns} FROM chunks WHERE digest IN ({marks})", part)
         return found
 
     def all_chunks(self) -> list[ChunkRow]:

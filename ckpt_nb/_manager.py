@@ -159,6 +159,7 @@ class CheckpointManager:
         self.codec, self.level, self.chunk_size = codec, level, chunk_size
         self.threads = threads or min(4, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
+        self._pack_writer: ThreadPoolExecutor | None = None
         self._lock_path: Path | None = None
         self._stale_format = check_format(self.store) < FORMAT
         self.catalog = Catalog(self._catalog_path(catalog))
@@ -208,13 +209,20 @@ class CheckpointManager:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt_nb")
         return self._pool
 
+    def _writer(self) -> ThreadPoolExecutor:
+        """One thread that appends a save's batches to its pack, in order."""
+        if self._pack_writer is None:
+            self._pack_writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt_nb-pack")
+        return self._pack_writer
+
     def close(self) -> None:
         """Stop the thread pool, close the catalog, and let go of the memory kept for the
         next save's deltas and the next restore (the latter shared by the process's
         managers: one closing only costs the next restore its warm pages)."""
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        for pool in (self._pool, self._pack_writer):
+            if pool is not None:
+                pool.shutdown()
+        self._pool = self._pack_writer = None
         self.catalog.close()
         self._delta_bases = {}
         RESTORE_ARENA.release()
@@ -333,18 +341,31 @@ class CheckpointManager:
             if self._stale_format:
                 stamp_format(self.store)
                 self._stale_format = False
-            manifest, new_rows, refs = self._write_chunks(state, strategy, base_chunks,
-                                                          progress)
-            manifest.update(format=FORMAT, id=row.id, parent=parent_id, branch=row.branch,
-                            created_at=row.created_at, step=row.step, epoch=row.epoch,
-                            batch_idx=row.batch_idx, metrics=metrics, strategy=strategy,
-                            chain=chain, full_base=row.full_base, note=note,
-                            state=state.skeleton)
-            blob = encode_manifest(manifest)
-            row.manifest_digest = codec.digest(blob)
-            row.stored_bytes = sum(r.length for r in new_rows) + len(blob)
-            self.store.put(manifest_key(row.id), blob)
-            self.catalog.commit_checkpoint(row, new_rows, refs)
+            manifest: dict[str, Any] = {}
+            blob = b""
+
+            def write_manifest(chunks: dict[str, Any]) -> None:
+                """Write the manifest (while the pipeline writes its last batches)."""
+                nonlocal blob
+                manifest.update(chunks, format=FORMAT, id=row.id, parent=parent_id,
+                                branch=row.branch, created_at=row.created_at, step=row.step,
+                                epoch=row.epoch, batch_idx=row.batch_idx, metrics=metrics,
+                                strategy=strategy, chain=chain, full_base=row.full_base,
+                                note=note, state=state.skeleton)
+                blob = encode_manifest(manifest)
+                self.store.put(manifest_key(row.id), blob)
+
+            try:
+                _, new_rows, refs = SavePipeline(self, state, strategy, base_chunks,
+                                                 progress).run(write_manifest)
+                row.manifest_digest = codec.digest(blob)
+                row.stored_bytes = sum(r.length for r in new_rows) + len(blob)
+                self.catalog.commit_checkpoint(row, new_rows, refs)
+            except BaseException:
+                if blob:  # not committed: nothing refers to it (gc would remove it too)
+                    with contextlib.suppress(Exception):
+                        self.store.delete(manifest_key(row.id))
+                raise
             self._manifests[row.id] = manifest
             if parent is ...:
                 self.head = row.id
@@ -386,12 +407,6 @@ class CheckpointManager:
             for i, (digest, raw_len) in enumerate(storage["chunks"]):
                 found[(storage["name"], i)] = (digest, raw_len)
         return found
-
-    def _write_chunks(
-        self, state: FlatState, strategy: str,
-        base_chunks: Mapping[tuple[str, int], tuple[str, int]], progress: ProgressFn | None,
-    ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
-        return SavePipeline(self, state, strategy, base_chunks, progress).run()
 
     # -- reading chunks -----------------------------------------------------------
     def _read_scratch(self, row: ChunkRow) -> np.ndarray:

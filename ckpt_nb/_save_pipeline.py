@@ -9,7 +9,8 @@ side by side:
   plain, or as a delta against its base, and groups its bytes into streams in
   one of ``BUFFER_SETS`` reused buffers;
 - a pool thread has zstd compress the batch before in one call, on zstd's own
-  threads and without the GIL, and writes it to the pack in order.
+  threads and without the GIL, and the pack's own thread writes the batches in
+  order (a pool thread waiting for the batch before would starve the hashing).
 
 Why this shape: on a 2-vCPU VM two Python threads coding a chunk each ran no
 faster than one, as every short C call that lets the GIL go costs a wake-up
@@ -19,10 +20,11 @@ on the other vCPU to get it back. Here the stages hand over once a batch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -76,6 +78,8 @@ class Seen:
 Memo = dict[tuple[str, int, int], Seen]  # (storage, chunk index, length) -> Seen
 _Job = tuple[int, int, np.ndarray, "tuple[str, int] | None"]  # storage, chunk, bytes, base
 _Chosen = tuple[int, int, np.ndarray, str, bytes, "codec.Prepared | None", "str | None"]
+_Hashed = tuple[list[tuple[bytes, str, "Seen | None"]], set[str]]  # per chunk; digests known
+_Blob = tuple[str, "codec.Parts", int, "str | None", int]  # digest, parts, raw length, base, depth
 
 
 class NothingToWrite(Exception):
@@ -90,10 +94,12 @@ class SavePipeline:
                  progress: ProgressFn | None) -> None:
         self.mgr, self.state, self.progress = mgr, state, progress
         self.options = {"codec": mgr.codec, "level": mgr.level}
-        self.known = mgr.catalog.chunk_digests()
-        self.base_rows = mgr._rows_with_bases(d for d, _ in base_chunks.values())
-        self.base_views = mgr._pack_views(self.base_rows)
-        self.depths = {d: r.depth for d, r in self.base_rows.items()}
+        # Catalog rows of the delta bases this save uses, looked up a batch at a time
+        # for the chunks that changed (their delta chains, and where to read them).
+        self.base_rows: dict[str, ChunkRow] = {}
+        self.base_views: dict[str, memoryview] = {}
+        full_every = mgr.full_every
+        self.max_depth = (full_every - 1) if full_every else 64
         self.storage_bytes = {st.name: st.data.nbytes for st in state.storages}
         self.memo = mgr._digest_memo
         self.fresh_memo: Memo = {}
@@ -112,8 +118,7 @@ class SavePipeline:
 
     def _jobs(self, base_chunks: Mapping[tuple[str, int], tuple[str, int]]) -> list[_Job]:
         """Every chunk of every storage, with the base a delta of it may use."""
-        chunk_size, full_every = self.mgr.chunk_size, self.mgr.full_every
-        max_depth = (full_every - 1) if full_every else 64
+        chunk_size = self.mgr.chunk_size
         jobs: list[_Job] = []
         for si, storage in enumerate(self.state.storages):
             size = max(chunk_size - chunk_size % storage.itemsize, storage.itemsize)
@@ -123,20 +128,29 @@ class SavePipeline:
                                       "itemsize": storage.itemsize, "device": storage.device,
                                       "kind": storage.kind, "chunks": [None] * count})
             for ci in range(count):
-                base = base_chunks.get((storage.name, ci))
-                if base is not None and self.depths.get(base[0], max_depth) >= max_depth:
-                    base = None
-                jobs.append((si, ci, data[ci * size : (ci + 1) * size], base))
+                jobs.append((si, ci, data[ci * size : (ci + 1) * size],
+                             base_chunks.get((storage.name, ci))))
+        # The storages that train first: their chunks are the ones to compress and
+        # write, so the disk starts early, and hashing the frozen rest (which writes
+        # nothing) overlaps with the last writes.
+        jobs.sort(key=lambda job: not self.state.storages[job[0]].trains)
         return jobs
 
-    def run(self) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
+    def run(self, named: Callable[[dict[str, Any]], None] | None = None
+            ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
         """Write the new chunks; returns the manifest's storages and tensors, the new
-        chunks' rows and every chunk the checkpoint refers to."""
+        chunks' rows and every chunk the checkpoint refers to.
+
+        ``named`` gets the manifest's part as soon as every chunk is named, so the
+        caller can write the manifest while the last batches are compressed and written.
+        """
         mgr = self.mgr
         mgr._saves += 1
-        pool = mgr._executor()
+        pool, writer = mgr._executor(), mgr._writer()
         writing: list[Future[None]] = []
-        hashing: list[Future[list[tuple[bytes, str, Seen | None]]]] = []
+        hashing: list[Future[_Hashed]] = []
+        compressing: list[Future[list[_Blob]]] = []
+        buffer_written: list[Future[None] | None] = [None] * BUFFER_SETS
         try:
             with ENCODE_BUFFERS.take(ENCODE_BATCH + mgr.chunk_size) as buffers, \
                     write_pack(mgr.store) as self.pack:
@@ -147,19 +161,22 @@ class SavePipeline:
                     for n, batch in enumerate(batches):
                         if n + 1 < len(batches):
                             hashing.append(pool.submit(self._hash, batches[n + 1]))
-                        if len(writing) == BUFFER_SETS:  # its buffer is the one to reuse
-                            writing.pop(0).result()
-                        chosen = self._choose(batch, hashing.pop(0).result(),
-                                              buffers[n % BUFFER_SETS])
-                        before = writing[-1] if writing else None
-                        writing.append(pool.submit(self._compress_and_write, chosen, before))
+                        buffer = n % BUFFER_SETS
+                        chosen = self._choose(batch, hashing.pop(0).result(), buffers[buffer],
+                                              buffer_written[buffer])
+                        if any(prepared is not None for *_, prepared, _ in chosen):
+                            compressing.append(pool.submit(self._compress, chosen))
+                            writing.append(writer.submit(self._write, compressing[-1]))
+                            buffer_written[buffer] = writing[-1]
                         done += len(batch)
                         if self.progress is not None:
                             self.progress(done, len(self.jobs))
-                    while writing:
-                        writing.pop(0).result()
-                finally:  # on an error, let the pool finish with the pack before it goes
-                    for future in writing + hashing:
+                    if named is not None:
+                        named(self.manifest_part)
+                    for future in writing:
+                        future.result()
+                finally:  # on an error, let the threads finish with the pack before it goes
+                    for future in hashing + compressing + writing:
                         with contextlib.suppress(Exception):
                             future.result()
                 if not self.pack.rows:
@@ -169,13 +186,20 @@ class SavePipeline:
             new_rows = []
         mgr._digest_memo = self.fresh_memo
         mgr._delta_bases = self.fresh_bases
-        return ({"storages": self.storages_out,
-                 "tensors": [t.to_json() for t in self.state.tensors]}, new_rows, self.refs)
+        return self.manifest_part, new_rows, self.refs
+
+    @functools.cached_property
+    def manifest_part(self) -> dict[str, Any]:
+        """The manifest's storages and tensors (complete once every chunk is chosen)."""
+        return {"storages": self.storages_out,
+                "tensors": [t.to_json() for t in self.state.tensors]}
 
     # -- stage 1: hashing (a pool thread) -------------------------------------------------
-    def _hash(self, batch: list[_Job]) -> list[tuple[bytes, str, Seen | None]]:
-        return [self._identify(raw, self.state.storages[si].name, ci)
-                for si, ci, raw, _ in batch]
+    def _hash(self, batch: list[_Job]) -> _Hashed:
+        """Each chunk's checksum, digest and memo entry, and which digests the store has."""
+        hashes = [self._identify(raw, self.state.storages[si].name, ci)
+                  for si, ci, raw, _ in batch]
+        return hashes, self.mgr.catalog.known(digest for _, digest, _ in hashes)
 
     def _identify(self, raw: np.ndarray, name: str, ci: int) -> tuple[bytes, str, Seen | None]:
         """The chunk's checksum and digest (and what the last save saw in its place)."""
@@ -187,13 +211,20 @@ class SavePipeline:
         return check, digest, seen
 
     # -- stage 2: choosing and grouping (the calling thread) ------------------------------
-    def _choose(self, batch: list[_Job], hashes: list[tuple[bytes, str, Seen | None]],
-                buffer: np.ndarray) -> list[_Chosen]:
-        found = []
-        for (si, ci, raw, base), (check, digest, seen) in zip(batch, hashes):
-            storage = self.state.storages[si]
-            new = digest not in self.known and digest not in self.written
+    def _choose(self, batch: list[_Job], hashed: _Hashed, buffer: np.ndarray,
+                buffer_written: Future[None] | None) -> list[_Chosen]:
+        """Which chunks are new, and how each is encoded; groups them into ``buffer``
+        once the batch that used it last (``buffer_written``) is in the pack."""
+        hashes, known = hashed
+        news = []
+        for (_, _, _, base), (_, digest, _) in zip(batch, hashes):
+            news.append(digest not in known and digest not in self.written)
             self.written.add(digest)
+        self._look_up_bases(base[0] for (*_, base), new in zip(batch, news)
+                            if new and base is not None)
+        found = []
+        for (si, ci, raw, base), (check, digest, seen), new in zip(batch, hashes, news):
+            storage = self.state.storages[si]
             against = self._delta_base(raw, storage.itemsize, base, storage.name, digest,
                                        seen) if new else None
             found.append((si, ci, raw, check, digest, seen, new, against))
@@ -208,6 +239,8 @@ class SavePipeline:
             storage = self.state.storages[si]
             prepared, head = None, None
             if new:
+                if used == 0 and buffer_written is not None:
+                    buffer_written.result()
                 out = buffer[used : used + len(raw)]
                 used += len(raw)
                 base_raw = None if against is None else self._base_bytes(against, seen, len(raw))
@@ -228,6 +261,13 @@ class SavePipeline:
             chosen.append((si, ci, raw, digest, check, prepared, against))
         return chosen
 
+    def _look_up_bases(self, digests: Iterable[str]) -> None:
+        """Fetch the catalog rows of these delta bases (and of theirs), and map their packs."""
+        rows = self.mgr._rows_with_bases(d for d in set(digests) if d not in self.base_rows)
+        self.base_rows.update(rows)
+        self.base_views.update(self.mgr._pack_views(
+            {d: r for d, r in rows.items() if r.pack not in self.base_views}))
+
     def _prepare(self, raw: np.ndarray, itemsize: int, check: bytes, digest: str,
                  base_raw: np.ndarray | None = None, base_digest: str | None = None,
                  out: np.ndarray | None = None) -> codec.Prepared:
@@ -246,6 +286,9 @@ class SavePipeline:
         if base is None or base[1] != len(raw) or base[0] == digest or \
                 self.storage_bytes[name] < DELTA_MIN_STORAGE or self.options["codec"] == "none":
             return None  # (uncompressed, a delta is no smaller)
+        row = self.base_rows.get(base[0])
+        if row is None or row.depth >= self.max_depth:
+            return None  # gone, or its chain of deltas is as long as it may get
         # Which encoding wins is a property of the tensor (weights gain from a delta,
         # Adam's moments do not), so it is decided on a sample now and then: the head
         # the last save kept, else one decoded from the heads of the base's streams.
@@ -313,11 +356,12 @@ class SavePipeline:
         self.fresh_bases[digest] = raw
         self.fresh_bases_bytes += len(raw)
 
-    # -- stage 3: compressing and writing (a pool thread) ---------------------------------
-    def _compress_and_write(self, chosen: list[_Chosen], before: Future[None] | None) -> None:
+    # -- stage 3: compressing (a pool thread) and writing (the pack's thread) ---------------
+    def _compress(self, chosen: list[_Chosen]) -> list[_Blob]:
+        """The new chunks' blobs, their streams compressed in one call."""
         rows = [p.streams[i] for *_, p, _ in chosen if p is not None for i in p.to_compress]
         packed = iter(codec.compress_streams(rows, self.mgr.level, self.mgr.threads))
-        adds = []
+        blobs = []
         for si, _, raw, digest, check, prepared, base_digest in chosen:
             if prepared is None:
                 continue
@@ -326,12 +370,14 @@ class SavePipeline:
                 parts = codec.encode_parts(raw, self.state.storages[si].itemsize, check=check,
                                            name=digest, **self.options)
                 base_digest = None  # the delta did not pay
-            depth = self.depths.get(base_digest, 0) + 1 if base_digest else 0
-            adds.append((digest, parts, len(raw), base_digest, depth))
-        if before is not None:
-            before.result()  # the pack takes the batches in order
-        for add in adds:
-            self.pack.add(*add)
+            depth = self.base_rows[base_digest].depth + 1 if base_digest else 0
+            blobs.append((digest, parts, len(raw), base_digest, depth))
+        return blobs
+
+    def _write(self, compressed: Future[list[_Blob]]) -> None:
+        """Append a batch's blobs to the pack (batches come in order: one thread)."""
+        for blob in compressed.result():
+            self.pack.add(*blob)
         self.pack.flush()  # all of it: a later batch reuses these streams' memory
 
 

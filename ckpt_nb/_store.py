@@ -360,6 +360,14 @@ class _DirectWriter:
                 if self._filled == self.STAGE:
                     self._write_stage(self.STAGE)
             total += len(view)
+        if self._direct and self._filled >= self.ALIGN:
+            # What fills whole blocks goes now: the disk works while the caller
+            # encodes, instead of after the last part, on the closing thread.
+            whole = self._filled - self._filled % self.ALIGN
+            tail = self._filled - whole
+            self._write_stage(whole)
+            self._stage[:tail] = self._stage[whole : whole + tail]
+            self._filled = tail
         return total
 
     def _finish(self) -> None:

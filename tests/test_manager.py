@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import random
+import resource
 from pathlib import Path
 
 import numpy as np
@@ -351,6 +353,33 @@ def test_saves_mark_and_keep_only_what_trains(tmp_path: Path) -> None:
     assert sum(len(b) for b in delta._delta_bases.values()) == 256 * 64 * 4
 
 
+def test_an_optimizers_state_trains_with_its_parameters(tmp_path: Path) -> None:
+    """Adam's moments change at every step like the weights they follow: marked, and
+    kept by a full save for the deltas after it (never read back from the disk)."""
+    model = Finetune()
+    opt = torch.optim.AdamW(model.head.parameters(), lr=1e-3)
+    model.step(opt)
+    mgr = CheckpointManager(tmp_path, strategy="incremental")
+    state = mgr.capture({"model": model, "optimizer": opt})
+    moments = {s.name.removeprefix("objects/optimizer/state/"): s.trains
+               for s in state.storages if s.name.startswith("objects/optimizer/state/")}
+    assert {k for k, v in moments.items() if v} == {
+        f"{i}/{m}" for i in (0, 1) for m in ("exp_avg", "exp_avg_sq", "step")}
+    mgr.save(model, opt)
+    # the head's weight and its two moments (biases are too small for deltas)
+    assert sum(len(b) for b in mgr._delta_bases.values()) == 3 * 256 * 64 * 4
+    reads: list[str] = []
+    read_raw = mgr._read_raw
+    mgr._read_raw = lambda digest, *a: reads.append(digest) or read_raw(digest, *a)  # type: ignore[method-assign]
+    for _ in range(3):
+        model.step(opt)
+    cid = mgr.save(model, opt)
+    assert not reads
+    want = [t.clone() for t in opt.state_dict()["state"][0].values()]
+    assert same(list(CheckpointManager(tmp_path).load(cid).state["optimizer"]["state"][0].values()),
+                want)
+
+
 @pytest.mark.parametrize("base_kept", [True, False])
 def test_a_delta_against_a_base_on_disk_must_gain_more(
         tmp_path: Path, base_kept: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -386,14 +415,22 @@ def test_a_delta_against_a_base_on_disk_must_gain_more(
 
 
 @pytest.mark.parametrize("strategy", ["full", "incremental"])
+@pytest.mark.parametrize("still", [False, True])
 def test_saves_of_many_encode_batches_restore_bit_exact(
-        tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A save encodes a batch into reused memory while the one before is written."""
+        tmp_path: Path, strategy: str, still: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save encodes a batch into reused memory while the one before is written;
+    ``still``: every other layer does not change, so batches with nothing to write
+    (which take no memory) come between those that reuse it."""
     from ckpt_nb import _save_pipeline
 
     monkeypatch.setattr(_save_pipeline, "ENCODE_BATCH", 1 << 20)  # ~10 batches a save
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(10)])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if still:
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            [{"params": layer.parameters(), "lr": 1e-3 * (i % 2)}
+             for i, layer in enumerate(model)])
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mgr = CheckpointManager(tmp_path, strategy=strategy, chunk_size=1 << 18)
     expected = {}
     for i in range(3):
@@ -546,6 +583,32 @@ def test_failed_write_leaves_earlier_checkpoints(tmp_path: Path, digits: DigitsR
     assert list(mgr.list()["id"]) == [first]
     assert not list(tmp_path.rglob("*.tmp-*"))
     assert same(list(mgr.load(first).state["model"].values()), expected)
+
+
+def test_a_write_the_kernel_refuses_leaves_earlier_checkpoints(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """A real failed write (the kernel refuses to grow a file past RLIMIT_FSIZE, as
+    with a full disk) in the middle of a pack: the save raises, leaves no manifest,
+    pack or temporary behind, and every earlier checkpoint restores."""
+    holder = Holder({"w": torch.randn(3 << 20)})  # a 12 MiB pack
+    mgr = CheckpointManager(tmp_path, strategy="incremental")
+    first = mgr.save(h=holder)
+    expected = holder.state["w"].clone()
+    holder.state["w"] = torch.randn(3 << 20)
+    files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (5 << 20, hard))
+    try:
+        with pytest.raises(OSError) as caught:
+            mgr.save(h=holder)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert caught.value.errno == errno.EFBIG
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == files
+    assert list(mgr.list()["id"]) == [first] and mgr.verify().ok
+    assert same([CheckpointManager(tmp_path).load(first).state["h"]["w"]], [expected])
+    second = mgr.save(h=holder)  # and the next save works
+    assert same([mgr.load(second).state["h"]["w"]], [holder.state["w"]])
 
 
 def test_newer_format_is_refused(tmp_path: Path) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ckpt_nb import FsspecStore, LocalStore, MemoryStore, open_store
@@ -143,6 +146,41 @@ def test_direct_writes_keep_every_byte(tmp_path: Path, size: int) -> None:
         out.write_many([memoryview(data)[half : 2 * half], data[2 * half :]])
     assert (tmp_path / "v").stat().st_size == size
     assert store.get("v") == data
+
+
+def test_direct_writes_of_many_parts_keep_every_byte(tmp_path: Path) -> None:
+    """A pack's batches: parts of odd sizes, many calls, stages filled across parts."""
+    rng = np.random.default_rng(0)
+    sizes = [int(n) for n in rng.integers(0, 300_000, size=120)] + [5 << 20, 7, 4096]
+    parts = [os.urandom(n) for n in sizes]
+    store = LocalStore(tmp_path)
+    with store.writer("v") as out:
+        for i in range(0, len(parts), 9):
+            out.write_many([memoryview(p) if i % 2 else p for p in parts[i : i + 9]])
+    assert store.get("v") == b"".join(parts)
+
+
+@pytest.fixture
+def file_size_limit() -> Iterator[Callable[[int], None]]:
+    """Make the kernel refuse writes past a file size (EFBIG), as a full disk would."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_write_the_kernel_refuses_leaves_nothing(
+        tmp_path: Path, file_size_limit: Callable[[int], None]) -> None:
+    store = LocalStore(tmp_path)
+    file_size_limit(9 << 20)
+    calls = 0
+    with pytest.raises(OSError) as caught, store.writer("v") as out:
+        for _ in range(5):
+            out.write_many([os.urandom(3 << 20), b"x" * 1001])
+            calls += 1
+    assert caught.value.errno == errno.EFBIG and calls < 5  # (not at the end: at the write)
+    assert not store.has("v") and list(tmp_path.iterdir()) == []
+    store.put("v", b"after")  # the stage went back to be reused
+    assert store.get("v") == b"after"
 
 
 def test_a_file_system_refusing_direct_io_gets_ordinary_writes(
