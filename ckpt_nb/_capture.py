@@ -173,6 +173,7 @@ class FlatState:
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values()
            if isinstance(d, torch.dtype)}
+_DTYPE_NAMES = {d: name for name, d in _DTYPES.items()}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -232,26 +233,28 @@ class _Flattener:
     def tensor(self, t: torch.Tensor, name: str) -> dict[str, Any]:
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
             return self.pickled(t, name)
-        if t.device.type == "meta":
+        device = _device_name(t.device)
+        if device == "meta":
             raise CaptureError(f"{name} is on the meta device and holds no data to save")
         storage = t.untyped_storage()
-        key = (str(t.device), storage.data_ptr(), storage.nbytes())
+        address = storage.data_ptr()
+        key = (device, address, storage.nbytes())
         index = self._by_ptr.get(key)
         if index is None:
             if isinstance(self._copy, SnapshotBuffers):
                 cpu = self._copy.copy(name, storage)
-            elif t.device.type != "cpu":
+            elif device != "cpu":
                 cpu = storage.cpu()
             else:
                 cpu = storage.clone() if self._copy else storage
             index = len(self.flat.storages)
             self.flat.storages.append(
-                StorageBytes(name, storage_bytes(cpu), t.element_size(), str(t.device),
-                             trains=(str(t.device), storage.data_ptr()) in self._trained)
+                StorageBytes(name, storage_bytes(cpu), t.element_size(), device,
+                             trains=(device, address) in self._trained)
             )
             self._by_ptr[key] = index
         record = TensorRecord(name, index, t.storage_offset(), list(t.shape),
-                              list(t.stride()), str(t.dtype).removeprefix("torch."))
+                              list(t.stride()), _DTYPE_NAMES[t.dtype])
         self.flat.tensors.append(record)
         return {"__tensor__": len(self.flat.tensors) - 1}
 
@@ -269,6 +272,9 @@ class _Flattener:
         return {"__pickle__": len(self.flat.storages) - 1}
 
     def encode(self, value: Any, name: str) -> Any:
+        if type(value) in _PLAIN_SEQUENCES and all(type(v) in _PLAIN for v in value):
+            # (Python's RNG state is 625 ints: one check, not 625 calls)
+            return list(value) if type(value) is list else {"__tuple__": list(value)}
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int):
@@ -298,6 +304,14 @@ class _Flattener:
             return {"__dict__": [[self.encode(k, f"{name}/key"), self.encode(v, f"{name}/{k}")]
                                  for k, v in value.items()]}
         return self.pickled(value, name)
+
+
+_PLAIN = {int, str, bool, type(None)}  # JSON as they are (floats may be nan or inf)
+_PLAIN_SEQUENCES = {list, tuple}  # (not a namedtuple: its type is a subclass)
+
+
+def _device_name(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" and device.index is None else str(device)
 
 
 def _plain_keys(d: dict[Any, Any]) -> bool:

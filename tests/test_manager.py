@@ -512,6 +512,19 @@ class Boom:
         return (Path.touch, (Path(self.path),))
 
 
+def test_plain_values_in_extra_come_back_as_they_were(tmp_path: Path) -> None:
+    """Lists and tuples of plain values (a fast path), floats that JSON lacks, nesting."""
+    extra = {"ints": list(range(700)), "pair": (3, "a"), "mixed": [1, "x", None, True],
+             "empty": [], "none": (), "floats": [1.5, float("nan"), float("-inf")],
+             "nested": [[1, 2], (3, (4, 5))], "big": 2**70, "flag": False}
+    mgr = CheckpointManager(tmp_path)
+    back = mgr.load(mgr.save(extra=extra)).extra
+    floats = back.pop("floats")
+    assert back == {k: v for k, v in extra.items() if k != "floats"}
+    assert type(back["pair"]) is tuple and type(back["nested"][1][1]) is tuple
+    assert floats[0] == 1.5 and np.isnan(floats[1]) and floats[2] == float("-inf")
+
+
 def test_pickles_never_load_without_trust(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     mgr = CheckpointManager(tmp_path / "store")
