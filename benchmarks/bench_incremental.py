@@ -12,6 +12,9 @@ Part 2: with 0%, 10% and 50% of MiniLM's tensors changed between two saves,
 the incremental save's bytes and time against torch.save: both should grow
 with the bytes that changed.
 
+Part 3: the same small incremental save into stores whose catalogs hold 0,
+100k and 300k other chunks: its time should not grow with the store.
+
 Run: ``.venv/bin/python benchmarks/bench_incremental.py [--quick] [--baselines-only]``
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import shutil
 import sys
 import tempfile
@@ -203,6 +207,45 @@ def changed_part(repeats: int, root: Path, with_ours: bool) -> None:
               f"{'target met' if grows else 'MISSED'}")
 
 
+STORE_CHUNKS = (0, 100_000, 300_000)
+
+
+def store_size_part(repeats: int, root: Path) -> None:
+    """Part 3: an incremental save's cost against how many chunks the store holds."""
+    import sqlite3
+
+    from ckpt_nb import CheckpointManager
+
+    holder = w.SDHolder({"w": torch.randn(1 << 20), "b": torch.randn(1 << 12)})
+    ours: dict[int, list[float]] = {n: [] for n in STORE_CHUNKS}
+    base: dict[int, list[float]] = {n: [] for n in STORE_CHUNKS}
+    for n in STORE_CHUNKS:
+        d = fresh_dir(root)
+        mgr = CheckpointManager(d / "store", strategy="incremental")
+        mgr.save(weights=holder)
+        # Rows as earlier checkpoints' chunks would leave them (a long run's store),
+        # written straight into the catalog: making them for real would take hours.
+        with sqlite3.connect(d / "store" / "catalog.sqlite") as db:
+            db.executemany("INSERT INTO chunks VALUES (?, ?, 0, 1, 1, NULL, 0)",
+                           ((os.urandom(32).hex(), "packs/other.pack") for _ in range(n)))
+        for _ in range(repeats):
+            holder.sd["w"].add_(1e-3)
+            base[n].append(w.timed(w.torch_save, holder.sd, d / "s.pt")[0])
+            ours[n].append(w.timed(mgr.save, weights=holder, strategy="incremental")[0])
+        mgr.close()
+        shutil.rmtree(d)
+    w.print_table(
+        f"incremental save of a changed 4 MiB tensor against the store's size, median of "
+        f"{repeats}",
+        ["chunks in the store", "torch.save s", "save s", "x save"],
+        [[f"{n:,}", w.median(base[n]), w.median(ours[n]), w.paired_ratio(ours[n], base[n])]
+         for n in STORE_CHUNKS])
+    ratios = [w.paired_ratio(ours[n], base[n]) for n in STORE_CHUNKS]
+    flat = ratios[-1] < 1.5 * ratios[0]
+    print(f"  target save time does not grow with the store: "
+          f"{'target met' if flat else 'MISSED'} ({ratios[-1] / ratios[0]:.2f}x)")
+
+
 def main() -> int:
     """Parse arguments and run both parts."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -218,6 +261,8 @@ def main() -> int:
     with w.scratch() as root:
         finetune_part(repeats, root, with_ours)
         changed_part(repeats, root, with_ours)
+        if with_ours:
+            store_size_part(repeats, root)
     print(f"\nat the end: {w.machine_line()}")
     return 0
 
