@@ -291,7 +291,7 @@ class _Flattener:
         if isinstance(value, np.generic) and value.dtype.kind in "biuf":
             return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}
         if isinstance(value, torch.dtype):
-            return {"__dtype__": str(value).removeprefix("torch.")}
+            return {"__dtype__": _DTYPE_NAMES[value]}
         if isinstance(value, torch.device):
             return {"__device__": str(value)}
         if isinstance(value, tuple) and not hasattr(value, "_fields"):

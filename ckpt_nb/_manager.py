@@ -356,8 +356,8 @@ class CheckpointManager:
                 self.store.put(manifest_key(row.id), blob)
 
             try:
-                _, new_rows, refs = SavePipeline(self, state, strategy, base_chunks,
-                                                 progress).run(write_manifest)
+                new_rows, refs = SavePipeline(self, state, strategy, base_chunks,
+                                              progress).run(write_manifest)
                 row.manifest_digest = codec.digest(blob)
                 row.stored_bytes = sum(r.length for r in new_rows) + len(blob)
                 self.catalog.commit_checkpoint(row, new_rows, refs)

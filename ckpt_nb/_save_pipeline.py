@@ -20,7 +20,6 @@ on the other vCPU to get it back. Here the stages hand over once a batch.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import threading
 from collections import Counter
@@ -87,7 +86,7 @@ class NothingToWrite(Exception):
 
 
 class SavePipeline:
-    """One save's chunks: ``run()`` writes the new ones and returns the manifest's part."""
+    """One save's chunks: ``run()`` writes the new ones and hands over the manifest's part."""
 
     def __init__(self, mgr: CheckpointManager, state: FlatState, strategy: str,
                  base_chunks: Mapping[tuple[str, int], tuple[str, int]],
@@ -136,13 +135,11 @@ class SavePipeline:
         jobs.sort(key=lambda job: not self.state.storages[job[0]].trains)
         return jobs
 
-    def run(self, named: Callable[[dict[str, Any]], None] | None = None
-            ) -> tuple[dict[str, Any], list[ChunkRow], list[str]]:
-        """Write the new chunks; returns the manifest's storages and tensors, the new
-        chunks' rows and every chunk the checkpoint refers to.
+    def run(self, named: Callable[[dict[str, Any]], None]) -> tuple[list[ChunkRow], list[str]]:
+        """Write the new chunks; returns their rows and every chunk the checkpoint refers to.
 
-        ``named`` gets the manifest's part as soon as every chunk is named, so the
-        caller can write the manifest while the last batches are compressed and written.
+        ``named`` gets the manifest's part (storages and tensors) as soon as every chunk
+        is named, so the caller writes the manifest while the last batches go out.
         """
         mgr = self.mgr
         mgr._saves += 1
@@ -171,8 +168,8 @@ class SavePipeline:
                         done += len(batch)
                         if self.progress is not None:
                             self.progress(done, len(self.jobs))
-                    if named is not None:
-                        named(self.manifest_part)
+                    named({"storages": self.storages_out,
+                           "tensors": [t.to_json() for t in self.state.tensors]})
                     for future in writing:
                         future.result()
                 finally:  # on an error, let the threads finish with the pack before it goes
@@ -186,13 +183,7 @@ class SavePipeline:
             new_rows = []
         mgr._digest_memo = self.fresh_memo
         mgr._delta_bases = self.fresh_bases
-        return self.manifest_part, new_rows, self.refs
-
-    @functools.cached_property
-    def manifest_part(self) -> dict[str, Any]:
-        """The manifest's storages and tensors (complete once every chunk is chosen)."""
-        return {"storages": self.storages_out,
-                "tensors": [t.to_json() for t in self.state.tensors]}
+        return new_rows, self.refs
 
     # -- stage 1: hashing (a pool thread) -------------------------------------------------
     def _hash(self, batch: list[_Job]) -> _Hashed:

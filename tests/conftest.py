@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import resource
+from collections.abc import Callable, Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -52,3 +55,12 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def digits() -> DigitsRun:
     np.random.seed(0)
     return DigitsRun()
+
+
+@pytest.fixture
+def file_size_limit() -> Iterator[Callable[[int | None], None]]:
+    """Make the kernel refuse writes past a file size (EFBIG), as a full disk would;
+    None lifts the limit again."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (soft if n is None else n, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
