@@ -335,6 +335,16 @@ def timed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
+def timed_cpu(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[float, float, T]:
+    """Wall seconds and process CPU seconds (every thread, user and system) of
+    ``fn(*args, **kwargs)``, and its result: whether a save waited for the disk or
+    for the processor."""
+    gc.collect()
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - t0, time.process_time() - c0, out
+
+
 def median(xs: Sequence[float]) -> float:
     """Median of a non-empty sequence."""
     return statistics.median(xs)

@@ -74,6 +74,7 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
     w.finetune_steps(model, opt, gen, WARMUP_STEPS)  # d0 already has optimizer state
     methods = ("torch",) + (STRATEGIES if with_ours else ())
     save_t: dict[str, list[float]] = {m: [] for m in methods}
+    cpu_t: dict[str, list[float]] = {m: [] for m in methods}
     save2_t: dict[str, list[float]] = {m: [] for m in methods}
     added: dict[str, list[int]] = {m: [] for m in methods}
     listed: dict[str, int] = {}
@@ -96,11 +97,14 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
             if m == "torch":
                 path = d / "d1.pt"
                 state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-                save_t[m].append(w.timed(w.torch_save, state, path)[0])
+                t, cpu, _ = w.timed_cpu(w.torch_save, state, path)
+                save_t[m].append(t)
+                cpu_t[m].append(cpu)
                 added[m].append(w.disk_bytes(path))
                 continue
-            t, cid1 = w.timed(mgrs[m].save, model, opt, epoch=r + 1, strategy=m)
+            t, cpu, cid1 = w.timed_cpu(mgrs[m].save, model, opt, epoch=r + 1, strategy=m)
             save_t[m].append(t)
+            cpu_t[m].append(cpu)
             added[m].append(w.disk_bytes(d / m) - before[m])
             if r == repeats - 1:
                 listed[m] = listed_bytes(d / m, cid1)
@@ -122,15 +126,21 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
             w.median(added[m]) / w.median(added["torch"]),
             w.median(save_t[m]),
             w.paired_ratio(save_t[m], save_t["torch"]),
+            w.median(cpu_t[m]),
         ]
         for m in methods
     ]
     w.print_table(
         f"(c) fine-tune d1 after {STEPS} steps: {w.mb(logical)} MB of tensors, median of {repeats}",
-        ["method", "d1 adds MB", "x bytes", "save s", "x save"],
+        ["method", "d1 adds MB", "x bytes", "save s", "x save", "cpu s"],
         rows,
     )
-    print("bytes added = store size on disk after d1 minus after d0; torch.save = whole file")
+    print("bytes added = store size on disk after d1 minus after d0; torch.save = whole file; "
+          "cpu s = the process's CPU time in the save, every thread")
+    # The time ratio depends on the disk: torch.save waits for it, while d1, writing a
+    # quarter of the bytes, waits on a fast disk for the processor instead.
+    print(f"torch.save+fsync ran at {w.median(added['torch']) / w.median(save_t['torch']) / 1e9:.2f}"
+          f" GB/s (the issue's targets were set where it ran at about 1 GB/s)")
     w.print_table(
         f"(c) d2, {STEPS} steps after d1 (the same managers): median of {repeats}",
         ["method", "save s", "x save"],
@@ -146,6 +156,14 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
     t = w.paired_ratio(save_t[m], save_t["torch"])
     print(f"  target d1 bytes <= 0.30x torch.save: {b:.3f}x  {w.verdict(b, 0.30)}")
     print(f"  target d1 save time <= 0.40x torch.save: {t:.3f}x  {w.verdict(t, 0.40)}")
+    gbps = w.median(added["torch"]) / w.median(save_t["torch"]) / 1e9
+    cores = os.cpu_count() or 1
+    floor = w.median(cpu_t[m]) / cores / w.median(save_t["torch"])
+    print(f"  (d1's CPU time spread over {cores} cores would take {floor:.3f}x torch.save: "
+          f"its floor on this machine with the disk free)")
+    if gbps < 0.8:
+        print(f"  (torch.save ran at {gbps:.2f} GB/s, slower than the ~1 GB/s the target was set "
+              f"at: where the disk is faster, this time ratio is higher)")
 
 
 def changed_part(repeats: int, root: Path, with_ours: bool) -> None:
