@@ -139,8 +139,9 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
           "cpu s = the process's CPU time in the save, every thread")
     # The time ratio depends on the disk: torch.save waits for it, while d1, writing a
     # quarter of the bytes, waits on a fast disk for the processor instead.
-    print(f"torch.save+fsync ran at {w.median(added['torch']) / w.median(save_t['torch']) / 1e9:.2f}"
-          f" GB/s (the issue's targets were set where it ran at about 1 GB/s)")
+    gbps = w.median(added["torch"]) / w.median(save_t["torch"]) / 1e9
+    print(f"torch.save+fsync ran at {gbps:.2f} GB/s (the issue's targets were set where it ran "
+          f"at about 1 GB/s)")
     w.print_table(
         f"(c) d2, {STEPS} steps after d1 (the same managers): median of {repeats}",
         ["method", "save s", "x save"],
@@ -156,7 +157,6 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
     t = w.paired_ratio(save_t[m], save_t["torch"])
     print(f"  target d1 bytes <= 0.30x torch.save: {b:.3f}x  {w.verdict(b, 0.30)}")
     print(f"  target d1 save time <= 0.40x torch.save: {t:.3f}x  {w.verdict(t, 0.40)}")
-    gbps = w.median(added["torch"]) / w.median(save_t["torch"]) / 1e9
     cores = os.cpu_count() or 1
     floor = w.median(cpu_t[m]) / cores / w.median(save_t["torch"])
     print(f"  (d1's CPU time spread over {cores} cores would take {floor:.3f}x torch.save: "
