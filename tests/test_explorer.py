@@ -202,8 +202,13 @@ def test_explorer_follows_new_saves(store, digits: DigitsRun) -> None:
     try:
         mgr = ckpt_nb.CheckpointManager(path)  # another writer: seen by polling
         new = mgr.save(digits.model, digits.optimizer, 9, metrics={"loss": 0.1})
+
+        def caught_up() -> bool:  # a refresh fills the table, then lays out the DAG
+            return new in {r["id"] for r in ui.table.rows} and \
+                any(n["id"] == new for n in ui.dag.nodes)
+
         deadline = time.monotonic() + 20
-        while new not in {r["id"] for r in ui.table.rows} and time.monotonic() < deadline:
+        while not caught_up() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert new in {r["id"] for r in ui.table.rows}
         assert any(n["id"] == new for n in ui.dag.nodes)
