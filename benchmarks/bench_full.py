@@ -43,7 +43,7 @@ class Workload:
     flat: w.StateDict  # live tensors for safetensors (restored into in place)
     statefuls: dict[str, object]  # keyword arguments to mgr.save / mgr.restore
     verify: Callable[[Path, str], bool]  # restores a checkpoint into fresh objects, compares
-    stored_target: float
+    stored_target: float | None  # None: the issue sets none (a model with its optimizer)
     restore_target: float
     logical: int = field(init=False)
 
@@ -96,7 +96,7 @@ def mlp_workload(steps: int) -> Workload:
         w.flat_tensors(model, opt),
         {"model": model, "optimizer": opt},
         verify,
-        0.83,
+        None,  # the issue's 0.83x is for weights: Adam's moments compress less
         1.5,
     )
 
@@ -199,6 +199,10 @@ def run(wl: Workload, methods: tuple[str, ...], repeats: int, root: Path) -> Non
         ("restore cold", w.paired_ratio(cold_t[m], cold_t[base]), wl.restore_target),
     ]
     for what, value, limit in checks:
+        if limit is None:
+            print(f"  ({what} {value:.3f}x torch: no target, the issue's 0.83x is for weights "
+                  "and this holds Adam's moments too)")
+            continue
         print(f"  target {what} <= {limit:.2f}x torch: {value:.3f}x  {w.verdict(value, limit)}")
     print(f"  (for reference: a warm restore in place vs torch.load + copy_ into the live "
           f"tensors, {w.median(into_t):.3f} s: {w.paired_ratio(warm_t[m], into_t):.3f}x)")
