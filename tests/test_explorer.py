@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,13 @@ from ckpt_nb import _session
 from ckpt_nb._plots import dag_layout
 
 from conftest import DigitsRun
+
+
+def poll(condition: Callable[[], bool], seconds: float = 20) -> None:
+    """Wait until ``condition()`` holds or ``seconds`` pass (the caller asserts after)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -183,9 +191,7 @@ def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> Non
             def caught_up() -> bool:  # the last save's event may land after its row is read
                 return {r["id"] for r in live.table.rows} == saved_ids and live.dag.current == last
 
-            deadline = time.monotonic() + 20
-            while not caught_up() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            poll(caught_up)
             assert {r["id"] for r in live.table.rows} == saved_ids
             assert {r["branch"] for r in live.table.rows} == {"main", "branch-1"}
             assert live.dag.current == last != first
@@ -207,9 +213,7 @@ def test_explorer_follows_new_saves(store, digits: DigitsRun) -> None:
             return new in {r["id"] for r in ui.table.rows} and \
                 any(n["id"] == new for n in ui.dag.nodes)
 
-        deadline = time.monotonic() + 20
-        while not caught_up() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(caught_up)
         assert new in {r["id"] for r in ui.table.rows}
         assert any(n["id"] == new for n in ui.dag.nodes)
     finally:
