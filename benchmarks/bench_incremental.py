@@ -37,8 +37,8 @@ import _workloads as w
 STRATEGIES = ("incremental", "differential", "full")
 # Part 1's managers, by the name its tables give them: (strategy, codec). The last, for
 # reference, is d1 with no compression at all: what hashing, Python and the writes cost.
-METHODS = {s: (s, "zstd") for s in STRATEGIES}
-METHODS["incremental codec=none"] = ("incremental", "none")
+UNCOMPRESSED = "incremental codec=none"
+METHODS = {s: (s, "zstd") for s in STRATEGIES} | {UNCOMPRESSED: ("incremental", "none")}
 FRACTIONS = (0.0, 0.1, 0.5)
 WARMUP_STEPS = 5
 STEPS = 20
@@ -170,7 +170,7 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
     floor = w.median(cpu_t[m]) / cores / w.median(save_t["torch"])
     print(f"  (d1's CPU time spread over {cores} cores would take {floor:.3f}x torch.save: "
           f"its floor on this machine with the disk free)")
-    bare = w.paired_ratio(save_t["incremental codec=none"], save_t["torch"])
+    bare = w.paired_ratio(save_t[UNCOMPRESSED], save_t["torch"])
     print(f"  (with no compression at all, d1 takes {bare:.3f}x torch.save: the part of its time "
           f"that no codec can take away)")
     if gbps < 0.8:
