@@ -1,8 +1,9 @@
-"""Build hook: compile the codec's hot loops (ckpt_nb/_kernels.c).
+"""Build hook: compile the codec's hot loops and the pack writer (ckpt_nb/_kernels.c).
 
 The result is a plain shared library that ckpt_nb/_native.py loads with ctypes.
 Without a working C compiler the build goes on without it, with a warning, and
-ckpt_nb groups bytes with NumPy and decodes in Python instead (the same bytes, slower).
+ckpt_nb groups bytes with NumPy, decodes in Python and writes packs from Python
+threads instead (the same bytes, slower).
 """
 
 from __future__ import annotations

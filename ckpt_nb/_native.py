@@ -12,12 +12,17 @@ The decoder calls zstd and xxh3 through function pointers taken from the
 libraries the zstandard and xxhash packages ship (the same zstd that encoded),
 or the system's; ``decoder`` is False where neither exports them, and the codec
 decodes in Python.
+
+Packs are written with direct I/O by a native thread (``BackgroundWriter``),
+which needs no GIL to go on after each write; ``writer`` is False without it,
+and the store writes from the calling thread.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -119,6 +124,24 @@ def _load() -> tuple[ctypes.CDLL | None, bool]:
         return None, False
 
 
+def _bind_writer(lib: ctypes.CDLL | None) -> bool:
+    if lib is None:
+        return False
+    try:
+        lib.ckpt_writer_open.argtypes, lib.ckpt_writer_open.restype = [ctypes.c_int], \
+            ctypes.c_void_p
+        lib.ckpt_writer_submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                           ctypes.c_int64]
+        lib.ckpt_writer_submit.restype = ctypes.c_int64
+        lib.ckpt_writer_wait.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+        lib.ckpt_writer_wait.restype = ctypes.c_int
+        lib.ckpt_writer_close.argtypes, lib.ckpt_writer_close.restype = [ctypes.c_void_p], \
+            ctypes.c_int
+    except AttributeError:  # built from an older _kernels.c
+        return False
+    return True
+
+
 _error_names: list[Callable[[int], bytes]] = []  # ZSTD_getErrorName, once bound
 
 
@@ -128,6 +151,7 @@ def zstd_error(code: int) -> str:
 
 
 lib, decoder = _load()
+writer = _bind_writer(lib)
 
 
 def _flat_uint8(a: np.ndarray) -> bool:
@@ -204,3 +228,42 @@ def decode(jobs: Sequence[DecodeJob]) -> np.ndarray:
             table["has_name"][i] = 1
     lib.ckpt_decode(table.ctypes.data, len(jobs))
     return table
+
+
+def _raise_errno(code: int) -> None:
+    if code < 0:
+        raise OSError(-code, os.strerror(-code))
+
+
+class BackgroundWriter:
+    """Writes to one file, in the order given, on a native thread that never needs
+    the GIL (``_kernels.c`` says why); a buffer handed over must stay unchanged
+    until ``wait`` has seen its write done."""
+
+    def __init__(self, fd: int) -> None:
+        if lib is None or not writer:
+            raise RuntimeError("the native writer is not available")
+        self._lib = lib
+        handle = lib.ckpt_writer_open(fd)
+        if not handle:
+            raise OSError(errno.EAGAIN, "could not start a writer thread")
+        self._handle: int | None = handle
+
+    def submit(self, data: np.ndarray, offset: int) -> int:
+        """Queue ``data`` (contiguous uint8) for ``offset``; returns the number to ``wait`` for."""
+        if self._handle is None or not _flat_uint8(data):
+            raise ValueError("submit takes contiguous uint8 data, before close")
+        number = self._lib.ckpt_writer_submit(self._handle, data.ctypes.data, data.size, offset)
+        _raise_errno(number)
+        return number
+
+    def wait(self, number: int) -> None:
+        """Until write ``number`` and those before it are done; raises the first failure."""
+        if self._handle is not None and number > 0:
+            _raise_errno(self._lib.ckpt_writer_wait(self._handle, number))
+
+    def close(self) -> None:
+        """Finish the queued writes and stop the thread; raises the first failure."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _raise_errno(self._lib.ckpt_writer_close(handle))

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from . import _native
 from ._buffers import fill
 from ._errors import StoreError
 
@@ -305,31 +306,43 @@ class _DirectWriter:
 
     Why: buffered writes copy every byte into freshly allocated page cache, on
     the CPU, which here ran at 0.3-1 GB/s while encoding threads competed for
-    the same two cores; direct writes DMA from one reused, aligned staging
-    buffer, with the GIL released and no CPU spent. Smaller files, and file
-    systems that refuse direct I/O, are written the ordinary way. Durability
-    still comes from the caller's fsync. What is written this way is not left
-    in the page cache; ``LocalStore.view`` asks the kernel to read ahead.
+    the same two cores; direct writes DMA from reused, aligned staging buffers,
+    with no CPU spent. Where the C kernels were built, a native thread writes the
+    stages (``_native.BackgroundWriter``) while the caller fills the next ones: a
+    Python thread back from each write waited for the GIL as long as the disk had
+    taken, with the disk idle. Smaller files, and file systems that refuse direct
+    I/O, are written the ordinary way. Durability still comes from the caller's
+    fsync. What is written this way is not left in the page cache;
+    ``LocalStore.view`` asks the kernel to read ahead.
     """
 
     available = hasattr(os, "O_DIRECT") and fcntl is not None
     ALIGN = 4096  # covers 512-byte and 4 KiB logical blocks
     STAGE = 4 << 20
-    _free_stages: list[np.ndarray] = []  # reused: fresh memory costs page faults
+    STAGES = 3  # one being filled, the others on their way to the disk
+    _free_stages: list[list[np.ndarray]] = []  # reused: fresh memory costs page faults
     _lock = threading.Lock()
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         with self._lock:
-            stage = self._free_stages.pop() if self._free_stages else None
-        if stage is None:
-            spare = np.empty(self.STAGE + self.ALIGN, dtype=np.uint8)
-            skip = -spare.ctypes.data % self.ALIGN
-            stage = spare[skip : skip + self.STAGE]
-        self._stage = stage
-        self._filled = 0  # bytes staged, not yet written
-        self._written = 0  # bytes in the file
+            stages = self._free_stages.pop() if self._free_stages else None
+        if stages is None or len(stages[0]) != self.STAGE:
+            stages = [self._aligned(self.STAGE) for _ in range(self.STAGES)]
+        self._stages = stages
+        self._sent = [0] * len(stages)  # the background write each stage went out in
+        self._current = 0  # the stage being filled
+        self._filled = 0  # bytes in it, not yet written
+        self._written = 0  # bytes handed to the disk: the current stage's file offset
         self._direct: bool | None = None  # unknown until the first full stage
+        self._background: _native.BackgroundWriter | None = None
+        self._may_hand_on = _native.writer  # to a native thread, once direct I/O works
+
+    @classmethod
+    def _aligned(cls, size: int) -> np.ndarray:
+        spare = np.empty(size + cls.ALIGN, dtype=np.uint8)
+        skip = -spare.ctypes.data % cls.ALIGN
+        return spare[skip : skip + size]
 
     def __enter__(self) -> _DirectWriter:
         return self
@@ -339,8 +352,13 @@ class _DirectWriter:
             if kind is None:
                 self._finish()
         finally:
-            with self._lock:
-                self._free_stages.append(self._stage)
+            try:
+                if self._background is not None:  # (its writes read the stages: first)
+                    with contextlib.suppress(OSError):  # the error on its way says more
+                        self._background.close()
+            finally:
+                with self._lock:
+                    self._free_stages.append(self._stages)
 
     def write(self, data: bytes | memoryview) -> int:
         return self.write_many([data])
@@ -348,53 +366,72 @@ class _DirectWriter:
     def write_many(self, parts: Sequence[bytes | memoryview]) -> int:
         # memoryview copies keep the GIL (NumPy's let it go per part, and each
         # return then waited for the encoding threads to hand it back).
-        stage, total = memoryview(self._stage), 0
+        total = 0
         for part in parts:
             view = memoryview(part).cast("B")
             pos = 0
             while pos < len(view):
+                stage = memoryview(self._stages[self._current])
                 n = min(len(view) - pos, self.STAGE - self._filled)
                 stage[self._filled : self._filled + n] = view[pos : pos + n]
                 self._filled += n
                 pos += n
                 if self._filled == self.STAGE:
-                    self._write_stage(self.STAGE)
+                    self._send(self.STAGE)
             total += len(view)
         if self._direct and self._filled >= self.ALIGN:
             # What fills whole blocks goes now: the disk works while the caller
             # encodes, instead of after the last part, on the closing thread.
-            whole = self._filled - self._filled % self.ALIGN
-            tail = self._filled - whole
-            self._write_stage(whole)
-            self._stage[:tail] = self._stage[whole : whole + tail]
-            self._filled = tail
+            self._send(self._filled - self._filled % self.ALIGN)
         return total
 
     def _finish(self) -> None:
         """Write what is staged: padded to a block when direct, then cut back."""
         length = self._written + self._filled
         if not self._direct:
-            self._write_stage(self._filled)
+            self._send(self._filled)
             return
         padded = -(-self._filled // self.ALIGN) * self.ALIGN
-        self._stage[self._filled : padded] = 0
-        self._write_stage(padded)
+        self._stages[self._current][self._filled : padded] = 0
+        self._filled = padded
+        self._send(padded)
+        if self._background is not None:
+            background, self._background = self._background, None
+            background.close()
         os.ftruncate(self._fd, length)
 
-    def _write_stage(self, n: int) -> None:
+    def _send(self, n: int) -> None:
+        """Write the current stage's first ``n`` bytes, and carry the rest (less
+        than a block) to the start of the next stage."""
+        stage = self._stages[self._current]
         if self._direct is None:
             self._direct = n % self.ALIGN == 0 and self._set_direct(True)
-        view = memoryview(self._stage[:n])
-        done = 0
-        while done < n:
+        elif self._direct and self._background is None and self._may_hand_on:
             try:
-                done += os.write(self._fd, view[done:])
+                self._background = _native.BackgroundWriter(self._fd)
+            except OSError:  # no thread to be had: this one writes
+                self._may_hand_on = False
+        if self._background is not None:
+            self._sent[self._current] = self._background.submit(stage[:n], self._written)
+        else:
+            self._write_now(stage[:n])
+        self._written += n
+        tail = self._filled - n
+        following = (self._current + 1) % len(self._stages)
+        if self._background is not None:
+            self._background.wait(self._sent[following])  # free to fill again
+        self._stages[following][:tail] = stage[n : n + tail]
+        self._current, self._filled = following, tail
+
+    def _write_now(self, data: np.ndarray) -> None:
+        view, done = memoryview(data), 0
+        while done < len(view):
+            try:
+                done += os.pwrite(self._fd, view[done:], self._written + done)
             except OSError as exc:
                 if not (self._direct and exc.errno == errno.EINVAL and done == 0):
                     raise
                 self._direct = self._set_direct(False)  # the file system refused it
-        self._written += n
-        self._filled = 0
 
     def _set_direct(self, on: bool) -> bool:
         flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,6 +59,7 @@ def test_the_build_compiled_the_c_loops_where_there_is_a_compiler() -> None:
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler here: the NumPy loops do the grouping")
     assert _native.lib is not None, f"{_native.LIBRARY} is missing: reinstall (pip install -e .)"
+    assert _native.writer, "the library lacks the pack writer: reinstall (pip install -e .)"
 
 
 def test_a_library_left_from_an_older_build_is_not_used(
@@ -73,6 +75,7 @@ def test_a_library_left_from_an_older_build_is_not_used(
                    check=True)
     monkeypatch.setattr(_native, "LIBRARY", tmp_path / "old.so")
     assert _native._load() == (None, False)
+    assert not _native._bind_writer(ctypes.CDLL(str(tmp_path / "old.so")))
 
 
 @pytest.mark.skipif(_native.lib is None, reason="the build did not compile _kernels.c")

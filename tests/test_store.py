@@ -134,7 +134,21 @@ def test_manager_runs_on_an_fsspec_store(tmp_path: Path) -> None:
     assert torch.equal(mgr.load(ids[-1]).state["h"]["w"], weights["w"]) and mgr.verify().ok
 
 
-@pytest.mark.parametrize("size", [0, 1, 4095, 4096, (4 << 20) - 1, 4 << 20, (9 << 20) + 123])
+@pytest.fixture(params=["native thread", "python"])
+def stage_writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Direct writes go out on the C kernels' writer thread where they were built,
+    else from the calling thread: both ways are tested."""
+    from ckpt_nb import _native
+
+    if request.param == "native thread" and not _native.writer:
+        pytest.skip("the C kernels were not built")
+    monkeypatch.setattr(_native, "writer", request.param == "native thread")
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("stage_writer")
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, (4 << 20) - 1, 4 << 20, (9 << 20) + 123,
+                                  (21 << 20) + 4097])
 def test_direct_writes_keep_every_byte(tmp_path: Path, size: int) -> None:
     """Durable LocalStore writes go through O_DIRECT from an aligned stage, padded and cut back."""
     store = LocalStore(tmp_path)
@@ -147,6 +161,7 @@ def test_direct_writes_keep_every_byte(tmp_path: Path, size: int) -> None:
     assert store.get("v") == data
 
 
+@pytest.mark.usefixtures("stage_writer")
 def test_direct_writes_of_many_parts_keep_every_byte(tmp_path: Path) -> None:
     """A pack's batches: parts of odd sizes, many calls, stages filled across parts."""
     rng = np.random.default_rng(0)
@@ -159,16 +174,18 @@ def test_direct_writes_of_many_parts_keep_every_byte(tmp_path: Path) -> None:
     assert store.get("v") == b"".join(parts)
 
 
+@pytest.mark.usefixtures("stage_writer")
 def test_a_write_the_kernel_refuses_leaves_nothing(
         tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
     store = LocalStore(tmp_path)
     file_size_limit(9 << 20)
     calls = 0
     with pytest.raises(OSError) as caught, store.writer("v") as out:
-        for _ in range(5):
+        for _ in range(8):
             out.write_many([os.urandom(3 << 20), b"x" * 1001])
             calls += 1
-    assert caught.value.errno == errno.EFBIG and calls < 5  # (not at the end: at the write)
+    # Not at the end: within the stages that may be on their way to the disk.
+    assert caught.value.errno == errno.EFBIG and calls < 8
     assert not store.has("v") and list(tmp_path.iterdir()) == []
     store.put("v", b"after")  # the stage went back to be reused
     assert store.get("v") == b"after"
@@ -178,27 +195,88 @@ def test_a_file_system_refusing_direct_io_gets_ordinary_writes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ckpt_nb import _store
 
-    real_write = os.write
+    real_pwrite = os.pwrite
 
-    def refuse_direct(fd: int, data: object) -> int:
+    def refuse_direct(fd: int, data: object, offset: int) -> int:
         if _store.fcntl.fcntl(fd, _store.fcntl.F_GETFL) & os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
-        return real_write(fd, data)
+        return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(_store.os, "write", refuse_direct)
+    monkeypatch.setattr(_store.os, "pwrite", refuse_direct)
     data = os.urandom((6 << 20) + 5)
     LocalStore(tmp_path).put("v", data)
     assert LocalStore(tmp_path).get("v") == data
 
 
+@pytest.mark.usefixtures("stage_writer")
 def test_a_failed_direct_write_leaves_nothing(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     with pytest.raises(RuntimeError), store.writer("v") as out:
-        out.write(os.urandom(5 << 20))
+        out.write(os.urandom(13 << 20))
         raise RuntimeError("crash mid-write")
     assert not store.has("v") and list(tmp_path.iterdir()) == []
     store.put("v", b"after")  # the stage went back to be reused
     assert store.get("v") == b"after"
+
+
+def test_stages_after_the_first_go_out_on_the_native_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage_writer: str) -> None:
+    from ckpt_nb import _native
+
+    submitted: list[int] = []
+    real_submit = _native.BackgroundWriter.submit
+
+    def counted(self: _native.BackgroundWriter, data: np.ndarray, offset: int) -> int:
+        submitted.append(offset)
+        return real_submit(self, data, offset)
+
+    monkeypatch.setattr(_native.BackgroundWriter, "submit", counted)
+    data = os.urandom((13 << 20) + 11)
+    LocalStore(tmp_path).put("v", data)
+    assert LocalStore(tmp_path).get("v") == data
+    if stage_writer == "native thread":  # the first stage finds out whether direct I/O works
+        assert submitted == [4 << 20, 8 << 20, 12 << 20, 13 << 20]  # the last, padded
+    else:
+        assert submitted == []
+
+
+def test_without_a_writer_thread_the_pack_thread_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckpt_nb import _native
+
+    def no_thread(fd: int) -> None:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(_native, "writer", True)
+    monkeypatch.setattr(_native, "BackgroundWriter", no_thread)
+    data = os.urandom((9 << 20) + 3)
+    LocalStore(tmp_path).put("v", data)
+    assert LocalStore(tmp_path).get("v") == data
+
+
+def test_the_native_writer_reports_the_first_failed_write(tmp_path: Path) -> None:
+    from ckpt_nb import _native
+
+    if not _native.writer:
+        pytest.skip("the C kernels were not built")
+    path = tmp_path / "read-only"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        writer = _native.BackgroundWriter(fd)
+        block = np.ones(4096, dtype=np.uint8)
+        number = writer.submit(block, 0)
+        with pytest.raises(OSError) as caught:
+            writer.wait(number)
+        assert caught.value.errno == errno.EBADF
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            writer.submit(block, 4096)  # nothing more is queued after a failure
+        with pytest.raises(OSError):
+            writer.close()
+        with pytest.raises(ValueError, match="before close"):
+            writer.submit(block, 0)
+    finally:
+        os.close(fd)
 
 
 def test_prefetch_ranges_are_merged() -> None:
