@@ -327,7 +327,7 @@ class _DirectWriter:
         self._fd = fd
         with self._lock:
             stages = self._free_stages.pop() if self._free_stages else None
-        if stages is None or len(stages[0]) != self.STAGE:
+        if stages is None:
             stages = [self._aligned(self.STAGE) for _ in range(self.STAGES)]
         self._stages = stages
         self._sent = [0] * len(stages)  # the background write each stage went out in
