@@ -331,7 +331,7 @@ void ckpt_histograms(uint32_t *restrict counts, const uint8_t *restrict raw,
  * A pack is written with direct I/O a stage (a few MiB) at a time. From a Python
  * thread each write, back from the disk in ~2.5 ms, waited up to 4 ms more for the
  * GIL while encoding threads held it, and the disk sat idle meanwhile. Here the
- * caller queues stages (ckpt_writer_submit returns at once, unless QUEUE writes are
+ * caller queues stages (ckpt_writer_submit returns at once, unless WRITER_QUEUE are
  * in flight) and this thread pwrite()s them in order; the caller reuses a stage's
  * memory once ckpt_writer_wait says its write is done. The first error stops the
  * writing and comes back, as -errno, from every later call. */
