@@ -28,7 +28,8 @@ class BytegroupBuildHook(BuildHookInterface):
         source, library = Path(self.root, SOURCE), Path(self.root, LIBRARY)
         partial = library.with_suffix(".so.partial")
         compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
-        command = [*compiler, "-O3", "-shared", "-fPIC", "-pthread", "-o", str(partial), str(source)]
+        command = [*compiler, "-O3", "-shared", "-fPIC", "-pthread", "-o", str(partial),
+                   str(source), "-lm"]
         try:
             subprocess.run(command, check=True, capture_output=True, text=True)
         except (OSError, subprocess.CalledProcessError) as exc:

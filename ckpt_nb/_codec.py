@@ -120,21 +120,24 @@ def _decompress_into(payload: memoryview, row: np.ndarray, *, whole: bool = True
         raise CorruptCheckpointError(f"chunk blob does not decompress: {exc}") from exc
 
 
-def _group(raw: np.ndarray, itemsize: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Byte i of every element into row i: shape (itemsize, n), in ``out`` if given
-    (a flat uint8 buffer of raw's length) and the C loops are there.
+def _group(raw: np.ndarray, itemsize: int, out: np.ndarray | None = None,
+           base: np.ndarray | None = None) -> np.ndarray:
+    """Byte i of every element (of raw XOR ``base``, for a delta) into row i: shape
+    (itemsize, n), in ``out`` if given (a flat uint8 buffer of raw's length) and
+    the C loops are there.
 
-    In C when the build compiled ``_native``'s loops. Else with NumPy: on
-    little-endian hosts byte i is ``(word >> 8i)`` cast to uint8, vectorized
-    shifts that run about twice as fast as numpy's transposing copy.
+    In C when the build compiled ``_native``'s loops, XOR and all in one pass.
+    Else with NumPy: on little-endian hosts byte i is ``(word >> 8i)`` cast to
+    uint8, vectorized shifts that run about twice as fast as numpy's transposing
+    copy.
     """
-    if itemsize == 1:
-        return raw.reshape(1, -1)
-    if _native.lib is None:
-        return _group_numpy(raw, itemsize)
+    if _native.lib is None or itemsize == 1:
+        if base is not None:
+            raw = np.bitwise_xor(raw, base, out=out)
+        return raw.reshape(1, -1) if itemsize == 1 else _group_numpy(raw, itemsize)
     shape = (itemsize, len(raw) // itemsize)
     rows = np.empty(shape, dtype=np.uint8) if out is None else out.reshape(shape)
-    _native.group(raw, rows)
+    _native.group(raw, rows, base)
     return rows
 
 
@@ -208,14 +211,15 @@ def estimated_length(raw: np.ndarray, itemsize: int, base: np.ndarray | None = N
     """
     if len(raw) % itemsize:
         itemsize = 1
-    if _native.lib is not None:
-        counts = _native.histograms(np.ascontiguousarray(raw), None if base is None else
-                                    np.ascontiguousarray(base), itemsize).astype(np.float64)
-    else:
-        data = raw if base is None else np.bitwise_xor(raw, base)
-        columns = data[: len(data) // itemsize * itemsize].reshape(-1, itemsize)
-        counts = np.stack([np.bincount(columns[:, k], minlength=256)
-                           for k in range(itemsize)]).astype(np.float64)
+    found = _native.estimated_length(
+        np.ascontiguousarray(raw), None if base is None else np.ascontiguousarray(base),
+        itemsize, _PROBE_RATIO)
+    if found is not None:
+        return found
+    data = raw if base is None else np.bitwise_xor(raw, base)
+    columns = data[: len(data) // itemsize * itemsize].reshape(-1, itemsize)
+    counts = np.stack([np.bincount(columns[:, k], minlength=256)
+                       for k in range(itemsize)]).astype(np.float64)
     per = len(raw) // itemsize
     if per == 0:
         return float(len(raw))
@@ -264,13 +268,12 @@ def prepare(
     if len(raw) % itemsize:
         itemsize = 1
     delta = base is not None
-    if delta:
-        if base_digest is None or len(base) != len(raw):
-            raise ValueError("a delta needs a base of the same length and its digest")
-        grouped = codec == "zstd" and itemsize > 1
-        into = None if out is None else scratch("xor", len(raw)) if grouped else out
-        raw = np.bitwise_xor(raw, base, out=into)
-    streams = list(_group(raw, itemsize, out)) if codec == "zstd" else [raw]
+    if delta and (base_digest is None or len(base) != len(raw)):
+        raise ValueError("a delta needs a base of the same length and its digest")
+    if codec == "zstd":
+        streams = list(_group(raw, itemsize, out, base))
+    else:
+        streams = [raw if base is None else np.bitwise_xor(raw, base, out=out)]
     cctx = _compressor(level)
     to_compress = [i for i, row in enumerate(streams)
                    if codec == "zstd" and len(row) >= 64 and _compressible(cctx, row)]

@@ -1,7 +1,8 @@
 /* The codec's hot loops in C: ckpt_nb/_native.py loads them through ctypes.
  *
  * Byte grouping (what the codec does to every chunk):
- * group:   element i's byte k  ->  out[k * per + i]   (rows of one contiguous array)
+ * group:   element i's byte k  ->  out[k * per + i]   (rows of one contiguous array;
+ *                                                       of raw XOR base for a delta)
  * ungroup: rows[k][i]          ->  out[i * nrows + k] (rows anywhere: raw streams are
  *                                                       read in place in the blob)
  *
@@ -20,6 +21,7 @@
  * with pwrite(), so that the disk never waits for Python's GIL.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -27,22 +29,28 @@
 #include <string.h>
 #include <unistd.h>
 
-void ckpt_group(uint8_t *restrict out, const uint8_t *restrict in, size_t nrows, size_t per)
+/* in[j], XORed with base[j] when there is a base (a delta's bytes), inlined twice:
+ * with no base the test folds away. */
+#define AT(j) (base ? (uint8_t)(in[j] ^ base[j]) : in[j])
+
+static inline __attribute__((always_inline)) void
+group_rows(uint8_t *restrict out, const uint8_t *restrict in, const uint8_t *restrict base,
+           size_t nrows, size_t per)
 {
     if (nrows == 2) {
         uint8_t *restrict a = out, *restrict b = out + per;
         for (size_t i = 0; i < per; i++) {
-            a[i] = in[2 * i];
-            b[i] = in[2 * i + 1];
+            a[i] = AT(2 * i);
+            b[i] = AT(2 * i + 1);
         }
     } else if (nrows == 4) {
         uint8_t *restrict a = out, *restrict b = out + per, *restrict c = out + 2 * per,
                 *restrict d = out + 3 * per;
         for (size_t i = 0; i < per; i++) {
-            a[i] = in[4 * i];
-            b[i] = in[4 * i + 1];
-            c[i] = in[4 * i + 2];
-            d[i] = in[4 * i + 3];
+            a[i] = AT(4 * i);
+            b[i] = AT(4 * i + 1);
+            c[i] = AT(4 * i + 2);
+            d[i] = AT(4 * i + 3);
         }
     } else if (nrows == 8) {
         uint8_t *restrict r[8];
@@ -55,6 +63,11 @@ void ckpt_group(uint8_t *restrict out, const uint8_t *restrict in, size_t nrows,
         for (size_t i = 0; i < per; i++) {
             uint64_t w;
             memcpy(&w, in + 8 * i, 8);
+            if (base) {
+                uint64_t v;
+                memcpy(&v, base + 8 * i, 8);
+                w ^= v;
+            }
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
             w = __builtin_bswap64(w);
 #endif
@@ -66,10 +79,24 @@ void ckpt_group(uint8_t *restrict out, const uint8_t *restrict in, size_t nrows,
         for (size_t k = 0; k < nrows; k++) {
             uint8_t *restrict row = out + k * per;
             for (size_t i = 0; i < per; i++)
-                row[i] = in[i * nrows + k];
+                row[i] = AT(i * nrows + k);
         }
     }
 }
+
+void ckpt_group(uint8_t *restrict out, const uint8_t *restrict in, size_t nrows, size_t per)
+{
+    group_rows(out, in, NULL, nrows, per);
+}
+
+/* The streams of a delta, raw XOR base, in one pass: no XORed copy to group after. */
+void ckpt_group_xor(uint8_t *restrict out, const uint8_t *restrict in,
+                    const uint8_t *restrict base, size_t nrows, size_t per)
+{
+    group_rows(out, in, base, nrows, per);
+}
+
+#undef AT
 
 void ckpt_ungroup(uint8_t *restrict out, const uint8_t *const *rows, size_t nrows, size_t per)
 {
@@ -308,15 +335,25 @@ void ckpt_decode(ckpt_job *jobs, size_t n)
         jobs[i].status = decode_one(&jobs[i]);
 }
 
-/* ---- byte histograms of a sample's grouped streams (for choosing deltas) ---- */
+/* ---- weighing a delta against a plain blob (for choosing deltas) ----------- */
 
-/* counts[k * 256 + v]: how often byte k of an element is v, over the n / itemsize
- * whole elements of raw (XORed with base when given). The codec weighs a delta
- * against a plain blob by the entropy of these streams, without compressing either. */
-void ckpt_histograms(uint32_t *restrict counts, const uint8_t *restrict raw,
-                     const uint8_t *restrict base, size_t n, size_t itemsize)
+#define ESTIMATE_MAX_ITEMSIZE 16
+
+/* About how many bytes the n / itemsize whole elements of raw (XORed with base when
+ * given) take as a blob: each grouped stream costed at its order-0 entropy, or raw
+ * where that would not gain what the codec asks for (coded < keep_ratio * length),
+ * as codec.estimated_length does in NumPy. One call per estimate: from Python the
+ * histogram and the sums cost a dozen NumPy calls, each letting the GIL go.
+ * Returns -1 for an itemsize over ESTIMATE_MAX_ITEMSIZE (the caller uses NumPy). */
+double ckpt_estimated_length(const uint8_t *restrict raw, const uint8_t *restrict base,
+                             size_t n, size_t itemsize, double keep_ratio)
 {
-    size_t per = n / itemsize;
+    uint32_t counts[ESTIMATE_MAX_ITEMSIZE * 256];
+    size_t per = itemsize ? n / itemsize : 0;
+    if (itemsize == 0 || itemsize > ESTIMATE_MAX_ITEMSIZE)
+        return -1.0;
+    if (per == 0)
+        return (double)n;
     memset(counts, 0, itemsize * 256 * sizeof *counts);
     for (size_t i = 0; i < per; i++) {
         const uint8_t *r = raw + i * itemsize;
@@ -324,6 +361,20 @@ void ckpt_histograms(uint32_t *restrict counts, const uint8_t *restrict raw,
         for (size_t k = 0; k < itemsize; k++)
             counts[k * 256 + (b ? r[k] ^ b[k] : r[k])]++;
     }
+    double total = 0.0;
+    for (size_t k = 0; k < itemsize; k++) {
+        double bits = 0.0;
+        for (size_t v = 0; v < 256; v++) {
+            uint32_t c = counts[k * 256 + v];
+            if (c) {
+                double p = (double)c / (double)per;
+                bits -= p * log2(p);
+            }
+        }
+        double coded = bits * (double)per / 8.0;
+        total += coded < keep_ratio * (double)per ? coded : (double)per;
+    }
+    return total;
 }
 
 /* ---- writing packs: a thread that never waits for Python's GIL ------------

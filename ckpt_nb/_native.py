@@ -16,6 +16,9 @@ decodes in Python.
 Packs are written with direct I/O by a native thread (``BackgroundWriter``),
 which needs no GIL to go on after each write; ``writer`` is False without it,
 and the store writes from the calling thread.
+
+Calls that take microseconds keep the GIL (through ``ctypes.PyDLL``): during a
+save, a thread that let it go for 20 us waited ~70 us to get it back.
 """
 
 from __future__ import annotations
@@ -117,8 +120,8 @@ def _load() -> tuple[ctypes.CDLL | None, bool]:
         args = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         for fn in (lib.ckpt_group, lib.ckpt_ungroup):
             fn.argtypes, fn.restype = args, None
-        lib.ckpt_histograms.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t] * 2
-        lib.ckpt_histograms.restype = None
+        lib.ckpt_group_xor.argtypes, lib.ckpt_group_xor.restype = [ctypes.c_void_p] * 3 \
+            + [ctypes.c_size_t] * 2, None
         return lib, _bind_decoder(lib)
     except AttributeError:  # a library built from an older _kernels.c: rebuild to use it
         return None, False
@@ -142,6 +145,21 @@ def _bind_writer(lib: ctypes.CDLL | None) -> bool:
     return True
 
 
+def _bind_estimate(lib: ctypes.CDLL | None) -> Callable[..., float] | None:
+    """ckpt_estimated_length, called with the GIL held: weighing a 16 KiB sample takes
+    ~20 us, and a save's choosing thread that let the GIL go for it waited ~70 us on
+    average to get it back from the save's other threads."""
+    if lib is None:
+        return None
+    try:
+        fn = ctypes.PyDLL(str(LIBRARY)).ckpt_estimated_length
+    except (OSError, AttributeError):  # built from an older _kernels.c
+        return None
+    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t] * 2 + [ctypes.c_double]
+    fn.restype = ctypes.c_double
+    return fn  # type: ignore[no-any-return]
+
+
 _error_names: list[Callable[[int], bytes]] = []  # ZSTD_getErrorName, once bound
 
 
@@ -152,18 +170,24 @@ def zstd_error(code: int) -> str:
 
 lib, decoder = _load()
 writer = _bind_writer(lib)
+_estimate = _bind_estimate(lib)
 
 
 def _flat_uint8(a: np.ndarray) -> bool:
     return a.dtype == np.uint8 and a.flags.c_contiguous
 
 
-def group(raw: np.ndarray, out: np.ndarray) -> None:
-    """Byte k of every element of ``raw`` into row k of ``out`` (shape (itemsize, n))."""
+def group(raw: np.ndarray, out: np.ndarray, base: np.ndarray | None = None) -> None:
+    """Byte k of every element of ``raw`` (XOR ``base``, for a delta) into row k of
+    ``out`` (shape (itemsize, n))."""
     nrows, per = out.shape
-    if lib is None or not (_flat_uint8(raw) and _flat_uint8(out)) or raw.size != nrows * per:
+    if lib is None or not (_flat_uint8(raw) and _flat_uint8(out)) or raw.size != nrows * per \
+            or (base is not None and (not _flat_uint8(base) or base.size != raw.size)):
         raise ValueError("group takes contiguous uint8 arrays of matching size")
-    lib.ckpt_group(out.ctypes.data, raw.ctypes.data, nrows, per)
+    if base is None:
+        lib.ckpt_group(out.ctypes.data, raw.ctypes.data, nrows, per)
+    else:
+        lib.ckpt_group_xor(out.ctypes.data, raw.ctypes.data, base.ctypes.data, nrows, per)
 
 
 def ungroup(rows: list[np.ndarray], out: np.ndarray) -> None:
@@ -177,16 +201,18 @@ def ungroup(rows: list[np.ndarray], out: np.ndarray) -> None:
     lib.ckpt_ungroup(out.ctypes.data, pointers, nrows, per)
 
 
-def histograms(raw: np.ndarray, base: np.ndarray | None, itemsize: int) -> np.ndarray:
-    """Counts of each byte value in each grouped stream of ``raw`` (XOR ``base``):
-    shape (itemsize, 256)."""
-    if lib is None or not _flat_uint8(raw) or (base is not None and (
+def estimated_length(raw: np.ndarray, base: np.ndarray | None, itemsize: int,
+                     keep_ratio: float) -> float | None:
+    """``codec.estimated_length`` in one C call; None where the build lacks it or for
+    an itemsize the C side does not take (over 16)."""
+    if _estimate is None:
+        return None
+    if not _flat_uint8(raw) or (base is not None and (
             not _flat_uint8(base) or base.size != raw.size)):
-        raise ValueError("histograms take contiguous uint8 arrays of one length")
-    counts = np.empty((itemsize, 256), dtype=np.uint32)
-    lib.ckpt_histograms(counts.ctypes.data, raw.ctypes.data,
-                        0 if base is None else base.ctypes.data, raw.size, itemsize)
-    return counts
+        raise ValueError("estimated_length takes contiguous uint8 arrays of one length")
+    found = _estimate(raw.ctypes.data, 0 if base is None else base.ctypes.data, raw.size,
+                      itemsize, keep_ratio)
+    return None if found < 0 else found
 
 
 def _address(buffer: memoryview | bytes | np.ndarray) -> int:

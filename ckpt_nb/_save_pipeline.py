@@ -154,6 +154,12 @@ class SavePipeline:
                 try:
                     batches = in_batches(self.jobs, ENCODE_BATCH, lambda job: len(job[2]))
                     hashing.extend(pool.submit(self._hash, b) for b in batches[:1])
+                    # The rows of the delta bases of the storages that train (those
+                    # that change), in one query while the first batch hashes: asked
+                    # for a batch at a time, every query waited for the GIL behind
+                    # the save's other threads.
+                    self._look_up_bases(base[0] for si, _, _, base in self.jobs
+                                        if base is not None and self.state.storages[si].trains)
                     done = 0
                     for n, batch in enumerate(batches):
                         if n + 1 < len(batches):

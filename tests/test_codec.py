@@ -60,6 +60,7 @@ def test_the_build_compiled_the_c_loops_where_there_is_a_compiler() -> None:
         pytest.skip("no C compiler here: the NumPy loops do the grouping")
     assert _native.lib is not None, f"{_native.LIBRARY} is missing: reinstall (pip install -e .)"
     assert _native.writer, "the library lacks the pack writer: reinstall (pip install -e .)"
+    assert _native._estimate is not None, "the library lacks ckpt_estimated_length: reinstall"
 
 
 def test_a_library_left_from_an_older_build_is_not_used(
@@ -76,6 +77,7 @@ def test_a_library_left_from_an_older_build_is_not_used(
     monkeypatch.setattr(_native, "LIBRARY", tmp_path / "old.so")
     assert _native._load() == (None, False)
     assert not _native._bind_writer(ctypes.CDLL(str(tmp_path / "old.so")))
+    assert _native._bind_estimate(ctypes.CDLL(str(tmp_path / "old.so"))) is None
 
 
 @pytest.mark.skipif(_native.lib is None, reason="the build did not compile _kernels.c")
@@ -91,6 +93,12 @@ def test_the_c_grouping_loops_match_numpy_byte_for_byte(itemsize: int) -> None:
     assert np.array_equal(out, raw)
     with pytest.raises(ValueError, match="add up"):
         _native.ungroup(rows, out[:-itemsize])
+    base = np.random.default_rng(itemsize + 1).integers(0, 256, len(raw), dtype=np.uint8)
+    into = np.empty_like(raw)  # a delta's streams: grouped raw XOR base, in one pass
+    assert np.array_equal(codec._group(raw, itemsize, into, base),
+                          codec._group_numpy(raw ^ base, itemsize))
+    with pytest.raises(ValueError, match="matching size"):
+        _native.group(raw, into.reshape(itemsize, -1), base[:-itemsize])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -99,11 +107,22 @@ def test_without_the_c_loops_blobs_are_the_same_bytes(
     """A build without a C compiler writes and reads the same blobs."""
     raw = weights(50_000, dtype)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    native = codec.encode(raw, itemsize)
+    base = raw.copy()
+    base[::7] ^= 3  # and a delta, grouped into a caller's buffer as a save does
+    kept = raw.copy(), base.copy()
+
+    def both() -> tuple[bytes, bytes]:
+        delta = codec.encode(raw, itemsize, base=base, base_digest=codec.digest(base),
+                             out=np.empty_like(raw))
+        return codec.encode(raw, itemsize), delta
+
+    native = both()
     monkeypatch.setattr(_native, "lib", None)
-    assert codec.encode(raw, itemsize) == native
+    assert both() == native
+    assert np.array_equal(raw, kept[0]) and np.array_equal(base, kept[1])  # left as they were
     out = np.empty_like(raw)
-    assert codec.decode_into(native, out) and np.array_equal(out, raw)
+    assert codec.decode_into(native[0], out) and np.array_equal(out, raw)
+    assert codec.decode_into(native[1], out, base) and np.array_equal(out, raw)
 
 
 def test_delta_round_trip(decoder: str) -> None:
@@ -240,7 +259,7 @@ def test_a_prefix_decodes_from_the_heads_of_the_streams(itemsize: int) -> None:
         assert np.array_equal(codec.decode_prefix(blob, n), want)
 
 
-@pytest.mark.parametrize("itemsize", [2, 4, 3])
+@pytest.mark.parametrize("itemsize", [2, 4, 3, 32])
 def test_a_delta_is_weighed_by_entropy_alike_in_c_and_numpy(
         itemsize: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Weights after a small step gain from a delta; unrelated bytes do not; and the
@@ -259,7 +278,12 @@ def test_a_delta_is_weighed_by_entropy_alike_in_c_and_numpy(
     strided = np.repeat(after, 2)[::2]  # the same bytes, not contiguous
     assert codec.estimated_length(strided, itemsize) == figures[1]
     if _native.lib is not None:
+        assert _native._estimate is not None
+        c_side = _native.estimated_length(after, before, itemsize, codec._PROBE_RATIO)
+        assert c_side == figures[0] if itemsize <= 16 else c_side is None  # (else NumPy's)
         monkeypatch.setattr(_native, "lib", None)
+        monkeypatch.setattr(_native, "_estimate", None)
         assert [codec.estimated_length(after, itemsize, before),
                 codec.estimated_length(after, itemsize),
-                codec.estimated_length(unrelated, itemsize, before)] == figures
+                codec.estimated_length(unrelated, itemsize, before)] == \
+            pytest.approx(figures, rel=1e-12)  # (sums taken in another order)
