@@ -12,8 +12,7 @@ threads, and now do not:
 
 This script saves d1 of the fine-tune run (workload (c), as in
 ``bench_incremental.py``) both ways, side by side with torch.save+fsync in one run
-(the order rotating each repeat), and prints each as a ratio to torch.save, then
-the two ways' paired ratio. "as before" puts the two back: the first, up-front
+(``_ab.py``). "as before" puts the two back: the first, up-front
 look-up is skipped (the per-batch ones remain), and the weighing runs in the same
 C code but lets the GIL go, as the C histogram call it replaced did (which then
 also did a dozen NumPy calls: this understates what the change bought).
@@ -23,18 +22,13 @@ Run: ``.venv/bin/python benchmarks/bench_choosing.py [--repeats N]``
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
-import shutil
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import _workloads as w
-
-WAYS = ("as now", "as before")
+import _ab
 
 
 @contextlib.contextmanager
@@ -63,57 +57,13 @@ def as_before() -> Iterator[None]:
         SavePipeline._look_up_bases = look_up  # type: ignore[method-assign]
 
 
-def finetune_part(repeats: int, root: Path) -> None:
-    from ckpt_nb import CheckpointManager
-
-    model, opt, gen = w.finetune_setup()
-    w.finetune_steps(model, opt, gen, 5)
-    times: dict[str, list[float]] = {m: [] for m in ("torch", *WAYS)}
-    for r in range(repeats):
-        run_dir = root / f"r{r}"
-        managers = {m: CheckpointManager(run_dir / m.split()[1], strategy="incremental")
-                    for m in WAYS}
-        for mgr in managers.values():
-            mgr.save(model, opt, epoch=0)  # d0, full
-        w.finetune_steps(model, opt, gen, 20)
-        for m in w.rotated(list(times), r):
-            if m == "torch":
-                state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-                times[m].append(w.timed(w.torch_save, state, run_dir / "d1.pt")[0])
-                continue
-            with as_before() if m == "as before" else contextlib.nullcontext():
-                times[m].append(w.timed(managers[m].save, model, opt, epoch=1)[0])
-        for mgr in managers.values():
-            mgr.close()
-        shutil.rmtree(run_dir)
-    rows = [["torch.save+fsync", w.median(times["torch"]), 1.0]]
-    rows += [[f"ckpt_nb incremental, choosing {m}", w.median(times[m]),
-              w.paired_ratio(times[m], times["torch"])] for m in WAYS]
-    w.print_table(f"(c) fine-tune d1, median of {repeats}", ["method", "save s", "x save"],
-                  rows)
-    now, before = (times[m] for m in WAYS)
-    print(f"  as now / as before, paired: {w.paired_ratio(now, before):.3f}x")
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=16, help="repeats (default 16)")
-    args = ap.parse_args()
-    if not w.ckpt_nb_available():
-        print("ckpt_nb does not import", file=sys.stderr)
-        return 1
+def ways() -> _ab.Ways | None:
     from ckpt_nb import _native
 
     if _native._estimate is None:
-        print("the C kernels were not built here (pip install -e .): nothing to compare",
-              file=sys.stderr)
-        return 1
-    print(f"{w.machine_line()}; repeats {args.repeats}")
-    with w.scratch() as root:
-        finetune_part(args.repeats, root)
-    print(f"\nat the end: {w.machine_line()}")
-    return 0
+        return None
+    return {"choosing as now": contextlib.nullcontext, "choosing as before": as_before}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_ab.main(__doc__.splitlines()[0], 16, ways, [_ab.finetune_part]))
