@@ -207,7 +207,8 @@ def estimated_length(raw: np.ndarray, itemsize: int, base: np.ndarray | None = N
     On byte-grouped streams zstd level 1 is an entropy coder (see ``_params``),
     so each stream is costed at its order-0 entropy, or raw where that would not
     gain the 8% the codec asks for: a tenth of the time of compressing a sample
-    both ways, to weigh a delta against a plain blob. The same in C and NumPy.
+    both ways, to weigh a delta against a plain blob. The same in C and NumPy
+    but for the last bits (the sums are taken in another order).
     """
     if len(raw) % itemsize:
         itemsize = 1
