@@ -15,6 +15,7 @@ import math
 import pickle
 import random
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -22,7 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ._errors import CaptureError, StateMismatchError, UntrustedPickleError
+from ._errors import (CaptureError, CorruptCheckpointError, StateMismatchError,
+                      UntrustedPickleError)
 
 
 @runtime_checkable
@@ -231,6 +233,10 @@ class _Flattener:
         self._trained = trained
 
     def tensor(self, t: torch.Tensor, name: str) -> dict[str, Any]:
+        if t.is_quantized and t.dtype in _QUANTIZED and t.qscheme() in _QSCHEMES:
+            return self.quantized(t, name)
+        if t.layout in _SPARSE:
+            return self.sparse(t, name)
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
             return self.pickled(t, name)
         device = _device_name(t.device)
@@ -257,6 +263,38 @@ class _Flattener:
                               list(t.stride()), _DTYPE_NAMES[t.dtype])
         self.flat.tensors.append(record)
         return {"__tensor__": len(self.flat.tensors) - 1}
+
+    def quantized(self, t: torch.Tensor, name: str) -> dict[str, Any]:
+        """A quantized tensor as its integers (``int_repr``, a copy: views of one
+        quantized storage come back apart) and its scale and zero point, or a
+        channel's each: raw bytes and JSON, where a pickle would need trust."""
+        scheme = t.qscheme()
+        node = {"__quantized__": self.tensor(t.int_repr(), name)["__tensor__"],
+                "qscheme": _QSCHEMES[scheme]}
+        if scheme is torch.per_tensor_affine:
+            node.update(scale=self.encode(t.q_scale(), name), zero_point=t.q_zero_point())
+        else:
+            node.update(scales=self.tensor(t.q_per_channel_scales(), f"{name}/scales"),
+                        zero_points=self.tensor(t.q_per_channel_zero_points(),
+                                                f"{name}/zero_points"),
+                        axis=t.q_per_channel_axis())
+        return node
+
+    def sparse(self, t: torch.Tensor, name: str) -> dict[str, Any]:
+        """A sparse tensor as its index and value tensors (as they are: an
+        uncoalesced COO tensor stays uncoalesced)."""
+        if t.layout is torch.sparse_coo:
+            parts = {"indices": t._indices(), "values": t._values()}
+        else:
+            compressed, plain = _COMPRESSED_INDICES[t.layout]
+            parts = {"compressed_indices": getattr(t, compressed)(),
+                     "plain_indices": getattr(t, plain)(), "values": t.values()}
+        node: dict[str, Any] = {"__sparse__": str(t.layout).removeprefix("torch."),
+                                "size": list(t.shape)}
+        if t.layout is torch.sparse_coo:
+            node["coalesced"] = t.is_coalesced()
+        node.update({key: self.tensor(part, f"{name}/{key}") for key, part in parts.items()})
+        return node
 
     def pickled(self, value: Any, name: str) -> dict[str, Any]:
         try:
@@ -298,6 +336,12 @@ class _Flattener:
             return {"__tuple__": [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
         if isinstance(value, list):
             return [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]
+        metadata = getattr(value, "_metadata", None)
+        if isinstance(value, dict) and isinstance(metadata, dict):
+            # nn.Module.state_dict()'s module versions, which load_state_dict reads
+            # (a quantized Linear's cannot load without them), as torch.save keeps them
+            return {"__state_dict__": self.encode(dict(value), name),
+                    "metadata": self.encode(dict(metadata), f"{name}/_metadata")}
         if isinstance(value, dict) and _plain_keys(value):
             return {k: self.encode(v, f"{name}/{k}") for k, v in value.items()}
         if isinstance(value, dict):
@@ -307,6 +351,21 @@ class _Flattener:
 
 
 _PLAIN = {int, str, bool, type(None)}  # JSON as they are (floats may be nan or inf)
+# Quantized tensors stored as integers and scales (others, such as quint4x2's packed
+# nibbles or embedding bags' float zero points, are pickled).
+_QUANTIZED = {torch.qint8, torch.quint8, torch.qint32}
+_QSCHEMES = {torch.per_tensor_affine: "per_tensor_affine",
+             torch.per_channel_affine: "per_channel_affine"}
+# The compressed sparse layouts, and the methods that give their two index tensors.
+_COMPRESSED_INDICES = {
+    torch.sparse_csr: ("crow_indices", "col_indices"),
+    torch.sparse_csc: ("ccol_indices", "row_indices"),
+    torch.sparse_bsr: ("crow_indices", "col_indices"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices"),
+}
+_SPARSE_LAYOUTS = {str(layout).removeprefix("torch."): layout
+                   for layout in (torch.sparse_coo, *_COMPRESSED_INDICES)}
+_SPARSE = frozenset(_SPARSE_LAYOUTS.values())
 _PLAIN_SEQUENCES = {list, tuple}  # (not a namedtuple: its type is a subclass)
 
 
@@ -373,6 +432,15 @@ class Unflattener:
             return self.tensor(value["__tensor__"])
         if "__ndarray__" in value:
             return self.tensor(value["__ndarray__"]).numpy().view(np.dtype(value["dtype"]))
+        if "__state_dict__" in value:
+            state = OrderedDict(self.decode(value["__state_dict__"], name))
+            state._metadata = OrderedDict(  # type: ignore[attr-defined]
+                self.decode(value["metadata"], name))
+            return state
+        if "__quantized__" in value:
+            return self.quantized(value, name)
+        if "__sparse__" in value:
+            return self.sparse(value, name)
         if "__npscalar__" in value:
             return np.dtype(value["__npscalar__"]).type(value["value"])
         if "__float__" in value:
@@ -396,6 +464,46 @@ class Unflattener:
             raw = self.storages[value["__pickle__"]].numpy().tobytes()
             return pickle.loads(raw)  # noqa: S301 - only with trust_pickle=True
         return {k: self.decode(v, f"{name}/{k}" if name else k) for k, v in value.items()}
+
+    def quantized(self, node: Mapping[str, Any], name: str) -> torch.Tensor:
+        ints = self.tensor(node["__quantized__"])
+        try:
+            if node.get("qscheme") == "per_tensor_affine":
+                return torch._make_per_tensor_quantized_tensor(
+                    ints, self.decode(node["scale"]), node["zero_point"])
+            if node.get("qscheme") == "per_channel_affine":
+                scales, zero_points = self.decode(node["scales"]), self.decode(node["zero_points"])
+                axis = node["axis"]
+                # (torch does not check these, and would read past the scales)
+                if not (isinstance(axis, int) and 0 <= axis < ints.dim()
+                        and scales.shape == zero_points.shape == (ints.shape[axis],)):
+                    raise RuntimeError(f"{tuple(scales.shape)} scales and "
+                                       f"{tuple(zero_points.shape)} zero points for axis "
+                                       f"{axis} of {tuple(ints.shape)}")
+                return torch._make_per_channel_quantized_tensor(ints, scales, zero_points, axis)
+        except (RuntimeError, TypeError) as exc:
+            raise CorruptCheckpointError(f"{name or 'a tensor'}: its quantization does not "
+                                         f"fit its integers ({exc})") from exc
+        raise CorruptCheckpointError(f"{name or 'a tensor'} is quantized by an unknown "
+                                     f"scheme {node.get('qscheme')!r}")
+
+    def sparse(self, node: Mapping[str, Any], name: str) -> torch.Tensor:
+        layout = _SPARSE_LAYOUTS.get(node["__sparse__"])
+        if layout is None:
+            raise CorruptCheckpointError(f"{name or 'a tensor'} has an unknown sparse layout "
+                                         f"{node['__sparse__']!r}")
+        values = self.decode(node["values"])
+        try:  # with the indices checked: out of range, torch would read past memory
+            if layout is torch.sparse_coo:
+                return torch.sparse_coo_tensor(self.decode(node["indices"]), values,
+                                               node["size"], is_coalesced=node["coalesced"],
+                                               check_invariants=True)
+            return torch.sparse_compressed_tensor(
+                self.decode(node["compressed_indices"]), self.decode(node["plain_indices"]),
+                values, node["size"], layout=layout, check_invariants=True)
+        except (RuntimeError, TypeError) as exc:
+            raise CorruptCheckpointError(f"{name or 'a tensor'}: its sparse indices do not "
+                                         f"fit its size {node['size']} ({exc})") from exc
 
 
 def has_pickle(skeleton: Any) -> bool:

@@ -1,6 +1,6 @@
 """The on-store layout: pack files of chunk blobs, and JSON manifests.
 
-    ckpt_nb.json                 {"format": 2}
+    ckpt_nb.json                 {"format": 3}
     packs/<hex>.pack             b"CKNBPAK1" | blobs ... | index JSON | u64 len | b"CKNBIDX1"
     manifests/<id>.json.zst      one checkpoint's tensors, chunks and JSON state
 
@@ -9,8 +9,10 @@ durable write per save, however many tensors. The pack's trailing index makes
 the catalog rebuildable from the store alone.
 
 Format 2 adds CKB2 chunk blobs (they carry an xxh3 checksum, see ``_codec``);
-format 1 stores are read as they are, and restamped 2 by the first save into
-them, as its chunks are CKB2, which a format-1 reader cannot decode.
+format 3 adds state nodes for module versions (``state_dict()._metadata``),
+quantized and sparse tensors (see ``_capture``), which a format-2 reader would
+misread. Older stores are read as they are, and restamped by the first save
+into them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ._catalog import ChunkRow
 from ._errors import CorruptCheckpointError, StoreFormatError
 from ._store import Store, Writer
 
-FORMAT = 2
+FORMAT = 3
 FORMAT_KEY = "ckpt_nb.json"
 PACK_MAGIC = b"CKNBPAK1"
 INDEX_MAGIC = b"CKNBIDX1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import random
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import ckpt_nb
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
                      LocalStore, PickledValue, StateMismatchError, StoreFormatError,
                      UntrustedPickleError)
+from ckpt_nb._format import FORMAT
 
 
 class Holder:
@@ -131,6 +133,108 @@ def test_every_dtype_round_trips_bit_exact(tmp_path: Path, codec: str) -> None:
         assert back[key].dtype == tensor.dtype and back[key].shape == tensor.shape
         assert torch.equal(back[key].reshape(-1).view(torch.uint8),
                            tensor.reshape(-1).view(torch.uint8)), key
+
+
+def _quantized_and_sparse() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 8, generator=gen)
+    dense = torch.where(x > 0.5, x, torch.zeros(()))
+    with warnings.catch_warnings():  # (torch 2.13 deprecates creating these dtypes)
+        warnings.simplefilter("ignore")
+        state = {str(dt): torch.quantize_per_tensor(x, 0.05, 2, dt)
+                 for dt in (torch.qint8, torch.quint8, torch.qint32)}
+        state["per_channel"] = torch.quantize_per_channel(
+            x, torch.rand(8, dtype=torch.float64, generator=gen) + 0.01,
+            torch.randint(-3, 3, (8,), generator=gen), 1, torch.qint8)
+    state["coo"] = dense.to_sparse()
+    state["coo_uncoalesced_hybrid"] = torch.sparse_coo_tensor(  # (index 0 twice)
+        torch.tensor([[0, 2, 0]]), torch.randn(3, 4, generator=gen), (5, 4),
+        check_invariants=True)
+    with warnings.catch_warnings():  # (sparse compressed layouts are in beta)
+        warnings.simplefilter("ignore")
+        for layout in ("csr", "csc"):
+            state[layout] = getattr(dense, f"to_sparse_{layout}")()
+        for layout in ("bsr", "bsc"):
+            state[layout] = getattr(dense, f"to_sparse_{layout}")((2, 4))
+    return state
+
+
+def _assert_same_tensor(got: torch.Tensor, want: torch.Tensor, key: str) -> None:
+    assert (got.dtype, got.layout, got.shape) == (want.dtype, want.layout, want.shape), key
+    if want.is_quantized:
+        assert got.qscheme() == want.qscheme() and torch.equal(got.int_repr(), want.int_repr())
+        if want.qscheme() == torch.per_tensor_affine:
+            assert (got.q_scale(), got.q_zero_point()) == (want.q_scale(), want.q_zero_point())
+        else:
+            assert torch.equal(got.q_per_channel_scales(), want.q_per_channel_scales())
+            assert torch.equal(got.q_per_channel_zero_points(), want.q_per_channel_zero_points())
+    elif want.layout == torch.sparse_coo:
+        assert got.is_coalesced() == want.is_coalesced(), key
+        assert torch.equal(got._indices(), want._indices()), key
+        assert torch.equal(got._values(), want._values()), key
+    else:
+        assert torch.equal(got.to_dense(), want.to_dense()), key
+        assert torch.equal(got.values(), want.values()), key
+
+
+def test_quantized_and_sparse_tensors_round_trip_as_raw_bytes(tmp_path: Path) -> None:
+    state = _quantized_and_sparse()
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(holder=Holder(state))
+    assert not mgr.info(cid)["pickles"]  # raw bytes and JSON: no trust needed
+    back = mgr.load(cid).state["holder"]
+    for key, tensor in state.items():
+        _assert_same_tensor(back[key], tensor, key)
+    exported = torch.load(mgr.export(cid, tmp_path / "out.pt"), weights_only=True)
+    for key, tensor in state.items():
+        _assert_same_tensor(exported["holder"][key], tensor, key)
+    imported = mgr.import_file(mgr.export(cid, tmp_path / "out.safetensors"))
+    again = mgr.load(imported).state["holder"]
+    for key, tensor in state.items():
+        _assert_same_tensor(again[key], tensor, key)
+
+
+def test_sparse_indices_and_quantization_that_do_not_fit_are_corrupt() -> None:
+    from ckpt_nb._capture import Unflattener, flatten
+
+    flat = flatten({"s": torch.eye(3).to_sparse(), "q": torch.quantize_per_channel(
+        torch.ones(2, 3), torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.long),
+        1, torch.qint8)})
+    storages = [torch.from_numpy(s.data.copy()) for s in flat.storages]
+    tensors = [t.to_json() for t in flat.tensors]
+    node = flat.skeleton["s"]
+    index_storage = storages[tensors[node["indices"]["__tensor__"]]["storage"]].view(torch.int64)
+    index_storage[0] = 7  # a row index past the 3 rows
+    decoder = Unflattener(tensors, storages)
+    with pytest.raises(CorruptCheckpointError, match="s: its sparse indices do not fit"):
+        decoder.decode(node, "s")
+    bad_axis = {**flat.skeleton["q"], "axis": 0}  # 3 scales for the 2 rows of axis 0
+    with pytest.raises(CorruptCheckpointError, match="q: its quantization does not fit"):
+        decoder.decode(bad_axis, "q")
+    with pytest.raises(CorruptCheckpointError, match="unknown sparse layout 'sparse_x'"):
+        decoder.decode({**node, "__sparse__": "sparse_x"}, "s")
+
+
+def test_a_dynamically_quantized_model_restores_without_trusting_pickles(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    for _ in range(30):
+        digits.train_step()
+
+    def quantized(run: DigitsRun) -> torch.nn.Module:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.ao.quantization.quantize_dynamic(
+                run.model, {torch.nn.Linear}, dtype=torch.qint8)
+
+    model = quantized(digits)
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(model, metrics={"accuracy": digits.accuracy()})
+    fresh = quantized(DigitsRun(seed=3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not torch.equal(fresh(digits.x), model(digits.x))
+        mgr.restore("latest", model=fresh)
+        assert torch.equal(fresh(digits.x), model(digits.x))
 
 
 class Tied(torch.nn.Module):
@@ -669,7 +773,7 @@ def test_a_format_1_store_is_read_and_restamped_only_by_a_save(
     assert mgr.verify().ok
     assert same(list(mgr.load(old).state["model"].values()), expected)
     mgr.save(digits.model, digits.optimizer, epoch=1)
-    assert json.loads(stamp.read_text())["format"] == 2
+    assert json.loads(stamp.read_text())["format"] == FORMAT
     assert same(list(CheckpointManager(tmp_path).load(old).state["model"].values()), expected)
 
 
