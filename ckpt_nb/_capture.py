@@ -135,7 +135,9 @@ class RNGState:
 
 @dataclass
 class TensorRecord:
-    """A tensor as a view (offset, shape, stride, dtype) of a stored storage."""
+    """A tensor as a view (offset, shape, stride, dtype) of a stored storage, with
+    torch's lazy conjugate and negative bits (``x.conj()``, ``x.conj().imag``): its
+    bytes are the unconjugated, unnegated values."""
 
     name: str
     storage: int
@@ -143,9 +145,15 @@ class TensorRecord:
     shape: list[int]
     stride: list[int]
     dtype: str
+    conj: bool = False
+    neg: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        found = self.__dict__.copy()
+        for bit in ("conj", "neg"):
+            if not found[bit]:
+                del found[bit]
+        return found
 
 
 @dataclass
@@ -260,7 +268,7 @@ class _Flattener:
             )
             self._by_ptr[key] = index
         record = TensorRecord(name, index, t.storage_offset(), list(t.shape),
-                              list(t.stride()), _DTYPE_NAMES[t.dtype])
+                              list(t.stride()), _DTYPE_NAMES[t.dtype], t.is_conj(), t.is_neg())
         self.flat.tensors.append(record)
         return {"__tensor__": len(self.flat.tensors) - 1}
 
@@ -420,6 +428,10 @@ class Unflattener:
             base = self.storages[rec["storage"]]
             t = torch.empty(0, dtype=dtype_from_name(rec["dtype"]))
             t.set_(base.untyped_storage(), rec["offset"], rec["shape"], rec["stride"])
+            if rec.get("neg"):
+                t = torch._neg_view(t)
+            if rec.get("conj"):
+                t = t.conj()
             self._cache[index] = t
         return self._cache[index]
 

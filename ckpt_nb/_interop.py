@@ -74,7 +74,12 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
         if target.suffix == ".safetensors":
             _write_safetensors(payload, tmp)
         else:
-            torch.save(payload, tmp)
+            try:
+                torch.save(payload, tmp)
+            except RuntimeError as exc:  # e.g. one storage viewed as two dtypes (z, z.real)
+                raise CkptError(f"torch.save cannot write checkpoint {ck.id} ({exc}): export "
+                                "it to a .safetensors path, which holds each tensor's "
+                                "values apart") from exc
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -91,8 +96,8 @@ def _write_safetensors(payload: dict[str, Any], tmp: str) -> None:
     flat = flatten(payload)
     storages = [torch.from_numpy(s.data.copy()) for s in flat.storages]
     decoder = Unflattener([t.to_json() for t in flat.tensors], storages)
-    tensors = {rec.name: decoder.tensor(i).contiguous().clone()
-               for i, rec in enumerate(flat.tensors)}
+    tensors = {rec.name: decoder.tensor(i).resolve_conj().resolve_neg().contiguous().clone()
+               for i, rec in enumerate(flat.tensors)}  # (the file holds plain values)
     pickles = {f"__pickle__/{i}": storages[i] for i, s in enumerate(flat.storages)
                if s.kind == "pickle"}
     meta = {"skeleton": flat.skeleton, "names": [rec.name for rec in flat.tensors]}

@@ -42,6 +42,8 @@ STRATEGIES = ("full", "incremental", "differential")
 RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
                       "note", "branch"})
 ProgressFn = Callable[[int, int], None]
+# What makes two tensor records the same view of their storage's bytes (diff)
+_VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
 
 
 @dataclass
@@ -780,8 +782,7 @@ class CheckpointManager:
                               shape=tuple(present.shape), dtype=str(present.dtype)[6:])
             else:
                 record.update(shape=tuple(tb.shape), dtype=str(tb.dtype)[6:])
-                same_layout = ra["shape"] == rb["shape"] and ra["stride"] == rb["stride"] \
-                    and ra["offset"] == rb["offset"] and ra["dtype"] == rb["dtype"]
+                same_layout = all(ra.get(k) == rb.get(k) for k in _VIEW_FIELDS)
                 if same_layout and ca == cb:
                     record.update(status="identical", changed=False, same_chunks=True,
                                   l2=0.0, rel_change=0.0)
@@ -1004,7 +1005,7 @@ class _StateHolder:
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
     if t.is_complex():
-        return torch.view_as_real(t).double()
+        return torch.view_as_real(t.resolve_conj()).double()
     return t.double()
 
 

@@ -266,6 +266,36 @@ def test_shared_storage_and_views_survive(tmp_path: Path) -> None:
     assert len(tensors) == 5 and len({t["storage"] for t in tensors}) == 2
 
 
+def test_conjugate_and_negative_views_keep_their_values(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    gen = torch.Generator().manual_seed(2)
+    z, w = (torch.randn(4, dtype=torch.complex64, generator=gen) for _ in range(2))
+    views = {"z": z, "conj": z.conj(), "neg_imag": w.conj().imag}  # lazy bits, plain bytes
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(views=Holder(views))
+    back = mgr.load(cid).state["views"]
+    for key, view in views.items():
+        assert torch.equal(back[key], view), key
+        assert (back[key].is_conj(), back[key].is_neg()) == (view.is_conj(), view.is_neg())
+    assert back["conj"].untyped_storage().data_ptr() == back["z"].untyped_storage().data_ptr()
+    exported = torch.load(mgr.export(cid, tmp_path / "v.pt"), weights_only=True)
+    tensors = load_file(mgr.export(cid, tmp_path / "v.safetensors"))
+    for key, view in views.items():
+        assert torch.equal(exported["views"][key], view), key
+        assert torch.equal(tensors[f"views/{key}"], view), key
+    both = mgr.save(views=Holder({"z": z, "real": z.real}))  # one storage, two dtypes
+    with pytest.raises(ckpt_nb.CkptError, match="export it to a .safetensors path"):
+        mgr.export(both, tmp_path / "both.pt")
+    assert not (tmp_path / "both.pt").exists()
+    assert torch.equal(load_file(mgr.export(both, tmp_path / "both.safetensors"))[
+        "views/real"], z.real)
+    swapped = mgr.save(views=Holder({"z": z, "conj": z, "neg_imag": w.imag}))
+    diff = mgr.diff(cid, swapped).set_index("tensor")
+    assert diff.loc["objects/views/z", "status"] == "identical"
+    assert diff.loc["objects/views/conj", "changed"] and diff.loc["objects/views/neg_imag", "changed"]
+
+
 def test_gradscaler_and_user_statefuls(tmp_path: Path) -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     scaler.scale(torch.tensor(1.0))
