@@ -323,19 +323,32 @@ class _Flattener:
             return list(value) if type(value) is list else {"__tuple__": list(value)}
         if value is None or isinstance(value, (bool, str)):
             return value
+        if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+            # (before float and complex: np.float64 and np.complex128 subclass them)
+            return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}
         if isinstance(value, int):
             return int(value)
         if isinstance(value, float):
             return value if math.isfinite(value) else {"__float__": repr(value)}
+        if isinstance(value, complex):
+            return {"__complex__": [self.encode(value.real, name),
+                                    self.encode(value.imag, name)]}
         if isinstance(value, torch.Tensor):
             return self.tensor(value.detach(), name)
         if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
             if not (value.flags.writeable and value.flags.c_contiguous):
                 value = np.array(value, order="C")  # torch refuses read-only memory
-            t = torch.from_numpy(value)
+            # torch takes native byte order only: the bytes of another go as they are
+            native = value if value.dtype.isnative else value.view(value.dtype.newbyteorder("="))
+            t = torch.from_numpy(native)
             return {"__ndarray__": self.tensor(t, name)["__tensor__"], "dtype": value.dtype.str}
-        if isinstance(value, np.generic) and value.dtype.kind in "biuf":
-            return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}
+        if isinstance(value, (bytes, bytearray)):
+            raw = torch.from_numpy(np.frombuffer(value, dtype=np.uint8).copy())
+            return {"__bytes__": self.tensor(raw, name)["__tensor__"],
+                    "type": type(value).__name__}
+        if isinstance(value, (set, frozenset)):
+            return {f"__{type(value).__name__}__":
+                    [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
         if isinstance(value, torch.dtype):
             return {"__dtype__": _DTYPE_NAMES[value]}
         if isinstance(value, torch.device):
@@ -454,9 +467,19 @@ class Unflattener:
         if "__sparse__" in value:
             return self.sparse(value, name)
         if "__npscalar__" in value:
-            return np.dtype(value["__npscalar__"]).type(value["value"])
+            return np.dtype(value["__npscalar__"]).type(self.decode(value["value"], name))
         if "__float__" in value:
             return float(value["__float__"])
+        if "__complex__" in value:
+            real, imag = (self.decode(v, name) for v in value["__complex__"])
+            return complex(real, imag)
+        if "__bytes__" in value:
+            raw = self.tensor(value["__bytes__"]).numpy().tobytes()
+            return bytearray(raw) if value.get("type") == "bytearray" else raw
+        if "__set__" in value:
+            return {self.decode(v, name) for v in value["__set__"]}
+        if "__frozenset__" in value:
+            return frozenset(self.decode(v, name) for v in value["__frozenset__"])
         if "__dtype__" in value:
             return dtype_from_name(value["__dtype__"])
         if "__device__" in value:

@@ -13,6 +13,7 @@ import os
 import pickle
 import tempfile
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,18 +32,31 @@ _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
 def _portable(value: Any, name: str, dropped: list[str]) -> Any:
-    """``value`` with NumPy arrays as tensors and unloaded pickles left out."""
+    """``value`` in types ``torch.load(weights_only=True)`` reads: NumPy arrays as
+    tensors, NumPy scalars as Python's, frozensets as sets, an empty bytes as an empty
+    bytearray; unloaded pickles left out."""
     from ._manager import PickledValue
 
     if isinstance(value, PickledValue):
         dropped.append(name)
         return None
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
+    if isinstance(value, np.ndarray):  # (torch takes native byte order only)
+        return torch.from_numpy(value if value.dtype.isnative else
+                                value.astype(value.dtype.newbyteorder("=")))
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Mapping):
-        return {k: _portable(v, f"{name}/{k}", dropped) for k, v in value.items()}
+        plain = {k: _portable(v, f"{name}/{k}", dropped) for k, v in value.items()}
+        metadata = getattr(value, "_metadata", None)
+        if metadata is None:
+            return plain
+        state = OrderedDict(plain)  # a state dict: its module versions, as torch.save keeps
+        state._metadata = metadata  # type: ignore[attr-defined]
+        return state
+    if isinstance(value, (set, frozenset)):  # (weights_only loads sets, not frozensets)
+        return {_portable(v, name, dropped) for v in value}
+    if type(value) is bytes and not value:  # (nor an empty bytes, pickled as bytes())
+        return bytearray()
     if isinstance(value, (list, tuple)):
         return type(value)(_portable(v, f"{name}/{i}", dropped) for i, v in enumerate(value))
     return value

@@ -235,6 +235,10 @@ def test_a_dynamically_quantized_model_restores_without_trusting_pickles(
         assert not torch.equal(fresh(digits.x), model(digits.x))
         mgr.restore("latest", model=fresh)
         assert torch.equal(fresh(digits.x), model(digits.x))
+        other = quantized(DigitsRun(seed=4))  # the .pt export keeps the module versions too
+        other.load_state_dict(torch.load(mgr.export(mgr.resolve("latest"), tmp_path / "q.pt"),
+                                         weights_only=True)["model"])
+        assert torch.equal(other(digits.x), model(digits.x))
 
 
 class Tied(torch.nn.Module):
@@ -657,6 +661,30 @@ def test_plain_values_in_extra_come_back_as_they_were(tmp_path: Path) -> None:
     assert back == {k: v for k, v in extra.items() if k != "floats"}
     assert type(back["pair"]) is tuple and type(back["nested"][1][1]) is tuple
     assert floats[0] == 1.5 and np.isnan(floats[1]) and floats[2] == float("-inf")
+
+
+def test_sets_bytes_complex_and_numpy_values_need_no_pickle(tmp_path: Path) -> None:
+    """Each comes back as the type it was, and none is pickled (so none needs trust)."""
+    extra = {"set": {1, "a"}, "frozen": frozenset({2.5}), "bytes": b"\x00ab", "empty": b"",
+             "mutable": bytearray(b"xy"), "complex": 1 - 2j, "np_c64": np.complex64(3j),
+             "np_f64": np.float64(0.1), "np_nan": np.float32("nan"),
+             "big_endian": np.arange(6, dtype=">f4").reshape(2, 3)[:, 1:],
+             "big_endian_c": np.array([1 + 1j], dtype=">c8")}
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(extra=extra)
+    assert not mgr.info(cid)["pickles"]
+    back = mgr.load(cid).extra
+    for key, value in extra.items():
+        assert type(back[key]) is type(value), key
+        if isinstance(value, np.ndarray):
+            assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
+        elif key != "np_nan":
+            assert back[key] == value and getattr(back[key], "dtype", None) == \
+                getattr(value, "dtype", None), key
+    assert np.isnan(back["np_nan"])
+    exported = torch.load(mgr.export(cid, tmp_path / "x.pt"), weights_only=True)["extra"]
+    assert exported["frozen"] == {2.5} and exported["bytes"] == b"\x00ab"
+    assert torch.equal(exported["big_endian"], torch.tensor([[1.0, 2.0], [4.0, 5.0]]))
 
 
 def test_pickles_never_load_without_trust(tmp_path: Path) -> None:
