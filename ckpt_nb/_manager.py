@@ -1025,4 +1025,3 @@ def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:
 
 def codec_names() -> tuple[str, ...]:
     return codec.CODECS
-
