@@ -349,6 +349,9 @@ class _Flattener:
         if isinstance(value, (set, frozenset)):
             return {f"__{type(value).__name__}__":
                     [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
+        if isinstance(value, torch.Generator) and value.device.type == "cpu":
+            # (a DataLoader's own generator, say: its state is bytes, seed included)
+            return {"__generator__": self.tensor(value.get_state(), name)["__tensor__"]}
         if isinstance(value, torch.dtype):
             return {"__dtype__": _DTYPE_NAMES[value]}
         if isinstance(value, torch.device):
@@ -476,6 +479,15 @@ class Unflattener:
         if "__bytes__" in value:
             raw = self.tensor(value["__bytes__"]).numpy().tobytes()
             return bytearray(raw) if value.get("type") == "bytearray" else raw
+        if "__generator__" in value:
+            generator = torch.Generator()
+            try:
+                generator.set_state(self.tensor(value["__generator__"]).clone())
+            except RuntimeError as exc:
+                raise CorruptCheckpointError(
+                    f"{name or 'a generator'}: its state does not fit a CPU generator ({exc})"
+                ) from exc
+            return generator
         if "__set__" in value:
             return {self.decode(v, name) for v in value["__set__"]}
         if "__frozenset__" in value:

@@ -34,7 +34,8 @@ _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 def _portable(value: Any, name: str, dropped: list[str]) -> Any:
     """``value`` in types ``torch.load(weights_only=True)`` reads: NumPy arrays as
     tensors, NumPy scalars as Python's, frozensets as sets, an empty bytes as an empty
-    bytearray; unloaded pickles left out."""
+    bytearray, a torch.Generator as its state (``set_state`` takes it); unloaded
+    pickles left out."""
     from ._manager import PickledValue
 
     if isinstance(value, PickledValue):
@@ -57,6 +58,8 @@ def _portable(value: Any, name: str, dropped: list[str]) -> Any:
         return {_portable(v, name, dropped) for v in value}
     if type(value) is bytes and not value:  # (nor an empty bytes, pickled as bytes())
         return bytearray()
+    if isinstance(value, torch.Generator):  # (nor a generator)
+        return value.get_state()
     if isinstance(value, (list, tuple)):
         return type(value)(_portable(v, f"{name}/{i}", dropped) for i, v in enumerate(value))
     return value

@@ -671,10 +671,16 @@ def test_sets_bytes_complex_and_numpy_values_need_no_pickle(tmp_path: Path) -> N
              "np_f64": np.float64(0.1), "np_nan": np.float32("nan"),
              "big_endian": np.arange(6, dtype=">f4").reshape(2, 3)[:, 1:],
              "big_endian_c": np.array([1 + 1j], dtype=">c8")}
+    loader_gen = torch.Generator().manual_seed(7)
+    torch.rand(5, generator=loader_gen)
+    saved_state = loader_gen.get_state()
     mgr = CheckpointManager(tmp_path / "store")
-    cid = mgr.save(extra=extra)
+    cid = mgr.save(extra={**extra, "loader_gen": loader_gen})
     assert not mgr.info(cid)["pickles"]
     back = mgr.load(cid).extra
+    gen = back.pop("loader_gen")
+    assert gen.initial_seed() == 7
+    assert torch.equal(torch.rand(4, generator=gen), torch.rand(4, generator=loader_gen))
     for key, value in extra.items():
         assert type(back[key]) is type(value), key
         if isinstance(value, np.ndarray):
@@ -685,6 +691,7 @@ def test_sets_bytes_complex_and_numpy_values_need_no_pickle(tmp_path: Path) -> N
     assert np.isnan(back["np_nan"])
     exported = torch.load(mgr.export(cid, tmp_path / "x.pt"), weights_only=True)["extra"]
     assert exported["frozen"] == {2.5} and exported["bytes"] == b"\x00ab"
+    assert torch.equal(exported["loader_gen"], saved_state)
     assert torch.equal(exported["big_endian"], torch.tensor([[1.0, 2.0], [4.0, 5.0]]))
 
 
