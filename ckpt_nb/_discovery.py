@@ -138,7 +138,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.skipped[name] = str(exc)
                 continue
             if size > max_variable_bytes:
-                found.skipped[name] = f"{size / 1e6:.0f} MB, over the {max_variable_bytes / 1e6:.0f} MB cap"
+                found.skipped[name] = (f"{size / 1e6:.0f} MB, over the "
+                                       f"{max_variable_bytes / 1e6:.0f} MB cap")
             else:
                 found.variables[name] = value
     _drop_contained_modules(found.statefuls)
@@ -239,8 +240,9 @@ def assign_in_place(namespace: dict[str, Any], name: str, saved: Any) -> None:
         live.clear()
         live.update(saved)
     elif isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
-            and live.shape == saved.shape and live.dtype == saved.dtype and not live.requires_grad:
-        live.copy_(saved)
+            and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf:
+        with torch.no_grad():  # (a leaf an optimizer trains stays that optimizer's)
+            live.copy_(saved)
     elif isinstance(live, np.ndarray) and isinstance(saved, np.ndarray) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.flags.writeable:
         live[...] = saved

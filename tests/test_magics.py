@@ -324,3 +324,29 @@ def test_a_changed_model_is_refused_and_left_alone(shell, tmp_path: Path) -> Non
     assert "nothing was changed" in message and "backbone: weight" in message
     assert "float64 in the live object" in message
     assert torch.equal(shell.user_ns["backbone"].weight, before)
+
+
+def test_rollback_keeps_a_tensor_optimized_directly_the_optimizers(shell, tmp_path: Path) -> None:
+    """A leaf tensor trained without a module (an input being optimized, say) is
+    rolled back in place: the optimizer still holds it, and it still wants grads."""
+    run(shell, "import torch, ckpt_nb\ntorch.manual_seed(0)\n"
+               "w = torch.zeros(64, 10, requires_grad=True)\n"
+               "opt = torch.optim.Adam([w], lr=0.05)\n"
+               "from sklearn.datasets import load_digits\nd = load_digits()\n"
+               "X = torch.tensor(d.data / 16.0, dtype=torch.float32)\n"
+               "Y = torch.tensor(d.target)")
+    cell = (f"%%ckpt_auto --dir {tmp_path / 'w'} --every-steps 5\n"
+            "for step in ckpt_nb.batches(range(20)):\n"
+            "    opt.zero_grad()\n"
+            "    torch.nn.functional.cross_entropy(X @ w, Y).backward()\n"
+            "    opt.step()")
+    assert run(shell, cell).success
+    w = shell.user_ns["w"]
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "w")
+    early = mgr.list()["id"].iloc[0]
+    saved = mgr.load(early).extra["ckpt_nb_run"]["variables"]["w"]
+    assert not torch.equal(w.detach(), saved)
+    assert run(shell, f"%ckpt_rollback {early}").success
+    assert shell.user_ns["w"] is w and w.requires_grad
+    assert shell.user_ns["opt"].param_groups[0]["params"][0] is w
+    assert torch.equal(w.detach(), saved)
