@@ -137,7 +137,8 @@ class RNGState:
 class TensorRecord:
     """A tensor as a view (offset, shape, stride, dtype) of a stored storage, with
     torch's lazy conjugate and negative bits (``x.conj()``, ``x.conj().imag``): its
-    bytes are the unconjugated, unnegated values."""
+    bytes are the unconjugated, unnegated values. A tensor in plain state (not a
+    state dict's, which are detached) may be an ``nn.Parameter`` or want grads."""
 
     name: str
     storage: int
@@ -147,13 +148,11 @@ class TensorRecord:
     dtype: str
     conj: bool = False
     neg: bool = False
+    requires_grad: bool = False
+    parameter: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        found = self.__dict__.copy()
-        for bit in ("conj", "neg"):
-            if not found[bit]:
-                del found[bit]
-        return found
+        return {k: v for k, v in self.__dict__.items() if v is not False}
 
 
 @dataclass
@@ -240,7 +239,8 @@ class _Flattener:
         self._copy = copy_tensors
         self._trained = trained
 
-    def tensor(self, t: torch.Tensor, name: str) -> dict[str, Any]:
+    def tensor(self, t: torch.Tensor, name: str, *, requires_grad: bool = False,
+               parameter: bool = False) -> dict[str, Any]:
         if t.is_quantized and t.dtype in _QUANTIZED and t.qscheme() in _QSCHEMES:
             return self.quantized(t, name)
         if t.layout in _SPARSE:
@@ -268,7 +268,8 @@ class _Flattener:
             )
             self._by_ptr[key] = index
         record = TensorRecord(name, index, t.storage_offset(), list(t.shape),
-                              list(t.stride()), _DTYPE_NAMES[t.dtype], t.is_conj(), t.is_neg())
+                              list(t.stride()), _DTYPE_NAMES[t.dtype], t.is_conj(), t.is_neg(),
+                              requires_grad, parameter)
         self.flat.tensors.append(record)
         return {"__tensor__": len(self.flat.tensors) - 1}
 
@@ -334,7 +335,8 @@ class _Flattener:
             return {"__complex__": [self.encode(value.real, name),
                                     self.encode(value.imag, name)]}
         if isinstance(value, torch.Tensor):
-            return self.tensor(value.detach(), name)
+            return self.tensor(value.detach(), name, requires_grad=value.requires_grad,
+                               parameter=isinstance(value, torch.nn.Parameter))
         if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
             if not (value.flags.writeable and value.flags.c_contiguous):
                 value = np.array(value, order="C")  # torch refuses read-only memory
@@ -448,6 +450,13 @@ class Unflattener:
                 t = torch._neg_view(t)
             if rec.get("conj"):
                 t = t.conj()
+            if rec.get("requires_grad") and not (t.is_floating_point() or t.is_complex()):
+                raise CorruptCheckpointError(f"{rec['name']}: a {rec['dtype']} tensor cannot "
+                                             "require grad")
+            if rec.get("parameter"):
+                t = torch.nn.Parameter(t, requires_grad=bool(rec.get("requires_grad")))
+            elif rec.get("requires_grad"):
+                t.requires_grad_(True)
             self._cache[index] = t
         return self._cache[index]
 

@@ -113,8 +113,8 @@ def _write_safetensors(payload: dict[str, Any], tmp: str) -> None:
     flat = flatten(payload)
     storages = [torch.from_numpy(s.data.copy()) for s in flat.storages]
     decoder = Unflattener([t.to_json() for t in flat.tensors], storages)
-    tensors = {rec.name: decoder.tensor(i).resolve_conj().resolve_neg().contiguous().clone()
-               for i, rec in enumerate(flat.tensors)}  # (the file holds plain values)
+    tensors = {rec.name: decoder.tensor(i).detach().resolve_conj().resolve_neg().contiguous()
+               .clone() for i, rec in enumerate(flat.tensors)}  # (the file holds plain values)
     pickles = {f"__pickle__/{i}": storages[i] for i, s in enumerate(flat.storages)
                if s.kind == "pickle"}
     meta = {"skeleton": flat.skeleton, "names": [rec.name for rec in flat.tensors]}

@@ -766,7 +766,7 @@ class CheckpointManager:
             storages = self._decode_storages(cid, manifest)
             decoder = Unflattener(manifest["tensors"], storages)
             chunks = [tuple(d for d, _ in s["chunks"]) for s in manifest["storages"]]
-            sides.append({t["name"]: (decoder.tensor(i), chunks[t["storage"]], t)
+            sides.append({t["name"]: (decoder.tensor(i).detach(), chunks[t["storage"]], t)
                           for i, t in enumerate(manifest["tensors"])})
         left, right = sides
         records = []

@@ -695,6 +695,22 @@ def test_sets_bytes_complex_and_numpy_values_need_no_pickle(tmp_path: Path) -> N
     assert torch.equal(exported["big_endian"], torch.tensor([[1.0, 2.0], [4.0, 5.0]]))
 
 
+def test_parameters_and_grad_flags_in_plain_state_come_back(tmp_path: Path) -> None:
+    """Outside a state dict (whose tensors are detached), a tensor keeps being an
+    nn.Parameter, and wanting grads, as with torch.save."""
+    extra = {"scale": torch.nn.Parameter(torch.tensor(2.0)),
+             "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
+             "leaf": torch.randn(3, requires_grad=True), "plain": torch.arange(3)}
+    mgr = CheckpointManager(tmp_path)
+    back = mgr.load(mgr.save(extra=extra)).extra
+    for key, value in extra.items():
+        assert type(back[key]) is type(value), key
+        assert back[key].requires_grad == value.requires_grad, key
+        assert torch.equal(back[key].detach(), value.detach()), key
+    (back["scale"] * back["leaf"]).sum().backward()
+    assert torch.equal(back["leaf"].grad, torch.full((3,), 2.0))
+
+
 def test_pickles_never_load_without_trust(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     mgr = CheckpointManager(tmp_path / "store")
