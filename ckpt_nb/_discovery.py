@@ -3,8 +3,8 @@
 Statefuls (modules, optimizers, schedulers, scalers, anything with
 ``state_dict``/``load_state_dict``) are tracked as objects and restored in
 place. Plain variables that can be stored without pickling (numbers,
-strings, containers of them, NumPy arrays, tensors, DataFrames) are captured
-by value. Everything else is skipped, with the reason said once.
+strings, bytes, containers of them, NumPy arrays, tensors, generators,
+DataFrames) are captured by value. Everything else is skipped, with the reason said once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._capture import Stateful
+from ._capture import Stateful, flatten
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -59,20 +59,27 @@ def plain_size(value: Any, depth: int = 0) -> int:
         raise _Unsupported("nested too deeply")
     if value is None or isinstance(value, (bool, int, float, str, complex)):
         return 8 if not isinstance(value, str) else len(value)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
     if isinstance(value, torch.Tensor):
-        if value.layout != torch.strided:
-            raise _Unsupported("sparse tensor")
-        return value.untyped_storage().nbytes()
+        if value.layout == torch.strided and not (value.is_quantized or value.is_nested):
+            return value.untyped_storage().nbytes()
+        flat = flatten({"value": value})  # (sparse and quantized: their parts)
+        if any(s.kind == "pickle" for s in flat.storages):
+            raise _Unsupported("nested tensor" if value.is_nested else f"{value.dtype} tensor")
+        return sum(s.data.nbytes for s in flat.storages)
+    if isinstance(value, torch.Generator) and value.device.type == "cpu":
+        return value.get_state().nbytes
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biufc":
             raise _Unsupported(f"NumPy array of {value.dtype}")
         return value.nbytes
-    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return 8
     if _is_frame(value):
         return int(value.memory_usage(deep=True).sum()) if hasattr(value, "columns") \
             else int(value.memory_usage(deep=True))
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, set, frozenset)):
         return sum(plain_size(v, depth + 1) for v in value) + 8 * len(value)
     if isinstance(value, dict):
         if not all(isinstance(k, (str, int, float, bool)) for k in value):

@@ -350,3 +350,19 @@ def test_rollback_keeps_a_tensor_optimized_directly_the_optimizers(shell, tmp_pa
     assert shell.user_ns["w"] is w and w.requires_grad
     assert shell.user_ns["opt"].param_groups[0]["params"][0] is w
     assert torch.equal(w.detach(), saved)
+
+
+def test_sets_bytes_and_sparse_tensors_are_variables_nested_tensors_are_skipped(
+        shell, tmp_path: Path, capsys) -> None:
+    run(shell, SETUP)
+    run(shell, "seen = {3, 1}\nraw = b'\\x00\\x01'\nadj = torch.eye(3).to_sparse()\n"
+               "ragged = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])\n"
+               "import numpy as np\nz = np.complex64(1j)")
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'v'}\nopt.step()")
+    line = capsys.readouterr().out
+    assert "ragged (nested tensor)" in line
+    variables = ckpt_nb.CheckpointManager(tmp_path / "v").load("latest") \
+        .extra["ckpt_nb_run"]["variables"]
+    assert variables["seen"] == {1, 3} and variables["raw"] == b"\x00\x01"
+    assert torch.equal(variables["adj"].to_dense(), torch.eye(3)) and variables["z"] == 1j
+    assert "ragged" not in variables
