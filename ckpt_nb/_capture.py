@@ -587,7 +587,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     missing = [k for k in current if k not in state]
     unexpected = [k for k in state if k not in current]
     if strict and missing:
-        problems.append(f"{name}: missing keys {missing[:10]}" + (" ..." if len(missing) > 10 else ""))
+        problems.append(f"{name}: missing keys {missing[:10]}"
+                        + (" ..." if len(missing) > 10 else ""))
     if strict and unexpected:
         problems.append(f"{name}: unexpected keys {unexpected[:10]}"
                         + (" ..." if len(unexpected) > 10 else ""))
