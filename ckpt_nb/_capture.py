@@ -15,7 +15,7 @@ import math
 import pickle
 import random
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -368,15 +368,34 @@ class _Flattener:
             # (a quantized Linear's cannot load without them), as torch.save keeps them
             return {"__state_dict__": self.encode(dict(value), name),
                     "metadata": self.encode(dict(metadata), f"{name}/_metadata")}
+        kind = _DICT_KINDS.get(type(value))
+        if kind is not None and (kind != "defaultdict" or
+                                 value.default_factory in _DEFAULT_FACTORIES.values()):
+            # (a defaultdict come back a dict would raise KeyError where it gave a default)
+            node = {"__dict__": self._pairs(value, name), "type": kind}
+            if kind == "defaultdict":
+                node["factory"] = value.default_factory.__name__
+            return node
         if isinstance(value, dict) and _plain_keys(value):
             return {k: self.encode(v, f"{name}/{k}") for k, v in value.items()}
         if isinstance(value, dict):
-            return {"__dict__": [[self.encode(k, f"{name}/key"), self.encode(v, f"{name}/{k}")]
-                                 for k, v in value.items()]}
+            return {"__dict__": self._pairs(value, name)}
         return self.pickled(value, name)
 
 
+    def _pairs(self, value: dict[Any, Any], name: str) -> list[list[Any]]:
+        return [[self.encode(k, f"{name}/key"), self.encode(v, f"{name}/{k}")]
+                for k, v in value.items()]
+
+
 _PLAIN = {int, str, bool, type(None)}  # JSON as they are (floats may be nan or inf)
+# The dict types that come back as themselves (other subclasses come back dicts); a
+# defaultdict only with a built-in factory (another one is code, which is not stored).
+_DICT_KINDS: dict[type, str] = {OrderedDict: "OrderedDict", Counter: "Counter",
+                                defaultdict: "defaultdict"}
+_DEFAULT_FACTORIES: dict[str, type] = {t.__name__: t for t in (
+    int, float, complex, str, bytes, bool, list, dict, set, frozenset, tuple, OrderedDict,
+    Counter)}
 # Quantized tensors stored as integers and scales (others, such as quint4x2's packed
 # nibbles or embedding bags' float zero points, are pickled).
 _QUANTIZED = {torch.qint8, torch.quint8, torch.qint32}
@@ -508,7 +527,19 @@ class Unflattener:
         if "__tuple__" in value:
             return tuple(self.decode(v, name) for v in value["__tuple__"])
         if "__dict__" in value:
-            return {self.decode(k, name): self.decode(v, name) for k, v in value["__dict__"]}
+            pairs = {self.decode(k, name): self.decode(v, name) for k, v in value["__dict__"]}
+            kind = value.get("type")
+            if kind is None:
+                return pairs
+            if kind == "defaultdict":
+                factory = _DEFAULT_FACTORIES.get(value.get("factory", ""))
+                if factory is None:
+                    raise CorruptCheckpointError(f"{name or 'a defaultdict'}: unknown default "
+                                                 f"factory {value.get('factory')!r}")
+                return defaultdict(factory, pairs)
+            if kind not in ("OrderedDict", "Counter"):
+                raise CorruptCheckpointError(f"{name or 'a dict'}: unknown dict type {kind!r}")
+            return OrderedDict(pairs) if kind == "OrderedDict" else Counter(pairs)
         if "__pickle__" in value:
             if not self.trust_pickle:
                 if self.on_pickle is not None:

@@ -14,6 +14,7 @@ import inspect
 import io
 import threading
 import types
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,8 +201,17 @@ def to_storable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(to_storable(v) for v in value)
     if isinstance(value, dict):
-        return {k: to_storable(v) for k, v in value.items()}
+        return _like(value, {k: to_storable(v) for k, v in value.items()})
     return value
+
+
+def _like(original: dict[Any, Any], items: dict[Any, Any]) -> dict[Any, Any]:
+    """``items`` as a dict of ``original``'s type, where that is one the store keeps."""
+    if type(original) is defaultdict:
+        return defaultdict(original.default_factory, items)
+    if type(original) in (OrderedDict, Counter):
+        return type(original)(items)
+    return items
 
 
 def _plain(value: Any) -> Any:
@@ -234,7 +244,7 @@ def from_storable(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(from_storable(v) for v in value)
     if isinstance(value, dict):
-        return {k: from_storable(v) for k, v in value.items()}
+        return _like(value, {k: from_storable(v) for k, v in value.items()})
     return value
 
 
@@ -243,7 +253,7 @@ def assign_in_place(namespace: dict[str, Any], name: str, saved: Any) -> None:
     live = namespace.get(name)
     if isinstance(live, list) and isinstance(saved, list):
         live[:] = saved
-    elif isinstance(live, dict) and isinstance(saved, dict) and type(live) is dict:
+    elif isinstance(live, dict) and type(saved) is type(live):  # (defaultdicts too)
         live.clear()
         live.update(saved)
     elif isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \

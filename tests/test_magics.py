@@ -366,3 +366,18 @@ def test_sets_bytes_and_sparse_tensors_are_variables_nested_tensors_are_skipped(
     assert variables["seen"] == {1, 3} and variables["raw"] == b"\x00\x01"
     assert torch.equal(variables["adj"].to_dense(), torch.eye(3)) and variables["z"] == 1j
     assert "ragged" not in variables
+
+
+def test_rollback_keeps_a_defaultdict_a_defaultdict(shell, tmp_path: Path) -> None:
+    run(shell, SETUP)
+    run(shell, "from collections import defaultdict\nlosses = defaultdict(list)")
+    cell = (f"%%ckpt_auto --dir {tmp_path / 'dd'} --every-steps 1\n"
+            "for step, _ in ckpt_nb.batches(range(3)):\n"
+            "    opt.zero_grad(); model(X).sum().backward(); opt.step()\n"
+            "    losses['train'].append(step)")
+    assert run(shell, cell).success
+    losses = shell.user_ns["losses"]
+    first = ckpt_nb.CheckpointManager(tmp_path / "dd").list()["id"].iloc[0]
+    assert run(shell, f"%ckpt_rollback {first}").success
+    assert shell.user_ns["losses"] is losses and losses == {"train": [0]}
+    assert run(shell, "losses['val'].append(1.0)").success  # no KeyError: still a defaultdict

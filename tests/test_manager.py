@@ -711,6 +711,26 @@ def test_parameters_and_grad_flags_in_plain_state_come_back(tmp_path: Path) -> N
     assert torch.equal(back["leaf"].grad, torch.full((3,), 2.0))
 
 
+def test_ordered_dicts_counters_and_defaultdicts_come_back_as_themselves(
+        tmp_path: Path) -> None:
+    from collections import Counter, OrderedDict, defaultdict
+
+    extra = {"order": OrderedDict([("z", 1), ("a", 2)]), "counts": Counter("abca"),
+             "by_key": defaultdict(list, {"a": [1], 2: [3]}),
+             "nested": [defaultdict(int, {"x": 1})],
+             "lambda_factory": defaultdict(lambda: 0, {"y": 2})}  # (code: a plain dict)
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(extra=extra)
+    assert not mgr.info(cid)["pickles"]
+    back = mgr.load(cid).extra
+    assert type(back["order"]) is OrderedDict and list(back["order"]) == ["z", "a"]
+    assert type(back["counts"]) is Counter and back["counts"].most_common(1) == [("a", 2)]
+    assert type(back["by_key"]) is defaultdict and back["by_key"] == extra["by_key"]
+    back["by_key"]["new"].append(1)  # the default still comes
+    assert back["nested"][0]["unseen"] == 0
+    assert type(back["lambda_factory"]) is dict and back["lambda_factory"] == {"y": 2}
+
+
 def test_pickles_never_load_without_trust(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     mgr = CheckpointManager(tmp_path / "store")
