@@ -236,7 +236,8 @@ class CheckpointManager:
         self.close()
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({self.store.url!r}, {len(self.catalog.checkpoints())} checkpoints)"
+        count = len(self.catalog.checkpoints())
+        return f"CheckpointManager({self.store.url!r}, {count} checkpoints)"
 
     def add_listener(self, callback: Callable[[str, str], None]) -> None:
         """Call ``callback(event, checkpoint_id)`` after each save, delete or restore."""
@@ -334,7 +335,8 @@ class CheckpointManager:
             row = CheckpointRow(
                 id=_new_id(), parent=parent_id, branch=self._branch_for(parent_row),
                 created_at=time.time(), step=_opt_int("step", step),
-                epoch=_opt_int("epoch", epoch), batch_idx=_opt_int("batch_idx", batch_idx), metrics=metrics, strategy=strategy,
+                epoch=_opt_int("epoch", epoch), batch_idx=_opt_int("batch_idx", batch_idx),
+                metrics=metrics, strategy=strategy,
                 full_base=None, chain=chain, logical_bytes=state.logical_bytes,
                 stored_bytes=0, pinned=False, note=note,
             )
@@ -464,7 +466,8 @@ class CheckpointManager:
         for pack, spans in ranges.items():
             self.store.prefetch(pack, spans)
 
-    def _blob(self, row: ChunkRow, views: Mapping[str, memoryview] | None) -> memoryview | np.ndarray:
+    def _blob(self, row: ChunkRow,
+              views: Mapping[str, memoryview] | None) -> memoryview | np.ndarray:
         """A chunk's blob: a slice of its pack's view, else read into this thread's buffer."""
         view = views.get(row.pack) if views else None
         if view is None:
@@ -512,7 +515,8 @@ class CheckpointManager:
             raise CorruptCheckpointError(
                 f"chunk {row.digest[:12]} in {row.pack} {detail}") from outcome
         if not outcome and codec.digest(out) != row.digest:
-            raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} fails its checksum")
+            raise CorruptCheckpointError(
+                f"chunk {row.digest[:12]} in {row.pack} fails its checksum")
 
     def _rows_with_bases(self, digests: Iterable[str]) -> dict[str, ChunkRow]:
         """Catalog rows of these chunks and of the delta bases they need, in few queries;
@@ -599,7 +603,8 @@ class CheckpointManager:
         if which.startswith("-") and which[1:].isdigit():
             back = int(which[1:])
             if back >= len(rows):
-                raise CheckpointNotFoundError(f"only {len(rows)} checkpoints: {which} is too far back")
+                raise CheckpointNotFoundError(
+                    f"only {len(rows)} checkpoints: {which} is too far back")
             return rows[-1 - back].id
         if self.catalog.get(which) is not None:
             return which
@@ -896,7 +901,7 @@ class CheckpointManager:
         return sum(self.store.size(k) for k in (*self.store.list("packs"),
                                                  *self.store.list("manifests")))
 
-    # -- garbage collection -------------------------------------------------------------------------
+    # -- garbage collection ---------------------------------------------------------------
     def gc(self, *, compact_below: float = 0.5) -> GCReport:
         """Reclaim what no checkpoint needs: orphans of crashed saves, dead chunks.
 
@@ -953,7 +958,7 @@ class CheckpointManager:
                 report.manifests_deleted += 1
         return report
 
-    # -- interop -------------------------------------------------------------------------------------
+    # -- interop ---------------------------------------------------------------------------
     def export(self, which: str, path: str | os.PathLike[str], *,
                trust_pickle: bool = False) -> Path:
         """Write a checkpoint as a .pt (``torch.load(weights_only=True)``) or .safetensors file."""

@@ -498,8 +498,10 @@ class AutoSession:
             f"every {self.config.every_seconds:g} s" if self.config.every_seconds else None,
             f"when {self.config.on[0]} improves ({self.config.on[1]})" if self.config.on else None,
         ) if t]
-        return {"directory": str(self.manager.store.url), "tracking": list(self.discovery.statefuls),
-                "variables": list(self.discovery.variables), "skipped": dict(self.discovery.skipped),
+        return {"directory": str(self.manager.store.url),
+                "tracking": list(self.discovery.statefuls),
+                "variables": list(self.discovery.variables),
+                "skipped": dict(self.discovery.skipped),
                 "triggers": triggers or ["end of cell only"], "step": self.step,
                 "last_save": self.writer.last_id, "head": self.manager.head,
                 "pending_write": self.writer.busy, "background": not self.config.sync}
