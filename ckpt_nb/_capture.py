@@ -322,6 +322,13 @@ class _Flattener:
         if type(value) in _PLAIN_SEQUENCES and all(type(v) in _PLAIN for v in value):
             # (Python's RNG state is 625 ints: one check, not 625 calls)
             return list(value) if type(value) is list else {"__tuple__": list(value)}
+        if type(value) in _PLAIN_SEQUENCES and len(value) >= _FLOAT_RUN \
+                and all(type(v) is float for v in value):
+            # (a loss history: raw float64 bytes encode 20x faster than JSON, and long
+            # ones share their unchanged head's chunks with the checkpoint before)
+            floats = torch.from_numpy(np.array(value, dtype=np.float64))
+            return {"__floats__": self.tensor(floats, name)["__tensor__"],
+                    "tuple": type(value) is tuple}
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, np.generic) and value.dtype.kind in "biufc":
@@ -412,6 +419,7 @@ _SPARSE_LAYOUTS = {str(layout).removeprefix("torch."): layout
                    for layout in (torch.sparse_coo, *_COMPRESSED_INDICES)}
 _SPARSE = frozenset(_SPARSE_LAYOUTS.values())
 _PLAIN_SEQUENCES = {list, tuple}  # (not a namedtuple: its type is a subclass)
+_FLOAT_RUN = 256  # lists of floats at least this long are stored as float64 bytes
 
 
 def _device_name(device: torch.device) -> str:
@@ -501,6 +509,9 @@ class Unflattener:
             return np.dtype(value["__npscalar__"]).type(self.decode(value["value"], name))
         if "__float__" in value:
             return float(value["__float__"])
+        if "__floats__" in value:
+            floats = self.tensor(value["__floats__"]).tolist()
+            return tuple(floats) if value.get("tuple") else floats
         if "__complex__" in value:
             real, imag = (self.decode(v, name) for v in value["__complex__"])
             return complex(real, imag)

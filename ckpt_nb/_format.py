@@ -10,9 +10,9 @@ the catalog rebuildable from the store alone.
 
 Format 2 adds CKB2 chunk blobs (they carry an xxh3 checksum, see ``_codec``);
 format 3 adds state nodes for module versions (``state_dict()._metadata``),
-quantized and sparse tensors, sets, bytes, complex numbers and generators, and
-the lazy conjugate / negative bits of a tensor record (see ``_capture``), which
-a format-2 reader would misread. Older stores are read as they are, and
+quantized and sparse tensors, sets, bytes, complex numbers, generators, dict
+types, long lists of floats as float64 bytes, and the lazy conjugate / negative
+bits of a tensor record (see ``_capture``), which a format-2 reader would misread. Older stores are read as they are, and
 restamped by the first save into them.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import random
+import struct
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -652,7 +653,8 @@ class Boom:
 
 
 def test_plain_values_in_extra_come_back_as_they_were(tmp_path: Path) -> None:
-    """Lists and tuples of plain values (a fast path), floats that JSON lacks, nesting."""
+    """Lists and tuples of plain values (a fast path), floats that JSON lacks, nesting,
+    and long lists of floats (a loss history), which go as float64 bytes."""
     extra = {"ints": list(range(700)), "pair": (3, "a"), "mixed": [1, "x", None, True],
              "empty": [], "none": (), "floats": [1.5, float("nan"), float("-inf")],
              "nested": [[1, 2], (3, (4, 5))], "big": 2**70, "flag": False}
@@ -662,6 +664,18 @@ def test_plain_values_in_extra_come_back_as_they_were(tmp_path: Path) -> None:
     assert back == {k: v for k, v in extra.items() if k != "floats"}
     assert type(back["pair"]) is tuple and type(back["nested"][1][1]) is tuple
     assert floats[0] == 1.5 and np.isnan(floats[1]) and floats[2] == float("-inf")
+    history = [0.5 ** i for i in range(1000)] + [float("nan"), -0.0, float("inf")]
+    cid = mgr.save(extra={"history": history, "pairs": tuple(history[:300]),
+                          "short": [0.5, 0.25]})
+    stored = {t["name"]: t for t in mgr.info(cid)["tensors"]}
+    assert (stored["extra/history"]["dtype"], stored["extra/history"]["shape"]) == \
+        ("float64", (1003,))  # raw bytes, not JSON
+    assert "extra/pairs" in stored and "extra/short" not in stored  # (a short list: JSON)
+    again = mgr.load(cid).extra
+    assert type(again["history"]) is list and type(again["pairs"]) is tuple
+    assert [struct.pack("<d", v) for v in again["history"]] == \
+        [struct.pack("<d", v) for v in history]  # bit for bit: NaN, -0.0 and inf included
+    assert again["pairs"] == tuple(history[:300]) and again["short"] == [0.5, 0.25]
 
 
 def test_sets_bytes_complex_and_numpy_values_need_no_pickle(tmp_path: Path) -> None:
