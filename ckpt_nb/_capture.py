@@ -400,6 +400,7 @@ _PLAIN = {int, str, bool, type(None)}  # JSON as they are (floats may be nan or 
 # defaultdict only with a built-in factory (another one is code, which is not stored).
 _DICT_KINDS: dict[type, str] = {OrderedDict: "OrderedDict", Counter: "Counter",
                                 defaultdict: "defaultdict"}
+_DICT_TYPES = {kind: t for t, kind in _DICT_KINDS.items()}
 _DEFAULT_FACTORIES: dict[str, type] = {t.__name__: t for t in (
     int, float, complex, str, bytes, bool, list, dict, set, frozenset, tuple, OrderedDict,
     Counter)}
@@ -548,9 +549,10 @@ class Unflattener:
                     raise CorruptCheckpointError(f"{name or 'a defaultdict'}: unknown default "
                                                  f"factory {value.get('factory')!r}")
                 return defaultdict(factory, pairs)
-            if kind not in ("OrderedDict", "Counter"):
+            dict_type = _DICT_TYPES.get(kind)
+            if dict_type is None:
                 raise CorruptCheckpointError(f"{name or 'a dict'}: unknown dict type {kind!r}")
-            return OrderedDict(pairs) if kind == "OrderedDict" else Counter(pairs)
+            return dict_type(pairs)
         if "__pickle__" in value:
             if not self.trust_pickle:
                 if self.on_pickle is not None:

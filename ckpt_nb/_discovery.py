@@ -14,7 +14,7 @@ import inspect
 import io
 import threading
 import types
-from collections import Counter, OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._capture import Stateful, flatten
+from ._capture import _DICT_KINDS, Stateful, flatten
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -209,7 +209,7 @@ def _like(original: dict[Any, Any], items: dict[Any, Any]) -> dict[Any, Any]:
     """``items`` as a dict of ``original``'s type, where that is one the store keeps."""
     if type(original) is defaultdict:
         return defaultdict(original.default_factory, items)
-    if type(original) in (OrderedDict, Counter):
+    if type(original) in _DICT_KINDS:
         return type(original)(items)
     return items
 
