@@ -1,7 +1,9 @@
 """The SQLite catalog: which checkpoints exist, how they relate, where chunks lie.
 
 A checkpoint exists once its row is committed here, and not before; the
-store's files are written first. The catalog knows nothing of tensors.
+store's files are written first. The catalog knows nothing of tensors, nor of
+the store: a new catalog is seeded with what its maker read back from the
+store (``_rebuild``), in the transaction that creates it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import StoreFormatError
+from ._errors import StoreError, StoreFormatError
 
 SCHEMA_VERSION = 1
 CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
@@ -27,8 +29,11 @@ def store_exists(location: str | os.PathLike[str]) -> bool:
     """Whether a location holds a store: a URL is taken on trust (asking costs a round
     trip), a local folder must hold a catalog. Lets callers refuse a typo before
     ``CheckpointManager`` would create an empty store there."""
+    from ._format import FORMAT_KEY  # (the format module builds on this one)
+
     text = os.fspath(location)
-    return "://" in text or (Path(text) / CATALOG_FILE).is_file()
+    return "://" in text or any((Path(text) / name).is_file()
+                                for name in (CATALOG_FILE, FORMAT_KEY))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -105,6 +110,16 @@ class CheckpointRow:
         return cls(**data)
 
 
+@dataclass
+class Seed:
+    """What a new catalog starts with: checkpoints in the order they were made, the
+    digests each refers to, and where every chunk lies."""
+
+    checkpoints: list[CheckpointRow] = field(default_factory=list)
+    refs: dict[str, list[str]] = field(default_factory=dict)
+    chunks: list[ChunkRow] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class ChunkRow:
     """Where one content-addressed chunk lies, and what it is a delta of."""
@@ -121,11 +136,27 @@ class ChunkRow:
 class Catalog:
     """The SQLite database beside (or for) a store; WAL mode, full sync."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, seed: Callable[[], Seed] | None = None) -> None:
+        """Open (or create) the catalog at ``path``; a new one is filled with ``seed()``
+        in the transaction that creates it, so no other process sees it half filled."""
         self.path = Path(path)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
                                    isolation_level=None)
+        try:
+            self._open(seed)
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.OperationalError):
+                raise StoreError(f"cannot open the catalog {self.path}: {exc}") from exc
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreError(
+                    f"the catalog {self.path} is unreadable ({exc}): move it aside (rename "
+                    "it) and open the store again, which rebuilds the catalog from the "
+                    "store's packs and manifests") from exc
+            raise
+
+    def _open(self, seed: Callable[[], Seed] | None) -> None:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -138,6 +169,11 @@ class Catalog:
                         db.execute(statement)
                 self._set_meta("schema_version", str(SCHEMA_VERSION))
                 self._set_meta("created_at", str(time.time()))
+                if seed is not None:
+                    start = seed()
+                    self._insert_chunks(db, start.chunks)
+                    for row in start.checkpoints:
+                        self._insert(db, row, (), start.refs.get(row.id, ()))
             elif int(found) > SCHEMA_VERSION:
                 raise StoreFormatError(
                     f"catalog {self.path} has format {found}, newer than this ckpt_nb "
@@ -204,24 +240,33 @@ class Catalog:
     ) -> None:
         """Make a checkpoint visible: chunks, refs, row and branch tip in one transaction."""
         with self.transaction() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(c.digest, c.pack, c.offset, c.length, c.raw_len, c.base, c.depth)
-                 for c in new_chunks],
-            )
-            db.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)",
-                           [(row.id, d) for d in set(refs)])
-            db.execute(
-                "INSERT INTO checkpoints (id, parent, branch, created_at, step, epoch,"
-                " batch_idx, metrics, strategy, full_base, chain, logical_bytes,"
-                " stored_bytes, pinned, note, tags, manifest_digest)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (row.id, row.parent, row.branch, row.created_at, row.step, row.epoch,
-                 row.batch_idx, json.dumps(row.metrics), row.strategy, row.full_base,
-                 row.chain, row.logical_bytes, row.stored_bytes, int(row.pinned),
-                 row.note, json.dumps(row.tags), row.manifest_digest),
-            )
-            db.execute("INSERT OR REPLACE INTO branches VALUES (?, ?)", (row.branch, row.id))
+            self._insert(db, row, new_chunks, refs)
+
+    @staticmethod
+    def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow]) -> None:
+        db.executemany(
+            "INSERT OR IGNORE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(c.digest, c.pack, c.offset, c.length, c.raw_len, c.base, c.depth)
+             for c in chunks],
+        )
+
+    @classmethod
+    def _insert(cls, db: sqlite3.Connection, row: CheckpointRow, new_chunks: Iterable[ChunkRow],
+                refs: Iterable[str]) -> None:
+        cls._insert_chunks(db, new_chunks)
+        db.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)",
+                       [(row.id, d) for d in set(refs)])
+        db.execute(
+            "INSERT INTO checkpoints (id, parent, branch, created_at, step, epoch,"
+            " batch_idx, metrics, strategy, full_base, chain, logical_bytes,"
+            " stored_bytes, pinned, note, tags, manifest_digest)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.id, row.parent, row.branch, row.created_at, row.step, row.epoch,
+             row.batch_idx, json.dumps(row.metrics), row.strategy, row.full_base,
+             row.chain, row.logical_bytes, row.stored_bytes, int(row.pinned),
+             row.note, json.dumps(row.tags), row.manifest_digest),
+        )
+        db.execute("INSERT OR REPLACE INTO branches VALUES (?, ?)", (row.branch, row.id))
 
     def delete_checkpoints(self, ids: Iterable[str]) -> None:
         """Forget checkpoints; their children are re-parented to the grandparent."""

@@ -3,17 +3,21 @@
     ckpt_nb.json                 {"format": 3}
     packs/<hex>.pack             b"CKNBPAK1" | blobs ... | index JSON | u64 len | b"CKNBIDX1"
     manifests/<id>.json.zst      one checkpoint's tensors, chunks and JSON state
+    labels/<id>.json             what changed after its save: pin, note, a parent deleted
 
 A checkpoint's new chunks go into one pack, written and fsynced once: one
-durable write per save, however many tensors. The pack's trailing index makes
-the catalog rebuildable from the store alone.
+durable write per save, however many tensors. The packs' trailing indexes, the
+manifests and the labels make the catalog rebuildable from the store alone
+(``_rebuild``).
 
 Format 2 adds CKB2 chunk blobs (they carry an xxh3 checksum, see ``_codec``);
 format 3 adds state nodes for module versions (``state_dict()._metadata``),
 quantized and sparse tensors, sets, bytes, complex numbers, generators, dict
 types, long lists of floats as float64 bytes, and the lazy conjugate / negative
-bits of a tensor record (see ``_capture``), which a format-2 reader would misread. Older stores are read as they are, and
-restamped by the first save into them.
+bits of a tensor record (see ``_capture``), which a format-2 reader would
+misread. Older stores are read as they are, and restamped by the first save
+into them. Labels came in format 3 too; a store without them reads as one
+whose checkpoints were never pinned or annotated.
 """
 
 from __future__ import annotations
@@ -71,9 +75,26 @@ def new_pack_key() -> str:
 
 
 def manifest_key(checkpoint_id: str) -> str:
+    return f"manifests/{_checked_id(checkpoint_id)}.json.zst"
+
+
+def label_key(checkpoint_id: str) -> str:
+    return f"labels/{_checked_id(checkpoint_id)}.json"
+
+
+def id_of(key: str) -> str | None:
+    """The checkpoint a manifest's or a label's key names (None for any other key)."""
+    for folder, suffix in (("manifests/", ".json.zst"), ("labels/", ".json")):
+        if key.startswith(folder) and key.endswith(suffix):
+            name = key[len(folder) : -len(suffix)]
+            return name if _ID.fullmatch(name) else None
+    return None
+
+
+def _checked_id(checkpoint_id: str) -> str:
     if not _ID.fullmatch(checkpoint_id):
         raise CorruptCheckpointError(f"invalid checkpoint id {checkpoint_id!r}")
-    return f"manifests/{checkpoint_id}.json.zst"
+    return checkpoint_id
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import math
 import os
 import time
@@ -32,9 +33,10 @@ from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflatten
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError)
-from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, manifest_key,
-                      stamp_format, write_pack)
+from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id_of,
+                      label_key, manifest_key, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
+from ._rebuild import Rebuilt, rebuild
 from ._save_pipeline import Memo, SavePipeline
 from ._store import Store, local_root, open_store
 
@@ -164,7 +166,7 @@ class CheckpointManager:
         self._pack_writer: ThreadPoolExecutor | None = None
         self._lock_path: Path | None = None
         self._stale_format = check_format(self.store) < FORMAT
-        self.catalog = Catalog(self._catalog_path(catalog))
+        self.catalog = self._open_catalog(self._catalog_path(catalog))
         self.head: str | None = None
         """The checkpoint the live objects came from (last saved or restored): the next
         save's parent."""
@@ -192,6 +194,21 @@ class CheckpointManager:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_path = path.with_name(path.name + ".lock")
         return str(path)
+
+    def _open_catalog(self, path: str) -> Catalog:
+        """The store's catalog; one that is not there is rebuilt from the store, with a
+        warning (an empty one would show no checkpoints, and gc would delete them)."""
+        found: list[Rebuilt] = []
+
+        def read_store() -> Rebuilt:
+            found.append(rebuild(self.store))
+            return found[-1]
+
+        catalog = Catalog(path, seed=read_store)
+        if found and (found[0].checkpoints or found[0].left_out):
+            warnings.warn(f"the catalog of {self.store.url} was missing, so it was rebuilt "
+                          f"from the store: {found[0].summary()}", RuntimeWarning, stacklevel=3)
+        return catalog
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -678,6 +695,8 @@ class CheckpointManager:
             except CorruptCheckpointError as exc:
                 warnings.warn(f"skipping checkpoint {row.id}, which fails verification "
                               f"({exc}); trying the one before it", stacklevel=3)
+        if not self.catalog.checkpoints():
+            raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
 
     def load(self, which: str = "latest", *, trust_pickle: bool = False,
@@ -841,7 +860,7 @@ class CheckpointManager:
     def pin(self, which: str, pinned: bool = True) -> str:
         """Protect a checkpoint from retention (``pinned=False`` releases it)."""
         cid = self.resolve(which)
-        self.catalog.update(cid, pinned=pinned)
+        self._label(cid, pinned=pinned)
         self._notify("pin", cid)
         return cid
 
@@ -850,8 +869,29 @@ class CheckpointManager:
 
     def annotate(self, which: str, note: str) -> str:
         cid = self.resolve(which)
-        self.catalog.update(cid, note=note)
+        self._label(cid, note=note)
         return cid
+
+    def _label(self, cid: str, **change: Any) -> None:
+        """Change a checkpoint's pin or note: in the store first (as a label, which a
+        rebuilt catalog reads back), then in the catalog."""
+        row = self.catalog.get(cid)
+        if row is None:
+            raise CheckpointNotFoundError(f"checkpoint {cid} was deleted meanwhile")
+        label = {"pinned": row.pinned, "note": row.note, "parent": row.parent, **change}
+        self.store.put(label_key(cid), json.dumps(label).encode())
+        if change:
+            self.catalog.update(cid, **change)
+
+    def _label_rejoined(self, children: set[str]) -> None:
+        """Label the checkpoints whose parent was just deleted with their new one, where
+        a rebuilt catalog would not guess it (see ``_rebuild``): a branch's first
+        checkpoint, whose fork point is gone."""
+        newest_of_branch: dict[str, str] = {}
+        for row in self.catalog.checkpoints():
+            if row.id in children and row.parent != newest_of_branch.get(row.branch):
+                self._label(row.id)
+            newest_of_branch[row.branch] = row.id
 
     def delete(self, which: str, *, force: bool = False) -> None:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it."""
@@ -889,9 +929,11 @@ class CheckpointManager:
                 if row.id not in protected:
                     self._drop([row.id])
 
-    def _drop(self, ids: list[str]) -> None:
+    def _drop(self, ids: Sequence[str]) -> None:
         if ids:
+            children = {c for cid in ids for c in self.catalog.children(cid)} - set(ids)
             self.catalog.delete_checkpoints(ids)
+            self._label_rejoined(children)
             for cid in ids:
                 self._forget(cid)
             self._gc_locked()
@@ -950,12 +992,12 @@ class CheckpointManager:
                 report.packs_compacted += 1
                 report.bytes_freed += size - sum(c.length for c in moved)
         known = {r.id for r in self.catalog.checkpoints()}
-        for key in list(self.store.list("manifests")):
-            cid = key.removeprefix("manifests/").removesuffix(".json.zst")
+        for key in [*self.store.list("manifests"), *self.store.list("labels")]:
+            cid = id_of(key)
             if cid not in known:
                 report.bytes_freed += self.store.size(key)
                 self.store.delete(key)
-                report.manifests_deleted += 1
+                report.manifests_deleted += key.startswith("manifests/")
         return report
 
     # -- interop ---------------------------------------------------------------------------

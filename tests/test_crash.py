@@ -5,8 +5,8 @@ A worker (``_crash_worker.py``) logs the state hash it is about to save to
 After the kill the store must open; list only checkpoints the worker committed
 (plus at most the one save in flight, committed to the catalog but not yet
 logged); have kept the newest ones retention promised; restore each
-bit-exactly; verify; and survive a gc that leaves no temporaries and no
-unreferenced packs. ``CKPT_NB_CRASH_TRIALS=N`` runs N trials of each test
+bit-exactly; verify; give them all back from the store alone, were its catalog
+lost; and survive a gc that leaves no temporaries and no unreferenced packs. ``CKPT_NB_CRASH_TRIALS=N`` runs N trials of each test
 (a soak); on failure the message names the seed, and the trial's store is left
 in pytest's temporary directory.
 """
@@ -16,8 +16,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +166,7 @@ def audit(trial: Trial) -> None:
 
         report = mgr.verify()
         assert report.ok, f"{trial}: verify failed: {report.bad}"
+        audit_rebuild(trial, listed, expected, set(begun.values()))
 
         mgr.gc()
         assert mgr.list()["id"].tolist() == listed, f"{trial}: gc changed the checkpoints"
@@ -194,6 +197,33 @@ def audit(trial: Trial) -> None:
             resumed.close()
     finally:
         mgr.close()
+
+
+def audit_rebuild(trial: Trial, listed: list[str], expected: dict[str, str],
+                  begun: set[str]) -> None:
+    """Were the catalog lost now, a copy of the store without it would open with every
+    listed checkpoint, each restoring bit-exactly; anything more it finds (whole saves
+    that a kill kept from committing, or from being deleted) holds a state the worker
+    saved."""
+    copy = trial.store.parent / "without-catalog"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(trial.store, copy, ignore=shutil.ignore_patterns("catalog.sqlite*"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rebuilt = CheckpointManager(copy)
+    try:
+        found = rebuilt.list()["id"].tolist()
+        assert set(listed) <= set(found), \
+            f"{trial}: a rebuilt catalog lost {set(listed) - set(found)}"
+        for cid in found:
+            model, optimizer = build(seed=12345)
+            rebuilt.restore(cid, model=model, optimizer=optimizer, rng=False)
+            got = state_hash(model, optimizer)
+            assert got == expected[cid] if cid in expected else got in begun, \
+                f"{trial}: rebuilt checkpoint {cid} restores a state never saved"
+    finally:
+        rebuilt.close()
+        shutil.rmtree(copy)
 
 
 @pytest.mark.parametrize("mode,seed", SAVE_TRIALS, ids=[f"{m}-{s}" for m, s in SAVE_TRIALS])

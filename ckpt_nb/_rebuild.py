@@ -1,0 +1,165 @@
+"""A lost catalog, read back from the store alone.
+
+The catalog is an index of the store: by the commit protocol, everything in
+it was written to the store first. So a store whose catalog is gone (deleted,
+left behind when the store was copied, or kept in another machine's cache for
+an object store) opens with all of its checkpoints, where an empty catalog
+would have shown none and let the next ``gc()`` delete them all:
+
+- where chunks lie, from each pack's trailing index (a pack cut short has none,
+  and is left to ``gc()``);
+- the checkpoints, from their manifests (id, parent, branch, loop position,
+  metrics, strategy, chain), each kept only where every chunk it needs, delta
+  bases included, is in some pack;
+- pins and notes changed after a save, from the labels the manager writes.
+
+Deleting a checkpoint joins its children to its parent in the catalog, while
+their manifests keep naming it: such a child is joined to the newest earlier
+checkpoint of its branch, which is that parent on a branch that retention
+thinned; where it is not (the first checkpoint of a branch whose fork point was
+deleted) the manager labelled the child with its new parent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _codec as codec
+from ._catalog import CheckpointRow, ChunkRow, Seed
+from ._errors import CorruptCheckpointError
+from ._format import decode_manifest, id_of, label_key, read_pack_index
+from ._store import Store
+
+
+@dataclass
+class Rebuilt(Seed):
+    """A catalog's start read from a store, and what had to be left out or guessed."""
+
+    left_out: list[str] = field(default_factory=list)  # why, one line each
+    rejoined: list[str] = field(default_factory=list)  # ids whose parent was gone
+
+    def summary(self) -> str:
+        n = len(self.checkpoints)
+        text = f"{n} checkpoint{'' if n == 1 else 's'} recovered"
+        if self.rejoined:
+            text += (f"; {len(self.rejoined)} whose parent had been deleted were joined to "
+                     "their nearest kept ancestor")
+        if self.left_out:
+            text += f"; left out: {'; '.join(self.left_out)}"
+        return text
+
+
+def rebuild(store: Store) -> Rebuilt:
+    """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows."""
+    found = Rebuilt()
+    chunks = _chunks(store, found.left_out)
+    manifests = []
+    for key in sorted(store.list("manifests")):
+        cid = id_of(key)
+        if cid is None:
+            continue
+        try:
+            blob = store.get(key)
+            manifest = decode_manifest(blob, cid)
+        except (CorruptCheckpointError, OSError) as exc:
+            found.left_out.append(f"checkpoint {cid} ({exc})")
+            continue
+        flaw = _flaw(manifest, cid, chunks)
+        if flaw is None:
+            manifests.append((manifest, blob))
+        else:
+            found.left_out.append(f"checkpoint {cid} ({flaw})")
+    manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))
+
+    newest_of_branch: dict[str, str] = {}
+    counted: set[str] = set()
+    for manifest, blob in manifests:
+        cid, branch = manifest["id"], manifest["branch"]
+        refs = [digest for storage in manifest["storages"] for digest, _ in storage["chunks"]]
+        label = _label(store, cid, found.left_out)
+        parent = manifest.get("parent")
+        if parent is not None and parent not in found.refs:
+            labelled = label.get("parent", parent)
+            parent = labelled if labelled is None or labelled in found.refs else \
+                newest_of_branch.get(branch)
+            found.rejoined.append(cid)
+        first_stored = set(refs) - counted
+        counted |= first_stored
+        row = CheckpointRow(
+            id=cid, parent=parent, branch=branch, created_at=manifest["created_at"],
+            step=manifest.get("step"), epoch=manifest.get("epoch"),
+            batch_idx=manifest.get("batch_idx"), metrics=manifest.get("metrics") or {},
+            strategy=manifest["strategy"], full_base=manifest.get("full_base"),
+            chain=manifest.get("chain", 0),
+            logical_bytes=sum(storage["nbytes"] for storage in manifest["storages"]),
+            stored_bytes=len(blob) + sum(chunks[d].length for d in first_stored),
+            pinned=bool(label.get("pinned", False)),
+            note=str(label.get("note", manifest.get("note", ""))),
+            manifest_digest=codec.digest(blob))
+        found.checkpoints.append(row)
+        found.refs[cid] = refs
+        newest_of_branch[branch] = cid
+    found.chunks = list(chunks.values())
+    return found
+
+
+def _chunks(store: Store, left_out: list[str]) -> dict[str, ChunkRow]:
+    """Every chunk in a whole pack, by digest."""
+    chunks: dict[str, ChunkRow] = {}
+    for key in sorted(store.list("packs")):
+        if not key.endswith(".pack"):
+            continue
+        try:
+            rows = read_pack_index(store, key)
+        except (CorruptCheckpointError, ValueError, TypeError, OSError) as exc:
+            left_out.append(f"pack {key} ({exc})")
+            continue
+        for row in rows:
+            chunks.setdefault(row.digest, row)
+    return chunks
+
+
+def _flaw(manifest: Any, cid: str, chunks: dict[str, ChunkRow]) -> str | None:
+    """Why a manifest cannot be a checkpoint of the catalog, if it cannot: a field that
+    is not what a save writes, or a chunk it needs (directly, or as the base of a
+    delta) that no pack holds."""
+    try:
+        if manifest["id"] != cid:
+            return "its manifest names another checkpoint"
+        if not isinstance(manifest["created_at"], (int, float)) or \
+                not isinstance(manifest["branch"], str) or \
+                not isinstance(manifest["strategy"], str):
+            return "its manifest lacks the time, branch or strategy of its save"
+        for storage in manifest["storages"]:
+            int(storage["nbytes"])
+            for digest, _ in storage["chunks"]:
+                seen = set()
+                while digest is not None and digest not in seen:
+                    seen.add(digest)
+                    row = chunks.get(digest)
+                    if row is None:
+                        return f"its chunk {digest[:12]} is in no pack"
+                    digest = row.base
+                if digest is not None:
+                    return "the delta bases of its chunks go round in a loop"
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"its manifest is malformed: {exc!r}"
+    return None
+
+
+def _label(store: Store, cid: str, left_out: list[str]) -> dict[str, Any]:
+    """What a checkpoint was given after it was saved: a pin, a note, a new parent."""
+    key = label_key(cid)
+    try:
+        if not store.has(key):
+            return {}
+        label = json.loads(store.get(key))
+        if isinstance(label, dict):
+            return label
+        reason = "not a JSON object"
+    except (ValueError, OSError) as exc:
+        reason = str(exc)
+    left_out.append(f"the pin and note of checkpoint {cid} ({reason})")
+    return {}

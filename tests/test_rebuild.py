@@ -1,0 +1,186 @@
+"""A store whose catalog was lost opens with every whole checkpoint it holds.
+
+Real training on digits, real SQLite, real files: the catalog is deleted (or
+spoilt) the way a user or a copy would, and the store is opened again.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DigitsRun, same
+
+from ckpt_nb import CheckpointManager, FsspecStore, StoreError
+from ckpt_nb.cli import main as cli
+
+LISTED = ["id", "parent", "branch", "step", "epoch", "batch_idx", "strategy", "pinned", "note",
+          "logical_bytes", "val_loss"]
+
+
+def lose_catalog(store: Path) -> None:
+    for path in store.glob("catalog.sqlite*"):
+        path.unlink()
+
+
+def history(store: Path) -> tuple[CheckpointManager, dict[str, list[torch.Tensor]]]:
+    """Incremental saves thinned by retention, a rollback that branches, a pin and a
+    note; returns the manager and the weights each checkpoint holds."""
+    run = DigitsRun(seed=3)
+    mgr = CheckpointManager(store, max_to_keep=4, keep_best=1, metric="val_loss",
+                            strategy="incremental", full_every=3)
+    saved: dict[str, list[torch.Tensor]] = {}
+    for step in range(1, 8):
+        loss = run.train_step()
+        cid = mgr.save(run.model, run.optimizer, 0, scheduler=run.scheduler, step=step,
+                       batch_idx=step, metrics={"val_loss": loss if step != 2 else 0.01})
+        saved[cid] = run.weights()
+    rows = mgr.list()
+    mgr.restore(rows["id"].iloc[-3], model=run.model, optimizer=run.optimizer,
+                scheduler=run.scheduler)
+    for step in range(8, 10):
+        cid = mgr.save(run.model, run.optimizer, 1, scheduler=run.scheduler, step=step,
+                       metrics={"val_loss": run.train_step()})
+        saved[cid] = run.weights()
+    mgr.pin(rows["id"].iloc[-2])
+    mgr.annotate(cid, "the branch's tip")
+    mgr.annotate(rows["id"].iloc[-1], "to be changed")
+    mgr.annotate(rows["id"].iloc[-1], "changed after its save")
+    kept = set(mgr.list()["id"])
+    return mgr, {cid: weights for cid, weights in saved.items() if cid in kept}
+
+
+def test_a_lost_catalog_is_rebuilt_with_every_checkpoint(tmp_path: Path) -> None:
+    store = tmp_path / "exp"
+    mgr, saved = history(store)
+    before = mgr.list()
+    assert len(before) < 9 and before["branch"].nunique() == 2  # retention deleted, branched
+    mgr.close()
+    lose_catalog(store)
+
+    with pytest.warns(RuntimeWarning, match=rf"rebuilt from the store: {len(before)} "
+                                            r"checkpoints recovered; \d+ whose parent"):
+        again = CheckpointManager(store, max_to_keep=4, keep_best=1, metric="val_loss",
+                                  strategy="incremental", full_every=3)
+    after = again.list()
+    assert after[LISTED].equals(before[LISTED])  # the DAG, pins and notes included
+    assert after["best"].tolist() == before["best"].tolist()
+    assert after["created"].tolist() == before["created"].tolist()
+    for cid, weights in saved.items():
+        run = DigitsRun(seed=7)
+        again.restore(cid, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+        assert same(run.weights(), weights), cid
+    assert again.verify().ok
+    report = again.gc()
+    assert (report.packs_deleted, report.manifests_deleted, report.chunks_dropped) == (0, 0, 0)
+
+    run = DigitsRun(seed=8)
+    again.restore("latest", model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+    run.train_step()
+    new = again.save(run.model, run.optimizer, 2, scheduler=run.scheduler, step=10,
+                     metrics={"val_loss": 1.0})
+    rows = again.list().set_index("id")
+    assert rows.loc[new, "parent"] == after["id"].iloc[-1]
+    assert rows.loc[new, "strategy"] == "incremental"  # the chain goes on from the rebuild
+    assert before["id"][before["pinned"]].item() in rows.index  # retention kept the pin
+
+
+def test_a_pin_and_a_note_are_kept_in_the_store_until_their_checkpoint_goes(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    mgr = CheckpointManager(store)
+    first = mgr.save(digits.model, metrics={"val_loss": 1.0})
+    second = mgr.save(digits.model, metrics={"val_loss": 2.0})
+    mgr.pin(first)
+    mgr.annotate(second, "keep an eye on this one")
+    mgr.unpin(first)
+    mgr.pin(second)
+    assert sorted(p.name for p in (store / "labels").iterdir()) == \
+        sorted(f"{cid}.json" for cid in (first, second))
+    mgr.delete(first)
+    assert [p.name for p in (store / "labels").iterdir()] == [f"{second}.json"]
+    mgr.close()
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match="1 checkpoint recovered"):
+        rows = CheckpointManager(store).list()
+    assert rows[["id", "pinned", "note"]].values.tolist() == \
+        [[second, True, "keep an eye on this one"]]
+
+
+def test_what_is_not_whole_is_left_out_and_named(tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    mgr = CheckpointManager(store)
+    ids = []
+    for _ in range(4):
+        digits.train_step()
+        ids.append(mgr.save(digits.model, digits.optimizer))
+    mgr.close()
+    lose_catalog(store)
+    # The second save's pack cut short (its index gone), the third's manifest spoilt.
+    packs = sorted((store / "packs").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    second_pack = packs[1]
+    os.truncate(second_pack, second_pack.stat().st_size - 20)
+    (store / "manifests" / f"{ids[2]}.json.zst").write_bytes(b"not zstd")
+
+    with pytest.warns(RuntimeWarning) as caught:
+        again = CheckpointManager(store)
+    message = str(caught[0].message)
+    assert "2 checkpoints recovered" in message
+    assert f"pack packs/{second_pack.name}" in message and "cut short" in message
+    assert f"checkpoint {ids[1]} (its chunk" in message and "is in no pack" in message
+    assert f"checkpoint {ids[2]} (manifest of checkpoint {ids[2]} is unreadable" in message
+    rows = again.list()
+    assert rows["id"].tolist() == [ids[0], ids[3]]
+    assert rows["parent"].tolist() == [None, ids[0]]  # its parent gone, joined to the one before
+    assert again.verify().ok
+    run = DigitsRun(seed=5)
+    again.restore(ids[3], model=run.model, optimizer=run.optimizer)
+    assert same(run.weights(), digits.weights())
+
+
+def test_an_unreadable_catalog_is_refused_with_what_to_do(tmp_path: Path,
+                                                          digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    with CheckpointManager(store) as mgr:
+        cid = mgr.save(digits.model)
+    lose_catalog(store)
+    (store / "catalog.sqlite").write_bytes(os.urandom(8192))
+    with pytest.raises(StoreError, match="is unreadable .*move it aside") as caught:
+        CheckpointManager(store)
+    assert isinstance(caught.value, OSError)
+    (store / "catalog.sqlite").rename(store / "catalog.sqlite.bad")
+    with pytest.warns(RuntimeWarning, match="1 checkpoint recovered"):
+        assert CheckpointManager(store).list()["id"].tolist() == [cid]
+
+
+def test_the_cli_opens_a_store_whose_catalog_was_lost(tmp_path: Path, digits: DigitsRun,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "exp"
+    with CheckpointManager(store) as mgr:
+        cid = mgr.save(digits.model, step=7)
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match="rebuilt"):
+        assert cli(["ls", str(store)]) == 0
+    assert cid in capsys.readouterr().out
+    assert cli(["ls", str(tmp_path / "nothing-here")]) == 2  # a typo is still refused
+
+
+def test_an_object_store_opened_from_a_new_cache_has_its_checkpoints(
+        tmp_path: Path, digits: DigitsRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An object store's catalog lives in the machine's cache: a fresh runtime has none.
+    url = f"memory://ckpt-nb-rebuild-{uuid.uuid4().hex}"
+    monkeypatch.setenv("HOME", str(tmp_path / "first-machine"))
+    with CheckpointManager(FsspecStore(url), catalog=tmp_path / "first.sqlite") as mgr:
+        ids = [mgr.save(digits.model, step=s) for s in (1, 2)]
+        digits.train_step()
+        ids.append(mgr.save(digits.model, step=3))
+    with pytest.warns(RuntimeWarning, match="3 checkpoints recovered"):
+        again = CheckpointManager(FsspecStore(url), catalog=tmp_path / "second.sqlite")
+    assert again.list()["id"].tolist() == ids
+    run = DigitsRun(seed=9)
+    again.restore("latest", model=run.model)
+    assert same(run.weights(), digits.weights())
+    assert again.gc().packs_deleted == 0
