@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 
 from ._errors import (CaptureError, CorruptCheckpointError, StateMismatchError,
                       UntrustedPickleError)
@@ -238,6 +239,25 @@ class _Flattener:
         self._by_ptr: dict[tuple[str, int, int], int] = {}
         self._copy = copy_tensors
         self._trained = trained
+        self._open: set[int] = set()  # the containers being encoded, outermost first
+
+    def encode(self, value: Any, name: str) -> Any:
+        """A value as JSON that names its tensors' records (and pickles, if it must)."""
+        if not isinstance(value, _CONTAINERS):
+            return self._encode(value, name)
+        # A tree of values: a container met again on its own path would recurse forever,
+        # and one nested past the interpreter's stack would fail to decode as well.
+        if id(value) in self._open:
+            raise CaptureError(f"{name} contains itself (a reference cycle): a checkpoint "
+                               "holds trees of values; save a copy without the cycle")
+        if len(self._open) >= MAX_NESTING:
+            raise CaptureError(f"{name} is nested more than {MAX_NESTING} containers deep: "
+                               "save it flatter, or as bytes")
+        self._open.add(id(value))
+        try:
+            return self._encode(value, name)
+        finally:
+            self._open.discard(id(value))
 
     def tensor(self, t: torch.Tensor, name: str, *, requires_grad: bool = False,
                parameter: bool = False) -> dict[str, Any]:
@@ -318,7 +338,7 @@ class _Flattener:
         )
         return {"__pickle__": len(self.flat.storages) - 1}
 
-    def encode(self, value: Any, name: str) -> Any:
+    def _encode(self, value: Any, name: str) -> Any:
         if type(value) in _PLAIN_SEQUENCES and all(type(v) in _PLAIN for v in value):
             # (Python's RNG state is 625 ints: one check, not 625 calls)
             return list(value) if type(value) is list else {"__tuple__": list(value)}
@@ -341,6 +361,9 @@ class _Flattener:
         if isinstance(value, complex):
             return {"__complex__": [self.encode(value.real, name),
                                     self.encode(value.imag, name)]}
+        if isinstance(value, UninitializedTensorMixin):
+            raise CaptureError(f"{name} is not initialized yet (a lazy module that has not "
+                               "run): run one forward pass before saving")
         if isinstance(value, torch.Tensor):
             return self.tensor(value.detach(), name, requires_grad=value.requires_grad,
                                parameter=isinstance(value, torch.nn.Parameter))
@@ -389,13 +412,14 @@ class _Flattener:
             return {"__dict__": self._pairs(value, name)}
         return self.pickled(value, name)
 
-
     def _pairs(self, value: dict[Any, Any], name: str) -> list[list[Any]]:
         return [[self.encode(k, f"{name}/key"), self.encode(v, f"{name}/{k}")]
                 for k, v in value.items()]
 
 
 _PLAIN = {int, str, bool, type(None)}  # JSON as they are (floats may be nan or inf)
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+MAX_NESTING = 100  # containers within containers a value may hold
 # The dict types that come back as themselves (other subclasses come back dicts); a
 # defaultdict only with a built-in factory (another one is code, which is not stored).
 _DICT_KINDS: dict[type, str] = {OrderedDict: "OrderedDict", Counter: "Counter",
@@ -442,8 +466,9 @@ def trained_storages(objects: Iterable[Any]) -> set[tuple[str, int]]:
             tensors = (v for state in obj.state.values() for v in state.values())
         else:
             continue
-        found.update((str(t.device), t.untyped_storage().data_ptr())
-                     for t in tensors if isinstance(t, torch.Tensor))
+        found.update((str(t.device), t.untyped_storage().data_ptr()) for t in tensors
+                     if isinstance(t, torch.Tensor)
+                     and not isinstance(t, UninitializedTensorMixin))  # (refused in flatten)
     return found
 
 

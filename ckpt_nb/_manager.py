@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import math
+import numbers
 import os
 import time
 import uuid
@@ -317,8 +318,7 @@ class CheckpointManager:
             tree[name] = obj.state_dict()
             kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
         for key, value in (metrics or {}).items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise TypeError(f"metric {key!r} must be a number, not {type(value).__name__}")
+            _metric(key, value)
         rng_state = dict(rng) if isinstance(rng, Mapping) else \
             (RNGState().state_dict() if rng else None)
         flat = flatten({"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
@@ -342,7 +342,9 @@ class CheckpointManager:
         """Write captured state as a checkpoint (the second half of ``save``)."""
         strategy = strategy or self.strategy
         _check_choice("strategy", strategy, STRATEGIES)
-        metrics = {k: float(v) for k, v in (metrics or {}).items()}
+        metrics = {k: _metric(k, v) for k, v in (metrics or {}).items()}
+        if not isinstance(note, str):
+            raise TypeError(f"note must be a string, not {note!r}")
         with self._exclusive():
             parent_id = self.head if parent is ... else parent
             parent_row = self.catalog.get(parent_id) if parent_id else None
@@ -868,6 +870,8 @@ class CheckpointManager:
         return self.pin(which, False)
 
     def annotate(self, which: str, note: str) -> str:
+        if not isinstance(note, str):
+            raise TypeError(f"note must be a string, not {note!r}")
         cid = self.resolve(which)
         self._label(cid, note=note)
         return cid
@@ -1061,7 +1065,24 @@ def _opt_int(name: str, value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer or None, not {value!r}")
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"{name} must fit in 64 bits, not {value}")
     return int(value)
+
+
+def _metric(name: Any, value: Any) -> float:
+    """A metric's value as a float: a Python or NumPy number, or a one-element tensor
+    or array (``loss`` itself, not only ``loss.item()``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"metric names must be strings, not {name!r}")
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        count = value.numel() if isinstance(value, torch.Tensor) else value.size
+        if count != 1:
+            raise TypeError(f"metric {name!r} must be one number, not {count} of them")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"metric {name!r} must be a number, not {type(value).__name__}")
+    return float(value)
 
 
 def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:

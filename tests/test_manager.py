@@ -971,3 +971,55 @@ def test_store_files_never_use_manifest_names(tmp_path: Path) -> None:
                      "catalog.sqlite.lock", "ckpt_nb.json", "packs", "manifests"}
     assert mgr.load("latest").state["evil"]["/abs"] == 1
     assert not (tmp_path.parent / "escape").exists()
+
+
+def test_values_a_tree_cannot_hold_are_refused_by_name(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "exp")
+    model = torch.nn.Linear(2, 2)
+    looped: list = [1]
+    looped.append({"again": looped})
+    with pytest.raises(ckpt_nb.CaptureError, match=r"extra/history/1/again contains itself"):
+        mgr.save(model, extra={"history": looped})
+    deepest: list = []
+    for _ in range(ckpt_nb._capture.MAX_NESTING - 2):  # (and the innermost, and extra)
+        deepest = [deepest]
+    cid = mgr.save(model, extra={"deep": deepest})
+    assert mgr.restore(cid).extra == {"deep": deepest}
+    with pytest.raises(ckpt_nb.CaptureError, match="nested more than 100 containers deep"):
+        mgr.save(model, extra={"deep": [deepest]})
+    lazy = torch.nn.LazyLinear(3)
+    with pytest.raises(ckpt_nb.CaptureError, match=r"model/weight is not initialized yet .* "
+                                                   "run one forward pass"):
+        mgr.save(lazy)
+    lazy(torch.ones(1, 4))
+    restored = torch.nn.LazyLinear(3)
+    restored(torch.zeros(1, 4))
+    mgr.restore(mgr.save(lazy), model=restored)
+    assert torch.equal(restored.weight, lazy.weight)
+    assert mgr.list()["id"].tolist() == [cid, mgr.list()["id"].iloc[-1]]  # nothing else
+
+
+def test_metrics_take_any_one_number_and_bad_fields_are_refused(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "exp", keep_best=1, metric="loss")
+    model = torch.nn.Linear(2, 2)
+    loss = torch.nn.functional.mse_loss(model(torch.ones(3, 2)), torch.zeros(3, 2))
+    cid = mgr.save(model, metrics={"loss": loss, "acc": np.float32(0.75),
+                                   "lr": np.array([1e-3]), "epochs": np.int64(2)})
+    row = mgr.list().iloc[0]
+    assert (row["loss"], row["acc"], row["lr"], row["epochs"]) == \
+        (loss.item(), 0.75, 1e-3, 2.0)
+    assert mgr.resolve("best") == cid
+    for metrics, message in (({"loss": torch.ones(2)}, "one number, not 2 of them"),
+                             ({"loss": "low"}, "must be a number, not str"),
+                             ({"loss": torch.tensor(True)}, "must be a number, not bool"),
+                             ({1: 0.5}, "metric names must be strings")):
+        with pytest.raises(TypeError, match=message):
+            mgr.save(model, metrics=metrics)
+    with pytest.raises(ValueError, match="step must fit in 64 bits"):
+        mgr.save(model, step=1 << 64)
+    with pytest.raises(TypeError, match="note must be a string"):
+        mgr.save(model, note=5)
+    with pytest.raises(TypeError, match="note must be a string"):
+        mgr.annotate(cid, None)
+    assert mgr.list()["id"].tolist() == [cid]
+    assert mgr.gc().packs_deleted == 0  # the refused saves wrote nothing
