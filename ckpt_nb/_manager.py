@@ -694,6 +694,8 @@ class CheckpointManager:
             try:
                 return self.load(row.id, trust_pickle=trust_pickle, progress=progress,
                                  needed=needed)
+            except CheckpointNotFoundError:
+                continue  # deleted meanwhile: the one before it
             except CorruptCheckpointError as exc:
                 warnings.warn(f"skipping checkpoint {row.id}, which fails verification "
                               f"({exc}); trying the one before it", stacklevel=3)
@@ -710,9 +712,17 @@ class CheckpointManager:
         """
         cid = self.resolve(which)
         row = self.catalog.get(cid)
-        assert row is not None
-        manifest = self._manifest(cid)
-        storages = self._decode_storages(cid, manifest, progress)
+        try:
+            if row is None:
+                raise CheckpointNotFoundError(f"no checkpoint {cid!r}")
+            manifest = self._manifest(cid)
+            storages = self._decode_storages(cid, manifest, progress)
+        except CkptError:
+            if self.catalog.get(cid) is None:  # (a file it needed went with it)
+                raise CheckpointNotFoundError(
+                    f"checkpoint {cid} was deleted (by retention, here or in another "
+                    "process) while it was being read") from None
+            raise
         skeleton = manifest["state"]
         unloaded: list[str] = []
 

@@ -1023,3 +1023,42 @@ def test_metrics_take_any_one_number_and_bad_fields_are_refused(tmp_path: Path) 
         mgr.annotate(cid, None)
     assert mgr.list()["id"].tolist() == [cid]
     assert mgr.gc().packs_deleted == 0  # the refused saves wrote nothing
+
+
+class DeletedWhileRead(LocalStore):
+    """A store in which another manager deletes a checkpoint just as this one opens its
+    manifest: the moment, made certain, when retention elsewhere races a restore."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.before_read: Callable[[str], None] = lambda key: None
+
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        self.before_read(key)
+        return super().get(key, start, end)
+
+
+def test_a_checkpoint_deleted_while_it_is_read_is_not_called_corrupt(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    writer = CheckpointManager(tmp_path / "exp")
+    older = writer.save(digits.model, step=1)
+    digits.train_step()
+    newer = writer.save(digits.model, step=2)
+    store = DeletedWhileRead(tmp_path / "exp")
+    reader = CheckpointManager(store, catalog=tmp_path / "exp" / "catalog.sqlite")
+
+    def delete_first(key: str) -> None:
+        if key.startswith("manifests/"):
+            store.before_read = lambda key: None
+            writer.delete(key.removeprefix("manifests/").removesuffix(".json.zst"))
+
+    store.before_read = delete_first
+    with pytest.raises(CheckpointNotFoundError, match=f"checkpoint {newer} was deleted .* "
+                                                      "while it was being read"):
+        reader.restore(newer, model=DigitsRun(seed=4).model)
+    store.before_read = delete_first
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not "fails verification": it is gone, not bad
+        with pytest.raises(CheckpointNotFoundError, match="has no checkpoints yet"):
+            reader.restore("latest", model=DigitsRun(seed=4).model)
+    assert writer.list().empty and older not in reader.list()["id"].tolist()
