@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ._capture import Unflattener, flatten
-from ._errors import CkptError, UntrustedPickleError
+from ._errors import CkptError, CorruptCheckpointError, UntrustedPickleError
 
 if TYPE_CHECKING:
     from ._manager import Checkpoint
@@ -122,11 +122,15 @@ def _write_safetensors(payload: dict[str, Any], tmp: str) -> None:
 
 
 def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = (f.metadata() or {}).get("ckpt_nb")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = (f.metadata() or {}).get("ckpt_nb")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except SafetensorError as exc:
+        raise CorruptCheckpointError(f"{path} cannot be read as a safetensors file: "
+                                     f"{exc}") from exc
     if meta is None:
         return {"model": tensors}
     meta = json.loads(meta)
@@ -143,13 +147,27 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
 
 
 def _read_torch(path: Path, trust_pickle: bool) -> Any:
+    with open(path, "rb") as f:
+        head = f.read(2)
+    # torch.save writes a zip archive (or, before torch 1.6, a pickle): anything else
+    # is not one, whatever torch.load's refusal would suggest (trusting it).
+    if head != b"PK" and head[:1] != b"\x80":
+        raise CorruptCheckpointError(f"{path} is not a torch.save file (neither a zip "
+                                     "archive nor a pickle)")
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as exc:
+        if trust_pickle:
+            raise CorruptCheckpointError(f"{path} does not unpickle: {exc}") from exc
         raise UntrustedPickleError(
             f"{path} holds objects other than tensors and plain data, and loading them "
             f"could run code: pass trust_pickle=True if you trust the file ({exc})"
         ) from exc
+    except PermissionError:
+        raise
+    except (RuntimeError, OSError) as exc:  # torch's zip reader: a file cut short or damaged
+        raise CorruptCheckpointError(f"{path} cannot be read as a torch.save file: "
+                                     f"{exc}") from exc
 
 
 def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Checkpoint:

@@ -949,6 +949,27 @@ def test_export_and_import(tmp_path: Path, digits: DigitsRun) -> None:
         mgr.export(cid, tmp_path / "model.zip")
 
 
+def test_a_file_that_is_not_a_checkpoint_is_called_so_not_untrusted(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path / "store")
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    with pytest.raises(CorruptCheckpointError, match="is not a torch.save file"):
+        mgr.import_file(tmp_path / "notes.pt")  # (it used to say: pass trust_pickle=True)
+    torch.save(digits.model.state_dict(), tmp_path / "whole.pt")
+    data = (tmp_path / "whole.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptCheckpointError, match="cannot be read as a torch.save file"):
+        mgr.import_file(tmp_path / "cut.pt")
+    (tmp_path / "pickle.pt").write_bytes(b"\x80\x02garbage")
+    with pytest.raises(CorruptCheckpointError, match="does not unpickle"):
+        mgr.import_file(tmp_path / "pickle.pt", trust_pickle=True)
+    (tmp_path / "cut.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(CorruptCheckpointError, match="cannot be read as a safetensors file"):
+        mgr.restore(tmp_path / "cut.safetensors", model=digits.model)
+    assert mgr.list().empty
+    assert mgr.import_file(tmp_path / "whole.pt") in mgr.list()["id"].tolist()
+
+
 def test_threads_and_codecs_agree(tmp_path: Path) -> None:
     state = {"w": torch.randn(300_000), "h": torch.randn(1000).half()}
     stored = {}
