@@ -33,7 +33,7 @@ from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflatten
                        has_pickle, load_all, trained_storages)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError)
+                      CorruptCheckpointError, StoreError)
 from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id_of,
                       label_key, manifest_key, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
@@ -202,7 +202,12 @@ class CheckpointManager:
         found: list[Rebuilt] = []
 
         def read_store() -> Rebuilt:
-            found.append(rebuild(self.store))
+            try:
+                found.append(rebuild(self.store))
+            except OSError as exc:
+                raise StoreError(f"the catalog of {self.store.url} is missing, and reading "
+                                 f"the store to rebuild it failed ({exc}); nothing was "
+                                 "changed: open it again") from exc
             return found[-1]
 
         catalog = Catalog(path, seed=read_store)

@@ -13,6 +13,10 @@ would have shown none and let the next ``gc()`` delete them all:
   bases included, is in some pack;
 - pins and notes changed after a save, from the labels the manager writes.
 
+What is damaged (a pack cut short, a manifest that does not decode) is left
+out and named; a read that fails for another reason (a network error) fails
+the rebuild, so that nothing whole is left out for a later ``gc()`` to delete.
+
 Deleting a checkpoint joins its children to its parent in the catalog, while
 their manifests keep naming it: such a child is joined to the newest earlier
 checkpoint of its branch, which is that parent on a branch that retention
@@ -63,7 +67,7 @@ def rebuild(store: Store) -> Rebuilt:
         try:
             blob = store.get(key)
             manifest = decode_manifest(blob, cid)
-        except (CorruptCheckpointError, OSError) as exc:
+        except (CorruptCheckpointError, FileNotFoundError) as exc:
             found.left_out.append(f"checkpoint {cid} ({exc})")
             continue
         flaw = _flaw(manifest, cid, chunks)
@@ -113,7 +117,7 @@ def _chunks(store: Store, left_out: list[str]) -> dict[str, ChunkRow]:
             continue
         try:
             rows = read_pack_index(store, key)
-        except (CorruptCheckpointError, ValueError, TypeError, OSError) as exc:
+        except (CorruptCheckpointError, ValueError, TypeError, FileNotFoundError) as exc:
             left_out.append(f"pack {key} ({exc})")
             continue
         for row in rows:
@@ -153,13 +157,13 @@ def _label(store: Store, cid: str, left_out: list[str]) -> dict[str, Any]:
     """What a checkpoint was given after it was saved: a pin, a note, a new parent."""
     key = label_key(cid)
     try:
-        if not store.has(key):
-            return {}
         label = json.loads(store.get(key))
         if isinstance(label, dict):
             return label
         reason = "not a JSON object"
-    except (ValueError, OSError) as exc:
+    except FileNotFoundError:
+        return {}  # never pinned, annotated nor re-parented
+    except ValueError as exc:
         reason = str(exc)
     left_out.append(f"the pin and note of checkpoint {cid} ({reason})")
     return {}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import DigitsRun, same
 
-from ckpt_nb import CheckpointManager, FsspecStore, StoreError
+from ckpt_nb import CheckpointManager, FsspecStore, LocalStore, StoreError
 from ckpt_nb.cli import main as cli
 
 LISTED = ["id", "parent", "branch", "step", "epoch", "batch_idx", "strategy", "pinned", "note",
@@ -184,3 +184,31 @@ def test_an_object_store_opened_from_a_new_cache_has_its_checkpoints(
     again.restore("latest", model=run.model)
     assert same(run.weights(), digits.weights())
     assert again.gc().packs_deleted == 0
+
+
+class FlakyStore(LocalStore):
+    """A store whose reads fail for a while, as a network does: the one failure we
+    cannot make real here."""
+
+    failing = True
+
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        if self.failing and key.startswith("manifests/"):
+            raise ConnectionResetError("connection reset by peer")
+        return super().get(key, start, end)
+
+
+def test_a_rebuild_that_cannot_read_the_store_changes_nothing(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    with CheckpointManager(store) as mgr:
+        ids = [mgr.save(digits.model, step=s) for s in (1, 2)]
+    lose_catalog(store)
+    flaky = FlakyStore(store)
+    with pytest.raises(StoreError, match="reading the store to rebuild it failed .*"
+                                         "connection reset.*open it again"):
+        CheckpointManager(flaky, catalog=store / "catalog.sqlite")
+    flaky.failing = False  # (not two checkpoints left out, for a gc to delete)
+    with pytest.warns(RuntimeWarning, match="2 checkpoints recovered"):
+        again = CheckpointManager(flaky, catalog=store / "catalog.sqlite")
+    assert again.list()["id"].tolist() == ids
