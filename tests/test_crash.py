@@ -6,9 +6,10 @@ After the kill the store must open; list only checkpoints the worker committed
 (plus at most the one save in flight, committed to the catalog but not yet
 logged); have kept the newest ones retention promised; restore each
 bit-exactly; verify; give them all back from the store alone, were its catalog
-lost; and survive a gc that leaves no temporaries and no unreferenced packs. ``CKPT_NB_CRASH_TRIALS=N`` runs N trials of each test
-(a soak); on failure the message names the seed, and the trial's store is left
-in pytest's temporary directory.
+lost; and survive a gc that leaves no temporaries and no unreferenced packs.
+``CKPT_NB_CRASH_TRIALS=N`` runs N trials of each test (a soak); on failure the
+message names the seed, and the trial's store is left in pytest's temporary
+directory.
 """
 
 from __future__ import annotations
