@@ -239,7 +239,7 @@ class _Flattener:
         self._by_ptr: dict[tuple[str, int, int], int] = {}
         self._copy = copy_tensors
         self._trained = trained
-        self._open: set[int] = set()  # the containers being encoded, outermost first
+        self._open: set[int] = set()  # ids of the containers on the path being encoded
 
     def encode(self, value: Any, name: str) -> Any:
         """A value as JSON that names its tensors' records (and pickles, if it must)."""

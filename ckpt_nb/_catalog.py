@@ -27,7 +27,8 @@ CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
     """Whether a location holds a store: a URL is taken on trust (asking costs a round
-    trip), a local folder must hold a catalog. Lets callers refuse a typo before
+    trip), a local folder must hold a catalog or a format stamp (a store whose catalog
+    was lost, which opens rebuilt). Lets callers refuse a typo before
     ``CheckpointManager`` would create an empty store there."""
     from ._format import FORMAT_KEY  # (the format module builds on this one)
 
