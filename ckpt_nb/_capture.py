@@ -700,11 +700,31 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
     return problems
 
 
-def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True) -> None:
+def _other_kind(name: str, obj: Any, saved: str | None) -> str | None:
+    """Why an optimizer or scheduler cannot take the state of another class: torch's
+    load_state_dict does, then SGD given Adam's state fails at its next step (its
+    groups have no momentum), AdamW given Adam's runs Adam (no decoupled decay)."""
+    if saved is None or "." not in saved or not isinstance(obj, _CHECKED_KINDS):
+        return None  # (not known: a file imported from elsewhere)
+    saved_class, live_class = saved.rsplit(".", 1)[-1], type(obj).__name__
+    if saved_class == live_class:
+        return None
+    return (f"{name}: its state in the checkpoint is {saved_class}'s, the live object is "
+            f"{live_class}: restore into {saved_class}, or take the state from load() and "
+            "convert it")
+
+
+_CHECKED_KINDS = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+
+
+def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True,
+             kinds: Mapping[str, str] | None = None) -> None:
     """Validate every target against its state, then load them all or none.
 
-    Modules and optimizers are checked structurally before anything changes;
-    other Statefuls are backed up and put back if one of them refuses.
+    Modules and optimizers are checked structurally before anything changes, and
+    an optimizer or LR scheduler against the class its state was saved from
+    (``kinds``, where known); other Statefuls are backed up and put back if one
+    of them refuses.
     """
     problems: list[str] = []
     for name, obj in targets.items():
@@ -712,6 +732,8 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
             problems.append(f"{name}: not in the checkpoint (it holds {sorted(states)})")
         elif not isinstance(obj, Stateful):
             problems.append(f"{name}: {type(obj).__name__} has no load_state_dict()")
+        elif (other := _other_kind(name, obj, (kinds or {}).get(name))) is not None:
+            problems.append(other)
         elif isinstance(obj, torch.nn.Module):
             problems += check_module(name, obj, states[name], strict)
         elif isinstance(obj, torch.optim.Optimizer):

@@ -77,6 +77,8 @@ class Checkpoint:
     pinned: bool
     state: dict[str, Any] = field(default_factory=dict)
     rng: dict[str, Any] | None = None
+    kinds: dict[str, str] = field(default_factory=dict)
+    """The class of each object whose state was saved ("torch.optim.adam.Adam")."""
 
     def __repr__(self) -> str:
         where = ", ".join(f"{k}={v}" for k, v in
@@ -681,7 +683,7 @@ class CheckpointManager:
             ck = read_file(path, trust_pickle=trust_pickle)
         else:
             ck = self._load_verified(path, trust_pickle, progress, targets)
-        load_all(targets, ck.state, strict=strict)
+        load_all(targets, ck.state, strict=strict, kinds=ck.kinds)
         for name in targets:
             ck.state.pop(name)
         if rng and ck.rng is not None:
@@ -752,7 +754,7 @@ class CheckpointManager:
             id=cid, parent=row.parent, branch=row.branch, created=row.created_at,
             step=row.step, epoch=row.epoch, batch_idx=row.batch_idx, metrics=row.metrics,
             extra=extra, strategy=row.strategy, note=row.note, pinned=row.pinned,
-            state=objects, rng=rng)
+            state=objects, rng=rng, kinds=dict(skeleton.get("types") or {}))
 
     # -- inspecting -------------------------------------------------------------------------
     def list(self, *, branch: str | None = None) -> Any:
@@ -1036,6 +1038,8 @@ class CheckpointManager:
         ck = read_file(path, trust_pickle=trust_pickle)
         holders = {name: _StateHolder(state) for name, state in ck.state.items()}
         flat = self.capture(holders, metrics=ck.metrics, extra=ck.extra, rng=False)
+        # (the holders' class says nothing of the state's: a file does not say it either)
+        flat.skeleton["types"] = {name: ck.kinds.get(name, "imported") for name in holders}
         return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
                                metrics=ck.metrics, strategy="full", parent=None,
                                note=note if note is not None else f"imported from {path}")

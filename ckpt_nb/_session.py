@@ -399,7 +399,7 @@ class AutoSession:
         """Load a checkpoint into the live objects and variables (RNG aside)."""
         found = self.rediscover()
         targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
-        load_all(targets, ck.state)
+        load_all(targets, ck.state, kinds=ck.kinds)
         run = ck.extra.get(RUN_KEY)
         run = run if isinstance(run, dict) else {}
         for name, value in run.get("variables", {}).items():

@@ -1083,3 +1083,32 @@ def test_a_checkpoint_deleted_while_it_is_read_is_not_called_corrupt(
         with pytest.raises(CheckpointNotFoundError, match="has no checkpoints yet"):
             reader.restore("latest", model=DigitsRun(seed=4).model)
     assert writer.list().empty and older not in reader.list()["id"].tolist()
+
+
+def test_an_optimizer_or_scheduler_of_another_class_is_refused(tmp_path: Path,
+                                                                digits: DigitsRun) -> None:
+    mgr = CheckpointManager(tmp_path / "exp")
+    digits.train_step()
+    cid = mgr.save(digits.model, digits.optimizer, scheduler=digits.scheduler)  # AdamW, StepLR
+    run = DigitsRun(seed=2)
+    before = run.weights()
+    sgd = torch.optim.SGD(run.model.parameters(), lr=0.1, momentum=0.9)
+    adam = torch.optim.Adam(run.model.parameters())
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(run.optimizer, 10)
+    # torch's load_state_dict takes them all: SGD then fails at its next step (its groups
+    # lost "momentum"), Adam runs without AdamW's decoupled weight decay.
+    for optimizer, scheduler, message in (
+            (sgd, None, "optimizer: its state in the checkpoint is AdamW's, the live object "
+                        "is SGD: restore into AdamW"),
+            (adam, None, "optimizer: .* is AdamW's, the live object is Adam:"),
+            (run.optimizer, cosine, "scheduler: .* is StepLR's, the live object is "
+                                    "CosineAnnealingLR")):
+        with pytest.raises(StateMismatchError, match=message):
+            mgr.restore(cid, model=run.model, optimizer=optimizer, scheduler=scheduler)
+        assert same(run.weights(), before)  # nothing was changed
+    assert sgd.param_groups[0]["momentum"] == 0.9
+    mgr.restore(cid, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+    assert same(run.weights(), digits.weights())
+    assert mgr.load(cid).kinds == {"model": "torch.nn.modules.container.Sequential",
+                                   "optimizer": "torch.optim.adamw.AdamW",
+                                   "scheduler": "torch.optim.lr_scheduler.StepLR"}
