@@ -19,6 +19,7 @@ import re
 import sys
 import tempfile
 import threading
+import urllib.parse
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -570,10 +571,19 @@ def open_store(location: str | os.PathLike[str] | Store, **options: object) -> S
     if "://" not in text:
         return LocalStore(text, **options)  # type: ignore[arg-type]
     if text.startswith("file://"):
-        return LocalStore(text[len("file://") :], **options)  # type: ignore[arg-type]
+        return LocalStore(file_url_path(text), **options)  # type: ignore[arg-type]
     if text == "memory://":
         return MemoryStore()
     return FsspecStore(text, **options)
+
+
+def file_url_path(url: str) -> Path:
+    """The path a file:// URL names, its %-escapes decoded, so that a local store's own
+    ``url`` (``Path.as_uri()``, which escapes a space as %20) opens that store again;
+    ``file://runs/exp`` is taken as the relative path it was meant as."""
+    parsed = urllib.parse.urlparse(url)
+    host = "" if parsed.netloc == "localhost" else parsed.netloc
+    return Path(urllib.parse.unquote(host + parsed.path))
 
 
 def local_root(store: Store) -> Path | None:

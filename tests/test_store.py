@@ -98,6 +98,18 @@ def test_open_store_picks_backends(tmp_path: Path) -> None:
     assert open_store(plain) is plain
 
 
+def test_a_local_store_reopens_from_its_own_url(tmp_path: Path) -> None:
+    from ckpt_nb._session import store_url
+
+    folder = tmp_path / "runs 100% é" / "exp"
+    store = open_store(folder)
+    assert store.url == folder.as_uri() and "%20" in store.url  # a space is escaped
+    again = open_store(store.url)
+    assert isinstance(again, LocalStore) and again.root == folder
+    assert store_url(store.url) == store_url(folder) == store.url  # one key for the session
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs 100% é"]
+
+
 def test_open_store_expands_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     store = open_store("~/runs")
