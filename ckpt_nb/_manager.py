@@ -213,7 +213,8 @@ class CheckpointManager:
             return found[-1]
 
         catalog = Catalog(path, seed=read_store)
-        if found and (found[0].checkpoints or found[0].left_out):
+        # (an in-memory catalog, for a memory:// store, is read from its store every time)
+        if found and (found[0].checkpoints or found[0].left_out) and path != ":memory:":
             warnings.warn(f"the catalog of {self.store.url} was missing, so it was rebuilt "
                           f"from the store: {found[0].summary()}", RuntimeWarning, stacklevel=3)
         return catalog

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,16 @@ def test_a_rebuild_that_cannot_read_the_store_changes_nothing(
     with pytest.warns(RuntimeWarning, match="2 checkpoints recovered"):
         again = CheckpointManager(flaky, catalog=store / "catalog.sqlite")
     assert again.list()["id"].tolist() == ids
+
+
+def test_a_memory_store_opened_again_has_its_checkpoints_without_a_warning(
+        digits: DigitsRun) -> None:
+    # Its catalog lives in memory, so each manager reads the store: nothing was lost.
+    url = f"memory://ckpt-nb-rebuild-{uuid.uuid4().hex}"
+    first = CheckpointManager(url)
+    cid = first.save(digits.model, step=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = CheckpointManager(url)
+    assert second.list()["id"].tolist() == [cid]
+    assert second.gc().packs_deleted == 0
