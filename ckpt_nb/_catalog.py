@@ -171,10 +171,7 @@ class Catalog:
                 self._set_meta("schema_version", str(SCHEMA_VERSION))
                 self._set_meta("created_at", str(time.time()))
                 if seed is not None:
-                    start = seed()
-                    self._insert_chunks(db, start.chunks)
-                    for row in start.checkpoints:
-                        self._insert(db, row, (), start.refs.get(row.id, ()))
+                    self._seed(db, seed())
             elif int(found) > SCHEMA_VERSION:
                 raise StoreFormatError(
                     f"catalog {self.path} has format {found}, newer than this ckpt_nb "
@@ -184,6 +181,13 @@ class Catalog:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def reseed(self, start: Seed) -> None:
+        """Replace every checkpoint and chunk row with ``start``, in one transaction."""
+        with self.transaction() as db:
+            for table in ("refs", "chunks", "checkpoints", "branches"):
+                db.execute(f"DELETE FROM {table}")
+            self._seed(db, start)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -242,6 +246,12 @@ class Catalog:
         """Make a checkpoint visible: chunks, refs, row and branch tip in one transaction."""
         with self.transaction() as db:
             self._insert(db, row, new_chunks, refs)
+
+    @classmethod
+    def _seed(cls, db: sqlite3.Connection, start: Seed) -> None:
+        cls._insert_chunks(db, start.chunks)
+        for row in start.checkpoints:
+            cls._insert(db, row, (), start.refs.get(row.id, ()))
 
     @staticmethod
     def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow]) -> None:

@@ -200,23 +200,33 @@ class CheckpointManager:
 
     def _open_catalog(self, path: str) -> Catalog:
         """The store's catalog; one that is not there is rebuilt from the store, with a
-        warning (an empty one would show no checkpoints, and gc would delete them)."""
+        warning (an empty one would show no checkpoints, and gc would delete them). So
+        is the cached catalog of a store elsewhere (an object store's) that no longer
+        lists what the store holds: another machine saved or deleted there, and gc would
+        delete what it saved."""
         found: list[Rebuilt] = []
 
         def read_store() -> Rebuilt:
             try:
                 found.append(rebuild(self.store))
             except OSError as exc:
-                raise StoreError(f"the catalog of {self.store.url} is missing, and reading "
-                                 f"the store to rebuild it failed ({exc}); nothing was "
-                                 "changed: open it again") from exc
+                raise StoreError(f"the catalog of {self.store.url} is missing or stale, and "
+                                 f"reading the store to rebuild it failed ({exc}); nothing "
+                                 "was changed: open it again") from exc
             return found[-1]
 
         catalog = Catalog(path, seed=read_store)
+        why = "was missing"
+        if not found and local_root(self.store) is None and path != ":memory:":
+            stored = {id_of(key) for key in self.store.list("manifests")} - {None}
+            if stored != {row.id for row in catalog.checkpoints()}:
+                why = "no longer matched the store (it was written from elsewhere)"
+                with self._exclusive():
+                    catalog.reseed(read_store())
         # (an in-memory catalog, for a memory:// store, is read from its store every time)
         if found and (found[0].checkpoints or found[0].left_out) and path != ":memory:":
-            warnings.warn(f"the catalog of {self.store.url} was missing, so it was rebuilt "
-                          f"from the store: {found[0].summary()}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"the catalog of {self.store.url} {why}, so it was rebuilt from "
+                          f"the store: {found[0].summary()}", RuntimeWarning, stacklevel=3)
         return catalog
 
     @contextlib.contextmanager

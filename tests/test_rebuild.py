@@ -226,3 +226,31 @@ def test_a_memory_store_opened_again_has_its_checkpoints_without_a_warning(
         second = CheckpointManager(url)
     assert second.list()["id"].tolist() == [cid]
     assert second.gc().packs_deleted == 0
+
+
+def test_an_object_stores_cached_catalog_is_rebuilt_when_another_machine_wrote(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    # Two runtimes, one object store, a catalog cached on each (catalog=): the first
+    # saves, the second resumes and trains on (retention deleting), then the first opens
+    # the store again from its old cache, whose gc would delete the second's work.
+    url = f"memory://ckpt-nb-stale-{uuid.uuid4().hex}"
+    laptop, runtime = tmp_path / "laptop.sqlite", tmp_path / "runtime.sqlite"
+    with CheckpointManager(FsspecStore(url), catalog=laptop) as first:
+        old = [first.save(digits.model, step=s) for s in (1, 2)]
+    with pytest.warns(RuntimeWarning, match="was missing"):
+        second = CheckpointManager(FsspecStore(url), catalog=runtime, max_to_keep=2)
+    second.restore("latest", model=digits.model)
+    digits.train_step()
+    new = second.save(digits.model, step=3)
+    second.close()
+    with pytest.warns(RuntimeWarning, match="no longer matched the store .* 2 checkpoints"):
+        again = CheckpointManager(FsspecStore(url), catalog=laptop)
+    assert again.list()["id"].tolist() == [old[1], new]
+    assert again.gc().packs_deleted == 0
+    run = DigitsRun(seed=11)
+    again.restore(new, model=run.model)
+    assert same(run.weights(), digits.weights())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in step with the store now: no rebuild
+        assert CheckpointManager(FsspecStore(url), catalog=laptop).list()["id"].tolist() == \
+            [old[1], new]
