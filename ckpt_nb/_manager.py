@@ -955,6 +955,8 @@ class CheckpointManager:
             recent = {r.id for r in rows[-self.max_to_keep:]} if self.max_to_keep else set()
             self._drop([r.id for r in rows if r.id not in protected | recent])
         if self.max_bytes is not None:
+            if self.stored_bytes() > self.max_bytes:
+                self._gc_locked()  # (a crashed save's orphans count, and are no checkpoint)
             for row in self.catalog.checkpoints():
                 if self.stored_bytes() <= self.max_bytes:
                     break

@@ -342,6 +342,20 @@ def test_byte_budget(tmp_path: Path) -> None:
     assert list(mgr.list()["step"])[-1] == 5
 
 
+def test_a_crashed_saves_leftovers_cost_no_checkpoint_its_place_in_the_budget(
+        tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, codec="none")
+    for i in range(2):
+        mgr.save(Holder({"w": torch.randn(25_000)}), step=i)  # ~100 kB each
+    pack = next((tmp_path / "packs").iterdir())
+    (tmp_path / "packs" / f"{'0' * 32}.pack").write_bytes(pack.read_bytes())  # an orphan
+    mgr.close()
+    budget = CheckpointManager(tmp_path, max_bytes=340_000, codec="none")
+    budget.save(Holder({"w": torch.randn(25_000)}), step=2)  # fits, once the orphan goes
+    assert list(budget.list()["step"]) == [0, 1, 2]
+    assert budget.stored_bytes() <= 340_000
+
+
 def test_rollback_then_save_branches(tmp_path: Path, digits: DigitsRun) -> None:
     mgr = CheckpointManager(tmp_path)
     a = mgr.save(digits.model, step=1)
