@@ -111,6 +111,19 @@ class CheckpointRow:
         return cls(**data)
 
 
+class _Closed:
+    """Stands in for a closed database, so that using it says what happened (sqlite3's
+    own "Cannot operate on a closed database" names no file and no way out)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreError(f"the catalog {self.path} was closed (CheckpointManager.close(), or "
+                         "the end of its with block): open the store again with a new "
+                         "CheckpointManager")
+
+
 @dataclass
 class Seed:
     """What a new catalog starts with: checkpoints in the order they were made, the
@@ -179,8 +192,11 @@ class Catalog:
                 )
 
     def close(self) -> None:
+        """Close the database; any later use raises a StoreError that says so."""
         with self._lock:
-            self._db.close()
+            if not isinstance(self._db, _Closed):
+                self._db.close()
+                self._db = _Closed(self.path)  # type: ignore[assignment]
 
     def reseed(self, start: Seed) -> None:
         """Replace every checkpoint and chunk row with ``start``, in one transaction."""

@@ -272,8 +272,11 @@ class CheckpointManager:
         self.close()
 
     def __repr__(self) -> str:
-        count = len(self.catalog.checkpoints())
-        return f"CheckpointManager({self.store.url!r}, {count} checkpoints)"
+        try:
+            count = f"{len(self.catalog.checkpoints())} checkpoints"
+        except StoreError:
+            count = "closed"
+        return f"CheckpointManager({self.store.url!r}, {count})"
 
     def add_listener(self, callback: Callable[[str, str], None]) -> None:
         """Call ``callback(event, checkpoint_id)`` after each save, delete or restore."""

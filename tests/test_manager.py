@@ -1126,3 +1126,14 @@ def test_an_optimizer_or_scheduler_of_another_class_is_refused(tmp_path: Path,
     assert mgr.load(cid).kinds == {"model": "torch.nn.modules.container.Sequential",
                                    "optimizer": "torch.optim.adamw.AdamW",
                                    "scheduler": "torch.optim.lr_scheduler.StepLR"}
+
+
+def test_a_closed_manager_says_so(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path / "exp") as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+    mgr.close()  # (twice is fine)
+    assert repr(mgr).endswith(", closed)")
+    for use in (mgr.list, lambda: mgr.save(torch.nn.Linear(2, 2)), lambda: mgr.load(cid)):
+        with pytest.raises(ckpt_nb.StoreError, match="was closed .* new CheckpointManager"):
+            use()
+    assert CheckpointManager(tmp_path / "exp").list()["id"].tolist() == [cid]
