@@ -37,7 +37,7 @@ from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
 from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id_of,
                       label_key, manifest_key, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
-from ._rebuild import Rebuilt, rebuild
+from ._rebuild import Rebuilt, guessed_parents, rebuild
 from ._save_pipeline import Memo, SavePipeline
 from ._store import Store, local_root, open_store
 
@@ -922,11 +922,11 @@ class CheckpointManager:
         """Label the checkpoints whose parent was just deleted with their new one, where
         a rebuilt catalog would not guess it (see ``_rebuild``): a branch's first
         checkpoint, whose fork point is gone."""
-        newest_of_branch: dict[str, str] = {}
-        for row in self.catalog.checkpoints():
-            if row.id in children and row.parent != newest_of_branch.get(row.branch):
+        rows = self.catalog.checkpoints()
+        guesses = guessed_parents((row.id, row.branch) for row in rows)
+        for row in rows:
+            if row.id in children and row.parent != guesses[row.id]:
                 self._label(row.id)
-            newest_of_branch[row.branch] = row.id
 
     def delete(self, which: str, *, force: bool = False) -> None:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it."""

@@ -27,6 +27,7 @@ deleted) the manager labelled the child with its new parent.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +78,7 @@ def rebuild(store: Store) -> Rebuilt:
             found.left_out.append(f"checkpoint {cid} ({flaw})")
     manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))
 
-    newest_of_branch: dict[str, str] = {}
+    guesses = guessed_parents((manifest["id"], manifest["branch"]) for manifest, _ in manifests)
     counted: set[str] = set()
     for manifest, blob in manifests:
         cid, branch = manifest["id"], manifest["branch"]
@@ -86,8 +87,7 @@ def rebuild(store: Store) -> Rebuilt:
         parent = manifest.get("parent")
         if parent is not None and parent not in found.refs:
             labelled = label.get("parent", parent)
-            parent = labelled if labelled is None or labelled in found.refs else \
-                newest_of_branch.get(branch)
+            parent = labelled if labelled is None or labelled in found.refs else guesses[cid]
             found.rejoined.append(cid)
         first_stored = set(refs) - counted
         counted |= first_stored
@@ -104,9 +104,20 @@ def rebuild(store: Store) -> Rebuilt:
             manifest_digest=codec.digest(blob))
         found.checkpoints.append(row)
         found.refs[cid] = refs
-        newest_of_branch[branch] = cid
     found.chunks = list(chunks.values())
     return found
+
+
+def guessed_parents(checkpoints: Iterable[tuple[str, str]]) -> dict[str, str | None]:
+    """The parent a rebuild gives a checkpoint whose own was deleted: the newest earlier
+    one of its branch. ``checkpoints`` are (id, branch), oldest first; the manager
+    labels a checkpoint whose real parent differs."""
+    newest_of_branch: dict[str, str] = {}
+    guesses: dict[str, str | None] = {}
+    for cid, branch in checkpoints:
+        guesses[cid] = newest_of_branch.get(branch)
+        newest_of_branch[branch] = cid
+    return guesses
 
 
 def _chunks(store: Store, left_out: list[str]) -> dict[str, ChunkRow]:
