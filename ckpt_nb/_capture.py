@@ -3,8 +3,9 @@
 State is a tree of dicts, lists and scalars with tensors at the leaves (what
 ``state_dict()`` returns). ``flatten`` splits it into a JSON skeleton and the
 raw bytes of each distinct tensor storage, so tensors that share memory (tied
-weights, views) are stored once and come back sharing it. Values that are
-neither JSON nor tensors are pickled, and unpickled only on explicit trust.
+weights, views) are stored once and come back sharing it. Common value types
+(NumPy's, sets, bytes, paths, dates: ``_stdlib_values``) are stored as JSON as
+well; the rest are pickled, and unpickled only on explicit trust.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from torch.nn.parameter import UninitializedTensorMixin
 
+from . import _stdlib_values as stdlib_values
 from ._errors import (CaptureError, CorruptCheckpointError, StateMismatchError,
                       UntrustedPickleError)
 
@@ -410,7 +412,8 @@ class _Flattener:
             return {k: self.encode(v, f"{name}/{k}") for k, v in value.items()}
         if isinstance(value, dict):
             return {"__dict__": self._pairs(value, name)}
-        return self.pickled(value, name)
+        node = stdlib_values.encode(value) if type(value) in stdlib_values.TYPES else None
+        return node if node is not None else self.pickled(value, name)
 
     def _pairs(self, value: dict[Any, Any], name: str) -> list[list[Any]]:
         return [[self.encode(k, f"{name}/key"), self.encode(v, f"{name}/{k}")]
@@ -578,6 +581,9 @@ class Unflattener:
             if dict_type is None:
                 raise CorruptCheckpointError(f"{name or 'a dict'}: unknown dict type {kind!r}")
             return dict_type(pairs)
+        if not stdlib_values.TAGS.isdisjoint(value):
+            tag = next(t for t in value if t in stdlib_values.TAGS)
+            return stdlib_values.decode(value, tag, name)
         if "__pickle__" in value:
             if not self.trust_pickle:
                 if self.on_pickle is not None:

@@ -3,8 +3,9 @@
 Statefuls (modules, optimizers, schedulers, scalers, anything with
 ``state_dict``/``load_state_dict``) are tracked as objects and restored in
 place. Plain variables that can be stored without pickling (numbers,
-strings, bytes, containers of them, NumPy arrays, tensors, generators,
-DataFrames) are captured by value. Everything else is skipped, with the reason said once.
+strings, bytes, paths, dates and times, containers of them, NumPy arrays,
+tensors, generators, DataFrames) are captured by value. Everything else is
+skipped, with the reason said once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _stdlib_values as stdlib_values
 from ._capture import _DICT_KINDS, Stateful, flatten
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
@@ -62,6 +64,10 @@ def plain_size(value: Any, depth: int = 0) -> int:
         return 8 if not isinstance(value, str) else len(value)
     if isinstance(value, (bytes, bytearray)):
         return len(value)
+    if type(value) in stdlib_values.TYPES:
+        if stdlib_values.encode(value) is None:  # (a tzinfo or slice bound that is not)
+            raise _Unsupported(f"{type(value).__name__} with a part that would need a pickle")
+        return 64
     if isinstance(value, torch.Tensor):
         if value.layout == torch.strided and not (value.is_quantized or value.is_nested):
             return value.untyped_storage().nbytes()

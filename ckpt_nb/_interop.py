@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from . import _stdlib_values as stdlib_values
 from ._capture import Unflattener, flatten
 from ._errors import CkptError, CorruptCheckpointError, UntrustedPickleError
 
@@ -31,15 +32,21 @@ _META_KEYS = ("epoch", "step", "batch_idx", "metrics", "extra", "rng", "ckpt_nb"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
-def _portable(value: Any, name: str, dropped: list[str]) -> Any:
-    """``value`` in types ``torch.load(weights_only=True)`` reads: NumPy arrays as
-    tensors, NumPy scalars as Python's, frozensets as sets, an empty bytes as an empty
-    bytearray, a torch.Generator as its state (``set_state`` takes it); unloaded
-    pickles left out."""
+def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) -> Any:
+    """``value`` in types the file's reader takes back: NumPy arrays as tensors, NumPy
+    scalars as Python's, unloaded pickles left out; and, for a torch file, what
+    ``torch.load(weights_only=True)`` reads: frozensets as sets, an empty bytes as an
+    empty bytearray, a torch.Generator as its state (``set_state`` takes it), paths,
+    dates and the like as text, and any other object left out (unless its type was
+    registered with ``torch.serialization.add_safe_globals``), as that load refuses
+    the whole file for one of them. ``dropped`` gets each one left out, and why."""
     from ._manager import PickledValue
 
+    def portable(v: Any, where: str) -> Any:
+        return _portable(v, where, dropped, weights_only=weights_only)
+
     if isinstance(value, PickledValue):
-        dropped.append(name)
+        dropped.append(f"{name} (pickled, not loaded: export with trust_pickle=True)")
         return None
     if isinstance(value, np.ndarray):  # (torch takes native byte order only)
         return torch.from_numpy(value if value.dtype.isnative else
@@ -47,22 +54,42 @@ def _portable(value: Any, name: str, dropped: list[str]) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Mapping):
-        plain = {k: _portable(v, f"{name}/{k}", dropped) for k, v in value.items()}
+        plain = {k: portable(v, f"{name}/{k}") for k, v in value.items()}
         metadata = getattr(value, "_metadata", None)
         if metadata is None:
             return plain
         state = OrderedDict(plain)  # a state dict: its module versions, as torch.save keeps
         state._metadata = metadata  # type: ignore[attr-defined]
         return state
+    if type(value) in (list, tuple, torch.Size):
+        return type(value)(portable(v, f"{name}/{i}") for i, v in enumerate(value))
+    if not weights_only:
+        return value
     if isinstance(value, (set, frozenset)):  # (weights_only loads sets, not frozensets)
-        return {_portable(v, name, dropped) for v in value}
+        return {portable(v, name) for v in value}
     if type(value) is bytes and not value:  # (nor an empty bytes, pickled as bytes())
         return bytearray()
     if isinstance(value, torch.Generator):  # (nor a generator)
         return value.get_state()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_portable(v, f"{name}/{i}", dropped) for i, v in enumerate(value))
-    return value
+    if type(value) in stdlib_values.TYPES:
+        return stdlib_values.portable(value)
+    if isinstance(value, _WEIGHTS_ONLY_LEAVES) or _registered_safe(type(value)):
+        return value
+    dropped.append(f"{name} (a {type(value).__name__}, which torch.load(weights_only=True) "
+                   "refuses: export to .safetensors, or register its type with "
+                   "torch.serialization.add_safe_globals)")
+    return None
+
+
+# What torch.load(weights_only=True) reads back, besides the containers above.
+_WEIGHTS_ONLY_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray,
+                        torch.Tensor, torch.dtype, torch.device)
+
+
+def _registered_safe(kind: type) -> bool:
+    """Whether the user let ``torch.load(weights_only=True)`` build this type."""
+    registered = getattr(torch.serialization, "get_safe_globals", lambda: [])()
+    return any((g[0] if isinstance(g, tuple) else g) is kind for g in registered)
 
 
 def _atomic_target(path: Path) -> tuple[int, str]:
@@ -81,9 +108,11 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
     check_export_path(path)
     target = Path(path)
     dropped: list[str] = []
-    payload = {**_portable(ck.state, "", dropped),
+    weights_only = target.suffix != ".safetensors"
+    payload = {**_portable(ck.state, "", dropped, weights_only=weights_only),
                "epoch": ck.epoch, "step": ck.step, "batch_idx": ck.batch_idx,
-               "metrics": dict(ck.metrics), "extra": _portable(ck.extra, "extra", dropped),
+               "metrics": dict(ck.metrics),
+               "extra": _portable(ck.extra, "extra", dropped, weights_only=weights_only),
                "rng": ck.rng, "ckpt_nb": {"id": ck.id, "branch": ck.branch, "note": ck.note}}
     fd, tmp = _atomic_target(target)
     os.close(fd)
@@ -102,8 +131,7 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     if dropped:
-        warnings.warn(f"left out of {target.name} (pickled, not loaded): {dropped}",
-                      stacklevel=3)
+        warnings.warn(f"left out of {target.name}: {'; '.join(dropped)}", stacklevel=3)
     return target
 
 

@@ -144,7 +144,9 @@ def test_discovery_reports_what_it_tracks_and_skips(shell, tmp_path: Path, capsy
     run(shell, "gen = (i for i in range(3)); fh = open(__file__ if '__file__' in dir() else "
                f"'{tmp_path / 'f.txt'}', 'w'); lock = threading.Lock(); fn = lambda x: x\n"
                "compiled = torch.compile(model)\nfrom pandas import DataFrame\n"
-               "frame = DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+               "frame = DataFrame({'a': [1, 2], 'b': ['x', 'y']})\n"
+               "import datetime, pathlib\ndata_dir = pathlib.Path('data')\n"
+               "started = datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc)")
     run(shell, f"%%ckpt_auto --dir {tmp_path / 'd'}\nopt.step()")
     line = capsys.readouterr().out
     assert "tracking model, opt, sched" in line and "compiled" not in line.split(";")[0]
@@ -154,6 +156,8 @@ def test_discovery_reports_what_it_tracks_and_skips(shell, tmp_path: Path, capsy
     ck = ckpt_nb.CheckpointManager(tmp_path / "d").load("latest")
     variables = ck.extra["ckpt_nb_run"]["variables"]
     assert {"history", "X", "frame"} <= set(variables)
+    assert variables["data_dir"] == Path("data")  # (stored as JSON: no pickle, no trust)
+    assert variables["started"].isoformat() == "2024-01-02T00:00:00+00:00"
 
 
 def test_rollback_restores_in_place_and_branches(shell, tmp_path: Path, capsys) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import json
 import random
@@ -721,6 +722,127 @@ def test_sets_bytes_complex_and_numpy_values_need_no_pickle(tmp_path: Path) -> N
     assert exported["frozen"] == {2.5} and exported["bytes"] == b"\x00ab"
     assert torch.equal(exported["loader_gen"], saved_state)
     assert torch.equal(exported["big_endian"], torch.tensor([[1.0, 2.0], [4.0, 5.0]]))
+
+
+class TwoHoursAhead(dt.tzinfo):
+    """A tzinfo of the user's own (as pytz's and dateutil's are)."""
+
+    def utcoffset(self, when: object) -> dt.timedelta:
+        return dt.timedelta(hours=2)
+
+
+class Point:
+    """A user class: pickled in a store, and refused by torch.load(weights_only=True)
+    unless registered."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+def test_paths_dates_and_decimals_need_no_pickle_and_export_as_text(tmp_path: Path) -> None:
+    import uuid
+    import zoneinfo
+    from decimal import Decimal
+    from fractions import Fraction
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    new_york = zoneinfo.ZoneInfo("America/New_York")
+    extra = {"data_dir": Path("data/digits"), "remote": PurePosixPath("/mnt/x"),
+             "windows": PureWindowsPath(r"C:\runs\a"),
+             "started": dt.datetime(2024, 5, 6, 7, 8, 9, 123456),
+             "utc": dt.datetime(2024, 5, 6, tzinfo=dt.timezone.utc),
+             "cet": dt.datetime(2024, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1), "CET")),
+             "second_1_30": dt.datetime(2024, 11, 3, 1, 30, fold=1, tzinfo=new_york),
+             "day": dt.date(2024, 2, 29), "at": dt.time(23, 59, 59, 999999),
+             "budget": dt.timedelta(days=-1, seconds=5, microseconds=7),
+             "lr": Decimal("-0.000"), "odd": Decimal("sNaN"), "ratio": Fraction(-10**30, 7),
+             "run_id": uuid.UUID(int=12345), "epochs": range(0, 10**12, 3),
+             "window": slice(None, -5, 2)}
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(extra=extra)
+    assert not mgr.info(cid)["pickles"]
+    back = CheckpointManager(tmp_path / "store").load(cid).extra
+    for key, value in extra.items():
+        got = back[key]
+        assert type(got) is type(value) and str(got) == str(value), key
+        assert getattr(got, "tzinfo", None) == getattr(value, "tzinfo", None), key
+    assert back["second_1_30"].fold == 1 and back["second_1_30"].utcoffset() == \
+        dt.timedelta(hours=-5)  # (the second 1:30 that day: EST, not EDT)
+    assert back["cet"].tzname() == "CET" and back["utc"].tzinfo is dt.timezone.utc
+    assert back["epochs"] == extra["epochs"] and back["ratio"] == extra["ratio"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (nothing left out)
+        exported = torch.load(mgr.export(cid, tmp_path / "x.pt"), weights_only=True)["extra"]
+    assert exported["data_dir"] == "data/digits" and exported["windows"] == r"C:\runs\a"
+    assert exported["second_1_30"] == "2024-11-03T01:30:00-05:00"
+    assert exported["budget"] == -86394.999993 and exported["lr"] == "-0.000"
+    assert exported["epochs"] == "range(0, 1000000000000, 3)"
+    st = mgr.export(cid, tmp_path / "x.safetensors")  # (read back by ckpt_nb: types kept)
+    again = mgr.load(mgr.import_file(st)).extra
+    assert {k: (type(v), str(v)) for k, v in again.items()} == \
+        {k: (type(v), str(v)) for k, v in extra.items()}
+
+
+def test_values_with_parts_json_lacks_are_pickled() -> None:
+    """A tzinfo other than a fixed offset or an IANA zone, a slice of floats, a subclass
+    (pandas' Timestamp is a datetime): pickled, so they need trust."""
+
+    flat = ckpt_nb._capture.flatten({"tz": dt.datetime(2024, 1, 1, tzinfo=TwoHoursAhead()),
+                                     "slice": slice(0.5, 1.5), "stamp": pd.Timestamp(1, unit="ns"),
+                                     "plain": [dt.date(2024, 1, 1), slice(1, 2)]})
+    assert [s.kind for s in flat.storages] == ["pickle"] * 3
+    assert "__pickle__" not in json.dumps(flat.skeleton["plain"])
+
+
+@pytest.mark.parametrize("node, problem", [
+    ({"__range__": [0, 10, 0]}, "range"),
+    ({"__decimal__": 5}, "decimal"),
+    ({"__decimal__": "five"}, "decimal"),
+    ({"__path__": "x", "type": "Evil"}, "path"),
+    ({"__datetime__": [2024, 13, 1, 0, 0, 0, 0], "tz": None}, "datetime"),
+    ({"__datetime__": [2024, 1, 1, 0, 0, 0, 0], "tz": [1]}, "datetime"),
+    ({"__fraction__": [1, 0]}, "fraction"),
+    ({"__slice__": [0.5, 1, None]}, "slice"),
+    ({"__uuid__": "not-a-uuid"}, "uuid"),
+])
+def test_a_damaged_value_node_is_named(node: dict, problem: str) -> None:
+    decoder = ckpt_nb._capture.Unflattener([], [])
+    with pytest.raises(CorruptCheckpointError, match=f"extra/v: its {problem} node"):
+        decoder.decode(node, "extra/v")
+
+
+def test_an_unknown_time_zone_comes_back_at_its_saved_offset_and_names_no_file() -> None:
+
+    decoder = ckpt_nb._capture.Unflattener([], [])
+    for key in ("Nowhere/Atlantis", "../../../etc/passwd", "/etc/localtime"):
+        node = {"__datetime__": [2024, 1, 1, 12, 0, 0, 0], "fold": 0,
+                "tz": {"zone": key, "offset": [0, 3600, 0]}}
+        with pytest.warns(RuntimeWarning, match="is not known here"):
+            when = decoder.decode(node, "extra/v")
+        assert when.utcoffset() == dt.timedelta(hours=1) and when.tzname() == key
+
+
+def test_an_export_to_torch_leaves_out_what_weights_only_refuses(tmp_path: Path) -> None:
+    """A trusted pickle's object would make torch.load(weights_only=True) refuse the
+    whole file: it is left out, with a warning that says why, unless its type is
+    registered as safe; a .safetensors export keeps it."""
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(extra={"point": Point(3), "keep": [1, 2]})
+    with pytest.warns(UserWarning, match=r"extra/point \(a Point, which torch.load\("
+                                         r"weights_only=True\) refuses"):
+        pt = mgr.export(cid, tmp_path / "x.pt", trust_pickle=True)
+    assert torch.load(pt, weights_only=True)["extra"] == {"point": None, "keep": [1, 2]}
+    with pytest.warns(UserWarning) as caught:  # (one from the load, one from the export)
+        mgr.export(cid, tmp_path / "y.pt")
+    assert any("extra/point (pickled, not loaded" in str(w.message) for w in caught)
+    with torch.serialization.safe_globals([Point]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pt = mgr.export(cid, tmp_path / "z.pt", trust_pickle=True)
+        assert torch.load(pt, weights_only=True)["extra"]["point"].x == 3
+    st = mgr.export(cid, tmp_path / "x.safetensors", trust_pickle=True)
+    assert mgr.load(mgr.import_file(st, trust_pickle=True),
+                    trust_pickle=True).extra["point"].x == 3
 
 
 def test_parameters_and_grad_flags_in_plain_state_come_back(tmp_path: Path) -> None:
