@@ -239,6 +239,10 @@ class _Flattener:
                  trained: set[tuple[str, int]]) -> None:
         self.flat = FlatState(skeleton={})
         self._by_ptr: dict[tuple[str, int, int], int] = {}
+        # The storages met so far, held: a temporary one (a list of floats made a tensor,
+        # a copied array) freed before the walk ends would leave its address to the next,
+        # which the lookup above would take for the same storage.
+        self._held: list[torch.UntypedStorage] = []
         self._copy = copy_tensors
         self._trained = trained
         self._open: set[int] = set()  # ids of the containers on the path being encoded
@@ -289,6 +293,7 @@ class _Flattener:
                              trains=(device, address) in self._trained)
             )
             self._by_ptr[key] = index
+            self._held.append(storage)
         record = TensorRecord(name, index, t.storage_offset(), list(t.shape),
                               list(t.stride()), _DTYPE_NAMES[t.dtype], t.is_conj(), t.is_neg(),
                               requires_grad, parameter)

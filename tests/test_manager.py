@@ -845,6 +845,26 @@ def test_an_export_to_torch_leaves_out_what_weights_only_refuses(tmp_path: Path)
                     trust_pickle=True).extra["point"].x == 3
 
 
+@pytest.mark.parametrize("copy", ["copy", "buffers"])
+def test_values_a_snapshot_copies_keep_apart(tmp_path: Path, copy: str) -> None:
+    """A snapshot for a background save copies each storage; the temporary ones (a long
+    list of floats, a copied array, bytes) are freed as the walk goes on, and one of the
+    same size made next took the freed one's address: the two were stored as one
+    (lists of losses and of learning rates came back both the losses)."""
+    from ckpt_nb._capture import SnapshotBuffers
+
+    extra = {"losses": [0.5] * 300, "lrs": [float(i) for i in range(300)],
+             "a": np.arange(6.0).reshape(2, 3).T, "b": np.ones((2, 3)).T,
+             "x": b"x" * 4096, "y": b"y" * 4096}
+    mgr = CheckpointManager(tmp_path)
+    state = mgr.capture({}, extra=extra,
+                        copy_tensors=True if copy == "copy" else SnapshotBuffers())
+    back = mgr.load(mgr.save_state(state)).extra
+    assert back["losses"] == extra["losses"] and back["lrs"] == extra["lrs"]
+    assert np.array_equal(back["a"], extra["a"]) and np.array_equal(back["b"], extra["b"])
+    assert back["x"] == extra["x"] and back["y"] == extra["y"]
+
+
 def test_parameters_and_grad_flags_in_plain_state_come_back(tmp_path: Path) -> None:
     """Outside a state dict (whose tensors are detached), a tensor keeps being an
     nn.Parameter, and wanting grads, as with torch.save."""
