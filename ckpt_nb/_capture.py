@@ -356,16 +356,16 @@ class _Flattener:
             floats = torch.from_numpy(np.array(value, dtype=np.float64))
             return {"__floats__": self.tensor(floats, name)["__tensor__"],
                     "tuple": type(value) is tuple}
-        if value is None or isinstance(value, (bool, str)):
+        # Scalars of their exact types only: a subclass (an IntEnum, a StrEnum) would come
+        # back as its base, so it is pickled like other objects.
+        if value is None or type(value) in (bool, str, int):
             return value
         if isinstance(value, np.generic) and value.dtype.kind in "biufc":
             # (before float and complex: np.float64 and np.complex128 subclass them)
             return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}
-        if isinstance(value, int):
-            return int(value)
-        if isinstance(value, float):
+        if type(value) is float:
             return value if math.isfinite(value) else {"__float__": repr(value)}
-        if isinstance(value, complex):
+        if type(value) is complex:
             return {"__complex__": [self.encode(value.real, name),
                                     self.encode(value.imag, name)]}
         if isinstance(value, UninitializedTensorMixin):

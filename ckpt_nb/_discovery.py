@@ -60,7 +60,9 @@ def plain_size(value: Any, depth: int = 0) -> int:
     """Bytes a plain value would take; raises _Unsupported for anything else."""
     if depth > _MAX_DEPTH:
         raise _Unsupported("nested too deeply")
-    if value is None or isinstance(value, (bool, int, float, str, complex)):
+    # Exact types: a subclass (an IntEnum, a namedtuple) would be pickled, or come back
+    # as its base type.
+    if value is None or type(value) in (bool, int, float, str, complex):
         return 8 if not isinstance(value, str) else len(value)
     if isinstance(value, (bytes, bytearray)):
         return len(value)
@@ -86,7 +88,7 @@ def plain_size(value: Any, depth: int = 0) -> int:
     if _is_frame(value):
         return int(value.memory_usage(deep=True).sum()) if hasattr(value, "columns") \
             else int(value.memory_usage(deep=True))
-    if isinstance(value, (list, tuple, set, frozenset)):
+    if type(value) in (list, tuple, set, frozenset):
         return sum(plain_size(v, depth + 1) for v in value) + 8 * len(value)
     if isinstance(value, dict):
         if not all(isinstance(k, (str, int, float, bool)) for k in value):
@@ -204,7 +206,7 @@ def to_storable(value: Any) -> Any:
                 "index": _column(frame.index.to_series())}
     if isinstance(value, torch.Tensor):
         return value.detach()
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):
         return type(value)(to_storable(v) for v in value)
     if isinstance(value, dict):
         return _like(value, {k: to_storable(v) for k, v in value.items()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import errno
 import json
 import random
@@ -731,6 +732,14 @@ class TwoHoursAhead(dt.tzinfo):
         return dt.timedelta(hours=2)
 
 
+class Phase(enum.IntEnum):
+    TRAIN = 1
+
+
+class Mode(str, enum.Enum):
+    FAST = "fast"
+
+
 class Point:
     """A user class: pickled in a store, and refused by torch.load(weights_only=True)
     unless registered."""
@@ -785,12 +794,13 @@ def test_paths_dates_and_decimals_need_no_pickle_and_export_as_text(tmp_path: Pa
 
 def test_values_with_parts_json_lacks_are_pickled() -> None:
     """A tzinfo other than a fixed offset or an IANA zone, a slice of floats, a subclass
-    (pandas' Timestamp is a datetime): pickled, so they need trust."""
-
+    (pandas' Timestamp is a datetime; an IntEnum an int, which it used to come back as):
+    pickled, so they need trust."""
     flat = ckpt_nb._capture.flatten({"tz": dt.datetime(2024, 1, 1, tzinfo=TwoHoursAhead()),
                                      "slice": slice(0.5, 1.5), "stamp": pd.Timestamp(1, unit="ns"),
+                                     "phase": Phase.TRAIN, "mode": Mode.FAST,
                                      "plain": [dt.date(2024, 1, 1), slice(1, 2)]})
-    assert [s.kind for s in flat.storages] == ["pickle"] * 3
+    assert [s.kind for s in flat.storages] == ["pickle"] * 5
     assert "__pickle__" not in json.dumps(flat.skeleton["plain"])
 
 
