@@ -9,6 +9,7 @@ ckpt_nb`` removes them and every hook. Defaults are traitlets, settable with
 from __future__ import annotations
 
 import ast
+import contextlib
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -36,6 +37,12 @@ class CkptMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self._line_session: session_mod.AutoSession | None = None
+        self._cell_id: str | None = None  # the running cell's, where the front end sends it
+
+    def note_cell(self, info: Any) -> None:
+        """pre_run_cell: keep the cell's id (JupyterLab and Notebook 7 send one), which
+        tells a run of this cell from another's when its code was edited."""
+        self._cell_id = getattr(info, "cell_id", None)
 
     # -- %ckpt_auto ---------------------------------------------------------------
     @magic_arguments()
@@ -62,15 +69,16 @@ class CkptMagics(Magics):
             self._start_line_session(config)
             return None
         session = session_mod.start(config, self.shell.user_ns, nested=True)
-        session.begin_cell(cell)
         try:
-            value = self._run(cell)
-        except BaseException as exc:
-            session.end_cell(exc)
+            session.begin_cell(cell, cell_id=self._cell_id)
+            try:
+                value = self._run(cell)
+            except BaseException as exc:
+                session.end_cell(exc)
+                raise
+            session.end_cell()  # (raises KeyboardInterrupt for an interrupt it swallowed)
+        finally:
             session.close()
-            raise
-        session.end_cell()
-        session.close()
         return value
 
     def _config(self, args: Any) -> AutoConfig:
@@ -118,8 +126,7 @@ class CkptMagics(Magics):
 
     def _pre_run_cell(self, info: Any) -> None:
         if self._line_session is not None and session_mod.active() is self._line_session:
-            self._line_session.loop = session_mod._Loop()
-            self._line_session._install_sigint()
+            self._line_session.begin_line_cell()
 
     def _post_run_cell(self, result: Any) -> None:
         session = self._line_session
@@ -194,10 +201,13 @@ class CkptMagics(Magics):
 def load(shell: Any) -> CkptMagics:
     magics = CkptMagics(shell)
     shell.register_magics(magics)
+    shell.events.register("pre_run_cell", magics.note_cell)
     return magics
 
 
 def unload(shell: Any, magics: CkptMagics) -> None:
+    with contextlib.suppress(ValueError):
+        shell.events.unregister("pre_run_cell", magics.note_cell)
     magics.stop_line_session()
     session_mod.stop()
     table = shell.magics_manager.magics

@@ -594,6 +594,11 @@ class CheckpointManager:
             self._manifests[checkpoint_id] = decode_manifest(blob, checkpoint_id)
         return self._manifests[checkpoint_id]
 
+    def _saved_extra(self, checkpoint_id: str) -> Any:
+        """A checkpoint's ``extra`` as its manifest holds it, without reading a chunk:
+        JSON values as they are, tensors and pickles as their records."""
+        return self._manifest(checkpoint_id)["state"]["extra"]
+
     def _decode_storages(self, checkpoint_id: str, manifest: Mapping[str, Any],
                          progress: ProgressFn | None = None) -> list[torch.Tensor]:
         """Every storage of a checkpoint, decoded into fresh memory and verified."""

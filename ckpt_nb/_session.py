@@ -93,6 +93,7 @@ class _Loop:
     next_batch: int = 0
     epoch_rng: dict[str, Any] | None = None
     in_batches: bool = False
+    tracked_loader: bool = False  # whether batches() has run in this epoch
 
 
 @dataclass
@@ -158,7 +159,7 @@ class AutoSession:
             metric=metric, mode=mode, strategy=config.strategy)
         self.url = self.manager.store.url
         if not config.resume:
-            _positions.pop(self.url, None)
+            _forget_position(self.url)
         self._follow_position()
         self.manager.add_listener(self._on_manager_event)
         self.writer = BackgroundWriter()
@@ -170,6 +171,7 @@ class AutoSession:
         self.best: float | None = None
         self.loop = _Loop()
         self.cell_hash: str | None = None
+        self.cell_id: str | None = None
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
         self.last_consistent_step: int | None = None
@@ -190,7 +192,7 @@ class AutoSession:
         process's last save, resume or rollback on this store), so branches form."""
         position = _positions.get(self.url)
         if position is not None and self.manager.catalog.get(position) is None:
-            _positions.pop(self.url, None)  # deleted since
+            _forget_position(self.url)  # deleted since
             position = None
         if position is not None:
             self.manager.head = position
@@ -198,13 +200,15 @@ class AutoSession:
     def _on_manager_event(self, event: str, checkpoint_id: str) -> None:
         if event == "save":
             _positions[self.url] = checkpoint_id
+            _position_events[self.url] = event
             _publish("save", checkpoint_id, self.url)
         elif event == "delete" and _positions.get(self.url) == checkpoint_id:
-            _positions.pop(self.url, None)
+            _forget_position(self.url)
 
     def _moved_to(self, checkpoint_id: str, event: str) -> None:
         self.manager.head = checkpoint_id
         _positions[self.url] = checkpoint_id
+        _position_events[self.url] = event
         _publish(event, checkpoint_id, self.url)
 
     # -- life cycle ---------------------------------------------------------------
@@ -216,26 +220,42 @@ class AutoSession:
                                   max_variable_bytes=self.config.max_variable_bytes)
         return self.discovery
 
-    def begin_cell(self, source: str | None = None) -> None:
-        """Start of a training cell: report what is tracked, find a run to resume."""
+    def begin_cell(self, source: str | None = None, cell_id: str | None = None) -> None:
+        """Start of a training cell: report what is tracked, find a run to resume.
+        ``cell_id`` is the notebook's id of the cell, where the front end sends one."""
         self.cell_hash = hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
-        self._interrupts = 0
-        self.loop = _Loop()
+        self.cell_id = cell_id
+        self.begin_line_cell()
         self._consistent()
         self._report_background_error()
         self.say(self.rediscover().summary())
-        self._install_sigint()
         if source is not None and self.config.resume:
             self._find_resume()
+        if source is not None:
+            _cells_run.add((self.url, self._cell_key()))
+            _last_cell[self.url] = self.cell_hash
+
+    def begin_line_cell(self) -> None:
+        """Start of any cell a session watches: a new loop, no interrupt pending."""
+        self._interrupts = 0
+        self.loop = _Loop()
+        self._install_sigint()
 
     def end_cell(self, error: BaseException | None = None, *, final: bool = True) -> None:
         """End of a cell: a save (``final`` marks the run finished), or on error the
         last consistent state."""
         self._restore_sigint()
+        # An interrupt that no consistent point came after (a cell that stopped training):
+        # the cell ran to its end, which is saved; a cell of its own then stops.
+        interrupted = error is None and self._interrupts > 0
         try:
             if error is None:
                 if final or self.step > self.last_save_step:
                     self.save(reason="end of cell", finished=final, wait=True)
+                if interrupted:
+                    self.say("interrupted, but no consistent point came before the cell "
+                             f"ended: it ran to its end (latest checkpoint "
+                             f"{self.writer.last_id or 'none'})")
             elif isinstance(error, KeyboardInterrupt) and self._interrupts:
                 pass  # saved at the consistent point before the interrupt was raised
             elif self.last_consistent_step == self.step and self.step > self.last_save_step:
@@ -248,7 +268,10 @@ class AutoSession:
             self.writer.wait()
         finally:
             self._pending = None
+            self._interrupts = 0
             self._report_background_error()
+        if interrupted and final:
+            raise KeyboardInterrupt
 
     def close(self) -> None:
         """Flush pending saves and remove every hook."""
@@ -342,7 +365,8 @@ class AutoSession:
              rng: dict[str, Any] | None = None) -> None:
         """Snapshot tracked state now and write it (behind the training thread)."""
         found = self.rediscover()
-        run = {"finished": finished, "cell": self.cell_hash, "step": self.step,
+        run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
+               "step": self.step,
                "history": self.history, "best": self.best,
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng},
@@ -379,11 +403,30 @@ class AutoSession:
 
     # -- resume -----------------------------------------------------------------------------
     def _find_resume(self) -> None:
+        """Pick the unfinished run this cell resumes, if any.
+
+        Where the kernel stands (its last save, resume or rollback on this store) when
+        that is a run of this cell, or the checkpoint the user rolled back to; else, the
+        first time the cell runs in this process (a fresh kernel after a crash: "Run
+        All" resumes each cell where it stopped), its newest checkpoint. A run is this
+        cell's by the notebook's cell id where both have one, else by the cell's code.
+        Another cell's run is never resumed: this cell's loop would go on from that
+        cell's position (the cells of a notebook share its default store).
+        """
         position = _positions.get(self.url)
-        rows = self.manager.catalog.checkpoints()
-        if position is None and not rows:
+        rolled_back = _position_events.get(self.url) == "rollback"
+        first_run = (self.url, self._cell_key()) not in _cells_run
+        candidate = None
+        if position is not None:
+            run = self._run_record(position)
+            if run is not None and not run.get("finished") and (
+                    rolled_back or self._is_this_cell(run)
+                    or (first_run and self._edited_from(run))):
+                candidate = position
+        if candidate is None and first_run and not rolled_back:
+            candidate = self._newest_of_this_cell()
+        if candidate is None:
             return
-        candidate = position or rows[-1].id  # where this kernel stands, else the newest
         try:
             ck = self.manager.load(candidate)
         except CkptError as exc:
@@ -395,6 +438,48 @@ class AutoSession:
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         self._pending = _Pending(ck)
+
+    def _run_record(self, checkpoint_id: str) -> dict[str, Any] | None:
+        """The run bookkeeping a checkpoint holds (read from its manifest alone)."""
+        try:
+            extra = self.manager._saved_extra(checkpoint_id)
+        except (CkptError, KeyError, TypeError):
+            return None
+        run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
+        return run if isinstance(run, dict) else None
+
+    def _cell_key(self) -> str | None:
+        return self.cell_id or self.cell_hash
+
+    def _is_this_cell(self, run: dict[str, Any]) -> bool:
+        if self.cell_id is not None and run.get("cell_id") is not None:
+            return bool(run["cell_id"] == self.cell_id)
+        return run.get("cell") == self.cell_hash
+
+    def _edited_from(self, run: dict[str, Any]) -> bool:
+        """Whether this cell, new to this process, is taken for the run's cell edited:
+        with no cell ids to tell, when that run's cell is the last one this process
+        began on this store (the user fixed the cell that stopped and ran it again)."""
+        return self.cell_id is None and run.get("cell_id") is None \
+            and _last_cell.get(self.url) == run.get("cell")
+
+    def _newest_of_this_cell(self) -> str | None:
+        """This cell's newest checkpoint, when that run is unfinished; else None, saying
+        so when the store's newest checkpoint is an unfinished run of other code."""
+        newest: tuple[str, dict[str, Any]] | None = None
+        for row in reversed(self.manager.catalog.checkpoints()):
+            run = self._run_record(row.id)
+            if run is None:
+                continue
+            if newest is None:
+                newest = (row.id, run)
+            if self._is_this_cell(run):
+                return None if run.get("finished") else row.id
+        if newest is not None and not newest[1].get("finished"):
+            self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
+                     "cell, or this one before an edit): not resuming it here; "
+                     f"`%ckpt_rollback {newest[0]}` and running this cell again would")
+        return None
 
     def _apply(self, ck: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
         """Load a checkpoint into the live objects and variables (RNG aside)."""
@@ -513,8 +598,16 @@ class AutoSession:
 _sessions: list[AutoSession] = []  # the last is active; a cell's session sits on a line one
 _history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
+_position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
+_cells_run: set[tuple[str, str | None]] = set()  # (store URL, cell id or code hash) begun here
+_last_cell: dict[str, str | None] = {}  # store URL -> the code hash of the last cell begun
 _subscribers: list[Callable[[str, str, str], None]] = []
 _last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's config, namespace
+
+
+def _forget_position(url: str) -> None:
+    _positions.pop(url, None)
+    _position_events.pop(url, None)
 
 
 def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:

@@ -247,6 +247,14 @@ def test_reference_run_reports_what_it_tracks(reference: Reference) -> None:
     assert list(rows["parent"].iloc[1:]) == list(rows["id"].iloc[:-1])
 
 
+# A cell before the training cell, saving to the same store (as the cells of a notebook
+# do by default): a fresh kernel's "Run All" must not resume the training cell's run in it.
+WARM_UP = """%%ckpt_auto --dir crash
+for epoch in ckpt_nb.epochs(1):
+    warmed_up = True
+"""
+
+
 def test_sigkill_then_notebook_in_a_fresh_kernel_resumes_bit_identical(
         tmp_path: Path, kernels: Kernels, reference: Reference) -> None:
     kill_at = 7 * EVERY + 1  # one step after a save was handed to the background writer
@@ -254,6 +262,8 @@ def test_sigkill_then_notebook_in_a_fresh_kernel_resumes_bit_identical(
     hold.touch()
     cell = train_cell("crash", tmp_path / "crash.pt")
     crashed = kernels.start(tmp_path)
+    out, reply = crashed.run(WARM_UP)
+    assert reply["status"] == "ok", out
     crashed.execute(cell)
     wait_for_file(tmp_path / f"held-{kill_at}", crashed)
     assert crashed.pid is not None
@@ -273,10 +283,13 @@ def test_sigkill_then_notebook_in_a_fresh_kernel_resumes_bit_identical(
     assert newest["batch_idx"] > 0  # the kill landed mid-epoch
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SETUP),
+                                               nbformat.v4.new_code_cell(WARM_UP),
                                                nbformat.v4.new_code_cell(cell)])
     NotebookClient(notebook, timeout=TIMEOUT, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
-    out = "".join(o.get("text", "") for o in notebook.cells[1].outputs)
+    warm_up = "".join(o.get("text", "") for o in notebook.cells[1].outputs)
+    assert "resumed" not in warm_up, warm_up  # (it resumed the training cell's run)
+    out = "".join(o.get("text", "") for o in notebook.cells[2].outputs)
     assert out.splitlines()[0].startswith("ckpt_nb: tracking model, opt, sched"), out
     assert resumed_line(newest['id'], newest) in out, out
     assert_identical(tmp_path / "crash.pt", reference)

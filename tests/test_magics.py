@@ -52,6 +52,9 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts like a new kernel: no last session, no kernel position."""
     monkeypatch.setattr(_session, "_last", None)
     monkeypatch.setattr(_session, "_positions", {})
+    monkeypatch.setattr(_session, "_position_events", {})
+    monkeypatch.setattr(_session, "_cells_run", set())
+    monkeypatch.setattr(_session, "_last_cell", {})
 
 
 @pytest.fixture
