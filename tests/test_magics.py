@@ -70,9 +70,9 @@ def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
     sh.run_cell("%unload_ext ckpt_nb", store_history=False)
 
 
-def run(sh: InteractiveShell, code: str):
-    result = sh.run_cell(code, store_history=False)
-    return result
+def run(sh: InteractiveShell, code: str, cell_id: str | None = None):
+    """Run a cell; ``cell_id`` as JupyterLab sends it with each execution."""
+    return sh.run_cell(code, store_history=False, cell_id=cell_id)
 
 
 def final_state(sh: InteractiveShell) -> list[torch.Tensor]:
@@ -123,6 +123,61 @@ def test_interrupt_saves_then_rerun_continues_bit_exact(shell, tmp_path: Path) -
     # the run is finished now: a third run starts afresh on a new branch
     rows = ckpt_nb.CheckpointManager(tmp_path / "run").list()
     assert rows["note"].iloc[-1] == "end of cell" and rows["branch"].nunique() == 1
+
+
+def test_a_cell_resumes_its_own_run_by_cell_id_even_edited(shell, tmp_path: Path,
+                                                            capsys) -> None:
+    """With the front end's cell ids, an edited cell resumes its run, and another cell
+    (even one of the same code) never does."""
+    run(shell, SETUP)
+    crash = TRAIN.format(dir=tmp_path / "ids", stop="pass").replace(
+        "        opt.zero_grad()",
+        "        if STOP_AT == (epoch, i):\n            raise RuntimeError('diverged')\n"
+        "        opt.zero_grad()")
+    run(shell, "STOP_AT = (0, 2)")
+    assert isinstance(run(shell, crash, cell_id="train").error_in_exec, RuntimeError)
+    run(shell, "STOP_AT = None")
+    capsys.readouterr()
+    other = run(shell, crash, cell_id="copy")  # (the same code in another cell)
+    assert other.success
+    out = capsys.readouterr().out
+    assert "resumed" not in out and "holds an unfinished run of other code" in out
+    run(shell, "STOP_AT = (0, 2)")
+    assert isinstance(run(shell, crash, cell_id="train").error_in_exec, RuntimeError)
+    run(shell, "STOP_AT = None")
+    capsys.readouterr()
+    edited = run(shell, TRAIN.format(dir=tmp_path / "ids", stop="pass"), cell_id="train")
+    assert edited.success
+    out = capsys.readouterr().out
+    assert "this cell changed since" in out and "(epoch 0, batch 2, step" in out
+
+
+def test_a_line_session_forgets_an_interrupt_at_each_cell(shell, tmp_path: Path,
+                                                          capsys) -> None:
+    run(shell, SETUP + "import os, signal\n")
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'line'} --every-steps 50")
+    step = "    opt.zero_grad(); model(X[:40]).sum().backward(); opt.step()\n"
+    first = run(shell, "for s in range(3):\n" + step +
+                "    if s == 1: os.kill(os.getpid(), signal.SIGINT)")
+    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    for _ in range(2):  # (each raised KeyboardInterrupt after its first step, uninterrupted)
+        assert run(shell, "for s in range(3):\n" + step).success
+    # a cell that never steps again after an interrupt runs to its end, and says so
+    capsys.readouterr()
+    run(shell, "os.kill(os.getpid(), signal.SIGINT)\nreached_end = True")
+    assert shell.user_ns["reached_end"] and "ran to its end" in capsys.readouterr().out
+
+
+def test_an_interrupt_no_consistent_point_came_after_stops_the_cell_at_its_end(
+        shell, tmp_path: Path, capsys) -> None:
+    """(It used to be swallowed: the cell ended as a success, and Run All went on.)"""
+    run(shell, SETUP)
+    result = run(shell, f"%%ckpt_auto --dir {tmp_path / 'c'}\nimport os, signal\n"
+                        "os.kill(os.getpid(), signal.SIGINT)\nreached_end = True")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert shell.user_ns["reached_end"] and "ran to its end" in capsys.readouterr().out
+    rows = ckpt_nb.CheckpointManager(tmp_path / "c").list()
+    assert list(rows["note"]) == ["end of cell"]
 
 
 def test_exception_saves_last_consistent_state_and_reraises(shell, tmp_path: Path, capsys) -> None:
