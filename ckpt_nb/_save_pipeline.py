@@ -32,6 +32,7 @@ import numpy as np
 
 from . import _codec as codec
 from ._capture import FlatState
+from ._errors import CaptureError
 from ._catalog import ChunkRow
 from ._format import write_pack
 from ._parallel import in_batches
@@ -169,7 +170,7 @@ class SavePipeline:
                                               buffer_written[buffer])
                         if any(prepared is not None for *_, prepared, _ in chosen):
                             compressing.append(pool.submit(self._compress, chosen))
-                            writing.append(writer.submit(self._write, compressing[-1]))
+                            writing.append(writer.submit(self._write, compressing[-1], chosen))
                             buffer_written[buffer] = writing[-1]
                         done += len(batch)
                         if self.progress is not None:
@@ -251,7 +252,9 @@ class SavePipeline:
                     self.sampled += len(head)
             if against is None and self.next_strategy != "full" and storage.trains and \
                     self._may_delta(storage.name):
-                self._keep_base(digest, raw, copy=True)
+                kept = self._keep_base(digest, raw, copy=True)
+                if kept is not None and not new:  # (a new chunk's is checked once written)
+                    self._unchanged(kept, check, si)
             self.fresh_memo[(storage.name, ci, len(raw))] = Seen(check, digest, head)
             self.storages_out[si]["chunks"][ci] = [digest, len(raw)]
             self.refs.append(digest)
@@ -340,18 +343,20 @@ class SavePipeline:
         else:
             self._keep_base(digest, raw, copy=True)
 
-    def _keep_base(self, digest: str, raw: np.ndarray, *, copy: bool) -> None:
+    def _keep_base(self, digest: str, raw: np.ndarray, *, copy: bool) -> np.ndarray | None:
         """Keep a chunk's raw bytes (named by their digest) for the next save's deltas;
-        ``copy`` where they are the live state's."""
+        ``copy`` where they are the live state's. Returns the copy it made, if any."""
         if digest in self.fresh_bases or self.fresh_bases_bytes + len(raw) > DELTA_BASES_KEPT:
-            return
+            return None
         kept = self.kept_bases.get(digest)
+        made = None
         if kept is not None and len(kept) == len(raw):
             raw = kept  # kept already: no copy
         elif copy:
-            raw = raw.copy()
+            raw = made = raw.copy()
         self.fresh_bases[digest] = raw
         self.fresh_bases_bytes += len(raw)
+        return made
 
     # -- stage 3: compressing (a pool thread) and writing (the pack's thread) ---------------
     def _compress(self, chosen: list[_Chosen]) -> list[_Blob]:
@@ -371,11 +376,27 @@ class SavePipeline:
             blobs.append((digest, parts, len(raw), base_digest, depth))
         return blobs
 
-    def _write(self, compressed: Future[list[_Blob]]) -> None:
-        """Append a batch's blobs to the pack (batches come in order: one thread)."""
+    def _write(self, compressed: Future[list[_Blob]], chosen: list[_Chosen]) -> None:
+        """Append a batch's blobs to the pack (batches come in order: one thread), then
+        check that their chunks did not change since they were hashed."""
         for blob in compressed.result():
             self.pack.add(*blob)
         self.pack.flush()  # all of it: a later batch reuses these streams' memory
+        for si, _, raw, _, check, prepared, _ in chosen:
+            if prepared is not None:
+                self._unchanged(raw, check, si)
+
+    def _unchanged(self, raw: np.ndarray, check: bytes, si: int) -> None:
+        """Refuse a chunk whose bytes changed after it was hashed (another thread went
+        on training during the save): its blob, or the copy kept as the next delta's
+        base, would not be the bytes its name and checksum say, and a later save that
+        found the name in the store would refer to them."""
+        if codec.checksum(raw) != check:
+            name = self.state.storages[si].name
+            raise CaptureError(f"{name} changed while it was being saved (another thread "
+                               "is still training?): nothing was saved; save between "
+                               "steps, or let ckpt_nb copy the state first "
+                               "(mgr.capture(..., copy_tensors=True), then save_state)")
 
 
 class EncodeBuffers:

@@ -970,6 +970,58 @@ class FullDisk(LocalStore):
         return Limited()
 
 
+class TrainsDuringWrite(LocalStore):
+    """Changes a tensor as a save's first pack bytes go out, after it was hashed: what
+    another thread training on during ``save()`` does."""
+
+    def __init__(self, root: Path, tensor: torch.Tensor) -> None:
+        super().__init__(root)
+        self.tensor = tensor
+
+    def writer(self, key: str):
+        inner = super().writer(key)
+        store = self
+
+        class Changing:
+            def __enter__(self):
+                self.out = inner.__enter__()
+                return self
+
+            def write(self, data):
+                if key.startswith("packs/"):
+                    store.tensor.add_(1)
+                return self.out.write(data)
+
+            def __exit__(self, *exc):
+                return inner.__exit__(*exc)
+
+        return Changing()
+
+
+@pytest.mark.parametrize("strategy", ["full", "incremental"])
+def test_a_tensor_changed_during_its_save_is_refused_and_poisons_nothing(
+        tmp_path: Path, strategy: str) -> None:
+    """The save used to commit blobs whose bytes did not match their names: that
+    checkpoint failed verification, and every later save that found the name (an
+    incremental chain's next, any all-zero chunk) was unreadable too."""
+    w = torch.zeros(1 << 20)
+    mgr = CheckpointManager(tmp_path, strategy=strategy)
+    first = mgr.save(h=Holder({"w": w.clone()}))
+    w += 0.5
+    changing = CheckpointManager(TrainsDuringWrite(tmp_path, w),
+                                 catalog=tmp_path / "catalog.sqlite", strategy=strategy)
+    with pytest.raises(ckpt_nb.CaptureError, match="h/w changed while it was being saved"):
+        changing.save(h=Holder({"w": w}))
+    changing.close()
+    mgr = CheckpointManager(tmp_path, strategy=strategy)
+    assert list(mgr.list()["id"]) == [first] and mgr.verify().ok
+    quiet = mgr.save(h=Holder({"w": w}))  # (no thread training now)
+    again = mgr.save(h=Holder({"w": w + 1, "zeros": torch.zeros(1 << 20)}))
+    assert mgr.verify().ok
+    assert torch.equal(mgr.load(quiet).state["h"]["w"], w)
+    assert torch.equal(mgr.load(again).state["h"]["zeros"], torch.zeros(1 << 20))
+
+
 def test_failed_write_leaves_earlier_checkpoints(tmp_path: Path, digits: DigitsRun) -> None:
     mgr = CheckpointManager(tmp_path)
     first = mgr.save(digits.model, digits.optimizer)
