@@ -132,6 +132,7 @@ class Seed:
     checkpoints: list[CheckpointRow] = field(default_factory=list)
     refs: dict[str, list[str]] = field(default_factory=dict)
     chunks: list[ChunkRow] = field(default_factory=list)
+    damaged: dict[str, str] = field(default_factory=dict)  # store key -> what is wrong
 
 
 @dataclass(frozen=True)
@@ -263,11 +264,18 @@ class Catalog:
         with self.transaction() as db:
             self._insert(db, row, new_chunks, refs)
 
-    @classmethod
-    def _seed(cls, db: sqlite3.Connection, start: Seed) -> None:
-        cls._insert_chunks(db, start.chunks)
+    def _seed(self, db: sqlite3.Connection, start: Seed) -> None:
+        self._insert_chunks(db, start.chunks)
         for row in start.checkpoints:
-            cls._insert(db, row, (), start.refs.get(row.id, ()))
+            self._insert(db, row, (), start.refs.get(row.id, ()))
+        self._set_meta("damaged", json.dumps(start.damaged))
+
+    def damaged(self) -> dict[str, str]:
+        """The packs and manifests a rebuild found damaged (key -> what is wrong): kept
+        in the store, never collected, for what is left in them to be recovered."""
+        with self._lock:
+            found = self._meta("damaged")
+        return json.loads(found) if found else {}
 
     @staticmethod
     def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow]) -> None:
@@ -345,6 +353,20 @@ class Catalog:
                 found += self._db.execute(
                     f"SELECT {columns} FROM chunks WHERE digest IN ({marks})", part)
         return found
+
+    def forget_damaged_gone(self, exists: Callable[[str], bool]) -> dict[str, str]:
+        """The damaged keys still in the store (one deleted by hand is forgotten)."""
+        with self.transaction():
+            damaged = self.damaged()
+            kept = {key: why for key, why in damaged.items() if exists(key)}
+            if kept != damaged:
+                self._set_meta("damaged", json.dumps(kept))
+        return kept
+
+    def chunks_in_pack(self, pack: str) -> list[ChunkRow]:
+        with self._lock:
+            return [ChunkRow(*r) for r in
+                    self._db.execute("SELECT * FROM chunks WHERE pack=?", (pack,))]
 
     def all_chunks(self) -> list[ChunkRow]:
         with self._lock:

@@ -162,15 +162,33 @@ def write_pack(store: Store) -> Iterator[PackWriter]:
         out.write(INDEX_MAGIC)
 
 
+class PackCutShort(CorruptCheckpointError):
+    """A pack without its index: a save that did not finish (what ``gc()`` reclaims)."""
+
+
 def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
     """The chunks a pack holds, from its own trailing index."""
     size = store.size(key)
     tail = store.get(key, size - 16, size)
     if len(tail) != 16 or tail[8:] != INDEX_MAGIC:
-        raise CorruptCheckpointError(f"pack {key} has no index (it was cut short)")
+        raise PackCutShort(f"pack {key} has no index (it was cut short)")
     (length,) = _U64.unpack(tail[:8])
-    index = json.loads(store.get(key, size - 16 - length, size - 16))
-    return [ChunkRow(d, key, o, n, r, b, depth) for d, o, n, r, b, depth in index]
+    end = size - 16 - length  # where the blobs end and the index starts
+    if end < len(PACK_MAGIC):
+        raise CorruptCheckpointError(f"pack {key}: its index is damaged (its length points "
+                                     "before the pack's start)")
+    try:
+        rows = [ChunkRow(d, key, o, n, r, b, depth)
+                for d, o, n, r, b, depth in json.loads(store.get(key, end, size - 16))]
+    except (ValueError, TypeError) as exc:  # (a JSON error is a ValueError)
+        raise CorruptCheckpointError(f"pack {key}: its index is damaged ({exc})") from exc
+    for row in rows:
+        if not (isinstance(row.digest, str) and isinstance(row.offset, int)
+                and isinstance(row.length, int) and len(PACK_MAGIC) <= row.offset
+                and 0 < row.length <= end - row.offset):
+            raise CorruptCheckpointError(f"pack {key}: its index is damaged (a chunk lies "
+                                         "outside the pack's blobs)")
+    return rows
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:

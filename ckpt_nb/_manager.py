@@ -35,7 +35,7 @@ from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StoreError)
 from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id_of,
-                      label_key, manifest_key, stamp_format, write_pack)
+                      label_key, manifest_key, read_pack_index, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, guessed_parents, rebuild
 from ._save_pipeline import Memo, SavePipeline
@@ -89,14 +89,17 @@ class Checkpoint:
 
 @dataclass
 class VerifyReport:
-    """What ``verify()`` found: ``bad`` maps each failing checkpoint id to its problems."""
+    """What ``verify()`` found: ``bad`` maps each failing checkpoint id to its problems,
+    ``packs`` each pack whose own index is damaged (its chunks read, through the
+    catalog, but a rebuilt catalog could not find them: ``gc()`` rewrites it)."""
 
     checked: list[str]
     bad: dict[str, list[str]]
+    packs: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not self.bad
+        return not self.bad and not self.packs
 
     def __bool__(self) -> bool:
         return self.ok
@@ -108,10 +111,11 @@ class GCReport:
 
     chunks_dropped: int = 0
     packs_deleted: int = 0
-    packs_compacted: int = 0
+    packs_compacted: int = 0  # (a pack whose own index is damaged is rewritten too)
     manifests_deleted: int = 0
     temporaries_deleted: int = 0
     bytes_freed: int = 0
+    damaged_kept: int = 0  # packs and manifests a rebuild found damaged, left in the store
 
 
 def _new_id() -> str:
@@ -863,19 +867,35 @@ class CheckpointManager:
                                               "same_chunks", "l2", "rel_change"])
 
     # -- integrity ---------------------------------------------------------------------------
+    def _index_problem(self, key: str) -> str | None:
+        """What is wrong with a pack's own index (which a rebuilt catalog is read from),
+        checked against the catalog's rows for the pack; None when nothing is."""
+        try:
+            found = {row.digest: row for row in read_pack_index(self.store, key)}
+        except CorruptCheckpointError as exc:
+            return str(exc)
+        for row in self.catalog.chunks_in_pack(key):
+            if found.get(row.digest) != row:
+                return (f"pack {key}: its index disagrees with the catalog about chunk "
+                        f"{row.digest[:12]}")
+        return None
+
     def verify(self, ids: Iterable[str] | None = None,
                progress: ProgressFn | None = None) -> VerifyReport:
-        """Re-read every chunk of the checkpoints (all by default) and check checksums."""
+        """Re-read every chunk of the checkpoints (all by default) and check checksums;
+        also each pack's own index, which a lost catalog would be rebuilt from."""
         wanted = [self.resolve(i) for i in ids] if ids is not None else \
             [r.id for r in self.catalog.checkpoints()]
         good: set[str] = set()
         bad: dict[str, list[str]] = {}
+        packs: set[str] = set()
         for n, cid in enumerate(wanted, 1):
             problems = []
             try:
                 self._manifests.pop(cid, None)
                 manifest = self._manifest(cid)
                 rows = self._chunk_rows(manifest)
+                packs.update(row.pack for row in rows.values())
                 views = self._pack_views(rows)
                 for digest in sorted(rows):
                     if digest in good:
@@ -892,7 +912,9 @@ class CheckpointManager:
                 bad[cid] = problems
             if progress is not None:
                 progress(n, len(wanted))
-        return VerifyReport(wanted, bad)
+        damaged_indexes = {key: problem for key in sorted(packs)
+                           if (problem := self._index_problem(key)) is not None}
+        return VerifyReport(wanted, bad, damaged_indexes)
 
     # -- pins, deletes, retention ---------------------------------------------------------------
     def pin(self, which: str, pinned: bool = True) -> str:
@@ -997,6 +1019,13 @@ class CheckpointManager:
 
     def _gc_locked(self, compact_below: float = 0.5) -> GCReport:
         report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
+        damaged = self.catalog.forget_damaged_gone(self.store.has)
+        report.damaged_kept = len(damaged)
+        if any(key.startswith("manifests/") for key in damaged):
+            # A damaged manifest's chunks are unknown, and may lie in any pack: none is
+            # collected until it is dealt with (deleted by hand, once nothing in it is
+            # wanted), so that what is whole of that checkpoint stays in the store.
+            return report
         chunks = {c.digest: c for c in self.catalog.all_chunks()}
         live = self.catalog.refs() & set(chunks)
         frontier = list(live)
@@ -1013,13 +1042,16 @@ class CheckpointManager:
         for digest in live:
             by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
         for key in list(self.store.list("packs")):
+            if key in damaged:
+                continue
             size = self.store.size(key)
             members = by_pack.get(key)
             if not members:
                 self.store.delete(key)
                 report.packs_deleted += 1
                 report.bytes_freed += size
-            elif sum(c.length for c in members) < compact_below * size:
+            elif sum(c.length for c in members) < compact_below * size or \
+                    self._index_problem(key) is not None:  # (a rebuild would need it whole)
                 moved = []
                 views = self._pack_views({row.digest: row for row in members})
                 with write_pack(self.store) as pack:
@@ -1036,7 +1068,7 @@ class CheckpointManager:
         known = {r.id for r in self.catalog.checkpoints()}
         for key in [*self.store.list("manifests"), *self.store.list("labels")]:
             cid = id_of(key)
-            if cid not in known:
+            if cid not in known and key not in damaged:
                 report.bytes_freed += self.store.size(key)
                 self.store.delete(key)
                 report.manifests_deleted += key.startswith("manifests/")

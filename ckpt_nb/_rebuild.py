@@ -13,9 +13,12 @@ would have shown none and let the next ``gc()`` delete them all:
   bases included, is in some pack;
 - pins and notes changed after a save, from the labels the manager writes.
 
-What is damaged (a pack cut short, a manifest that does not decode) is left
-out and named; a read that fails for another reason (a network error) fails
-the rebuild, so that nothing whole is left out for a later ``gc()`` to delete.
+What is damaged (a pack whose index does not read, a manifest that does not
+decode) is left out, named, and recorded in the catalog as damaged, so that
+``gc()`` leaves it in the store (what is whole in it may yet be recovered); a
+pack cut short, a save's leftover, is left to ``gc()``. A read that fails for
+another reason (a network error) fails the rebuild, so that nothing whole is
+left out for a later ``gc()`` to delete.
 
 Deleting a checkpoint joins its children to its parent in the catalog, while
 their manifests keep naming it: such a child is joined to the newest earlier
@@ -34,7 +37,7 @@ from typing import Any
 from . import _codec as codec
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError
-from ._format import decode_manifest, id_of, label_key, read_pack_index
+from ._format import PackCutShort, decode_manifest, id_of, label_key, read_pack_index
 from ._store import Store
 
 
@@ -53,13 +56,16 @@ class Rebuilt(Seed):
                      "their nearest kept ancestor")
         if self.left_out:
             text += f"; left out: {'; '.join(self.left_out)}"
+        if self.damaged:
+            text += (f"; kept in the store, and left alone by gc(): "
+                     f"{', '.join(sorted(self.damaged))}")
         return text
 
 
 def rebuild(store: Store) -> Rebuilt:
     """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows."""
     found = Rebuilt()
-    chunks = _chunks(store, found.left_out)
+    chunks = _chunks(store, found)
     manifests = []
     for key in sorted(store.list("manifests")):
         cid = id_of(key)
@@ -68,14 +74,22 @@ def rebuild(store: Store) -> Rebuilt:
         try:
             blob = store.get(key)
             manifest = decode_manifest(blob, cid)
-        except (CorruptCheckpointError, FileNotFoundError) as exc:
+        except FileNotFoundError as exc:
             found.left_out.append(f"checkpoint {cid} ({exc})")
+            continue
+        except CorruptCheckpointError as exc:
+            found.left_out.append(f"checkpoint {cid} ({exc})")
+            found.damaged[key] = str(exc)
             continue
         flaw = _flaw(manifest, cid, chunks)
         if flaw is None:
             manifests.append((manifest, blob))
         else:
             found.left_out.append(f"checkpoint {cid} ({flaw})")
+            # (a chunk in no pack: a save's leftover, unless a damaged pack may hold it)
+            if not flaw.startswith("its chunk") or any(k.startswith("packs/")
+                                                       for k in found.damaged):
+                found.damaged[key] = flaw
     manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))
 
     guesses = guessed_parents((manifest["id"], manifest["branch"]) for manifest, _ in manifests)
@@ -120,7 +134,7 @@ def guessed_parents(checkpoints: Iterable[tuple[str, str]]) -> dict[str, str | N
     return guesses
 
 
-def _chunks(store: Store, left_out: list[str]) -> dict[str, ChunkRow]:
+def _chunks(store: Store, found: Rebuilt) -> dict[str, ChunkRow]:
     """Every chunk in a whole pack, by digest."""
     chunks: dict[str, ChunkRow] = {}
     for key in sorted(store.list("packs")):
@@ -128,8 +142,12 @@ def _chunks(store: Store, left_out: list[str]) -> dict[str, ChunkRow]:
             continue
         try:
             rows = read_pack_index(store, key)
-        except (CorruptCheckpointError, ValueError, TypeError, FileNotFoundError) as exc:
-            left_out.append(f"pack {key} ({exc})")
+        except (PackCutShort, FileNotFoundError) as exc:
+            found.left_out.append(f"pack {key} ({exc})")
+            continue
+        except CorruptCheckpointError as exc:
+            found.left_out.append(f"pack {key} ({exc})")
+            found.damaged[key] = str(exc)
             continue
         for row in rows:
             chunks.setdefault(row.digest, row)

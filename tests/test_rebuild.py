@@ -142,6 +142,61 @@ def test_what_is_not_whole_is_left_out_and_named(tmp_path: Path, digits: DigitsR
     assert same(run.weights(), digits.weights())
 
 
+def flip_byte(path: Path, from_end: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[-from_end] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_pack_index_is_found_by_verify_and_rewritten_by_gc(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """Its chunks read through the catalog, so nothing else saw it; a lost catalog then
+    made the store unopenable (a negative read offset: 'open it again', forever)."""
+    store = tmp_path / "exp"
+    mgr = CheckpointManager(store)
+    ids = [mgr.save(digits.model, digits.optimizer) for _ in range(2) if digits.train_step()]
+    newest_pack = max((store / "packs").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    flip_byte(newest_pack, 13)  # (in the index's length)
+    report = mgr.verify()
+    assert not report.ok and not report.bad
+    assert "its index is damaged" in report.packs[f"packs/{newest_pack.name}"]
+    assert mgr.gc().packs_compacted == 1 and mgr.verify().ok
+    mgr.close()
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match="2 checkpoints recovered"):
+        assert CheckpointManager(store).list()["id"].tolist() == ids
+
+
+@pytest.mark.parametrize("damage", ["pack index", "manifest"])
+def test_what_a_rebuild_finds_damaged_stays_in_the_store(
+        tmp_path: Path, digits: DigitsRun, damage: str) -> None:
+    """gc() used to delete it (the damaged pack, or a damaged manifest's whole pack),
+    losing what was readable a moment before; it is kept until deleted by hand."""
+    store = tmp_path / "exp"
+    mgr = CheckpointManager(store)
+    ids = [mgr.save(digits.model, digits.optimizer) for _ in range(2) if digits.train_step()]
+    mgr.close()
+    newest_pack = max((store / "packs").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    damaged = newest_pack if damage == "pack index" else \
+        store / "manifests" / f"{ids[1]}.json.zst"
+    flip_byte(damaged, 13)
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match="kept in the store, and left alone by gc"):
+        again = CheckpointManager(store)
+    assert again.list()["id"].tolist() == ids[:1]
+    before = sorted(p.name for p in store.rglob("*") if p.is_file() and "catalog" not in p.name)
+    report = again.gc()
+    assert report.damaged_kept >= 1 and (report.packs_deleted, report.manifests_deleted) == (0, 0)
+    assert sorted(p.name for p in store.rglob("*")
+                  if p.is_file() and "catalog" not in p.name) == before
+    named = again.catalog.damaged()  # (with a damaged pack, the manifests it may serve)
+    assert f"{damaged.parent.name}/{damaged.name}" in named
+    for key in named:  # dealt with by hand: gc collects again
+        (store / key).unlink()
+    assert again.gc().damaged_kept == 0
+    assert again.verify().ok
+
+
 def test_an_unreadable_catalog_is_refused_with_what_to_do(tmp_path: Path,
                                                           digits: DigitsRun) -> None:
     store = tmp_path / "exp"
