@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -47,6 +47,8 @@ RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "
 ProgressFn = Callable[[int, int], None]
 # What makes two tensor records the same view of their storage's bytes (diff)
 _VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -606,7 +608,27 @@ class CheckpointManager:
     def _decode_storages(self, checkpoint_id: str, manifest: Mapping[str, Any],
                          progress: ProgressFn | None = None) -> list[torch.Tensor]:
         """Every storage of a checkpoint, decoded into fresh memory and verified."""
+        return self._reading_again_if_moved(
+            manifest, lambda rows: self._decode_rows(checkpoint_id, manifest, rows, progress))
+
+    def _reading_again_if_moved(self, manifest: Mapping[str, Any],
+                                read: Callable[[dict[str, ChunkRow]], T]) -> T:
+        """``read(rows)`` of a checkpoint's chunks; read again where it failed because
+        a compaction (a gc, in this process or another) moved the chunks meanwhile."""
         rows = self._chunk_rows(manifest)
+        for attempt in range(1, 4):
+            try:
+                return read(rows)
+            except CorruptCheckpointError:
+                moved = self._chunk_rows(manifest)
+                if attempt == 3 or moved == rows:
+                    raise
+                rows = moved
+        raise AssertionError("unreachable")
+
+    def _decode_rows(self, checkpoint_id: str, manifest: Mapping[str, Any],
+                     rows: dict[str, ChunkRow],
+                     progress: ProgressFn | None) -> list[torch.Tensor]:
         buffers = _arena([s["nbytes"] for s in manifest["storages"]])
         jobs = []
         for storage, buf in zip(manifest["storages"], buffers):
@@ -720,15 +742,19 @@ class CheckpointManager:
                        needed: Iterable[str]) -> Checkpoint:
         if which != "latest":
             return self.load(which, trust_pickle=trust_pickle, progress=progress, needed=needed)
-        for row in reversed(self.catalog.checkpoints()):
-            try:
-                return self.load(row.id, trust_pickle=trust_pickle, progress=progress,
-                                 needed=needed)
-            except CheckpointNotFoundError:
-                continue  # deleted meanwhile: the one before it
-            except CorruptCheckpointError as exc:
-                warnings.warn(f"skipping checkpoint {row.id}, which fails verification "
-                              f"({exc}); trying the one before it", stacklevel=3)
+        tried: set[str] = set()
+        for _ in range(3):  # (again where all those tried were deleted meanwhile)
+            rows = [row for row in reversed(self.catalog.checkpoints()) if row.id not in tried]
+            for row in rows:
+                tried.add(row.id)
+                try:
+                    return self.load(row.id, trust_pickle=trust_pickle, progress=progress,
+                                     needed=needed)
+                except CheckpointNotFoundError:
+                    continue  # deleted meanwhile: the one before it
+                except CorruptCheckpointError as exc:
+                    warnings.warn(f"skipping checkpoint {row.id}, which fails verification "
+                                  f"({exc}); trying the one before it", stacklevel=3)
         if not self.catalog.checkpoints():
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
@@ -874,6 +900,9 @@ class CheckpointManager:
             found = {row.digest: row for row in read_pack_index(self.store, key)}
         except CorruptCheckpointError as exc:
             return str(exc)
+        except FileNotFoundError:  # compacted or collected meanwhile, unless still in use
+            return f"pack {key} is missing from the store" \
+                if self.catalog.chunks_in_pack(key) else None
         for row in self.catalog.chunks_in_pack(key):
             if found.get(row.digest) != row:
                 return (f"pack {key}: its index disagrees with the catalog about chunk "
@@ -889,32 +918,41 @@ class CheckpointManager:
         good: set[str] = set()
         bad: dict[str, list[str]] = {}
         packs: set[str] = set()
-        for n, cid in enumerate(wanted, 1):
+        checked: list[str] = []
+
+        def check(rows: dict[str, ChunkRow]) -> list[str]:
             problems = []
+            views = self._pack_views(rows)
+            for digest in sorted(rows):
+                if digest in good:
+                    continue
+                try:
+                    self._decode_chunk(rows[digest], np.empty(rows[digest].raw_len, np.uint8),
+                                       rows, views)
+                    good.add(digest)
+                except CorruptCheckpointError as exc:
+                    problems.append(str(exc))
+            if problems and any(not self.store.has(row.pack) for row in rows.values()):
+                raise CorruptCheckpointError("; ".join(problems))  # moved meanwhile? again
+            packs.update(row.pack for row in rows.values())
+            return problems
+
+        for n, cid in enumerate(wanted, 1):
             try:
                 self._manifests.pop(cid, None)
-                manifest = self._manifest(cid)
-                rows = self._chunk_rows(manifest)
-                packs.update(row.pack for row in rows.values())
-                views = self._pack_views(rows)
-                for digest in sorted(rows):
-                    if digest in good:
-                        continue
-                    try:
-                        self._decode_chunk(rows[digest], np.empty(rows[digest].raw_len, np.uint8),
-                                           rows, views)
-                        good.add(digest)
-                    except CorruptCheckpointError as exc:
-                        problems.append(str(exc))
+                problems = self._reading_again_if_moved(self._manifest(cid), check)
             except CkptError as exc:
-                problems.append(str(exc))
+                problems = [str(exc)]
+            if self.catalog.get(cid) is None:
+                continue  # deleted meanwhile (retention, in this process or another)
+            checked.append(cid)
             if problems:
                 bad[cid] = problems
             if progress is not None:
                 progress(n, len(wanted))
         damaged_indexes = {key: problem for key in sorted(packs)
                            if (problem := self._index_problem(key)) is not None}
-        return VerifyReport(wanted, bad, damaged_indexes)
+        return VerifyReport(checked, bad, damaged_indexes)
 
     # -- pins, deletes, retention ---------------------------------------------------------------
     def pin(self, which: str, pinned: bool = True) -> str:

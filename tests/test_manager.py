@@ -8,6 +8,10 @@ import errno
 import json
 import random
 import struct
+import subprocess
+import sys
+import textwrap
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -968,6 +972,54 @@ class FullDisk(LocalStore):
                 return inner.__exit__(*exc)
 
         return Limited()
+
+
+WRITER = textwrap.dedent("""
+    import sys, time, torch
+    from ckpt_nb import CheckpointManager
+
+    class Holder:
+        def __init__(self, state): self.state = state
+        def state_dict(self): return self.state
+        def load_state_dict(self, state): self.state = state
+
+    store, seconds, keep = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    mgr = CheckpointManager(store, max_to_keep=keep)
+    small = [torch.randn(300_000), torch.randn(300_000)]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # each save shares a storage with the one two before,
+        small.append(torch.randn(300_000))  # so retention leaves packs to compact
+        mgr.save(h=Holder({"old": small[-3], "new": small[-1], "big": torch.randn(1 << 21)}))
+""")
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_reading_while_another_process_saves_deletes_and_compacts(
+        tmp_path: Path, keep: int) -> None:
+    """A compaction or deletion in another process while a checkpoint is read is not
+    corruption: restore("latest") used to warn that a healthy checkpoint failed
+    verification and restore an older one, or raise that none passed; verify() to
+    report healthy (or deleted) checkpoints as bad."""
+    store = tmp_path / "store"
+    CheckpointManager(store).close()
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(store), "6", str(keep)])
+    try:
+        mgr = CheckpointManager(store)
+        deadline = time.monotonic() + 60
+        while not mgr.catalog.checkpoints() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        restores = verifies = 0
+        while writer.poll() is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # (a skip warns)
+                mgr.restore("latest", h=Holder({}))
+            report = mgr.verify()
+            assert report.ok, (report.bad, report.packs)
+            restores, verifies = restores + 1, verifies + 1
+        assert writer.returncode == 0 and restores > 10
+    finally:
+        writer.kill()
+        writer.wait()
 
 
 class TrainsDuringWrite(LocalStore):
