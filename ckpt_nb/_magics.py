@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import math
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -68,7 +69,7 @@ class CkptMagics(Magics):
         if cell is None:
             self._start_line_session(config)
             return None
-        session = session_mod.start(config, self.shell.user_ns, nested=True)
+        session = self._start(config, nested=True)
         try:
             session.begin_cell(cell, cell_id=self._cell_id)
             try:
@@ -92,8 +93,8 @@ class CkptMagics(Magics):
                             ("--keep-best", args.keep_best)):
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be a positive integer, not {value}")
-        if every_seconds is not None and every_seconds <= 0:
-            raise ValueError("--every-seconds must be positive")
+        if every_seconds is not None and not 0 < every_seconds < math.inf:  # (nan never fires)
+            raise ValueError(f"--every-seconds must be positive and finite, not {every_seconds}")
         return AutoConfig(
             directory=args.dir or self.default_dir or None, every_steps=args.every_steps,
             every_seconds=every_seconds, on=on, keep=args.keep, keep_best=args.keep_best,
@@ -101,6 +102,15 @@ class CkptMagics(Magics):
             track=[n.strip() for n in args.track.split(",") if n.strip()] if args.track else None,
             resume=not args.no_resume, sync=args.sync or self.sync,
             max_variable_bytes=self.max_variable_mb << 20)
+
+    def _start(self, config: AutoConfig, *, nested: bool) -> session_mod.AutoSession:
+        """Start a session; a store that cannot be opened (a --dir that is a file, say)
+        is a usage error, not a traceback from deep inside the store."""
+        __tracebackhide__ = True
+        try:
+            return session_mod.start(config, self.shell.user_ns, nested=nested)
+        except CkptError as exc:
+            raise UsageError(f"%ckpt_auto: {exc}") from None
 
     def _run(self, cell: str) -> Any:
         """Run the cell's code in the user namespace; the last expression is the value."""
@@ -118,7 +128,7 @@ class CkptMagics(Magics):
 
     def _start_line_session(self, config: AutoConfig) -> None:
         self.stop_line_session()
-        session = session_mod.start(config, self.shell.user_ns)
+        session = self._start(config, nested=False)
         session.say(session.rediscover().summary() + f" -> {session.manager.store.url}")
         self._line_session = session
         self.shell.events.register("pre_run_cell", self._pre_run_cell)

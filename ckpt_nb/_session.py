@@ -64,8 +64,8 @@ def parse_duration(text: str) -> float:
         value = float(body) * unit
     except ValueError:
         raise ValueError(f"cannot read {text!r} as a duration: use e.g. 30s, 10m or 2h") from None
-    if not value > 0:
-        raise ValueError(f"a duration must be positive, not {text!r}")
+    if not 0 < value < math.inf:  # (nan and inf would never fire)
+        raise ValueError(f"a duration must be positive and finite, not {text!r}")
     return value
 
 
@@ -537,7 +537,14 @@ class AutoSession:
             epoch += 1
 
     def batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        """The epoch's first loader is tracked: its position is the one saved, and skipped
+        on resume. A later one (validation, say) is a plain enumeration: a position does
+        not say which loader it is in, and a resume would take it for the first's."""
+        if self.loop.epoch is not None and self.loop.tracked_loader:
+            yield from self._untracked(loader)
+            return
         self._resume_now()
+        self.loop.tracked_loader = True
         skip, rng_after = self._pending_skip or (0, None)
         self._pending_skip = None
         if not skip:
@@ -558,10 +565,22 @@ class AutoSession:
                     self.checkpoint_if_due()
                 yield index, batch
                 index += 1
+            # Not a consistent point: a save using it would hold what the code after the loop
+            # changes (sched.step()) with a position that says it has not run, and a resume
+            # would run it again. The next is the epoch boundary.
             self.loop.next_batch = index
-            self._consistent()
         finally:
             self.loop.in_batches = False
+
+    def _untracked(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        """``enumerate(loader)``, with no consistent point (so no save) inside, even
+        after an optimizer step: the saved position would be the tracked loader's."""
+        loop = self.loop
+        in_batches, loop.in_batches = loop.in_batches, True
+        try:
+            yield from enumerate(loader)
+        finally:
+            loop.in_batches = in_batches
 
     # -- rollback and status ---------------------------------------------------------------------
     def rollback(self, which: str = "latest") -> str:

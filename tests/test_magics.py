@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
@@ -86,9 +87,10 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def reference(sh: InteractiveShell, tmp_path: Path) -> tuple[list[torch.Tensor], list[float]]:
-    run(sh, SETUP)
-    result = run(sh, TRAIN.format(dir=tmp_path / "ref", stop="pass"))
+def reference(sh: InteractiveShell, tmp_path: Path, setup: str = SETUP,
+              cell: str = TRAIN) -> tuple[list[torch.Tensor], list[float]]:
+    run(sh, setup)
+    result = run(sh, cell.format(dir=tmp_path / "ref", stop="pass"))
     assert result.success and result.result == 3
     return final_state(sh), list(sh.user_ns["history"])
 
@@ -123,6 +125,83 @@ def test_interrupt_saves_then_rerun_continues_bit_exact(shell, tmp_path: Path) -
     # the run is finished now: a third run starts afresh on a new branch
     rows = ckpt_nb.CheckpointManager(tmp_path / "run").list()
     assert rows["note"].iloc[-1] == "end of cell" and rows["branch"].nunique() == 1
+
+
+# A per-epoch scheduler stepped after the training loop, then a validation loader: the
+# position is the training loader's, and the lines after it must run once per epoch.
+VAL_SETUP = SETUP.replace("StepLR(opt, step_size=10)", "ExponentialLR(opt, gamma=0.8)") + """
+val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[:500], Y[:500]),
+                                         batch_size=100, shuffle=True)
+"""
+
+TRAIN_VAL = """%%ckpt_auto --dir {dir} --every-steps 7
+for epoch in ckpt_nb.epochs(3):
+    model.train()
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    sched.step()
+    model.eval()
+    val_loss = 0.0
+    with torch.no_grad():
+        for j, (xb, yb) in ckpt_nb.batches(val_loader):
+            val_loss += torch.nn.functional.cross_entropy(model(xb), yb).item()
+            if STOP_AT == (epoch, j):
+                {stop}
+    history.append(round(val_loss, 6))
+len(history)
+"""
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "error"])
+def test_a_stop_in_validation_resumes_the_training_loader_bit_exact(
+        shell, tmp_path: Path, capsys, stop: str) -> None:
+    """Only the epoch's first batches() is tracked. The validation loader's position was
+    saved as the training loader's (after an interrupt the rerun trained from batch 2
+    again), and the end of the training loop was a consistent point (an error in
+    validation saved the stepped scheduler at it: the rerun stepped it again)."""
+    expected, expected_history = reference(shell, tmp_path, VAL_SETUP, TRAIN_VAL)
+    run(shell, VAL_SETUP)
+    run(shell, "STOP_AT = (1, 1)")
+    action = "import os, signal; os.kill(os.getpid(), signal.SIGINT)" if stop == "interrupt" \
+        else "raise RuntimeError('bad batch')"
+    first = run(shell, TRAIN_VAL.format(dir=tmp_path / "val", stop=action))
+    assert isinstance(first.error_in_exec, KeyboardInterrupt if stop == "interrupt"
+                      else RuntimeError)
+    row = ckpt_nb.CheckpointManager(tmp_path / "val").list().iloc[-1]
+    saved = (row["note"], row["epoch"], row["batch_idx"], row["step"])
+    # 18 batches an epoch: an interrupt saves at the epoch's end; after an error the newest
+    # checkpoint is the last periodic one, in the training loop
+    assert saved == (("interrupt", 2, 0, 36) if stop == "interrupt"
+                     else ("every 7 steps", 1, 17, 35))
+    run(shell, "STOP_AT = None")
+    capsys.readouterr()
+    second = run(shell, TRAIN_VAL.format(dir=tmp_path / "val", stop="pass"))
+    assert second.success and second.result == 3
+    assert f"resumed from {row['id']} (epoch {saved[1]}, batch {saved[2]}, step {saved[3]})" \
+        in capsys.readouterr().out
+    assert same(final_state(shell), expected)
+    assert shell.user_ns["history"] == expected_history
+    assert shell.user_ns["sched"].last_epoch == 3
+
+
+def test_a_later_loader_of_the_epoch_takes_no_save_inside(shell, tmp_path: Path) -> None:
+    """Its steps are not consistent points: a save there would record the first loader's
+    position (done) with the second part-way, and a resume would run the second again."""
+    run(shell, SETUP)
+    cell = (f"%%ckpt_auto --dir {tmp_path / 'two'} --every-steps 1\n"
+            "for epoch in ckpt_nb.epochs(2):\n"
+            "    for i, _ in ckpt_nb.batches(range(3)):\n"
+            "        opt.zero_grad(); model(X).sum().backward(); opt.step()\n"
+            "    for j, _ in ckpt_nb.batches(range(2)):\n"
+            "        opt.zero_grad(); model(X).sum().backward(); opt.step()")
+    assert run(shell, cell).success
+    rows = ckpt_nb.CheckpointManager(tmp_path / "two").list()
+    saved = list(zip(rows["epoch"], rows["batch_idx"], rows["step"]))
+    # (epoch, batches of the first loader done, step): 5 steps an epoch
+    assert saved == [(0, 1, 1), (0, 2, 2), (1, 0, 5), (1, 1, 6), (1, 2, 7), (2, 0, 10),
+                     (2, 0, 10)]
 
 
 def test_a_cell_resumes_its_own_run_by_cell_id_even_edited(shell, tmp_path: Path,
@@ -267,6 +346,31 @@ def test_bad_options_give_clear_errors(shell, capsys) -> None:
         result = run(shell, f"%ckpt_auto {line}")
         assert not result.success
         assert message in capsys.readouterr().err + str(result.error_in_exec)
+
+
+def test_a_period_that_never_fires_is_refused(shell) -> None:
+    """nan and inf seconds were accepted, and a save never fell due."""
+    for line in ("--every-seconds nan", "--every-seconds inf", "--every inf", "--every 1e400m"):
+        result = run(shell, f"%ckpt_auto {line}")
+        assert isinstance(result.error_in_exec, UsageError), line
+        assert "positive and finite" in str(result.error_in_exec)
+        assert ckpt_nb.status() == {"active": False}
+
+
+def test_a_dir_that_cannot_be_a_store_is_a_usage_error(shell, tmp_path: Path) -> None:
+    """(It was the store's StoreError, with a long traceback through the session.)"""
+    (tmp_path / "file").touch()
+    hooks = len(_global_optimizer_post_hooks)
+    for directory in (tmp_path / "file", tmp_path / "file" / "sub"):
+        result = run(shell, f"%%ckpt_auto --dir {directory}\nran = True")
+        assert isinstance(result.error_in_exec, UsageError)
+        assert f"cannot create store directory {directory}" in str(result.error_in_exec)
+        assert "ran" not in shell.user_ns
+        result = run(shell, f"%ckpt_auto --dir {directory}")
+        assert isinstance(result.error_in_exec, UsageError)
+        assert "cannot create store directory" in str(result.error_in_exec)
+    assert ckpt_nb.status() == {"active": False}
+    assert len(_global_optimizer_post_hooks) == hooks
 
 
 def test_helpers_without_a_session_are_plain() -> None:
