@@ -49,6 +49,9 @@ ProgressFn = Callable[[int, int], None]
 _VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
 
 T = TypeVar("T")
+# list()'s columns before its metrics'
+_LIST_COLUMNS = ("id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
+                 "stored_bytes", "logical_bytes", "pinned", "best", "head", "note")
 
 
 @dataclass
@@ -814,6 +817,8 @@ class CheckpointManager:
         if branch is not None:
             rows = [r for r in rows if r.branch == branch]
         names = sorted({m for r in rows for m in r.metrics})
+        # A metric named like a column (a "step" logged as a metric) is "metric:step".
+        columns = {m: f"metric:{m}" if m in _LIST_COLUMNS else m for m in names}
         best = set(self._best(rows, self.keep_best or 1))
         table = pd.DataFrame(
             [{"id": r.id, "parent": r.parent, "branch": r.branch,
@@ -821,11 +826,9 @@ class CheckpointManager:
               "epoch": r.epoch, "batch_idx": r.batch_idx, "strategy": r.strategy,
               "stored_bytes": r.stored_bytes, "logical_bytes": r.logical_bytes,
               "pinned": r.pinned, "best": r.id in best, "head": r.id == self.head,
-              "note": r.note, **{m: r.metrics.get(m, math.nan) for m in names}}
+              "note": r.note, **{columns[m]: r.metrics.get(m, math.nan) for m in names}}
              for r in rows],
-            columns=["id", "parent", "branch", "created", "step", "epoch", "batch_idx",
-                     "strategy", "stored_bytes", "logical_bytes", "pinned", "best", "head",
-                     "note", *names])
+            columns=[*_LIST_COLUMNS, *columns.values()])
         for column in ("step", "epoch", "batch_idx"):
             table[column] = table[column].astype("Int64")
         table["parent"] = pd.Series([r.parent for r in rows], dtype=object)

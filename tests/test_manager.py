@@ -1022,6 +1022,21 @@ def test_reading_while_another_process_saves_deletes_and_compacts(
         writer.wait()
 
 
+def test_a_metric_named_like_a_column_of_list_has_its_own_column(tmp_path: Path) -> None:
+    """A metric called "step" or "id" overwrote that column (ids shown as NaN) or made
+    list() raise; it is listed as "metric:<name>"."""
+    mgr = CheckpointManager(tmp_path)
+    ids = [mgr.save(step=100 + i, metrics={"step": 0.5, "id": 1.0, "created": 2.0,
+                                           "loss": 0.25}) for i in range(2)]
+    table = mgr.list()
+    assert table["id"].tolist() == ids and table["step"].tolist() == [100, 101]
+    assert table["metric:step"].tolist() == [0.5, 0.5] and table["metric:id"].tolist() == [1, 1]
+    assert table["loss"].tolist() == [0.25, 0.25] and "metric:loss" not in table
+    from ckpt_nb.cli import main as cli
+
+    assert cli(["ls", str(tmp_path)]) == 0  # (it raised, or listed every id as "-")
+
+
 class TrainsDuringWrite(LocalStore):
     """Changes a tensor as a save's first pack bytes go out, after it was hashed: what
     another thread training on during ``save()`` does."""
