@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import math
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -87,15 +86,7 @@ class CkptMagics(Magics):
         if args.every is not None:
             every_seconds = parse_duration(args.every)
         on = parse_metric_trigger(args.on) if args.on else None
-        if args.keep_best and not on:
-            raise ValueError("--keep-best ranks by a metric: give --on METRIC:min|max too")
-        for flag, value in (("--every-steps", args.every_steps), ("--keep", args.keep),
-                            ("--keep-best", args.keep_best)):
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be a positive integer, not {value}")
-        if every_seconds is not None and not 0 < every_seconds < math.inf:  # (nan never fires)
-            raise ValueError(f"--every-seconds must be positive and finite, not {every_seconds}")
-        return AutoConfig(
+        return AutoConfig(  # (which checks the values)
             directory=args.dir or self.default_dir or None, every_steps=args.every_steps,
             every_seconds=every_seconds, on=on, keep=args.keep, keep_best=args.keep_best,
             strategy=args.strategy,

@@ -55,6 +55,27 @@ class AutoConfig:
     sync: bool = False
     max_variable_bytes: int = 100 << 20
 
+    def __post_init__(self) -> None:
+        """Refuse what would never fire or cannot work, naming the option both ways
+        (``auto(every_steps=...)`` and the magic's ``--every-steps``)."""
+        for name, value in (("every_steps", self.every_steps), ("keep", self.keep),
+                            ("keep_best", self.keep_best)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a positive "
+                                 f"integer, not {value!r}")
+        if self.every_seconds is not None and not 0 < self.every_seconds < math.inf:
+            raise ValueError("every_seconds (--every-seconds) must be positive and finite, "
+                             f"not {self.every_seconds!r}")  # (nan and inf never fire)
+        if self.keep_best and not self.on:
+            raise ValueError("keep_best (--keep-best) ranks by a metric: give on=(METRIC, "
+                             "'min'|'max') (--on METRIC:min|max) too")
+        if self.on is not None and (len(self.on) != 2 or self.on[1] not in ("min", "max")):
+            raise ValueError(f"on (--on) must be (METRIC, 'min' or 'max'), not {self.on!r}")
+        if self.strategy not in ("full", "incremental", "differential"):
+            raise ValueError(f"strategy (--strategy) must be full, incremental or "
+                             f"differential, not {self.strategy!r}")
+
 
 def parse_duration(text: str) -> float:
     """Seconds in "90", "90s", "10m", "2h" or "1d"."""

@@ -550,3 +550,20 @@ def test_rollback_keeps_a_defaultdict_a_defaultdict(shell, tmp_path: Path) -> No
     assert run(shell, f"%ckpt_rollback {first}").success
     assert shell.user_ns["losses"] is losses and losses == {"train": [0]}
     assert run(shell, "losses['val'].append(1.0)").success  # no KeyError: still a defaultdict
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"every_seconds": float("nan")}, "positive and finite"),
+    ({"every_steps": 0}, r"every_steps \(--every-steps\) must be a positive integer"),
+    ({"keep": 2.5}, "positive integer"),
+    ({"keep_best": 1}, "ranks by a metric"),
+    ({"on": ("loss", "lowest")}, "'min' or 'max'"),
+    ({"strategy": "fast"}, "full, incremental or differential"),
+])
+def test_auto_refuses_options_that_cannot_work(tmp_path: Path, options: dict,
+                                               problem: str) -> None:
+    """The same checks as the magic's (a nan period never fired there either)."""
+    with pytest.raises(ValueError, match=problem):
+        with ckpt_nb.auto(str(tmp_path), namespace={}, **options):
+            pass
+    assert ckpt_nb.status() == {"active": False}
