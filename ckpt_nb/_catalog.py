@@ -156,20 +156,29 @@ class Catalog:
         in the transaction that creates it, so no other process sees it half filled."""
         self.path = Path(path)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
-                                   isolation_level=None)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
+                                       isolation_level=None)
+        except sqlite3.OperationalError as exc:
+            raise self._unopenable(exc) from exc
         try:
             self._open(seed)
         except BaseException as exc:
             self._db.close()
             if isinstance(exc, sqlite3.OperationalError):
-                raise StoreError(f"cannot open the catalog {self.path}: {exc}") from exc
+                raise self._unopenable(exc) from exc
             if isinstance(exc, sqlite3.DatabaseError):
                 raise StoreError(
                     f"the catalog {self.path} is unreadable ({exc}): move it aside (rename "
                     "it) and open the store again, which rebuilds the catalog from the "
                     "store's packs and manifests") from exc
             raise
+
+    def _unopenable(self, exc: sqlite3.OperationalError) -> StoreError:
+        hint = "" if os.access(self.path.parent, os.W_OK) else (
+            " (its folder is read-only, and SQLite writes a journal beside it even to "
+            "read: copy the store somewhere writable to open it)")
+        return StoreError(f"cannot open the catalog {self.path}: {exc}{hint}")
 
     def _open(self, seed: Callable[[], Seed] | None) -> None:
         self._db.row_factory = sqlite3.Row

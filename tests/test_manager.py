@@ -1408,3 +1408,15 @@ def test_a_closed_manager_says_so(tmp_path: Path) -> None:
         with pytest.raises(ckpt_nb.StoreError, match="was closed .* new CheckpointManager"):
             use()
     assert CheckpointManager(tmp_path / "exp").list()["id"].tolist() == [cid]
+
+
+def test_a_catalog_that_cannot_be_opened_in_a_read_only_folder_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(A read-only mount cannot be made here: the folder's answer to os.access is.)"""
+    CheckpointManager(tmp_path / "store").close()
+    for path in (tmp_path / "store").glob("catalog.sqlite*"):
+        path.unlink()
+    (tmp_path / "store" / "catalog.sqlite").mkdir()  # (sqlite: unable to open database file)
+    monkeypatch.setattr("ckpt_nb._catalog.os.access", lambda path, mode: False)
+    with pytest.raises(ckpt_nb.StoreError, match="its folder is read-only.*copy the store"):
+        CheckpointManager(tmp_path / "store")
