@@ -1,6 +1,7 @@
 """``ckpt-nb``: look into, check and tidy a checkpoint store from the shell.
 
-Every subcommand takes the store directory first; checkpoint ids accept what
+Every subcommand takes the store first: a directory, or a URL as ``CheckpointManager``
+takes it (``file:///runs/x``, ``memory://...``, ``s3://...``); checkpoint ids accept what
 ``CheckpointManager.resolve`` does ("latest", "best", "-N", an id prefix).
 "best" needs ``--metric`` (and ``--mode max`` where higher is better).
 """
@@ -11,15 +12,17 @@ import argparse
 import contextlib
 import math
 import os
+import sqlite3
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from ._catalog import store_exists
-from ._errors import CkptError
+from ._errors import CheckpointInUseError, CkptError
 from ._manager import CheckpointManager
+from ._store import Store, file_url_path, open_store
 
 ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "rel_change"})
@@ -27,32 +30,82 @@ _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "rel_ch
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (``sys.argv[1:]`` by default); return the exit code."""
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else 2
-    directory = Path(args.directory)
-    if not store_exists(directory):
-        print(f"ckpt-nb: no checkpoint store at {directory}", file=sys.stderr)
+    location: str = args.directory  # a path or a URL (file://, memory://, s3://, ...)
+    store: Store | None = None
+
+    def own(message: object) -> str:
+        """The message on one line, naming the store as the user did: its URL is
+        percent-encoded (file:///sp%20ace), and what a store holds may be anything."""
+        text = str(message)
+        return _printable(text if store is None else text.replace(store.url, location))
+
+    def say(message: object) -> None:
+        print(f"ckpt-nb: {own(message)}", file=sys.stderr)
+
+    if not _store_exists(location):
+        say(f"no checkpoint store at {location}")
         return 2
     named = [getattr(args, k, None) for k in ("id", "a", "b")] + getattr(args, "ids", [])
     if "best" in named and args.metric is None:
-        print("ckpt-nb: 'best' needs --metric NAME (and --mode max if higher is better)",
-              file=sys.stderr)
+        say("'best' needs --metric NAME (and --mode max if higher is better)")
         return 1
+    with _warnings_as_lines(own):
+        try:
+            store = open_store(location)
+            with CheckpointManager(store, metric=args.metric, mode=args.mode) as mgr:
+                return args.run(mgr, args)
+        except (CkptError, ValueError, ImportError) as exc:  # ImportError: s3:// sans s3fs
+            say(exc)
+        except BrokenPipeError:  # output piped into e.g. head, which has stopped reading
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError as exc:
+            say(f"{args.command} failed: {_os_reason(exc)}")
+        except sqlite3.Error as exc:
+            say(f"cannot use the catalog of {location}: {exc}")
+    return 1
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line. The first word picks the subcommand, whose own parser
+    then lets options come between IDs (``verify DIR --metric loss best``): parsed
+    through the top parser, a ``nargs="*"`` positional would end at the first option."""
+    parser, commands = _parser()
+    if argv and argv[0] in commands:
+        return commands[argv[0]].parse_intermixed_args(argv[1:])
+    return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
+
+
+def _store_exists(location: str) -> bool:
+    """Whether there is a store to open (``CheckpointManager`` would create one at a typo).
+    A file:// URL is checked as the folder it names; other URLs are taken on trust."""
+    if location.startswith("file://"):
+        return store_exists(file_url_path(location))
+    return store_exists(location)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(own: Callable[[object], str]) -> Iterator[None]:
+    """Show warnings as ``ckpt-nb: warning: ...`` lines, not as Python's ``cli.py:45:
+    RuntimeWarning: ...`` and a source line. Only the format changes, so a caller that
+    records warnings (``pytest.warns``) still gets them."""
+    saved = warnings.formatwarning
+
+    def line(message: Warning | str, *_: object) -> str:
+        return f"ckpt-nb: warning: {own(message)}\n"
+
+    warnings.formatwarning = line
     try:
-        with CheckpointManager(directory, metric=args.metric, mode=args.mode) as mgr:
-            return args.run(mgr, args)
-    except (CkptError, ValueError) as exc:
-        print(f"ckpt-nb: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # output piped into e.g. head, which has stopped reading
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        yield
+    finally:
+        warnings.formatwarning = saved
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top parser and each subcommand's."""
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument("directory", metavar="DIR", help="the checkpoint store")
     store.add_argument("--metric", help="the metric that ranks checkpoints (for 'best')")
@@ -66,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, run: Callable[[CheckpointManager, argparse.Namespace], int],
                 help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, parents=[store], help=help, description=help)
-        sub.set_defaults(run=run)
+        sub.set_defaults(command=name, run=run)
         return sub
 
     command("ls", _ls, "list the checkpoints").add_argument(
@@ -76,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
     command("verify", _verify, "re-read checkpoints and check their checksums").add_argument(
-        "ids", metavar="ID", nargs="*", help="the checkpoints to check (default: all)")
+        "ids", metavar="ID", nargs="*", default=[],  # (a default, or argparse calls ID required)
+        help="the checkpoints to check (default: all)")
     command("gc", _gc, "reclaim space no checkpoint needs")
     export = command("export", _export, "write a checkpoint as a .pt or .safetensors file")
     export.add_argument("id", metavar="ID")
@@ -86,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     rm = command("rm", _rm, "delete a checkpoint")
     rm.add_argument("id", metavar="ID")
     rm.add_argument("--force", action="store_true", help="delete it even if pinned")
-    return parser
+    return parser, commands.choices
 
 
 # -- subcommands ------------------------------------------------------------------
@@ -128,7 +182,7 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     }
     width = max(map(len, fields))
     for key, value in fields.items():
-        print(f"{key + ':':<{width + 1}} {_cell(value)}")
+        print(f"{key + ':':<{width + 1}} {_printable(_cell(value))}")
     print()
     rows = [[t["name"], t["dtype"], _shape(t["shape"])] for t in info["tensors"]]
     print(_table(["tensor", "dtype", "shape"], rows) if rows else "no tensors")
@@ -137,6 +191,9 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     frame = mgr.diff(args.a, args.b)
+    if frame.empty:
+        print("no tensors in either checkpoint")
+        return 0
     rows = [[r["tensor"], r["status"], _shape(r["shape"]), _percent(r["rel_change"])]
             for _, r in frame.iterrows()]
     print(_table(["tensor", "status", "shape", "rel_change"], rows, right=_NUMERIC))
@@ -148,16 +205,24 @@ def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
+    ids = list(dict.fromkeys(map(mgr.resolve, args.ids)))  # "latest -0" is one checkpoint
     with _progress("verify") as progress:
-        report = mgr.verify(args.ids or None, progress=progress)
+        report = mgr.verify(ids or None, progress=progress)
     if report.ok:
         print(f"ok: {len(report.checked)} checkpoints verified")
         return 0
     for cid, problems in report.bad.items():
         print(f"bad: {cid}")
         for problem in problems:
-            print(f"  {problem}")
-    print(f"{len(report.bad)} of {len(report.checked)} checkpoints fail verification")
+            print(f"  {_printable(problem)}")
+    for key, problem in report.packs.items():
+        print(f"bad index: {key}")
+        print(f"  {_printable(problem)}")
+    summary = f"{len(report.bad)} of {len(report.checked)} checkpoints fail verification"
+    if report.packs:
+        summary += (f"; {len(report.packs)} pack indexes are damaged (their chunks read, but "
+                    "a rebuilt catalog would miss them: `ckpt-nb gc` rewrites them)")
+    print(summary)
     return 1
 
 
@@ -171,7 +236,12 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    path = mgr.export(args.id, args.out)
+    try:
+        path = mgr.export(args.id, args.out)
+    except CkptError:
+        raise
+    except OSError as exc:  # the file system's own error: say which file was asked for
+        raise CkptError(f"cannot export to {args.out}: {_os_reason(exc)}") from exc
     print(f"{path} ({_size(path.stat().st_size)})")
     return 0
 
@@ -188,7 +258,10 @@ def _unpin(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     cid = mgr.resolve(args.id)
-    mgr.delete(cid, force=args.force)
+    try:
+        mgr.delete(cid, force=args.force)
+    except CheckpointInUseError as exc:  # worded for Python: "pass force=True"
+        raise CheckpointInUseError(str(exc).replace("force=True", "--force")) from exc
     print(f"deleted {cid}")
     return 0
 
@@ -197,6 +270,8 @@ def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
            right: frozenset[str] | set[str] = frozenset()) -> str:
     """Rows of strings in aligned columns; columns named in ``right`` align right."""
+    headers = list(map(_printable, headers))
+    rows = [list(map(_printable, row)) for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
@@ -204,6 +279,20 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
                          for h, c, w in zip(headers, cells, widths)).rstrip()
 
     return "\n".join([line(headers), *map(line, rows)])
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped as ``repr`` does (``\\n``, ``\\x1b``): a
+    note from someone else's store can neither break a table nor drive the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _os_reason(exc: OSError) -> str:
+    """The error as "Is a directory: out.pt", not as "[Errno 21] Is a directory:
+    '.out.pt.x1' -> 'out.pt'" (a rename names its target second)."""
+    name = exc.filename2 if exc.filename2 is not None else exc.filename
+    reason = exc.strerror or str(exc)
+    return reason if name is None else f"{reason}: {name}"
 
 
 def _missing(value: Any) -> bool:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import struct
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 
@@ -51,6 +54,15 @@ def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, st
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_module(*argv: object) -> subprocess.CompletedProcess[str]:
+    """``python -m ckpt_nb ARGV`` in a fresh interpreter: stderr as a terminal would get it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTHONWARNINGS", None)
+    return subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
+                          capture_output=True, text=True, env=env, timeout=120)
 
 
 def flip_byte_in_blobs(pack: Path) -> None:
@@ -179,6 +191,7 @@ def test_pin_unpin_rm(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "pin", store.directory, store.ids[1])[:2] == (0, f"pinned {store.ids[1]}\n")
     code, out, err = run(capsys, "rm", store.directory, store.ids[1])
     assert code == 1 and out == "" and "pinned" in err
+    assert "--force" in err and "force=True" not in err  # the CLI's flag, not the API's
     assert run(capsys, "unpin", store.directory, "-1")[:2] == (0, f"unpinned {store.ids[1]}\n")
     assert run(capsys, "rm", store.directory, store.ids[1])[:2] == (0, f"deleted {store.ids[1]}\n")
     run(capsys, "pin", store.directory, store.ids[0])
@@ -219,9 +232,118 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_python_dash_m(store: Store) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(store.directory)],
-                            capture_output=True, text=True, env=env, timeout=120)
+    result = run_module("ls", store.directory)
     assert result.returncode == 0, result.stderr
     assert all(cid in result.stdout for cid in store.ids)
+
+
+@pytest.mark.parametrize("make", ["file", "directory", "manifest", "catalog"])
+def test_file_system_errors_are_one_line(store: Store, tmp_path: Path, make: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """One ``ckpt-nb: WHAT: WHY`` line that names the file, whichever command met it."""
+    if make == "file":  # the export's folder is a file
+        (tmp_path / "afile").touch()
+        argv: list[object] = ["export", store.directory, "latest", tmp_path / "afile" / "x.pt"]
+        expected = f"ckpt-nb: cannot export to {tmp_path / 'afile' / 'x.pt'}: File exists: "
+        named = tmp_path / "afile"
+    elif make == "directory":  # the export's target is a folder
+        (tmp_path / "d.pt").mkdir()
+        argv = ["export", store.directory, "latest", tmp_path / "d.pt"]
+        expected = f"ckpt-nb: cannot export to {tmp_path / 'd.pt'}: Is a directory: "
+        named = tmp_path / "d.pt"
+    elif make == "manifest":  # a file the store reads is a folder
+        named = store.directory / "manifests" / f"{store.ids[1]}.json.zst"
+        named.unlink()
+        named.mkdir()
+        argv = ["show", store.directory, store.ids[1]]
+        expected = "ckpt-nb: "
+    else:  # sqlite cannot open the catalog
+        (store.directory / "catalog.sqlite").unlink()
+        (store.directory / "catalog.sqlite").mkdir()
+        argv = ["ls", store.directory]
+        expected = "ckpt-nb: cannot "
+        named = store.directory
+    code, out, err = run(capsys, *argv)
+    assert code == 1 and out == ""
+    assert err.startswith(expected) and err.count("\n") == 1 and "Traceback" not in err
+    assert str(named) in err
+
+
+def test_catalog_errors_are_one_line(store: Store, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def locked(*_: object) -> str:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(CheckpointManager, "pin", locked)  # as a write that timed out would
+    assert run(capsys, "pin", store.directory, "latest") == (
+        1, "", f"ckpt-nb: cannot use the catalog of {store.directory}: database is locked\n")
+
+
+def test_url_stores(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "ls", store.directory.as_uri())
+    assert code == 0 and all(cid in out for cid in store.ids)
+    missing = (tmp_path / "nowhere").as_uri()  # a typo in a file:// URL is refused too
+    assert run(capsys, "ls", missing) == (2, "", f"ckpt-nb: no checkpoint store at {missing}\n")
+    assert not (tmp_path / "nowhere").exists()
+    url = f"memory://ckpt-nb-cli-{uuid.uuid4().hex}/store"  # lives as long as this process
+    try:
+        with CheckpointManager(url) as mgr:
+            cid = mgr.save(torch.nn.Linear(2, 2), None, step=1, rng=False)
+        code, out, _ = run(capsys, "ls", url)
+        assert code == 0 and out.splitlines()[1].startswith(cid)
+        assert run(capsys, "verify", url)[:2] == (0, "ok: 1 checkpoints verified\n")
+    finally:
+        fs, root = fsspec.core.url_to_fs(url)
+        fs.rm(root, recursive=True)
+
+
+def test_diff_without_tensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with CheckpointManager(tmp_path / "relu") as mgr:
+        for step in (1, 2):
+            mgr.save(torch.nn.ReLU(), None, step=step, rng=False)
+    assert run(capsys, "diff", tmp_path / "relu", "-1", "latest") == (
+        0, "no tensors in either checkpoint\n", "")
+
+
+def test_verify_options_between_ids(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, count in ((["--metric", "loss", "best"], 1), (["best", "--metric", "loss"], 1),
+                        ([store.ids[0], "--metric", "loss", "best", "-1"], 3)):
+        assert run(capsys, "verify", store.directory, *argv) == (
+            0, f"ok: {count} checkpoints verified\n", "")
+
+
+def test_verify_counts_each_checkpoint_once(store: Store,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "verify", store.directory, "latest", "latest", "-0", store.ids[2][:5]) == (
+        0, "ok: 1 checkpoints verified\n", "")
+
+
+def test_notes_cannot_break_the_table_or_reach_the_terminal(
+        store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    with CheckpointManager(store.directory) as mgr:
+        mgr.annotate(store.ids[1], "two\nlines \x1b[31mred\x1b[0m")
+    escaped = "two\\nlines \\x1b[31mred\\x1b[0m"
+    code, out, _ = run(capsys, "ls", store.directory)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 4 and "\x1b" not in out
+    assert lines[0].endswith("note") and lines[2].endswith(escaped)
+    code, out, _ = run(capsys, "show", store.directory, store.ids[1])
+    assert code == 0 and f"note:      {escaped}\n" in out and "\x1b" not in out
+
+
+def test_messages_name_the_store_as_given(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "sp ace" / "日本"
+    with CheckpointManager(directory) as mgr:
+        mgr.save(torch.nn.Linear(2, 2), None, step=1, rng=False)
+    code, _, err = run(capsys, "show", directory, "nope")
+    assert code == 1 and f"no checkpoint 'nope' in {directory}: " in err and "%" not in err
+
+
+def test_warnings_are_ckpt_nb_lines(store: Store) -> None:
+    (store.directory / "catalog.sqlite").unlink()  # rebuilt from the store, with a warning
+    result = run_module("ls", store.directory)
+    assert result.returncode == 0 and all(cid in result.stdout for cid in store.ids)
+    assert result.stderr.startswith(
+        f"ckpt-nb: warning: the catalog of {store.directory} was missing, so it was rebuilt")
+    assert result.stderr.count("\n") == 1 and "cli.py" not in result.stderr

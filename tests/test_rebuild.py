@@ -149,7 +149,7 @@ def flip_byte(path: Path, from_end: int) -> None:
 
 
 def test_a_damaged_pack_index_is_found_by_verify_and_rewritten_by_gc(
-        tmp_path: Path, digits: DigitsRun) -> None:
+        tmp_path: Path, digits: DigitsRun, capsys: pytest.CaptureFixture[str]) -> None:
     """Its chunks read through the catalog, so nothing else saw it; a lost catalog then
     made the store unopenable (a negative read offset: 'open it again', forever)."""
     store = tmp_path / "exp"
@@ -160,6 +160,8 @@ def test_a_damaged_pack_index_is_found_by_verify_and_rewritten_by_gc(
     report = mgr.verify()
     assert not report.ok and not report.bad
     assert "its index is damaged" in report.packs[f"packs/{newest_pack.name}"]
+    assert cli(["verify", str(store)]) == 1
+    assert f"bad index: packs/{newest_pack.name}" in capsys.readouterr().out
     assert mgr.gc().packs_compacted == 1 and mgr.verify().ok
     mgr.close()
     lose_catalog(store)
