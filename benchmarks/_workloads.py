@@ -372,7 +372,8 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[objec
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     print(f"\n== {title} ==")
     for n, row in enumerate(cells):
-        padded = (c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        padded = (c.rjust(w) if i else c.ljust(w)
+                  for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         print("  ".join(padded))
         if n == 0:
             print("  ".join("-" * w for w in widths))

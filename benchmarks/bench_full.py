@@ -71,7 +71,8 @@ def weights_workload(name: str, dtype: torch.dtype, stored: float, restore: floa
         CheckpointManager(store).restore(cid, weights=fresh)
         return all(torch.equal(fresh.sd[k], v) for k, v in holder.sd.items())
 
-    return Workload(name, lambda: holder.sd, holder.sd, {"weights": holder}, verify, stored, restore)
+    return Workload(name, lambda: holder.sd, holder.sd, {"weights": holder}, verify, stored,
+                    restore)
 
 
 def mlp_workload(steps: int) -> Workload:
@@ -183,7 +184,8 @@ def run(wl: Workload, methods: tuple[str, ...], repeats: int, root: Path) -> Non
          "warm s", "x warm", "cold s", "x cold"],
         rows,
     )
-    print("ratios (x) are vs torch.save file size / torch.save+fsync / torch.load(weights_only=True)")
+    print("ratios (x) are vs torch.save file size / torch.save+fsync / "
+          "torch.load(weights_only=True)")
 
     if "ckpt_nb zstd" not in methods:
         return

@@ -98,7 +98,8 @@ def finetune_part(repeats: int, root: Path, with_ours: bool) -> None:
                 mgrs[m] = CheckpointManager(d / folder[m], strategy=s, codec=c)
                 cid0[m] = mgrs[m].save(model, opt, epoch=r, strategy="full")
         before = {m: w.disk_bytes(d / folder[m]) for m in mgrs}
-        d0 = {k: v.clone() for k, v in w.flat_tensors(model, opt).items()} if r == repeats - 1 else {}
+        d0 = {k: v.clone() for k, v in w.flat_tensors(model, opt).items()} \
+            if r == repeats - 1 else {}
         w.finetune_steps(model, opt, gen, STEPS)
         for m in w.rotated(methods, r):
             if m == "torch":
@@ -204,7 +205,8 @@ def changed_part(repeats: int, root: Path, with_ours: bool) -> None:
                     torch_size = w.disk_bytes(d / "s1.pt")
                 elif with_ours:
                     save = mgr.save
-                    ours_t[f].append(w.timed(save, weights=holder, epoch=1, strategy="incremental")[0])
+                    ours_t[f].append(w.timed(save, weights=holder, epoch=1,
+                                             strategy="incremental")[0])
                     ours_b[f].append(w.disk_bytes(d / "store") - before)
             shutil.rmtree(d)
 

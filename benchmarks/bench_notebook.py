@@ -98,7 +98,8 @@ def bench_overhead(repeats: int, tmp: Path, steps: int) -> None:
             if with_session:
                 with ckpt_nb.auto(str(tmp / f"over{r}"), namespace={"model": model, "opt": opt},
                                   name="o", every_steps=10**9):
-                    runs.append(("wrapped", loop(model, opt, use_helpers=True)))  # final save untimed
+                    # (the final save untimed)
+                    runs.append(("wrapped", loop(model, opt, use_helpers=True)))
             else:
                 runs.append(("plain", loop(model, opt, use_helpers=False)))
         times = dict(runs)

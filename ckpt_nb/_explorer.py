@@ -111,8 +111,9 @@ function render({ model, el }) {
     for (const n of nodes) {
       if (!n.parent || !at[n.parent]) continue;
       const [x1, y1] = at[n.parent], [x2, y2] = at[n.id];
+      const ym = (y1 + y2) / 2;
       const path = document.createElementNS(NS, "path");
-      path.setAttribute("d", `M${x1},${y1} C${x1},${(y1 + y2) / 2} ${x2},${(y1 + y2) / 2} ${x2},${y2}`);
+      path.setAttribute("d", `M${x1},${y1} C${x1},${ym} ${x2},${ym} ${x2},${y2}`);
       path.setAttribute("stroke", colors[n.lane % colors.length]);
       path.setAttribute("fill", "none");
       path.setAttribute("stroke-width", "2");

@@ -174,7 +174,8 @@ def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
         deadline = time.monotonic() + 90
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n"
+                            f"{log.read_text()[-3000:]}")
             try:
                 json.loads(_get(f"{server.url}/api/status", token))
                 break

@@ -220,7 +220,8 @@ def test_a_batch_reports_each_chunk_on_its_own() -> None:
     blobs = [codec.encode(r, 4) for r in raws]
     blobs[1] = blobs[1][:-3] + b"\0\0\0"
     outs = [np.zeros_like(r) for r in raws]
-    outcomes = codec.decode_many([(b, o, None, codec.digest(r)) for b, o, r in zip(blobs, outs, raws)])
+    outcomes = codec.decode_many([(b, o, None, codec.digest(r))
+                                  for b, o, r in zip(blobs, outs, raws)])
     assert outcomes[0] is True and outcomes[2] is True
     assert isinstance(outcomes[1], CorruptCheckpointError)
     assert np.array_equal(outs[0], raws[0]) and np.array_equal(outs[2], raws[2])

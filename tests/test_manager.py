@@ -1105,7 +1105,8 @@ def test_failed_write_leaves_earlier_checkpoints(tmp_path: Path, digits: DigitsR
 
 def test_a_save_reads_only_its_own_rows_of_the_catalog(tmp_path: Path) -> None:
     """A save looks up the digests it made, never the whole chunk table, so its cost
-    does not grow with the store (300k chunks once made a 4 MiB save 16x slower: bench_incremental, part 3).
+    does not grow with the store (300k chunks once made a 4 MiB save 16x slower:
+    bench_incremental, part 3).
     (Retention, when it deletes, collects garbage over the whole store: not here.)"""
     holder = Holder({"w": torch.randn(1 << 18), "b": torch.randn(100)})
     mgr = CheckpointManager(tmp_path, strategy="incremental")

@@ -39,11 +39,15 @@ def test_python_snapshot_follows_every_kind_of_draw() -> None:
 
 
 def test_state_dict_round_trips_all_generators() -> None:
-    random.seed(1); np.random.seed(1); torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
     np.random.randn()  # a cached Gaussian is part of the state
     saved = RNGState().state_dict()
     expected = (random.random(), np.random.randn(), np.random.rand(), torch.rand(3))
-    random.random(); np.random.rand(9); torch.rand(5)
+    random.random()
+    np.random.rand(9)
+    torch.rand(5)
     RNGState().load_state_dict(saved)
     again = (random.random(), np.random.randn(), np.random.rand(), torch.rand(3))
     assert expected[:3] == again[:3] and torch.equal(expected[3], again[3])
