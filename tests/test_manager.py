@@ -946,34 +946,6 @@ def test_bad_values_fail_clearly_and_keep_the_store(tmp_path: Path, digits: Digi
     assert list(mgr.list()["id"]) == [first] and mgr.verify().ok
 
 
-class FullDisk(LocalStore):
-    """Fails like a full disk after a number of bytes: the one thing we cannot make real."""
-
-    def __init__(self, root: Path, budget: int) -> None:
-        super().__init__(root)
-        self.budget = budget
-
-    def writer(self, key: str):
-        inner = super().writer(key)
-        store = self
-
-        class Limited:
-            def __enter__(self):
-                self.out = inner.__enter__()
-                return self
-
-            def write(self, data):
-                store.budget -= len(memoryview(data).cast("B"))
-                if store.budget < 0:
-                    raise OSError(28, "No space left on device")
-                return self.out.write(data)
-
-            def __exit__(self, *exc):
-                return inner.__exit__(*exc)
-
-        return Limited()
-
-
 WRITER = textwrap.dedent("""
     import sys, time, torch
     from ckpt_nb import CheckpointManager
@@ -1037,7 +1009,45 @@ def test_a_metric_named_like_a_column_of_list_has_its_own_column(tmp_path: Path)
     assert cli(["ls", str(tmp_path)]) == 0  # (it raised, or listed every id as "-")
 
 
-class TrainsDuringWrite(LocalStore):
+class WatchedWrites(LocalStore):
+    """A local store that calls ``before_write(key, data)`` before each write."""
+
+    def before_write(self, key: str, data: bytes | memoryview) -> None:
+        raise NotImplementedError
+
+    def writer(self, key: str):
+        inner = super().writer(key)
+        store = self
+
+        class Watched:
+            def __enter__(self):
+                self.out = inner.__enter__()
+                return self
+
+            def write(self, data):
+                store.before_write(key, data)
+                return self.out.write(data)
+
+            def __exit__(self, *exc):
+                return inner.__exit__(*exc)
+
+        return Watched()
+
+
+class FullDisk(WatchedWrites):
+    """Fails like a full disk after a number of bytes: the one thing we cannot make real."""
+
+    def __init__(self, root: Path, budget: int) -> None:
+        super().__init__(root)
+        self.budget = budget
+
+    def before_write(self, key: str, data: bytes | memoryview) -> None:
+        self.budget -= len(memoryview(data).cast("B"))
+        if self.budget < 0:
+            raise OSError(28, "No space left on device")
+
+
+class TrainsDuringWrite(WatchedWrites):
     """Changes a tensor as a save's first pack bytes go out, after it was hashed: what
     another thread training on during ``save()`` does."""
 
@@ -1045,24 +1055,9 @@ class TrainsDuringWrite(LocalStore):
         super().__init__(root)
         self.tensor = tensor
 
-    def writer(self, key: str):
-        inner = super().writer(key)
-        store = self
-
-        class Changing:
-            def __enter__(self):
-                self.out = inner.__enter__()
-                return self
-
-            def write(self, data):
-                if key.startswith("packs/"):
-                    store.tensor.add_(1)
-                return self.out.write(data)
-
-            def __exit__(self, *exc):
-                return inner.__exit__(*exc)
-
-        return Changing()
+    def before_write(self, key: str, data: bytes | memoryview) -> None:
+        if key.startswith("packs/"):
+            self.tensor.add_(1)
 
 
 @pytest.mark.parametrize("strategy", ["full", "incremental"])
