@@ -15,6 +15,7 @@ import json
 import math
 import numbers
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -123,6 +124,16 @@ class GCReport:
     damaged_kept: int = 0  # packs and manifests a rebuild found damaged, left in the store
 
 
+_MEMORY_LOCKS: dict[str, threading.RLock] = {}
+_MEMORY_LOCKS_GUARD = threading.Lock()
+
+
+def _memory_store_lock(url: str) -> threading.RLock:
+    """The lock of the managers of one memory:// store (which lives in this process)."""
+    with _MEMORY_LOCKS_GUARD:
+        return _MEMORY_LOCKS.setdefault(url, threading.RLock())
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex[:10]
 
@@ -226,23 +237,39 @@ class CheckpointManager:
 
         catalog = Catalog(path, seed=read_store)
         why = "was missing"
-        if not found and local_root(self.store) is None and path != ":memory:":
-            stored = {id_of(key) for key in self.store.list("manifests")} - {None}
-            if stored != {row.id for row in catalog.checkpoints()}:
-                why = "no longer matched the store (it was written from elsewhere)"
-                with self._exclusive():
-                    catalog.reseed(read_store())
+        if not found and local_root(self.store) is None and path != ":memory:" \
+                and self._behind_the_store(catalog):
+            why = "no longer matched the store (it was written from elsewhere)"
+            with self._exclusive():
+                catalog.reseed(read_store())
         # (an in-memory catalog, for a memory:// store, is read from its store every time)
         if found and (found[0].checkpoints or found[0].left_out) and path != ":memory:":
             warnings.warn(f"the catalog of {self.store.url} {why}, so it was rebuilt from "
                           f"the store: {found[0].summary()}", RuntimeWarning, stacklevel=3)
         return catalog
 
+    def _behind_the_store(self, catalog: Catalog) -> bool:
+        """Whether the store holds checkpoints the catalog does not list, or lacks some it
+        does (manifests a rebuild found damaged aside)."""
+        damaged = {id_of(key) for key in catalog.damaged()}
+        stored = {id_of(key) for key in self.store.list("manifests")} - {None} - damaged
+        return stored != {row.id for row in catalog.checkpoints()}
+
+    def _catch_up(self) -> None:
+        """A catalog of this process's own (a memory:// store's; an object store's, a
+        cache on this machine) does not see what other managers saved or deleted: read
+        the store again where it has moved on, before anything is written or collected
+        (a gc from a stale catalog deleted the other manager's new checkpoints)."""
+        if local_root(self.store) is None and self._behind_the_store(self.catalog):
+            self.catalog.reseed(rebuild(self.store))
+
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """One writer at a time across processes: saves, deletes and gc."""
+        """One writer at a time: saves, deletes and gc (across processes through a lock
+        file beside the catalog; a memory:// store's managers, in one process)."""
         if self._lock_path is None:
-            yield
+            with _memory_store_lock(self.store.url):
+                yield
             return
         with open(self._lock_path, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -376,6 +403,7 @@ class CheckpointManager:
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
         with self._exclusive():
+            self._catch_up()
             parent_id = self.head if parent is ... else parent
             parent_row = self.catalog.get(parent_id) if parent_id else None
             if parent_id and parent_row is None:
@@ -777,6 +805,7 @@ class CheckpointManager:
             manifest = self._manifest(cid)
             storages = self._decode_storages(cid, manifest, progress)
         except CkptError:
+            self._catch_up()  # (another manager's delete, where the catalog is this one's)
             if self.catalog.get(cid) is None:  # (a file it needed went with it)
                 raise CheckpointNotFoundError(
                     f"checkpoint {cid} was deleted (by retention, here or in another "
@@ -813,6 +842,7 @@ class CheckpointManager:
         """Every checkpoint as a pandas DataFrame, oldest first, a column per metric."""
         import pandas as pd
 
+        self._catch_up()
         rows = self.catalog.checkpoints()
         if branch is not None:
             rows = [r for r in rows if r.branch == branch]
@@ -916,6 +946,7 @@ class CheckpointManager:
                progress: ProgressFn | None = None) -> VerifyReport:
         """Re-read every chunk of the checkpoints (all by default) and check checksums;
         also each pack's own index, which a lost catalog would be rebuilt from."""
+        self._catch_up()
         wanted = [self.resolve(i) for i in ids] if ids is not None else \
             [r.id for r in self.catalog.checkpoints()]
         good: set[str] = set()
@@ -1004,6 +1035,7 @@ class CheckpointManager:
             raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
                                        "or pass force=True")
         with self._exclusive():
+            self._catch_up()
             self._drop([cid])
         self._notify("delete", cid)
 
@@ -1056,6 +1088,7 @@ class CheckpointManager:
         rewritten with only the live chunks. Safe to interrupt at any point.
         """
         with self._exclusive():
+            self._catch_up()
             return self._gc_locked(compact_below)
 
     def _gc_locked(self, compact_below: float = 0.5) -> GCReport:

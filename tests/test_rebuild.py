@@ -311,3 +311,33 @@ def test_an_object_stores_cached_catalog_is_rebuilt_when_another_machine_wrote(
         warnings.simplefilter("error")  # in step with the store now: no rebuild
         assert CheckpointManager(FsspecStore(url), catalog=laptop).list()["id"].tolist() == \
             [old[1], new]
+
+
+@pytest.mark.parametrize("kind", ["memory://", "object store, two caches"])
+def test_a_manager_whose_catalog_is_its_own_catches_up_before_it_deletes(
+        tmp_path: Path, digits: DigitsRun, kind: str) -> None:
+    """Two managers open at once on a store whose catalog each keeps to itself (a
+    memory:// store's; an object store's, cached per machine): the second's delete ran
+    gc from its stale catalog and deleted the first's newer checkpoints (the explorer
+    on a memory:// store is such a second manager)."""
+    url = f"memory://ckpt-nb-two-{uuid.uuid4().hex}"
+
+    def open_manager(name: str) -> CheckpointManager:
+        if kind == "memory://":
+            return CheckpointManager(url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a new cache: rebuilt)
+            return CheckpointManager(FsspecStore(url), catalog=tmp_path / f"{name}.sqlite")
+
+    first = open_manager("first")
+    old = [first.save(digits.model, step=s) for s in (1, 2)]
+    second = open_manager("second")
+    assert second.list()["id"].tolist() == old
+    new = [first.save(digits.model, step=s) for s in (3, 4) if digits.train_step()]
+    second.delete(old[0])
+    assert second.list()["id"].tolist() == [old[1], *new]
+    assert first.verify().ok and [first.load(cid).step for cid in new] == [3, 4]
+    third = second.save(digits.model, step=5)
+    first.gc()  # (first catches up too: the deleted one gone, the second's new one kept)
+    assert first.list()["id"].tolist() == [old[1], *new, third] and first.verify().ok
+    assert second.load(third).step == 5
