@@ -604,8 +604,8 @@ class Explorer(w.VBox):
 
     def _catalog_signature(self) -> tuple[Any, ...]:
         root = getattr(self.manager.store, "root", None)
-        if not isinstance(root, Path):
-            return (len(self.manager.catalog.checkpoints()),)
+        if not isinstance(root, Path):  # (a catalog of the manager's own: the store's own list)
+            return tuple(sorted(self.manager.store.list("manifests")))
         stats = []
         for name in ("catalog.sqlite", "catalog.sqlite-wal"):
             with contextlib.suppress(OSError):

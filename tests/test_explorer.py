@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -219,5 +220,25 @@ def test_explorer_follows_new_saves(store, digits: DigitsRun) -> None:
         poll(caught_up)
         assert new in {r["id"] for r in ui.table.rows}
         assert any(n["id"] == new for n in ui.dag.nodes)
+    finally:
+        ui.close()
+
+
+def test_explorer_on_a_memory_store_follows_new_saves_and_deletes_only_its_pick(
+        digits: DigitsRun) -> None:
+    """Its manager keeps a catalog of its own: it saw nothing saved after it opened, and
+    its delete collected the newer checkpoints it did not know."""
+    url = f"memory://ckpt-nb-ui-{uuid.uuid4().hex}"
+    mgr = ckpt_nb.CheckpointManager(url)
+    first = mgr.save(digits.model, step=1)
+    ui = ckpt_nb.explore(url, poll_seconds=0.2)
+    try:
+        digits.train_step()
+        new = [mgr.save(digits.model, step=s) for s in (2, 3)]
+        poll(lambda: {r["id"] for r in ui.table.rows} == {first, *new})
+        ui.select([first])
+        ui.delete_button.click()
+        ui.confirm_button.click()
+        assert mgr.list()["id"].tolist() == new and mgr.verify().ok
     finally:
         ui.close()
