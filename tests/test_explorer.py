@@ -236,6 +236,7 @@ def test_explorer_on_a_memory_store_follows_new_saves_and_deletes_only_its_pick(
         digits.train_step()
         new = [mgr.save(digits.model, step=s) for s in (2, 3)]
         poll(lambda: {r["id"] for r in ui.table.rows} == {first, *new})
+        assert {r["id"] for r in ui.table.rows} == {first, *new}
         ui.select([first])
         ui.delete_button.click()
         ui.confirm_button.click()
