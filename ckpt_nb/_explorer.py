@@ -13,9 +13,11 @@ the store live: saves of this process's sessions arrive through
 from __future__ import annotations
 
 import contextlib
+import html
+import math
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +55,9 @@ function render({ model, el }) {
       tr.className = "ckpt-nb-row" + (selected.has(r.id) ? " ckpt-nb-selected" : "");
       tr.dataset.id = r.id;
       for (const c of columns) {
-        const td = tr.insertCell();
-        td.textContent = r[c] === null || r[c] === undefined ? "" : String(r[c]);
-        if ((r._best || []).includes(c)) td.classList.add("ckpt-nb-best");
+        const td = tr.insertCell(), value = r.cells[c];
+        td.textContent = value === null || value === undefined ? "—" : String(value);
+        if (r.best.includes(c)) td.classList.add("ckpt-nb-best");
       }
       tr.onclick = (event) => {
         let next;
@@ -172,7 +174,9 @@ TABLE_COLUMNS = ("id", "branch", "step", "epoch", "created", "strategy", "stored
 
 
 class CheckpointTable(anywidget.AnyWidget):
-    """Rows of checkpoints; click a header to sort, a row to select (ctrl/shift: more)."""
+    """Rows of checkpoints; click a header to sort, a row to select (ctrl/shift: more).
+    A row is ``{"id", "cells": {column: value}, "best": [column, ...]}``: metric values
+    stay apart from the row's own fields, whatever the metrics are called."""
 
     _esm = _TABLE_ESM
     columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -201,14 +205,35 @@ def _size(n: Any) -> str:
 
 
 def _cell(value: Any) -> Any:
-    """A JSON-able table cell: NaN and NA become None, floats are rounded."""
+    """A JSON-able table cell: NaN, NA and ±inf become None (JSON has no such numbers,
+    and jupyter_client warns on them), floats are rounded."""
     if value is None or _plots._missing(value):
         return None
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
     if hasattr(value, "item"):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float):
+        return float(f"{value:.6g}") if math.isfinite(value) else None
     return value
+
+
+def _not_restored(missing: list[str]) -> str:
+    """The part of a rollback's message that names what a partial one left alone."""
+    return f"; not restored (the kernel tracks no object of that name): {', '.join(missing)}" \
+        if missing else ""
+
+
+def _metric_labels(metrics: Iterable[str]) -> dict[str, str]:
+    """Each metric's column label: its name, prefixed "metric:" where it would clash with
+    a column of the table's own (a metric called "stored" must not replace the size)."""
+    labels: dict[str, str] = {}
+    used = set(TABLE_COLUMNS)
+    for name in metrics:
+        label = name
+        while label in used:
+            label = f"metric:{label}"
+        labels[name] = label
+        used.add(label)
+    return labels
 
 
 class Explorer(w.VBox):
@@ -242,7 +267,7 @@ class Explorer(w.VBox):
         self.dag = DagView()
         self.dag.observe(self._on_view_select, names="selected")
         self.metric = w.Dropdown(description="metric", layout=w.Layout(width="280px"))
-        self.metric.observe(lambda _: self._draw_metrics(), names="value")
+        self.metric.observe(lambda _: self._draw(self._draw_metrics), names="value")
         self.metrics_plot = w.Image(format="png")
         self.compare_plot = w.Image(format="png")
         self.compare_box = w.VBox([w.HTML("<b>Selected checkpoints side by side</b>"),
@@ -251,8 +276,8 @@ class Explorer(w.VBox):
                                    "metrics side by side</i>")
         self.diff_a = w.Dropdown(description="from", layout=w.Layout(width="220px"))
         self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="220px"))
-        self.diff_a.observe(lambda _: self._draw_diff(), names="value")
-        self.diff_b.observe(lambda _: self._draw_diff(), names="value")
+        self.diff_a.observe(lambda _: self._draw(self._draw_diff), names="value")
+        self.diff_b.observe(lambda _: self._draw(self._draw_diff), names="value")
         self.diff_plot = w.Image(format="png")
         self.diff_table = w.HTML()
         self.tabs = w.Tab(children=[
@@ -282,7 +307,7 @@ class Explorer(w.VBox):
         self.export_button = button("Export", lambda: self.export(self._one(),
                                                                   self.export_path.value))
         self.confirm_button = button("Confirm", self._confirm, "danger")
-        self.cancel_button = button("Cancel", self._cancel)
+        self.cancel_button = button("Cancel", self._drop_pending)
         self.confirm_box = w.HBox([self.confirm_button, self.cancel_button],
                                   layout=w.Layout(display="none"))
         actions = w.HBox([self.rollback_button, self.pin_button, self.unpin_button,
@@ -306,6 +331,8 @@ class Explorer(w.VBox):
             frame = self.manager.list()
             self.table_frame = frame
             self.selected = [i for i in self.selected if i in set(frame["id"])]
+            if self._pending_action and self._pending_action[1] not in self.selected:
+                self._drop_pending()  # deleted elsewhere: nothing is left to confirm
             ids = list(frame["id"])
             metrics = _plots.metric_columns(frame)
             self.metric.options = metrics
@@ -316,7 +343,7 @@ class Explorer(w.VBox):
                 value = dropdown.value
                 dropdown.options = ids
                 dropdown.value = value if value in ids else None
-            self.table.columns = list(TABLE_COLUMNS) + metrics
+            self.table.columns = list(TABLE_COLUMNS) + list(_metric_labels(metrics).values())
             self._fill_table()
             self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
                                                                  self.manager.mode)]
@@ -336,29 +363,35 @@ class Explorer(w.VBox):
 
     def _fill_table(self) -> None:
         frame = self.table_frame
-        metrics = _plots.metric_columns(frame)
-        best: dict[str, set[str]] = {}
+        labels = _metric_labels(_plots.metric_columns(frame))
+        best: dict[str, list[str]] = {}
         for m, cid in _plots.best_by_metric(frame, self.manager.metric,
                                             self.manager.mode).items():
-            best.setdefault(cid, set()).add(m)
-        rows = []
+            best.setdefault(cid, []).append(labels[m])
+        rows, orders = [], []
         for record in frame.to_dict("records"):
-            row = {"id": record["id"], "branch": record["branch"], "step": _cell(record["step"]),
-                   "epoch": _cell(record["epoch"]),
-                   "created": record["created"].strftime("%Y-%m-%d %H:%M:%S"),
-                   "strategy": record["strategy"], "stored": _size(record["stored_bytes"]),
-                   "logical": _size(record["logical_bytes"]),
-                   "pinned": "★" if record["pinned"] else "", "note": record["note"],
-                   "_stored": int(record["stored_bytes"]), "_logical": int(record["logical_bytes"]),
-                   "_best": sorted(best.get(record["id"], ()))}
-            row.update({m: _cell(record[m]) for m in metrics})
-            rows.append(row)
+            cells = {"id": record["id"], "branch": record["branch"],
+                     "step": _cell(record["step"]), "epoch": _cell(record["epoch"]),
+                     "created": record["created"].strftime("%Y-%m-%d %H:%M:%S"),
+                     "strategy": record["strategy"], "stored": _size(record["stored_bytes"]),
+                     "logical": _size(record["logical_bytes"]),
+                     "pinned": "★" if record["pinned"] else "", "note": record["note"]}
+            cells.update({label: _cell(record[m]) for m, label in labels.items()})
+            rows.append({"id": record["id"], "cells": cells,
+                         "best": sorted(best.get(record["id"], ()))})
+            # What a column sorts by, where its cell is only for show: the real time (saves
+            # in one second), the bytes, a metric's value (±inf sort; NaN goes last).
+            orders.append({**cells, "created": record["created"],
+                           "stored": int(record["stored_bytes"]),
+                           "logical": int(record["logical_bytes"]),
+                           **{label: None if _plots._missing(record[m]) else float(record[m])
+                              for m, label in labels.items()}})
         key = self.table.sort_by if self.table.sort_by in self.table.columns else "created"
-        key = {"stored": "_stored", "logical": "_logical"}.get(key, key)
-        present = [r for r in rows if r.get(key) is not None]
-        absent = [r for r in rows if r.get(key) is None]  # always last
-        present.sort(key=lambda r: r[key], reverse=not self.table.ascending)
-        self.table.rows = present + absent
+        present = [i for i, order in enumerate(orders) if order[key] is not None]
+        absent = [i for i, order in enumerate(orders) if order[key] is None]  # always last
+        # Ties keep the catalog's order, reversed with the rest when descending.
+        present.sort(key=lambda i: (orders[i][key], i), reverse=not self.table.ascending)
+        self.table.rows = [rows[i] for i in present + absent]
 
     def _on_sort(self, _: Any) -> None:
         with self._lock:
@@ -376,16 +409,25 @@ class Explorer(w.VBox):
 
     # -- selection --------------------------------------------------------------------
     def select(self, ids: Iterable[str]) -> list[str]:
-        """Select checkpoints by id, prefix or alias ("latest", "best", "-2")."""
+        """Select checkpoints by id, prefix or alias ("latest", "best", "-2"); each once,
+        however many names it was given by. A new selection withdraws a question awaiting
+        Confirm."""
         with self._lock:
-            self.selected = [self.manager.resolve(i) for i in ids]
+            selected = list(dict.fromkeys(self.manager.resolve(i) for i in ids))
+            if selected != self.selected:
+                self._drop_pending()
+            self.selected = selected
             self._sync_selection()
             self._draw_visible()
             return self.selected
 
     def _on_view_select(self, change: Any) -> None:
-        if list(change["new"]) != self.selected:
-            self._guard(lambda: self.select(change["new"]))
+        if list(change["new"]) != self.selected and \
+                self._guard(lambda: self.select(change["new"])) is None:
+            # Failed (a checkpoint deleted meanwhile): the views show again what the
+            # buttons act on.
+            self.table.selected = list(self.selected)
+            self.dag.selected = list(self.selected)
 
     def _sync_selection(self) -> None:
         self.table.selected = list(self.selected)
@@ -412,9 +454,17 @@ class Explorer(w.VBox):
     def _draw_visible(self) -> None:
         index = self.tabs.selected_index
         if index == 1:
-            self._draw_metrics()
+            self._draw(self._draw_metrics)
         elif index == 3:
-            self._draw_diff()
+            self._draw(self._draw_diff)
+
+    def _draw(self, draw: Callable[[], None]) -> None:
+        """Draw a tab; a failure shows in the status line. Drawing runs in observers, where
+        an exception would escape to whatever changed the trait (a tab click, a select)."""
+        try:
+            draw()
+        except Exception as exc:  # noqa: BLE001 - any failure to draw is reported alike
+            self._say(f"⚠ cannot draw this tab: {exc}", error=True)
 
     def _draw_metrics(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 1:
@@ -438,7 +488,7 @@ class Explorer(w.VBox):
             self.diff_table.value = "<i>select two checkpoints (ctrl-click rows), or one with " \
                                     "a parent</i>"
             return
-        self._guard(lambda: self._render_diff(a, b))
+        self._render_diff(a, b)
 
     def _render_diff(self, a: str, b: str) -> None:
         diff = self.manager.diff(a, b)
@@ -448,7 +498,7 @@ class Explorer(w.VBox):
         for m in _plots.metric_columns(self.table_frame):
             va, vb = frame.loc[a, m], frame.loc[b, m]
             if not (_plots._missing(va) or _plots._missing(vb)):
-                deltas.append(f"{m}: {va:.4g} → {vb:.4g} ({vb - va:+.4g})")
+                deltas.append(f"{html.escape(m)}: {va:.4g} → {vb:.4g} ({vb - va:+.4g})")
         same = diff[diff["same_chunks"]]["tensor"].tolist()
         shown = diff.assign(l2=diff["l2"].map(lambda v: f"{v:.4g}"),
                             rel_change=diff["rel_change"].map(lambda v: f"{v:.3g}"))
@@ -483,8 +533,6 @@ class Explorer(w.VBox):
             return None
 
     def _say(self, text: str, *, error: bool = False) -> None:
-        import html
-
         color = "#b00020" if error else "#1b5e20"
         self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
 
@@ -494,10 +542,21 @@ class Explorer(w.VBox):
         self.confirm_box.layout.display = "flex"
         self._say(question)
 
+    def _drop_pending(self) -> None:
+        """Withdraw the question awaiting Confirm, if any: any other action, or a new
+        selection, replaces it, so a later Confirm cannot act on what is no longer shown."""
+        pending, self._pending_action = self._pending_action, None
+        self.confirm_box.layout.display = "none"
+        if pending is not None:
+            self._say(f"cancelled: the {pending[0]} of {pending[1]}")
+
     def _ask_rollback(self) -> None:
         cid = self._one()
+        restored, missing = self._restorable(cid, self._namespace())
         self._ask("rollback", cid, f"Roll the kernel's tracked objects and variables back to "
-                                   f"{cid}? The next save starts a branch from it.")
+                                   f"{cid}? It restores {', '.join(restored)}"
+                                   f"{_not_restored(missing)}. The next save starts a branch "
+                                   "from it.")
 
     def _ask_delete(self) -> None:
         cid = self._one()
@@ -508,40 +567,54 @@ class Explorer(w.VBox):
         pending, self._pending_action = self._pending_action, None
         self.confirm_box.layout.display = "none"
         if pending is None:
-            return
+            raise CkptError("nothing awaits confirmation: press Roll back or Delete first")
         action, cid = pending
+        if self.selected != [cid]:  # (the views and the buttons act on the selection)
+            raise CkptError(f"{cid} is no longer selected: nothing done; select it and press "
+                            f"{'Roll back' if action == 'rollback' else 'Delete'} again")
         self.rollback(cid) if action == "rollback" else self.delete(cid)
 
-    def _cancel(self) -> None:
-        self._pending_action = None
-        self.confirm_box.layout.display = "none"
-        self._say("cancelled")
-
     def rollback(self, which: str) -> str:
-        """The same operation as ``%ckpt_rollback which``, on this store."""
-        namespace = self.namespace
-        if namespace is None:
-            with contextlib.suppress(ImportError):
-                from IPython import get_ipython
-
-                shell = get_ipython()
-                namespace = shell.user_ns if shell is not None else None
-        if namespace is None:
-            raise CkptError("no kernel namespace to roll back: outside IPython, pass "
-                            "explore(store, namespace=globals())")
+        """The same operation as ``%ckpt_rollback which``, on this store. Refused where the
+        kernel holds nothing the checkpoint can restore (its objects are put back by the
+        names they were saved under)."""
+        self._drop_pending()
+        namespace = self._namespace()
+        cid = self.manager.resolve(which)
+        restored, missing = self._restorable(cid, namespace)
         self._progress(0, 1)
         try:
-            cid = _session.rollback(which, directory=self._directory(), namespace=namespace)
+            _session.rollback(cid, directory=self._directory(), namespace=namespace)
         finally:
             self._progress(1, 1)
         self.refresh()
-        self._say(f"rolled back to {cid}: the next save starts a branch from it")
+        self._say(f"rolled back to {cid}: restored {', '.join(restored)}"
+                  f"{_not_restored(missing)}; the next save starts a branch from it")
         return cid
+
+    def _namespace(self) -> dict[str, Any]:
+        """Where Roll back restores to: the one given, else the IPython kernel's."""
+        if self.namespace is not None:
+            return self.namespace
+        with contextlib.suppress(ImportError):
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            if shell is not None:
+                return shell.user_ns
+        raise CkptError("no kernel namespace to roll back: outside IPython, pass "
+                        "explore(store, namespace=globals())")
+
+    def _restorable(self, cid: str, namespace: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """What a rollback to ``cid`` would restore and the objects it would not, asked
+        before the question (the rollback itself refuses one that restores nothing)."""
+        plan = _session.rollback_plan(cid, directory=self._directory(), namespace=namespace)
+        if not plan.restored:
+            raise CkptError(plan.refusal())
+        return plan.restored, plan.not_restored
 
     def _display_name(self) -> str:
         """The store as its user would write it: a path relative to here, else the URL."""
-        import html
-
         directory = self._directory()
         if directory == self.url:
             return html.escape(self.url)
@@ -556,18 +629,21 @@ class Explorer(w.VBox):
         return str(root) if isinstance(root, Path) else self.url
 
     def pin(self, which: str) -> str:
+        self._drop_pending()
         cid = self.manager.pin(which)
         self.refresh()
         self._say(f"pinned {cid}: retention will keep it")
         return cid
 
     def unpin(self, which: str) -> str:
+        self._drop_pending()
         cid = self.manager.unpin(which)
         self.refresh()
         self._say(f"unpinned {cid}")
         return cid
 
     def delete(self, which: str) -> str:
+        self._drop_pending()
         cid = self.manager.resolve(which)
         self.manager.delete(cid)
         self.selected = [i for i in self.selected if i != cid]
@@ -576,18 +652,22 @@ class Explorer(w.VBox):
         return cid
 
     def export(self, which: str, path: str) -> Path:
-        """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``."""
+        """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``;
+        "~" in ``path`` is the home directory, as in a shell."""
+        self._drop_pending()
         if not path:
             raise CkptError("type a file name ending in .pt or .safetensors first")
         from ._interop import check_export_path, write_file
 
-        check_export_path(path)  # a wrong suffix fails before any decoding
+        target = os.path.expanduser(path)
+        check_export_path(target)  # a wrong suffix fails before any decoding
+        cid = self.manager.resolve(which)
         self._progress(0, 1)
         try:  # CheckpointManager.export, with the decode's progress shown
-            written = write_file(self.manager.load(which, progress=self._progress), path)
+            written = write_file(self.manager.load(cid, progress=self._progress), target)
         finally:
             self._progress(1, 1)
-        self._say(f"exported {self.manager.resolve(which)} to {written}")
+        self._say(f"exported {cid} to {os.path.abspath(written)}")
         return written
 
     def _progress(self, done: int, total: int) -> None:

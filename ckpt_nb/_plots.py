@@ -132,6 +132,13 @@ def _missing(value: Any) -> bool:
         return True
 
 
+def _finite(values: Any) -> Any:
+    """Which values of a Series or DataFrame are finite numbers (not NaN, NA or ±inf)."""
+    import numpy as np
+
+    return np.isfinite(values.astype("float64"))
+
+
 def _lane_color(lane: int) -> str:
     return LANE_COLORS[lane % len(LANE_COLORS)]
 
@@ -158,6 +165,8 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
     if not names:
         return _empty(fig, "no metrics logged yet (ckpt_nb.log or save(metrics=...))")
     metric = metric if metric in names else names[0]
+    if not _finite(table[metric]).any():  # (NaN or ±inf: nothing to draw a line through)
+        return _empty(fig, f"no data: no checkpoint logged {metric} as a finite number")
     ax = fig.add_subplot()
     lanes = {n.branch: n.lane for n in dag_layout(table)}
     x_of = table["step"].astype("float64").where(table["step"].notna(),
@@ -168,11 +177,11 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
         if isinstance(fork, str) and fork in position:
             part = pd.concat([table.iloc[[position[fork]]], part])
         values = part[metric].astype("float64")
-        keep = values.notna()
+        keep = _finite(values)
         if keep.any():
             ax.plot(x_of[part.index][keep], values[keep], marker="o", markersize=4,
                     color=_lane_color(lanes[branch]), label=branch)
-    chosen = table[table["id"].isin(list(selected))]
+    chosen = table[table["id"].isin(list(selected)) & _finite(table[metric])]
     if len(chosen):
         ax.scatter(x_of[chosen.index], chosen[metric].astype("float64"), s=140,
                    facecolors="none", edgecolors="black", linewidths=1.8, zorder=5,
@@ -288,22 +297,33 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
 
 def plot_compare(store: StoreLike, ids: Sequence[str], metrics: Sequence[str] | None = None,
                  *, table: Any = None) -> Figure:
-    """The metrics of 2+ checkpoints side by side, as grouped bars."""
+    """The metrics of 2+ checkpoints side by side, as grouped bars. A value missing or
+    infinite has no bar (a 0.0 bar would read as a real 0) but a mark: "n/a", "inf"."""
     if table is None:
         with opened(store) as manager:
             table = manager.list()
             ids = [manager.resolve(i) for i in ids]
+    ids = list(dict.fromkeys(ids))  # (a checkpoint chosen twice is one group of bars)
     names = list(metrics) if metrics else metric_columns(table)
     fig = Figure(figsize=(7, 3.4), layout="constrained")
-    chosen = table.set_index("id").reindex(list(ids))
-    if not names or not len(ids):
+    chosen = table.set_index("id").reindex(ids)[names].astype("float64")
+    if not names or not ids:
         return _empty(fig, "select checkpoints that logged metrics to compare them")
+    if not _finite(chosen).to_numpy().any():
+        return _empty(fig, "no data: the selected checkpoints logged none of these metrics")
     ax = fig.add_subplot()
     width = 0.8 / len(ids)
     for k, cid in enumerate(ids):
-        values = [float(chosen.loc[cid, m]) if not _missing(chosen.loc[cid, m]) else 0.0
-                  for m in names]
-        ax.bar([i + k * width for i in range(len(names))], values, width=width, label=cid)
+        color = f"C{k % 10}"  # (an id with no bar at all keeps its colour in the legend)
+        where = [i + k * width for i in range(len(names))]
+        values = chosen.loc[cid].tolist()
+        bars = [(x, v) for x, v in zip(where, values) if math.isfinite(v)]
+        ax.bar([x for x, _ in bars], [v for _, v in bars], width=width, label=cid, color=color)
+        for x, value in zip(where, values):  # no bar for what has no height: a mark instead
+            if not math.isfinite(value):
+                ax.text(x, 0, "n/a" if math.isnan(value) else f"{value}", rotation=90,
+                        ha="center", va="bottom", fontsize=8, color=color)
+    ax.set_xlim(-width, len(names) - 1 + len(ids) * width)  # (the marks too, not only bars)
     ax.set_xticks([i + width * (len(ids) - 1) / 2 for i in range(len(names))], names)
     ax.legend(fontsize="small", title="checkpoint")
     ax.grid(axis="y", alpha=0.3)

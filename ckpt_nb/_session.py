@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -115,6 +115,23 @@ class _Loop:
     epoch_rng: dict[str, Any] | None = None
     in_batches: bool = False
     tracked_loader: bool = False  # whether batches() has run in this epoch
+
+
+class RollbackPlan(NamedTuple):
+    """What a rollback would restore: the tracked objects of its objects' names and its
+    variables (``restored``), and the objects it holds that nothing here would take."""
+
+    id: str
+    restored: list[str]
+    not_restored: list[str]
+    tracked: list[str]  # the kernel's tracked objects
+
+    def refusal(self) -> str:
+        """Why a rollback that would restore nothing is refused, and what to do."""
+        return (f"nothing to roll back: {self.id} holds "
+                f"{', '.join(self.not_restored) or 'no objects'}, and this kernel tracks no "
+                f"object of those names (it has {', '.join(self.tracked) or 'none'}); name "
+                f"them so, or restore by hand: CheckpointManager.restore({self.id!r}, ...)")
 
 
 @dataclass
@@ -604,18 +621,35 @@ class AutoSession:
             loop.in_batches = in_batches
 
     # -- rollback and status ---------------------------------------------------------------------
+    def rollback_plan(self, which: str = "latest") -> RollbackPlan:
+        """What a rollback to ``which`` would do, read from its manifest alone."""
+        cid = self.manager.resolve(which)
+        state = self.manager._manifest(cid)["state"]
+        run = state["extra"].get(RUN_KEY) if isinstance(state["extra"], dict) else None
+        variables = list(run.get("variables") or {}) if isinstance(run, dict) else []
+        live = self.rediscover().statefuls
+        objects = list(state.get("types") or {})
+        return RollbackPlan(cid, [n for n in objects if n in live] + variables,
+                            [n for n in objects if n not in live], list(live))
+
     def rollback(self, which: str = "latest") -> str:
-        """Put tracked objects and variables back to a checkpoint, in place."""
+        """Put tracked objects and variables back to a checkpoint, in place. One that
+        would restore nothing is refused, and the kernel's position stays."""
         self.writer.wait()
         self._report_background_error()
-        ck = self.manager.load(which)
+        plan = self.rollback_plan(which)
+        if not plan.restored:
+            raise CkptError(plan.refusal())
+        cid, missing = plan.id, plan.not_restored
+        ck = self.manager.load(cid)
         targets, run = self._apply(ck)
         self._moved_to(ck.id, "rollback")
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
         restored = list(targets) + list(run.get("variables", {}))
+        left = f" (not {', '.join(missing)}: nothing here by those names)" if missing else ""
         self.say(f"rolled back to {ck.id} (epoch {ck.epoch}, step {ck.step}): restored "
-                 f"{', '.join(restored) or 'nothing'}; the next save starts a branch from it")
+                 f"{', '.join(restored)}{left}; the next save starts a branch from it")
         return ck.id
 
     def status(self) -> dict[str, Any]:
@@ -750,10 +784,28 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     """Restore tracked objects and variables to a checkpoint, in place; the next save
     is its child. Uses the active session, else ``directory`` (default: the store of
     the last session in this process) and ``namespace`` (default: that session's)."""
+    with _session_for(directory, namespace) as session:
+        return session.rollback(which)
+
+
+def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,
+                  namespace: dict[str, Any] | None = None) -> RollbackPlan:
+    """What ``rollback`` with these arguments would restore (``AutoSession.rollback_plan``),
+    touching nothing."""
+    with _session_for(directory, namespace) as session:
+        return session.rollback_plan(which)
+
+
+@contextlib.contextmanager
+def _session_for(directory: str | os.PathLike[str] | None,
+                 namespace: dict[str, Any] | None) -> Iterator[AutoSession]:
+    """The session a rollback uses: the active one where it is on that store and
+    namespace, else a temporary one on the last session's settings."""
     session = active()
     if session is not None and (directory is None or store_url(directory) == session.url) \
             and namespace in (None, session.namespace):
-        return session.rollback(which)
+        yield session
+        return
     if _last is None and (directory is None or namespace is None):
         raise CkptError("nothing to roll back: no ckpt_nb session has run in this process; "
                         "run %ckpt_auto first, or pass directory= and namespace=")
@@ -768,7 +820,7 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     config = dataclasses.replace(config, resume=True)  # keep the kernel's position
     temporary = AutoSession(config, namespace if namespace is not None else last_namespace)
     try:
-        return temporary.rollback(which)
+        yield temporary
     finally:
         temporary.close()
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,10 +16,10 @@ from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.figure import Figure
 
 import ckpt_nb
-from ckpt_nb import _session
+from ckpt_nb import _plots, _session
 from ckpt_nb._plots import dag_layout
 
-from conftest import DigitsRun
+from conftest import DigitsRun, same
 
 
 def poll(condition: Callable[[], bool], seconds: float = 20) -> None:
@@ -101,14 +104,14 @@ def test_explorer_table_sorting_selection_and_diff(store) -> None:
     ui = ckpt_nb.explore(path, poll_seconds=0)
     try:
         assert len(ui.table.rows) == 6 and "loss" in ui.table.columns
-        best_loss = min(ui.table.rows, key=lambda r: r["loss"])
-        assert "loss" in best_loss["_best"]
+        best_loss = min(ui.table.rows, key=lambda r: r["cells"]["loss"])
+        assert "loss" in best_loss["best"]
         by_loss = ui.sort("loss", ascending=True)
-        losses = [r["loss"] for r in ui.table.rows]
+        losses = [r["cells"]["loss"] for r in ui.table.rows]
         assert losses == sorted(losses) and by_loss[0] == best_loss["id"]
         ui.table.sort_by, ui.table.ascending = "step", False  # as a header click does
-        assert [r["step"] for r in ui.table.rows] == sorted((r["step"] for r in ui.table.rows),
-                                                            reverse=True)
+        steps = [r["cells"]["step"] for r in ui.table.rows]
+        assert steps == sorted(steps, reverse=True)
         ui.table.selected = [branch[0]]  # as a row click does
         assert ui.selected == [branch[0]] and ui.dag.selected == [branch[0]]
         assert (ui.diff_a.value, ui.diff_b.value) == (main[1], branch[0])  # its parent
@@ -197,7 +200,7 @@ def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> Non
 
             poll(caught_up)
             assert {r["id"] for r in live.table.rows} == saved_ids
-            assert {r["branch"] for r in live.table.rows} == {"main", "branch-1"}
+            assert {r["cells"]["branch"] for r in live.table.rows} == {"main", "branch-1"}
             assert live.dag.current == last != first
         finally:
             live.close()
@@ -241,5 +244,220 @@ def test_explorer_on_a_memory_store_follows_new_saves_and_deletes_only_its_pick(
         ui.delete_button.click()
         ui.confirm_button.click()
         assert mgr.list()["id"].tolist() == new and mgr.verify().ok
+    finally:
+        ui.close()
+
+
+def test_another_action_or_selection_withdraws_a_pending_confirm(store, digits: DigitsRun
+                                                                  ) -> None:
+    """A Confirm left showing must never act later on a checkpoint no longer selected."""
+    path, main, branch = store
+    namespace = {"model": digits.model, "optimizer": digits.optimizer}
+    ui = ckpt_nb.explore(path, namespace=namespace, poll_seconds=0)
+    try:
+        ui.select([main[0]])
+        ui.delete_button.click()
+        ui.table.selected = [main[2]]  # as a row click does
+        assert ui.confirm_box.layout.display == "none" and "cancelled" in ui.status.value
+        ui.pin_button.click()
+        assert f"pinned {main[2]}" in ui.status.value
+        ui.confirm_button.click()
+        assert main[0] in set(ckpt_nb.CheckpointManager(path).list()["id"])
+        assert "nothing awaits confirmation" in ui.status.value
+
+        ui.select([main[1]])
+        ui.rollback_button.click()
+        ui.unpin_button.click()  # any other action: the question goes with it
+        assert ui.confirm_box.layout.display == "none"
+        ui.confirm_button.click()
+        assert ui.dag.current is None and "nothing awaits confirmation" in ui.status.value
+
+        ui.delete_button.click()
+        ui.selected = [main[3]]  # (set behind the views' back): Confirm checks it still
+        ui.confirm_button.click()
+        assert "no longer selected" in ui.status.value
+        assert main[1] in set(ckpt_nb.CheckpointManager(path).list()["id"])
+
+        ui.select([main[3]])
+        ui.delete_button.click()
+        ckpt_nb.CheckpointManager(path).delete(main[3])  # another manager's delete
+        ui.refresh()  # as the follower does when it sees the catalog change
+        assert ui.selected == [] and ui.confirm_box.layout.display == "none"
+    finally:
+        ui.close()
+
+
+@pytest.fixture
+def fresh_session(monkeypatch) -> None:
+    """No ckpt_nb session has run in this process: a rollback makes a temporary one."""
+    monkeypatch.setattr(_session, "_positions", {})
+    monkeypatch.setattr(_session, "_position_events", {})
+    monkeypatch.setattr(_session, "_last", None)
+    monkeypatch.setattr(_session, "_sessions", [])
+
+
+def test_rollback_says_what_it_restored_and_refuses_to_restore_nothing(
+        store, digits: DigitsRun, fresh_session) -> None:
+    """The store's objects are "model" and "optimizer": a kernel naming them otherwise
+    gets nothing back, and must hear so (and the kernel marker must stay put)."""
+    path, main, branch = store
+    before = digits.weights()
+    namespace = {"net": digits.model, "sgd": digits.optimizer}
+    ui = ckpt_nb.explore(path, namespace=namespace, poll_seconds=0)
+    try:
+        ui.select([main[0]])
+        ui.rollback_button.click()  # refused at once: there is nothing to confirm
+        status = ui.status.value
+        assert "nothing to roll back" in status and "model, optimizer" in status, status
+        assert "net, sgd" in status and "⚠" in status
+        assert ui.confirm_box.layout.display == "none"
+        with pytest.raises(ckpt_nb.CkptError, match="nothing to roll back"):
+            ui.rollback(main[0])
+        assert same(digits.weights(), before) and ui.dag.current is None
+        assert _session.kernel_position(path) is None
+
+        namespace["model"] = namespace.pop("net")
+        ui.rollback_button.click()
+        assert "It restores model; not restored" in ui.status.value
+        ui.confirm_button.click()
+        status = ui.status.value
+        assert f"rolled back to {main[0]}: restored model;" in status, status
+        assert "not restored" in status and "optimizer" in status
+        saved = ckpt_nb.CheckpointManager(path).load(main[0]).state["model"]
+        assert same(digits.weights(), list(saved.values())) and ui.dag.current == main[0]
+    finally:
+        ui.close()
+
+
+def test_store_derived_names_are_escaped_in_the_diff(tmp_path: Path) -> None:
+    """The Diff tab is an HTML widget: a metric's name must show as text, not run."""
+    evil = "<img src=x onerror=alert(1)>"
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    first = mgr.save(model, metrics={evil: 1.0})
+    with torch.no_grad():
+        model.weight.add_(1)
+    second = mgr.save(model, metrics={evil: 2.0})
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.select([first, second])
+        ui.tabs.selected_index = 3
+        assert "<img" not in ui.diff_table.value
+        assert "&lt;img src=x onerror=alert(1)&gt;: 1 → 2" in ui.diff_table.value
+    finally:
+        ui.close()
+
+
+def test_a_checkpoint_selected_twice_is_selected_once(store, monkeypatch) -> None:
+    """Two names for one checkpoint broke the side-by-side plot, and the Metrics tab's
+    observer raised on every later visit."""
+    path, main, branch = store
+    ui = ckpt_nb.explore(path, poll_seconds=0)
+    try:
+        assert ui.select(["latest", branch[-1]]) == [branch[-1]]
+        ui.table.selected = [main[0], main[0], main[1]]  # as a view could send it
+        assert ui.selected == ui.table.selected == [main[0], main[1]]
+        ui.tabs.selected_index = 1
+        assert ui.compare_plot.value.tobytes().startswith(b"\x89PNG")
+        assert "⚠" not in ui.status.value
+        compare = ckpt_nb.plot_compare(path, [main[0], main[0]])
+        assert len(compare.axes[0].patches) == 2  # one checkpoint x 2 metrics
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("the plot broke")
+
+        monkeypatch.setattr(_plots, "plot_metrics", broken)
+        ui.tabs.selected_index = 0
+        ui.tabs.selected_index = 1  # the observer reports it; nothing escapes
+        assert "the plot broke" in ui.status.value and "⚠" in ui.status.value
+    finally:
+        ui.close()
+
+
+def test_a_failed_view_selection_highlights_the_selection_again(store) -> None:
+    """The buttons act on ``ui.selected``: the views must not show another checkpoint."""
+    path, main, branch = store
+    ui = ckpt_nb.explore(path, poll_seconds=0)
+    try:
+        ui.select([main[0]])
+        ckpt_nb.CheckpointManager(path).delete(main[2])  # another manager; not seen yet
+        ui.table.selected = [main[2]]  # as a row click does
+        assert "⚠" in ui.status.value and ui.selected == [main[0]]
+        assert ui.table.selected == ui.dag.selected == [main[0]]
+        ui.dag.selected = [main[2]]  # as a node click does
+        assert ui.table.selected == ui.dag.selected == [main[0]]
+    finally:
+        ui.close()
+
+
+def test_created_sorts_by_the_real_time(tmp_path: Path) -> None:
+    """Saves within one second show the same "created" text; descending still reverses."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    ids = [mgr.save(model, step=s) for s in range(4)]  # (milliseconds apart)
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        assert ui.sort("created") == ids
+        assert ui.sort("created", ascending=False) == ids[::-1]
+    finally:
+        ui.close()
+
+
+def test_metrics_named_like_the_tables_own_fields(tmp_path: Path) -> None:
+    """A metric's value never replaces a row's own field: not the size, not the sort
+    keys, not the list of best metrics the table's JS reads."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    names = ("stored", "_stored", "_logical", "_best", "cells", "best")
+    ids = [mgr.save(model, metrics=dict.fromkeys(names, float(v)), step=v) for v in (3, 1, 2)]
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        columns = ui.table.columns
+        assert len(columns) == len(set(columns)) and "metric:stored" in columns
+        for row in ui.table.rows:
+            assert row["cells"]["stored"].endswith("B") and isinstance(row["best"], list)
+            assert all(isinstance(m, str) and m in columns for m in row["best"])
+        values = {r["id"]: r["cells"]["metric:stored"] for r in ui.table.rows}
+        assert values == dict(zip(ids, (3.0, 1.0, 2.0)))
+        assert ui.sort("_stored") == [ids[1], ids[2], ids[0]]  # the metric, not the bytes
+        assert ui.sort("metric:stored", ascending=False) == [ids[0], ids[2], ids[1]]
+    finally:
+        ui.close()
+
+
+def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -> None:
+    """NaN and inf are no bar (no 0.0, no infinite one), no JSON, no empty plot; "~" is home."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    ids = [mgr.save(model, metrics={"loss": loss, "acc": math.nan}, step=s)
+           for s, loss in enumerate((0.5, math.inf, math.nan))]
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        json.dumps(ui.table.rows, allow_nan=False)  # what jupyter_client sends, warning-free
+        assert [r["cells"]["loss"] for r in ui.table.rows] == [0.5, None, None]
+        ui.select(ids)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compare = ui.figure("compare")
+            _plots.to_png(compare)
+            assert len(compare.axes[0].patches) == 1  # only the finite 0.5
+            texts = sorted(t.get_text() for t in compare.axes[0].texts)
+            assert texts == ["inf", *["n/a"] * 4]
+            empty = ckpt_nb.plot_metrics(tmp_path / "s", "acc")
+            _plots.to_png(empty)
+            assert "no data" in empty.axes[0].texts[0].get_text()
+
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        (tmp_path / "home").mkdir()
+        monkeypatch.chdir(tmp_path)
+        ui.select([ids[0]])
+        ui.export_path.value = "~/e.pt"
+        ui.export_button.click()
+        assert (tmp_path / "home" / "e.pt").is_file() and not (tmp_path / "~").exists()
+        assert str(tmp_path / "home" / "e.pt") in ui.status.value
     finally:
         ui.close()

@@ -567,3 +567,21 @@ def test_auto_refuses_options_that_cannot_work(tmp_path: Path, options: dict,
         with ckpt_nb.auto(str(tmp_path), namespace={}, **options):
             pass
     assert ckpt_nb.status() == {"active": False}
+
+
+def test_a_rollback_that_would_restore_nothing_is_refused_and_the_kernel_stays(
+        tmp_path: Path) -> None:
+    """(It said "restored nothing" and moved the kernel's position there.)"""
+    net = torch.nn.Linear(2, 2)
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    cid = mgr.save(model=net)  # saved as "model"; the kernel calls it "net"
+    before = torch.clone(net.weight.data)
+    with torch.no_grad():
+        net.weight += 1
+    with pytest.raises(ckpt_nb.CkptError, match=f"nothing to roll back: {cid} holds model, "
+                                                "and this kernel tracks no object of those "
+                                                "names \\(it has net\\)"):
+        ckpt_nb.rollback(cid, directory=tmp_path / "s", namespace={"net": net})
+    assert _session.kernel_position(tmp_path / "s") is None
+    assert ckpt_nb.rollback(cid, directory=tmp_path / "s", namespace={"model": net}) == cid
+    assert torch.equal(net.weight, before)
