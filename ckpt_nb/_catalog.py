@@ -26,15 +26,21 @@ CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
-    """Whether a location holds a store: a URL is taken on trust (asking costs a round
-    trip), a local folder must hold a catalog or a format stamp (a store whose catalog
-    was lost, which opens rebuilt). Lets callers refuse a typo before
-    ``CheckpointManager`` would create an empty store there."""
+    """Whether a location holds a store: a local folder a catalog or a format stamp (a
+    store whose catalog was lost opens rebuilt), a URL its format stamp (one round
+    trip). Lets callers refuse a typo before ``CheckpointManager`` would create an
+    empty store there (and, on an object store, its bucket)."""
     from ._format import FORMAT_KEY  # (the format module builds on this one)
+    from ._store import open_store
 
     text = os.fspath(location)
-    return "://" in text or any((Path(text) / name).is_file()
-                                for name in (CATALOG_FILE, FORMAT_KEY))
+    if "://" in text and not text.startswith("file://"):
+        return text != "memory://" and open_store(text).has(FORMAT_KEY)
+    if text.startswith("file://"):
+        from ._store import file_url_path
+
+        text = str(file_url_path(text))
+    return any((Path(text) / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -257,11 +257,29 @@ class CheckpointManager:
 
     def _catch_up(self) -> None:
         """A catalog of this process's own (a memory:// store's; an object store's, a
-        cache on this machine) does not see what other managers saved or deleted: read
-        the store again where it has moved on, before anything is written or collected
-        (a gc from a stale catalog deleted the other manager's new checkpoints)."""
-        if local_root(self.store) is None and self._behind_the_store(self.catalog):
+        cache on this machine) does not see what other managers saved, deleted, pinned
+        or noted: read the store again where it has moved on, before anything is written
+        or collected (a gc from a stale catalog deleted the other manager's new
+        checkpoints; retention, a checkpoint pinned elsewhere)."""
+        if local_root(self.store) is not None:
+            return
+        if self._behind_the_store(self.catalog):
             self.catalog.reseed(rebuild(self.store))
+            return
+        for key in self.store.list("labels"):  # pins and notes changed elsewhere
+            row = self.catalog.get(id_of(key) or "")
+            try:
+                label = json.loads(self.store.get(key))
+            except (FileNotFoundError, ValueError):
+                continue  # (deleted meanwhile, or damaged: the catalog's stands)
+            if row is None or not isinstance(label, dict):
+                continue
+            found = {"pinned": bool(label.get("pinned", row.pinned)),
+                     "note": str(label.get("note", row.note))}
+            change = {name: value for name, value in found.items()
+                      if value != getattr(row, name)}
+            if change:
+                self.catalog.update(row.id, **change)
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -450,7 +468,12 @@ class CheckpointManager:
             self._manifests[row.id] = manifest
             if parent is ...:
                 self.head = row.id
-            self._apply_retention(protect={row.id})
+            try:
+                self._apply_retention(protect={row.id})
+            except OSError as exc:  # (StoreError too) the checkpoint is committed all the same
+                warnings.warn(f"checkpoint {row.id} was saved, but retention failed ({exc}); "
+                              "it runs again at the next save, or call gc()", RuntimeWarning,
+                              stacklevel=2)
         self._notify("save", row.id)
         return row.id
 

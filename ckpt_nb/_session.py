@@ -34,7 +34,7 @@ from ._catalog import store_exists
 from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
 from ._errors import CkptError
 from ._manager import Checkpoint, CheckpointManager
-from ._store import file_url_path
+from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
 
@@ -690,7 +690,7 @@ def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:
         return store.store.url
     text = os.fspath(store)
     if "://" in text and not text.startswith("file://"):
-        return text
+        return canonical_url(text)
     path = file_url_path(text) if text.startswith("file://") else Path(text)
     return path.expanduser().resolve().as_uri()
 

@@ -515,7 +515,10 @@ class FsspecStore(Store):
     """Any fsspec file system (object storage, memory://, ...), under one root.
 
     A value is spooled to a local temporary file and uploaded in one put, which
-    object stores make visible atomically.
+    object stores make visible atomically. Listings and sizes are asked of the store
+    itself, never of fsspec's listing cache (another process's save would look
+    missing); a failure of the backend (a connection refused, a botocore error) is a
+    ``StoreError`` that names the store.
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
@@ -523,13 +526,27 @@ class FsspecStore(Store):
 
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.root = root.rstrip("/")
-        self.url = url
+        self.url = canonical_url(url)  # (its catalog's cache and lock are keyed by it)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{check_key(key)}"
 
+    @contextlib.contextmanager
+    def _asking(self, what: str, path: str | None = None) -> Iterator[None]:
+        """Ask the backend, fresh: its own errors become StoreErrors."""
+        if path is not None:
+            self.fs.invalidate_cache(path)
+        try:
+            yield
+        except (FileNotFoundError, StoreError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any backend's own (botocore's are not OSError)
+            raise StoreError(f"{what} at {self.url} failed: {exc}") from exc
+
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return self.fs.cat_file(self._path(key), start=start, end=end)
+        path = self._path(key)
+        with self._asking(f"reading {key}"):
+            return self.fs.cat_file(path, start=start, end=end)
 
     @contextlib.contextmanager
     def writer(self, key: str) -> Iterator[Writer]:
@@ -537,30 +554,40 @@ class FsspecStore(Store):
         with tempfile.NamedTemporaryFile(prefix="ckpt_nb-") as spool:
             yield spool
             spool.flush()
-            try:
+            with self._asking(f"upload of {key}", path):
                 self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
                 self.fs.put_file(spool.name, path)
-            except OSError as exc:
-                raise StoreError(f"upload of {key} to {self.url} failed: {exc}") from exc
 
     def has(self, key: str) -> bool:
-        return bool(self.fs.isfile(self._path(key)))
+        path = self._path(key)
+        with self._asking(f"looking for {key}", path):
+            return bool(self.fs.isfile(path))
 
     def size(self, key: str) -> int:
-        return int(self.fs.size(self._path(key)))
+        path = self._path(key)
+        with self._asking(f"the size of {key}", path):
+            return int(self.fs.size(path))
 
     def delete(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self._path(key))
+        path = self._path(key)
+        with contextlib.suppress(FileNotFoundError), self._asking(f"deleting {key}", path):
+            self.fs.rm_file(path)
 
     def list(self, prefix: str = "") -> Iterator[str]:
         base = self._path(prefix) if prefix else self.root
-        if not self.fs.isdir(base):
-            return
-        found = self.fs.find(base)
+        with self._asking(f"listing {prefix or 'the store'}", base):
+            found = self.fs.find(base) if self.fs.isdir(base) else []
         cut = len(self.root.lstrip("/")) + 1
         for path in found:
             yield path.lstrip("/")[cut:]
+
+
+def canonical_url(url: str) -> str:
+    """A store's URL as ckpt_nb keys it: ``s3://b/exp/`` and ``s3://b/exp`` are one store
+    (with two keys, each had a catalog cache and a lock of its own, and each one's gc
+    deleted the other's checkpoints)."""
+    head, sep, rest = url.partition("://")
+    return head + sep + rest.rstrip("/") if sep and rest.rstrip("/") else url
 
 
 def open_store(location: str | os.PathLike[str] | Store, **options: object) -> Store:

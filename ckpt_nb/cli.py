@@ -22,7 +22,7 @@ from typing import Any
 from ._catalog import store_exists
 from ._errors import CheckpointInUseError, CkptError
 from ._manager import CheckpointManager
-from ._store import Store, file_url_path, open_store
+from ._store import Store, open_store
 
 ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "rel_change"})
@@ -46,15 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: object) -> None:
         print(f"ckpt-nb: {own(message)}", file=sys.stderr)
 
-    if not _store_exists(location):
-        say(f"no checkpoint store at {location}")
-        return 2
     named = [getattr(args, k, None) for k in ("id", "a", "b")] + getattr(args, "ids", [])
     if "best" in named and args.metric is None:
         say("'best' needs --metric NAME (and --mode max if higher is better)")
         return 1
     with _warnings_as_lines(own):
         try:
+            if not store_exists(location):  # (asks an object store: inside the try)
+                say(f"no checkpoint store at {location}")
+                return 2
             store = open_store(location)
             with CheckpointManager(store, metric=args.metric, mode=args.mode) as mgr:
                 return args.run(mgr, args)
@@ -77,14 +77,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if argv and argv[0] in commands:
         return commands[argv[0]].parse_intermixed_args(argv[1:])
     return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
-
-
-def _store_exists(location: str) -> bool:
-    """Whether there is a store to open (``CheckpointManager`` would create one at a typo).
-    A file:// URL is checked as the folder it names; other URLs are taken on trust."""
-    if location.startswith("file://"):
-        return store_exists(file_url_path(location))
-    return store_exists(location)
 
 
 @contextlib.contextmanager

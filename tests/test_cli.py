@@ -347,3 +347,15 @@ def test_warnings_are_ckpt_nb_lines(store: Store) -> None:
     assert result.stderr.startswith(
         f"ckpt-nb: warning: the catalog of {store.directory} was missing, so it was rebuilt")
     assert result.stderr.count("\n") == 1 and "cli.py" not in result.stderr
+
+
+def test_a_url_with_no_store_is_refused_and_nothing_is_written() -> None:
+    """ls at a mistyped URL printed "no checkpoints" and wrote a format stamp there (on
+    S3, creating the bucket)."""
+    import uuid
+
+    from ckpt_nb import FsspecStore
+
+    url = f"memory://ckpt-nb-typo-{uuid.uuid4().hex}/exp"
+    assert main(["ls", url]) == 2
+    assert not list(FsspecStore(url).list())

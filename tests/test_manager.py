@@ -1416,3 +1416,25 @@ def test_a_catalog_that_cannot_be_opened_in_a_read_only_folder_says_so(
     monkeypatch.setattr("ckpt_nb._catalog.os.access", lambda path, mode: False)
     with pytest.raises(ckpt_nb.StoreError, match="its folder is read-only.*copy the store"):
         CheckpointManager(tmp_path / "store")
+
+
+class DeletesFail(LocalStore):
+    """A store that fails to delete (an object store gone away as retention runs)."""
+
+    def delete(self, key: str) -> None:
+        raise ckpt_nb.StoreError(f"deleting {key} failed: connection reset")
+
+
+def test_a_save_whose_retention_fails_returns_its_committed_id(tmp_path: Path) -> None:
+    """save() raised though its checkpoint was committed and listed, and the caller never
+    got its id."""
+    first = CheckpointManager(tmp_path).save(h=Holder({"w": torch.zeros(4)}))
+    mgr = CheckpointManager(DeletesFail(tmp_path), catalog=tmp_path / "catalog.sqlite",
+                            max_to_keep=1)
+    with pytest.warns(RuntimeWarning, match="was saved, but retention failed .* connection"):
+        cid = mgr.save(h=Holder({"w": torch.ones(4)}))
+    assert cid in mgr.list()["id"].tolist()
+    assert torch.equal(mgr.load(cid).state["h"]["w"], torch.ones(4))
+    again = CheckpointManager(tmp_path, max_to_keep=1)
+    again.save(h=Holder({"w": torch.full((4,), 2.0)}))  # (retention runs again, and works)
+    assert first not in again.list()["id"].tolist() and again.verify().ok

@@ -341,3 +341,22 @@ def test_a_manager_whose_catalog_is_its_own_catches_up_before_it_deletes(
     first.gc()  # (first catches up too: the deleted one gone, the second's new one kept)
     assert first.list()["id"].tolist() == [old[1], *new, third] and first.verify().ok
     assert second.load(third).step == 5
+
+
+def test_a_pin_made_on_another_machine_is_kept_by_retention_here(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """An object store's cached catalog trusted its pins: a checkpoint pinned from
+    another machine was deleted by this one's retention."""
+    url = f"memory://ckpt-nb-pins-{uuid.uuid4().hex}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (new caches: rebuilt)
+        laptop = CheckpointManager(FsspecStore(url), catalog=tmp_path / "laptop.sqlite")
+        ids = [laptop.save(digits.model, step=s) for s in (1, 2, 3)]
+        runtime = CheckpointManager(FsspecStore(url + "/"), catalog=tmp_path / "rt.sqlite",
+                                    max_to_keep=1)  # (the same store, spelt with a slash)
+    assert runtime.list()["id"].tolist() == ids
+    laptop.pin(ids[0])
+    laptop.annotate(ids[1], "from the laptop")
+    new = runtime.save(digits.model, step=4)
+    assert runtime.list()["id"].tolist() == [ids[0], new]
+    assert laptop.list()["id"].tolist() == [ids[0], new] and laptop.verify().ok

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckpt_nb import FsspecStore, LocalStore, MemoryStore, open_store
+from ckpt_nb import FsspecStore, LocalStore, MemoryStore, StoreError, open_store
 from ckpt_nb.testing import StoreConformance
 
 
@@ -295,3 +295,37 @@ def test_prefetch_ranges_are_merged() -> None:
     from ckpt_nb._store import _merged
 
     assert _merged([(10, 5), (0, 4), (4, 2), (12, 10), (40, 1)]) == [(0, 6), (10, 12), (40, 1)]
+
+
+def test_a_store_url_with_a_trailing_slash_is_the_same_store() -> None:
+    """Each spelling had a catalog cache and a lock of its own, and each one's gc
+    deleted the other's checkpoints."""
+    from ckpt_nb._session import store_url
+
+    url = f"memory://ckpt-nb-slash-{uuid.uuid4().hex}/exp"
+    assert FsspecStore(url + "/").url == FsspecStore(url).url == url
+    assert store_url(url + "//") == store_url(url) == url
+
+
+class RefusingFileSystem:
+    """What an object store's client raises when its endpoint is down (botocore's
+    errors are not OSErrors): the one part of a real outage made up here."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def refuse(*args: object, **kwargs: object) -> None:
+            if name == "invalidate_cache":
+                return None
+            raise RuntimeError("Could not connect to the endpoint URL")
+
+        return refuse
+
+
+def test_a_backend_failure_is_a_store_error_that_names_the_store() -> None:
+    url = f"memory://ckpt-nb-down-{uuid.uuid4().hex}"
+    store = FsspecStore(url)
+    store.fs = RefusingFileSystem()
+    for call in (lambda: store.get("a"), lambda: store.has("a"), lambda: store.size("a"),
+                 lambda: list(store.list("packs")), lambda: store.delete("a"),
+                 lambda: store.put("a", b"x")):
+        with pytest.raises(StoreError, match=f"at {url} failed: Could not connect"):
+            call()
