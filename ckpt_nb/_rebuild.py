@@ -48,6 +48,12 @@ class Rebuilt(Seed):
     left_out: list[str] = field(default_factory=list)  # why, one line each
     rejoined: list[str] = field(default_factory=list)  # ids whose parent was gone
 
+    def leave_out(self, what: str, why: object, damaged: str | None = None) -> None:
+        """Name something left out, and why; ``damaged``, its key: kept from ``gc()``."""
+        self.left_out.append(f"{what} ({why})")
+        if damaged is not None:
+            self.damaged[damaged] = str(why)
+
     def summary(self) -> str:
         n = len(self.checkpoints)
         text = f"{n} checkpoint{'' if n == 1 else 's'} recovered"
@@ -75,21 +81,19 @@ def rebuild(store: Store) -> Rebuilt:
             blob = store.get(key)
             manifest = decode_manifest(blob, cid)
         except FileNotFoundError as exc:
-            found.left_out.append(f"checkpoint {cid} ({exc})")
+            found.leave_out(f"checkpoint {cid}", exc)
             continue
         except CorruptCheckpointError as exc:
-            found.left_out.append(f"checkpoint {cid} ({exc})")
-            found.damaged[key] = str(exc)
+            found.leave_out(f"checkpoint {cid}", exc, damaged=key)
             continue
         flaw = _flaw(manifest, cid, chunks)
         if flaw is None:
             manifests.append((manifest, blob))
         else:
-            found.left_out.append(f"checkpoint {cid} ({flaw})")
             # (a chunk in no pack: a save's leftover, unless a damaged pack may hold it)
-            if not flaw.startswith("its chunk") or any(k.startswith("packs/")
-                                                       for k in found.damaged):
-                found.damaged[key] = flaw
+            damaged = not flaw.startswith("its chunk") or \
+                any(k.startswith("packs/") for k in found.damaged)
+            found.leave_out(f"checkpoint {cid}", flaw, damaged=key if damaged else None)
     manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))
 
     guesses = guessed_parents((manifest["id"], manifest["branch"]) for manifest, _ in manifests)
@@ -97,7 +101,7 @@ def rebuild(store: Store) -> Rebuilt:
     for manifest, blob in manifests:
         cid, branch = manifest["id"], manifest["branch"]
         refs = [digest for storage in manifest["storages"] for digest, _ in storage["chunks"]]
-        label = _label(store, cid, found.left_out)
+        label = _label(store, cid, found)
         parent = manifest.get("parent")
         if parent is not None and parent not in found.refs:
             labelled = label.get("parent", parent)
@@ -143,11 +147,10 @@ def _chunks(store: Store, found: Rebuilt) -> dict[str, ChunkRow]:
         try:
             rows = read_pack_index(store, key)
         except (PackCutShort, FileNotFoundError) as exc:
-            found.left_out.append(f"pack {key} ({exc})")
+            found.leave_out(f"pack {key}", exc)
             continue
         except CorruptCheckpointError as exc:
-            found.left_out.append(f"pack {key} ({exc})")
-            found.damaged[key] = str(exc)
+            found.leave_out(f"pack {key}", exc, damaged=key)
             continue
         for row in rows:
             chunks.setdefault(row.digest, row)
@@ -182,7 +185,7 @@ def _flaw(manifest: Any, cid: str, chunks: dict[str, ChunkRow]) -> str | None:
     return None
 
 
-def _label(store: Store, cid: str, left_out: list[str]) -> dict[str, Any]:
+def _label(store: Store, cid: str, found: Rebuilt) -> dict[str, Any]:
     """What a checkpoint was given after it was saved: a pin, a note, a new parent."""
     key = label_key(cid)
     try:
@@ -194,5 +197,5 @@ def _label(store: Store, cid: str, left_out: list[str]) -> dict[str, Any]:
         return {}  # never pinned, annotated nor re-parented
     except ValueError as exc:
         reason = str(exc)
-    left_out.append(f"the pin and note of checkpoint {cid} ({reason})")
+    found.leave_out(f"the pin and note of checkpoint {cid}", reason)
     return {}
