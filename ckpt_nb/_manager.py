@@ -638,7 +638,13 @@ class CheckpointManager:
                 f"{len(missing)} chunks (e.g. {sorted(missing)[0][:12]}) are missing")
         return rows
 
-    def _manifest(self, checkpoint_id: str) -> dict[str, Any]:
+    def _manifest(self, checkpoint_id: str, *, keep: bool = True) -> dict[str, Any]:
+        """A checkpoint's manifest, checked against its digest; kept for the next call
+        unless ``keep`` is False (a scan of many)."""
+        if not keep and checkpoint_id not in self._manifests:
+            manifest = self._manifest(checkpoint_id)
+            del self._manifests[checkpoint_id]
+            return manifest
         if checkpoint_id not in self._manifests:
             row = self.catalog.get(checkpoint_id)
             if row is None:
@@ -656,8 +662,9 @@ class CheckpointManager:
 
     def _saved_extra(self, checkpoint_id: str) -> Any:
         """A checkpoint's ``extra`` as its manifest holds it, without reading a chunk:
-        JSON values as they are, tensors and pickles as their records."""
-        return self._manifest(checkpoint_id)["state"]["extra"]
+        JSON values as they are, tensors and pickles as their records. (Not kept: the
+        notebook layer scans a store's manifests with it.)"""
+        return self._manifest(checkpoint_id, keep=False)["state"]["extra"]
 
     def _decode_storages(self, checkpoint_id: str, manifest: Mapping[str, Any],
                          progress: ProgressFn | None = None) -> list[torch.Tensor]:
