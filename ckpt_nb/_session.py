@@ -33,7 +33,7 @@ from ._capture import RNGState, SnapshotBuffers, load_all
 from ._catalog import store_exists
 from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
 from ._errors import CkptError
-from ._manager import Checkpoint, CheckpointManager
+from ._manager import STRATEGIES, Checkpoint, CheckpointManager
 from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
@@ -72,9 +72,9 @@ class AutoConfig:
                              "'min'|'max') (--on METRIC:min|max) too")
         if self.on is not None and (len(self.on) != 2 or self.on[1] not in ("min", "max")):
             raise ValueError(f"on (--on) must be (METRIC, 'min' or 'max'), not {self.on!r}")
-        if self.strategy not in ("full", "incremental", "differential"):
-            raise ValueError(f"strategy (--strategy) must be full, incremental or "
-                             f"differential, not {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy (--strategy) must be {', '.join(STRATEGIES)}, not "
+                             f"{self.strategy!r}")
 
 
 def parse_duration(text: str) -> float:

@@ -558,7 +558,7 @@ def test_rollback_keeps_a_defaultdict_a_defaultdict(shell, tmp_path: Path) -> No
     ({"keep": 2.5}, "positive integer"),
     ({"keep_best": 1}, "ranks by a metric"),
     ({"on": ("loss", "lowest")}, "'min' or 'max'"),
-    ({"strategy": "fast"}, "full, incremental or differential"),
+    ({"strategy": "fast"}, "must be full, incremental, differential, not 'fast'"),
 ])
 def test_auto_refuses_options_that_cannot_work(tmp_path: Path, options: dict,
                                                problem: str) -> None:
