@@ -353,7 +353,10 @@ class AutoSession:
         key = id(optimizer)
         self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
         self.step = max(self._steps_by_optimizer.values()) + self._step_offset
-        if not self.loop.in_batches:  # no helpers: right after the step is consistent
+        # With no loop helpers, right after the step is a consistent point. Not inside an
+        # epoch of epochs() (a step outside its tracked batches() loop, or a plain loop
+        # over the data): the position saved there, the epoch's start, would be replayed.
+        if not self.loop.in_batches and self.loop.epoch is None:
             self._consistent()
             self.checkpoint_if_due()
 
@@ -579,7 +582,7 @@ class AutoSession:
         on resume. A later one (validation, say) is a plain enumeration: a position does
         not say which loader it is in, and a resume would take it for the first's."""
         if self.loop.epoch is not None and self.loop.tracked_loader:
-            yield from self._untracked(loader)
+            yield from enumerate(loader)  # (its steps are no consistent points: _after_step)
             return
         self._resume_now()
         self.loop.tracked_loader = True
@@ -609,16 +612,6 @@ class AutoSession:
             self.loop.next_batch = index
         finally:
             self.loop.in_batches = False
-
-    def _untracked(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
-        """``enumerate(loader)``, with no consistent point (so no save) inside, even
-        after an optimizer step: the saved position would be the tracked loader's."""
-        loop = self.loop
-        in_batches, loop.in_batches = loop.in_batches, True
-        try:
-            yield from enumerate(loader)
-        finally:
-            loop.in_batches = in_batches
 
     # -- rollback and status ---------------------------------------------------------------------
     def rollback_plan(self, which: str = "latest") -> RollbackPlan:

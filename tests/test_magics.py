@@ -186,6 +186,43 @@ def test_a_stop_in_validation_resumes_the_training_loader_bit_exact(
     assert shell.user_ns["sched"].last_epoch == 3
 
 
+PLAIN_LOADER = """%%ckpt_auto --dir {dir} --every-steps 5
+for epoch in ckpt_nb.epochs(3):
+    for i, (xb, yb) in enumerate(loader):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if STOP_AT == (epoch, i):
+            {stop}
+    history.append(round(loss.item(), 6))
+len(history)
+"""
+
+
+def test_epochs_over_a_plain_loop_save_at_epoch_boundaries_and_resume_bit_exact(
+        shell, tmp_path: Path) -> None:
+    """With epochs() but not batches(), a step was a consistent point: a save there held
+    the epoch's start as its position, and the rerun trained that epoch's first batches
+    twice."""
+    expected, expected_history = reference(shell, tmp_path, SETUP, PLAIN_LOADER)
+    run(shell, SETUP)
+    run(shell, "STOP_AT = (1, 4)")
+    stop = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
+    first = run(shell, PLAIN_LOADER.format(dir=tmp_path / "plain", stop=stop))
+    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    rows = ckpt_nb.CheckpointManager(tmp_path / "plain").list()
+    assert {(e, b) for e, b in zip(rows["epoch"], rows["batch_idx"])} <= \
+        {(1, 0), (2, 0)}  # (every save at an epoch boundary: 18 batches an epoch)
+    assert rows["note"].iloc[-1] == "interrupt" and rows["step"].iloc[-1] == 36
+    run(shell, "STOP_AT = None")
+    second = run(shell, PLAIN_LOADER.format(dir=tmp_path / "plain", stop="pass"))
+    assert second.success and second.result == 3
+    assert same(final_state(shell), expected)
+    assert shell.user_ns["history"] == expected_history
+
+
 def test_a_later_loader_of_the_epoch_takes_no_save_inside(shell, tmp_path: Path) -> None:
     """Its steps are not consistent points: a save there would record the first loader's
     position (done) with the second part-way, and a resume would run the second again."""
