@@ -64,3 +64,16 @@ def file_size_limit() -> Iterator[Callable[[int | None], None]]:
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (soft if n is None else n, hard))
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+class Holder:
+    """A user Stateful holding plain state."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state

@@ -186,19 +186,8 @@ def test_a_stop_in_validation_resumes_the_training_loader_bit_exact(
     assert shell.user_ns["sched"].last_epoch == 3
 
 
-PLAIN_LOADER = """%%ckpt_auto --dir {dir} --every-steps 5
-for epoch in ckpt_nb.epochs(3):
-    for i, (xb, yb) in enumerate(loader):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(xb), yb)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if STOP_AT == (epoch, i):
-            {stop}
-    history.append(round(loss.item(), 6))
-len(history)
-"""
+# The training cell over a plain loop of the data, inside ckpt_nb.epochs()
+PLAIN_LOADER = TRAIN.replace("ckpt_nb.batches(loader)", "enumerate(loader)")
 
 
 def test_epochs_over_a_plain_loop_save_at_epoch_boundaries_and_resume_bit_exact(

@@ -20,26 +20,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import DigitsRun, same
+from conftest import DigitsRun, Holder, same
 
 import ckpt_nb
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
                      LocalStore, PickledValue, StateMismatchError, StoreFormatError,
                      UntrustedPickleError)
 from ckpt_nb._format import FORMAT
-
-
-class Holder:
-    """A user Stateful holding plain state."""
-
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict:
-        return self.state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.state = state
 
 
 def test_resume_continues_bit_exact(tmp_path: Path) -> None:
@@ -948,12 +935,9 @@ def test_bad_values_fail_clearly_and_keep_the_store(tmp_path: Path, digits: Digi
 
 WRITER = textwrap.dedent("""
     import sys, time, torch
+    sys.path.insert(0, TESTS)
+    from conftest import Holder
     from ckpt_nb import CheckpointManager
-
-    class Holder:
-        def __init__(self, state): self.state = state
-        def state_dict(self): return self.state
-        def load_state_dict(self, state): self.state = state
 
     store, seconds, keep = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     mgr = CheckpointManager(store, max_to_keep=keep)
@@ -962,7 +946,7 @@ WRITER = textwrap.dedent("""
     while time.monotonic() < end:  # each save shares a storage with the one two before,
         small.append(torch.randn(300_000))  # so retention leaves packs to compact
         mgr.save(h=Holder({"old": small[-3], "new": small[-1], "big": torch.randn(1 << 21)}))
-""")
+""").replace("TESTS", repr(str(Path(__file__).parent)))
 
 
 @pytest.mark.parametrize("keep", [1, 2])

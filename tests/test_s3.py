@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import Holder
 
 from ckpt_nb import CheckpointManager
 from ckpt_nb.cli import main as cli
@@ -28,17 +29,6 @@ pytest.importorskip("moto")
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-class Holder:
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict:
-        return self.state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.state = state
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +99,8 @@ def test_another_process_save_is_seen_not_taken_for_corruption(bucket: str) -> N
     writer = textwrap.dedent(f"""
         import torch, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_s3 import Holder, weights
+        from conftest import Holder
+        from test_s3 import weights
         from ckpt_nb import CheckpointManager
         print(CheckpointManager({url!r}).save(h=Holder(weights(2)), step=2))
     """)
