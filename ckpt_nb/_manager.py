@@ -1119,9 +1119,13 @@ class CheckpointManager:
         """
         with self._exclusive():
             self._catch_up()
-            return self._gc_locked(compact_below)
+            return self._gc_locked(compact_below, repair_indexes=True)
 
-    def _gc_locked(self, compact_below: float = 0.5) -> GCReport:
+    def _gc_locked(self, compact_below: float = 0.5, *,
+                   repair_indexes: bool = False) -> GCReport:
+        """Collect what no checkpoint needs; with ``repair_indexes`` (an explicit gc(),
+        not the one each retention deletion runs) also read every pack's own index and
+        rewrite the packs whose index is damaged."""
         report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
         damaged = self.catalog.forget_damaged_gone(self.store.has)
         report.damaged_kept = len(damaged)
@@ -1155,7 +1159,7 @@ class CheckpointManager:
                 report.packs_deleted += 1
                 report.bytes_freed += size
             elif sum(c.length for c in members) < compact_below * size or \
-                    self._index_problem(key) is not None:  # (a rebuild would need it whole)
+                    repair_indexes and self._index_problem(key) is not None:
                 moved = []
                 views = self._pack_views({row.digest: row for row in members})
                 with write_pack(self.store) as pack:
