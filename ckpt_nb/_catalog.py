@@ -31,14 +31,12 @@ def store_exists(location: str | os.PathLike[str]) -> bool:
     trip). Lets callers refuse a typo before ``CheckpointManager`` would create an
     empty store there (and, on an object store, its bucket)."""
     from ._format import FORMAT_KEY  # (the format module builds on this one)
-    from ._store import open_store
+    from ._store import file_url_path, open_store
 
     text = os.fspath(location)
     if "://" in text and not text.startswith("file://"):
         return text != "memory://" and open_store(text).has(FORMAT_KEY)
     if text.startswith("file://"):
-        from ._store import file_url_path
-
         text = str(file_url_path(text))
     return any((Path(text) / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
 
