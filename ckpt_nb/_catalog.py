@@ -400,11 +400,12 @@ class Catalog:
             db.executemany("DELETE FROM chunks WHERE digest=?", [(d,) for d in digests])
 
     def move_chunks(self, moved: Iterable[ChunkRow]) -> None:
-        """Point chunks at their new pack after a compaction, in one transaction."""
+        """Point chunks at their new place (a compaction's pack; a delta rewritten
+        whole, with no base), in one transaction."""
         with self.transaction() as db:
             db.executemany(
-                "UPDATE chunks SET pack=?, offset=?, length=? WHERE digest=?",
-                [(c.pack, c.offset, c.length, c.digest) for c in moved],
+                "UPDATE chunks SET pack=?, offset=?, length=?, base=?, depth=? WHERE digest=?",
+                [(c.pack, c.offset, c.length, c.base, c.depth, c.digest) for c in moved],
             )
 
     def packs(self) -> set[str]:

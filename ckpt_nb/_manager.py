@@ -39,7 +39,7 @@ from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id
                       label_key, manifest_key, read_pack_index, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, guessed_parents, rebuild
-from ._save_pipeline import Memo, SavePipeline
+from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
 from ._store import Store, local_root, open_store
 
 STRATEGIES = ("full", "incremental", "differential")
@@ -122,6 +122,7 @@ class GCReport:
     temporaries_deleted: int = 0
     bytes_freed: int = 0
     damaged_kept: int = 0  # packs and manifests a rebuild found damaged, left in the store
+    chunks_rewritten: int = 0  # deltas stored whole, so that their deleted bases could go
 
 
 _MEMORY_LOCKS: dict[str, threading.RLock] = {}
@@ -145,7 +146,8 @@ class CheckpointManager:
     (``mode`` "min" or "max"); pinned checkpoints and the newest are always kept.
     ``strategy`` is "full", "incremental" (deltas against the parent) or
     "differential" (deltas against the branch's last full checkpoint);
-    ``full_every`` bounds a chain of deltas. ``codec="none"`` stores raw bytes.
+    ``full_every`` bounds a chain of deltas (without it a chunk stacks at most 8, or
+    ``max_to_keep``). ``codec="none"`` stores raw bytes.
     """
 
     def __init__(
@@ -1136,6 +1138,7 @@ class CheckpointManager:
             return report
         chunks = {c.digest: c for c in self.catalog.all_chunks()}
         live = self.catalog.refs() & set(chunks)
+        report.chunks_rewritten = self._rewrite_whole(chunks, live)
         frontier = list(live)
         while frontier:
             base = chunks[frontier.pop()].base
@@ -1181,6 +1184,48 @@ class CheckpointManager:
                 self.store.delete(key)
                 report.manifests_deleted += key.startswith("manifests/")
         return report
+
+    def _rewrite_whole(self, chunks: dict[str, ChunkRow], referenced: set[str]) -> int:
+        """Store whole the chunks that checkpoints refer to and that are stacked on more
+        than ``MAX_DEPTH`` deltas no checkpoint refers to, which can then go. ``chunks``
+        gets the new rows; returns how many were rewritten.
+
+        Saves stack no more than that (``SavePipeline``): this frees the deleted
+        checkpoints' deltas under a chunk stacked higher (a store saved with a long
+        ``full_every``, or before saves were bounded), which would otherwise stay as
+        long as the chunk does, and be decoded at each of its restores.
+        """
+        def deleted_below(digest: str) -> int:
+            n, base = 0, chunks[digest].base
+            while base is not None and base not in referenced and base in chunks and \
+                    n <= MAX_DEPTH:
+                n, base = n + 1, chunks[base].base
+            return n
+
+        doomed = sorted((d for d in referenced if deleted_below(d) > MAX_DEPTH),
+                        key=lambda d: (chunks[d].pack, chunks[d].offset))
+        if not doomed:
+            return 0
+        read: dict[str, ChunkRow] = {}  # the doomed chunks and their chains
+        for digest in doomed:
+            at: str | None = digest
+            while at is not None and at in chunks and at not in read:
+                read[at] = chunks[at]
+                at = chunks[at].base
+        views = self._pack_views(read)
+        with write_pack(self.store) as pack:
+            for digest in doomed:
+                try:
+                    raw = self._read_raw(digest, chunks, views)
+                    itemsize = codec.info(self._blob(chunks[digest], views)).itemsize
+                except CorruptCheckpointError:
+                    continue  # its chain stays, for verify() to name
+                parts = codec.encode_parts(raw, itemsize, name=digest, codec=self.codec,
+                                           level=self.level)
+                pack.add(digest, parts, len(raw), None, 0)
+        self.catalog.move_chunks(pack.rows)
+        chunks.update((row.digest, row) for row in pack.rows)
+        return len(pack.rows)
 
     # -- interop ---------------------------------------------------------------------------
     def export(self, which: str, path: str | os.PathLike[str], *,

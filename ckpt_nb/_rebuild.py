@@ -139,8 +139,8 @@ def guessed_parents(checkpoints: Iterable[tuple[str, str]]) -> dict[str, str | N
 
 
 def _chunks(store: Store, found: Rebuilt) -> dict[str, ChunkRow]:
-    """Every chunk in a whole pack, by digest."""
-    chunks: dict[str, ChunkRow] = {}
+    """Every chunk in a whole pack, by digest (one copy of each: ``_usable``)."""
+    copies: dict[str, list[ChunkRow]] = {}
     for key in sorted(store.list("packs")):
         if not key.endswith(".pack"):
             continue
@@ -153,8 +153,40 @@ def _chunks(store: Store, found: Rebuilt) -> dict[str, ChunkRow]:
             found.leave_out(f"pack {key}", exc, damaged=key)
             continue
         for row in rows:
-            chunks.setdefault(row.digest, row)
-    return chunks
+            copies.setdefault(row.digest, []).append(row)
+    return _usable(copies)
+
+
+def _usable(copies: dict[str, list[ChunkRow]]) -> dict[str, ChunkRow]:
+    """Of the copies of each chunk, one whose delta bases are all stored, the shallowest.
+
+    A pack keeps what it held until it is compacted or deleted: a delta that gc
+    rewrote whole (its base then collected) lies in its old pack too, next to the
+    whole copy, and a chunk deleted and saved again may lie there as a delta
+    against a base long gone. A chunk with no such copy keeps its shallowest, for
+    ``_flaw`` to name what it lacks.
+    """
+    chosen: dict[str, ChunkRow] = {}
+    unusable: set[str] = set()
+
+    def usable(digest: str, visiting: set[str]) -> bool:
+        if digest in chosen:
+            return True
+        if digest in unusable or digest in visiting or digest not in copies:
+            return False
+        visiting.add(digest)
+        for row in sorted(copies[digest], key=lambda r: r.depth):
+            if row.base is None or usable(row.base, visiting):
+                chosen[digest] = row
+                return True
+        unusable.add(digest)
+        return False
+
+    for digest in copies:
+        usable(digest, set())
+    for digest, rows in copies.items():
+        chosen.setdefault(digest, min(rows, key=lambda r: r.depth))
+    return chosen
 
 
 def _flaw(manifest: Any, cid: str, chunks: dict[str, ChunkRow]) -> str | None:

@@ -58,6 +58,10 @@ DELTA_MIN_STORAGE = 64 << 10
 # and decoding it cost as much as compressing the chunk).
 DELTA_GAIN = 0.97
 DELTA_GAIN_BASE_ON_DISK = 0.90
+# Without full_every, a chunk stacks at most this many deltas (or max_to_keep, if fewer)
+# before it is stored whole again: a restore decodes the whole stack, and retention can
+# free a deleted checkpoint's deltas only once no kept chunk is stacked on them.
+MAX_DEPTH = 8
 ENCODE_BATCH = 8 << 20  # bytes of chunks a save encodes, and then writes, at a time
 BUFFER_SETS = 3  # batches encoded ahead of the one being written, plus one
 
@@ -99,7 +103,8 @@ class SavePipeline:
         self.base_rows: dict[str, ChunkRow] = {}
         self.base_views: dict[str, memoryview] = {}
         full_every = mgr.full_every
-        self.max_depth = (full_every - 1) if full_every else 64
+        self.max_depth = (full_every - 1) if full_every else \
+            min(MAX_DEPTH, mgr.max_to_keep or MAX_DEPTH)
         self.storage_bytes = {st.name: st.data.nbytes for st in state.storages}
         self.memo = mgr._digest_memo
         self.fresh_memo: Memo = {}

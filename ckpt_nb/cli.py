@@ -222,6 +222,7 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     report = mgr.gc()
     print(f"freed {_size(report.bytes_freed)}: {report.chunks_dropped} chunks dropped, "
           f"{report.packs_deleted} packs deleted, {report.packs_compacted} packs compacted, "
+          f"{report.chunks_rewritten} deltas stored whole, "
           f"{report.manifests_deleted} manifests deleted, "
           f"{report.temporaries_deleted} temporaries deleted")
     return 0

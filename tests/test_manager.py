@@ -409,6 +409,70 @@ def test_delta_strategies_restore_every_checkpoint(tmp_path: Path, strategy: str
     assert mgr.verify().ok
 
 
+def test_an_incremental_run_under_retention_keeps_its_store_bounded(tmp_path: Path) -> None:
+    """Without full_every, a chunk is stored whole again once it stacks max_to_keep
+    deltas: the deleted saves' deltas under the kept ones then go, where they used to
+    stay as bases (a store growing with every save, restores decoding ever more)."""
+    model = Finetune()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-3)
+    mgr = CheckpointManager(tmp_path, strategy="incremental", max_to_keep=2, chunk_size=8192)
+    expected, stored = {}, {}
+    for i in range(15):
+        model.step(opt)
+        cid = mgr.save(model, step=i)
+        expected[cid] = [t.clone() for t in model.state_dict().values()]
+        stored[i] = len(mgr.catalog.all_chunks())
+    chunks = mgr.catalog.all_chunks()
+    assert any(c.base for c in chunks)  # deltas are still used
+    assert max(c.depth for c in chunks) <= 2
+    assert stored[14] <= stored[8]  # (the same point of the cycle, six saves later)
+    assert list(mgr.list()["strategy"]) == ["incremental"] * 2
+    for cid in mgr.list()["id"]:
+        assert same(list(mgr.load(cid).state["model"].values()), expected[cid])
+    assert mgr.verify().ok
+
+
+def test_deleting_the_checkpoints_under_a_long_chain_stores_its_kept_end_whole(
+        tmp_path: Path) -> None:
+    """A chunk stacked on more than eight deltas that no kept checkpoint refers to (a long
+    full_every) is rewritten whole, so that they go; a catalog rebuilt from the store
+    then takes that whole copy, not the delta still in a pack gc did not delete."""
+    model = Finetune()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-3)
+    mgr = CheckpointManager(tmp_path, strategy="incremental", full_every=30, chunk_size=8192)
+    ids = []
+    for i in range(12):
+        model.step(opt)
+        ids.append(mgr.save(model, step=i))
+    expected = [t.clone() for t in model.state_dict().values()]
+    ninth = {c.digest: c for c in mgr.catalog.all_chunks() if c.depth == 9}  # the head's
+    assert len(ninth) == 8 and len({c.pack for c in ninth.values()}) == 1
+    stale = (tmp_path / next(iter(ninth.values())).pack).read_bytes()
+    before = mgr.stored_bytes()
+    for cid in ids[:-1]:
+        mgr.delete(cid)
+    rows = mgr.catalog.chunks(ninth)
+    assert rows.keys() == ninth.keys()  # (the base of the base of the kept head)
+    assert all(r.base is None and r.depth == 0 for r in rows.values())
+    # the kept head stacks on two deltas (ten saves' of them before), and nothing else
+    assert len([c for c in mgr.catalog.all_chunks() if c.base]) == 16
+    assert len(mgr.catalog.all_chunks()) == len(mgr.catalog.refs()) + 16
+    assert mgr.stored_bytes() < before - 8 * 8192
+    assert same(list(mgr.load(ids[-1]).state["model"].values()), expected)
+    assert mgr.verify().ok and mgr.gc().chunks_rewritten == 0
+    mgr.close()
+    # A pack a crash kept from being deleted, that sorts first: its copies of the
+    # ninth save's chunks are deltas against chunks long gone.
+    (tmp_path / "packs" / f"{'0' * 32}.pack").write_bytes(stale)
+    for path in tmp_path.glob("catalog.sqlite*"):
+        path.unlink()
+    with pytest.warns(RuntimeWarning, match="rebuilt from the store: 1 checkpoint recovered"):
+        rebuilt = CheckpointManager(tmp_path)
+    assert list(rebuilt.list()["id"]) == [ids[-1]]
+    assert same(list(rebuilt.load(ids[-1]).state["model"].values()), expected)
+    assert rebuilt.verify().ok
+
+
 @pytest.mark.parametrize("strategy", ["incremental", "differential"])
 @pytest.mark.parametrize("kept", [True, False])
 def test_a_run_of_delta_saves_keeps_its_bases_in_memory(
