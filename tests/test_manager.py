@@ -432,6 +432,30 @@ def test_an_incremental_run_under_retention_keeps_its_store_bounded(tmp_path: Pa
     assert mgr.verify().ok
 
 
+def test_a_byte_budget_holds_an_incremental_run_without_deleting_it_all(
+        tmp_path: Path) -> None:
+    """Deleting the oldest checkpoints of an incremental run frees their deltas once no
+    kept chunk stacks on them: the budget holds, with several checkpoints in it (deltas
+    stacked without end freed nothing: every checkpoint but the newest went, the
+    budget still overrun)."""
+    model = Finetune()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-3)
+    probe = CheckpointManager(tmp_path / "probe", strategy="incremental", chunk_size=8192)
+    sizes = []
+    for _ in range(3):
+        model.step(opt)
+        probe.save(model)
+        sizes.append(probe.stored_bytes())
+    budget = sizes[0] + 12 * (sizes[2] - sizes[1])  # the first save and about 12 more
+    mgr = CheckpointManager(tmp_path / "run", strategy="incremental", chunk_size=8192,
+                            max_bytes=budget)
+    for i in range(30):
+        model.step(opt)
+        mgr.save(model, step=i)
+        assert mgr.stored_bytes() <= budget and len(mgr.list()) >= min(i + 1, 4), i
+    assert mgr.verify().ok
+
+
 def test_deleting_the_checkpoints_under_a_long_chain_stores_its_kept_end_whole(
         tmp_path: Path) -> None:
     """A chunk stacked on more than eight deltas that no kept checkpoint refers to (a long
