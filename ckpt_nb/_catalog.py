@@ -231,6 +231,21 @@ class Catalog:
                 raise
             self._db.execute("COMMIT")
 
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads that all see the catalog as of one moment: a commit of another
+        process's (a gc rewriting chunks, then dropping their old bases) falls before
+        or after them all, never between two."""
+        with self._lock:
+            if self._db.in_transaction:  # (within a transaction: one moment already)
+                yield
+                return
+            self._db.execute("BEGIN")  # deferred: the first read takes the snapshot
+            try:
+                yield
+            finally:
+                self._db.execute("COMMIT")
+
     def _meta(self, key: str) -> str | None:
         try:
             row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()

@@ -125,6 +125,10 @@ class GCReport:
     chunks_rewritten: int = 0  # deltas stored whole, so that their deleted bases could go
 
 
+# Over a byte budget, a pack with this much dead in it is compacted (not half of it):
+# the index and the header are never live, and are a few percent of a small pack.
+BUDGET_COMPACT_BELOW = 0.9
+
 _MEMORY_LOCKS: dict[str, threading.RLock] = {}
 _MEMORY_LOCKS_GUARD = threading.Lock()
 
@@ -624,10 +628,11 @@ class CheckpointManager:
         """Catalog rows of these chunks and of the delta bases they need, in few queries;
         absent ones are left out."""
         wanted, rows = set(digests), {}
-        while wanted:
-            found = self.catalog.chunks(wanted)
-            rows.update(found)
-            wanted = {r.base for r in found.values() if r.base and r.base not in rows}
+        with self.catalog.snapshot():
+            while wanted:
+                found = self.catalog.chunks(wanted)
+                rows.update(found)
+                wanted = {r.base for r in found.values() if r.base and r.base not in rows}
         return rows
 
     def _chunk_rows(self, manifest: Mapping[str, Any]) -> dict[str, ChunkRow]:
@@ -1090,22 +1095,26 @@ class CheckpointManager:
             recent = {r.id for r in rows[-self.max_to_keep:]} if self.max_to_keep else set()
             self._drop([r.id for r in rows if r.id not in protected | recent])
         if self.max_bytes is not None:
+            # Over the budget, gc frees all it can before a checkpoint goes: a crashed
+            # save's orphans, the dead part of every pack, and the deleted deltas under
+            # kept chunks (each such chunk stored whole).
+            tight = {"compact_below": BUDGET_COMPACT_BELOW, "whole_over": 0}
             if self.stored_bytes() > self.max_bytes:
-                self._gc_locked()  # (a crashed save's orphans count, and are no checkpoint)
+                self._gc_locked(**tight)
             for row in self.catalog.checkpoints():
                 if self.stored_bytes() <= self.max_bytes:
                     break
                 if row.id not in protected:
-                    self._drop([row.id])
+                    self._drop([row.id], **tight)
 
-    def _drop(self, ids: Sequence[str]) -> None:
+    def _drop(self, ids: Sequence[str], **gc_options: Any) -> None:
         if ids:
             children = {c for cid in ids for c in self.catalog.children(cid)} - set(ids)
             self.catalog.delete_checkpoints(ids)
             self._label_rejoined(children)
             for cid in ids:
                 self._forget(cid)
-            self._gc_locked()
+            self._gc_locked(**gc_options)
 
     def stored_bytes(self) -> int:
         """Bytes the store's packs and manifests take."""
@@ -1123,8 +1132,8 @@ class CheckpointManager:
             self._catch_up()
             return self._gc_locked(compact_below, repair_indexes=True)
 
-    def _gc_locked(self, compact_below: float = 0.5, *,
-                   repair_indexes: bool = False) -> GCReport:
+    def _gc_locked(self, compact_below: float = 0.5, *, repair_indexes: bool = False,
+                   whole_over: int = MAX_DEPTH) -> GCReport:
         """Collect what no checkpoint needs; with ``repair_indexes`` (an explicit gc(),
         not the one each retention deletion runs) also read every pack's own index and
         rewrite the packs whose index is damaged."""
@@ -1138,7 +1147,7 @@ class CheckpointManager:
             return report
         chunks = {c.digest: c for c in self.catalog.all_chunks()}
         live = self.catalog.refs() & set(chunks)
-        report.chunks_rewritten = self._rewrite_whole(chunks, live)
+        report.chunks_rewritten = self._rewrite_whole(chunks, live, whole_over)
         frontier = list(live)
         while frontier:
             base = chunks[frontier.pop()].base
@@ -1185,24 +1194,26 @@ class CheckpointManager:
                 report.manifests_deleted += key.startswith("manifests/")
         return report
 
-    def _rewrite_whole(self, chunks: dict[str, ChunkRow], referenced: set[str]) -> int:
+    def _rewrite_whole(self, chunks: dict[str, ChunkRow], referenced: set[str],
+                       over: int) -> int:
         """Store whole the chunks that checkpoints refer to and that are stacked on more
-        than ``MAX_DEPTH`` deltas no checkpoint refers to, which can then go. ``chunks``
-        gets the new rows; returns how many were rewritten.
+        than ``over`` chunks no checkpoint refers to, which can then go. ``chunks`` gets
+        the new rows; returns how many were rewritten.
 
-        Saves stack no more than that (``SavePipeline``): this frees the deleted
-        checkpoints' deltas under a chunk stacked higher (a store saved with a long
-        ``full_every``, or before saves were bounded), which would otherwise stay as
-        long as the chunk does, and be decoded at each of its restores.
+        Saves stack no more than ``MAX_DEPTH`` deltas (``SavePipeline``), gc's usual
+        ``over``: this frees the deleted checkpoints' deltas under a chunk stacked
+        higher (a store saved with a long ``full_every``, or before saves were
+        bounded), which would otherwise stay as long as the chunk does, and be decoded
+        at each of its restores. A byte budget asks for all of them (``over=0``).
         """
         def deleted_below(digest: str) -> int:
             n, base = 0, chunks[digest].base
             while base is not None and base not in referenced and base in chunks and \
-                    n <= MAX_DEPTH:
+                    n <= over:
                 n, base = n + 1, chunks[base].base
             return n
 
-        doomed = sorted((d for d in referenced if deleted_below(d) > MAX_DEPTH),
+        doomed = sorted((d for d in referenced if deleted_below(d) > over),
                         key=lambda d: (chunks[d].pack, chunks[d].offset))
         if not doomed:
             return 0

@@ -71,7 +71,7 @@ class Rebuilt(Seed):
 def rebuild(store: Store) -> Rebuilt:
     """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows."""
     found = Rebuilt()
-    chunks = _chunks(store, found)
+    chunks, unusable = _chunks(store, found)
     manifests = []
     for key in sorted(store.list("manifests")):
         cid = id_of(key)
@@ -122,7 +122,9 @@ def rebuild(store: Store) -> Rebuilt:
             manifest_digest=codec.digest(blob))
         found.checkpoints.append(row)
         found.refs[cid] = refs
-    found.chunks = list(chunks.values())
+    # (a chunk whose bases are gone is left out: a save finding it in the catalog
+    # would refer to it instead of storing its bytes)
+    found.chunks = [row for digest, row in chunks.items() if digest not in unusable]
     return found
 
 
@@ -138,8 +140,9 @@ def guessed_parents(checkpoints: Iterable[tuple[str, str]]) -> dict[str, str | N
     return guesses
 
 
-def _chunks(store: Store, found: Rebuilt) -> dict[str, ChunkRow]:
-    """Every chunk in a whole pack, by digest (one copy of each: ``_usable``)."""
+def _chunks(store: Store, found: Rebuilt) -> tuple[dict[str, ChunkRow], set[str]]:
+    """Every chunk in a whole pack, by digest (one copy of each: ``_usable``), and
+    those whose delta bases are not all stored."""
     copies: dict[str, list[ChunkRow]] = {}
     for key in sorted(store.list("packs")):
         if not key.endswith(".pack"):
@@ -157,14 +160,15 @@ def _chunks(store: Store, found: Rebuilt) -> dict[str, ChunkRow]:
     return _usable(copies)
 
 
-def _usable(copies: dict[str, list[ChunkRow]]) -> dict[str, ChunkRow]:
-    """Of the copies of each chunk, one whose delta bases are all stored, the shallowest.
+def _usable(copies: dict[str, list[ChunkRow]]) -> tuple[dict[str, ChunkRow], set[str]]:
+    """Of the copies of each chunk, one whose delta bases are all stored, the shallowest;
+    and the chunks that have no such copy (each keeps its shallowest, for ``_flaw`` to
+    name what it lacks).
 
     A pack keeps what it held until it is compacted or deleted: a delta that gc
     rewrote whole (its base then collected) lies in its old pack too, next to the
-    whole copy, and a chunk deleted and saved again may lie there as a delta
-    against a base long gone. A chunk with no such copy keeps its shallowest, for
-    ``_flaw`` to name what it lacks.
+    whole copy, and a chunk no checkpoint needs any more may lie there as a delta
+    against a base long gone.
     """
     chosen: dict[str, ChunkRow] = {}
     unusable: set[str] = set()
@@ -186,7 +190,7 @@ def _usable(copies: dict[str, list[ChunkRow]]) -> dict[str, ChunkRow]:
         usable(digest, set())
     for digest, rows in copies.items():
         chosen.setdefault(digest, min(rows, key=lambda r: r.depth))
-    return chosen
+    return chosen, unusable
 
 
 def _flaw(manifest: Any, cid: str, chunks: dict[str, ChunkRow]) -> str | None:

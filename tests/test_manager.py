@@ -456,6 +456,57 @@ def test_a_byte_budget_holds_an_incremental_run_without_deleting_it_all(
     assert mgr.verify().ok
 
 
+def test_a_byte_budget_holds_a_run_with_adam_keeping_several_checkpoints(
+        tmp_path: Path) -> None:
+    """Adam's moments are stored whole and the weights as deltas: over the budget, the
+    deleted deltas under the kept weights are stored whole and the packs' dead parts
+    compacted before another checkpoint goes (gc freed nothing, and every checkpoint but
+    the newest went, the budget still overrun)."""
+    model = Finetune()
+    opt = torch.optim.AdamW(model.head.parameters(), lr=1e-3)
+    budget = 2_100_000  # the backbone (1.6 MB), and about 4 saves of the head
+    mgr = CheckpointManager(tmp_path, strategy="incremental", chunk_size=8192,
+                            max_bytes=budget)
+    for i in range(24):
+        model.step(opt)
+        mgr.save(model, opt, step=i)
+        assert mgr.stored_bytes() <= budget and len(mgr.list()) >= min(i + 1, 2), i
+    assert mgr.verify().ok
+
+
+def test_a_restore_overtaken_by_a_rewrite_in_another_manager_reads_the_new_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another manager's retention rewrites this checkpoint's chunks whole and drops
+    their old bases while this one looks up the rows: the rows and their bases are read
+    as of one moment, then read again from where they are now (a healthy checkpoint
+    was reported corrupt, and restore("latest") fell back to an older one)."""
+    model = Finetune()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-3)
+    writer = CheckpointManager(tmp_path, strategy="incremental", full_every=40,
+                               chunk_size=8192)
+    ids = []
+    for i in range(12):
+        model.step(opt)
+        ids.append(writer.save(model, step=i))
+    expected = [t.clone() for t in model.state_dict().values()]
+    writer.max_to_keep = 2
+    reader = CheckpointManager(tmp_path)
+    look_up = reader.catalog.chunks
+
+    def overtaken(digests: object) -> object:
+        rows = look_up(digests)  # type: ignore[arg-type]
+        if len(ids) == 12:  # the writer saves once more, in between
+            model.step(opt)
+            ids.append(writer.save(model, step=12))
+        return rows
+
+    monkeypatch.setattr(reader.catalog, "chunks", overtaken)
+    ck = reader.load(ids[11])
+    assert ck.id == ids[11] and same(list(ck.state["model"].values()), expected)
+    assert list(reader.list()["id"]) == ids[11:]
+    assert all(c.base is None for c in reader.catalog.chunks(reader.catalog.refs(ids[11])).values())
+
+
 def test_deleting_the_checkpoints_under_a_long_chain_stores_its_kept_end_whole(
         tmp_path: Path) -> None:
     """A chunk stacked on more than eight deltas that no kept checkpoint refers to (a long
