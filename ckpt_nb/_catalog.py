@@ -263,6 +263,12 @@ class Catalog:
             rows = self._db.execute("SELECT * FROM checkpoints ORDER BY seq").fetchall()
         return [CheckpointRow.from_sql(r) for r in rows]
 
+    def newest_ids(self, limit: int = -1) -> list[str]:
+        """Checkpoint ids, newest first (at most ``limit``): no row decoded."""
+        with self._lock:
+            return [r[0] for r in self._db.execute(
+                "SELECT id FROM checkpoints ORDER BY seq DESC LIMIT ?", (limit,))]
+
     def get(self, checkpoint_id: str) -> CheckpointRow | None:
         with self._lock:
             row = self._db.execute(

@@ -125,6 +125,8 @@ class GCReport:
     chunks_rewritten: int = 0  # deltas stored whole, so that their deleted bases could go
 
 
+MANIFESTS_KEPT = 32  # decoded manifests a manager keeps (the newest saves', the last read)
+
 # Over a byte budget, a pack with this much dead in it is compacted (not half of it):
 # the index and the header are never live, and are a few percent of a small pack.
 BUDGET_COMPACT_BELOW = 0.9
@@ -323,6 +325,7 @@ class CheckpointManager:
         self._pool = self._pack_writer = None
         self.catalog.close()
         self._delta_bases = {}
+        self._manifests = {}
         RESTORE_ARENA.release()
 
     def __enter__(self) -> CheckpointManager:
@@ -471,7 +474,7 @@ class CheckpointManager:
                     with contextlib.suppress(Exception):
                         self.store.delete(manifest_key(row.id))
                 raise
-            self._manifests[row.id] = manifest
+            self._keep_manifest(row.id, manifest)
             if parent is ...:
                 self.head = row.id
             try:
@@ -664,8 +667,17 @@ class CheckpointManager:
             if row.manifest_digest and codec.digest(blob) != row.manifest_digest:
                 raise CorruptCheckpointError(
                     f"checkpoint {checkpoint_id}: its manifest fails its checksum", checkpoint_id)
-            self._manifests[checkpoint_id] = decode_manifest(blob, checkpoint_id)
+            self._keep_manifest(checkpoint_id, decode_manifest(blob, checkpoint_id))
+        else:  # (the most recently used are kept)
+            self._manifests[checkpoint_id] = self._manifests.pop(checkpoint_id)
         return self._manifests[checkpoint_id]
+
+    def _keep_manifest(self, checkpoint_id: str, manifest: dict[str, Any]) -> None:
+        """Keep a decoded manifest for the next read (at most ``MANIFESTS_KEPT``: one of
+        a model with thousands of tensors takes megabytes in memory)."""
+        self._manifests[checkpoint_id] = manifest
+        while len(self._manifests) > MANIFESTS_KEPT:
+            del self._manifests[next(iter(self._manifests))]
 
     def _saved_extra(self, checkpoint_id: str) -> Any:
         """A checkpoint's ``extra`` as its manifest holds it, without reading a chunk:
@@ -725,28 +737,32 @@ class CheckpointManager:
 
     # -- resolving ids ---------------------------------------------------------------
     def resolve(self, which: str = "latest") -> str:
-        """The id meant by "latest", "best", "-N" (N back from latest) or an id prefix."""
-        rows = self.catalog.checkpoints()
-        if not rows:
-            raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
+        """The id meant by "latest", "best", "-N" (N back from latest) or an id prefix.
+
+        Only "best" reads every checkpoint's row: the others cost the same in a store
+        of thousands."""
         which = str(which)
-        if which == "latest":
-            return rows[-1].id
-        if which == "best":
-            best = self._best(rows, 1)
-            if not best:
+        back = 0 if which == "latest" else \
+            int(which[1:]) if which.startswith("-") and which[1:].isdigit() else None
+        if back is not None:
+            ids = self.catalog.newest_ids(back + 1)
+            if back < len(ids):
+                return ids[back]
+            if ids:
+                raise CheckpointNotFoundError(
+                    f"only {len(ids)} checkpoints: {which} is too far back")
+        elif which == "best":
+            best = self._best(self.catalog.checkpoints(), 1)
+            if best:
+                return best[0]
+            if self.catalog.newest_ids(1):
                 raise CheckpointNotFoundError(
                     f"no checkpoint has the metric {self.metric!r}" if self.metric else
                     "'best' needs the manager's metric=: CheckpointManager(..., metric='val_loss')")
-            return best[0]
-        if which.startswith("-") and which[1:].isdigit():
-            back = int(which[1:])
-            if back >= len(rows):
-                raise CheckpointNotFoundError(
-                    f"only {len(rows)} checkpoints: {which} is too far back")
-            return rows[-1 - back].id
-        if self.catalog.get(which) is not None:
+        elif self.catalog.get(which) is not None:
             return which
+        if not self.catalog.newest_ids(1):
+            raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         matches = self.catalog.ids_with_prefix(which) if which else []
         if len(matches) == 1:
             return matches[0]
@@ -812,18 +828,17 @@ class CheckpointManager:
             return self.load(which, trust_pickle=trust_pickle, progress=progress, needed=needed)
         tried: set[str] = set()
         for _ in range(3):  # (again where all those tried were deleted meanwhile)
-            rows = [row for row in reversed(self.catalog.checkpoints()) if row.id not in tried]
-            for row in rows:
-                tried.add(row.id)
+            for cid in [cid for cid in self.catalog.newest_ids() if cid not in tried]:
+                tried.add(cid)
                 try:
-                    return self.load(row.id, trust_pickle=trust_pickle, progress=progress,
+                    return self.load(cid, trust_pickle=trust_pickle, progress=progress,
                                      needed=needed)
                 except CheckpointNotFoundError:
                     continue  # deleted meanwhile: the one before it
                 except CorruptCheckpointError as exc:
-                    warnings.warn(f"skipping checkpoint {row.id}, which fails verification "
+                    warnings.warn(f"skipping checkpoint {cid}, which fails verification "
                                   f"({exc}); trying the one before it", stacklevel=3)
-        if not self.catalog.checkpoints():
+        if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
 
