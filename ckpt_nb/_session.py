@@ -32,11 +32,58 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ._capture import RNGState, SnapshotBuffers, load_all
 from ._catalog import store_exists
 from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
-from ._errors import CkptError
+from ._errors import CkptError, CorruptCheckpointError
 from ._manager import STRATEGIES, Checkpoint, CheckpointManager
 from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
+
+
+class History(list[dict[str, Any]]):
+    """The metrics ``log()`` recorded, a record per call, kept by column too as they
+    come: a save stores each column whole (a float column as float64 bytes, whose
+    unchanged head the store already has), where a list of records cost a JSON
+    encoding per record at every save (a second a save after 16k steps)."""
+
+    def __init__(self, records: Iterable[dict[str, Any]] = ()) -> None:
+        super().__init__()
+        self._shapes: dict[tuple[str, ...], int] = {}  # key tuple -> its index
+        self._runs: list[list[int]] = []  # [shape index, how many records in a row]
+        self._columns: dict[str, list[Any]] = {}
+        for record in records:
+            self.append(record)
+
+    def append(self, record: dict[str, Any]) -> None:
+        super().append(record)
+        shape = tuple(record)
+        index = self._shapes.setdefault(shape, len(self._shapes))
+        if self._runs and self._runs[-1][0] == index:
+            self._runs[-1][1] += 1
+        else:
+            self._runs.append([index, 1])
+        for key, value in record.items():
+            self._columns.setdefault(key, []).append(value)
+
+    def storable(self) -> dict[str, Any]:
+        return {"keys": [list(shape) for shape in self._shapes], "runs": self._runs,
+                "columns": self._columns}
+
+    @classmethod
+    def from_storable(cls, stored: Any) -> History:
+        """The history a checkpoint holds: by column, or (saved before) as records."""
+        if isinstance(stored, list):
+            return cls(stored)
+        try:
+            shapes = [tuple(keys) for keys in stored["keys"]]
+            columns = {key: iter(values) for key, values in stored["columns"].items()}
+            records = [{key: next(columns[key]) for key in shapes[index]}
+                       for index, count in stored["runs"] for _ in range(count)]
+            if any(next(values, records) is not records for values in columns.values()):
+                raise ValueError("a column holds more values than its records")
+        except (KeyError, IndexError, TypeError, ValueError, StopIteration) as exc:
+            raise CorruptCheckpointError(f"the run's metric history is malformed ({exc!r})") \
+                from exc
+        return cls(records)
 
 
 @dataclass
@@ -204,7 +251,7 @@ class AutoSession:
         self._buffers = SnapshotBuffers()
         self.step = 0
         self._steps_by_optimizer: dict[int, int] = {}
-        self.history: list[dict[str, Any]] = []
+        self.history = History()
         self.metrics: dict[str, float] = {}
         self.best: float | None = None
         self.loop = _Loop()
@@ -408,7 +455,7 @@ class AutoSession:
         found = self.rediscover()
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
                "step": self.step,
-               "history": self.history, "best": self.best,
+               "history": self.history.storable(), "best": self.best,
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng},
                "variables": {n: to_storable(v) for n, v in found.variables.items()}}
@@ -531,7 +578,7 @@ class AutoSession:
         run = run if isinstance(run, dict) else {}
         for name, value in run.get("variables", {}).items():
             assign_in_place(self.namespace, name, from_storable(value))
-        self.history[:] = run.get("history", [])
+        self.history = History.from_storable(run.get("history", []))
         self.metrics = dict(ck.metrics)
         if "step" in run:
             self.step = self.last_save_step = run["step"]

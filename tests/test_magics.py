@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -611,3 +612,35 @@ def test_a_rollback_that_would_restore_nothing_is_refused_and_the_kernel_stays(
     assert _session.kernel_position(tmp_path / "s") is None
     assert ckpt_nb.rollback(cid, directory=tmp_path / "s", namespace={"model": net}) == cid
     assert torch.equal(net.weight, before)
+
+
+def test_the_metric_history_is_stored_by_column_and_comes_back_as_logged(
+        tmp_path: Path) -> None:
+    """log()'s records are stored by column, a float column as float64 bytes (whose head
+    an earlier checkpoint already stored): each save encoded every record as JSON, on the
+    training thread, a second a save after 16k steps."""
+    net = torch.nn.Linear(2, 2)
+    with ckpt_nb.auto(str(tmp_path), namespace={"net": net}, sync=True) as session:
+        for i in range(600):
+            ckpt_nb.log(loss=float("nan") if i == 7 else i / 7,
+                        **({"val": i / 3} if i >= 300 else {}))
+        logged = [dict(record) for record in session.history]
+    mgr = ckpt_nb.CheckpointManager(tmp_path)
+    cid = mgr.resolve("latest")
+    stored = mgr.load(cid).extra[_session.RUN_KEY]["history"]
+    assert stored["keys"] == [["step", "epoch", "loss"], ["step", "epoch", "loss", "val"]]
+    assert stored["runs"] == [[0, 300], [1, 300]]
+    columns = mgr._manifest(cid)["state"]["extra"][_session.RUN_KEY]["history"]["columns"]
+    assert "__floats__" in columns["loss"] and "__floats__" in columns["val"]
+    history = _session.History.from_storable(stored)
+    assert math.isnan(history[7]["loss"]) and math.isnan(logged[7]["loss"])
+    assert history[:7] + history[8:] == logged[:7] + logged[8:]
+    assert [list(r) for r in (history[299], history[300])] == stored["keys"]
+    history.append({"step": 600, "loss": 1.0})  # and it goes on by column
+    assert column_lengths(history) == {"step": 601, "epoch": 600, "loss": 601, "val": 300}
+    with pytest.raises(ckpt_nb.CorruptCheckpointError, match="metric history is malformed"):
+        _session.History.from_storable({**stored, "runs": [[0, 601]]})
+
+
+def column_lengths(history: _session.History) -> dict[str, int]:
+    return {key: len(values) for key, values in history.storable()["columns"].items()}

@@ -864,6 +864,22 @@ def test_plain_values_in_extra_come_back_as_they_were(tmp_path: Path) -> None:
     assert again["pairs"] == tuple(history[:300]) and again["short"] == [0.5, 0.25]
 
 
+def test_a_long_list_of_flat_records_comes_back_as_it_was(tmp_path: Path) -> None:
+    """Records of scalars (a history a user logs) are encoded in one pass (a fast path);
+    one holding anything else, or a key like the encoder's own, takes the general path."""
+    records = [{"step": i, "loss": i / 7, "tag": "x", "ok": i % 2 == 0, "none": None}
+               for i in range(100)]
+    records[3]["loss"] = float("inf")
+    odd = [dict(r) for r in records]
+    odd[50]["nested"] = [1, (2, 3)]
+    marked = [dict(r) for r in records]
+    marked[60]["__tuple__"] = 1
+    mgr = CheckpointManager(tmp_path)
+    back = mgr.load(mgr.save(extra={"a": records, "b": odd, "c": marked})).extra
+    assert back == {"a": records, "b": odd, "c": marked}
+    assert type(back["b"][50]["nested"][1]) is tuple
+
+
 def test_sets_bytes_complex_and_numpy_values_need_no_pickle(tmp_path: Path) -> None:
     """Each comes back as the type it was, and none is pickled (so none needs trust)."""
     extra = {"set": {1, "a"}, "frozen": frozenset({2.5}), "bytes": b"\x00ab", "empty": b"",
