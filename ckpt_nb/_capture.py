@@ -464,10 +464,10 @@ def _device_name(device: torch.device) -> str:
 
 
 def _flat_records(rows: list[Any]) -> list[dict[str, Any]] | None:
-    """A list of flat dicts of scalars (a metric history) as ``encode`` gives it, in one
-    pass; None where it holds anything else. Through ``encode``, each entry of a
-    notebook's logged history cost ~15 us at every save: seconds per save after a long
-    run, on the training thread."""
+    """A list of flat dicts of scalars (a history a user keeps in a notebook variable,
+    which each save captures) as ``encode`` gives it, in one pass; None where it holds
+    anything else. Through ``encode`` each record cost ~15 us at every save: seconds
+    per save after a long run, on the training thread."""
     out = []
     for row in rows:
         if type(row) is not dict:
