@@ -39,22 +39,31 @@ from ._store import canonical_url, file_url_path
 RUN_KEY = "ckpt_nb_run"
 
 
-class History(list[dict[str, Any]]):
+class History:
     """The metrics ``log()`` recorded, a record per call, kept by column too as they
     come: a save stores each column whole (a float column as float64 bytes, whose
     unchanged head the store already has), where a list of records cost a JSON
     encoding per record at every save (a second a save after 16k steps)."""
 
     def __init__(self, records: Iterable[dict[str, Any]] = ()) -> None:
-        super().__init__()
+        self._records: list[dict[str, Any]] = []
         self._shapes: dict[tuple[str, ...], int] = {}  # key tuple -> its index
         self._runs: list[list[int]] = []  # [shape index, how many records in a row]
         self._columns: dict[str, list[Any]] = {}
         for record in records:
             self.append(record)
 
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._records)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._records[index]
+
     def append(self, record: dict[str, Any]) -> None:
-        super().append(record)
+        self._records.append(record)
         shape = tuple(record)
         index = self._shapes.setdefault(shape, len(self._shapes))
         if self._runs and self._runs[-1][0] == index:
