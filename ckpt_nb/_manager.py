@@ -595,10 +595,14 @@ class CheckpointManager:
 
     def _decode_chunk(self, row: ChunkRow, out: np.ndarray,
                       rows: Mapping[str, ChunkRow] | None = None,
-                      views: Mapping[str, memoryview] | None = None) -> None:
+                      views: Mapping[str, memoryview] | None = None
+                      ) -> memoryview | np.ndarray:
+        """Decode a chunk into ``out``; returns its blob (in this thread's reused buffer
+        where its pack is not mapped: valid until the next read)."""
         base = self._read_raw(row.base, rows, views) if row.base else None
         blob = self._blob(row, views)  # after the base, which may reuse the same buffer
         self._check_decoded(row, out, codec.decode_many([(blob, out, base, row.digest)])[0])
+        return blob
 
     def _decode_chunks(self, jobs: Sequence[tuple[ChunkRow, np.ndarray]],
                        rows: Mapping[str, ChunkRow], views: Mapping[str, memoryview]) -> None:
@@ -1241,9 +1245,10 @@ class CheckpointManager:
         views = self._pack_views(read)
         with write_pack(self.store) as pack:
             for digest in doomed:
+                raw = np.empty(chunks[digest].raw_len, dtype=np.uint8)
                 try:
-                    raw = self._read_raw(digest, chunks, views)
-                    itemsize = codec.info(self._blob(chunks[digest], views)).itemsize
+                    itemsize = codec.info(self._decode_chunk(chunks[digest], raw, chunks,
+                                                             views)).itemsize
                 except CorruptCheckpointError:
                     continue  # its chain stays, for verify() to name
                 parts = codec.encode_parts(raw, itemsize, name=digest, codec=self.codec,
