@@ -183,6 +183,12 @@ class CheckpointManager:
                 raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
         if keep_best is not None and metric is None:
             raise ValueError("keep_best needs metric=, the name of the metric to rank by")
+        if not isinstance(level, int) or not -7 <= level <= 22:
+            raise ValueError(f"level must be an integer from -7 to 22 (zstd's levels; 1, the "
+                             f"default, is the fastest that compresses well), not {level!r}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive integer or None (one per core, up "
+                             f"to 4), not {threads!r}")
         if chunk_size < 4096 or chunk_size % 64:
             raise ValueError("chunk_size must be a multiple of 64 bytes, at least 4096")
         self.store = open_store(directory, **({} if isinstance(directory, Store)

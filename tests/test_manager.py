@@ -14,6 +14,7 @@ import textwrap
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -1442,6 +1443,29 @@ def test_threads_and_codecs_agree(tmp_path: Path) -> None:
             assert all(torch.equal(got[k], v) for k, v in state.items())
             stored[codec] = mgr.list()["stored_bytes"].iloc[0]
     assert stored["zstd"] < stored["none"]
+
+
+@pytest.mark.parametrize("level", [-7, 3, 22])
+def test_every_zstd_level_saves_and_restores(tmp_path: Path, level: int) -> None:
+    state = {"w": torch.randn(300_000) * 0.05}
+    mgr = CheckpointManager(tmp_path, level=level, chunk_size=65536)
+    mgr.save(h=Holder(state))
+    assert torch.equal(mgr.load("latest").state["h"]["w"], state["w"])
+    if level > 0:  # (zstd's negative levels leave literals uncoded: the exponents stay raw)
+        assert mgr.list()["stored_bytes"].iloc[0] < 0.9 * state["w"].nbytes
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ({"level": 23}, "level must be an integer from -7 to 22"),
+    ({"level": 1.5}, "level must be an integer"),
+    ({"threads": 0}, "threads must be a positive integer or None"),
+    ({"threads": -1}, "threads must be a positive integer or None"),
+])
+def test_bad_codec_options_are_refused_by_name(tmp_path: Path, option: dict[str, Any],
+                                               message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CheckpointManager(tmp_path / "store", **option)
+    assert not (tmp_path / "store").exists()  # nothing made
 
 
 def test_store_files_never_use_manifest_names(tmp_path: Path) -> None:
