@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import math
 import pickle
 import random
@@ -706,7 +707,22 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
             if live.shape != saved.shape or live.dtype != saved.dtype:
                 problems.append(f"{name}: {key} is {_describe(saved)} in the checkpoint "
                                 f"but {_describe(live)} in the live object")
+            elif not _copies_in_place(live.dtype):
+                problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
+                                "into in place: take it from load() instead")
     return problems
+
+
+@functools.cache
+def _copies_in_place(dtype: torch.dtype) -> bool:
+    """Whether ``copy_`` works into tensors of ``dtype`` (not into torch's sub-byte
+    integers: a module's load_state_dict would fail there after loading the rest)."""
+    probe = torch.zeros(dtype.itemsize, dtype=torch.uint8).view(dtype)
+    try:
+        probe.copy_(probe.clone())
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
@@ -732,11 +748,22 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
             problems.append(f"{name}: state for unknown parameter {pid}")
             continue
         for slot, value in slots.items():
-            if (isinstance(value, torch.Tensor) and value.dim() > 0
-                    and value.numel() == param.numel() and value.shape != param.shape):
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and \
+                    not _fits_parameter(value, param):
                 problems.append(f"{name}: state {pid}/{slot} is {_describe(value)}, "
                                 f"parameter is {_describe(param)}")
     return problems
+
+
+def _fits_parameter(state: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether a per-parameter optimizer state tensor can be this parameter's: torch's
+    load_state_dict takes any shape, and the optimizer's next step fails. Moments
+    have the parameter's shape, factored ones (Adafactor's) 1 where they sum; a state
+    of another number of dimensions is checked only by its number of elements (the
+    same number in another shape is a parameter reshaped)."""
+    if state.dim() != param.dim():
+        return state.numel() != param.numel()
+    return all(s in (p, 1) for s, p in zip(state.shape, param.shape))
 
 
 def _other_kind(name: str, obj: Any, saved: str | None) -> str | None:

@@ -369,6 +369,18 @@ def info(blob: bytes | memoryview) -> BlobInfo:
     return _parse(memoryview(blob))[0]
 
 
+def matches(blob: bytes | memoryview | np.ndarray, digest: str, raw_len: int,
+            base: str | None) -> bool:
+    """Whether a blob's header fits the record it is filed under (its name, length and
+    delta base), read without decoding: what a copy checks before the original goes."""
+    try:
+        meta = info(memoryview(blob))
+    except (CorruptCheckpointError, ValueError, struct.error):
+        return False
+    return meta.raw_len == raw_len and meta.base == base and \
+        (meta.name is None or meta.name == bytes.fromhex(digest[: 2 * NAME_BYTES]))
+
+
 def decode_prefix(blob: bytes | memoryview, nbytes: int) -> np.ndarray:
     """The first ``nbytes`` (whole elements) of a blob's raw bytes, unchecked.
 
@@ -427,6 +439,11 @@ _NATIVE_ERRORS = {
 }
 
 
+# A blob's delta flag against its record's base (given with the job, or not): one of the
+# two is damaged.
+_DELTA_MISMATCH = "chunk blob is a delta where its record has no base, or plain where it has one"
+
+
 def decode_many(jobs: Sequence[DecodeJob]) -> list[bool | CorruptCheckpointError]:
     """``decode_into`` for each (blob, out, base, name) job, in one C call where the
     C decoder is there; each job's outcome is its result or its error, so a
@@ -444,7 +461,7 @@ def decode_many(jobs: Sequence[DecodeJob]) -> list[bool | CorruptCheckpointError
         elif status == _native.LEFT:  # a CKB1 blob
             outcomes.append(_outcome(job))
         elif status == -5:
-            raise ValueError("a delta blob is decoded with its base, a plain one without")
+            outcomes.append(CorruptCheckpointError(_DELTA_MISMATCH))
         elif status == -9:
             outcomes.append(CorruptCheckpointError(
                 f"chunk blob does not decompress: {_native.zstd_error(detail)}"))
@@ -474,7 +491,7 @@ def _decode_python(
     if len(out) != meta.raw_len:
         raise CorruptCheckpointError("chunk blob length does not match its record")
     if (meta.base is None) != (base is None):
-        raise ValueError("a delta blob is decoded with its base, a plain one without")
+        raise CorruptCheckpointError(_DELTA_MISMATCH)
     n_streams = len(streams)
     per = meta.raw_len // n_streams if n_streams else 0
     if per * n_streams != meta.raw_len:

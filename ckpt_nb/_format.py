@@ -55,9 +55,12 @@ def check_format(store: Store) -> int:
         stamp_format(store)
         return FORMAT
     try:
-        found = int(json.loads(store.get(FORMAT_KEY))["format"])
-    except (ValueError, KeyError, TypeError) as exc:
+        found = json.loads(store.get(FORMAT_KEY))["format"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise StoreFormatError(f"{store.url}/{FORMAT_KEY} is unreadable: {exc}") from exc
+    if not isinstance(found, int) or isinstance(found, bool):
+        raise StoreFormatError(f"{store.url}/{FORMAT_KEY} is unreadable: its format is "
+                               f"{found!r}, not a whole number")
     if found > FORMAT:
         raise StoreFormatError(
             f"the store at {store.url} has format {found}; this ckpt_nb reads up to "
@@ -188,7 +191,16 @@ def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
                 and 0 < row.length <= end - row.offset):
             raise CorruptCheckpointError(f"pack {key}: its index is damaged (a chunk lies "
                                          "outside the pack's blobs)")
+        if not (_whole(row.raw_len) and _whole(row.depth)
+                and (row.base is None or isinstance(row.base, str) and row.base != row.digest)):
+            raise CorruptCheckpointError(f"pack {key}: its index is damaged (chunk "
+                                         f"{str(row.digest)[:12]}'s length, base or depth)")
     return rows
+
+
+def _whole(value: object) -> bool:
+    """A count a record holds: a whole number, not negative (and not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
@@ -196,14 +208,42 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
 
 
 def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
+    """A manifest, its frame of storages and chunks checked (what a read trusts to size
+    and place the bytes it decodes)."""
     try:
         manifest = json.loads(zstandard.ZstdDecompressor().decompress(data))
-    except (zstandard.ZstdError, ValueError) as exc:
+    except (zstandard.ZstdError, ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(
             f"manifest of checkpoint {checkpoint_id} is unreadable: {exc}", checkpoint_id
         ) from exc
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise CorruptCheckpointError(
+            f"manifest of checkpoint {checkpoint_id} is damaged: {problem}", checkpoint_id)
     if manifest.get("format", 0) > FORMAT:
         raise StoreFormatError(
             f"checkpoint {checkpoint_id} has format {manifest['format']}: upgrade ckpt_nb"
         )
     return manifest
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    """What is wrong with a decoded manifest's frame, if anything."""
+    if not isinstance(manifest, dict):
+        return f"it holds a {type(manifest).__name__}, not an object"
+    if not _whole(manifest.get("format", 0)):
+        return f"its format is {manifest.get('format')!r}"
+    storages, tensors = manifest.get("storages"), manifest.get("tensors")
+    if not isinstance(storages, list) or not isinstance(tensors, list) or \
+            not all(isinstance(t, dict) for t in tensors) or \
+            not isinstance(manifest.get("state"), dict):
+        return "its storages, tensors or state are missing"
+    for storage in storages:
+        chunks = storage.get("chunks") if isinstance(storage, dict) else None
+        if not (isinstance(chunks, list) and _whole(storage.get("nbytes"))
+                and isinstance(storage.get("name"), str)
+                and all(isinstance(c, list) and len(c) == 2 and isinstance(c[0], str)
+                        and _whole(c[1]) for c in chunks)
+                and sum(c[1] for c in chunks) == storage["nbytes"]):
+            return "a storage's chunks do not add up to its size"
+    return None

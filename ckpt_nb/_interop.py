@@ -23,7 +23,8 @@ import torch
 
 from . import _stdlib_values as stdlib_values
 from ._capture import Unflattener, flatten
-from ._errors import CkptError, CorruptCheckpointError, UntrustedPickleError
+from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
+                      UntrustedPickleError)
 
 if TYPE_CHECKING:
     from ._manager import Checkpoint
@@ -146,7 +147,13 @@ def _write_safetensors(payload: dict[str, Any], tmp: str) -> None:
     pickles = {f"__pickle__/{i}": storages[i] for i, s in enumerate(flat.storages)
                if s.kind == "pickle"}
     meta = {"skeleton": flat.skeleton, "names": [rec.name for rec in flat.tensors]}
-    save_file({**tensors, **pickles}, tmp, metadata={"ckpt_nb": json.dumps(meta)})
+    try:
+        save_file({**tensors, **pickles}, tmp, metadata={"ckpt_nb": json.dumps(meta)})
+    except KeyError as exc:  # safetensors has no code for this dtype (complex128, ...)
+        dtype = exc.args[0] if exc.args else None
+        names = [name for name, t in tensors.items() if t.dtype == dtype][:3]
+        raise CkptError(f"safetensors cannot hold {dtype} tensors ({', '.join(names)}): "
+                        "export to a .pt path instead") from exc
 
 
 def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
@@ -209,7 +216,7 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
 
     source = Path(path)
     if not source.is_file():
-        raise FileNotFoundError(f"no file {source}")
+        raise CheckpointNotFoundError(f"no file {source}")
     if source.suffix == ".safetensors":
         data = _read_safetensors(source, trust_pickle)
     elif source.suffix in _TORCH_SUFFIXES:
@@ -228,6 +235,19 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
         rng=meta.get("rng"))
 
 
+def _counter(value: Any) -> bool:
+    """Whether ``value`` fits a checkpoint's epoch / step / batch_idx (a signed 64-bit int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and \
+        -(1 << 63) <= value < (1 << 63)
+
+
+def _number(value: Any) -> bool:
+    """Whether ``value`` fits a metric (a real number a float holds)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, float) or isinstance(value, int) and abs(value) < 2 ** 1023
+
+
 def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if all(isinstance(v, torch.Tensor) for v in data.values()):
         return {"model": data}, {}
@@ -237,20 +257,22 @@ def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     state: dict[str, Any] = {}
     meta: dict[str, Any] = {"metrics": {}, "extra": {}}
     for key, value in data.items():
-        if key == "state_dict" and isinstance(value, Mapping):
+        if not isinstance(key, str):  # (a dict keyed by numbers: not a convention's)
+            meta["extra"][key] = value
+        elif key == "state_dict" and isinstance(value, Mapping):
             state["model"] = value
         elif key.endswith("_state_dict") and isinstance(value, Mapping):
             state[key.removesuffix("_state_dict")] = value
         elif key in ("model", "optimizer", "scheduler", "lr_scheduler", "scaler") \
                 and isinstance(value, Mapping):
             state["scheduler" if key == "lr_scheduler" else key] = value
-        elif key in ("epoch", "step", "batch_idx", "global_step") and isinstance(value, int):
+        elif key in ("epoch", "step", "batch_idx", "global_step") and _counter(value):
             meta["step" if key == "global_step" else key] = value
-        elif key == "metrics" and isinstance(value, Mapping):
-            meta["metrics"].update(value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and \
-                any(w in key for w in ("loss", "acc", "score", "metric")):
+        elif key == "metrics" and isinstance(value, Mapping) and \
+                all(isinstance(k, str) and _number(v) for k, v in value.items()):
+            meta["metrics"].update({k: float(v) for k, v in value.items()})
+        elif _number(value) and any(w in key for w in ("loss", "acc", "score", "metric")):
             meta["metrics"][key] = float(value)
-        else:
+        else:  # (what does not fit a field stays, as it was, in extra)
             meta["extra"][key] = value
     return state, meta

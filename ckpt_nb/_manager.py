@@ -33,7 +33,7 @@ from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
                        has_pickle, load_all, trained_storages)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
-from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
+from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StoreError)
 from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id_of,
                       label_key, manifest_key, read_pack_index, stamp_format, write_pack)
@@ -43,8 +43,10 @@ from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
 from ._store import Store, local_root, open_store
 
 STRATEGIES = ("full", "incremental", "differential")
+# Names that are not keywords for Statefuls: checkpoint fields, and restore()'s options
+# (an object saved as strict= could never be given back to restore).
 RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
-                      "note", "branch"})
+                      "note", "branch", "strict", "trust_pickle", "which"})
 ProgressFn = Callable[[int, int], None]
 # What makes two tensor records the same view of their storage's bytes (diff)
 _VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
@@ -179,14 +181,16 @@ class CheckpointManager:
         _check_choice("codec", codec, codec_names())
         for name, value in (("max_to_keep", max_to_keep), ("keep_best", keep_best),
                             ("full_every", full_every), ("max_bytes", max_bytes)):
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
         if keep_best is not None and metric is None:
             raise ValueError("keep_best needs metric=, the name of the metric to rank by")
-        if not isinstance(level, int) or not -7 <= level <= 22:
+        if not isinstance(level, int) or isinstance(level, bool) or not -7 <= level <= 22:
             raise ValueError(f"level must be an integer from -7 to 22 (zstd's levels; 1, the "
                              f"default, is the fastest that compresses well), not {level!r}")
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
+                                    or threads < 1):
             raise ValueError(f"threads must be a positive integer or None (one per core, up "
                              f"to 4), not {threads!r}")
         if chunk_size < 4096 or chunk_size % 64:
@@ -397,8 +401,8 @@ class CheckpointManager:
         """
         clash = RESERVED & set(objects)
         if clash:
-            raise ValueError(f"{sorted(clash)} name checkpoint fields, not objects: rename "
-                             "the keyword (e.g. ema=...)")
+            raise ValueError(f"{sorted(clash)} name checkpoint fields or restore()'s options, "
+                             "not objects: rename the keyword (e.g. ema=...)")
         tree: dict[str, Any] = {}
         kinds: dict[str, str] = {}
         for name, obj in objects.items():
@@ -547,10 +551,13 @@ class CheckpointManager:
         return row
 
     def _read_prefix(self, digest: str, nbytes: int, rows: Mapping[str, ChunkRow],
-                     views: Mapping[str, memoryview] | None = None) -> np.ndarray:
+                     views: Mapping[str, memoryview] | None = None,
+                     above: frozenset[str] = frozenset()) -> np.ndarray:
         """The first ``nbytes`` of a chunk's raw bytes, unchecked: for choosing an encoding."""
         row = self._row(digest, rows)
-        base = self._read_prefix(row.base, nbytes, rows, views) if row.base else None
+        _check_chain(row, above)
+        base = self._read_prefix(row.base, nbytes, rows, views, above | {digest}) \
+            if row.base else None
         prefix = codec.decode_prefix(self._blob(row, views), nbytes)
         if base is not None:
             np.bitwise_xor(prefix, base[: len(prefix)], out=prefix)
@@ -571,9 +578,11 @@ class CheckpointManager:
     def _prefetch(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]) -> None:
         """Tell the store which chunks (and the delta bases they need) are read next."""
         ranges: dict[str, list[tuple[int, int]]] = {}
-        wanted = list(digests)
+        wanted, seen = list(digests), set()
         while wanted:
-            row = rows.get(wanted.pop())
+            digest = wanted.pop()
+            row = rows.get(digest) if digest not in seen else None
+            seen.add(digest)
             if row is not None:
                 ranges.setdefault(row.pack, []).append((row.offset, row.length))
                 if row.base:
@@ -592,20 +601,24 @@ class CheckpointManager:
         return view[row.offset : row.offset + row.length]
 
     def _read_raw(self, digest: str, rows: Mapping[str, ChunkRow] | None = None,
-                  views: Mapping[str, memoryview] | None = None) -> np.ndarray:
-        """A chunk's raw bytes, checked against its digest (delta bases resolved)."""
+                  views: Mapping[str, memoryview] | None = None,
+                  above: frozenset[str] = frozenset()) -> np.ndarray:
+        """A chunk's raw bytes, checked against its digest (delta bases resolved);
+        ``above``: the chunks stacked on it, being decoded."""
         row = self._row(digest, rows)
         out = np.empty(row.raw_len, dtype=np.uint8)
-        self._decode_chunk(row, out, rows, views)
+        self._decode_chunk(row, out, rows, views, above)
         return out
 
     def _decode_chunk(self, row: ChunkRow, out: np.ndarray,
                       rows: Mapping[str, ChunkRow] | None = None,
-                      views: Mapping[str, memoryview] | None = None
-                      ) -> memoryview | np.ndarray:
+                      views: Mapping[str, memoryview] | None = None,
+                      above: frozenset[str] = frozenset()) -> memoryview | np.ndarray:
         """Decode a chunk into ``out``; returns its blob (in this thread's reused buffer
         where its pack is not mapped: valid until the next read)."""
-        base = self._read_raw(row.base, rows, views) if row.base else None
+        _check_chain(row, above)
+        base = self._read_raw(row.base, rows, views, above | {row.digest}) if row.base \
+            else None
         blob = self._blob(row, views)  # after the base, which may reuse the same buffer
         self._check_decoded(row, out, codec.decode_many([(blob, out, base, row.digest)])[0])
         return blob
@@ -619,7 +632,9 @@ class CheckpointManager:
             if row.pack not in views:
                 self._decode_chunk(row, out, rows, views)
                 continue
-            base = self._read_raw(row.base, rows, views) if row.base else None
+            _check_chain(row, frozenset())
+            base = self._read_raw(row.base, rows, views, frozenset({row.digest})) \
+                if row.base else None
             mapped.append((row, out))
             blobs.append((self._blob(row, views), out, base, row.digest))
         for (row, out), outcome in zip(mapped, codec.decode_many(blobs)):
@@ -719,6 +734,13 @@ class CheckpointManager:
     def _decode_rows(self, checkpoint_id: str, manifest: Mapping[str, Any],
                      rows: dict[str, ChunkRow],
                      progress: ProgressFn | None) -> list[torch.Tensor]:
+        for storage in manifest["storages"]:  # (before memory is taken for them)
+            for digest, raw_len in storage["chunks"]:
+                if rows[digest].raw_len != raw_len:
+                    raise CorruptCheckpointError(
+                        f"checkpoint {checkpoint_id}: chunk {digest[:12]} holds "
+                        f"{rows[digest].raw_len} bytes, its manifest says {raw_len}",
+                        checkpoint_id)
         buffers = _arena([s["nbytes"] for s in manifest["storages"]])
         jobs = []
         for storage, buf in zip(manifest["storages"], buffers):
@@ -815,8 +837,13 @@ class CheckpointManager:
         targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
         targets = {k: v for k, v in targets.items() if v is not None}
+        if not isinstance(which, (str, os.PathLike)):
+            raise TypeError(f"which must be \"latest\", \"best\", \"-N\", a checkpoint id or the "
+                            f"path of a .pt / .safetensors file, not {which!r}")
         path = os.fspath(which)
-        if os.path.isfile(path) and Path(path).suffix in (".pt", ".pth", ".bin", ".safetensors"):
+        from_file = os.path.isfile(path) and \
+            Path(path).suffix in (".pt", ".pth", ".bin", ".safetensors")
+        if from_file:
             from ._interop import read_file
 
             ck = read_file(path, trust_pickle=trust_pickle)
@@ -827,7 +854,9 @@ class CheckpointManager:
             ck.state.pop(name)
         if rng and ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
-        if self.catalog.get(ck.id) is not None:
+        if from_file:  # (the live objects now descend from no checkpoint: a new root next)
+            self.head = None
+        elif self.catalog.get(ck.id) is not None:
             self.head = ck.id
             self._notify("restore", ck.id)
         return ck
@@ -884,12 +913,22 @@ class CheckpointManager:
         lenient = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
                               on_pickle=placeholder)
         needed = set(needed)
-        entries = skeleton["objects"]  # names are keywords: str, but may start with "__"
-        entries = dict(entries["__dict__"] if "__dict__" in entries else entries.items())
-        objects = {name: (strict if name in needed else lenient).decode(value, name)
-                   for name, value in entries.items()}
-        extra = lenient.decode(skeleton["extra"], "extra")
-        rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
+        try:
+            entries = skeleton["objects"]  # names are keywords: str, but may start with "__"
+            entries = dict(entries["__dict__"] if "__dict__" in entries else entries.items())
+            objects = {name: (strict if name in needed else lenient).decode(value, name)
+                       for name, value in entries.items()}
+            extra = lenient.decode(skeleton["extra"], "extra")
+            rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
+                OverflowError) as exc:
+            # (with trust_pickle, an unpickled object's own error is the caller's to read)
+            if trust_pickle or isinstance(exc, CkptError) and not isinstance(exc, CaptureError):
+                raise
+            # Without pickles no code of the store's runs here: what fails is its record.
+            raise CorruptCheckpointError(
+                f"checkpoint {cid}: its manifest does not describe a state "
+                f"({type(exc).__name__}: {exc})", cid) from exc
         if unloaded:
             warnings.warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "
                           "pass trust_pickle=True to load them", stacklevel=3)
@@ -1101,11 +1140,6 @@ class CheckpointManager:
             self._drop([cid])
         self._notify("delete", cid)
 
-    def _forget(self, cid: str) -> None:
-        self._manifests.pop(cid, None)
-        if self.head == cid:
-            self.head = None
-
     def _apply_retention(self, protect: set[str]) -> None:
         """Delete what the retention rules let go; the newest, pinned, best and head stay."""
         if self.max_to_keep is None and self.keep_best is None and self.max_bytes is None:
@@ -1135,11 +1169,24 @@ class CheckpointManager:
     def _drop(self, ids: Sequence[str], **gc_options: Any) -> None:
         if ids:
             children = {c for cid in ids for c in self.catalog.children(cid)} - set(ids)
+            heir = self._kept_ancestor(self.head, set(ids)) if self.head in ids else self.head
             self.catalog.delete_checkpoints(ids)
             self._label_rejoined(children)
             for cid in ids:
-                self._forget(cid)
+                self._manifests.pop(cid, None)
+            # The live objects hold the deleted head's state: the next save descends from
+            # its nearest kept ancestor, as the head's children do now.
+            self.head = heir
             self._gc_locked(**gc_options)
+
+    def _kept_ancestor(self, cid: str | None, going: set[str]) -> str | None:
+        """The nearest ancestor of ``cid`` that is not ``going``."""
+        seen: set[str] = set()
+        while cid is not None and cid in going and cid not in seen:
+            seen.add(cid)
+            row = self.catalog.get(cid)
+            cid = row.parent if row is not None else None
+        return None if cid in going else cid
 
     def stored_bytes(self) -> int:
         """Bytes the store's packs and manifests take."""
@@ -1197,15 +1244,9 @@ class CheckpointManager:
                 report.bytes_freed += size
             elif sum(c.length for c in members) < compact_below * size or \
                     repair_indexes and self._index_problem(key) is not None:
-                moved = []
-                views = self._pack_views({row.digest: row for row in members})
-                with write_pack(self.store) as pack:
-                    for row in sorted(members, key=lambda c: c.offset):
-                        blob = self._blob(row, views)
-                        if isinstance(blob, np.ndarray):  # the reused buffer: the pack writes later
-                            blob = blob.copy()
-                        pack.add(row.digest, memoryview(blob), row.raw_len, row.base, row.depth)
-                    moved = pack.rows
+                moved = self._compacted(key, members)
+                if moved is None:
+                    continue
                 self.catalog.move_chunks(moved)
                 self.store.delete(key)
                 report.packs_compacted += 1
@@ -1218,6 +1259,27 @@ class CheckpointManager:
                 self.store.delete(key)
                 report.manifests_deleted += key.startswith("manifests/")
         return report
+
+    def _compacted(self, key: str, members: list[ChunkRow]) -> list[ChunkRow] | None:
+        """Copy a pack's live chunks into a new pack; their new rows, or None (and the
+        new pack dropped) where a blob does not fit its record: the catalog or the pack
+        is damaged, and the original stays for verify() to name and a rebuild to read."""
+        views = self._pack_views({row.digest: row for row in members})
+        try:
+            with write_pack(self.store) as pack:
+                for row in sorted(members, key=lambda c: c.offset):
+                    blob = self._blob(row, views)
+                    if not codec.matches(blob, row.digest, row.raw_len, row.base):
+                        raise CorruptCheckpointError(f"chunk {row.digest[:12]} does not fit "
+                                                     "its record")
+                    if isinstance(blob, np.ndarray):  # the reused buffer: the pack writes later
+                        blob = blob.copy()
+                    pack.add(row.digest, memoryview(blob), row.raw_len, row.base, row.depth)
+        except CorruptCheckpointError as exc:
+            warnings.warn(f"gc left {key} as it was: {exc} (verify() names the checkpoints "
+                          "it touches)", RuntimeWarning, stacklevel=4)
+            return None
+        return pack.rows
 
     def _rewrite_whole(self, chunks: dict[str, ChunkRow], referenced: set[str],
                        over: int) -> int:
@@ -1286,6 +1348,14 @@ class CheckpointManager:
         return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
                                metrics=ck.metrics, strategy="full", parent=None,
                                note=note if note is not None else f"imported from {path}")
+
+
+def _check_chain(row: ChunkRow, above: frozenset[str]) -> None:
+    """Refuse a chunk whose delta bases lead back to itself (a damaged catalog): its
+    decoding would never end."""
+    if row.base is not None and (row.base == row.digest or row.base in above):
+        raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack}: its delta "
+                                     "bases go round in a loop")
 
 
 def _arena(sizes: list[int]) -> list[torch.Tensor]:

@@ -227,12 +227,14 @@ def test_a_batch_reports_each_chunk_on_its_own() -> None:
     assert np.array_equal(outs[0], raws[0]) and np.array_equal(outs[2], raws[2])
 
 
-def test_a_delta_without_its_base_is_a_caller_error(decoder: str) -> None:
+def test_a_delta_flag_that_disagrees_with_the_record_is_corruption(decoder: str) -> None:
+    """The caller gives a base where the chunk's record has one: a blob that says
+    otherwise (one flipped header byte) is damaged, and restores fall back past it."""
     base = weights(20_000)
     blob = codec.encode(base ^ 1, 4, base=base, base_digest=codec.digest(base))
-    with pytest.raises(ValueError, match="with its base"):
+    with pytest.raises(CorruptCheckpointError, match="a delta where its record has no base"):
         codec.decode_into(blob, np.empty_like(base))
-    with pytest.raises(ValueError, match="with its base"):
+    with pytest.raises(CorruptCheckpointError, match="a delta where its record has no base"):
         codec.decode_into(codec.encode(base, 4), np.empty_like(base), base)
 
 

@@ -1641,3 +1641,111 @@ def test_a_save_whose_retention_fails_returns_its_committed_id(tmp_path: Path) -
     again = CheckpointManager(tmp_path, max_to_keep=1)
     again.save(h=Holder({"w": torch.full((4,), 2.0)}))  # (retention runs again, and works)
     assert first not in again.list()["id"].tolist() and again.verify().ok
+
+
+def test_optimizer_state_of_another_shape_is_refused_and_factored_state_is_not(
+        tmp_path: Path) -> None:
+    """torch's load_state_dict takes Adam moments of any shape, and the next step
+    fails; Adafactor's factored moments (1 where they sum) are the parameter's."""
+    mgr = CheckpointManager(tmp_path)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    cid = mgr.save(model, opt, 0)
+    other = torch.nn.Linear(5, 4)  # weight (4, 5)
+    other_opt = torch.optim.Adam(other.parameters())
+    with pytest.raises(StateMismatchError, match=r"state 0/exp_avg is \(4, 4\)"):
+        mgr.restore(cid, optimizer=other_opt)
+    assert not other_opt.state  # untouched
+
+    factored = torch.nn.Linear(6, 4)
+    ada = torch.optim.Adafactor(factored.parameters())
+    factored(torch.randn(2, 6)).sum().backward()
+    ada.step()
+    shapes = {k: tuple(v.shape) for k, v in ada.state[factored.weight].items()}
+    assert shapes["row_var"] == (4, 1) and shapes["col_var"] == (1, 6)
+    cid = mgr.save(factored, ada, 1)
+    fresh = torch.nn.Linear(6, 4)
+    fresh_ada = torch.optim.Adafactor(fresh.parameters())
+    mgr.restore(cid, fresh, fresh_ada)
+    assert torch.equal(fresh_ada.state[fresh.weight]["row_var"],
+                       ada.state[factored.weight]["row_var"])
+
+
+def test_a_tensor_torch_cannot_copy_into_fails_the_restore_before_anything_changes(
+        tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+
+    def module(fill: float) -> torch.nn.Module:
+        m = torch.nn.Module()
+        m.register_buffer("a", torch.full((4,), fill))
+        m.register_buffer("q", torch.arange(4, dtype=torch.uint8).view(torch.int4))
+        return m
+
+    cid = mgr.save(module(1.0), None, 0)
+    live = module(0.0)
+    with pytest.raises(StateMismatchError, match=r"q is .*int4.* cannot copy into in place"):
+        mgr.restore(cid, model=live)
+    assert live.a.tolist() == [0.0] * 4  # left as it was
+    assert torch.equal(mgr.load(cid).state["model"]["q"].view(torch.uint8),
+                       torch.arange(4, dtype=torch.uint8))  # (and load() has it)
+
+
+def test_restore_options_cannot_name_a_saved_object(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    for name in ("strict", "trust_pickle", "which"):
+        with pytest.raises(ValueError, match="restore\\(\\)'s options"):
+            mgr.save(torch.nn.Linear(2, 2), **{name: Holder({"n": 1})})
+    assert mgr.list().empty
+
+
+def test_the_head_deleted_hands_the_next_save_to_its_parent(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    a, b, c = (mgr.save(model, None, epoch) for epoch in range(3))
+    mgr.delete(b)
+    mgr.delete(c)  # the head: the live model holds c's state, a descendant of a
+    d = mgr.save(model, None, 3)
+    rows = mgr.list().set_index("id")
+    assert rows.loc[d, "parent"] == a and rows.loc[d, "branch"] == rows.loc[a, "branch"]
+
+
+def test_a_state_restored_from_a_file_descends_from_no_checkpoint(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "store")
+    model = torch.nn.Linear(2, 2)
+    a = mgr.save(model, None, 0)
+    mgr.save(model, None, 1)
+    torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "other.pt")
+    mgr.restore(a, model=model)
+    mgr.restore(tmp_path / "other.pt", model=model)
+    c = mgr.save(model, None, 2)
+    assert pd.isna(mgr.list().set_index("id").loc[c, "parent"])
+    with pytest.raises(TypeError, match="which must be"):
+        mgr.restore(5, model=model)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_to_keep must be a positive integer"):
+        CheckpointManager(tmp_path / "other", max_to_keep=True)
+
+
+def test_files_whose_fields_do_not_fit_are_imported_with_them_in_extra(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "store")
+    torch.save({1: {"w": torch.ones(2)}, "epoch": True, "step": 1 << 70,
+                "metrics": {"acc": "high"}, "model": {"w": torch.zeros(3)}},
+               tmp_path / "odd.pt")
+    ck = mgr.load(mgr.import_file(tmp_path / "odd.pt"))
+    assert ck.epoch is None and ck.step is None and ck.metrics == {}
+    assert ck.extra["epoch"] is True and ck.extra["step"] == 1 << 70
+    assert ck.extra["metrics"] == {"acc": "high"}
+    assert torch.equal(ck.extra[1]["w"], torch.ones(2))
+    with pytest.raises(CheckpointNotFoundError, match="no file"):
+        mgr.import_file(tmp_path / "missing.pt")
+
+
+def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(z=Holder({"z": torch.randn(3, dtype=torch.complex128)}))
+    with pytest.raises(ckpt_nb.CkptError, match=r"complex128 tensors \(z/z\).*\.pt path"):
+        mgr.export(cid, tmp_path / "z.safetensors")
+    assert not (tmp_path / "z.safetensors").exists()
+    assert torch.equal(torch.load(mgr.export(cid, tmp_path / "z.pt"), weights_only=True)["z"]["z"],
+                       mgr.load(cid).state["z"]["z"])
