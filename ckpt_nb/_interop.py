@@ -98,10 +98,25 @@ def _atomic_target(path: Path) -> tuple[int, str]:
     return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # (elsewhere: set and put back at once)
+    os.umask(mask)
+    return mask
+
+
 def check_export_path(path: str | os.PathLike[str]) -> None:
     """Refuse a suffix no exporter handles, before any work is done."""
     if Path(path).suffix not in (".safetensors", *_TORCH_SUFFIXES):
-        raise ValueError(f"cannot export to {Path(path).name!r}: use a .pt or .safetensors path")
+        raise ValueError(f"cannot export to {os.fspath(path)!r}: use a .pt or .safetensors "
+                         "path")
 
 
 def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
@@ -127,6 +142,9 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
                 raise CkptError(f"torch.save cannot write checkpoint {ck.id} ({exc}): export "
                                 "it to a .safetensors path, which holds each tensor's "
                                 "values apart") from exc
+        # The mode a plain new file gets: mkstemp's is 0600, for a secret, and an
+        # export is a file to share.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

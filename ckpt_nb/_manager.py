@@ -801,7 +801,7 @@ class CheckpointManager:
         if matches:
             raise CheckpointNotFoundError(f"{which!r} is ambiguous: {', '.join(matches[:5])}")
         raise CheckpointNotFoundError(
-            f"no checkpoint {which!r} in {self.store.url}: use an id from list(), "
+            f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
 
     def _best(self, rows: list[CheckpointRow], k: int) -> list[str]:
@@ -1007,7 +1007,8 @@ class CheckpointManager:
                 record.update(status="removed" if tb is None else "added",
                               shape=tuple(present.shape), dtype=str(present.dtype)[6:])
             else:
-                record.update(shape=tuple(tb.shape), dtype=str(tb.dtype)[6:])
+                record.update(shape=tuple(tb.shape), dtype=str(tb.dtype)[6:] if
+                              ta.dtype == tb.dtype else f"{str(ta.dtype)[6:]}->{str(tb.dtype)[6:]}")
                 same_layout = all(ra.get(k) == rb.get(k) for k in _VIEW_FIELDS)
                 if same_layout and ca == cb:
                     record.update(status="identical", changed=False, same_chunks=True,
@@ -1018,7 +1019,7 @@ class CheckpointManager:
                     da, db = _as_float(ta), _as_float(tb)
                     l2 = float(torch.linalg.vector_norm(db - da))
                     base = float(torch.linalg.vector_norm(da))
-                    changed = not torch.equal(ta, tb)
+                    changed = ta.dtype != tb.dtype or not torch.equal(ta, tb)
                     record.update(status="changed" if changed else "identical",
                                   changed=changed, l2=l2,
                                   rel_change=l2 / base if base else (0.0 if l2 == 0 else math.inf))
@@ -1093,7 +1094,9 @@ class CheckpointManager:
     def pin(self, which: str, pinned: bool = True) -> str:
         """Protect a checkpoint from retention (``pinned=False`` releases it)."""
         cid = self.resolve(which)
-        self._label(cid, pinned=pinned)
+        with self._exclusive():  # (not between another process's pinned check and delete)
+            self._catch_up()
+            self._label(cid, pinned=pinned)
         self._notify("pin", cid)
         return cid
 
@@ -1104,12 +1107,14 @@ class CheckpointManager:
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
         cid = self.resolve(which)
-        self._label(cid, note=note)
+        with self._exclusive():
+            self._catch_up()
+            self._label(cid, note=note)
         return cid
 
     def _label(self, cid: str, **change: Any) -> None:
         """Change a checkpoint's pin or note: in the store first (as a label, which a
-        rebuilt catalog reads back), then in the catalog."""
+        rebuilt catalog reads back), then in the catalog. Under the store's lock."""
         row = self.catalog.get(cid)
         if row is None:
             raise CheckpointNotFoundError(f"checkpoint {cid} was deleted meanwhile")
@@ -1131,12 +1136,14 @@ class CheckpointManager:
     def delete(self, which: str, *, force: bool = False) -> None:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it."""
         cid = self.resolve(which)
-        row = self.catalog.get(cid)
-        if row is not None and row.pinned and not force:
-            raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
-                                       "or pass force=True")
-        with self._exclusive():
+        with self._exclusive():  # (the pin checked where no other process can set it)
             self._catch_up()
+            row = self.catalog.get(cid)
+            if row is None:
+                raise CheckpointNotFoundError(f"checkpoint {cid} was deleted meanwhile")
+            if row.pinned and not force:
+                raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
+                                           "or pass force=True")
             self._drop([cid])
         self._notify("delete", cid)
 

@@ -6,6 +6,7 @@ import datetime as dt
 import enum
 import errno
 import json
+import os
 import random
 import struct
 import subprocess
@@ -1749,3 +1750,61 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path: Path) -> N
     assert not (tmp_path / "z.safetensors").exists()
     assert torch.equal(torch.load(mgr.export(cid, tmp_path / "z.pt"), weights_only=True)["z"]["z"],
                        mgr.load(cid).state["z"]["z"])
+
+
+def test_a_pin_and_a_delete_in_two_processes_never_lose_a_pinned_checkpoint(
+        tmp_path: Path) -> None:
+    """The pin is checked under the store's lock: a delete that waited for another
+    process's lock sees a pin set meanwhile, and a pin waits for a delete."""
+    import fcntl
+
+    mgr = CheckpointManager(tmp_path)
+    model = torch.nn.Linear(8, 8)
+    cid = mgr.save(model, None, 0)
+    mgr.save(model, None, 1)
+    lock = open(tmp_path / "catalog.sqlite.lock", "a")  # another process's save, under way
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    deleting = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from ckpt_nb import CheckpointManager, CheckpointInUseError
+        try:
+            CheckpointManager({str(tmp_path)!r}).delete({cid!r})
+            print("deleted")
+        except CheckpointInUseError:
+            print("refused")
+        """)], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # (the delete now waits for the lock)
+    pinning = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from ckpt_nb import CheckpointManager
+        CheckpointManager({str(tmp_path)!r}).pin({cid!r})
+        """)], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
+    out, _ = deleting.communicate(timeout=60)
+    pinned = pinning.wait(timeout=60) == 0
+    rows = CheckpointManager(tmp_path).list().set_index("id")
+    if out.strip() == "deleted":  # (the delete took the lock first: the pin then fails)
+        assert not pinned and cid not in rows.index
+    else:  # (the pin took it first: the delete sees it)
+        assert out.strip() == "refused" and pinned and rows.loc[cid, "pinned"]
+
+
+def test_an_export_is_a_plain_file_that_others_may_read(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(torch.nn.Linear(2, 2), None, 0)
+    old = os.umask(0o022)
+    try:
+        for name in ("m.pt", "m.safetensors"):
+            assert (mgr.export(cid, tmp_path / name).stat().st_mode & 0o777) == 0o644
+    finally:
+        os.umask(old)
+    with pytest.raises(ValueError, match=r"cannot export to '\.'"):
+        mgr.export(cid, ".")
+
+
+def test_diff_shows_a_dtype_change(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    a = mgr.save(h=Holder({"w": torch.ones(3)}))
+    b = mgr.save(h=Holder({"w": torch.ones(3).half()}))
+    row = mgr.diff(a, b).set_index("tensor").loc["objects/h/w"]  # (the same values)
+    assert row["dtype"] == "float32->float16" and row["status"] == "changed"
