@@ -95,7 +95,11 @@ def _registered_safe(kind: type) -> bool:
 
 def _atomic_target(path: Path) -> tuple[int, str]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        exc.filename = str(path)  # (not the temporary's name, which says nothing)
+        raise
 
 
 def _umask() -> int:

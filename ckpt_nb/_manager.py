@@ -962,6 +962,11 @@ class CheckpointManager:
             columns=[*_LIST_COLUMNS, *columns.values()])
         for column in ("step", "epoch", "batch_idx"):
             table[column] = table[column].astype("Int64")
+        # (an empty table's columns of the types a full one's have)
+        table = table.astype({"id": str, "branch": str, "strategy": str, "note": str,
+                              "created": "datetime64[ns]", "stored_bytes": "int64",
+                              "logical_bytes": "int64", "pinned": bool, "best": bool,
+                              "head": bool, **{c: "float64" for c in columns.values()}})
         table["parent"] = pd.Series([r.parent for r in rows], dtype=object)
         return table
 
@@ -971,15 +976,20 @@ class CheckpointManager:
         row = self.catalog.get(cid)
         manifest = self._manifest(cid)
         storages = manifest["storages"]
-        tensors = [{"name": t["name"], "dtype": t["dtype"], "shape": tuple(t["shape"]),
-                    "stride": tuple(t["stride"]), "offset": t["offset"],
-                    "storage": storages[t["storage"]]["name"],
-                    "chunks": len(storages[t["storage"]]["chunks"])}
-                   for t in manifest["tensors"]]
+        try:
+            tensors = [{"name": t["name"], "dtype": t["dtype"], "shape": tuple(t["shape"]),
+                        "stride": tuple(t["stride"]), "offset": t["offset"],
+                        "storage": storages[t["storage"]]["name"],
+                        "chunks": len(storages[t["storage"]]["chunks"])}
+                       for t in manifest["tensors"]]
+            objects = dict(manifest["state"].get("types") or {})
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"checkpoint {cid}: its manifest does not describe "
+                                         f"its tensors ({type(exc).__name__}: {exc})",
+                                         cid) from exc
         return {**{k: v for k, v in vars(row).items() if k not in ("tags", "seq")},
                 "children": self.catalog.children(cid), "tensors": tensors,
-                "objects": manifest["state"]["types"],
-                "pickles": has_pickle(manifest["state"])}
+                "objects": objects, "pickles": has_pickle(manifest["state"])}
 
     def diff(self, a: str, b: str) -> Any:
         """Per-tensor change from checkpoint ``a`` to ``b`` as a pandas DataFrame."""

@@ -1808,3 +1808,10 @@ def test_diff_shows_a_dtype_change(tmp_path: Path) -> None:
     b = mgr.save(h=Holder({"w": torch.ones(3).half()}))
     row = mgr.diff(a, b).set_index("tensor").loc["objects/h/w"]  # (the same values)
     assert row["dtype"] == "float32->float16" and row["status"] == "changed"
+
+
+def test_an_empty_store_lists_columns_of_the_same_types(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    empty = mgr.list().dtypes.to_dict()
+    mgr.save(torch.nn.Linear(2, 2), None, 0)
+    assert mgr.list().dtypes.to_dict() == empty
