@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import inspect
 import io
+import json
+import random
 import threading
 import types
 from collections import defaultdict
@@ -140,6 +142,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
         value = namespace[name]
         if isinstance(value, torch.Generator):
             found.statefuls[name] = GeneratorState(value)
+        elif isinstance(value, (np.random.Generator, np.random.RandomState, random.Random)):
+            found.statefuls[name] = RandomState(value)
         elif _is_stateful(value):
             found.statefuls[name] = value
         elif (reason := _skip_reason(value)) is not None:
@@ -187,6 +191,47 @@ class GeneratorState:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.generator.set_state(state["state"])
+
+
+class RandomState:
+    """A NumPy ``Generator`` / ``RandomState`` or a ``random.Random`` as a Stateful: its
+    state as JSON text (NumPy's holds 128-bit integers and arrays)."""
+
+    def __init__(self, rng: np.random.Generator | np.random.RandomState | random.Random) -> None:
+        self.rng = rng
+
+    def state_dict(self) -> dict[str, Any]:
+        if isinstance(self.rng, random.Random):
+            return {"python": json.dumps(self.rng.getstate())}
+        rng = self.rng
+        state = rng.bit_generator.state if isinstance(rng, np.random.Generator) \
+            else rng.get_state(legacy=False)
+        return {"numpy": json.dumps(state, default=_array_to_json)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if isinstance(self.rng, random.Random):
+            version, internal, gauss = json.loads(state["python"])
+            self.rng.setstate((version, tuple(internal), gauss))
+            return
+        found = json.loads(state["numpy"], object_hook=_json_to_array)
+        if isinstance(self.rng, np.random.Generator):
+            self.rng.bit_generator.state = found
+        else:
+            self.rng.set_state(found)
+
+
+def _array_to_json(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} in a NumPy generator's state")
+
+
+def _json_to_array(record: dict[str, Any]) -> Any:
+    if set(record) == {"__ndarray__", "dtype"}:
+        return np.asarray(record["__ndarray__"], dtype=record["dtype"])
+    return record
 
 
 # -- plain variables as storable values ---------------------------------------------

@@ -82,6 +82,8 @@ class CkptMagics(Magics):
         return value
 
     def _config(self, args: Any) -> AutoConfig:
+        for name in ("dir", "every", "on", "track"):
+            setattr(args, name, _unquoted(getattr(args, name)))
         every_seconds = args.every_seconds
         if args.every is not None:
             every_seconds = parse_duration(args.every)
@@ -155,32 +157,35 @@ class CkptMagics(Magics):
         """%ckpt_rollback ID|latest|best|-N: restore tracked state in place."""
         args = parse_argstring(self.ckpt_rollback, line)
         try:
-            session_mod.rollback(args.which, directory=args.dir,
+            session_mod.rollback(_unquoted(args.which), directory=_unquoted(args.dir),
                                  namespace=self.shell.user_ns)
         except CkptError as exc:
             raise UsageError(f"%ckpt_rollback: {exc}") from None
 
     @line_magic
     def ckpt_list(self, line: str) -> Any:
-        """%ckpt_list [DIR]: the store as a table."""
+        """%ckpt_list [DIR]: the store as a table (by default the active or last
+        session's, as %ckpt_rollback and %ckpt_ui take)."""
         session = session_mod.active()
-        if line.strip():
-            from ._catalog import store_exists
-            from ._manager import CheckpointManager
+        if session is not None and not line.strip():
+            return session.manager.list()
+        from ._catalog import store_exists
+        from ._manager import CheckpointManager
 
-            if not store_exists(line.strip()):
-                raise UsageError(f"no checkpoint store at {line.strip()}")
-            return CheckpointManager(line.strip()).list()
-        if session is None:
-            raise UsageError("no ckpt_nb session is active: %ckpt_list DIR, or %ckpt_auto first")
-        return session.manager.list()
+        directory = _unquoted(line.strip()) or session_mod.last_directory()
+        if directory is None:
+            raise UsageError("no store to list: %ckpt_list DIR, or run %ckpt_auto first")
+        if not store_exists(directory):
+            raise UsageError(f"no checkpoint store at {directory}")
+        with CheckpointManager(directory) as manager:
+            return manager.list()
 
     @line_magic
     def ckpt_ui(self, line: str) -> Any:
         """%ckpt_ui [DIR]: the explorer for DIR, or for the active or last session's store."""
         from ._explorer import explore
 
-        directory = line.strip() or session_mod.last_directory()
+        directory = _unquoted(line.strip()) or session_mod.last_directory()
         if directory is None:
             raise UsageError("no store to explore: %ckpt_ui DIR, or run %ckpt_auto first")
         try:
@@ -215,3 +220,11 @@ def unload(shell: Any, magics: CkptMagics) -> None:
     for kind, names in MAGIC_NAMES.items():
         for name in names:
             table[kind].pop(name, None)
+
+
+def _unquoted(value: str | None) -> str | None:
+    """An argument without the quotes around it: IPython's magic arguments keep them
+    (``--dir "my runs"`` would name a folder with quotes in its name)."""
+    if value is not None and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value

@@ -790,7 +790,8 @@ class CheckpointManager:
             if self.catalog.newest_ids(1):
                 raise CheckpointNotFoundError(
                     f"no checkpoint has the metric {self.metric!r}" if self.metric else
-                    "'best' needs the manager's metric=: CheckpointManager(..., metric='val_loss')")
+                    "'best' needs a metric to rank by: CheckpointManager(..., "
+                    "metric='val_loss'), or in a notebook %%ckpt_auto --on val_loss:min")
         elif self.catalog.get(which) is not None:
             return which
         if not self.catalog.newest_ids(1):

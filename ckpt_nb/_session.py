@@ -169,6 +169,10 @@ class _Loop:
     epoch: int | None = None
     next_batch: int = 0
     epoch_rng: dict[str, Any] | None = None
+    # The states of the loader's own generators (DataLoader(generator=g)) as the epoch
+    # began: its order comes from them, not from the global generators.
+    loader_rng: list[torch.Tensor] | None = None
+    generators: list[torch.Generator] = dataclasses.field(default_factory=list)
     in_batches: bool = False
     tracked_loader: bool = False  # whether batches() has run in this epoch
 
@@ -274,6 +278,7 @@ class AutoSession:
         self._interrupts = 0
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
+        self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
         self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
         self._hook = register_optimizer_step_post_hook(self._after_step)
@@ -350,12 +355,19 @@ class AutoSession:
                     self.say("interrupted, but no consistent point came before the cell "
                              f"ended: it ran to its end (latest checkpoint "
                              f"{self.writer.last_id or 'none'})")
+                if final and self.config.on and self.config.on[0] not in self.metrics:
+                    name = self.config.on[0]
+                    logged = ", ".join(sorted(self.metrics)) or "nothing"
+                    self.say(f"--on {name}:{self.config.on[1]} never fired: the cell logged "
+                             f"no {name!r} (it logged {logged}; ckpt_nb.log({name}=...) "
+                             "feeds it)")
             elif isinstance(error, KeyboardInterrupt) and self._interrupts:
                 pass  # saved at the consistent point before the interrupt was raised
             elif self.last_consistent_step == self.step and self.step > self.last_save_step:
                 self.save(reason=f"{type(error).__name__} in the cell", wait=True,
                           rng=RNGState().state_dict(self._consistent_rng))
             elif self.step > self.last_save_step:
+                self.writer.wait()  # (a save in flight is the latest once in)
                 latest = self.writer.last_id or "none"
                 self.say(f"not saving after {type(error).__name__}: the model changed since the "
                          f"last consistent point; the latest checkpoint is {latest}")
@@ -466,7 +478,8 @@ class AutoSession:
                "step": self.step,
                "history": self.history.storable(), "best": self.best,
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
-                        "epoch_rng": self.loop.epoch_rng},
+                        "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
+                        "loader_rng_now": [g.get_state() for g in self.loop.generators]},
                "variables": {n: to_storable(v) for n, v in found.variables.items()}}
         if not self.config.sync:
             self._buffers.start()
@@ -503,7 +516,8 @@ class AutoSession:
         """Pick the unfinished run this cell resumes, if any.
 
         Where the kernel stands (its last save, resume or rollback on this store) when
-        that is a run of this cell, or the checkpoint the user rolled back to; else, the
+        that is a run of this cell, or the checkpoint the user rolled back to unless cell
+        ids say it is another cell's; else, the
         first time the cell runs in this process (a fresh kernel after a crash: "Run
         All" resumes each cell where it stopped), its newest checkpoint. A run is this
         cell's by the notebook's cell id where both have one, else by the cell's code.
@@ -514,12 +528,17 @@ class AutoSession:
         rolled_back = _position_events.get(self.url) == "rollback"
         first_run = (self.url, self._cell_key()) not in _cells_run
         candidate = None
-        if position is not None:
-            run = self._run_record(position)
-            if run is not None and not run.get("finished") and (
-                    rolled_back or self._is_this_cell(run)
-                    or (first_run and self._edited_from(run))):
+        run = self._run_record(position) if position is not None else None
+        if run is not None and not run.get("finished"):
+            # After a rollback, a cell is taken for the run's, edited, unless cell ids
+            # tell them apart: without ids, going on with another cell looks the same.
+            if self._is_this_cell(run) or (rolled_back and not self._told_apart(run)) \
+                    or (first_run and self._edited_from(run)):
                 candidate = position
+            elif rolled_back:
+                self.say(f"checkpoint {position}, rolled back to, holds a run of another "
+                         "cell: this cell's loops start from its state, not from that run's "
+                         "position")
         if candidate is None and first_run and not rolled_back:
             candidate = self._newest_of_this_cell()
         if candidate is None:
@@ -552,6 +571,11 @@ class AutoSession:
         if self.cell_id is not None and run.get("cell_id") is not None:
             return bool(run["cell_id"] == self.cell_id)
         return run.get("cell") == self.cell_hash
+
+    def _told_apart(self, run: dict[str, Any]) -> bool:
+        """Whether cell ids say the run is another cell's (where both have one)."""
+        return self.cell_id is not None and run.get("cell_id") is not None \
+            and run["cell_id"] != self.cell_id
 
     def _edited_from(self, run: dict[str, Any]) -> bool:
         """Whether this cell, new to this process, is taken for the run's cell edited:
@@ -606,12 +630,15 @@ class AutoSession:
         self.last_consistent_step = self.step
         loop = run["loop"]
         self.loop = _Loop(epoch=loop["epoch"], next_batch=loop["next_batch"],
-                          epoch_rng=loop["epoch_rng"])
+                          epoch_rng=loop["epoch_rng"], loader_rng=loop.get("loader_rng"))
         if loop["epoch_rng"] is not None and loop["next_batch"]:
             RNGState().load_state_dict(loop["epoch_rng"])  # replay the epoch's data order
             self._pending_skip = (loop["next_batch"], ck.rng)
-        elif ck.rng is not None:
-            RNGState().load_state_dict(ck.rng)
+            self._pending_loader_rng = loop.get("loader_rng")
+        else:
+            self._pending_loader_rng = loop.get("loader_rng_now")
+            if ck.rng is not None:
+                RNGState().load_state_dict(ck.rng)
         missing = [n for n in ck.state if n not in targets]
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
                  f"step {run['step']})" + (f"; not restored (not defined now): {missing}"
@@ -625,10 +652,11 @@ class AutoSession:
         epoch = resumed if resumed is not None else start
         while epoch < n:
             if self.loop.epoch != epoch or resumed is None:
-                self.loop = _Loop(epoch=epoch)
+                self.loop = _Loop(epoch=epoch, generators=self.loop.generators)
             resumed = None
             yield epoch
-            self.loop = _Loop(epoch=epoch + 1)  # the epoch's body is complete
+            # The epoch's body is complete (its loader's generators are the next one's).
+            self.loop = _Loop(epoch=epoch + 1, generators=self.loop.generators)
             self._consistent()
             self.checkpoint_if_due()
             epoch += 1
@@ -643,9 +671,15 @@ class AutoSession:
         self._resume_now()
         self.loop.tracked_loader = True
         skip, rng_after = self._pending_skip or (0, None)
-        self._pending_skip = None
+        loader_rng, self._pending_skip, self._pending_loader_rng = \
+            self._pending_loader_rng, None, None
+        generators = self.loop.generators = _loader_generators(loader)
+        if loader_rng is not None and len(loader_rng) == len(generators):
+            for generator, state in zip(generators, loader_rng):
+                generator.set_state(state)  # (as the epoch began, or as it was saved)
         if not skip:
             self.loop.epoch_rng = RNGState().state_dict()
+            self.loop.loader_rng = [g.get_state() for g in generators]
             self.loop.next_batch = 0
         iterator = iter(loader)
         for _ in range(skip):
@@ -805,6 +839,19 @@ def stop() -> None:
     """Close every session, flushing their pending saves."""
     while _sessions:
         _sessions.pop().close()
+
+
+def _loader_generators(loader: Any) -> list[torch.Generator]:
+    """The generators a loader draws its order from, other than the global one: a
+    DataLoader's ``generator=``, and its sampler's where that has its own."""
+    found: list[torch.Generator] = []
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for owner in (loader, sampler, getattr(batch_sampler, "sampler", None)):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+            found.append(generator)
+    return found
 
 
 def epochs(n: int, start: int = 0) -> Iterator[int]:

@@ -128,6 +128,43 @@ def test_interrupt_saves_then_rerun_continues_bit_exact(shell, tmp_path: Path) -
     assert rows["note"].iloc[-1] == "end of cell" and rows["branch"].nunique() == 1
 
 
+# A loader that draws its order from a generator of its own, as PyTorch's reproducibility
+# notes advise: the epoch's order is replayed from its state, not the global one's.
+GENERATOR_SETUP = SETUP.replace(
+    "shuffle=True)", "shuffle=True,\n    generator=torch.Generator().manual_seed(1))")
+
+
+@pytest.mark.parametrize("stop_at", [(1, 4), (1, 17)])
+@pytest.mark.parametrize("kernel", ["same", "fresh"])
+def test_a_loader_with_its_own_generator_resumes_bit_exact(
+        shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys,
+        stop_at: tuple[int, int], kernel: str) -> None:
+    """Mid-epoch, and at the epoch's end (where the next epoch's order is drawn from the
+    generator's state at the save); in this kernel, or a fresh one whose setup made the
+    generator anew."""
+    assert "generator=torch.Generator().manual_seed(1)" in GENERATOR_SETUP
+    expected, expected_history = reference(shell, tmp_path, GENERATOR_SETUP)
+    run(shell, GENERATOR_SETUP)
+    stop = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
+    run(shell, f"STOP_AT = {stop_at}")
+    first = run(shell, TRAIN.format(dir=tmp_path / "run", stop=stop))
+    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    if kernel == "fresh":
+        for name, empty in (("_last", None), ("_positions", {}), ("_position_events", {}),
+                            ("_cells_run", set()), ("_last_cell", {})):
+            monkeypatch.setattr(_session, name, empty)
+        run(shell, GENERATOR_SETUP)
+    else:
+        run(shell, "STOP_AT = None")
+    capsys.readouterr()  # (the same cell: a fresh kernel resumes a run of this cell's code)
+    second = run(shell, TRAIN.format(dir=tmp_path / "run", stop=stop))
+    assert second.success and second.result == 3
+    assert "resumed from" in capsys.readouterr().out
+    assert same(final_state(shell), expected)
+    assert shell.user_ns["history"][-3 if kernel == "same" else -2:] == \
+        expected_history[-3 if kernel == "same" else -2:]
+
+
 # A per-epoch scheduler stepped after the training loop, then a validation loader: the
 # position is the training loader's, and the lines after it must run once per epoch.
 VAL_SETUP = SETUP.replace("StepLR(opt, step_size=10)", "ExponentialLR(opt, gamma=0.8)") + """
@@ -435,6 +472,36 @@ def test_rollback_after_the_cell_then_rerun_continues_on_a_branch(shell, tmp_pat
     unsubscribe()
 
 
+FINE_TUNE = """%%ckpt_auto --dir {dir}
+steps = 0
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        steps += 1
+steps
+"""
+
+
+def test_another_cell_after_a_rollback_runs_its_own_loops_whole(shell, tmp_path: Path,
+                                                                 capsys) -> None:
+    """Rolled back to a mid-run checkpoint of the training cell, a fine-tune cell took
+    over that run's position (epoch 1, batch 10): it ran 10 of its 36 steps. Cell ids
+    (JupyterLab and Notebook 7 send them) tell the cells apart; without, the fine-tune
+    cell is taken for the training one edited (see the README)."""
+    run(shell, SETUP)
+    assert run(shell, TRAIN.format(dir=tmp_path / "ft", stop="pass"), cell_id="train").success
+    rows = ckpt_nb.CheckpointManager(tmp_path / "ft").list()
+    middle = rows[(rows["epoch"] == 1) & (rows["batch_idx"] > 0)]["id"].iloc[0]
+    run(shell, f"%ckpt_rollback {middle}")
+    capsys.readouterr()
+    result = run(shell, FINE_TUNE.format(dir=tmp_path / "ft"), cell_id="fine-tune")
+    out = capsys.readouterr().out
+    assert result.success and result.result == 36, out
+    assert "resumed" not in out and f"checkpoint {middle}, rolled back to, holds a run" in out
+
+
 def test_no_resume_starts_a_new_root_branch(shell, tmp_path: Path) -> None:
     run(shell, SETUP)
     run(shell, "STOP_AT = (0, 3)")
@@ -644,3 +711,59 @@ def test_the_metric_history_is_stored_by_column_and_comes_back_as_logged(
 
 def column_lengths(history: _session.History) -> dict[str, int]:
     return {key: len(values) for key, values in history.storable()["columns"].items()}
+
+
+def test_ckpt_list_after_the_cell_lists_the_last_sessions_store(shell, tmp_path: Path) -> None:
+    run(shell, SETUP)
+    assert run(shell, TRAIN.format(dir=tmp_path / "done", stop="pass")).success
+    table = run(shell, "%ckpt_list").result
+    assert list(table["id"]) == list(ckpt_nb.CheckpointManager(tmp_path / "done").list()["id"])
+
+
+def test_quoted_magic_arguments_lose_their_quotes(shell, tmp_path: Path) -> None:
+    """IPython's magic arguments keep quotes: --dir "my runs" named a folder with quotes
+    in its name, and --track "model,opt" tracked nothing."""
+    run(shell, SETUP)
+    cell = TRAIN.format(dir='"my runs"', stop="pass").replace(
+        "--every-steps 7", '--every-steps 7 --every "10m" --track "model,opt,sched"')
+    assert run(shell, cell).success
+    assert (tmp_path / "my runs").is_dir() and not (tmp_path / '"my runs"').exists()
+    rows = ckpt_nb.CheckpointManager(tmp_path / "my runs").list()
+    assert set(ckpt_nb.CheckpointManager(tmp_path / "my runs").load(rows["id"].iloc[-1])
+               .state) >= {"model", "opt", "sched"}
+    assert run(shell, f'%ckpt_rollback "{rows["id"].iloc[1]}" --dir "my runs"').success
+
+
+def test_a_metric_trigger_on_a_metric_never_logged_says_so(shell, tmp_path: Path,
+                                                           capsys) -> None:
+    run(shell, SETUP)
+    cell = TRAIN.format(dir=tmp_path / "typo", stop="pass").replace(
+        "--every-steps 7", "--on los:min")
+    assert run(shell, cell).success
+    assert "--on los:min never fired: the cell logged no 'los' (it logged loss" \
+        in capsys.readouterr().out
+
+
+def test_numpy_and_python_generator_objects_are_tracked_and_resume_bit_exact(
+        shell, tmp_path: Path, capsys) -> None:
+    """np.random.default_rng() and random.Random() objects were skipped ("Generator"), and
+    a resumed run drew other numbers."""
+    setup = SETUP + "import numpy as np, random\nnoise = np.random.default_rng(0)\n" \
+        "jitter = random.Random(0)\n"
+    cell = TRAIN.replace("loss = torch.nn.functional.cross_entropy(model(xb), yb)",
+                         "loss = torch.nn.functional.cross_entropy(model(xb), yb) * "
+                         "(1 + 0.1 * noise.random() + 0.1 * jitter.random())")
+    expected, expected_history = reference(shell, tmp_path, setup, cell)
+    run(shell, setup)
+    run(shell, "STOP_AT = (1, 4)")
+    stop = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
+    capsys.readouterr()
+    first = run(shell, cell.format(dir=tmp_path / "gen", stop=stop))
+    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    tracking = capsys.readouterr().out.splitlines()[0]
+    assert "noise" in tracking.split(";")[0] and "jitter" in tracking.split(";")[0], tracking
+    run(shell, "STOP_AT = None")
+    second = run(shell, cell.format(dir=tmp_path / "gen", stop="pass"))
+    assert second.success and second.result == 3
+    assert same(final_state(shell), expected)
+    assert shell.user_ns["history"] == expected_history
