@@ -268,10 +268,15 @@ class CheckpointManager:
 
     def _behind_the_store(self, catalog: Catalog) -> bool:
         """Whether the store holds checkpoints the catalog does not list, or lacks some it
-        does (manifests a rebuild found damaged aside)."""
-        damaged = {id_of(key) for key in catalog.damaged()}
-        stored = {id_of(key) for key in self.store.list("manifests")} - {None} - damaged
-        return stored != {row.id for row in catalog.checkpoints()}
+        does, or its chunks lie in other packs (another machine's gc compacted them: a
+        gc from here would delete the new pack as an orphan); what a rebuild found
+        damaged aside."""
+        damaged = set(catalog.damaged())
+        stored = {id_of(key) for key in self.store.list("manifests")} - {None} - \
+            {id_of(key) for key in damaged}
+        if stored != {row.id for row in catalog.checkpoints()}:
+            return True
+        return set(self.store.list("packs")) - damaged != catalog.packs()
 
     def _catch_up(self) -> None:
         """A catalog of this process's own (a memory:// store's; an object store's, a
@@ -772,7 +777,9 @@ class CheckpointManager:
         """The id meant by "latest", "best", "-N" (N back from latest) or an id prefix.
 
         Only "best" reads every checkpoint's row: the others cost the same in a store
-        of thousands."""
+        of thousands. A store written from elsewhere (an object store's) is read again
+        first, where it has moved on."""
+        self._catch_up()
         which = str(which)
         back = 0 if which == "latest" else \
             int(which[1:]) if which.startswith("-") and which[1:].isdigit() else None
@@ -864,6 +871,7 @@ class CheckpointManager:
 
     def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,
                        needed: Iterable[str]) -> Checkpoint:
+        self._catch_up()
         if which != "latest":
             return self.load(which, trust_pickle=trust_pickle, progress=progress, needed=needed)
         tried: set[str] = set()

@@ -160,3 +160,92 @@ def test_a_chunk_stacked_on_deleted_deltas_is_stored_whole_in_the_bucket(
     assert elsewhere.list()["id"].tolist() == [ids[-1]] and elsewhere.verify().ok
     back = elsewhere.load(ids[-1]).state["h"]
     assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+def on_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, n: int) -> None:
+    """Act as machine ``n``: its own HOME, so its own catalog cache."""
+    monkeypatch.setenv("HOME", str(tmp_path / f"home-{n}"))
+
+
+def test_another_machines_compaction_is_read_back_not_collected(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gc on machine 1 moved chunks into a new pack; machine 2's catalog, whose
+    checkpoints had not changed, still placed them in the old one, and its next gc
+    (retention's) deleted the new pack as an orphan: its own new checkpoint was lost."""
+    url = f"s3://{bucket}/exp"
+    big = torch.randn(600_000)
+    states = [{"big": big, "own": torch.randn(300_000)} for _ in range(3)]
+    warnings.simplefilter("ignore", RuntimeWarning)  # (catalogs rebuilt: the point here)
+    on_machine(monkeypatch, tmp_path, 1)
+    first = CheckpointManager(url, codec="none")
+    c1 = first.save(h=Holder(states[0]), rng=False)
+    c2 = first.save(h=Holder(states[1]), rng=False)
+    first.delete(c1)  # (c1's pack stays: two thirds of it are c2's)
+    on_machine(monkeypatch, tmp_path, 2)
+    second = CheckpointManager(url, codec="none", max_to_keep=1)
+    assert second.list()["id"].tolist() == [c2]
+    on_machine(monkeypatch, tmp_path, 1)
+    assert first.gc(compact_below=0.99).packs_compacted == 1
+    on_machine(monkeypatch, tmp_path, 2)
+    assert torch.equal(second.load(c2).state["h"]["own"], states[1]["own"])
+    c3 = second.save(h=Holder(states[2]), rng=False)  # retention drops c2, and runs gc
+    assert second.verify().ok
+    on_machine(monkeypatch, tmp_path, 3)
+    third = CheckpointManager(url)
+    assert third.list()["id"].tolist() == [c3]
+    assert torch.equal(third.load(c3).state["h"]["own"], states[2]["own"])
+
+
+def test_ids_are_resolved_against_what_the_bucket_holds_now(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"s3://{bucket}/exp"
+    warnings.simplefilter("ignore", RuntimeWarning)
+    on_machine(monkeypatch, tmp_path, 1)
+    first = CheckpointManager(url)
+    c1 = first.save(h=Holder(weights(1)))
+    on_machine(monkeypatch, tmp_path, 2)
+    second = CheckpointManager(url)
+    on_machine(monkeypatch, tmp_path, 1)
+    c2 = first.save(h=Holder(weights(2)))
+    on_machine(monkeypatch, tmp_path, 2)
+    assert second.resolve("latest") == c2
+    assert second.pin(c2) == c2 and torch.equal(second.load(c2).state["h"]["w"], weights(2)["w"])
+    second.delete(c1)
+    assert second.list()["id"].tolist() == [c2]
+
+
+def test_a_pack_cut_short_in_the_bucket_is_corruption_and_latest_falls_back(
+        bucket: str) -> None:
+    """A ranged read past an object's end is S3's 416: it was a StoreError, which
+    restore("latest") does not fall back past."""
+    url = f"s3://{bucket}/exp"
+    mgr = CheckpointManager(url)
+    old = mgr.save(h=Holder(weights(1)), rng=False)
+    new = mgr.save(h=Holder(weights(2)), rng=False)
+    rows = [mgr.catalog.chunks([d])[d] for d, _ in mgr._manifest(new)["storages"][0]["chunks"]]
+    later = max(rows, key=lambda r: r.offset)
+    fs, path = s3fs.S3FileSystem(), f"{bucket}/exp/{later.pack}"
+    fs.pipe_file(path, fs.cat_file(path)[:later.offset])  # cut before that chunk
+    fresh = CheckpointManager(url)
+    assert list(fresh.verify().bad) == [new]
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {new}"):
+        assert fresh.restore("latest", h=Holder({})).id == old
+
+
+def test_the_cli_says_the_backend_failed_when_it_cannot_reach_the_store(
+        bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """s3fs's isfile() takes a refused connection for "no such file": the CLI said there
+    was no store there."""
+    import fsspec.config
+
+    CheckpointManager(f"s3://{bucket}/exp").save(h=Holder(weights(5)))
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", dead)
+    retries = {"retries": {"max_attempts": 1}}
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": dead,
+                                                   "config_kwargs": retries})
+    assert cli(["ls", f"s3://{bucket}/exp"]) == 1
+    err = capsys.readouterr().err
+    assert "no checkpoint store" not in err and f"s3://{bucket}/exp" in err, err
