@@ -175,10 +175,13 @@ class CkptMagics(Magics):
         directory = _unquoted(line.strip()) or session_mod.last_directory()
         if directory is None:
             raise UsageError("no store to list: %ckpt_list DIR, or run %ckpt_auto first")
-        if not store_exists(directory):
-            raise UsageError(f"no checkpoint store at {directory}")
-        with CheckpointManager(directory) as manager:
-            return manager.list()
+        try:
+            if not store_exists(directory):
+                raise UsageError(f"no checkpoint store at {directory}")
+            with CheckpointManager(directory) as manager:
+                return manager.list()
+        except CkptError as exc:  # (a store that does not open, a backend that fails)
+            raise UsageError(f"%ckpt_list: {exc}") from None
 
     @line_magic
     def ckpt_ui(self, line: str) -> Any:

@@ -871,16 +871,16 @@ class CheckpointManager:
 
     def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,
                        needed: Iterable[str]) -> Checkpoint:
-        self._catch_up()
         if which != "latest":
             return self.load(which, trust_pickle=trust_pickle, progress=progress, needed=needed)
+        self._catch_up()  # (once: the ids below are known ones)
         tried: set[str] = set()
         for _ in range(3):  # (again where all those tried were deleted meanwhile)
             for cid in [cid for cid in self.catalog.newest_ids() if cid not in tried]:
                 tried.add(cid)
                 try:
-                    return self.load(cid, trust_pickle=trust_pickle, progress=progress,
-                                     needed=needed)
+                    return self._load(cid, trust_pickle=trust_pickle, progress=progress,
+                                      needed=needed)
                 except CheckpointNotFoundError:
                     continue  # deleted meanwhile: the one before it
                 except CorruptCheckpointError as exc:
@@ -897,7 +897,12 @@ class CheckpointManager:
         Pickled values are left as ``PickledValue`` placeholders unless
         ``trust_pickle``; in the objects named in ``needed`` they raise instead.
         """
-        cid = self.resolve(which)
+        return self._load(self.resolve(which), trust_pickle=trust_pickle, progress=progress,
+                          needed=needed)
+
+    def _load(self, cid: str, *, trust_pickle: bool, progress: ProgressFn | None,
+              needed: Iterable[str]) -> Checkpoint:
+        """``load`` of a checkpoint by its id."""
         row = self.catalog.get(cid)
         try:
             if row is None:
