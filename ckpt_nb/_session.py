@@ -517,12 +517,12 @@ class AutoSession:
 
         Where the kernel stands (its last save, resume or rollback on this store) when
         that is a run of this cell, or the checkpoint the user rolled back to unless cell
-        ids say it is another cell's; else, the
-        first time the cell runs in this process (a fresh kernel after a crash: "Run
-        All" resumes each cell where it stopped), its newest checkpoint. A run is this
-        cell's by the notebook's cell id where both have one, else by the cell's code.
-        Another cell's run is never resumed: this cell's loop would go on from that
-        cell's position (the cells of a notebook share its default store).
+        ids say it is another cell's; else, the first time the cell runs in this process
+        (a fresh kernel after a crash: "Run All" resumes each cell where it stopped), its
+        newest checkpoint. A run is this cell's by the notebook's cell id where both have
+        one, else by the cell's code. Another cell's run is not resumed (but after a
+        rollback, where no cell ids tell the cells apart): this cell's loop would go on
+        from that cell's position (the cells of a notebook share its default store).
         """
         position = _positions.get(self.url)
         rolled_back = _position_events.get(self.url) == "rollback"
