@@ -1359,12 +1359,13 @@ class CheckpointManager:
 
     # -- interop ---------------------------------------------------------------------------
     def export(self, which: str, path: str | os.PathLike[str], *,
-               trust_pickle: bool = False) -> Path:
-        """Write a checkpoint as a .pt (``torch.load(weights_only=True)``) or .safetensors file."""
+               trust_pickle: bool = False, progress: ProgressFn | None = None) -> Path:
+        """Write a checkpoint as a .pt (``torch.load(weights_only=True)``) or .safetensors
+        file; ``progress(done, total)`` follows the reading of its chunks."""
         from ._interop import check_export_path, write_file
 
         check_export_path(path)
-        return write_file(self.load(which, trust_pickle=trust_pickle), path)
+        return write_file(self.load(which, trust_pickle=trust_pickle, progress=progress), path)
 
     def import_file(self, path: str | os.PathLike[str], *, trust_pickle: bool = False,
                     note: str | None = None) -> str:

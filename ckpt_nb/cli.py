@@ -230,7 +230,8 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     try:
-        path = mgr.export(args.id, args.out)
+        with _progress("export", "chunk") as progress:
+            path = mgr.export(args.id, args.out, progress=progress)
     except CkptError:
         raise
     except OSError as exc:  # the file system's own error: say which file was asked for
@@ -334,7 +335,7 @@ def _percent(fraction: float) -> str:
 
 
 @contextlib.contextmanager
-def _progress(desc: str) -> Iterator[ProgressFn | None]:
+def _progress(desc: str, unit: str = "ckpt") -> Iterator[ProgressFn | None]:
     """A ``progress(done, total)`` callback drawing a tqdm bar, or None without a TTY/tqdm."""
     if not sys.stderr.isatty():
         yield None
@@ -344,7 +345,7 @@ def _progress(desc: str) -> Iterator[ProgressFn | None]:
     except ImportError:
         yield None
         return
-    with tqdm(desc=desc, unit="ckpt", file=sys.stderr, leave=False) as bar:
+    with tqdm(desc=desc, unit=unit, file=sys.stderr, leave=False) as bar:
         def update(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)

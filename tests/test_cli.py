@@ -150,12 +150,15 @@ def test_verify_names_the_corrupt_checkpoint(store: Store,
     assert run(capsys, "verify", store.directory, store.ids[0], store.ids[1])[0] == 0
 
 
-def test_verify_progress_bar_on_a_tty(store: Store, capsys: pytest.CaptureFixture[str],
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_and_export_progress_bars_on_a_tty(
+        store: Store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
     pytest.importorskip("tqdm")
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     code, out, err = run(capsys, "verify", store.directory)
     assert code == 0 and out == "ok: 3 checkpoints verified\n" and "verify" in err
+    code, out, err = run(capsys, "export", store.directory, "latest", tmp_path / "m.pt")
+    assert code == 0 and "m.pt" in out and "export" in err and "chunk" in err
     monkeypatch.setitem(sys.modules, "tqdm", None)  # tqdm is optional
     assert run(capsys, "verify", store.directory) == (0, "ok: 3 checkpoints verified\n", "")
 
