@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import errno
@@ -1754,8 +1755,8 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path: Path) -> N
 
 def test_a_pin_and_a_delete_in_two_processes_never_lose_a_pinned_checkpoint(
         tmp_path: Path) -> None:
-    """The pin is checked under the store's lock: a delete that waited for another
-    process's lock sees a pin set meanwhile, and a pin waits for a delete."""
+    """The pin is checked under the store's lock: a pin set while another process's
+    delete waited for the lock was deleted all the same (and the pin said it held)."""
     import fcntl
 
     mgr = CheckpointManager(tmp_path)
@@ -1766,27 +1767,32 @@ def test_a_pin_and_a_delete_in_two_processes_never_lose_a_pinned_checkpoint(
     fcntl.flock(lock, fcntl.LOCK_EX)
     deleting = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from ckpt_nb import CheckpointManager, CheckpointInUseError
+        mgr = CheckpointManager({str(tmp_path)!r})
+        print("ready", flush=True)
         try:
-            CheckpointManager({str(tmp_path)!r}).delete({cid!r})
+            mgr.delete({cid!r})
             print("deleted")
         except CheckpointInUseError:
             print("refused")
         """)], stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # (the delete now waits for the lock)
+    assert deleting.stdout is not None and deleting.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # (the delete now waits for the lock)
     pinning = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from ckpt_nb import CheckpointManager
         CheckpointManager({str(tmp_path)!r}).pin({cid!r})
         """)], stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        pinning.wait(timeout=8)  # (it waits for the lock too, or did not)
     fcntl.flock(lock, fcntl.LOCK_UN)
     lock.close()
-    out, _ = deleting.communicate(timeout=60)
+    out = deleting.stdout.read().strip()
+    assert deleting.wait(timeout=60) == 0
     pinned = pinning.wait(timeout=60) == 0
     rows = CheckpointManager(tmp_path).list().set_index("id")
-    if out.strip() == "deleted":  # (the delete took the lock first: the pin then fails)
+    if out == "deleted":  # (the delete took the lock first: the pin then fails)
         assert not pinned and cid not in rows.index
     else:  # (the pin took it first: the delete sees it)
-        assert out.strip() == "refused" and pinned and rows.loc[cid, "pinned"]
+        assert out == "refused" and pinned and rows.loc[cid, "pinned"]
 
 
 def test_an_export_is_a_plain_file_that_others_may_read(tmp_path: Path) -> None:
