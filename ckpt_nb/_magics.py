@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import re
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -21,6 +22,7 @@ from . import _session as session_mod
 from ._errors import CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
 
+_NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
 MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status", "ckpt_ui"),
                "cell": ("ckpt_auto",)}
 
@@ -61,6 +63,9 @@ class CkptMagics(Magics):
     def ckpt_auto(self, line: str, cell: str | None = None) -> Any:
         """Checkpoint training automatically: for one cell (%%) or the session (%)."""
         __tracebackhide__ = True
+        # A negative value would be taken for an option ("expected one argument"): bind it
+        # to its option, for the check that names it.
+        line = _NEGATIVE_VALUE.sub(r"\1=\2", line)
         try:
             config = self._config(parse_argstring(self.ckpt_auto, line))
         except ValueError as exc:

@@ -406,7 +406,9 @@ def test_background_failure_is_reported(shell, tmp_path: Path, capsys) -> None:
 
 def test_bad_options_give_clear_errors(shell, capsys) -> None:
     for line, message in (("--every 5x", "duration"), ("--on loss:up", "METRIC:min"),
-                          ("--keep-best 2", "--on"), ("--every-steps 0", "positive")):
+                          ("--keep-best 2", "--on"), ("--every-steps 0", "positive"),
+                          ("--every -3m", "positive and finite, not '-3m'"),
+                          ("--every-steps -2", "positive")):
         result = run(shell, f"%ckpt_auto {line}")
         assert not result.success
         assert message in capsys.readouterr().err + str(result.error_in_exec)
