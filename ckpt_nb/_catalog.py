@@ -38,7 +38,8 @@ def store_exists(location: str | os.PathLike[str]) -> bool:
         return text != "memory://" and open_store(text).has(FORMAT_KEY)
     if text.startswith("file://"):
         text = str(file_url_path(text))
-    return any((Path(text) / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
+    root = Path(text).expanduser()  # (as LocalStore takes it)
+    return any((root / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

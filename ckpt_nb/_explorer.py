@@ -414,6 +414,8 @@ class Explorer(w.VBox):
         Confirm."""
         with self._lock:
             selected = list(dict.fromkeys(self.manager.resolve(i) for i in ids))
+            if not set(selected) <= set(self.table_frame["id"]):
+                self.refresh()  # (saved elsewhere since the last poll: rows for them first)
             if selected != self.selected:
                 self._drop_pending()
             self.selected = selected
@@ -520,6 +522,8 @@ class Explorer(w.VBox):
                                    metric=self.manager.metric, mode=self.manager.mode,
                                    table=frame)
         if kind == "diff":
+            if self.diff_a.value is None or self.diff_b.value is None:
+                raise CkptError("choose two checkpoints to diff (from and to)")
             return _plots.plot_diff(self.manager, self.diff_a.value, self.diff_b.value)
         raise CkptError(f"no figure {kind!r}: use metrics, compare, dag or diff")
 
@@ -534,7 +538,8 @@ class Explorer(w.VBox):
 
     def _say(self, text: str, *, error: bool = False) -> None:
         color = "#b00020" if error else "#1b5e20"
-        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+        lines = "<br>".join(html.escape(line) for line in text.splitlines())
+        self.status.value = f"<span style='color:{color}'>{lines}</span>"
 
     def _ask(self, action: str, cid: str, question: str) -> None:
         self._pending_action = (action, cid)

@@ -816,7 +816,7 @@ class CheckpointManager:
         if self.metric is None:
             return []
         scored = [r for r in rows if self.metric in r.metrics
-                  and not math.isnan(r.metrics[self.metric])]
+                  and math.isfinite(r.metrics[self.metric])]  # (±inf: a diverged run)
         sign = 1 if self.mode == "min" else -1
         scored.sort(key=lambda r: (sign * r.metrics[self.metric], -r.seq))
         return [r.id for r in scored[:k]]
@@ -962,8 +962,14 @@ class CheckpointManager:
         if branch is not None:
             rows = [r for r in rows if r.branch == branch]
         names = sorted({m for r in rows for m in r.metrics})
-        # A metric named like a column (a "step" logged as a metric) is "metric:step".
-        columns = {m: f"metric:{m}" if m in _LIST_COLUMNS else m for m in names}
+        # A metric named like a column (a "step" logged as a metric) is "metric:step"
+        # (or "metric:metric:step", where a metric has that name too).
+        columns: dict[str, str] = {}
+        for m in names:
+            label = m
+            while label in _LIST_COLUMNS or label != m and label in names:
+                label = f"metric:{label}"
+            columns[m] = label
         best = set(self._best(rows, self.keep_best or 1))
         table = pd.DataFrame(
             [{"id": r.id, "parent": r.parent, "branch": r.branch,
@@ -1040,7 +1046,8 @@ class CheckpointManager:
                 elif ta.shape != tb.shape:
                     record.update(status="reshaped", shape=f"{tuple(ta.shape)}->{tuple(tb.shape)}")
                 else:
-                    da, db = _as_float(ta), _as_float(tb)
+                    either = ta.is_complex() or tb.is_complex()
+                    da, db = _as_float(ta, either), _as_float(tb, either)
                     l2 = float(torch.linalg.vector_norm(db - da))
                     base = float(torch.linalg.vector_norm(da))
                     changed = ta.dtype != tb.dtype or not torch.equal(ta, tb)
@@ -1418,9 +1425,10 @@ class _StateHolder:
         self._state = state
 
 
-def _as_float(t: torch.Tensor) -> torch.Tensor:
-    if t.is_complex():
-        return torch.view_as_real(t.resolve_conj()).double()
+def _as_float(t: torch.Tensor, complex_: bool = False) -> torch.Tensor:
+    """``t`` in double precision, complex where ``complex_`` (one side of a diff is)."""
+    if complex_ or t.is_complex():
+        return t.resolve_conj().to(torch.complex128)
     return t.double()
 
 

@@ -10,12 +10,14 @@ explorer's clickable view.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
+import matplotlib
 from matplotlib.figure import Figure as _MatplotlibFigure
 
 from ._catalog import store_exists
@@ -23,6 +25,8 @@ from ._errors import CheckpointNotFoundError
 from ._manager import CheckpointManager
 
 StoreLike = str | os.PathLike[str] | CheckpointManager
+P = ParamSpec("P")
+R = TypeVar("R")
 
 COLUMNS = ("id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
            "stored_bytes", "logical_bytes", "pinned", "best", "head", "note")
@@ -30,6 +34,17 @@ LANE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                "#7f7f7f", "#bcbd22", "#17becf")
 STRATEGY_MARKERS = {"full": ("o", True), "incremental": ("o", False),
                     "differential": ("D", False)}
+
+
+def _literal_text(plot: Callable[P, R]) -> Callable[P, R]:
+    """Draw names as they are: matplotlib reads "$...$" in a text as math (a metric
+    "cost_$_per_$_1k" failed to draw, "$x$" came out in italics)."""
+    @functools.wraps(plot)
+    def drawn(*args: P.args, **kwargs: P.kwargs) -> R:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return plot(*args, **kwargs)
+
+    return drawn
 
 
 class Figure(_MatplotlibFigure):
@@ -93,6 +108,7 @@ def best_by_metric(table: Any, metric: str | None = None, mode: str = "min") -> 
     best = {}
     for name in metric_columns(table):
         values = table[name].astype("float64")
+        values = values.where(values.abs() < math.inf)  # (±inf, a diverged run, is no best)
         if values.notna().any():
             at = values.idxmax() if metric_mode(name, metric, mode) == "max" else values.idxmin()
             best[name] = str(table.loc[at, "id"])
@@ -150,6 +166,7 @@ def _empty(fig: Figure, message: str) -> Figure:
     return fig
 
 
+@_literal_text
 def plot_metrics(store: StoreLike, metric: str | None = None, *,
                  selected: Iterable[str] = (), table: Any = None) -> Figure:
     """A metric against step: one line per branch, a marker per checkpoint, the
@@ -193,6 +210,7 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
     return fig
 
 
+@_literal_text
 def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable[str] = (),
              metric: str | None = None, mode: str = "min", table: Any = None) -> Figure:
     """The checkpoint graph: branches as lanes, parent edges, strategy as marker
@@ -266,6 +284,7 @@ def _branch_of_lane(nodes: Sequence[DagNode], lane: int) -> str:
     return next(n.branch for n in nodes if n.lane == lane)
 
 
+@_literal_text
 def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     """Per-tensor relative change ``|b - a| / |a|`` as bars; byte-identical tensors
     (shared chunks) are marked."""
@@ -295,6 +314,7 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     return fig
 
 
+@_literal_text
 def plot_compare(store: StoreLike, ids: Sequence[str], metrics: Sequence[str] | None = None,
                  *, table: Any = None) -> Figure:
     """The metrics of 2+ checkpoints side by side, as grouped bars. A value missing or

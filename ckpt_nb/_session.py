@@ -33,7 +33,7 @@ from ._capture import RNGState, SnapshotBuffers, load_all
 from ._catalog import store_exists
 from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
 from ._errors import CkptError, CorruptCheckpointError
-from ._manager import STRATEGIES, Checkpoint, CheckpointManager
+from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager
 from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
@@ -483,7 +483,8 @@ class AutoSession:
                "variables": {n: to_storable(v) for n, v in found.variables.items()}}
         if not self.config.sync:
             self._buffers.start()
-        state = self.manager.capture(found.statefuls, metrics=self.metrics,
+        objects = {_stored_key(n): obj for n, obj in found.statefuls.items()}
+        state = self.manager.capture(objects, metrics=self.metrics,
                                      extra={RUN_KEY: run}, rng=rng or True,
                                      copy_tensors=False if self.config.sync else self._buffers)
         epoch, batch = self.loop.epoch, self.loop.next_batch
@@ -605,7 +606,8 @@ class AutoSession:
     def _apply(self, ck: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
         """Load a checkpoint into the live objects and variables (RNG aside)."""
         found = self.rediscover()
-        targets = {n: obj for n, obj in found.statefuls.items() if n in ck.state}
+        targets = {_stored_key(n): obj for n, obj in found.statefuls.items()
+                   if _stored_key(n) in ck.state}
         load_all(targets, ck.state, kinds=ck.kinds)
         run = ck.extra.get(RUN_KEY)
         run = run if isinstance(run, dict) else {}
@@ -639,7 +641,7 @@ class AutoSession:
             self._pending_loader_rng = loop.get("loader_rng_now")
             if ck.rng is not None:
                 RNGState().load_state_dict(ck.rng)
-        missing = [n for n in ck.state if n not in targets]
+        missing = [_live_name(n) for n in ck.state if n not in targets]
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
                  f"step {run['step']})" + (f"; not restored (not defined now): {missing}"
                                            if missing else ""))
@@ -711,7 +713,7 @@ class AutoSession:
         run = state["extra"].get(RUN_KEY) if isinstance(state["extra"], dict) else None
         variables = list(run.get("variables") or {}) if isinstance(run, dict) else []
         live = self.rediscover().statefuls
-        objects = list(state.get("types") or {})
+        objects = [_live_name(key) for key in state.get("types") or {}]
         return RollbackPlan(cid, [n for n in objects if n in live] + variables,
                             [n for n in objects if n not in live], list(live))
 
@@ -729,7 +731,7 @@ class AutoSession:
         self._moved_to(ck.id, "rollback")
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
-        restored = list(targets) + list(run.get("variables", {}))
+        restored = [_live_name(key) for key in targets] + list(run.get("variables", {}))
         left = f" (not {', '.join(missing)}: nothing here by those names)" if missing else ""
         self.say(f"rolled back to {ck.id} (epoch {ck.epoch}, step {ck.step}): restored "
                  f"{', '.join(restored)}{left}; the next save starts a branch from it")
@@ -839,6 +841,18 @@ def stop() -> None:
     """Close every session, flushing their pending saves."""
     while _sessions:
         _sessions.pop().close()
+
+
+def _stored_key(name: str) -> str:
+    """The key a tracked object is saved under: its name, or "ns:NAME" for a name a
+    checkpoint keeps for its own fields (a NumPy generator called ``rng``), which the
+    manager refuses as an object's ("ns:" is in no Python name)."""
+    return f"ns:{name}" if name in RESERVED else name
+
+
+def _live_name(key: str) -> str:
+    """The notebook name of an object saved under ``key`` (``_stored_key``)."""
+    return key[3:] if key.startswith("ns:") else key
 
 
 def _loader_generators(loader: Any) -> list[torch.Generator]:

@@ -461,3 +461,58 @@ def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -
         assert str(tmp_path / "home" / "e.pt") in ui.status.value
     finally:
         ui.close()
+
+
+class Plain:
+    """A Stateful around a dict of tensors."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+def test_odd_metric_and_tensor_names_draw_and_list(tmp_path: Path) -> None:
+    """A "$" read as matplotlib math failed every plot of a selection; a metric named
+    "metric:step" beside one named "step" made two columns of one name, and explore()
+    failed; a diverged run's -inf loss was drawn "best"."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "odd")
+    model = torch.nn.Linear(2, 2)
+    ids = [mgr.save(model, metrics={"cost_$_per_$_1k": float(i), "step": 1.0,
+                                    "metric:step": 2.0 + i,
+                                    "loss": -math.inf if i == 1 else 0.5})
+           for i in range(3)]
+    table = mgr.list()
+    assert table.columns.is_unique and table["metric:step"].tolist() == [2.0, 3.0, 4.0]
+    assert table["metric:metric:step"].tolist() == [1.0] * 3
+    assert _plots.best_by_metric(table)["loss"] != ids[1]
+    for figure in (ckpt_nb.plot_compare(mgr, ids), ckpt_nb.plot_metrics(mgr, "cost_$_per_$_1k")):
+        assert _plots.to_png(figure)[:4] == b"\x89PNG"
+    a = mgr.save(s=Plain({"$x$": torch.tensor([1j, 1j])}))
+    b = mgr.save(s=Plain({"$x$": torch.tensor([1.0, 1.0])}))
+    row = mgr.diff(a, b).iloc[0]
+    assert row["dtype"] == "complex64->float32" and row["rel_change"] == pytest.approx(2 ** 0.5)
+    assert _plots.to_png(ckpt_nb.plot_diff(mgr, a, b))[:4] == b"\x89PNG"
+    ui = ckpt_nb.explore(tmp_path / "odd", poll_seconds=0)
+    ui.tabs.selected_index = 1
+    ui.select(ids[:2])
+    assert "⚠" not in ui.status.value
+
+
+def test_a_store_given_with_a_tilde_and_a_save_the_explorer_has_not_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    mgr = ckpt_nb.CheckpointManager("~/runs")
+    first = mgr.save(torch.nn.Linear(2, 2), step=1)
+    ui = ckpt_nb.explore("~/runs", poll_seconds=0)
+    assert isinstance(ckpt_nb.plot_dag("~/runs"), Figure)
+    newest = mgr.save(torch.nn.Linear(2, 2), step=2)  # (another writer, before a poll)
+    assert ui.select(["latest", first]) == [newest, first]
+    assert ui.table.selected == [newest, first]
+    with pytest.raises(ckpt_nb.CkptError, match="choose two checkpoints"):
+        ui.diff_a.value = None
+        ui.figure("diff")

@@ -750,11 +750,11 @@ def test_numpy_and_python_generator_objects_are_tracked_and_resume_bit_exact(
         shell, tmp_path: Path, capsys) -> None:
     """np.random.default_rng() and random.Random() objects were skipped ("Generator"), and
     a resumed run drew other numbers."""
-    setup = SETUP + "import numpy as np, random\nnoise = np.random.default_rng(0)\n" \
-        "jitter = random.Random(0)\n"
+    setup = SETUP + "import numpy as np, random\nrng = np.random.default_rng(0)\n" \
+        "jitter = random.Random(0)\n"  # ("rng" is a checkpoint's field too: kept apart)
     cell = TRAIN.replace("loss = torch.nn.functional.cross_entropy(model(xb), yb)",
                          "loss = torch.nn.functional.cross_entropy(model(xb), yb) * "
-                         "(1 + 0.1 * noise.random() + 0.1 * jitter.random())")
+                         "(1 + 0.1 * rng.random() + 0.1 * jitter.random())")
     expected, expected_history = reference(shell, tmp_path, setup, cell)
     run(shell, setup)
     run(shell, "STOP_AT = (1, 4)")
@@ -763,9 +763,13 @@ def test_numpy_and_python_generator_objects_are_tracked_and_resume_bit_exact(
     first = run(shell, cell.format(dir=tmp_path / "gen", stop=stop))
     assert isinstance(first.error_in_exec, KeyboardInterrupt)
     tracking = capsys.readouterr().out.splitlines()[0]
-    assert "noise" in tracking.split(";")[0] and "jitter" in tracking.split(";")[0], tracking
+    assert "rng" in tracking.split(";")[0] and "jitter" in tracking.split(";")[0], tracking
     run(shell, "STOP_AT = None")
     second = run(shell, cell.format(dir=tmp_path / "gen", stop="pass"))
     assert second.success and second.result == 3
     assert same(final_state(shell), expected)
     assert shell.user_ns["history"] == expected_history
+    rows = ckpt_nb.CheckpointManager(tmp_path / "gen").list()
+    capsys.readouterr()
+    assert run(shell, f"%ckpt_rollback {rows['id'].iloc[1]} --dir {tmp_path / 'gen'}").success
+    assert "rng" in capsys.readouterr().out.split("restored")[1]
