@@ -19,7 +19,7 @@ import ckpt_nb
 from ckpt_nb import _plots, _session
 from ckpt_nb._plots import dag_layout
 
-from conftest import DigitsRun, same
+from conftest import DigitsRun, Holder, same
 
 
 def poll(condition: Callable[[], bool], seconds: float = 20) -> None:
@@ -463,19 +463,6 @@ def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -
         ui.close()
 
 
-class Plain:
-    """A Stateful around a dict of tensors."""
-
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict:
-        return self.state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.state = state
-
-
 def test_odd_metric_and_tensor_names_draw_and_list(tmp_path: Path) -> None:
     """A "$" read as matplotlib math failed every plot of a selection; a metric named
     "metric:step" beside one named "step" made two columns of one name, and explore()
@@ -492,8 +479,8 @@ def test_odd_metric_and_tensor_names_draw_and_list(tmp_path: Path) -> None:
     assert _plots.best_by_metric(table)["loss"] != ids[1]
     for figure in (ckpt_nb.plot_compare(mgr, ids), ckpt_nb.plot_metrics(mgr, "cost_$_per_$_1k")):
         assert _plots.to_png(figure)[:4] == b"\x89PNG"
-    a = mgr.save(s=Plain({"$x$": torch.tensor([1j, 1j])}))
-    b = mgr.save(s=Plain({"$x$": torch.tensor([1.0, 1.0])}))
+    a = mgr.save(s=Holder({"$x$": torch.tensor([1j, 1j])}))
+    b = mgr.save(s=Holder({"$x$": torch.tensor([1.0, 1.0])}))
     row = mgr.diff(a, b).iloc[0]
     assert row["dtype"] == "complex64->float32" and row["rel_change"] == pytest.approx(2 ** 0.5)
     assert _plots.to_png(ckpt_nb.plot_diff(mgr, a, b))[:4] == b"\x89PNG"

@@ -96,6 +96,28 @@ def reference(sh: InteractiveShell, tmp_path: Path, setup: str = SETUP,
     return final_state(sh), list(sh.user_ns["history"])
 
 
+INTERRUPT = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
+
+
+def interrupt_at(sh: InteractiveShell, cell: str, store: Path,
+                 stop_at: tuple[int, int]) -> None:
+    """Run a training ``cell`` until an interrupt at (epoch, batch) ``stop_at``, which
+    saves the run there."""
+    run(sh, f"STOP_AT = {stop_at}")
+    first = run(sh, cell.format(dir=store, stop=INTERRUPT))
+    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+
+
+def rerun_ends_as_the_reference(sh: InteractiveShell, cell: str, store: Path,
+                                expected: list[torch.Tensor], history: list[float]) -> None:
+    """Run a training ``cell`` again, unstopped: it ends as the run never stopped did."""
+    run(sh, "STOP_AT = None")
+    second = run(sh, cell.format(dir=store, stop="pass"))
+    assert second.success and second.result == 3
+    assert same(final_state(sh), expected)
+    assert sh.user_ns["history"] == history
+
+
 def test_load_and_unload_remove_everything(tmp_path: Path) -> None:
     sh = InteractiveShell.instance()
     sh.run_cell("%load_ext ckpt_nb")
@@ -118,11 +140,7 @@ def test_interrupt_saves_then_rerun_continues_bit_exact(shell, tmp_path: Path) -
     assert isinstance(first.error_in_exec, KeyboardInterrupt)
     notes = list(ckpt_nb.CheckpointManager(tmp_path / "run").list()["note"])
     assert notes[-1] == "interrupt"
-    run(shell, "STOP_AT = None")
-    second = run(shell, TRAIN.format(dir=tmp_path / "run", stop="pass"))
-    assert second.success and second.result == 3
-    assert same(final_state(shell), expected)
-    assert shell.user_ns["history"] == expected_history
+    rerun_ends_as_the_reference(shell, TRAIN, tmp_path / "run", expected, expected_history)
     # the run is finished now: a third run starts afresh on a new branch
     rows = ckpt_nb.CheckpointManager(tmp_path / "run").list()
     assert rows["note"].iloc[-1] == "end of cell" and rows["branch"].nunique() == 1
@@ -145,10 +163,7 @@ def test_a_loader_with_its_own_generator_resumes_bit_exact(
     assert "generator=torch.Generator().manual_seed(1)" in GENERATOR_SETUP
     expected, expected_history = reference(shell, tmp_path, GENERATOR_SETUP)
     run(shell, GENERATOR_SETUP)
-    stop = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
-    run(shell, f"STOP_AT = {stop_at}")
-    first = run(shell, TRAIN.format(dir=tmp_path / "run", stop=stop))
-    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    interrupt_at(shell, TRAIN, tmp_path / "run", stop_at)
     if kernel == "fresh":
         for name, empty in (("_last", None), ("_positions", {}), ("_position_events", {}),
                             ("_cells_run", set()), ("_last_cell", {})):
@@ -157,7 +172,7 @@ def test_a_loader_with_its_own_generator_resumes_bit_exact(
     else:
         run(shell, "STOP_AT = None")
     capsys.readouterr()  # (the same cell: a fresh kernel resumes a run of this cell's code)
-    second = run(shell, TRAIN.format(dir=tmp_path / "run", stop=stop))
+    second = run(shell, TRAIN.format(dir=tmp_path / "run", stop=INTERRUPT))
     assert second.success and second.result == 3
     assert "resumed from" in capsys.readouterr().out
     assert same(final_state(shell), expected)
@@ -757,18 +772,11 @@ def test_numpy_and_python_generator_objects_are_tracked_and_resume_bit_exact(
                          "(1 + 0.1 * rng.random() + 0.1 * jitter.random())")
     expected, expected_history = reference(shell, tmp_path, setup, cell)
     run(shell, setup)
-    run(shell, "STOP_AT = (1, 4)")
-    stop = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
     capsys.readouterr()
-    first = run(shell, cell.format(dir=tmp_path / "gen", stop=stop))
-    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    interrupt_at(shell, cell, tmp_path / "gen", (1, 4))
     tracking = capsys.readouterr().out.splitlines()[0]
     assert "rng" in tracking.split(";")[0] and "jitter" in tracking.split(";")[0], tracking
-    run(shell, "STOP_AT = None")
-    second = run(shell, cell.format(dir=tmp_path / "gen", stop="pass"))
-    assert second.success and second.result == 3
-    assert same(final_state(shell), expected)
-    assert shell.user_ns["history"] == expected_history
+    rerun_ends_as_the_reference(shell, cell, tmp_path / "gen", expected, expected_history)
     rows = ckpt_nb.CheckpointManager(tmp_path / "gen").list()
     capsys.readouterr()
     assert run(shell, f"%ckpt_rollback {rows['id'].iloc[1]} --dir {tmp_path / 'gen'}").success
