@@ -780,6 +780,10 @@ class CheckpointManager:
         of thousands. A store written from elsewhere (an object store's) is read again
         first, where it has moved on."""
         self._catch_up()
+        return self._resolve(which)
+
+    def _resolve(self, which: str) -> str:
+        """``resolve`` against the catalog as it stands (the caller caught up)."""
         which = str(which)
         back = 0 if which == "latest" else \
             int(which[1:]) if which.startswith("-") and which[1:].isdigit() else None
@@ -1124,9 +1128,9 @@ class CheckpointManager:
     # -- pins, deletes, retention ---------------------------------------------------------------
     def pin(self, which: str, pinned: bool = True) -> str:
         """Protect a checkpoint from retention (``pinned=False`` releases it)."""
-        cid = self.resolve(which)
         with self._exclusive():  # (not between another process's pinned check and delete)
             self._catch_up()
+            cid = self._resolve(which)
             self._label(cid, pinned=pinned)
         self._notify("pin", cid)
         return cid
@@ -1137,9 +1141,9 @@ class CheckpointManager:
     def annotate(self, which: str, note: str) -> str:
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
-        cid = self.resolve(which)
         with self._exclusive():
             self._catch_up()
+            cid = self._resolve(which)
             self._label(cid, note=note)
         return cid
 
@@ -1166,13 +1170,11 @@ class CheckpointManager:
 
     def delete(self, which: str, *, force: bool = False) -> None:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it."""
-        cid = self.resolve(which)
         with self._exclusive():  # (the pin checked where no other process can set it)
             self._catch_up()
+            cid = self._resolve(which)
             row = self.catalog.get(cid)
-            if row is None:
-                raise CheckpointNotFoundError(f"checkpoint {cid} was deleted meanwhile")
-            if row.pinned and not force:
+            if row is not None and row.pinned and not force:
                 raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
                                            "or pass force=True")
             self._drop([cid])
