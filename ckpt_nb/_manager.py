@@ -1234,18 +1234,25 @@ class CheckpointManager:
                                                  *self.store.list("manifests")))
 
     # -- garbage collection ---------------------------------------------------------------
-    def gc(self, *, compact_below: float = 0.5) -> GCReport:
+    def gc(self, *, compact_below: float = 0.5,
+           progress: ProgressFn | None = None) -> GCReport:
         """Reclaim what no checkpoint needs: orphans of crashed saves, dead chunks.
 
         A pack whose live bytes fall under ``compact_below`` of its size is
         rewritten with only the live chunks. Safe to interrupt at any point.
+        ``progress(done, total)`` follows the packs, each read, compacted or deleted.
         """
+        if isinstance(compact_below, bool) or not isinstance(compact_below, (int, float)) \
+                or not 0 <= compact_below <= 1:
+            raise ValueError(f"compact_below must be a fraction from 0 to 1, "
+                             f"not {compact_below!r}")
         with self._exclusive():
             self._catch_up()
-            return self._gc_locked(compact_below, repair_indexes=True)
+            return self._gc_locked(compact_below, repair_indexes=True, progress=progress)
 
     def _gc_locked(self, compact_below: float = 0.5, *, repair_indexes: bool = False,
-                   whole_over: int = MAX_DEPTH) -> GCReport:
+                   whole_over: int = MAX_DEPTH,
+                   progress: ProgressFn | None = None) -> GCReport:
         """Collect what no checkpoint needs; with ``repair_indexes`` (an explicit gc(),
         not the one each retention deletion runs) also read every pack's own index and
         rewrite the packs whose index is damaged."""
@@ -1273,7 +1280,10 @@ class CheckpointManager:
         by_pack: dict[str, list[ChunkRow]] = {}
         for digest in live:
             by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
-        for key in list(self.store.list("packs")):
+        packs = list(self.store.list("packs"))
+        for done, key in enumerate(packs, 1):
+            if progress is not None:
+                progress(done - 1, len(packs))
             if key in damaged:
                 continue
             size = self.store.size(key)
@@ -1291,6 +1301,8 @@ class CheckpointManager:
                 self.store.delete(key)
                 report.packs_compacted += 1
                 report.bytes_freed += size - sum(c.length for c in moved)
+        if progress is not None:
+            progress(len(packs), len(packs))
         known = {r.id for r in self.catalog.checkpoints()}
         for key in [*self.store.list("manifests"), *self.store.list("labels")]:
             cid = id_of(key)

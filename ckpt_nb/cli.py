@@ -219,7 +219,8 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    report = mgr.gc()
+    with _progress("gc", "pack") as progress:
+        report = mgr.gc(progress=progress)
     print(f"freed {_size(report.bytes_freed)}: {report.chunks_dropped} chunks dropped, "
           f"{report.packs_deleted} packs deleted, {report.packs_compacted} packs compacted, "
           f"{report.chunks_rewritten} deltas stored whole, "

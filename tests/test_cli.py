@@ -150,7 +150,7 @@ def test_verify_names_the_corrupt_checkpoint(store: Store,
     assert run(capsys, "verify", store.directory, store.ids[0], store.ids[1])[0] == 0
 
 
-def test_verify_and_export_progress_bars_on_a_tty(
+def test_verify_export_and_gc_progress_bars_on_a_tty(
         store: Store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
     pytest.importorskip("tqdm")
@@ -159,6 +159,8 @@ def test_verify_and_export_progress_bars_on_a_tty(
     assert code == 0 and out == "ok: 3 checkpoints verified\n" and "verify" in err
     code, out, err = run(capsys, "export", store.directory, "latest", tmp_path / "m.pt")
     assert code == 0 and "m.pt" in out and "export" in err and "chunk" in err
+    code, out, err = run(capsys, "gc", store.directory)
+    assert code == 0 and out.startswith("freed ") and "gc" in err and "pack" in err
     monkeypatch.setitem(sys.modules, "tqdm", None)  # tqdm is optional
     assert run(capsys, "verify", store.directory) == (0, "ok: 3 checkpoints verified\n", "")
 

@@ -352,6 +352,24 @@ def test_a_crashed_saves_leftovers_cost_no_checkpoint_its_place_in_the_budget(
     assert budget.stored_bytes() <= 340_000
 
 
+def test_gc_reports_its_progress_pack_by_pack_and_refuses_a_bad_fraction(
+        tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, codec="none")
+    for i in range(3):
+        mgr.save(Holder({"w": torch.randn(25_000)}), step=i)
+    pack = next((tmp_path / "packs").iterdir())
+    (tmp_path / "packs" / f"{'0' * 32}.pack").write_bytes(pack.read_bytes())  # an orphan
+    calls: list[tuple[int, int]] = []
+    report = mgr.gc(progress=lambda done, total: calls.append((done, total)))
+    assert report.packs_deleted == 1
+    assert calls[0] == (0, 4) and calls[-1] == (4, 4)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    for bad in (1.5, -0.1, True, "half"):
+        with pytest.raises(ValueError, match="compact_below"):
+            mgr.gc(compact_below=bad)  # type: ignore[arg-type]
+    assert mgr.verify().ok
+
+
 def test_rollback_then_save_branches(tmp_path: Path, digits: DigitsRun) -> None:
     mgr = CheckpointManager(tmp_path)
     a = mgr.save(digits.model, step=1)
