@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import re
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -110,13 +111,26 @@ class CkptMagics(Magics):
         except CkptError as exc:
             raise UsageError(f"%ckpt_auto: {exc}") from None
 
+    def _cell_number(self) -> int:
+        """The number IPython gave the running cell, so that a traceback of the cell's
+        body says "Cell In[7]" as the cell's own line does (read from the frame that
+        runs the cell: IPython 8 and 9 count executions at different moments)."""
+        numbers = getattr(self.shell.compile, "_filename_map", {})
+        frame = sys._getframe(1)
+        while frame is not None:
+            number = numbers.get(frame.f_code.co_filename)
+            if number is not None:
+                return int(number)
+            frame = frame.f_back
+        return int(self.shell.execution_count)
+
     def _run(self, cell: str) -> Any:
         """Run the cell's code in the user namespace; the last expression is the value."""
         __tracebackhide__ = True
         source = self.shell.transform_cell(cell)
         tree = ast.parse(source)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        filename = self.shell.compile.cache(source)
+        filename = self.shell.compile.cache(source, self._cell_number(), raw_code=cell)
         namespace = self.shell.user_ns
         exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - the user's own cell
         if last is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -749,6 +750,20 @@ def test_quoted_magic_arguments_lose_their_quotes(shell, tmp_path: Path) -> None
     assert set(ckpt_nb.CheckpointManager(tmp_path / "my runs").load(rows["id"].iloc[-1])
                .state) >= {"model", "opt", "sched"}
     assert run(shell, f'%ckpt_rollback "{rows["id"].iloc[1]}" --dir "my runs"').success
+
+
+def test_a_traceback_in_the_cell_names_the_cell_as_ipython_does(shell, tmp_path: Path,
+                                                                 capsys) -> None:
+    """The body's frames said "Cell In[0]" whatever the cell's number."""
+    run(shell, SETUP)
+    capsys.readouterr()
+    failed = shell.run_cell(f"%%ckpt_auto --dir {tmp_path / 'tb'}\nfor i in range(3):\n"
+                            "    1 / 0\n", store_history=True)
+    assert isinstance(failed.error_in_exec, ZeroDivisionError)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # (colours)
+    shown = re.findall(r"Cell In\[(\d+)\], line (\d+)", out)
+    assert shown == [(str(failed.execution_count), "1"), (str(failed.execution_count), "2")]
+    assert failed.execution_count > 0
 
 
 def test_a_metric_trigger_on_a_metric_never_logged_says_so(shell, tmp_path: Path,
