@@ -32,6 +32,9 @@ COLUMNS = ("id", "parent", "branch", "created", "step", "epoch", "batch_idx", "s
            "stored_bytes", "logical_bytes", "pinned", "best", "head", "note")
 LANE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                "#7f7f7f", "#bcbd22", "#17becf")
+# Past this many branches a legend of them all would cover the lines: the newest
+# are named, and one entry counts the rest.
+LEGEND_BRANCHES = 8
 STRATEGY_MARKERS = {"full": ("o", True), "incremental": ("o", False),
                     "differential": ("D", False)}
 
@@ -189,6 +192,8 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
     x_of = table["step"].astype("float64").where(table["step"].notna(),
                                                  other=range(len(table)))
     position = {cid: i for i, cid in enumerate(table["id"])}
+    drawn = table[_finite(table[metric])]
+    newest = list(dict.fromkeys(reversed(drawn["branch"].tolist())))[:LEGEND_BRANCHES]
     for branch, part in table.groupby("branch", sort=False):
         fork = part["parent"].iloc[0]  # a branch's line starts at the checkpoint it left
         if isinstance(fork, str) and fork in position:
@@ -197,7 +202,11 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
         keep = _finite(values)
         if keep.any():
             ax.plot(x_of[part.index][keep], values[keep], marker="o", markersize=4,
-                    color=_lane_color(lanes[branch]), label=branch)
+                    color=_lane_color(lanes[branch]),
+                    label=branch if branch in newest else "_nolegend_")
+    unnamed = drawn["branch"].nunique() - len(newest)
+    if unnamed > 0:
+        ax.plot([], [], color="none", label=f"+{unnamed} older branches")
     chosen = table[table["id"].isin(list(selected)) & _finite(table[metric])]
     if len(chosen):
         ax.scatter(x_of[chosen.index], chosen[metric].astype("float64"), s=140,

@@ -463,6 +463,26 @@ def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -
         ui.close()
 
 
+def test_a_legend_of_many_branches_names_the_newest_and_counts_the_rest(
+        tmp_path: Path) -> None:
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "many", metric="loss")
+    model = torch.nn.Linear(2, 2)
+    root = mgr.save(model, metrics={"loss": 1.0}, step=0)
+    branches = []
+    for k in range(12):  # roll back to the root each time: a new branch per save
+        mgr.restore(root, model=model)
+        cid = mgr.save(model, metrics={"loss": 1.0 / (k + 2)}, step=1)
+        branches.append(mgr.list().set_index("id").loc[cid, "branch"])
+    count = mgr.list()["branch"].nunique()
+    assert count == 12  # (the first save after the root continues its branch)
+    fig = ckpt_nb.plot_metrics(mgr, "loss")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(fig.axes[0].get_lines()) == count + 1  # every branch still drawn, + the count
+    assert labels[-1] == f"+{count - _plots.LEGEND_BRANCHES} older branches"
+    assert set(labels[:-1]) == set(branches[-_plots.LEGEND_BRANCHES:])
+    assert _plots.to_png(fig)[:4] == b"\x89PNG"
+
+
 def test_odd_metric_and_tensor_names_draw_and_list(tmp_path: Path) -> None:
     """A "$" read as matplotlib math failed every plot of a selection; a metric named
     "metric:step" beside one named "step" made two columns of one name, and explore()
