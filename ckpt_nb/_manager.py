@@ -128,6 +128,9 @@ class GCReport:
 
 
 MANIFESTS_KEPT = 32  # decoded manifests a manager keeps (the newest saves', the last read)
+# The largest chunk_size: no chunk is larger, so a catalog row that says one is, is
+# damaged (and is refused before its buffer is asked for).
+MAX_CHUNK_BYTES = 1 << 30
 
 # Over a byte budget, a pack with this much dead in it is compacted (not half of it):
 # the index and the header are never live, and are a few percent of a small pack.
@@ -193,8 +196,10 @@ class CheckpointManager:
                                     or threads < 1):
             raise ValueError(f"threads must be a positive integer or None (one per core, up "
                              f"to 4), not {threads!r}")
-        if chunk_size < 4096 or chunk_size % 64:
-            raise ValueError("chunk_size must be a multiple of 64 bytes, at least 4096")
+        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or \
+                not 4096 <= chunk_size <= MAX_CHUNK_BYTES or chunk_size % 64:
+            raise ValueError(f"chunk_size must be a multiple of 64 bytes from 4096 to 1 GiB, "
+                             f"not {chunk_size!r}")
         self.store = open_store(directory, **({} if isinstance(directory, Store)
                                               or "://" in os.fspath(directory)
                                               else {"durable": durable}))
@@ -611,7 +616,7 @@ class CheckpointManager:
         """A chunk's raw bytes, checked against its digest (delta bases resolved);
         ``above``: the chunks stacked on it, being decoded."""
         row = self._row(digest, rows)
-        out = np.empty(row.raw_len, dtype=np.uint8)
+        out = _raw_buffer(row)
         self._decode_chunk(row, out, rows, views, above)
         return out
 
@@ -1098,8 +1103,7 @@ class CheckpointManager:
                 if digest in good:
                     continue
                 try:
-                    self._decode_chunk(rows[digest], np.empty(rows[digest].raw_len, np.uint8),
-                                       rows, views)
+                    self._decode_chunk(rows[digest], _raw_buffer(rows[digest]), rows, views)
                     good.add(digest)
                 except CorruptCheckpointError as exc:
                     problems.append(str(exc))
@@ -1243,9 +1247,9 @@ class CheckpointManager:
         ``progress(done, total)`` follows the packs, each read, compacted or deleted.
         """
         if isinstance(compact_below, bool) or not isinstance(compact_below, (int, float)) \
-                or not 0 <= compact_below <= 1:
-            raise ValueError(f"compact_below must be a fraction from 0 to 1, "
-                             f"not {compact_below!r}")
+                or not compact_below >= 0:
+            raise ValueError(f"compact_below must be a fraction of a pack's size, 0 or more "
+                             f"(0 compacts none, above 1 every pack), not {compact_below!r}")
         with self._exclusive():
             self._catch_up()
             return self._gc_locked(compact_below, repair_indexes=True, progress=progress)
@@ -1365,8 +1369,8 @@ class CheckpointManager:
         views = self._pack_views(read)
         with write_pack(self.store) as pack:
             for digest in doomed:
-                raw = np.empty(chunks[digest].raw_len, dtype=np.uint8)
                 try:
+                    raw = _raw_buffer(chunks[digest])
                     itemsize = codec.info(self._decode_chunk(chunks[digest], raw, chunks,
                                                              views)).itemsize
                 except CorruptCheckpointError:
@@ -1401,6 +1405,14 @@ class CheckpointManager:
         return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
                                metrics=ck.metrics, strategy="full", parent=None,
                                note=note if note is not None else f"imported from {path}")
+
+
+def _raw_buffer(row: ChunkRow) -> np.ndarray:
+    """Memory for a chunk's raw bytes, once its catalog row's size is one a save makes."""
+    if not 0 <= row.raw_len <= MAX_CHUNK_BYTES:
+        raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack}: the catalog "
+                                     f"gives it {row.raw_len} bytes, more than any chunk")
+    return np.empty(row.raw_len, dtype=np.uint8)
 
 
 def _check_chain(row: ChunkRow, above: frozenset[str]) -> None:

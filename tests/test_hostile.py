@@ -56,6 +56,24 @@ def test_delta_bases_that_go_round_in_a_loop_are_refused_not_followed(
         assert mgr.restore("latest", model=torch.nn.Linear(64, 64)).id == good
 
 
+def test_a_chunk_the_catalog_makes_huge_is_refused_before_its_memory_is_asked_for(
+        tmp_path: Path) -> None:
+    """verify() asked numpy for 1 PiB and died of MemoryError."""
+    good, bad = two_saves(tmp_path)
+    db = catalog(tmp_path)
+    db.execute("UPDATE chunks SET raw_len=? WHERE digest IN (SELECT digest FROM refs WHERE "
+               "checkpoint=?) AND digest NOT IN (SELECT digest FROM refs WHERE checkpoint=?)",
+               (1 << 50, bad, good))
+    db.close()
+    mgr = CheckpointManager(tmp_path)
+    report = mgr.verify()
+    assert list(report.bad) == [bad] and "more than any chunk" in report.bad[bad][0]
+    with pytest.raises(CorruptCheckpointError):
+        mgr.load(bad)
+    with pytest.raises(ValueError, match="chunk_size"):
+        CheckpointManager(tmp_path, chunk_size=2 << 30)
+
+
 def test_a_blob_whose_delta_flag_flipped_is_corrupt_and_latest_falls_back(
         tmp_path: Path) -> None:
     good, bad = two_saves(tmp_path)
