@@ -17,6 +17,7 @@ import math
 import pickle
 import random
 import sys
+import warnings
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -703,6 +704,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                         + (" ..." if len(unexpected) > 10 else ""))
     for key, saved in state.items():
         live = current.get(key)
+        if isinstance(live, UninitializedTensorMixin):
+            continue  # a lazy module not run yet: load_state_dict gives it the saved shape
         if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
             if live.shape != saved.shape or live.dtype != saved.dtype:
                 problems.append(f"{name}: {key} is {_describe(saved)} in the checkpoint "
@@ -710,6 +713,10 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
             elif not _copies_in_place(live.dtype):
                 problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
                                 "into in place: take it from load() instead")
+            elif any(n > 1 and step == 0 for n, step in zip(live.shape, live.stride())):
+                problems.append(f"{name}: {key} is an expanded view (its elements share "
+                                "memory), which torch cannot copy into: make it a tensor of "
+                                "its own (.clone()), or take it from load() instead")
     return problems
 
 
@@ -717,12 +724,22 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
 def _copies_in_place(dtype: torch.dtype) -> bool:
     """Whether ``copy_`` works into tensors of ``dtype`` (not into torch's sub-byte
     integers: a module's load_state_dict would fail there after loading the rest)."""
-    probe = torch.zeros(dtype.itemsize, dtype=torch.uint8).view(dtype)
+    def probe() -> torch.Tensor:
+        if dtype in _QUANTIZED:
+            with warnings.catch_warnings():  # (torch deprecates making quantized tensors)
+                warnings.simplefilter("ignore")
+                return torch._empty_affine_quantized([2], scale=1.0, zero_point=0, dtype=dtype)
+        return torch.zeros(2 * dtype.itemsize, dtype=torch.uint8).view(dtype)
+
     try:
-        probe.copy_(probe.clone())
+        probe().copy_(probe())
     except (RuntimeError, TypeError):
         return False
     return True
+
+
+_QUANTIZED = frozenset(getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2",
+                                                   "quint2x4") if hasattr(torch, n))
 
 
 def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
@@ -742,25 +759,30 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
         return problems
     params = {pid: p for saved, now in zip(groups, live)
               for pid, p in zip(saved["params"], now["params"])}
+    # torch's own optimizers keep each parameter's state in its shape (or factored, as
+    # Adafactor's); LBFGS keeps the whole model's flat vectors under the first one, and
+    # other libraries' optimizers their own layouts (Shampoo's preconditioners).
+    shaped_like_parameters = type(optimizer).__module__.startswith("torch.optim.") and \
+        not isinstance(optimizer, torch.optim.LBFGS)
     for pid, slots in state["state"].items():
         param = params.get(pid)
         if param is None:
             problems.append(f"{name}: state for unknown parameter {pid}")
             continue
         for slot, value in slots.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and \
-                    not _fits_parameter(value, param):
+            if shaped_like_parameters and isinstance(value, torch.Tensor) and \
+                    value.dim() > 0 and not _fits_parameter(value, param):
                 problems.append(f"{name}: state {pid}/{slot} is {_describe(value)}, "
                                 f"parameter is {_describe(param)}")
     return problems
 
 
 def _fits_parameter(state: torch.Tensor, param: torch.Tensor) -> bool:
-    """Whether a per-parameter optimizer state tensor can be this parameter's: torch's
-    load_state_dict takes any shape, and the optimizer's next step fails. Moments
-    have the parameter's shape, factored ones (Adafactor's) 1 where they sum; a state
-    of another number of dimensions is checked only by its number of elements (the
-    same number in another shape is a parameter reshaped)."""
+    """Whether a per-parameter state tensor of one of torch's optimizers can be this
+    parameter's: torch's load_state_dict takes any shape, and the optimizer's next step
+    fails. Moments have the parameter's shape, factored ones (Adafactor's) 1 where they
+    sum; a state of another number of dimensions is checked only by its number of
+    elements (the same number in another shape is a parameter reshaped)."""
     if state.dim() != param.dim():
         return state.numel() != param.numel()
     return all(s in (p, 1) for s, p in zip(state.shape, param.shape))
@@ -781,6 +803,61 @@ def _other_kind(name: str, obj: Any, saved: str | None) -> str | None:
 
 
 _CHECKED_KINDS = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+_EXTRA_STATE = "_extra_state"  # (torch's key for a module's get_extra_state())
+
+
+def _from_torch(obj: Any) -> bool:
+    name = getattr(obj, "__module__", None) or type(obj).__module__
+    return name == "torch" or name.startswith("torch.")
+
+
+@functools.cache
+def _class_loads_on_its_own(cls: type) -> bool:
+    """Whether a module class loads its state with code from outside torch."""
+    return any(not _from_torch(next(c for c in cls.__mro__ if attr in vars(c)))
+               for attr in ("load_state_dict", "_load_from_state_dict", "set_extra_state"))
+
+
+def _runs_own_load_code(module: torch.nn.Module) -> bool:
+    """Whether loading this module runs code that may refuse once some of its tensors
+    are copied (and that validation cannot foresee): extra state, load hooks, or a
+    load method from outside torch."""
+    for m in module.modules():
+        if _class_loads_on_its_own(type(m)):
+            return True
+        hooks = [*m._load_state_dict_pre_hooks.values(), *m._load_state_dict_post_hooks.values()]
+        if any(not _from_torch(getattr(h, "hook", h)) for h in hooks):
+            return True
+    return False
+
+
+def _backup(obj: Any) -> dict[str, Any]:
+    """What ``_put_back`` needs to undo a load: a module's tensors cloned, else a deep
+    copy of the state."""
+    if isinstance(obj, torch.nn.Module):
+        return {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                for k, v in obj.state_dict().items()}
+    return copy.deepcopy(obj.state_dict())
+
+
+def _put_back(obj: Any, backup: dict[str, Any]) -> bool:
+    """Undo a load that failed part way; whether that worked. A module's tensors are
+    copied back without its load code (which refused), its extra state set again."""
+    try:
+        if not isinstance(obj, torch.nn.Module):
+            obj.load_state_dict(backup)
+            return True
+        live = obj.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for key, value in backup.items():
+                if isinstance(value, torch.Tensor):
+                    live[key].copy_(value)
+                elif key.endswith(_EXTRA_STATE):
+                    path = key.removesuffix(_EXTRA_STATE).rstrip(".")
+                    obj.get_submodule(path).set_extra_state(value)
+    except Exception:
+        return False
+    return True
 
 
 def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True,
@@ -789,8 +866,10 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
 
     Modules and optimizers are checked structurally before anything changes, and
     an optimizer or LR scheduler against the class its state was saved from
-    (``kinds``, where known); other Statefuls are backed up and put back if one
-    of them refuses.
+    (``kinds``, where known). What runs code of its own as it loads (other
+    Statefuls; modules with extra state, load hooks or a load method from outside
+    torch) can still refuse: those load first, each backed up, and all are put
+    back if one of them refuses.
     """
     problems: list[str] = []
     for name, obj in targets.items():
@@ -807,29 +886,28 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     if problems:
         raise StateMismatchError("checkpoint does not fit; nothing was changed:\n  "
                                  + "\n  ".join(problems))
-    # Checked modules and optimizers cannot fail, so they go last; of the other
-    # Statefuls, all but the last are backed up in case a later one refuses.
     checked = (torch.nn.Module, torch.optim.Optimizer)
-    risky = [n for n in targets if not isinstance(targets[n], checked)]
-    order = risky + [n for n in targets if isinstance(targets[n], torch.optim.Optimizer)] \
-        + [n for n in targets if isinstance(targets[n], torch.nn.Module)]
+    risky = [n for n, obj in targets.items() if not isinstance(obj, checked)
+             or isinstance(obj, torch.nn.Module) and _runs_own_load_code(obj)]
+    order = risky + [n for n, obj in targets.items() if n not in risky
+                     and isinstance(obj, torch.optim.Optimizer)] \
+        + [n for n, obj in targets.items() if n not in risky and isinstance(obj, torch.nn.Module)]
     backups: dict[str, Any] = {}
     done: list[str] = []
     for name in order:
         obj = targets[name]
-        if name in risky[:-1]:
-            backups[name] = copy.deepcopy(obj.state_dict())
         try:
+            if name in risky:
+                backups[name] = _backup(obj)
             if isinstance(obj, torch.nn.Module):
                 obj.load_state_dict(states[name], strict=strict)
             else:
                 obj.load_state_dict(states[name])
         except Exception as exc:
-            for previous in backups:
-                targets[previous].load_state_dict(backups[previous])
             changed = [n for n in done if n not in backups]
+            changed += [n for n, backup in backups.items() if not _put_back(targets[n], backup)]
             raise StateMismatchError(
                 f"{name}: load_state_dict failed ({exc}); "
-                + (f"{changed} were already loaded" if changed else "nothing was changed")
+                + (f"{changed} were changed all the same" if changed else "nothing was changed")
             ) from exc
         done.append(name)

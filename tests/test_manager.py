@@ -1713,6 +1713,160 @@ def test_a_tensor_torch_cannot_copy_into_fails_the_restore_before_anything_chang
                        torch.arange(4, dtype=torch.uint8))  # (and load() has it)
 
 
+class Versioned(torch.nn.Module):
+    """A module whose extra state refuses another version's checkpoint."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.version = version
+
+    def get_extra_state(self) -> dict:
+        return {"version": self.version}
+
+    def set_extra_state(self, state: dict) -> None:
+        if state["version"] != self.version:
+            raise ValueError(f"checkpoint is version {state['version']}, model {self.version}")
+
+
+class HalfLoads:
+    """A user object whose load_state_dict sets a field, then refuses the next."""
+
+    def __init__(self) -> None:
+        self.a = self.b = 0
+
+    def state_dict(self) -> dict:
+        return {"a": self.a, "b": self.b}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.a = state["a"]
+        if state["b"] < 0:
+            raise ValueError("b must be >= 0")
+        self.b = state["b"]
+
+
+def test_objects_that_refuse_as_they_load_leave_every_object_as_it_was(tmp_path: Path) -> None:
+    """Validation cannot foresee a module's set_extra_state refusing, nor a user object
+    half loading: the optimizer and the scaler were loaded before, and kept."""
+    mgr = CheckpointManager(tmp_path)
+    model = Versioned(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.lin(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    half = HalfLoads()
+    half.a, half.b = 5, -1
+    cid = mgr.save(model, opt, 1, scaler=torch.amp.GradScaler("cpu", init_scale=8.0),
+                   half=half)
+    live = Versioned(2)
+    live_opt = torch.optim.SGD(live.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    before = [t.clone() for t in live.lin.state_dict().values()]
+    with pytest.raises(StateMismatchError, match="model 2\\); nothing was changed"):
+        mgr.restore(cid, model=live, optimizer=live_opt, scaler=scaler)
+    assert same(list(live.lin.state_dict().values()), before) and live.version == 2
+    assert not live_opt.state and scaler.get_scale() == 1024.0
+    live_half = HalfLoads()
+    with pytest.raises(StateMismatchError, match="b must be >= 0\\); nothing was changed"):
+        mgr.restore(cid, model=Versioned(1), scaler=scaler, half=live_half)
+    assert (live_half.a, live_half.b) == (0, 0) and scaler.get_scale() == 1024.0
+    ok = Versioned(1)
+    mgr.restore(cid, model=ok, optimizer=torch.optim.SGD(ok.parameters(), lr=0.1))
+    assert torch.equal(ok.lin.weight, model.lin.weight)
+
+
+def test_an_expanded_buffer_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+
+    def module() -> torch.nn.Module:
+        m = torch.nn.Linear(4, 2)
+        m.register_buffer("row", torch.randn(1, 4).expand(3, 4))
+        return m
+
+    cid = mgr.save(module())
+    live = module()
+    before = [t.clone() for t in live.state_dict().values()]
+    with pytest.raises(StateMismatchError, match="row is an expanded view"):
+        mgr.restore(cid, model=live)
+    assert same(list(live.state_dict().values()), before)
+
+
+def test_a_lazy_module_not_run_yet_takes_the_saved_shapes(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4))
+    model(torch.randn(2, 8))
+    cid = mgr.save(model)
+    fresh = torch.nn.Sequential(torch.nn.LazyLinear(4))
+    mgr.restore(cid, model=fresh)
+    assert torch.equal(fresh[0].weight, model[0].weight)
+
+
+class FactoredElsewhere(torch.optim.Optimizer):
+    """An optimizer from another library: its state has a layout of its own (a
+    (1, D) factor for a (1, 1, D) parameter, as transformers' Adafactor keeps)."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 0.1})
+
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["col"] = torch.ones(1, p.shape[-1])
+
+
+def test_optimizers_whose_state_is_not_shaped_like_parameters_restore(tmp_path: Path) -> None:
+    """LBFGS keeps the whole model's flat vectors under its first parameter, and other
+    libraries' optimizers layouts of their own: both were refused as mismatches."""
+    mgr = CheckpointManager(tmp_path)
+
+    def lbfgs_run() -> tuple[torch.nn.Module, torch.optim.LBFGS]:
+        model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 4))
+        return model, torch.optim.LBFGS(model.parameters(), history_size=3)
+
+    model, opt = lbfgs_run()
+    x = torch.randn(16, 8)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    cid = mgr.save(model, opt)
+    fresh, fresh_opt = lbfgs_run()
+    mgr.restore(cid, fresh, fresh_opt)
+    assert fresh_opt.state[fresh[0].weight]["d"].shape == (52,)  # every parameter, flat
+    token = torch.nn.Parameter(torch.zeros(1, 1, 6))
+    other = FactoredElsewhere([token])
+    other.step()
+    cid = mgr.save(token=Holder({"t": token}), optimizer=other)
+    live = torch.nn.Parameter(torch.zeros(1, 1, 6))
+    mgr.restore(cid, optimizer=FactoredElsewhere([live]))
+
+
+def test_a_statically_quantized_model_restores(tmp_path: Path) -> None:
+    quantization = torch.ao.quantization
+
+    def build(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(quantization.QuantStub(), torch.nn.Conv2d(3, 4, 3),
+                                quantization.DeQuantStub()).eval()
+        m.qconfig = quantization.get_default_qconfig("x86")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = quantization.prepare(m)
+            prepared(torch.randn(8, 3, 8, 8) * (seed + 1))
+            return quantization.convert(prepared)
+
+    x = torch.randn(2, 3, 8, 8)
+    model = build(0)
+    cid = CheckpointManager(tmp_path).save(model)
+    fresh = build(3)
+    assert not torch.equal(fresh(x), model(x))
+    CheckpointManager(tmp_path).restore(cid, model=fresh)
+    assert torch.equal(fresh(x), model(x))
+
+
 def test_restore_options_cannot_name_a_saved_object(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path)
     for name in ("strict", "trust_pickle", "which"):
