@@ -8,6 +8,8 @@ store (``_rebuild``), in the transaction that creates it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import sqlite3
@@ -153,6 +155,27 @@ class ChunkRow:
     depth: int
 
 
+def _errors_named(cls: type[Catalog]) -> type[Catalog]:
+    """Have every public method raise sqlite3's errors (a full disk, an I/O error) as a
+    StoreError that names the catalog: ``except OSError`` catches it, as it catches the
+    store's."""
+    def named(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def wrapper(self: Catalog, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except sqlite3.Error as exc:
+                raise self._failed(exc) from exc
+        return wrapper
+
+    for name, value in list(vars(cls).items()):
+        if not name.startswith("_") and callable(value) and \
+                name not in ("close", "transaction", "snapshot"):
+            setattr(cls, name, named(value))
+    return cls
+
+
+@_errors_named
 class Catalog:
     """The SQLite database beside (or for) a store; WAL mode, full sync."""
 
@@ -184,6 +207,12 @@ class Catalog:
             " (its folder is read-only, and SQLite writes a journal beside it even to "
             "read: copy the store somewhere writable to open it)")
         return StoreError(f"cannot open the catalog {self.path}: {exc}{hint}")
+
+    def _failed(self, exc: sqlite3.Error) -> StoreError:
+        text = str(exc)
+        hint = " (is its disk full? free some room, then try again)" \
+            if "full" in text or "I/O" in text else ""
+        return StoreError(f"the catalog {self.path} failed: {text}{hint}")
 
     def _open(self, seed: Callable[[], Seed] | None) -> None:
         self._db.row_factory = sqlite3.Row
@@ -228,9 +257,16 @@ class Catalog:
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:  # (a full disk): the change is not made, in any process
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -245,7 +281,10 @@ class Catalog:
             try:
                 yield
             finally:
-                self._db.execute("COMMIT")
+                try:
+                    self._db.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    raise self._failed(exc) from exc
 
     def _meta(self, key: str) -> str | None:
         try:

@@ -1181,7 +1181,14 @@ class CheckpointManager:
             if row is not None and row.pinned and not force:
                 raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
                                            "or pass force=True")
-            self._drop([cid])
+            try:
+                self._drop([cid])
+            except OSError as exc:  # (StoreError too) after the catalog let it go
+                if self.catalog.get(cid) is not None:
+                    raise
+                warnings.warn(f"checkpoint {cid} was deleted, but reclaiming its space "
+                              f"failed ({exc}): gc() frees it later", RuntimeWarning,
+                              stacklevel=2)
         self._notify("delete", cid)
 
     def _apply_retention(self, protect: set[str]) -> None:
@@ -1244,7 +1251,8 @@ class CheckpointManager:
 
         A pack whose live bytes fall under ``compact_below`` of its size is
         rewritten with only the live chunks. Safe to interrupt at any point.
-        ``progress(done, total)`` follows the packs, each read, compacted or deleted.
+        ``progress(done, total)`` follows the packs, each read or compacted. On a full
+        disk it frees what takes no room to free, and warns of the rest.
         """
         if isinstance(compact_below, bool) or not isinstance(compact_below, (int, float)) \
                 or not compact_below >= 0:
@@ -1252,14 +1260,17 @@ class CheckpointManager:
                              f"(0 compacts none, above 1 every pack), not {compact_below!r}")
         with self._exclusive():
             self._catch_up()
-            return self._gc_locked(compact_below, repair_indexes=True, progress=progress)
+            return self._gc_locked(compact_below, repair_indexes=True, partial=True,
+                                   progress=progress)
 
     def _gc_locked(self, compact_below: float = 0.5, *, repair_indexes: bool = False,
-                   whole_over: int = MAX_DEPTH,
+                   whole_over: int = MAX_DEPTH, partial: bool = False,
                    progress: ProgressFn | None = None) -> GCReport:
         """Collect what no checkpoint needs; with ``repair_indexes`` (an explicit gc(),
         not the one each retention deletion runs) also read every pack's own index and
-        rewrite the packs whose index is damaged."""
+        rewrite the packs whose index is damaged. A rewrite that fails for want of room
+        raises, unless ``partial`` (then it warns, and what it would have freed stays):
+        retention over a byte budget must stop there, not delete checkpoints instead."""
         report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
         damaged = self.catalog.forget_damaged_gone(self.store.has)
         report.damaged_kept = len(damaged)
@@ -1270,7 +1281,13 @@ class CheckpointManager:
             return report
         chunks = {c.digest: c for c in self.catalog.all_chunks()}
         live = self.catalog.refs() & set(chunks)
-        report.chunks_rewritten = self._rewrite_whole(chunks, live, whole_over)
+        try:
+            report.chunks_rewritten = self._rewrite_whole(chunks, live, whole_over)
+        except OSError as exc:  # (StoreError too) out of space: the chains stay as they are
+            if not partial:
+                raise
+            warnings.warn(f"gc could not store long delta chains whole ({exc}): run gc() "
+                          "again once there is room", RuntimeWarning, stacklevel=4)
         frontier = list(live)
         while frontier:
             base = chunks[frontier.pop()].base
@@ -1284,21 +1301,39 @@ class CheckpointManager:
         by_pack: dict[str, list[ChunkRow]] = {}
         for digest in live:
             by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
-        packs = list(self.store.list("packs"))
+        # What frees space without taking any goes first (on a full disk, a compaction
+        # fails): the deleted checkpoints' manifests and labels, then the dead packs.
+        known = {r.id for r in self.catalog.checkpoints()}
+        for key in [*self.store.list("manifests"), *self.store.list("labels")]:
+            cid = id_of(key)
+            if cid not in known and key not in damaged:
+                report.bytes_freed += self.store.size(key)
+                self.store.delete(key)
+                report.manifests_deleted += key.startswith("manifests/")
+        packs = [key for key in self.store.list("packs") if key not in damaged]
+        for key in packs:
+            if key not in by_pack:
+                report.bytes_freed += self.store.size(key)
+                self.store.delete(key)
+                report.packs_deleted += 1
         for done, key in enumerate(packs, 1):
             if progress is not None:
                 progress(done - 1, len(packs))
-            if key in damaged:
-                continue
-            size = self.store.size(key)
             members = by_pack.get(key)
             if not members:
-                self.store.delete(key)
-                report.packs_deleted += 1
-                report.bytes_freed += size
-            elif sum(c.length for c in members) < compact_below * size or \
+                continue
+            size = self.store.size(key)
+            if sum(c.length for c in members) < compact_below * size or \
                     repair_indexes and self._index_problem(key) is not None:
-                moved = self._compacted(key, members)
+                try:
+                    moved = self._compacted(key, members)
+                except OSError as exc:  # (StoreError too) out of space: what is left stays
+                    if not partial:
+                        raise
+                    warnings.warn(f"gc stopped compacting at {key}, which stays as it was "
+                                  f"({exc}): run gc() again once there is room",
+                                  RuntimeWarning, stacklevel=4)
+                    break
                 if moved is None:
                     continue
                 self.catalog.move_chunks(moved)
@@ -1307,13 +1342,6 @@ class CheckpointManager:
                 report.bytes_freed += size - sum(c.length for c in moved)
         if progress is not None:
             progress(len(packs), len(packs))
-        known = {r.id for r in self.catalog.checkpoints()}
-        for key in [*self.store.list("manifests"), *self.store.list("labels")]:
-            cid = id_of(key)
-            if cid not in known and key not in damaged:
-                report.bytes_freed += self.store.size(key)
-                self.store.delete(key)
-                report.manifests_deleted += key.startswith("manifests/")
         return report
 
     def _compacted(self, key: str, members: list[ChunkRow]) -> list[ChunkRow] | None:

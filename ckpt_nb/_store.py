@@ -152,6 +152,12 @@ class LocalStore(Store):
 
     @contextlib.contextmanager
     def writer(self, key: str) -> Iterator[Writer]:
+        with _writing(key, self.root):
+            with self._writer(key) as writer:
+                yield writer
+
+    @contextlib.contextmanager
+    def _writer(self, key: str) -> Iterator[Writer]:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
@@ -234,6 +240,29 @@ class LocalStore(Store):
                         os.unlink(os.path.join(dirpath, name))
                     count += 1
         return count
+
+
+_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_REFUSED = _FULL | {errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+@contextlib.contextmanager
+def _writing(key: str, root: Path) -> Iterator[None]:
+    """The file system's refusals to write ``key`` as StoreErrors that name it (the errno
+    kept): "[Errno 28] No space left on device" said neither what nor where."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _REFUSED:
+            raise
+        hint = ": free some room, then try again (what was saved before is intact)" \
+            if exc.errno in _FULL else ""
+        error = StoreError(f"cannot write {key} in the store {root}: "
+                           f"{exc.strerror or exc}{hint}")
+        error.errno = exc.errno
+        raise error from exc
 
 
 def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -28,8 +28,8 @@ from conftest import DigitsRun, Holder, same
 
 import ckpt_nb
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
-                     LocalStore, PickledValue, StateMismatchError, StoreFormatError,
-                     UntrustedPickleError)
+                     LocalStore, PickledValue, StateMismatchError, StoreError,
+                     StoreFormatError, UntrustedPickleError)
 from ckpt_nb._format import FORMAT
 
 
@@ -1338,6 +1338,65 @@ def test_a_write_the_kernel_refuses_leaves_earlier_checkpoints(
     assert same([CheckpointManager(tmp_path).load(first).state["h"]["w"]], [expected])
     second = mgr.save(h=holder)  # and the next save works
     assert same([mgr.load(second).state["h"]["w"]], [holder.state["w"]])
+
+
+def test_a_save_whose_catalog_runs_out_of_room_either_fails_whole_or_returns_its_id(
+        tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
+    """With less and less room for the catalog's log, a save fails (a StoreError naming
+    the catalog, nothing committed) or returns its id: never raises once committed (the
+    catalog's error in the retention after the commit was raised as sqlite3's own)."""
+    model = torch.nn.Linear(256, 256)
+    for room in range(0, 256 << 10, 4096):
+        mgr = CheckpointManager(tmp_path / f"s{room}", max_to_keep=2)
+        for step in range(3):
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            mgr.save(model, step=step, rng=False)
+        before = set(mgr.list()["id"])
+        file_size_limit((tmp_path / f"s{room}" / "catalog.sqlite-wal").stat().st_size + room)
+        try:
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                cid = mgr.save(model, step=99, rng=False)  # only a manifest and the catalog
+        except StoreError as exc:
+            assert "catalog" in str(exc) or "manifests/" in str(exc)
+            cid = None
+        finally:
+            file_size_limit(None)
+        new = set(CheckpointManager(tmp_path / f"s{room}").list()["id"]) - before
+        assert new == ({cid} if cid else set()), room
+        mgr.close()
+        if cid is not None:
+            break
+    assert cid is not None and CheckpointManager(tmp_path / f"s{room}").verify().ok
+
+
+def test_a_delete_that_cannot_compact_deletes_and_warns_and_gc_frees_what_takes_no_room(
+        tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
+    """Compacting takes room: on a full disk delete() raised after deleting (a retry said
+    "no checkpoint"), and gc() freed nothing, not even the manifests of the deleted."""
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 768), torch.nn.Linear(768, 2048))
+    model[0].requires_grad_(False)  # 3 MB that stay in the first pack
+    mgr = CheckpointManager(tmp_path)
+    ids = []
+    for step in range(4):
+        with torch.no_grad():
+            model[1].weight.copy_(torch.randn(2048, 768))  # 6 MB that change
+        ids.append(mgr.save(model, step=step, rng=False))
+    file_size_limit(2 << 20)  # the compacted first pack (3 MB) cannot be written
+    try:
+        with pytest.warns(RuntimeWarning, match=f"checkpoint {ids[0]} was deleted, but"):
+            mgr.delete(ids[0])
+        assert ids[0] not in set(mgr.list()["id"])
+        with pytest.warns(RuntimeWarning, match=f"checkpoint {ids[1]} was deleted, but"):
+            mgr.delete(ids[1])  # (its pack holds nothing live: freed without a new one)
+        assert len(list(mgr.store.list("manifests"))) == 2
+        with pytest.warns(RuntimeWarning, match="gc stopped compacting"):
+            mgr.gc()
+    finally:
+        file_size_limit(None)
+    assert mgr.gc().packs_compacted == 1 and mgr.verify().ok
+    assert torch.equal(mgr.load(ids[3]).state["model"]["0.weight"], model[0].weight)
 
 
 def test_newer_format_is_refused(tmp_path: Path) -> None:
