@@ -127,6 +127,8 @@ class RNGState:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        global _numpy_last
+        _numpy_last = None  # (set_state can bring back its key with a cached Gaussian)
         py = state["python"]
         random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
         npy = state["numpy"]
@@ -136,6 +138,19 @@ class RNGState:
         if "cuda" in state and torch.cuda.is_available():
             saved = state["cuda"][: torch.cuda.device_count()]
             torch.cuda.set_rng_state_all(saved)
+
+
+def rng_problem(state: Any) -> str | None:
+    """Why ``RNGState().load_state_dict(state)`` would fail, or None: tried, and the
+    generators put back as they were either way."""
+    before = RNGState().state_dict()
+    try:
+        RNGState().load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed state makes torch raise
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        RNGState().load_state_dict(before)
+    return None
 
 
 @dataclass

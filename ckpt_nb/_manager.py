@@ -31,10 +31,10 @@ import torch
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
-                       has_pickle, load_all, trained_storages)
+                       has_pickle, load_all, rng_problem, trained_storages)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, StoreError)
+                      CorruptCheckpointError, StateMismatchError, StoreError)
 from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id_of,
                       label_key, manifest_key, read_pack_index, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
@@ -211,6 +211,7 @@ class CheckpointManager:
         self._pool: ThreadPoolExecutor | None = None
         self._pack_writer: ThreadPoolExecutor | None = None
         self._lock_path: Path | None = None
+        self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._stale_format = check_format(self.store) < FORMAT
         self.catalog = self._open_catalog(self._catalog_path(catalog))
         self.head: str | None = None
@@ -313,16 +314,23 @@ class CheckpointManager:
     def _exclusive(self) -> Iterator[None]:
         """One writer at a time: saves, deletes and gc (across processes through a lock
         file beside the catalog; a memory:// store's managers, in one process)."""
-        if self._lock_path is None:
-            with _memory_store_lock(self.store.url):
-                yield
+        if getattr(self._holding, "lock", False):  # (this thread has it already)
+            yield
             return
-        with open(self._lock_path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        self._holding.lock = True
+        try:
+            if self._lock_path is None:
+                with _memory_store_lock(self.store.url):
+                    yield
+                return
+            with open(self._lock_path, "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+        finally:
+            self._holding.lock = False
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -731,15 +739,18 @@ class CheckpointManager:
         """``read(rows)`` of a checkpoint's chunks; read again where it failed because
         a compaction (a gc, in this process or another) moved the chunks meanwhile."""
         rows = self._chunk_rows(manifest)
-        for attempt in range(1, 4):
+        for _ in range(3):
             try:
                 return read(rows)
             except CorruptCheckpointError:
                 moved = self._chunk_rows(manifest)
-                if attempt == 3 or moved == rows:
+                if moved == rows:
                     raise
                 rows = moved
-        raise AssertionError("unreachable")
+        # Overtaken each time (a save under a byte budget compacts after each): read
+        # under the store's lock, where no compaction runs.
+        with self._exclusive():
+            return read(self._chunk_rows(manifest))
 
     def _decode_rows(self, checkpoint_id: str, manifest: Mapping[str, Any],
                      rows: dict[str, ChunkRow],
@@ -866,11 +877,23 @@ class CheckpointManager:
             ck = read_file(path, trust_pickle=trust_pickle)
         else:
             ck = self._load_verified(path, trust_pickle, progress, targets)
-        load_all(targets, ck.state, strict=strict, kinds=ck.kinds)
+        put_back = None
+        if rng and ck.rng is not None:  # first, so that a state that does not load is
+            put_back = RNGState().state_dict()  # refused before anything changes
+            problem = rng_problem(ck.rng)
+            if problem is not None:
+                raise StateMismatchError(f"rng: the checkpoint's random generator states do "
+                                         f"not load ({problem}); nothing was changed (rng=False "
+                                         "restores the rest)")
+            RNGState().load_state_dict(ck.rng)
+        try:
+            load_all(targets, ck.state, strict=strict, kinds=ck.kinds)
+        except BaseException:
+            if put_back is not None:
+                RNGState().load_state_dict(put_back)
+            raise
         for name in targets:
             ck.state.pop(name)
-        if rng and ck.rng is not None:
-            RNGState().load_state_dict(ck.rng)
         if from_file:  # (the live objects now descend from no checkpoint: a new root next)
             self.head = None
         elif self.catalog.get(ck.id) is not None:
@@ -1427,7 +1450,11 @@ class CheckpointManager:
 
         ck = read_file(path, trust_pickle=trust_pickle)
         holders = {name: _StateHolder(state) for name, state in ck.state.items()}
-        flat = self.capture(holders, metrics=ck.metrics, extra=ck.extra, rng=False)
+        extra, rng = dict(ck.extra), ck.rng
+        if rng is not None and rng_problem(rng) is not None:  # (kept, but not as RNG state)
+            extra.setdefault("rng", rng)
+            rng = None
+        flat = self.capture(holders, metrics=ck.metrics, extra=extra, rng=rng or False)
         # (the holders' class says nothing of the state's: a file does not say it either)
         flat.skeleton["types"] = {name: ck.kinds.get(name, "imported") for name in holders}
         return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
@@ -1463,7 +1490,10 @@ def _arena(sizes: list[int]) -> list[torch.Tensor]:
         offsets.append(total)
         total += -(-size // 64) * 64
     arena = RESTORE_ARENA.take(total)
-    return [torch.from_numpy(arena[o : o + n]) for o, n in zip(offsets, sizes)]
+    # An empty storage gets none of the arena's addresses: at the next storage's, two
+    # tensors of different dtypes "view the same data" to torch.save, which refuses.
+    return [torch.from_numpy(arena[o : o + n]) if n else torch.empty(0, dtype=torch.uint8)
+            for o, n in zip(offsets, sizes)]
 
 
 class _StateHolder:

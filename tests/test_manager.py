@@ -1195,6 +1195,53 @@ def test_reading_while_another_process_saves_deletes_and_compacts(
         writer.wait()
 
 
+BUDGET_WRITER = textwrap.dedent("""
+    import sys, time, torch
+    sys.path.insert(0, TESTS)
+    from conftest import Holder
+    from ckpt_nb import CheckpointManager
+
+    store, seconds = sys.argv[1], float(sys.argv[2])
+    mgr = CheckpointManager(store, max_bytes=1_500_000, strategy="incremental",
+                            chunk_size=16384)
+    end, step = time.monotonic() + seconds, 0
+    while time.monotonic() < end:  # each save's retention compacts packs
+        w = torch.randn(256, 128, generator=torch.Generator().manual_seed(step // 3))
+        w[step % 256] += step
+        mgr.save(h=Holder({"w": w, "i": torch.arange(step, step + 30000)}), step=step,
+                 rng=False)
+        step += 1
+""").replace("TESTS", repr(str(Path(__file__).parent)))
+
+
+def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
+        tmp_path: Path) -> None:
+    """Under max_bytes each save compacts: a read could be overtaken three times in a row,
+    and then reported a healthy checkpoint's pack missing (6 in 6,000 reads)."""
+    store = tmp_path / "store"
+    CheckpointManager(store).close()
+    writer = subprocess.Popen([sys.executable, "-c", BUDGET_WRITER, str(store), "12"])
+    try:
+        mgr = CheckpointManager(store)
+        deadline = time.monotonic() + 60
+        while not mgr.catalog.checkpoints() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reads = 0
+        while writer.poll() is None:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ck = mgr.load("-1")
+            except CheckpointNotFoundError:
+                continue  # deleted while read: said so
+            assert ck.state["h"]["i"][0].item() == ck.step
+            reads += 1
+        assert writer.returncode == 0 and reads > 100
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def test_a_metric_named_like_a_column_of_list_has_its_own_column(tmp_path: Path) -> None:
     """A metric called "step" or "id" overwrote that column (ids shown as NaN) or made
     list() raise; it is listed as "metric:<name>"."""
@@ -1488,6 +1535,40 @@ def test_export_and_import(tmp_path: Path, digits: DigitsRun) -> None:
     assert same(other.optimizer_tensors(), digits.optimizer_tensors())
     with pytest.raises(ValueError, match=r"\.pt or \.safetensors"):
         mgr.export(cid, tmp_path / "model.zip")
+
+
+def test_an_exported_files_rng_state_comes_in_with_it_and_a_broken_one_changes_nothing(
+        tmp_path: Path) -> None:
+    """import_file dropped a ckpt_nb export's RNG state; restore of a file whose "rng"
+    does not load failed after loading the objects."""
+    mgr = CheckpointManager(tmp_path / "store")
+    np.random.seed(4)
+    cid = mgr.save(h=Holder({"w": torch.ones(3)}))
+    expected = np.random.rand()
+    exported = mgr.export(cid, tmp_path / "e.pt")
+    imported = mgr.import_file(exported)
+    np.random.rand(5)
+    mgr.restore(imported, h=Holder({}))
+    assert np.random.rand() == expected
+    data = torch.load(exported, weights_only=True)
+    data["rng"] = {"python": [1, 2]}
+    torch.save(data, tmp_path / "broken.pt")
+    live = Holder({"w": torch.zeros(3)})
+    with pytest.raises(StateMismatchError, match="rng: .*nothing was changed"):
+        mgr.restore(tmp_path / "broken.pt", h=live)
+    assert torch.equal(live.state["w"], torch.zeros(3))
+    kept = mgr.load(mgr.import_file(tmp_path / "broken.pt"))
+    assert kept.rng is None and kept.extra["rng"] == {"python": [1, 2]}
+
+
+def test_an_empty_tensor_beside_others_exports_and_saves_with_torch(tmp_path: Path) -> None:
+    """An empty storage took the next one's address: torch.save of a loaded state, and
+    so every .pt export, refused "storages that view the same data as different types"."""
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(h=Holder({"empty": torch.empty(0), "count": torch.arange(3)}))
+    torch.save(mgr.load(cid).state, tmp_path / "mine.pt")
+    data = torch.load(mgr.export(cid, tmp_path / "e.pt"), weights_only=True)
+    assert data["h"]["empty"].shape == (0,) and data["h"]["count"].tolist() == [0, 1, 2]
 
 
 def test_a_file_that_is_not_a_checkpoint_is_called_so_not_untrusted(

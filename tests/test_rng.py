@@ -51,3 +51,16 @@ def test_state_dict_round_trips_all_generators() -> None:
     RNGState().load_state_dict(saved)
     again = (random.random(), np.random.randn(), np.random.rand(), torch.rand(3))
     assert expected[:3] == again[:3] and torch.equal(expected[3], again[3])
+
+
+def test_numpy_snapshot_after_a_load_brings_back_a_cached_gaussian() -> None:
+    """load_state_dict can set the very key and position last copied, with a Gaussian
+    cached where the copy had none: the snapshot then said has_gauss=0."""
+    np.random.seed(0)
+    np.random.randn()  # an odd draw: a Gaussian cached
+    with_cache = RNGState().state_dict()
+    expected = np.random.randn()  # uses the cache: key and position stay as they were
+    assert RNGState.snapshot()[1][3] == 0
+    RNGState().load_state_dict(with_cache)
+    assert same_numpy(RNGState.snapshot()[1], np.random.get_state())
+    assert np.random.randn() == expected
