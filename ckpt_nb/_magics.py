@@ -12,6 +12,7 @@ import ast
 import contextlib
 import re
 import sys
+import traceback
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -128,7 +129,12 @@ class CkptMagics(Magics):
         """Run the cell's code in the user namespace; the last expression is the value."""
         __tracebackhide__ = True
         source = self.shell.transform_cell(cell)
-        tree = ast.parse(source)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:  # shown as IPython shows a cell's, without our frames
+            exc.filename = f"Cell In[{self._cell_number()}]"
+            shown = "".join(traceback.format_exception_only(exc)).rstrip()
+            raise UsageError(f"%%ckpt_auto: the cell does not parse\n{shown}") from None
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         filename = self.shell.compile.cache(source, self._cell_number(), raw_code=cell)
         namespace = self.shell.user_ns

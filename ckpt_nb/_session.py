@@ -242,6 +242,15 @@ class BackgroundWriter:
         self._pool.shutdown()
 
 
+
+def _stopped(message: str) -> KeyboardInterrupt:
+    """The KeyboardInterrupt that stops a cell once its state is saved: IPython shows
+    it as this one line (``_render_traceback_``), not the frames of the optimizer hook
+    that raised it; front ends still see a KeyboardInterrupt."""
+    error = KeyboardInterrupt(message)
+    error._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]  # type: ignore[attr-defined]
+    return error
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -377,7 +386,8 @@ class AutoSession:
             self._interrupts = 0
             self._report_background_error()
         if interrupted and final:
-            raise KeyboardInterrupt
+            raise _stopped(f"the cell ran to its end, saved as checkpoint "
+                           f"{self.writer.last_id or 'none'}")
 
     def close(self) -> None:
         """Flush pending saves and remove every hook."""
@@ -404,8 +414,12 @@ class AutoSession:
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self._interrupts += 1
-        if self._interrupts > 1:
+        if self._interrupts > 1:  # (where the handler before could not take it back)
             raise KeyboardInterrupt
+        if callable(self._previous_sigint):
+            # A second interrupt is then the handler before's own, Python's KeyboardInterrupt
+            # raised in the cell's code, with no frame of ckpt_nb's in its traceback.
+            signal.signal(signal.SIGINT, self._previous_sigint)
         print("ckpt_nb: interrupt received: saving at the next consistent point "
               "(interrupt again to stop at once)", file=sys.stderr, flush=True)
 
@@ -452,7 +466,8 @@ class AutoSession:
         self.save(reason=reason, wait=interrupted)
         if interrupted:
             self.say(f"saved {self.writer.last_id} on interrupt")
-            raise KeyboardInterrupt
+            raise _stopped(f"the cell stopped at step {self.step}: run it again to go on "
+                           f"from checkpoint {self.writer.last_id}")
 
     def log(self, **metrics: float) -> None:
         """Record metrics: they go into the next checkpoint and drive ``--on``."""

@@ -766,6 +766,28 @@ def test_a_traceback_in_the_cell_names_the_cell_as_ipython_does(shell, tmp_path:
     assert failed.execution_count > 0
 
 
+def test_a_cell_that_does_not_parse_or_is_interrupted_shows_none_of_ckpt_nbs_frames(
+        shell, tmp_path: Path, capsys) -> None:
+    """A SyntaxError showed ckpt_nb's and ast's frames and "File <unknown>"; an interrupt
+    the frames of torch's optimizer hook and of ckpt_nb's session that raised it."""
+    run(shell, SETUP)
+    capsys.readouterr()
+    broken = shell.run_cell(f"%%ckpt_auto --dir {tmp_path / 'p'}\nfor i in range(3)\n"
+                            "    pass\n", store_history=True)
+    assert isinstance(broken.error_in_exec, UsageError)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+    assert f'File "Cell In[{broken.execution_count}]", line 1' in out
+    assert "SyntaxError: expected ':'" in out and ".py" not in out
+    for interrupts, stop in ((1, INTERRUPT), (2, f"{INTERRUPT}; {INTERRUPT}")):
+        run(shell, "STOP_AT = (0, 2)")
+        result = run(shell, TRAIN.format(dir=tmp_path / f"i{interrupts}", stop=stop))
+        assert isinstance(result.error_in_exec, KeyboardInterrupt)
+        out = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+        assert "_session.py" not in out and "optimizer.py" not in out, out
+        if interrupts == 1:
+            assert "KeyboardInterrupt: the cell stopped at step 3: run it again" in out, out
+
+
 def test_a_metric_trigger_on_a_metric_never_logged_says_so(shell, tmp_path: Path,
                                                            capsys) -> None:
     run(shell, SETUP)
