@@ -10,6 +10,7 @@ well; the rest are pickled, and unpickled only on explicit trust.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import functools
@@ -145,7 +146,12 @@ def rng_problem(state: Any) -> str | None:
     generators put back as they were either way."""
     before = RNGState().state_dict()
     try:
-        RNGState().load_state_dict(state)
+        cuda = state.get("cuda")
+        if cuda is not None and not (isinstance(cuda, (list, tuple)) and all(
+                isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda)):
+            return "its cuda entry is not a list of generator states"
+        # (tried without CUDA's: setting those would start CUDA, which before did not say)
+        RNGState().load_state_dict({k: v for k, v in state.items() if k != "cuda"})
     except Exception as exc:  # noqa: BLE001 - whatever a malformed state makes torch raise
         return f"{type(exc).__name__}: {exc}"
     finally:
@@ -728,6 +734,10 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
             elif not _copies_in_place(live.dtype):
                 problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
                                 "into in place: take it from load() instead")
+            elif live.is_inference():
+                problems.append(f"{name}: {key} was made under torch.inference_mode(), and "
+                                "torch cannot copy into it outside: build the module outside "
+                                "inference mode, or take it from load() instead")
             elif any(n > 1 and step == 0 for n, step in zip(live.shape, live.stride())):
                 problems.append(f"{name}: {key} is an expanded view (its elements share "
                                 "memory), which torch cannot copy into: make it a tensor of "
@@ -777,7 +787,7 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
     # torch's own optimizers keep each parameter's state in its shape (or factored, as
     # Adafactor's); LBFGS keeps the whole model's flat vectors under the first one, and
     # other libraries' optimizers their own layouts (Shampoo's preconditioners).
-    shaped_like_parameters = type(optimizer).__module__.startswith("torch.optim.") and \
+    shaped_like_parameters = isinstance(optimizer, _TORCH_OPTIMIZERS) and \
         not isinstance(optimizer, torch.optim.LBFGS)
     for pid, slots in state["state"].items():
         param = params.get(pid)
@@ -818,6 +828,10 @@ def _other_kind(name: str, obj: Any, saved: str | None) -> str | None:
 
 
 _CHECKED_KINDS = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+# torch's own optimizers (and so subclasses of them): their state is known
+_TORCH_OPTIMIZERS = tuple(c for c in vars(torch.optim).values() if isinstance(c, type)
+                          and issubclass(c, torch.optim.Optimizer)
+                          and c is not torch.optim.Optimizer)
 _EXTRA_STATE = "_extra_state"  # (torch's key for a module's get_extra_state())
 
 
@@ -847,30 +861,56 @@ def _runs_own_load_code(module: torch.nn.Module) -> bool:
 
 
 def _backup(obj: Any) -> dict[str, Any]:
-    """What ``_put_back`` needs to undo a load: a module's tensors cloned, else a deep
-    copy of the state."""
-    if isinstance(obj, torch.nn.Module):
-        return {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-                for k, v in obj.state_dict().items()}
-    return copy.deepcopy(obj.state_dict())
+    """What ``_put_back`` needs to undo a load: the object's state, its tensors copied
+    to the CPU (a model's copy on its GPU could run that out of memory)."""
+    state = obj.state_dict()
+    copies: dict[int, Any] = {}
+
+    def collect(value: Any) -> None:
+        if isinstance(value, UninitializedTensorMixin):
+            raise _NoBackup("a lazy module's parameter is not initialized yet")
+        if isinstance(value, torch.Tensor):
+            copies[id(value)] = value.detach().to("cpu", copy=True)
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+
+    collect(state)
+    return copy.deepcopy(state, copies)  # (tensors as copied: grad-tracking ones too)
+
+
+class _NoBackup(Exception):
+    """An object's state cannot be copied to put back."""
 
 
 def _put_back(obj: Any, backup: dict[str, Any]) -> bool:
-    """Undo a load that failed part way; whether that worked. A module's tensors are
-    copied back without its load code (which refused), its extra state set again."""
+    """Undo a load that failed part way; whether that worked. A module takes its own
+    state back through load_state_dict; where its load code refuses even that, its
+    parameters and buffers are copied back, and its extra state set again."""
     try:
+        obj.load_state_dict(backup)
+        return True
+    except Exception:  # noqa: BLE001 - whatever the object's own code raises
         if not isinstance(obj, torch.nn.Module):
-            obj.load_state_dict(backup)
-            return True
-        live = obj.state_dict(keep_vars=True)
+            return False
+    live = dict(obj.named_parameters(remove_duplicate=False))
+    live.update(obj.named_buffers(remove_duplicate=False))
+    try:
         with torch.no_grad():
             for key, value in backup.items():
-                if isinstance(value, torch.Tensor):
-                    live[key].copy_(value)
+                target = live.get(key)
+                if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor) \
+                        and target.shape == value.shape:
+                    target.copy_(value)
                 elif key.endswith(_EXTRA_STATE):
                     path = key.removesuffix(_EXTRA_STATE).rstrip(".")
                     obj.get_submodule(path).set_extra_state(value)
-    except Exception:
+                else:  # (a state_dict entry that is no live tensor: a quantized weight)
+                    return False
+    except Exception:  # noqa: BLE001
         return False
     return True
 
@@ -911,9 +951,10 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     done: list[str] = []
     for name in order:
         obj = targets[name]
+        if name in risky:
+            with contextlib.suppress(_NoBackup, RuntimeError, TypeError, MemoryError):
+                backups[name] = _backup(obj)  # (else it loads, as torch would, without)
         try:
-            if name in risky:
-                backups[name] = _backup(obj)
             if isinstance(obj, torch.nn.Module):
                 obj.load_state_dict(states[name], strict=strict)
             else:
@@ -921,8 +962,10 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
         except Exception as exc:
             changed = [n for n in done if n not in backups]
             changed += [n for n, backup in backups.items() if not _put_back(targets[n], backup)]
+            half = "" if name in backups else "it may be half loaded; "
             raise StateMismatchError(
-                f"{name}: load_state_dict failed ({exc}); "
-                + (f"{changed} were changed all the same" if changed else "nothing was changed")
+                f"{name}: load_state_dict failed ({exc}); {half}"
+                + (f"{changed} were changed all the same" if changed else
+                   "nothing else was changed" if half else "nothing was changed")
             ) from exc
         done.append(name)

@@ -128,9 +128,11 @@ class GCReport:
 
 
 MANIFESTS_KEPT = 32  # decoded manifests a manager keeps (the newest saves', the last read)
-# The largest chunk_size: no chunk is larger, so a catalog row that says one is, is
-# damaged (and is refused before its buffer is asked for).
-MAX_CHUNK_BYTES = 1 << 30
+MAX_CHUNK_BYTES = 1 << 30  # the largest chunk_size
+# No chunk of any store is larger (stores made before chunk_size had its bound may hold
+# chunks over MAX_CHUNK_BYTES): a catalog row that says one is, is damaged, and refused
+# before its buffer is asked for.
+_LARGEST_CHUNK_READ = 1 << 40
 
 # Over a byte budget, a pack with this much dead in it is compacted (not half of it):
 # the index and the header are never live, and are a few percent of a small pack.
@@ -1185,15 +1187,27 @@ class CheckpointManager:
         if change:
             self.catalog.update(cid, **change)
 
-    def _label_rejoined(self, children: set[str]) -> None:
+    def _label_rejoined(self, children: set[str] | None) -> None:
         """Label the checkpoints whose parent was just deleted with their new one, where
         a rebuilt catalog would not guess it (see ``_rebuild``): a branch's first
-        checkpoint, whose fork point is gone."""
+        checkpoint, whose fork point is gone. ``None``: every checkpoint whose label is
+        missing or says another parent (gc(), after a delete that could not write it)."""
         rows = self.catalog.checkpoints()
         guesses = guessed_parents((row.id, row.branch) for row in rows)
         for row in rows:
-            if row.id in children and row.parent != guesses[row.id]:
-                self._label(row.id)
+            if row.parent == guesses[row.id] or children is not None and row.id not in children:
+                continue
+            if children is None and self._labelled_parent(row.id) == row.parent:
+                continue
+            self._label(row.id)
+
+    def _labelled_parent(self, cid: str) -> str | None | bool:
+        """The parent a checkpoint's label gives, or False without a readable one."""
+        try:
+            label = json.loads(self.store.get(label_key(cid)))
+        except (FileNotFoundError, ValueError):
+            return False
+        return label.get("parent", False) if isinstance(label, dict) else False
 
     def delete(self, which: str, *, force: bool = False) -> None:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it."""
@@ -1209,9 +1223,9 @@ class CheckpointManager:
             except OSError as exc:  # (StoreError too) after the catalog let it go
                 if self.catalog.get(cid) is not None:
                     raise
-                warnings.warn(f"checkpoint {cid} was deleted, but reclaiming its space "
-                              f"failed ({exc}): gc() frees it later", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(f"checkpoint {cid} was deleted, but what follows failed "
+                              f"({exc}): gc() frees its space and labels its children later",
+                              RuntimeWarning, stacklevel=2)
         self._notify("delete", cid)
 
     def _apply_retention(self, protect: set[str]) -> None:
@@ -1245,12 +1259,12 @@ class CheckpointManager:
             children = {c for cid in ids for c in self.catalog.children(cid)} - set(ids)
             heir = self._kept_ancestor(self.head, set(ids)) if self.head in ids else self.head
             self.catalog.delete_checkpoints(ids)
-            self._label_rejoined(children)
             for cid in ids:
                 self._manifests.pop(cid, None)
             # The live objects hold the deleted head's state: the next save descends from
             # its nearest kept ancestor, as the head's children do now.
             self.head = heir
+            self._label_rejoined(children)  # (what fails from here, gc() does again)
             self._gc_locked(**gc_options)
 
     def _kept_ancestor(self, cid: str | None, going: set[str]) -> str | None:
@@ -1283,8 +1297,15 @@ class CheckpointManager:
                              f"(0 compacts none, above 1 every pack), not {compact_below!r}")
         with self._exclusive():
             self._catch_up()
-            return self._gc_locked(compact_below, repair_indexes=True, partial=True,
-                                   progress=progress)
+            report = self._gc_locked(compact_below, repair_indexes=True, partial=True,
+                                     progress=progress)
+            try:
+                self._label_rejoined(None)
+            except OSError as exc:  # (StoreError too)
+                warnings.warn(f"gc could not label checkpoints whose parent was deleted "
+                              f"({exc}): a rebuilt catalog would give them the wrong parent "
+                              "until gc() runs again", RuntimeWarning, stacklevel=2)
+            return report
 
     def _gc_locked(self, compact_below: float = 0.5, *, repair_indexes: bool = False,
                    whole_over: int = MAX_DEPTH, partial: bool = False,
@@ -1348,18 +1369,22 @@ class CheckpointManager:
             size = self.store.size(key)
             if sum(c.length for c in members) < compact_below * size or \
                     repair_indexes and self._index_problem(key) is not None:
+                moved = None
                 try:
                     moved = self._compacted(key, members)
+                    if moved is None:
+                        continue
+                    self.catalog.move_chunks(moved)
                 except OSError as exc:  # (StoreError too) out of space: what is left stays
+                    if moved:  # (written, but the catalog did not take it: an orphan)
+                        with contextlib.suppress(OSError):
+                            self.store.delete(moved[0].pack)
                     if not partial:
                         raise
                     warnings.warn(f"gc stopped compacting at {key}, which stays as it was "
                                   f"({exc}): run gc() again once there is room",
                                   RuntimeWarning, stacklevel=4)
                     break
-                if moved is None:
-                    continue
-                self.catalog.move_chunks(moved)
                 self.store.delete(key)
                 report.packs_compacted += 1
                 report.bytes_freed += size - sum(c.length for c in moved)
@@ -1464,7 +1489,7 @@ class CheckpointManager:
 
 def _raw_buffer(row: ChunkRow) -> np.ndarray:
     """Memory for a chunk's raw bytes, once its catalog row's size is one a save makes."""
-    if not 0 <= row.raw_len <= MAX_CHUNK_BYTES:
+    if not 0 <= row.raw_len <= _LARGEST_CHUNK_READ:
         raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack}: the catalog "
                                      f"gives it {row.raw_len} bytes, more than any chunk")
     return np.empty(row.raw_len, dtype=np.uint8)

@@ -24,7 +24,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -152,30 +152,31 @@ class LocalStore(Store):
 
     @contextlib.contextmanager
     def writer(self, key: str) -> Iterator[Writer]:
-        with _writing(key, self.root):
-            with self._writer(key) as writer:
-                yield writer
-
-    @contextlib.contextmanager
-    def _writer(self, key: str) -> Iterator[Writer]:
+        # The file system's refusals are StoreErrors naming the key: in opening, in each
+        # write, and in closing; not what the caller's own code raises in between.
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with _writing(key, self.root):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             if self.durable and _DirectWriter.available:
                 with _DirectWriter(fd) as direct:
-                    yield direct
+                    yield _NamedWriter(direct, key, self.root)
+                    with _writing(key, self.root):
+                        direct.finish()
             else:
                 with os.fdopen(fd, "wb", buffering=0, closefd=False) as raw:
-                    yield _FullWriter(raw, fd if self.durable else None)
-            if self.durable:
-                os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.replace(tmp, path)
-            if self.durable:
-                _fsync_dir(path.parent)
+                    yield _NamedWriter(_FullWriter(raw, fd if self.durable else None), key,
+                                       self.root)
+            with _writing(key, self.root):
+                if self.durable:
+                    os.fsync(fd)
+                os.close(fd)
+                fd = -1
+                os.replace(tmp, path)
+                if self.durable:
+                    _fsync_dir(path.parent)
         except BaseException:
             if fd >= 0:
                 os.close(fd)
@@ -263,6 +264,23 @@ def _writing(key: str, root: Path) -> Iterator[None]:
                            f"{exc.strerror or exc}{hint}")
         error.errno = exc.errno
         raise error from exc
+
+
+class _NamedWriter:
+    """A writer whose methods raise the file system's refusals as ``_writing`` does."""
+
+    def __init__(self, inner: Any, key: str, root: Path) -> None:
+        self._inner, self._key, self._root = inner, key, root
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _writing(self._key, self._root):
+                return attribute(*args, **kwargs)
+        return call
 
 
 def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -367,6 +385,7 @@ class _DirectWriter:
         self._direct: bool | None = None  # unknown until the first full stage
         self._background: _native.BackgroundWriter | None = None
         self._may_hand_on = _native.writer  # to a native thread, once direct I/O works
+        self._finished = False
 
     @classmethod
     def _aligned(cls, size: int) -> np.ndarray:
@@ -377,10 +396,16 @@ class _DirectWriter:
     def __enter__(self) -> _DirectWriter:
         return self
 
+    def finish(self) -> None:
+        """Write what is staged (else the block's clean exit does)."""
+        if not self._finished:
+            self._finished = True
+            self._finish()
+
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         try:
             if kind is None:
-                self._finish()
+                self.finish()
         finally:
             try:
                 if self._background is not None:  # (its writes read the stages: first)

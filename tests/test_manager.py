@@ -1914,6 +1914,130 @@ def test_objects_that_refuse_as_they_load_leave_every_object_as_it_was(tmp_path:
     assert torch.equal(ok.lin.weight, model.lin.weight)
 
 
+class Scaled(torch.nn.Module):
+    """Extra state as a fresh tensor each call (as TransformerEngine's FP8 modules keep
+    theirs), and a lazy layer beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.lazy = torch.nn.LazyLinear(3)
+        self.amax = 1.0
+
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.tensor([self.amax])
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        self.amax = float(state[0])
+
+
+class Refuses:
+    """A Stateful that refuses the checkpoint's state (and takes its own back)."""
+
+    def __init__(self) -> None:
+        self.v = 1
+
+    def state_dict(self) -> dict:
+        return {"v": self.v}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["v"] == 1:
+            raise RuntimeError("refused")
+        self.v = state["v"]
+
+
+class Shadow:
+    """An EMA that cloned parameters outside no_grad: tensors deepcopy refuses."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.shadow = {k: p.clone() for k, p in model.named_parameters()}
+
+    def state_dict(self) -> dict:
+        return dict(self.shadow)
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for k, v in state.items():
+                self.shadow[k].copy_(v)
+
+
+def test_what_is_put_back_is_the_objects_own_state_whatever_its_kind(tmp_path: Path) -> None:
+    """The put-back copied into the fresh tensor get_extra_state() returned (so amax stayed
+    the checkpoint's), a lazy parameter could not be backed up (every restore refused),
+    nor an EMA's grad-tracking tensors."""
+    mgr = CheckpointManager(tmp_path)
+    model, refuses = Scaled(), Refuses()
+    model.lazy(torch.randn(1, 4))
+    model.amax = 5.0
+    cid = mgr.save(model, counter=refuses)
+    model.amax = 7.0
+    with torch.no_grad():
+        model.lin.weight.add_(1)
+    before = model.lin.weight.detach().clone()
+    refuses.v = 2
+    with pytest.raises(StateMismatchError, match="refused\\); nothing was changed"):
+        mgr.restore(cid, model, counter=refuses)
+    assert model.amax == 7.0 and torch.equal(model.lin.weight, before) and refuses.v == 2
+    fresh = Scaled()  # its lazy layer not run yet
+    mgr.restore(cid, fresh)
+    assert fresh.amax == 5.0 and fresh.lazy.weight.shape == (3, 4)
+    linear = torch.nn.Linear(2, 2)
+    cid = mgr.save(linear, ema=Shadow(linear))
+    mgr.restore(cid, torch.nn.Linear(2, 2), ema=Shadow(torch.nn.Linear(2, 2)), rng=False)
+
+
+def test_a_subclass_of_a_torch_optimizer_is_still_checked_and_inference_tensors_refused(
+        tmp_path: Path) -> None:
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    mgr = CheckpointManager(tmp_path)
+    model = torch.nn.Linear(3, 4)
+    opt = MyAdam(model.parameters())
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    cid = mgr.save(model, opt)
+    other = torch.nn.Linear(4, 4)
+    with pytest.raises(StateMismatchError, match="state 0/exp_avg"):
+        mgr.restore(cid, optimizer=MyAdam(other.parameters()))
+    with torch.inference_mode():
+        frozen = torch.nn.Linear(3, 4)
+    with pytest.raises(StateMismatchError, match="inference_mode"):
+        mgr.restore(cid, model=frozen)
+
+
+def test_a_delete_whose_label_cannot_be_written_hands_on_the_head_and_gc_labels_later(
+        tmp_path: Path) -> None:
+    """The head stayed on the deleted checkpoint (the next save started a new root), and
+    the label a rebuilt catalog needs was never written."""
+    mgr = CheckpointManager(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    root = mgr.save(model)
+    fork = mgr.save(model)
+    tip = mgr.save(model)
+    mgr.restore(fork, model=model)
+    branch = mgr.save(model)  # a branch whose fork point goes
+    mgr.restore(tip, model=model)
+    head = mgr.save(model)
+    mgr.restore(fork, model=model)
+    labels = tmp_path / "labels"
+    assert not labels.exists()
+    labels.write_bytes(b"")  # a file where the folder goes: no label can be written
+    with pytest.warns(RuntimeWarning, match=f"checkpoint {fork} was deleted, but"):
+        mgr.delete(fork)
+    labels.unlink()
+    assert mgr.head == root and mgr.list().set_index("id").loc[branch, "parent"] == root
+    assert not (tmp_path / "labels" / f"{branch}.json").exists()
+    mgr.gc()
+    assert json.loads((tmp_path / "labels" / f"{branch}.json").read_text())["parent"] == root
+    mgr.close()
+    (tmp_path / "catalog.sqlite").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rebuilt = CheckpointManager(tmp_path).list().set_index("id")
+    assert rebuilt.loc[branch, "parent"] == root and head in rebuilt.index
+
+
 def test_an_expanded_buffer_is_refused_before_anything_changes(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path)
 
