@@ -862,15 +862,18 @@ def _runs_own_load_code(module: torch.nn.Module) -> bool:
 
 def _backup(obj: Any) -> dict[str, Any]:
     """What ``_put_back`` needs to undo a load: the object's state, its tensors copied
-    to the CPU (a model's copy on its GPU could run that out of memory)."""
+    (a module's to the CPU: a copy on its GPU could run that out of memory, and they
+    are copied back into its own; another object may keep the tensors it is given)."""
     state = obj.state_dict()
     copies: dict[int, Any] = {}
+    to_cpu = isinstance(obj, torch.nn.Module)
 
     def collect(value: Any) -> None:
         if isinstance(value, UninitializedTensorMixin):
             raise _NoBackup("a lazy module's parameter is not initialized yet")
         if isinstance(value, torch.Tensor):
-            copies[id(value)] = value.detach().to("cpu", copy=True)
+            copies[id(value)] = value.detach().to("cpu", copy=True) if to_cpu \
+                else value.detach().clone()
         elif isinstance(value, Mapping):
             for item in value.values():
                 collect(item)
