@@ -750,7 +750,7 @@ def _copies_in_place(dtype: torch.dtype) -> bool:
     """Whether ``copy_`` works into tensors of ``dtype`` (not into torch's sub-byte
     integers: a module's load_state_dict would fail there after loading the rest)."""
     def probe() -> torch.Tensor:
-        if dtype in _QUANTIZED:
+        if dtype in _QUANTIZED_DTYPES:
             with warnings.catch_warnings():  # (torch deprecates making quantized tensors)
                 warnings.simplefilter("ignore")
                 return torch._empty_affine_quantized([2], scale=1.0, zero_point=0, dtype=dtype)
@@ -763,8 +763,8 @@ def _copies_in_place(dtype: torch.dtype) -> bool:
     return True
 
 
-_QUANTIZED = frozenset(getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2",
-                                                   "quint2x4") if hasattr(torch, n))
+_QUANTIZED_DTYPES = frozenset(getattr(torch, n) for n in (
+    "qint8", "quint8", "qint32", "quint4x2", "quint2x4") if hasattr(torch, n))
 
 
 def check_optimizer(name: str, optimizer: torch.optim.Optimizer,

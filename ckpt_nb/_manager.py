@@ -1338,13 +1338,6 @@ class CheckpointManager:
             if base and base not in live and base in chunks:
                 live.add(base)
                 frontier.append(base)
-        dead = set(chunks) - live
-        if dead:
-            self.catalog.drop_chunks(dead)
-            report.chunks_dropped = len(dead)
-        by_pack: dict[str, list[ChunkRow]] = {}
-        for digest in live:
-            by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
         # What frees space without taking any goes first (on a full disk, a compaction
         # fails): the deleted checkpoints' manifests and labels, then the dead packs.
         known = {r.id for r in self.catalog.checkpoints()}
@@ -1354,6 +1347,21 @@ class CheckpointManager:
                 report.bytes_freed += self.store.size(key)
                 self.store.delete(key)
                 report.manifests_deleted += key.startswith("manifests/")
+        dead = set(chunks) - live
+        if dead:
+            try:  # (before their packs go: a save must never find a chunk whose pack is gone)
+                self.catalog.drop_chunks(dead)
+            except OSError as exc:  # (StoreError too) SQLite takes room to delete rows
+                if not partial:
+                    raise
+                warnings.warn(f"gc could not update the catalog ({exc}), so no pack could "
+                              "go: free some room outside the store, then run gc() again",
+                              RuntimeWarning, stacklevel=4)
+                return report
+            report.chunks_dropped = len(dead)
+        by_pack: dict[str, list[ChunkRow]] = {}
+        for digest in live:
+            by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
         packs = [key for key in self.store.list("packs") if key not in damaged]
         for key in packs:
             if key not in by_pack:

@@ -192,6 +192,20 @@ def test_quantized_and_sparse_tensors_round_trip_as_raw_bytes(tmp_path: Path) ->
         _assert_same_tensor(again[key], tensor, key)
 
 
+def test_packed_quantized_tensors_come_back_as_themselves(tmp_path: Path) -> None:
+    """quint4x2 and quint2x4 are pickled (their bytes are not their values): a name
+    clash in the capture layer stored them as their integer values, as quint8."""
+    mgr = CheckpointManager(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = {name: torch.quantize_per_tensor(torch.rand(4, 6) * 3, 0.2, 1, dtype)
+                 for name, dtype in (("four", torch.quint4x2), ("two", torch.quint2x4))}
+    back = mgr.load(mgr.save(h=Holder(state)), trust_pickle=True).state["h"]
+    for key, tensor in state.items():
+        assert back[key].dtype == tensor.dtype and back[key].shape == tensor.shape
+        assert torch.equal(back[key].int_repr(), tensor.int_repr())
+
+
 def test_sparse_indices_and_quantization_that_do_not_fit_are_corrupt() -> None:
     from ckpt_nb._capture import Unflattener, flatten
 
