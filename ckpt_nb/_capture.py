@@ -926,8 +926,8 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     an optimizer or LR scheduler against the class its state was saved from
     (``kinds``, where known). What runs code of its own as it loads (other
     Statefuls; modules with extra state, load hooks or a load method from outside
-    torch) can still refuse: those load first, each backed up, and all are put
-    back if one of them refuses.
+    torch) can still refuse: those load first, each but the last backed up, and are
+    put back if one of them refuses.
     """
     problems: list[str] = []
     for name, obj in targets.items():
@@ -945,8 +945,9 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
         raise StateMismatchError("checkpoint does not fit; nothing was changed:\n  "
                                  + "\n  ".join(problems))
     checked = (torch.nn.Module, torch.optim.Optimizer)
-    risky = [n for n, obj in targets.items() if not isinstance(obj, checked)
-             or isinstance(obj, torch.nn.Module) and _runs_own_load_code(obj)]
+    risky = [n for n, obj in targets.items() if not isinstance(obj, checked)] + \
+        [n for n, obj in targets.items()
+         if isinstance(obj, torch.nn.Module) and _runs_own_load_code(obj)]
     order = risky + [n for n, obj in targets.items() if n not in risky
                      and isinstance(obj, torch.optim.Optimizer)] \
         + [n for n, obj in targets.items() if n not in risky and isinstance(obj, torch.nn.Module)]
@@ -954,7 +955,9 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     done: list[str] = []
     for name in order:
         obj = targets[name]
-        if name in risky:
+        # The last of them is not copied (it may hold a whole model: a copy would cost a
+        # restore as much again): should it refuse, it alone may be half loaded, and says so.
+        if name in risky[:-1]:
             with contextlib.suppress(_NoBackup, RuntimeError, TypeError, MemoryError):
                 backups[name] = _backup(obj)  # (else it loads, as torch would, without)
         try:
