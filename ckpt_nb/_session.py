@@ -242,7 +242,6 @@ class BackgroundWriter:
         self._pool.shutdown()
 
 
-
 def _stopped(message: str) -> KeyboardInterrupt:
     """The KeyboardInterrupt that stops a cell once its state is saved: IPython shows
     it as this one line (``_render_traceback_``), not the frames of the optimizer hook
@@ -250,6 +249,7 @@ def _stopped(message: str) -> KeyboardInterrupt:
     error = KeyboardInterrupt(message)
     error._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]  # type: ignore[attr-defined]
     return error
+
 
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
