@@ -111,11 +111,54 @@ class CheckpointRow:
 
     @classmethod
     def from_sql(cls, row: sqlite3.Row) -> CheckpointRow:
+        """A row as the catalog holds it, refused (``DamagedCatalog``) unless it is of
+        the kind ckpt_nb writes: a hand-edited or damaged catalog fails here, by name,
+        not as a TypeError deep in a listing."""
         data = dict(row)
-        data["metrics"] = json.loads(data["metrics"])
-        data["tags"] = json.loads(data["tags"])
+        try:
+            data["metrics"] = json.loads(data["metrics"])
+            data["tags"] = json.loads(data["tags"])
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise DamagedCatalog(f"checkpoint {data.get('id')!r}'s metrics or tags") from exc
         data["pinned"] = bool(data["pinned"])
-        return cls(**data)
+        checked = cls(**data)
+        problem = checked._problem()
+        if problem is not None:
+            raise DamagedCatalog(f"checkpoint {data.get('id')!r}'s {problem}")
+        return checked
+
+    def _problem(self) -> str | None:
+        if not all(isinstance(v, str) for v in (self.id, self.branch, self.strategy, self.note)):
+            return "id, branch, strategy or note"
+        if not all(v is None or isinstance(v, str) for v in (self.parent, self.full_base)):
+            return "parent"
+        if not isinstance(self.created_at, (int, float)) or \
+                not 0 <= self.created_at < _LAST_TIME:
+            return "time of saving"
+        if not all(v is None or isinstance(v, int) for v in (self.step, self.epoch,
+                                                              self.batch_idx)):
+            return "step, epoch or batch_idx"
+        if not all(isinstance(v, int) for v in (self.chain, self.logical_bytes,
+                                                 self.stored_bytes)):
+            return "chain or sizes"
+        if not isinstance(self.metrics, dict) or not isinstance(self.tags, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool)
+                for v in self.metrics.values()):
+            return "metrics or tags"
+        return None
+
+
+_LAST_TIME = 2**33  # seconds since 1970: the year 2242 (pandas' times end in 2262)
+
+
+class DamagedCatalog(StoreError):
+    """A catalog value that is not of the kind ckpt_nb writes."""
+
+    def __init__(self, what: str, path: Path | None = None) -> None:
+        super().__init__(f"the catalog {path or ''} is damaged: {what} is not what ckpt_nb "
+                         "writes; move it aside (rename it) and open the store again, which "
+                         "rebuilds the catalog from the store's own files".replace("  ", " "))
+        self.what = what
 
 
 class _Closed:
@@ -166,6 +209,8 @@ def _errors_named(cls: type[Catalog]) -> type[Catalog]:
                 return method(self, *args, **kwargs)
             except sqlite3.Error as exc:
                 raise self._failed(exc) from exc
+            except DamagedCatalog as exc:
+                raise DamagedCatalog(exc.what, self.path) from exc.__cause__
         return wrapper
 
     for name, value in list(vars(cls).items()):
@@ -195,6 +240,8 @@ class Catalog:
             self._db.close()
             if isinstance(exc, sqlite3.OperationalError):
                 raise self._unopenable(exc) from exc
+            if isinstance(exc, DamagedCatalog):
+                raise DamagedCatalog(exc.what, self.path) from exc.__cause__
             if isinstance(exc, sqlite3.DatabaseError):
                 raise StoreError(
                     f"the catalog {self.path} is unreadable ({exc}): move it aside (rename "
@@ -229,6 +276,8 @@ class Catalog:
                 self._set_meta("created_at", str(time.time()))
                 if seed is not None:
                     self._seed(db, seed())
+            elif not str(found).isdigit():
+                raise DamagedCatalog(f"its format, {found!r},")
             elif int(found) > SCHEMA_VERSION:
                 raise StoreFormatError(
                     f"catalog {self.path} has format {found}, newer than this ckpt_nb "
@@ -349,7 +398,13 @@ class Catalog:
         in the store, never collected, for what is left in them to be recovered."""
         with self._lock:
             found = self._meta("damaged")
-        return json.loads(found) if found else {}
+        try:
+            damaged = json.loads(found) if found else {}
+        except (ValueError, RecursionError) as exc:
+            raise DamagedCatalog("its list of damaged files") from exc
+        if not isinstance(damaged, dict):
+            raise DamagedCatalog("its list of damaged files")
+        return damaged
 
     @staticmethod
     def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow]) -> None:

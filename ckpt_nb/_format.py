@@ -77,6 +77,15 @@ def new_pack_key() -> str:
     return f"packs/{uuid.uuid4().hex}.pack"
 
 
+def is_pack_key(key: str) -> bool:
+    """Whether ``key`` is a name ``new_pack_key`` makes: gc deletes no other file."""
+    return _PACK_KEY.fullmatch(key) is not None
+
+
+_PACK_KEY = re.compile(r"packs/[0-9a-f]{32}\.pack")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
 def manifest_key(checkpoint_id: str) -> str:
     return f"manifests/{_checked_id(checkpoint_id)}.json.zst"
 
@@ -92,6 +101,11 @@ def id_of(key: str) -> str | None:
             name = key[len(folder) : -len(suffix)]
             return name if _ID.fullmatch(name) else None
     return None
+
+
+def is_checkpoint_id(value: object) -> bool:
+    """Whether ``value`` is an id a save makes."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
 
 
 def _checked_id(checkpoint_id: str) -> str:
@@ -172,6 +186,8 @@ class PackCutShort(CorruptCheckpointError):
 def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
     """The chunks a pack holds, from its own trailing index."""
     size = store.size(key)
+    if size < len(PACK_MAGIC) + 16:
+        raise PackCutShort(f"pack {key} has no index (it was cut short)")
     tail = store.get(key, size - 16, size)
     if len(tail) != 16 or tail[8:] != INDEX_MAGIC:
         raise PackCutShort(f"pack {key} has no index (it was cut short)")
@@ -198,9 +214,29 @@ def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
     return rows
 
 
+def chunk_row_problem(row: ChunkRow) -> str | None:
+    """What in a chunk's catalog row is not what a save writes, if anything: a row read
+    from a damaged catalog names no file outside the packs, and sizes no buffer."""
+    if not (isinstance(row.digest, str) and _DIGEST.fullmatch(row.digest)):
+        return "its digest"
+    if not (isinstance(row.pack, str) and is_pack_key(row.pack)):
+        return f"its pack's name {row.pack!r}"
+    if not (_whole(row.offset) and _whole(row.length) and _whole(row.raw_len)
+            and _whole(row.depth) and row.offset >= len(PACK_MAGIC) and row.length > 0):
+        return "its offset, length, size or depth"
+    if row.base is not None and not (isinstance(row.base, str) and _DIGEST.fullmatch(row.base)):
+        return "its delta base"
+    return None
+
+
 def _whole(value: object) -> bool:
     """A count a record holds: a whole number, not negative (and not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# A manifest is JSON of a few hundred bytes a tensor: 256 MiB is a million of them. A
+# frame that claims more is damage, not a manifest to allocate memory for.
+MANIFEST_LIMIT = 256 << 20
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
@@ -211,7 +247,11 @@ def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     """A manifest, its frame of storages and chunks checked (what a read trusts to size
     and place the bytes it decodes)."""
     try:
-        manifest = json.loads(zstandard.ZstdDecompressor().decompress(data))
+        size = zstandard.frame_content_size(data)
+        if size > MANIFEST_LIMIT:
+            raise ValueError(f"it claims {size} bytes, more than any manifest")
+        text = zstandard.ZstdDecompressor().decompress(data, max_output_size=MANIFEST_LIMIT)
+        manifest = json.loads(text)
     except (zstandard.ZstdError, ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(
             f"manifest of checkpoint {checkpoint_id} is unreadable: {exc}", checkpoint_id
@@ -243,7 +283,7 @@ def _manifest_problem(manifest: Any) -> str | None:
         if not (isinstance(chunks, list) and _whole(storage.get("nbytes"))
                 and isinstance(storage.get("name"), str)
                 and all(isinstance(c, list) and len(c) == 2 and isinstance(c[0], str)
-                        and _whole(c[1]) for c in chunks)
+                        and _DIGEST.fullmatch(c[0]) and _whole(c[1]) for c in chunks)
                 and sum(c[1] for c in chunks) == storage["nbytes"]):
             return "a storage's chunks do not add up to its size"
     return None

@@ -20,6 +20,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,9 @@ from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflatten
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, StoreError)
-from ._format import (FORMAT, check_format, decode_manifest, encode_manifest, id_of,
-                      label_key, manifest_key, read_pack_index, stamp_format, write_pack)
+from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
+                      encode_manifest, id_of, is_pack_key, label_key, manifest_key,
+                      read_pack_index, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, guessed_parents, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
@@ -46,7 +48,7 @@ STRATEGIES = ("full", "incremental", "differential")
 # Names that are not keywords for Statefuls: checkpoint fields, and restore()'s options
 # (an object saved as strict= could never be given back to restore).
 RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
-                      "note", "branch", "strict", "trust_pickle", "which"})
+                      "note", "branch", "strict", "trust_pickle", "which", "progress"})
 ProgressFn = Callable[[int, int], None]
 # What makes two tensor records the same view of their storage's bytes (diff)
 _VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
@@ -403,6 +405,9 @@ class CheckpointManager:
         Any further Stateful goes by keyword (``ema=ema``). A failed save leaves
         every earlier checkpoint as it was.
         """
+        if progress is not None and hasattr(progress, "state_dict"):
+            raise TypeError("progress= takes a callback, progress(done, total), not a "
+                            "Stateful: give the object another keyword (e.g. tracker=...)")
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
         objects = {k: v for k, v in objects.items() if v is not None}
@@ -568,20 +573,37 @@ class CheckpointManager:
         row = (rows or {}).get(digest) or self.catalog.chunks([digest]).get(digest)
         if row is None:
             raise CorruptCheckpointError(f"chunk {digest[:12]} is not in the catalog")
-        return row
+        return _checked_row(row)
 
     def _read_prefix(self, digest: str, nbytes: int, rows: Mapping[str, ChunkRow],
-                     views: Mapping[str, memoryview] | None = None,
-                     above: frozenset[str] = frozenset()) -> np.ndarray:
+                     views: Mapping[str, memoryview] | None = None) -> np.ndarray:
         """The first ``nbytes`` of a chunk's raw bytes, unchecked: for choosing an encoding."""
-        row = self._row(digest, rows)
-        _check_chain(row, above)
-        base = self._read_prefix(row.base, nbytes, rows, views, above | {digest}) \
-            if row.base else None
-        prefix = codec.decode_prefix(self._blob(row, views), nbytes)
-        if base is not None:
-            np.bitwise_xor(prefix, base[: len(prefix)], out=prefix)
+        prefix = None
+        for row in reversed(self._chain(digest, rows)):  # (the deepest base first)
+            try:
+                part = codec.decode_prefix(self._blob(row, views), nbytes)
+            except ValueError as exc:  # (CorruptCheckpointError too)
+                raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack} does "
+                                             f"not decode: {exc}") from exc
+            if prefix is not None:
+                np.bitwise_xor(part, prefix[: len(part)], out=part)
+            prefix = part
+        assert prefix is not None
         return prefix
+
+    def _chain(self, digest: str, rows: Mapping[str, ChunkRow] | None,
+               above: AbstractSet[str] = frozenset()) -> list[ChunkRow]:
+        """A chunk's row, then those of its delta bases, deepest last: walked, not
+        recursed into, since a damaged catalog's chain may be thousands long."""
+        chain, seen = [], set(above)
+        at: str | None = digest
+        while at is not None:
+            row = self._row(at, rows)
+            _check_chain(row, seen)
+            seen.add(row.digest)
+            chain.append(row)
+            at = row.base
+        return chain
 
     def _pack_views(self, rows: Mapping[str, ChunkRow]) -> dict[str, memoryview]:
         """Zero-copy views of the packs these chunks lie in, where the store maps them."""
@@ -622,22 +644,24 @@ class CheckpointManager:
 
     def _read_raw(self, digest: str, rows: Mapping[str, ChunkRow] | None = None,
                   views: Mapping[str, memoryview] | None = None,
-                  above: frozenset[str] = frozenset()) -> np.ndarray:
+                  above: AbstractSet[str] = frozenset()) -> np.ndarray:
         """A chunk's raw bytes, checked against its digest (delta bases resolved);
         ``above``: the chunks stacked on it, being decoded."""
-        row = self._row(digest, rows)
-        out = _raw_buffer(row)
-        self._decode_chunk(row, out, rows, views, above)
+        out = None
+        for row in reversed(self._chain(digest, rows, above)):  # (the deepest base first)
+            base, out = out, _raw_buffer(row)
+            blob = self._blob(row, views)  # (after the base, which may reuse its buffer)
+            self._check_decoded(row, out, codec.decode_many([(blob, out, base, row.digest)])[0])
+        assert out is not None
         return out
 
     def _decode_chunk(self, row: ChunkRow, out: np.ndarray,
                       rows: Mapping[str, ChunkRow] | None = None,
-                      views: Mapping[str, memoryview] | None = None,
-                      above: frozenset[str] = frozenset()) -> memoryview | np.ndarray:
+                      views: Mapping[str, memoryview] | None = None) -> memoryview | np.ndarray:
         """Decode a chunk into ``out``; returns its blob (in this thread's reused buffer
         where its pack is not mapped: valid until the next read)."""
-        _check_chain(row, above)
-        base = self._read_raw(row.base, rows, views, above | {row.digest}) if row.base \
+        _check_chain(row, frozenset())
+        base = self._read_raw(row.base, rows, views, frozenset({row.digest})) if row.base \
             else None
         blob = self._blob(row, views)  # after the base, which may reuse the same buffer
         self._check_decoded(row, out, codec.decode_many([(blob, out, base, row.digest)])[0])
@@ -679,6 +703,8 @@ class CheckpointManager:
         with self.catalog.snapshot():
             while wanted:
                 found = self.catalog.chunks(wanted)
+                for row in found.values():
+                    _checked_row(row)
                 rows.update(found)
                 wanted = {r.base for r in found.values() if r.base and r.base not in rows}
         return rows
@@ -1340,10 +1366,11 @@ class CheckpointManager:
                 frontier.append(base)
         # What frees space without taking any goes first (on a full disk, a compaction
         # fails): the deleted checkpoints' manifests and labels, then the dead packs.
+        # (only files of the names ckpt_nb makes: any other is no orphan of a save)
         known = {r.id for r in self.catalog.checkpoints()}
         for key in [*self.store.list("manifests"), *self.store.list("labels")]:
             cid = id_of(key)
-            if cid not in known and key not in damaged:
+            if cid is not None and cid not in known and key not in damaged:
                 report.bytes_freed += self.store.size(key)
                 self.store.delete(key)
                 report.manifests_deleted += key.startswith("manifests/")
@@ -1362,7 +1389,8 @@ class CheckpointManager:
         by_pack: dict[str, list[ChunkRow]] = {}
         for digest in live:
             by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
-        packs = [key for key in self.store.list("packs") if key not in damaged]
+        packs = [key for key in self.store.list("packs")
+                 if is_pack_key(key) and key not in damaged]
         for key in packs:
             if key not in by_pack:
                 report.bytes_freed += self.store.size(key)
@@ -1408,7 +1436,7 @@ class CheckpointManager:
         try:
             with write_pack(self.store) as pack:
                 for row in sorted(members, key=lambda c: c.offset):
-                    blob = self._blob(row, views)
+                    blob = self._blob(_checked_row(row), views)
                     if not codec.matches(blob, row.digest, row.raw_len, row.base):
                         raise CorruptCheckpointError(f"chunk {row.digest[:12]} does not fit "
                                                      "its record")
@@ -1503,7 +1531,17 @@ def _raw_buffer(row: ChunkRow) -> np.ndarray:
     return np.empty(row.raw_len, dtype=np.uint8)
 
 
-def _check_chain(row: ChunkRow, above: frozenset[str]) -> None:
+def _checked_row(row: ChunkRow) -> ChunkRow:
+    """A chunk's catalog row, once it is one a save writes."""
+    problem = chunk_row_problem(row)
+    if problem is not None:
+        raise CorruptCheckpointError(
+            f"chunk {str(row.digest)[:12]}: the catalog's record of it is damaged ({problem}): "
+            "move catalog.sqlite aside, and the store's own files rebuild it")
+    return row
+
+
+def _check_chain(row: ChunkRow, above: AbstractSet[str]) -> None:
     """Refuse a chunk whose delta bases lead back to itself (a damaged catalog): its
     decoding would never end."""
     if row.base is not None and (row.base == row.digest or row.base in above):
@@ -1563,14 +1601,14 @@ def _metric(name: Any, value: Any) -> float:
     """A metric's value as a float: a Python or NumPy number, or a one-element tensor
     or array (``loss`` itself, not only ``loss.item()``)."""
     if not isinstance(name, str):
-        raise TypeError(f"metric names must be strings, not {name!r}")
+        raise CaptureError(f"metric names must be strings, not {name!r}")
     if isinstance(value, (torch.Tensor, np.ndarray)):
         count = value.numel() if isinstance(value, torch.Tensor) else value.size
         if count != 1:
-            raise TypeError(f"metric {name!r} must be one number, not {count} of them")
+            raise CaptureError(f"metric {name!r} must be one number, not {count} of them")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"metric {name!r} must be a number, not {type(value).__name__}")
+        raise CaptureError(f"metric {name!r} must be a number, not {type(value).__name__}")
     return float(value)
 
 

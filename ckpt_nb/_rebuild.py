@@ -30,6 +30,7 @@ deleted) the manager labelled the child with its new parent.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,8 @@ from typing import Any
 from . import _codec as codec
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError
-from ._format import PackCutShort, decode_manifest, id_of, label_key, read_pack_index
+from ._format import (PackCutShort, decode_manifest, id_of, is_checkpoint_id, is_pack_key,
+                      label_key, read_pack_index)
 from ._store import Store
 
 
@@ -145,7 +147,7 @@ def _chunks(store: Store, found: Rebuilt) -> tuple[dict[str, ChunkRow], set[str]
     those whose delta bases are not all stored."""
     copies: dict[str, list[ChunkRow]] = {}
     for key in sorted(store.list("packs")):
-        if not key.endswith(".pack"):
+        if not is_pack_key(key):
             continue
         try:
             rows = read_pack_index(store, key)
@@ -172,22 +174,33 @@ def _usable(copies: dict[str, list[ChunkRow]]) -> tuple[dict[str, ChunkRow], set
     """
     chosen: dict[str, ChunkRow] = {}
     unusable: set[str] = set()
-
-    def usable(digest: str, visiting: set[str]) -> bool:
-        if digest in chosen:
-            return True
-        if digest in unusable or digest in visiting or digest not in copies:
-            return False
-        visiting.add(digest)
-        for row in sorted(copies[digest], key=lambda r: r.depth):
-            if row.base is None or usable(row.base, visiting):
-                chosen[digest] = row
-                return True
-        unusable.add(digest)
-        return False
-
-    for digest in copies:
-        usable(digest, set())
+    ordered = {digest: sorted(rows, key=lambda r: r.depth) for digest, rows in copies.items()}
+    for start in copies:
+        if start in chosen or start in unusable:
+            continue
+        # Depth first, on a stack of its own (a chain may be thousands deep): each
+        # chunk's copies in turn, down into a base not yet settled.
+        stack, on_path = [[start, 0]], {start}
+        while stack:
+            frame = stack[-1]
+            digest, rows = frame[0], ordered[frame[0]]
+            while frame[1] < len(rows) and digest not in chosen:
+                base = rows[frame[1]].base
+                if base is None or base in chosen:
+                    chosen[digest] = rows[frame[1]]
+                elif base in unusable or base in on_path or base not in copies:
+                    frame[1] += 1
+                else:
+                    break
+            if digest not in chosen and frame[1] < len(rows):
+                base = rows[frame[1]].base
+                stack.append([base, 0])
+                on_path.add(base)
+                continue
+            if digest not in chosen:
+                unusable.add(digest)
+            on_path.discard(digest)
+            stack.pop()
     for digest, rows in copies.items():
         chosen.setdefault(digest, min(rows, key=lambda r: r.depth))
     return chosen, unusable
@@ -201,9 +214,13 @@ def _flaw(manifest: Any, cid: str, chunks: dict[str, ChunkRow]) -> str | None:
         if manifest["id"] != cid:
             return "its manifest names another checkpoint"
         if not isinstance(manifest["created_at"], (int, float)) or \
+                not math.isfinite(manifest["created_at"]) or \
                 not isinstance(manifest["branch"], str) or \
                 not isinstance(manifest["strategy"], str):
             return "its manifest lacks the time, branch or strategy of its save"
+        odd = _odd_field(manifest)
+        if odd is not None:
+            return f"its manifest's {odd} is not what a save writes"
         for storage in manifest["storages"]:
             int(storage["nbytes"])
             for digest, _ in storage["chunks"]:
@@ -221,17 +238,49 @@ def _flaw(manifest: Any, cid: str, chunks: dict[str, ChunkRow]) -> str | None:
     return None
 
 
+def _odd_field(manifest: dict[str, Any]) -> str | None:
+    """The first field a catalog row takes from a manifest that is not of the kind a
+    save writes (SQLite holds 64-bit integers; a parent is an id)."""
+    for name in ("step", "epoch", "batch_idx"):
+        if not _count_or_none(manifest.get(name)):
+            return name
+    if not _count_or_none(manifest.get("chain", 0)):
+        return "chain"
+    for name in ("parent", "full_base"):
+        value = manifest.get(name)
+        if value is not None and not is_checkpoint_id(value):
+            return name
+    metrics = manifest.get("metrics") or {}
+    if not isinstance(metrics, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()):
+        return "metrics"
+    if not isinstance(manifest.get("note", ""), str):
+        return "note"
+    return None
+
+
+def _count_or_none(value: object) -> bool:
+    return value is None or isinstance(value, int) and not isinstance(value, bool) and \
+        -(1 << 63) <= value < 1 << 63
+
+
 def _label(store: Store, cid: str, found: Rebuilt) -> dict[str, Any]:
     """What a checkpoint was given after it was saved: a pin, a note, a new parent."""
     key = label_key(cid)
     try:
         label = json.loads(store.get(key))
-        if isinstance(label, dict):
+        parent = label.get("parent") if isinstance(label, dict) else None
+        if not isinstance(label, dict):
+            reason = "not a JSON object"
+        elif not isinstance(label.get("pinned", False), bool) or \
+                not isinstance(label.get("note", ""), str) or \
+                parent is not None and not is_checkpoint_id(parent):
+            reason = "its pin, note or parent is not what ckpt_nb writes"
+        else:
             return label
-        reason = "not a JSON object"
     except FileNotFoundError:
         return {}  # never pinned, annotated nor re-parented
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (CorruptCheckpointError too)
         reason = str(exc)
     found.leave_out(f"the pin and note of checkpoint {cid}", reason)
     return {}

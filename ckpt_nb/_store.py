@@ -16,6 +16,7 @@ import io
 import mmap
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -30,7 +31,7 @@ import numpy as np
 
 from . import _native
 from ._buffers import fill
-from ._errors import StoreError
+from ._errors import CorruptCheckpointError, StoreError
 
 try:
     import fcntl
@@ -137,13 +138,30 @@ class LocalStore(Store):
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+        _refuse_links(self.root)
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
-    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+    def _open(self, key: str, buffering: int = -1) -> Any:
+        """A value's file, for reading. A link, a FIFO or a device there is damage (a
+        copied or hostile store may hold one: a FIFO would block the read forever)."""
         path = self._path(key)
-        with open(path, "rb") as f:
+        try:
+            fd = os.open(path, os.O_RDONLY | _NO_FOLLOW | getattr(os, "O_NONBLOCK", 0))
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise CorruptCheckpointError(f"{path} is a symbolic link: ckpt_nb reads no "
+                                         "links in a store; put the file itself there") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CorruptCheckpointError(f"{path} is not a regular file: move it out of the "
+                                         "store")
+        return open(fd, "rb", buffering=buffering)
+
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        with self._open(key) as f:
             if start:
                 f.seek(start)
             if end is None:
@@ -185,14 +203,14 @@ class LocalStore(Store):
             raise
 
     def read_into(self, key: str, start: int, out: memoryview) -> int:
-        with open(self._path(key), "rb", buffering=0) as f:
+        with self._open(key, buffering=0) as f:
             f.seek(start)
             return fill(f, out)
 
     def view(self, key: str) -> memoryview:
         # Committed values are never rewritten in place (writes go to a new name and
         # are renamed over), so the mapping stays what it was when it was made.
-        with open(self._path(key), "rb") as f:
+        with self._open(key) as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return memoryview(b"")
             return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
@@ -223,14 +241,19 @@ class LocalStore(Store):
             os.unlink(self._path(key))
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        # Only regular files with names ckpt_nb could have written: not a link (gc
+        # deletes what it lists), a FIFO, nor a copy named "x (1).pack".
         base = self._path(prefix) if prefix else self.root
-        if not base.is_dir():
+        if not base.is_dir() or base.is_symlink():
             return
-        for dirpath, _, files in os.walk(base):
+        for dirpath, _, _ in os.walk(base):
             rel = Path(dirpath).relative_to(self.root).as_posix()
-            for name in files:
-                if TMP_MARK not in name:
-                    yield name if rel == "." else f"{rel}/{name}"
+            with os.scandir(dirpath) as entries:
+                for entry in entries:
+                    key = entry.name if rel == "." else f"{rel}/{entry.name}"
+                    if entry.is_file(follow_symlinks=False) and TMP_MARK not in key and \
+                            _is_key(key):
+                        yield key
 
     def sweep_temporaries(self) -> int:
         count = 0
@@ -241,6 +264,38 @@ class LocalStore(Store):
                         os.unlink(os.path.join(dirpath, name))
                     count += 1
         return count
+
+
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _is_key(key: str) -> bool:
+    try:
+        check_key(key)
+    except ValueError:
+        return False
+    return True
+
+
+# What ckpt_nb keeps at a local store's top: its folders, its format file, its catalog.
+_OWN_NAMES = re.compile(r"packs|manifests|labels|ckpt_nb\.json|catalog\.sqlite.*")
+
+
+def _refuse_links(root: Path) -> None:
+    """Refuse a store whose own folders or files are symbolic links: its writes,
+    SQLite's among them, and gc's deletions would land in whatever they point to."""
+    try:
+        with os.scandir(root) as entries:
+            links = [entry.name for entry in entries
+                     if entry.is_symlink() and _OWN_NAMES.fullmatch(entry.name)]
+    except OSError:
+        return  # (unreadable: the first read says so)
+    if links:
+        raise StoreError(
+            f"the store at {root} holds a symbolic link ({root / links[0]} -> "
+            f"{os.readlink(root / links[0])}): ckpt_nb follows no links inside a store, "
+            "since its writes and gc's deletions would land outside it; put the folder "
+            "or file itself there")
 
 
 _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -646,7 +701,9 @@ class FsspecStore(Store):
             found = self.fs.find(base) if self.fs.isdir(base) else []
         cut = len(self.root.lstrip("/")) + 1
         for path in found:
-            yield path.lstrip("/")[cut:]
+            key = path.lstrip("/")[cut:]
+            if _is_key(key):  # (a name ckpt_nb could have written)
+                yield key
 
 
 def canonical_url(url: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 import torch
 import zstandard
 
-from ckpt_nb import CheckpointManager, CorruptCheckpointError, StoreFormatError
+from ckpt_nb import CheckpointManager, CorruptCheckpointError, StoreError, StoreFormatError
 
 
 def two_saves(store: Path) -> tuple[str, str]:
@@ -167,3 +167,178 @@ def test_a_format_stamp_that_is_not_a_whole_number_is_unreadable(tmp_path: Path,
     (tmp_path / "ckpt_nb.json").write_text(stamp)
     with pytest.raises(StoreFormatError, match="unreadable"):
         CheckpointManager(tmp_path)
+
+
+@pytest.mark.parametrize("part", ["packs", "manifests", "catalog.sqlite"])
+def test_a_store_whose_own_parts_are_links_is_refused_and_nothing_outside_is_touched(
+        tmp_path: Path, part: str) -> None:
+    """A link inside a downloaded store would have gc delete, and saves write, outside it."""
+    store, outside = tmp_path / "store", tmp_path / "outside"
+    two_saves(store)
+    outside.mkdir()
+    (outside / "thesis.tex").write_text("years of work")
+    target = store / part
+    if target.is_dir():
+        for child in target.iterdir():
+            child.rename(outside / child.name)
+        target.rmdir()
+        os.symlink(outside, target)
+    else:
+        for sidecar in store.glob("catalog.sqlite*"):
+            sidecar.unlink()
+        other = sqlite3.connect(outside / "app.db")
+        other.execute("CREATE TABLE bookmarks (url TEXT)")
+        other.close()
+        os.symlink(outside / "app.db", target)
+    with pytest.raises(StoreError, match=f"symbolic link .*{part}"):
+        CheckpointManager(store)
+    assert (outside / "thesis.tex").read_text() == "years of work"
+    if part == "catalog.sqlite":
+        tables = sqlite3.connect(outside / "app.db").execute(
+            "SELECT name FROM sqlite_master").fetchall()
+        assert tables == [("bookmarks",)]
+
+
+def test_files_of_names_ckpt_nb_never_makes_are_left_alone(tmp_path: Path) -> None:
+    """A desktop's copy, a stray note, a FIFO (tar keeps them): gc deletes none, a
+    rebuild reads none, and reading a value that is not a file fails by name, at once."""
+    good, bad = two_saves(tmp_path)
+    pack = sorted((tmp_path / "packs").iterdir())[0]
+    strays = [tmp_path / "packs" / f"{pack.stem} (1).pack", tmp_path / "packs" / "old.pack",
+              tmp_path / "manifests" / "notes.txt", tmp_path / "labels" / "mine.json"]
+    (tmp_path / "labels").mkdir(exist_ok=True)
+    for stray in strays:
+        stray.write_bytes(pack.read_bytes()[:100])
+    os.remove(tmp_path / "catalog.sqlite")
+    with pytest.warns(RuntimeWarning, match="2 checkpoints recovered"):
+        mgr = CheckpointManager(tmp_path)
+    mgr.gc()
+    assert all(stray.exists() for stray in strays)
+    manifest = tmp_path / "manifests" / f"{bad}.json.zst"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    mgr = CheckpointManager(tmp_path)
+    assert mgr.verify().bad[bad] == [f"{manifest} is not a regular file: move it out of "
+                                     "the store"]
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        assert mgr.restore("latest", model=torch.nn.Linear(64, 64)).id == good
+
+
+@pytest.mark.parametrize("field, value", [("step", 10 ** 30), ("parent", [1]),
+                                          ("created_at", float("nan")), ("chain", {"a": 1}),
+                                          ("full_base", ["x"]), ("metrics", {"loss": "low"}),
+                                          ("epoch", "seven")])
+def test_a_manifest_field_no_save_writes_leaves_out_that_checkpoint_only(
+        tmp_path: Path, field: str, value: object) -> None:
+    good, bad = two_saves(tmp_path)
+
+    def change(manifest: dict) -> dict:
+        manifest[field] = value
+        return manifest
+
+    rewrite_manifest(tmp_path, bad, change)
+    os.remove(tmp_path / "catalog.sqlite")
+    named = "time" if field == "created_at" else field
+    with pytest.warns(RuntimeWarning, match=f"left out: checkpoint {bad} .*{named}"):
+        mgr = CheckpointManager(tmp_path)
+    assert mgr.list()["id"].tolist() == [good]
+
+
+@pytest.mark.parametrize("label", [{"parent": [1]}, {"pinned": "false"}, {"note": {"a": 1}}])
+def test_a_label_no_save_writes_is_left_out_by_name(tmp_path: Path, label: dict) -> None:
+    good, bad = two_saves(tmp_path)
+    (tmp_path / "labels").mkdir(exist_ok=True)
+    (tmp_path / "labels" / f"{bad}.json").write_text(json.dumps(label))
+    os.remove(tmp_path / "catalog.sqlite")
+    with pytest.warns(RuntimeWarning, match=f"left out: the pin and note of checkpoint {bad}"):
+        mgr = CheckpointManager(tmp_path)
+    row = mgr.list().set_index("id").loc[bad]
+    assert (row["parent"], bool(row["pinned"]), row["note"]) == (good, False, "")
+
+
+def test_a_frame_that_claims_terabytes_is_no_manifest(tmp_path: Path) -> None:
+    good, bad = two_saves(tmp_path)
+    path = tmp_path / "manifests" / f"{bad}.json.zst"
+    # A frame that announces 2**44 bytes of content (zstd would allocate them): its
+    # descriptor given an 8-byte content size, after the window byte.
+    body = zstandard.ZstdCompressor(write_content_size=False).compress(b'{"x": 1}')
+    path.write_bytes(body[:4] + bytes([body[4] | 0xC0]) + body[5:6]
+                     + (1 << 44).to_bytes(8, "little") + body[6:])
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match="more than any manifest"):
+        mgr.load(bad)
+    assert list(mgr.verify().bad) == [bad]
+
+
+@pytest.mark.parametrize("size", [0, 10])
+def test_a_pack_too_short_to_hold_an_index_is_cut_short(tmp_path: Path, size: int) -> None:
+    good, bad = two_saves(tmp_path)
+    (tmp_path / "packs" / f"{'0' * 32}.pack").write_bytes(b"x" * size)
+    os.remove(tmp_path / "catalog.sqlite")
+    with pytest.warns(RuntimeWarning, match="cut short"):
+        mgr = CheckpointManager(tmp_path)
+    assert sorted(mgr.list()["id"]) == sorted([good, bad])
+    assert mgr.gc().packs_deleted == 1
+
+
+def test_a_delta_chain_thousands_deep_is_walked_not_recursed(tmp_path: Path) -> None:
+    """A damaged catalog's chain: a RecursionError used to escape every read and gc."""
+    good, bad = two_saves(tmp_path)
+    db = catalog(tmp_path)
+    (first,) = db.execute("SELECT digest FROM refs WHERE checkpoint=? AND digest NOT IN "
+                          "(SELECT digest FROM refs WHERE checkpoint=?) LIMIT 1",
+                          (bad, good)).fetchone()
+    pack, offset, length = db.execute("SELECT pack, offset, length FROM chunks WHERE "
+                                      "digest=?", (first,)).fetchone()
+    links = [f"{i:064x}" for i in range(1, 5000)]
+    db.execute("UPDATE chunks SET base=?, depth=5000 WHERE digest=?", (links[0], first))
+    db.executemany("INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [(d, pack, offset, length, 16, b, 4999 - i)
+                    for i, (d, b) in enumerate(zip(links, links[1:] + [None]))])
+    db.close()
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match=bad):
+        mgr.load(bad)
+    assert list(mgr.verify().bad) == [bad]
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        assert mgr.restore("latest", model=torch.nn.Linear(64, 64)).id == good
+
+
+@pytest.mark.parametrize("column, value", [("pack", "../../../etc/passwd"), ("pack", ""),
+                                           ("length", -1), ("digest", None),
+                                           ("raw_len", "many")])
+def test_a_chunk_row_no_save_writes_is_damage_named_by_the_read(
+        tmp_path: Path, column: str, value: object) -> None:
+    good, bad = two_saves(tmp_path)
+    db = catalog(tmp_path)
+    db.execute("PRAGMA foreign_keys=OFF")
+    setting = "'z' || substr(digest, 2)" if column == "digest" else "?"  # (each its own)
+    db.execute(f"UPDATE chunks SET {column}={setting} WHERE digest IN (SELECT digest FROM "
+               "refs WHERE checkpoint=? EXCEPT SELECT digest FROM refs WHERE checkpoint=?)",
+               (bad, good) if column == "digest" else (value, bad, good))
+    db.close()
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CorruptCheckpointError):
+        mgr.load(bad)
+    assert list(mgr.verify().bad) == [bad]
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        assert mgr.restore("latest", model=torch.nn.Linear(64, 64)).id == good
+
+
+@pytest.mark.parametrize("column, value", [("metrics", "{not json"), ("metrics", "[1, 2]"),
+                                           ("tags", ""), ("created_at", "yesterday"),
+                                           ("created_at", 1e300), ("step", "many")])
+def test_a_checkpoint_row_no_save_writes_names_the_catalog_and_the_way_out(
+        tmp_path: Path, column: str, value: object) -> None:
+    two_saves(tmp_path)
+    catalog(tmp_path).execute(f"UPDATE checkpoints SET {column}=?", (value,))
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(StoreError, match=f"catalog {tmp_path / 'catalog.sqlite'} is damaged"
+                                         ".* move it aside"):
+        mgr.list()
+    mgr.close()
+    for sidecar in tmp_path.glob("catalog.sqlite*"):
+        sidecar.rename(tmp_path / f"aside-{sidecar.name}")
+    with pytest.warns(RuntimeWarning, match="2 checkpoints recovered"):
+        assert len(CheckpointManager(tmp_path).list()) == 2
