@@ -967,8 +967,12 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
                 obj.load_state_dict(states[name])
         except Exception as exc:
             changed = [n for n in done if n not in backups]
-            changed += [n for n, backup in backups.items() if not _put_back(targets[n], backup)]
-            half = "" if name in backups else "it may be half loaded; "
+            changed += [n for n, backup in backups.items()
+                         if n != name and not _put_back(targets[n], backup)]
+            # (the one that refused is "half loaded", not "changed": it may have refused
+            # before it changed anything, and refuse its put-back as well)
+            half = "" if name in backups and _put_back(obj, backups[name]) else \
+                "it may be half loaded; "
             raise StateMismatchError(
                 f"{name}: load_state_dict failed ({exc}); {half}"
                 + (f"{changed} were changed all the same" if changed else

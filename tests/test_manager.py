@@ -27,9 +27,9 @@ import torch
 from conftest import DigitsRun, Holder, same
 
 import ckpt_nb
-from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
-                     LocalStore, PickledValue, StateMismatchError, StoreError,
-                     StoreFormatError, UntrustedPickleError)
+from ckpt_nb import (CaptureError, CheckpointManager, CheckpointNotFoundError,
+                     CorruptCheckpointError, LocalStore, PickledValue, StateMismatchError,
+                     StoreError, StoreFormatError, UntrustedPickleError)
 from ckpt_nb._format import FORMAT
 
 
@@ -1693,8 +1693,10 @@ def test_metrics_take_any_one_number_and_bad_fields_are_refused(tmp_path: Path) 
                              ({"loss": "low"}, "must be a number, not str"),
                              ({"loss": torch.tensor(True)}, "must be a number, not bool"),
                              ({1: 0.5}, "metric names must be strings")):
-        with pytest.raises(TypeError, match=message):
+        with pytest.raises(CaptureError, match=message):
             mgr.save(model, metrics=metrics)
+    with pytest.raises(TypeError, match="progress= takes a callback"):
+        mgr.save(model, progress=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="step must fit in 64 bits"):
         mgr.save(model, step=1 << 64)
     with pytest.raises(TypeError, match="note must be a string"):
@@ -2273,3 +2275,28 @@ def test_an_empty_store_lists_columns_of_the_same_types(tmp_path: Path) -> None:
     empty = mgr.list().dtypes.to_dict()
     mgr.save(torch.nn.Linear(2, 2), None, 0)
     assert mgr.list().dtypes.to_dict() == empty
+
+
+class RefusesAll:
+    """A Stateful that refuses every state it is given, its own put-back included."""
+
+    def __init__(self) -> None:
+        self.value = 1
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        raise ValueError("I refuse")
+
+
+def test_an_object_that_refuses_is_named_maybe_half_loaded_not_changed(tmp_path: Path) -> None:
+    """It refused its put-back too, and used to be listed as "changed all the same"."""
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(torch.nn.Linear(2, 2), a=RefusesAll(), b=HalfLoads())
+    b = HalfLoads()
+    with pytest.raises(StateMismatchError, match="a: load_state_dict failed \\(I refuse\\); "
+                                                 "it may be half loaded; nothing else was "
+                                                 "changed"):
+        mgr.restore(cid, model=torch.nn.Linear(2, 2), a=RefusesAll(), b=b)
+    assert (b.a, b.b) == (0, 0)
