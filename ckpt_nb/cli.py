@@ -352,3 +352,7 @@ def _progress(desc: str, unit: str = "ckpt") -> Iterator[ProgressFn | None]:
             bar.update(done - bar.n)
 
         yield update
+
+
+if __name__ == "__main__":  # (python -m ckpt_nb.cli; python -m ckpt_nb is the same)
+    sys.exit(main())

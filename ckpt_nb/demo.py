@@ -13,15 +13,27 @@ import torch
 
 from ._manager import CheckpointManager
 
+DEMO_MARK = "ckpt_nb-demo.txt"  # (the demo deletes a folder only where it finds this)
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("directory", nargs="?", default="runs/demo")
+    parser = argparse.ArgumentParser(
+        prog="python -m ckpt_nb.demo", description=__doc__.splitlines()[0],
+        epilog="DIR starts afresh: it must be new, empty, or an earlier run of the demo.")
+    parser.add_argument("directory", nargs="?", default="runs/demo", metavar="DIR",
+                        help="where the demo's store goes (default: runs/demo)")
     args = parser.parse_args(argv)
     from sklearn.datasets import load_digits
 
     directory = Path(args.directory)
+    if directory.exists() and not (directory / DEMO_MARK).is_file():
+        if not directory.is_dir() or any(directory.iterdir()):
+            parser.error(f"{directory} is there and is not a store of this demo's: give a "
+                         "new or empty folder (the demo starts its store afresh)")
     shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    (directory / DEMO_MARK).write_text("A store of `python -m ckpt_nb.demo`, which deletes "
+                                       "it to start again.\n")
     digits = load_digits()
     x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
     y = torch.tensor(digits.target)

@@ -364,3 +364,27 @@ def test_a_url_with_no_store_is_refused_and_nothing_is_written() -> None:
     url = f"memory://ckpt-nb-typo-{uuid.uuid4().hex}/exp"
     assert main(["ls", url]) == 2
     assert not list(FsspecStore(url).list())
+
+
+def test_python_dash_m_ckpt_nb_cli_runs_the_cli(store: Store) -> None:
+    """``python -m ckpt_nb.cli verify`` used to run nothing and exit 0 on a corrupt store."""
+    data = bytearray(store.packs[-1].read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    store.packs[-1].write_bytes(bytes(data))
+    done = subprocess.run([sys.executable, "-m", "ckpt_nb.cli", "verify", store.directory],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and store.ids[-1] in done.stdout
+
+
+def test_the_demo_refuses_a_folder_of_other_files_and_starts_its_own_afresh(
+        tmp_path: Path) -> None:
+    from ckpt_nb import demo
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as stopped:
+        demo.main([str(tmp_path)])
+    assert stopped.value.code == 2 and (tmp_path / "notes.txt").read_text() == "mine"
+    assert demo.main([str(tmp_path / "demo")]) == 0
+    (tmp_path / "demo" / "leftover").write_text("x")
+    assert demo.main([str(tmp_path / "demo")]) == 0
+    assert not (tmp_path / "demo" / "leftover").exists()
