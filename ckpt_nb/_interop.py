@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import reprlib
 import tempfile
 import warnings
 from collections import OrderedDict
@@ -190,17 +191,71 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
                                      f"{exc}") from exc
     if meta is None:
         return {"model": tensors}
-    meta = json.loads(meta)
-    names = meta["names"]
+    try:
+        meta = json.loads(meta)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{path}: its ckpt_nb metadata is not JSON, or nested "
+                                     f"too deep ({type(exc).__name__}: {exc})") from exc
+    names = meta.get("names") if isinstance(meta, dict) else None
+    if not isinstance(names, list) or "skeleton" not in meta:
+        raise CorruptCheckpointError(f"{path}: its ckpt_nb metadata lacks the \"skeleton\" "
+                                     "and \"names\" a ckpt_nb export writes: damaged, or not "
+                                     "one of ours")
+    left_out: list[str] = []
+
+    def unloaded(name: str) -> None:
+        """A pickle without trust: one in extra is left out, as an export leaves one out;
+        one in an object's state or in the RNG's refuses the file, as a restore needs it."""
+        if name != "extra" and not name.startswith("extra/"):
+            raise UntrustedPickleError(
+                f"{path}: {name or 'a value'} is stored as a pickle, which can run code when "
+                "loaded: pass trust_pickle=True if you trust this file")
+        left_out.append(name)
 
     class _Decoder(Unflattener):
         def tensor(self, index: int) -> torch.Tensor:
             return tensors[names[index]]
 
-    storages = {int(k.split("/")[1]): v for k, v in tensors.items() if k.startswith("__pickle__/")}
-    decoder = _Decoder([], [storages.get(i) for i in range(max(storages, default=-1) + 1)],
-                       trust_pickle=trust_pickle)
-    return decoder.decode(meta["skeleton"])
+    decoder = _Decoder([], _pickle_storages(path, tensors), trust_pickle=trust_pickle,
+                       on_pickle=unloaded)
+    try:
+        data = decoder.decode(meta["skeleton"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
+            OverflowError, RecursionError) as exc:
+        # (with trust_pickle, an unpickled object's own error is the caller's to read)
+        if trust_pickle and not isinstance(exc, CkptError):
+            raise
+        # Without pickles no code of the file's runs here: what fails is its metadata.
+        raise CorruptCheckpointError(f"{path}: its ckpt_nb metadata does not describe a "
+                                     f"state ({type(exc).__name__}: {exc})") from exc
+    if left_out:
+        warnings.warn(f"left out of {path}: {', '.join(left_out)} (pickled, not loaded: pass "
+                      "trust_pickle=True if you trust the file)", stacklevel=4)
+    return data
+
+
+def _pickle_storages(path: Path, tensors: Mapping[str, torch.Tensor]
+                     ) -> list[torch.Tensor | None]:
+    """The file's pickles by storage index, as ``_write_safetensors`` names them.
+
+    An export holds a tensor for each storage, so an index is below the file's count of
+    tensors: a larger one (``__pickle__/999999999999``) would have a list that long built.
+    """
+    indices = {str(i): i for i in range(len(tensors))}
+    pickles = {k.removeprefix("__pickle__/"): v for k, v in tensors.items()
+               if k.startswith("__pickle__/")}
+    bad = [f"__pickle__/{k}" for k in pickles if k not in indices]
+    if bad:
+        raise CorruptCheckpointError(f"{path}: tensor {reprlib.repr(bad[0])} is not a pickle "
+                                     "a ckpt_nb export writes (__pickle__/N, N under the "
+                                     f"file's {len(tensors)} tensors)")
+    by_index = {indices[k]: v for k, v in pickles.items()}
+    return [by_index.get(i) for i in range(max(by_index, default=-1) + 1)]
+
+
+# What torch.load(weights_only=True) says of a pickle's bytes, not of the objects in it:
+# "pass trust_pickle=True" would be the wrong advice for a damaged file.
+_DAMAGED_PICKLE = ("Unsupported operand", "String is too long", "persistent")
 
 
 def _read_torch(path: Path, trust_pickle: bool) -> Any:
@@ -214,7 +269,7 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as exc:
-        if trust_pickle:
+        if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE):
             raise CorruptCheckpointError(f"{path} does not unpickle: {exc}") from exc
         raise UntrustedPickleError(
             f"{path} holds objects other than tensors and plain data, and loading them "
@@ -222,8 +277,10 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
         ) from exc
     except PermissionError:
         raise
-    except (RuntimeError, OSError) as exc:  # torch's zip reader: a file cut short or damaged
-        raise CorruptCheckpointError(f"{path} cannot be read as a torch.save file: "
+    except Exception as exc:  # (a damaged file fails in torch's readers in many ways)
+        why = "an object in it failed to load, or " if trust_pickle else ""
+        raise CorruptCheckpointError(f"{path} cannot be read as a torch.save file ({why}it is "
+                                     f"damaged or cut short): {type(exc).__name__}: "
                                      f"{exc}") from exc
 
 
@@ -249,6 +306,7 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
     if not isinstance(data, Mapping):
         raise CkptError(f"{source} holds a {type(data).__name__}, not a dict of state")
     state, meta = _split_state(dict(data))
+    _check_meta(source, meta)
     return Checkpoint(
         id=str(source), parent=None, branch="", created=source.stat().st_mtime,
         step=meta.get("step"), epoch=meta.get("epoch"), batch_idx=meta.get("batch_idx"),
@@ -268,6 +326,27 @@ def _number(value: Any) -> bool:
     if isinstance(value, bool):
         return False
     return isinstance(value, float) or isinstance(value, int) and abs(value) < 2 ** 1023
+
+
+def _check_meta(source: Path, meta: Mapping[str, Any]) -> None:
+    """Refuse a ckpt_nb file's fields that no checkpoint holds (the file is damaged or
+    hand-made), rather than have them fail later, in the store or in the caller's hands."""
+    problems = [f"its {key} ({reprlib.repr(meta[key])}) is not a 64-bit integer"
+                for key in ("epoch", "step", "batch_idx")
+                if meta.get(key) is not None and not _counter(meta[key])]
+    metrics = meta.get("metrics", {})
+    if not isinstance(metrics, Mapping) or \
+            not all(isinstance(k, str) and _number(v) for k, v in metrics.items()):
+        problems.append(f"its metrics ({reprlib.repr(metrics)}) are not numbers by name")
+    if not isinstance(meta.get("extra", {}), Mapping):
+        problems.append(f"its extra ({reprlib.repr(meta['extra'])}) is not a dict")
+    info = meta.get("ckpt_nb") or {}
+    if not isinstance(info, Mapping) or not isinstance(info.get("note", ""), str):
+        problems.append(f"its ckpt_nb entry ({reprlib.repr(info)}) is not a dict with a "
+                        "text note")
+    if problems:
+        raise CorruptCheckpointError(f"{source}: {'; '.join(problems)}: the file is damaged, "
+                                     "or not a ckpt_nb export")
 
 
 def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

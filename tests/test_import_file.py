@@ -1,0 +1,237 @@
+"""Hostile and damaged files handed to import_file / restore(path): each is refused with a
+ckpt_nb error that names the file and what is wrong (never a raw KeyError, EOFError, ...,
+nor a hang), and no pickle in one runs without trust_pickle=True."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ckpt_nb import (CheckpointManager, CkptError, CorruptCheckpointError,
+                     UntrustedPickleError)
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+MARK = Path(os.environ.get("TMPDIR", "/tmp")) / f"ckpt_nb_pwned_{os.getpid()}"
+
+
+class Evil:
+    """A pickle that leaves a mark when it is loaded."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {MARK}",))
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: str | None) -> Path:
+    safetensors_torch.save_file(tensors, path, metadata=None if meta is None else
+                                {"ckpt_nb": meta})
+    return path
+
+
+def ours(skeleton: Any, names: list[str] | None = None) -> str:
+    """ckpt_nb metadata as an export writes it."""
+    return json.dumps({"skeleton": skeleton, "names": names or []})
+
+
+WEIGHT = {"weight": torch.zeros(4, 4)}
+PICKLE = {"__pickle__/x": torch.zeros(1, dtype=torch.uint8)}
+HOSTILE_METADATA = {
+    "not JSON": (WEIGHT, "{oops", "is not JSON"),
+    "without names": (WEIGHT, json.dumps({"skeleton": {}}), 'lacks the "skeleton" and "names"'),
+    "not a dict": (WEIGHT, "[1]", 'lacks the "skeleton" and "names"'),
+    "a tensor index past the names": (
+        WEIGHT, ours({"model": {"x": {"__tensor__": 5}}}, ["weight"]), "IndexError"),
+    "a name that is no tensor": (
+        WEIGHT, ours({"model": {"x": {"__tensor__": 0}}}, ["nope"]), "KeyError"),
+    "a pickle key that is no number": (PICKLE, ours({}), r"tensor '__pickle__/x' is not a pickle"),
+    "a pickle key without index": (
+        {"__pickle__/": torch.zeros(1, dtype=torch.uint8)}, ours({}), "'__pickle__/' is not"),
+    "a deep skeleton": (WEIGHT, '{"skeleton": {"model": ' + '{"a":' * 3000 + "1" + "}" * 3000
+                        + '}, "names": []}', "nested too deep"),
+    "a step over 64 bits": (
+        WEIGHT, ours({"model": {}, "step": 10**30, "ckpt_nb": {}}), r"its step \(10+\) is not"),
+    "metrics a list": (
+        WEIGHT, ours({"model": {}, "metrics": [1], "ckpt_nb": {}}), "its metrics"),
+    "extra a list": (WEIGHT, ours({"model": {}, "extra": [1], "ckpt_nb": {}}), "its extra"),
+    "a note that is no text": (
+        WEIGHT, ours({"model": {}, "ckpt_nb": {"note": [1]}}), "its ckpt_nb entry"),
+    "ckpt_nb entry a list": (WEIGHT, ours({"model": {}, "ckpt_nb": [1]}), "its ckpt_nb entry"),
+    "an unknown dict type": (
+        WEIGHT, ours({"model": {}, "extra": {"__dict__": [], "type": "os.system"}}),
+        "unknown dict type"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_METADATA)
+def test_safetensors_metadata_that_does_not_fit_is_refused_by_name(tmp_path: Path,
+                                                                   case: str) -> None:
+    tensors, meta, problem = HOSTILE_METADATA[case]
+    path = write_safetensors(tmp_path / "case.safetensors", tensors, meta)
+    mgr = CheckpointManager(tmp_path / "store")
+    with pytest.raises(CorruptCheckpointError, match=problem) as caught:
+        mgr.import_file(path)
+    assert str(path) in str(caught.value)
+    with pytest.raises(CorruptCheckpointError, match=problem):
+        mgr.restore(path, model=torch.nn.Linear(4, 4))
+    assert mgr.list().empty
+
+
+def test_a_pickle_index_past_the_files_tensors_is_refused_before_a_list_is_built(
+        tmp_path: Path) -> None:
+    """``__pickle__/999999999999`` in a 200-byte file had a list of 10^12 entries built
+    (a hang); an index is bounded by the file's count of tensors."""
+    mgr = CheckpointManager(tmp_path / "store")
+    for index in (10_000_000, 999_999_999_999):
+        path = write_safetensors(tmp_path / "bomb.safetensors",
+                                 {f"__pickle__/{index}": torch.zeros(1, dtype=torch.uint8)},
+                                 ours({}))
+        with pytest.raises(CorruptCheckpointError, match=f"__pickle__/{index}.*under the "
+                                                         "file's 1 tensors"):
+            mgr.import_file(path)
+
+
+def legacy_pt() -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": torch.nn.Linear(4, 4).state_dict()}, buf,
+               _use_new_zipfile_serialization=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("data", [legacy_pt()[: len(legacy_pt()) // 2], b"\x80\x02"],
+                         ids=["legacy cut in half", "a protocol opcode alone"])
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_damaged_torch_file_is_corrupt_not_a_raw_error(tmp_path: Path, data: bytes,
+                                                         trust: bool) -> None:
+    path = tmp_path / "damaged.pt"
+    path.write_bytes(data)
+    mgr = CheckpointManager(tmp_path / "store")
+    with pytest.raises(CorruptCheckpointError, match="damaged.pt") as caught:
+        mgr.import_file(path, trust_pickle=trust)
+    assert caught.value.__cause__ is not None
+    with pytest.raises(CorruptCheckpointError, match="damaged.pt"):
+        mgr.restore(path, model=torch.nn.Linear(4, 4), trust_pickle=trust)
+
+
+def test_a_pickle_with_a_bad_opcode_is_damaged_not_untrusted(tmp_path: Path) -> None:
+    """torch's weights-only refusal of bytes no pickle holds asked the caller to trust
+    the (damaged) file."""
+    (tmp_path / "bad.pt").write_bytes(b"\x80\x02\xff")
+    with pytest.raises(CorruptCheckpointError, match="bad.pt does not unpickle"):
+        CheckpointManager(tmp_path / "store").import_file(tmp_path / "bad.pt")
+
+
+def test_a_ckpt_nb_torch_file_whose_fields_do_not_fit_is_refused(tmp_path: Path) -> None:
+    """The step was handed to the store as it was (ValueError: step must fit in 64 bits)."""
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 10**30, "metrics": {"loss": "low"},
+                "ckpt_nb": {"id": "x", "branch": "", "note": ""}}, tmp_path / "odd.pt")
+    with pytest.raises(CorruptCheckpointError, match=r"odd.pt: its step .* its metrics"):
+        CheckpointManager(tmp_path / "store").import_file(tmp_path / "odd.pt")
+
+
+def evil_export(path: Path, where: str) -> Path:
+    """An export (as ckpt_nb writes one) whose pickle runs a command, in ``where``."""
+    skeleton: dict[str, Any] = {"model": {"weight": {"__tensor__": 0}}, "extra": {"lr": 0.1},
+                                "ckpt_nb": {"id": "x", "branch": "", "note": ""}}
+    if where == "extra":
+        skeleton["extra"]["evil"] = {"__pickle__": 1}
+    elif where == "model":
+        skeleton["model"]["evil"] = {"__pickle__": 1}
+    else:
+        skeleton["rng"] = {"__pickle__": 1}
+    payload = torch.from_numpy(np.frombuffer(pickle.dumps(Evil()), np.uint8).copy())
+    return write_safetensors(path, {"model/weight": torch.zeros(4, 4), "__pickle__/1": payload},
+                             ours(skeleton, ["model/weight"]))
+
+
+def test_a_pickle_in_extra_is_left_out_with_a_warning_and_runs_nothing(tmp_path: Path) -> None:
+    """As the README says (and as an export leaves one out): the whole import was refused,
+    with advice to trust "this checkpoint store"."""
+    MARK.unlink(missing_ok=True)
+    path = evil_export(tmp_path / "evil.safetensors", "extra")
+    mgr = CheckpointManager(tmp_path / "store")
+    with pytest.warns(UserWarning, match=r"left out of .*evil.safetensors: extra/evil \("
+                                         "pickled, not loaded") as caught:
+        cid = mgr.import_file(path)
+    assert caught[0].filename == __file__  # (the warning points at the caller's line)
+    assert mgr.load(cid).extra == {"lr": 0.1, "evil": None}
+    with pytest.warns(UserWarning, match="extra/evil"):
+        ck = mgr.restore(path, model=torch.nn.Linear(4, 4, bias=False))
+    assert ck.extra["evil"] is None
+    assert not MARK.exists()
+
+
+@pytest.mark.parametrize("where", ["model", "rng"])
+def test_a_pickle_in_a_state_refuses_the_file_and_runs_nothing(tmp_path: Path,
+                                                               where: str) -> None:
+    MARK.unlink(missing_ok=True)
+    path = evil_export(tmp_path / "evil.safetensors", where)
+    mgr = CheckpointManager(tmp_path / "store")
+    name = "model/evil" if where == "model" else "rng"
+    message = f"evil.safetensors: {name} is stored as a pickle.*if you trust this file"
+    with pytest.raises(UntrustedPickleError, match=message):
+        mgr.import_file(path)
+    with pytest.raises(UntrustedPickleError, match=message):
+        mgr.restore(path, model=torch.nn.Linear(4, 4, bias=False))
+    assert not MARK.exists() and mgr.list().empty
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    """``data`` with a few bytes changed, and maybe cut short."""
+    out = bytearray(data)
+    for _ in range(rng.randrange(1, 6)):
+        if rng.random() < 0.2 and len(out) > 1:
+            out = out[: rng.randrange(1, len(out))]
+        else:
+            out[rng.randrange(len(out))] = rng.randrange(256)
+    if rng.random() < 0.3:
+        out[:2] = b"PK"
+    return bytes(out)
+
+
+def test_mutated_torch_files_raise_nothing_but_ckpt_nb_errors(tmp_path: Path) -> None:
+    """About 1 in 5 escaped as UnicodeDecodeError, KeyError, struct.error, ..."""
+    buf = io.BytesIO()
+    torch.save({"model": torch.nn.Linear(4, 4).state_dict(), "epoch": 3}, buf)
+    sources, rng = [buf.getvalue(), legacy_pt()], random.Random(0)
+    mgr, path = CheckpointManager(tmp_path / "store"), tmp_path / "f.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(150):
+            path.write_bytes(mutate(rng.choice(sources), rng))
+            try:
+                mgr.import_file(path)
+            except CkptError:
+                pass
+
+
+def test_mutated_safetensors_metadata_raises_nothing_but_ckpt_nb_errors(
+        tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.save(torch.nn.Linear(3, 2), epoch=1, metrics={"loss": 0.5},
+                   extra={"t": (1, 2), "s": {1, 2}, "b": b"xy", "d": {3: "x"}})
+    tensors = safetensors_torch.load_file(mgr.export(cid, tmp_path / "src.safetensors"))
+    with open(tmp_path / "src.safetensors", "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    meta = header["__metadata__"]["ckpt_nb"]
+    rng, path = random.Random(0), tmp_path / "m.safetensors"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(100):
+            text = list(meta)
+            for _ in range(rng.randrange(1, 4)):
+                text[rng.randrange(len(text))] = rng.choice('{}[]":,0123456789-_aex ')
+            write_safetensors(path, tensors, "".join(text))
+            try:
+                mgr.import_file(path)
+            except CkptError:
+                pass
