@@ -158,8 +158,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.skipped[name] = str(exc)
                 continue
             if size > max_variable_bytes:
-                found.skipped[name] = (f"{size / 1e6:.0f} MB, over the "
-                                       f"{max_variable_bytes / 1e6:.0f} MB cap")
+                found.skipped[name] = (f"{size / 2**20:,.1f} MiB, over the "
+                                       f"{max_variable_bytes / 2**20:,.0f} MiB cap")
             else:
                 found.variables[name] = value
     _drop_contained_modules(found.statefuls)

@@ -36,7 +36,7 @@ class CkptMagics(Magics):
     default_dir = Unicode("", help="Store directory when --dir is not given "
                                    "(default: ./checkpoints/<notebook name>)").tag(config=True)
     sync = Bool(False, help="Write checkpoints on the training thread").tag(config=True)
-    max_variable_mb = Int(100, help="Largest plain variable captured, in MB").tag(config=True)
+    max_variable_mb = Int(100, help="Largest plain variable captured, in MiB").tag(config=True)
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
