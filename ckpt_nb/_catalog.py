@@ -119,12 +119,12 @@ class CheckpointRow:
             data["metrics"] = json.loads(data["metrics"])
             data["tags"] = json.loads(data["tags"])
         except (TypeError, ValueError, RecursionError) as exc:
-            raise DamagedCatalog(f"checkpoint {data.get('id')!r}'s metrics or tags") from exc
+            raise DamagedCatalog(f"checkpoint {data.get('id')}'s metrics or tags") from exc
         data["pinned"] = bool(data["pinned"])
         checked = cls(**data)
         problem = checked._problem()
         if problem is not None:
-            raise DamagedCatalog(f"checkpoint {data.get('id')!r}'s {problem}")
+            raise DamagedCatalog(f"checkpoint {data.get('id')}'s {problem}")
         return checked
 
     def _problem(self) -> str | None:

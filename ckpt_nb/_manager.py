@@ -994,6 +994,7 @@ class CheckpointManager:
                        for name, value in entries.items()}
             extra = lenient.decode(skeleton["extra"], "extra")
             rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
+            kinds = _kinds(skeleton)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
                 OverflowError) as exc:
             # (with trust_pickle, an unpickled object's own error is the caller's to read)
@@ -1010,7 +1011,7 @@ class CheckpointManager:
             id=cid, parent=row.parent, branch=row.branch, created=row.created_at,
             step=row.step, epoch=row.epoch, batch_idx=row.batch_idx, metrics=row.metrics,
             extra=extra, strategy=row.strategy, note=row.note, pinned=row.pinned,
-            state=objects, rng=rng, kinds=dict(skeleton.get("types") or {}))
+            state=objects, rng=rng, kinds=kinds)
 
     # -- inspecting -------------------------------------------------------------------------
     def list(self, *, branch: str | None = None) -> Any:
@@ -1062,14 +1063,15 @@ class CheckpointManager:
                         "storage": storages[t["storage"]]["name"],
                         "chunks": len(storages[t["storage"]]["chunks"])}
                        for t in manifest["tensors"]]
-            objects = dict(manifest["state"].get("types") or {})
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            objects = _kinds(manifest["state"])
+            pickles = has_pickle(manifest["state"])
+        except (KeyError, IndexError, TypeError, ValueError, RecursionError) as exc:
             raise CorruptCheckpointError(f"checkpoint {cid}: its manifest does not describe "
                                          f"its tensors ({type(exc).__name__}: {exc})",
                                          cid) from exc
         return {**{k: v for k, v in vars(row).items() if k not in ("tags", "seq")},
                 "children": self.catalog.children(cid), "tensors": tensors,
-                "objects": objects, "pickles": has_pickle(manifest["state"])}
+                "objects": objects, "pickles": pickles}
 
     def diff(self, a: str, b: str) -> Any:
         """Per-tensor change from checkpoint ``a`` to ``b`` as a pandas DataFrame."""
@@ -1082,8 +1084,13 @@ class CheckpointManager:
             storages = self._decode_storages(cid, manifest)
             decoder = Unflattener(manifest["tensors"], storages)
             chunks = [tuple(d for d, _ in s["chunks"]) for s in manifest["storages"]]
-            sides.append({t["name"]: (decoder.tensor(i).detach(), chunks[t["storage"]], t)
-                          for i, t in enumerate(manifest["tensors"])})
+            try:
+                sides.append({t["name"]: (decoder.tensor(i).detach(), chunks[t["storage"]], t)
+                              for i, t in enumerate(manifest["tensors"])})
+            except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+                raise CorruptCheckpointError(  # (torch's own, for a view past its storage)
+                    f"checkpoint {cid}: its manifest does not describe its tensors "
+                    f"({type(exc).__name__}: {exc})", cid) from exc
         left, right = sides
         records = []
         for name in list(left) + [n for n in right if n not in left]:
@@ -1529,6 +1536,14 @@ def _raw_buffer(row: ChunkRow) -> np.ndarray:
         raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack}: the catalog "
                                      f"gives it {row.raw_len} bytes, more than any chunk")
     return np.empty(row.raw_len, dtype=np.uint8)
+
+
+def _kinds(skeleton: Mapping[str, Any]) -> dict[str, str]:
+    """What kind of object each saved name was, as a manifest's state records it."""
+    kinds = skeleton.get("types") or {}
+    if not isinstance(kinds, dict) or not all(isinstance(v, str) for v in kinds.values()):
+        raise TypeError(f"its types are {type(kinds).__name__}, not names of kinds")
+    return dict(kinds)
 
 
 def _checked_row(row: ChunkRow) -> ChunkRow:

@@ -342,3 +342,36 @@ def test_a_checkpoint_row_no_save_writes_names_the_catalog_and_the_way_out(
         sidecar.rename(tmp_path / f"aside-{sidecar.name}")
     with pytest.warns(RuntimeWarning, match="2 checkpoints recovered"):
         assert len(CheckpointManager(tmp_path).list()) == 2
+
+
+@pytest.mark.parametrize("damage", ["offset 1.5", "storage 99", "types a list",
+                                    "extra 900 deep"])
+def test_every_reader_of_a_damaged_manifest_names_the_checkpoint(tmp_path: Path,
+                                                                damage: str) -> None:
+    """diff, info and export read manifests too: they raised torch's TypeError,
+    IndexError or RecursionError."""
+    good, bad = two_saves(tmp_path)
+
+    def change(manifest: dict) -> dict:
+        if damage == "offset 1.5":
+            manifest["tensors"][0]["offset"] = 1.5
+        elif damage == "storage 99":
+            manifest["tensors"][0]["storage"] = 99
+        elif damage == "types a list":
+            manifest["state"]["types"] = [1]
+        else:
+            deep: dict = {}
+            for _ in range(900):
+                deep = {"d": deep}
+            manifest["state"]["extra"] = deep
+        return manifest
+
+    rewrite_manifest(tmp_path, bad, change)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    mgr = CheckpointManager(tmp_path)
+    for read in (lambda: mgr.load(bad), lambda: mgr.info(bad), lambda: mgr.diff(good, bad),
+                 lambda: mgr.export(bad, tmp_path / "out.pt")):
+        try:
+            read()
+        except CorruptCheckpointError as exc:
+            assert bad in str(exc)
