@@ -148,6 +148,7 @@ class CheckpointRow:
         return None
 
 
+HEIRS_KEPT = 10_000  # deleted checkpoints whose heir is remembered, newest first
 _LAST_TIME = 2**33  # seconds since 1970: the year 2242 (pandas' times end in 2262)
 
 
@@ -433,7 +434,8 @@ class Catalog:
         db.execute("INSERT OR REPLACE INTO branches VALUES (?, ?)", (row.branch, row.id))
 
     def delete_checkpoints(self, ids: Iterable[str]) -> None:
-        """Forget checkpoints; their children are re-parented to the grandparent."""
+        """Forget checkpoints; their children are re-parented to the grandparent, which
+        is also recorded as each one's heir (``heir_of``)."""
         with self.transaction() as db:
             for cid in ids:
                 parent = db.execute("SELECT parent FROM checkpoints WHERE id=?",
@@ -444,7 +446,23 @@ class Catalog:
                 db.execute("UPDATE branches SET tip=? WHERE tip=?", (parent[0], cid))
                 db.execute("DELETE FROM refs WHERE checkpoint=?", (cid,))
                 db.execute("DELETE FROM checkpoints WHERE id=?", (cid,))
+                self._set_meta(f"heir:{cid}", parent[0] or "")
             db.execute("DELETE FROM branches WHERE tip IS NULL")
+            db.execute("DELETE FROM meta WHERE key LIKE 'heir:%' AND rowid NOT IN (SELECT rowid "
+                       "FROM meta WHERE key LIKE 'heir:%' ORDER BY rowid DESC LIMIT ?)",
+                       (HEIRS_KEPT,))
+
+    def heir_of(self, checkpoint_id: str) -> str | None:
+        """The nearest kept ancestor of a deleted checkpoint (None for a root, or one
+        deleted too long ago): where a manager whose live objects came from it, and
+        that another manager deleted, saves next."""
+        seen = set()
+        with self._lock:
+            at: str | None = checkpoint_id
+            while at and at not in seen and self.get(at) is None:
+                seen.add(at)
+                at = self._meta(f"heir:{at}") or None
+        return None if at in seen else at
 
     def update(self, checkpoint_id: str, **fields: Any) -> None:
         """Change the pinned flag, the note or the tags of a checkpoint."""

@@ -468,8 +468,9 @@ class CheckpointManager:
             self._catch_up()
             parent_id = self.head if parent is ... else parent
             parent_row = self.catalog.get(parent_id) if parent_id else None
-            if parent_id and parent_row is None:
-                parent_id = None  # deleted by someone else: start a new root
+            if parent_id and parent_row is None:  # deleted by another manager: its heir
+                parent_id = self.catalog.heir_of(parent_id)
+                parent_row = self.catalog.get(parent_id) if parent_id else None
             strategy, base_id, chain = self._plan(strategy, parent_row)
             row = CheckpointRow(
                 id=_new_id(), parent=parent_id, branch=self._branch_for(parent_row),

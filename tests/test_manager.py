@@ -2300,3 +2300,24 @@ def test_an_object_that_refuses_is_named_maybe_half_loaded_not_changed(tmp_path:
                                                  "changed"):
         mgr.restore(cid, model=torch.nn.Linear(2, 2), a=RefusesAll(), b=b)
     assert (b.a, b.b) == (0, 0)
+
+
+def test_a_save_after_another_manager_deleted_its_head_descends_from_the_heir(
+        tmp_path: Path) -> None:
+    """The explorer or the CLI deletes the checkpoint the training's manager stands on:
+    the next save used to start a new root, cut from the run's lineage."""
+    model = torch.nn.Linear(2, 2)
+    trainer = CheckpointManager(tmp_path)
+    first = trainer.save(model, epoch=0)
+    second = trainer.save(model, epoch=1)
+    third = trainer.save(model, epoch=2)
+    other = CheckpointManager(tmp_path)
+    other.delete(third)
+    other.delete(second)
+    fourth = trainer.save(model, epoch=3)
+    row = trainer.list().set_index("id").loc[fourth]
+    assert row["parent"] == first and row["branch"] == "main"
+    subprocess.run([sys.executable, "-m", "ckpt_nb", "rm", str(tmp_path), fourth],
+                   check=True, capture_output=True)
+    fifth = trainer.save(model)
+    assert trainer.list().set_index("id").loc[fifth]["parent"] == first
