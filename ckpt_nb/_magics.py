@@ -195,7 +195,6 @@ class CkptMagics(Magics):
         if session is not None and not line.strip():
             return session.manager.list()
         from ._catalog import store_exists
-        from ._manager import CheckpointManager
 
         directory = _unquoted(line.strip()) or session_mod.last_directory()
         if directory is None:
@@ -203,7 +202,7 @@ class CkptMagics(Magics):
         try:
             if not store_exists(directory):
                 raise UsageError(f"no checkpoint store at {directory}")
-            with CheckpointManager(directory) as manager:
+            with session_mod.listing_manager(directory) as manager:  # (its metric: best)
                 return manager.list()
         except CkptError as exc:  # (a store that does not open, a backend that fails)
             raise UsageError(f"%ckpt_list: {exc}") from None

@@ -10,11 +10,15 @@ only copies the state there; compression and I/O run on a writer thread.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
+import datetime
 import hashlib
+import keyword
 import math
 import os
+import reprlib
 import signal
 import sys
 import threading
@@ -23,15 +27,16 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, NamedTuple
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._capture import RNGState, SnapshotBuffers, load_all
+from ._capture import RNGState, SnapshotBuffers, load_all, rng_problem
 from ._catalog import store_exists
-from ._discovery import Discovery, assign_in_place, discover, from_storable, to_storable
+from ._discovery import (Discovery, _is_code, assign_in_place, discover, from_storable,
+                         to_storable)
 from ._errors import CkptError, CorruptCheckpointError
 from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager
 from ._store import canonical_url, file_url_path
@@ -146,10 +151,31 @@ def parse_duration(text: str) -> float:
     return value
 
 
+# Parts of a metric's name that say which way is better (the explorer's plots rank
+# metrics by the same higher-is-better words).
+_HIGHER_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "reward")
+_LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "nll", "cost")
+
+
+def metric_mode_from_name(name: str) -> str | None:
+    """"min" or "max" where the name says which way is better (a loss, an accuracy),
+    else None: a wrong guess would keep the worst checkpoints as the best."""
+    lower = name.lower()
+    higher = any(part in lower for part in _HIGHER_BETTER)
+    if higher == any(part in lower for part in _LOWER_BETTER):
+        return None  # (neither, or both: "score_loss")
+    return "max" if higher else "min"
+
+
 def parse_metric_trigger(text: str) -> tuple[str, str]:
-    """``"val_loss:min"`` -> ("val_loss", "min")."""
-    name, _, mode = text.partition(":")
-    mode = mode or "min"
+    """``"val_loss:min"`` -> ("val_loss", "min"); a bare name only where it says which
+    way is better (``"val_loss"``, ``"accuracy"``)."""
+    name, colon, mode = text.partition(":")
+    if not colon:
+        mode = metric_mode_from_name(name) or ""
+        if name and not mode:
+            raise ValueError(f"--on {name}: say whether a lower or a higher {name} is better, "
+                             f"--on {name}:min or --on {name}:max")
     if not name or mode not in ("min", "max"):
         raise ValueError(f"--on takes METRIC:min or METRIC:max, not {text!r}")
     return name, mode
@@ -199,6 +225,110 @@ class _Pending:
     """A run to resume once the loop helpers start."""
 
     checkpoint: Checkpoint
+    run: _SavedRun
+
+
+@dataclass
+class _SavedRun:
+    """A checkpoint's run record, checked whole (and its variables read) before any of
+    it is put back: a malformed one must not leave a rollback or resume half done."""
+
+    variables: dict[str, Any]
+    history: History
+    step: int | None
+    best: float | None = None
+    loop: dict[str, Any] | None = None  # (a resume's only)
+
+    @classmethod
+    def read(cls, checkpoint_id: str, run: Any, *, resume: bool = False) -> _SavedRun:
+        """The record as saved by ``AutoSession.save``, or CorruptCheckpointError naming
+        the checkpoint and what is wrong. None (a checkpoint saved without a session) is
+        an empty record; ``resume`` needs its loop position and best metric too."""
+
+        def corrupt(problem: str) -> CorruptCheckpointError:
+            return _malformed(checkpoint_id, problem, resume=resume)
+
+        if run is None and not resume:
+            return cls({}, History(), None)
+        if not isinstance(run, dict):
+            raise corrupt(f"a {type(run).__name__}, not a dict")
+        names = _variable_names(checkpoint_id, run.get("variables"), resume=resume)
+        variables = {}
+        for name in names:
+            try:
+                variables[name] = from_storable(run["variables"][name])
+            except Exception as exc:  # noqa: BLE001 - whatever a malformed value makes pandas raise
+                raise corrupt(f"variable {name}: {type(exc).__name__}: {exc}") from exc
+        try:
+            history = History.from_storable(run.get("history", []))
+        except CorruptCheckpointError as exc:
+            raise corrupt(f"its metric history: {exc.__cause__ or exc!r}") from exc
+        step = run.get("step")
+        if not (_count(step) or step is None and not resume):
+            raise corrupt(f"step {step!r}")
+        if not resume:
+            return cls(variables, history, step)
+        if "best" not in run:
+            raise corrupt("no best metric")
+        best, loop = run["best"], run.get("loop")
+        if best is not None and (isinstance(best, bool) or not isinstance(best, (int, float))):
+            raise corrupt(f"best {best!r}")
+        if not isinstance(loop, dict):
+            raise corrupt("no loop position" if loop is None else f"loop {loop!r}")
+        epoch, next_batch, epoch_rng = (loop.get("epoch"), loop.get("next_batch"),
+                                        loop.get("epoch_rng"))
+        if not (epoch is None or _count(epoch)) or not _count(next_batch):
+            raise corrupt(f"epoch {epoch!r}, batch {next_batch!r}")
+        if epoch_rng is not None:
+            problem = rng_problem(epoch_rng) if isinstance(epoch_rng, dict) else "not a dict"
+            if problem:
+                raise corrupt(f"the epoch's RNG state: {problem}")
+        for key in ("loader_rng", "loader_rng_now"):
+            states = loop.get(key)
+            if states is not None and not (isinstance(states, list) and all(
+                    isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in states)):
+                raise corrupt(f"{key} is not a list of generator states")
+        return cls(variables, history, step, best, loop)
+
+
+# Values a resume compares with the saved ones cheaply, to say which it puts back.
+_CHEAP = (bool, int, float, complex, str, bytes, type(None), PurePath, datetime.date,
+          datetime.time, datetime.timedelta)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of one type (``1`` is not ``1.0`` once put back); NaN is NaN."""
+    return type(a) is type(b) and (a == b or a != a and b != b)
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a non-negative int (a step, an epoch, a batch index)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _malformed(checkpoint_id: str, problem: str, *, resume: bool) -> CorruptCheckpointError:
+    """The error for a run record a rollback or resume cannot use, and what to do."""
+    return CorruptCheckpointError(
+        f"checkpoint {checkpoint_id}'s run record is malformed ({problem}): nothing was "
+        "restored; " + ("run the cell with --no-resume (auto(resume=False)) to start afresh"
+                        if resume else "roll back to another checkpoint"), checkpoint_id)
+
+
+def _variable_names(checkpoint_id: str, variables: Any, *, resume: bool = False) -> list[str]:
+    """The names of a run record's variables, each one a rollback may assign: a Python
+    name that is no keyword and no dunder (``__builtins__`` would change what every
+    name means), or CorruptCheckpointError."""
+    if variables is None:
+        return []
+    if not isinstance(variables, dict):
+        raise _malformed(checkpoint_id, f"its variables are a {type(variables).__name__}, "
+                         "not a dict", resume=resume)
+    for name in variables:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
+                or name.startswith("__") and name.endswith("__"):
+            raise _malformed(checkpoint_id, f"a variable named {name!r}, which is no "
+                             "notebook variable's name", resume=resume)
+    return list(variables)
 
 
 class BackgroundWriter:
@@ -321,9 +451,11 @@ class AutoSession:
 
     # -- life cycle ---------------------------------------------------------------
     def say(self, message: str) -> None:
+        """Tell the user one line, as ckpt_nb's, in the cell's output."""
         print(f"ckpt_nb: {message}", file=self.out, flush=True)
 
     def rediscover(self) -> Discovery:
+        """Sort the namespace again: what is tracked changes as the notebook runs."""
         self.discovery = discover(self.namespace, track=self.config.track,
                                   max_variable_bytes=self.config.max_variable_bytes)
         return self.discovery
@@ -341,7 +473,6 @@ class AutoSession:
             self._find_resume()
         if source is not None:
             _cells_run.add((self.url, self._cell_key()))
-            _last_cell[self.url] = self.cell_hash
 
     def begin_line_cell(self) -> None:
         """Start of any cell a session watches: a new loop, no interrupt pending."""
@@ -384,6 +515,8 @@ class AutoSession:
         finally:
             self._pending = None
             self._interrupts = 0
+            if error is not None:  # (what a resume of this run compares the live values with)
+                _left_values[self.url] = self._cheap_values()
             self._report_background_error()
         if interrupted and final:
             raise _stopped(f"the cell ran to its end, saved as checkpoint "
@@ -402,6 +535,7 @@ class AutoSession:
 
     # -- interrupts ---------------------------------------------------------------
     def _install_sigint(self) -> None:
+        """Take SIGINT for the cell, so an interrupt saves first (main thread only)."""
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_sigint = signal.getsignal(signal.SIGINT)
@@ -458,6 +592,7 @@ class AutoSession:
         return None
 
     def checkpoint_if_due(self) -> None:
+        """Save if a trigger is due; an interrupt's save then stops the cell."""
         self._report_background_error()
         reason = self.due()
         if reason is None:
@@ -490,7 +625,8 @@ class AutoSession:
         """Snapshot tracked state now and write it (behind the training thread)."""
         found = self.rediscover()
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
-               "step": self.step,
+               "step": self.step, "on": list(self.config.on) if self.config.on else None,
+               "keep_best": self.config.keep_best,
                "history": self.history.storable(), "best": self.best,
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
@@ -539,6 +675,11 @@ class AutoSession:
         one, else by the cell's code. Another cell's run is not resumed (but after a
         rollback, where no cell ids tell the cells apart): this cell's loop would go on
         from that cell's position (the cells of a notebook share its default store).
+        Without cell ids, an edited cell is another cell until the user rolls back to its
+        run: nothing tells the two apart (a fine-tune cell is often the training cell's
+        copy, and a fix may rewrite much of a cell), and a new cell taken for an edit
+        trains on silently from the other run's position, where an edit taken for a new
+        cell is told the rollback that resumes its run.
         """
         position = _positions.get(self.url)
         rolled_back = _position_events.get(self.url) == "rollback"
@@ -548,8 +689,7 @@ class AutoSession:
         if run is not None and not run.get("finished"):
             # After a rollback, a cell is taken for the run's, edited, unless cell ids
             # tell them apart: without ids, going on with another cell looks the same.
-            if self._is_this_cell(run) or (rolled_back and not self._told_apart(run)) \
-                    or (first_run and self._edited_from(run)):
+            if self._is_this_cell(run) or (rolled_back and not self._told_apart(run)):
                 candidate = position
             elif rolled_back:
                 self.say(f"checkpoint {position}, rolled back to, holds a run of another "
@@ -567,9 +707,10 @@ class AutoSession:
         run = ck.extra.get(RUN_KEY)
         if not isinstance(run, dict) or run.get("finished") or run.get("cell") is None:
             return
+        saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
-        self._pending = _Pending(ck)
+        self._pending = _Pending(ck, saved)
 
     def _run_record(self, checkpoint_id: str) -> dict[str, Any] | None:
         """The run bookkeeping a checkpoint holds (read from its manifest alone)."""
@@ -593,13 +734,6 @@ class AutoSession:
         return self.cell_id is not None and run.get("cell_id") is not None \
             and run["cell_id"] != self.cell_id
 
-    def _edited_from(self, run: dict[str, Any]) -> bool:
-        """Whether this cell, new to this process, is taken for the run's cell edited:
-        with no cell ids to tell, when that run's cell is the last one this process
-        began on this store (the user fixed the cell that stopped and ran it again)."""
-        return self.cell_id is None and run.get("cell_id") is None \
-            and _last_cell.get(self.url) == run.get("cell")
-
     def _newest_of_this_cell(self) -> str | None:
         """This cell's newest checkpoint, when that run is unfinished; else None, saying
         so when the store's newest checkpoint is an unfinished run of other code."""
@@ -615,37 +749,70 @@ class AutoSession:
         if newest is not None and not newest[1].get("finished"):
             self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
                      "cell, or this one before an edit): not resuming it here; "
-                     f"`%ckpt_rollback {newest[0]}` and running this cell again would")
+                     f"to resume it, `%ckpt_rollback {newest[0]}`, then run this cell again")
         return None
 
-    def _apply(self, ck: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Load a checkpoint into the live objects and variables (RNG aside)."""
+    def _apply(self, ck: Checkpoint, saved: _SavedRun) -> tuple[dict[str, Any], list[str]]:
+        """Load a checkpoint (its run record checked: ``_SavedRun.read``) into the live
+        objects and variables, RNG aside; returns the objects and the variables put back."""
         found = self.rediscover()
         targets = {_stored_key(n): obj for n, obj in found.statefuls.items()
                    if _stored_key(n) in ck.state}
+        variables = [n for n in saved.variables if self._assignable(n, found.statefuls)]
         load_all(targets, ck.state, kinds=ck.kinds)
-        run = ck.extra.get(RUN_KEY)
-        run = run if isinstance(run, dict) else {}
-        for name, value in run.get("variables", {}).items():
-            assign_in_place(self.namespace, name, from_storable(value))
-        self.history = History.from_storable(run.get("history", []))
+        for name in variables:
+            assign_in_place(self.namespace, name, saved.variables[name])
+        self.history = saved.history
         self.metrics = dict(ck.metrics)
-        if "step" in run:
-            self.step = self.last_save_step = run["step"]
+        if saved.step is not None:
+            self.step = self.last_save_step = saved.step
             self._step_offset = self.step - max(self._steps_by_optimizer.values(), default=0)
-        return targets, run
+        return targets, variables
+
+    def _assignable(self, name: str, statefuls: dict[str, Any]) -> bool:
+        """Whether a saved variable is put back under ``name``: never over a tracked
+        object or code (a module, a function, a class), and, named like a builtin
+        (``len``), only where the notebook has that name already."""
+        if name not in self.namespace:
+            return name not in vars(builtins)
+        return name not in statefuls and not _is_code(self.namespace[name])
+
+    def _cheap_values(self) -> dict[str, Any]:
+        """The notebook's public values that are cheap to compare (numbers, strings,
+        paths, dates): what a resume compares the live ones with (``_changed_since``)."""
+        return {name: value for name, value in self.namespace.items()
+                if not name.startswith("_") and isinstance(value, _CHEAP)}
+
+    def _changed_since(self, saved: _SavedRun) -> dict[str, str]:
+        """The variables a resume would put back that the user changed since the run
+        stopped (``clip = 1.0`` before running the cell again), as ``name = saved (was
+        live)``: cheap values whose live one differs from the saved one and from the one
+        the run left in this process (the loop's own ``epoch`` went on past the save),
+        or, in a fresh process, from the saved one."""
+        left = _left_values.get(self.url, {})
+        changed = {}
+        for name, value in saved.variables.items():
+            if name not in self.namespace:
+                continue
+            live = self.namespace[name]
+            if isinstance(value, _CHEAP) and isinstance(live, _CHEAP) \
+                    and not _same(live, value) and not _same(live, left.get(name, value)):
+                changed[name] = f"{name} = {reprlib.repr(value)} (was {reprlib.repr(live)})"
+        return changed
 
     def _resume_now(self) -> int | None:
         """Restore the pending run in place; returns the epoch to start at."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        ck = pending.checkpoint
-        targets, run = self._apply(ck)
+        ck, saved = pending.checkpoint, pending.run
+        changed = self._changed_since(saved)
+        targets, variables = self._apply(ck, saved)
         self._moved_to(ck.id, "resume")
-        self.best = run["best"]
+        self.best = saved.best
         self.last_consistent_step = self.step
-        loop = run["loop"]
+        loop = saved.loop
+        assert loop is not None  # (read for a resume)
         self.loop = _Loop(epoch=loop["epoch"], next_batch=loop["next_batch"],
                           epoch_rng=loop["epoch_rng"], loader_rng=loop.get("loader_rng"))
         if loop["epoch_rng"] is not None and loop["next_batch"]:
@@ -656,15 +823,19 @@ class AutoSession:
             self._pending_loader_rng = loop.get("loader_rng_now")
             if ck.rng is not None:
                 RNGState().load_state_dict(ck.rng)
-        missing = [_live_name(n) for n in ck.state if n not in targets]
+        missing = [_live_name(n) for n in ck.state if n not in targets] + \
+            [n for n in saved.variables if n not in variables]
+        changed = [text for name, text in changed.items() if name in variables]
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
-                 f"step {run['step']})" + (f"; not restored (not defined now): {missing}"
-                                           if missing else ""))
+                 f"step {saved.step})"
+                 + (f"; not restored (not defined now): {missing}" if missing else "")
+                 + (f"; put back as saved: {', '.join(changed)}" if changed else ""))
         return loop["epoch"]
-
 
     # -- loop helpers -------------------------------------------------------------------------
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
+        """``range(start, n)`` that records the epoch (each end is a consistent point)
+        and, resuming, starts at the saved epoch."""
         resumed = self._resume_now()
         epoch = resumed if resumed is not None else start
         while epoch < n:
@@ -725,12 +896,15 @@ class AutoSession:
         """What a rollback to ``which`` would do, read from its manifest alone."""
         cid = self.manager.resolve(which)
         state = self.manager._manifest(cid)["state"]
-        run = state["extra"].get(RUN_KEY) if isinstance(state["extra"], dict) else None
-        variables = list(run.get("variables") or {}) if isinstance(run, dict) else []
+        extra = state.get("extra") if isinstance(state, dict) else None
+        run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
+        names = _variable_names(cid, run.get("variables")) if isinstance(run, dict) else []
         live = self.rediscover().statefuls
         objects = [_live_name(key) for key in state.get("types") or {}]
+        variables = [n for n in names if self._assignable(n, live)]
         return RollbackPlan(cid, [n for n in objects if n in live] + variables,
-                            [n for n in objects if n not in live], list(live))
+                            [n for n in objects if n not in live]
+                            + [n for n in names if n not in variables], list(live))
 
     def rollback(self, which: str = "latest") -> str:
         """Put tracked objects and variables back to a checkpoint, in place. One that
@@ -742,17 +916,22 @@ class AutoSession:
             raise CkptError(plan.refusal())
         cid, missing = plan.id, plan.not_restored
         ck = self.manager.load(cid)
-        targets, run = self._apply(ck)
+        targets, variables = self._apply(ck, _SavedRun.read(ck.id, ck.extra.get(RUN_KEY)))
         self._moved_to(ck.id, "rollback")
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
-        restored = [_live_name(key) for key in targets] + list(run.get("variables", {}))
-        left = f" (not {', '.join(missing)}: nothing here by those names)" if missing else ""
-        self.say(f"rolled back to {ck.id} (epoch {ck.epoch}, step {ck.step}): restored "
+        _left_values[self.url] = self._cheap_values()
+        restored = [_live_name(key) for key in targets] + variables
+        left = f" (not {', '.join(missing)}: nothing here takes them)" if missing else ""
+        where = ", ".join(f"{label} {value}" for label, value in
+                          (("epoch", ck.epoch), ("step", ck.step)) if value is not None)
+        self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}: restored "
                  f"{', '.join(restored)}{left}; the next save starts a branch from it")
         return ck.id
 
     def status(self) -> dict[str, Any]:
+        """What ``%ckpt_status`` shows: the store, what is tracked and skipped, the
+        triggers, the step, the last save and whether a write is pending."""
         triggers = [t for t in (
             f"every {self.config.every_steps} steps" if self.config.every_steps else None,
             f"every {self.config.every_seconds:g} s" if self.config.every_seconds else None,
@@ -774,7 +953,7 @@ _history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
 _position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
 _cells_run: set[tuple[str, str | None]] = set()  # (store URL, cell id or code hash) begun here
-_last_cell: dict[str, str | None] = {}  # store URL -> the code hash of the last cell begun
+_left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
 _subscribers: list[Callable[[str, str, str], None]] = []
 _last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's config, namespace
 
@@ -807,6 +986,29 @@ def last_directory() -> str | None:
     return config.directory or default_directory(namespace)
 
 
+def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
+    """The store opened to list it as the session that wrote it ranks it: that session's
+    ``--on`` metric and ``--keep-best`` (read from the newest run record), the kernel's
+    position as head. A plain manager knows no metric: every row's best was False."""
+    manager = CheckpointManager(directory)
+    try:
+        for row in reversed(manager.catalog.checkpoints()):
+            with contextlib.suppress(CkptError, KeyError, TypeError):
+                run = manager._saved_extra(row.id).get(RUN_KEY)
+                if isinstance(run, dict):
+                    on, keep_best = run.get("on"), run.get("keep_best")
+                    if isinstance(on, (list, tuple)) and len(on) == 2 and \
+                            isinstance(on[0], str) and on[1] in ("min", "max"):
+                        manager.metric, manager.mode = on
+                        manager.keep_best = keep_best if _count(keep_best) else None
+                    break
+        manager.head = kernel_position(manager)
+    except BaseException:
+        manager.close()
+        raise
+    return manager
+
+
 def kernel_position(store: str | os.PathLike[str] | CheckpointManager) -> str | None:
     """The checkpoint this process's tracked state came from (its last save, resume or
     rollback) in that store, or None."""
@@ -835,6 +1037,7 @@ def _publish(event: str, checkpoint_id: str, url: str) -> None:
 
 
 def active() -> AutoSession | None:
+    """The session the loop helpers report to (the newest open one), or None."""
     while _sessions and _sessions[-1].closed:
         _sessions.pop()
     return _sessions[-1] if _sessions else None
@@ -951,28 +1154,33 @@ def _session_for(directory: str | os.PathLike[str] | None,
 
 
 def status() -> dict[str, Any]:
+    """The active session's ``AutoSession.status()`` with ``"active": True``, else
+    ``{"active": False}``."""
     session = active()
     return {"active": False} if session is None else {"active": True, **session.status()}
 
 
 @contextlib.contextmanager
 def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = None,
-         name: str = "auto", **options: Any) -> Iterator[AutoSession]:
+         name: str | None = None, **options: Any) -> Iterator[AutoSession]:
     """``%%ckpt_auto`` as a context manager, for scripts and tests.
 
     ``with ckpt_nb.auto("runs/x", every_steps=50, namespace=globals()): ...``
-    resumes an unfinished run of the block called ``name`` and saves at its end.
+    resumes an unfinished run of the block called ``name`` and saves at its end. A
+    ``name`` given is the block's as a notebook's cell id is a cell's: another name's
+    run is never resumed, even after a rollback to it.
     """
     if namespace is None:
         namespace = sys._getframe(2).f_globals
     session = start(AutoConfig(directory=directory, **options), namespace, nested=True)
-    session.begin_cell(name)
+    # ("auto:" is in no notebook's cell id, which are letters, digits, - and _)
     try:
-        yield session
-    except BaseException as exc:
-        session.end_cell(exc)
-        raise
-    else:
+        session.begin_cell(name or "auto", cell_id=None if name is None else f"auto:{name}")
+        try:
+            yield session
+        except BaseException as exc:
+            session.end_cell(exc)
+            raise
         session.end_cell()
     finally:
         session.close()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
+import pydoc
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,7 +60,7 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_session, "_positions", {})
     monkeypatch.setattr(_session, "_position_events", {})
     monkeypatch.setattr(_session, "_cells_run", set())
-    monkeypatch.setattr(_session, "_last_cell", {})
+    monkeypatch.setattr(_session, "_left_values", {})
 
 
 @pytest.fixture
@@ -110,10 +113,12 @@ def interrupt_at(sh: InteractiveShell, cell: str, store: Path,
 
 
 def rerun_ends_as_the_reference(sh: InteractiveShell, cell: str, store: Path,
-                                expected: list[torch.Tensor], history: list[float]) -> None:
-    """Run a training ``cell`` again, unstopped: it ends as the run never stopped did."""
+                                expected: list[torch.Tensor], history: list[float],
+                                stop: str = INTERRUPT) -> None:
+    """Run the training ``cell`` that stopped (with its ``stop``: the same code) again,
+    unstopped: it ends as the run never stopped did."""
     run(sh, "STOP_AT = None")
-    second = run(sh, cell.format(dir=store, stop="pass"))
+    second = run(sh, cell.format(dir=store, stop=stop))
     assert second.success and second.result == 3
     assert same(final_state(sh), expected)
     assert sh.user_ns["history"] == history
@@ -135,10 +140,7 @@ def test_load_and_unload_remove_everything(tmp_path: Path) -> None:
 def test_interrupt_saves_then_rerun_continues_bit_exact(shell, tmp_path: Path) -> None:
     expected, expected_history = reference(shell, tmp_path)
     run(shell, SETUP)
-    stop = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
-    run(shell, "STOP_AT = (1, 4)")
-    first = run(shell, TRAIN.format(dir=tmp_path / "run", stop=stop))
-    assert isinstance(first.error_in_exec, KeyboardInterrupt)
+    interrupt_at(shell, TRAIN, tmp_path / "run", (1, 4))
     notes = list(ckpt_nb.CheckpointManager(tmp_path / "run").list()["note"])
     assert notes[-1] == "interrupt"
     rerun_ends_as_the_reference(shell, TRAIN, tmp_path / "run", expected, expected_history)
@@ -167,7 +169,7 @@ def test_a_loader_with_its_own_generator_resumes_bit_exact(
     interrupt_at(shell, TRAIN, tmp_path / "run", stop_at)
     if kernel == "fresh":
         for name, empty in (("_last", None), ("_positions", {}), ("_position_events", {}),
-                            ("_cells_run", set()), ("_last_cell", {})):
+                            ("_cells_run", set()), ("_left_values", {})):
             monkeypatch.setattr(_session, name, empty)
         run(shell, GENERATOR_SETUP)
     else:
@@ -218,8 +220,10 @@ def test_a_stop_in_validation_resumes_the_training_loader_bit_exact(
     expected, expected_history = reference(shell, tmp_path, VAL_SETUP, TRAIN_VAL)
     run(shell, VAL_SETUP)
     run(shell, "STOP_AT = (1, 1)")
+    # (the rerun is the same code; the resume puts STOP_AT back, but not an Event)
+    run(shell, "go_on = threading.Event()")
     action = "import os, signal; os.kill(os.getpid(), signal.SIGINT)" if stop == "interrupt" \
-        else "raise RuntimeError('bad batch')"
+        else "if not go_on.is_set(): raise RuntimeError('bad batch')"
     first = run(shell, TRAIN_VAL.format(dir=tmp_path / "val", stop=action))
     assert isinstance(first.error_in_exec, KeyboardInterrupt if stop == "interrupt"
                       else RuntimeError)
@@ -229,9 +233,9 @@ def test_a_stop_in_validation_resumes_the_training_loader_bit_exact(
     # checkpoint is the last periodic one, in the training loop
     assert saved == (("interrupt", 2, 0, 36) if stop == "interrupt"
                      else ("every 7 steps", 1, 17, 35))
-    run(shell, "STOP_AT = None")
+    run(shell, "STOP_AT = None; go_on.set()")
     capsys.readouterr()
-    second = run(shell, TRAIN_VAL.format(dir=tmp_path / "val", stop="pass"))
+    second = run(shell, TRAIN_VAL.format(dir=tmp_path / "val", stop=action))
     assert second.success and second.result == 3
     assert f"resumed from {row['id']} (epoch {saved[1]}, batch {saved[2]}, step {saved[3]})" \
         in capsys.readouterr().out
@@ -260,7 +264,7 @@ def test_epochs_over_a_plain_loop_save_at_epoch_boundaries_and_resume_bit_exact(
         {(1, 0), (2, 0)}  # (every save at an epoch boundary: 18 batches an epoch)
     assert rows["note"].iloc[-1] == "interrupt" and rows["step"].iloc[-1] == 36
     run(shell, "STOP_AT = None")
-    second = run(shell, PLAIN_LOADER.format(dir=tmp_path / "plain", stop="pass"))
+    second = run(shell, PLAIN_LOADER.format(dir=tmp_path / "plain", stop=stop))
     assert second.success and second.result == 3
     assert same(final_state(shell), expected)
     assert shell.user_ns["history"] == expected_history
@@ -818,3 +822,244 @@ def test_numpy_and_python_generator_objects_are_tracked_and_resume_bit_exact(
     capsys.readouterr()
     assert run(shell, f"%ckpt_rollback {rows['id'].iloc[1]} --dir {tmp_path / 'gen'}").success
     assert "rng" in capsys.readouterr().out.split("restored")[1]
+
+
+SMALL = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = [torch.ones(4, 2)] * 4
+"""
+
+PRETRAIN = """%%ckpt_auto --dir {dir} --every-steps 2
+# pretraining
+for epoch in ckpt_nb.epochs(10):
+    for i, x in ckpt_nb.batches(data):
+        if epoch == 7: raise RuntimeError("stopped pretraining here")
+        opt.zero_grad(); model(x).sum().backward(); opt.step()
+"""
+
+OTHER_CELL = """%%ckpt_auto --dir {dir}
+# fine-tuning, another cell
+ran = []
+for epoch in ckpt_nb.epochs(10):
+    ran.append(epoch)
+    for i, x in ckpt_nb.batches(data):
+        opt.zero_grad(); model(x).sum().backward(); opt.step()
+"""
+
+
+def test_without_cell_ids_another_cell_never_takes_over_a_stopped_run(
+        shell, tmp_path: Path, capsys) -> None:
+    """A cell run after a stopped one (nbclient sends no cell ids) was taken for it
+    edited, and ran epochs 7..9 from the pretraining's state. An edited cell resumes
+    after the rollback the message names."""
+    run(shell, SMALL)
+    assert isinstance(run(shell, PRETRAIN.format(dir=tmp_path)).error_in_exec, RuntimeError)
+    stopped = ckpt_nb.CheckpointManager(tmp_path).list()["id"].iloc[-1]
+    capsys.readouterr()
+    assert run(shell, OTHER_CELL.format(dir=tmp_path)).success
+    out = capsys.readouterr().out
+    assert shell.user_ns["ran"] == list(range(10)) and "resumed" not in out
+    assert f"to resume it, `%ckpt_rollback {stopped}`, then run this cell again" in out
+    edited = PRETRAIN.replace("epoch == 7", "epoch == 99")
+    assert run(shell, f"%ckpt_rollback {stopped}").success
+    capsys.readouterr()
+    assert run(shell, edited.format(dir=tmp_path) + "print('done', epoch)").success
+    out = capsys.readouterr().out
+    assert "this cell changed since" in out and f"resumed from {stopped} (epoch 7," in out
+
+
+def test_an_auto_block_resumes_only_the_run_of_its_name(tmp_path: Path, capsys) -> None:
+    """auto(name="finetune") resumed the unfinished run of "pretrain" (epochs 7..9), and
+    after a rollback to that run an explicit name must not be taken for it edited."""
+    model = torch.nn.Linear(2, 1)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+
+    def train(name: str, stop: int | None = None) -> list[int]:
+        ran = []
+        with ckpt_nb.auto(str(tmp_path), namespace=ns, name=name, every_steps=2):
+            for epoch in ckpt_nb.epochs(10):
+                ran.append(epoch)
+                for _, x in ckpt_nb.batches([torch.ones(4, 2)] * 4):
+                    if epoch == stop:
+                        raise KeyboardInterrupt
+                    ns["opt"].zero_grad()
+                    ns["model"](x).sum().backward()
+                    ns["opt"].step()
+        return ran
+
+    with pytest.raises(KeyboardInterrupt):
+        train("pretrain", stop=7)
+    stopped = ckpt_nb.CheckpointManager(tmp_path).list()["id"].iloc[-1]
+    assert train("finetune") == list(range(10))
+    ckpt_nb.rollback(stopped, directory=tmp_path, namespace=ns)
+    capsys.readouterr()
+    assert train("finetune") == list(range(10))
+    assert "resumed" not in capsys.readouterr().out
+    ckpt_nb.rollback(stopped, directory=tmp_path, namespace=ns)
+    assert train("pretrain") == [7, 8, 9]
+
+
+def test_on_a_bare_metric_name_ranks_the_way_the_name_says_or_asks(
+        shell, tmp_path: Path, capsys) -> None:
+    """--on acc meant min: --keep-best 1 kept the worst accuracy."""
+    assert _session.parse_metric_trigger("val_loss") == ("val_loss", "min")
+    assert _session.parse_metric_trigger("val_accuracy") == ("val_accuracy", "max")
+    assert _session.parse_metric_trigger("f1:min") == ("f1", "min")
+    for ambiguous in ("lr", "score_loss"):
+        result = run(shell, f"%ckpt_auto --on {ambiguous}")
+        assert isinstance(result.error_in_exec, UsageError)
+        assert f"--on {ambiguous}:min or --on {ambiguous}:max" in str(result.error_in_exec)
+    run(shell, SMALL)
+    cell = (f"%%ckpt_auto --dir {tmp_path} --on acc --keep-best 1 --keep 1\n"
+            "for epoch in ckpt_nb.epochs(4):\n"
+            "    for i, x in ckpt_nb.batches(data):\n"
+            "        opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step()\n"
+            "    ckpt_nb.log(acc=[0.9, 0.1, 0.5, 0.6][epoch])")
+    assert run(shell, cell).success
+    table = run(shell, f"%ckpt_list {tmp_path}").result
+    assert table.loc[table["best"], "acc"].tolist() == [0.9]
+
+
+def test_ckpt_list_after_the_session_marks_its_best_and_the_head(
+        shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the cell, %ckpt_list opened the store with no metric: best and head were
+    False on every row."""
+    run(shell, SMALL)
+    cell = (f"%%ckpt_auto --dir {tmp_path} --on val_loss:min --keep-best 2 --keep 3\n"
+            "for epoch in ckpt_nb.epochs(6):\n"
+            "    for i, x in ckpt_nb.batches(data):\n"
+            "        opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step()\n"
+            "    ckpt_nb.log(val_loss=[5, 1, 4, 3, 2, 6][epoch])")
+    assert run(shell, cell).success
+    assert run(shell, "%ckpt_rollback best").success
+    table = run(shell, "%ckpt_list").result
+    # (saved when val_loss improved, 5 then 1, and at the end, 6; kept: the best 2)
+    assert sorted(table.loc[table["best"], "val_loss"]) == [1.0, 5.0]
+    assert table.loc[table["head"], "val_loss"].tolist() == [1.0]
+    monkeypatch.setattr(_session, "_positions", {})  # a fresh kernel: the ranking stays
+    table = run(shell, f"%ckpt_list {tmp_path}").result
+    assert sorted(table.loc[table["best"], "val_loss"]) == [1.0, 5.0]
+    assert not table["head"].any()
+
+
+def saved_with_record(store: Path, change: Any) -> tuple[str, dict[str, Any]]:
+    """A checkpoint whose run record is a real unfinished one ``change``d, saved as the
+    store's newest; and a fresh namespace of the same objects."""
+    model = torch.nn.Linear(4, 4)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1), "lr": 0.1}
+    with pytest.raises(RuntimeError, match="crash"):
+        with ckpt_nb.auto(str(store), namespace=ns, name="cell", every_steps=1):
+            for epoch in ckpt_nb.epochs(2):
+                for _, x in ckpt_nb.batches([torch.ones(1, 4)] * 3):
+                    if epoch == 1:
+                        raise RuntimeError("crash")  # (an unfinished run)
+                    ns["opt"].zero_grad()
+                    ns["model"](x).sum().backward()
+                    ns["opt"].step()
+    with ckpt_nb.CheckpointManager(store) as mgr:
+        record = mgr.load("latest").extra["ckpt_nb_run"]
+        change(record)
+        cid = mgr.save(model=ns["model"], opt=ns["opt"], extra={"ckpt_nb_run": record})
+    fresh = torch.nn.Linear(4, 4)
+    return cid, {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1), "lr": 0.5}
+
+
+def test_rollback_puts_back_no_builtin_the_notebook_does_not_have(
+        shell, tmp_path: Path) -> None:
+    """A run record naming len and print shadowed them: print(len([1, 2])) failed."""
+    cid, _ = saved_with_record(tmp_path, lambda r: r["variables"].update(
+        {"len": "hijacked", "print": 0, "lr": 0.25}))
+    run(shell, "import torch\nmodel = torch.nn.Linear(4, 4)\nlr = 0.1")
+    result = run(shell, f"%ckpt_rollback {cid} --dir {tmp_path}")
+    assert result.success, result.error_in_exec
+    assert run(shell, "shown = str(len([1, 2]))\nprint(shown)").success
+    assert shell.user_ns["shown"] == "2" and shell.user_ns["lr"] == 0.25
+    assert "len" not in shell.user_ns and "print" not in shell.user_ns
+    run(shell, "len = 'mine'")  # a notebook's own variable of that name is put back
+    assert run(shell, f"%ckpt_rollback {cid} --dir {tmp_path}").success
+    assert shell.user_ns["len"] == "hijacked"
+
+
+@pytest.mark.parametrize("label,change", [
+    ("dunder", lambda r: r["variables"].update({"__builtins__": {"x": 1}})),
+    ("no name", lambda r: r["variables"].update({"not a name!": 2})),
+    ("keyword", lambda r: r["variables"].update({"class": 2})),
+    ("a list", lambda r: r.update(variables=[1, 2])),
+    ("step", lambda r: r.update(step="x")),
+    ("frame dtype", lambda r: r["variables"].update(df={
+        "__frame__": "frame", "data": [[1]], "columns": ["a"], "index": [0],
+        "dtypes": ["banana"], "name": None})),
+    ("frame keys", lambda r: r["variables"].update(df={"__frame__": "frame"})),
+    ("history", lambda r: r.update(history={"keys": 1})),
+])
+def test_a_malformed_run_record_is_refused_before_anything_is_rolled_back(
+        tmp_path: Path, label: str, change: Any) -> None:
+    """They raised raw AttributeError, TypeError, KeyError, with the model already
+    rolled back."""
+    cid, ns = saved_with_record(tmp_path, change)
+    before = [t.clone() for t in ns["model"].state_dict().values()]
+    with pytest.raises(ckpt_nb.CorruptCheckpointError, match=f"checkpoint {cid}'s run record"):
+        ckpt_nb.rollback(cid, directory=tmp_path, namespace=ns)
+    assert same(list(ns["model"].state_dict().values()), before) and ns["lr"] == 0.5
+    assert "df" not in ns and "__builtins__" not in ns
+
+
+@pytest.mark.parametrize("change", [
+    lambda r: r.pop("loop"), lambda r: r.pop("best"),
+    lambda r: r["loop"].update(epoch_rng="x"), lambda r: r["loop"].update(next_batch=-1),
+    lambda r: r["loop"].update(loader_rng=[1, 2])])
+def test_resuming_a_malformed_run_record_says_so_before_the_block_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
+    """KeyError and TypeError came out of ckpt_nb.epochs()."""
+    cid, ns = saved_with_record(tmp_path, change)
+    monkeypatch.setattr(_session, "_positions", {})  # a fresh kernel resumes the newest
+    monkeypatch.setattr(_session, "_cells_run", set())
+    before = [t.clone() for t in ns["model"].state_dict().values()]
+    ran = False
+    with pytest.raises(ckpt_nb.CorruptCheckpointError, match=f"checkpoint {cid}'s run record"
+                       ".*--no-resume"):
+        with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell"):
+            ran = True
+    assert not ran and same(list(ns["model"].state_dict().values()), before)
+    assert ckpt_nb.status() == {"active": False}
+
+
+def test_a_rollback_line_leaves_out_what_the_checkpoint_does_not_have(
+        tmp_path: Path, capsys) -> None:
+    """It said "(epoch None, step None)"."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(model=model)
+    ckpt_nb.rollback(cid, directory=tmp_path, namespace={"model": model})
+    assert f"rolled back to {cid}: restored model;" in capsys.readouterr().out
+
+
+def test_a_resume_names_the_variables_it_puts_back_over_a_change(
+        shell, tmp_path: Path, capsys) -> None:
+    """A fix to clip between the stop and the rerun was put back silently; the loop's
+    own variables (epoch, i), which went on past the save, are not named."""
+    run(shell, SMALL + "clip = 1e9")
+    cell = (f"%%ckpt_auto --dir {tmp_path} --every-steps 3\n"
+            "for epoch in ckpt_nb.epochs(3):\n"
+            "    for i, x in ckpt_nb.batches(data):\n"
+            "        if (epoch, i) == (1, 2) and clip > 1: raise RuntimeError('exploded')\n"
+            "        opt.zero_grad(); model(x).sum().backward(); opt.step()")
+    assert isinstance(run(shell, cell).error_in_exec, RuntimeError)
+    run(shell, "clip = 1.0")
+    capsys.readouterr()
+    run(shell, cell)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "resumed from" in x)
+    assert line.endswith("; put back as saved: clip = 1000000000.0 (was 1.0)"), line
+
+
+def test_session_help_shows_docstrings_not_section_comments() -> None:
+    """help(AutoSession) showed "# -- loop helpers ---" as the doc of epochs."""
+    shown = pydoc.render_doc(ckpt_nb.AutoSession, renderer=pydoc.plaintext)
+    assert "# --" not in shown
+    for name, member in vars(_session.AutoSession).items():
+        if callable(member) and not name.startswith("_"):
+            assert inspect.getdoc(member), name
+    assert inspect.getdoc(ckpt_nb.status)
