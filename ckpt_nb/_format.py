@@ -179,18 +179,14 @@ def write_pack(store: Store) -> Iterator[PackWriter]:
         out.write(INDEX_MAGIC)
 
 
-class PackCutShort(CorruptCheckpointError):
-    """A pack without its index: a save that did not finish (what ``gc()`` reclaims)."""
-
-
 def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
     """The chunks a pack holds, from its own trailing index."""
     size = store.size(key)
     if size < len(PACK_MAGIC) + 16:
-        raise PackCutShort(f"pack {key} has no index (it was cut short)")
+        raise CorruptCheckpointError(f"pack {key} has no index (it was cut short)")
     tail = store.get(key, size - 16, size)
     if len(tail) != 16 or tail[8:] != INDEX_MAGIC:
-        raise PackCutShort(f"pack {key} has no index (it was cut short)")
+        raise CorruptCheckpointError(f"pack {key} has no index (it was cut short)")
     (length,) = _U64.unpack(tail[:8])
     end = size - 16 - length  # where the blobs end and the index starts
     if end < len(PACK_MAGIC):

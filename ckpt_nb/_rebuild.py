@@ -6,17 +6,18 @@ left behind when the store was copied, or kept in another machine's cache for
 an object store) opens with all of its checkpoints, where an empty catalog
 would have shown none and let the next ``gc()`` delete them all:
 
-- where chunks lie, from each pack's trailing index (a pack cut short has none,
-  and is left to ``gc()``);
+- where chunks lie, from each pack's trailing index;
 - the checkpoints, from their manifests (id, parent, branch, loop position,
   metrics, strategy, chain), each kept only where every chunk it needs, delta
   bases included, is in some pack;
 - pins and notes changed after a save, from the labels the manager writes.
 
-What is damaged (a pack whose index does not read, a manifest that does not
-decode) is left out, named, and recorded in the catalog as damaged, so that
-``gc()`` leaves it in the store (what is whole in it may yet be recovered); a
-pack cut short, a save's leftover, is left to ``gc()``. A read that fails for
+What is damaged (a pack whose index does not read, or that was cut short, a
+manifest that does not decode) is left out, named, and recorded in the catalog as
+damaged, so that ``gc()`` leaves it in the store (what is whole in it may yet be
+recovered, or copied back whole): a save writes each file under a temporary name
+and renames it once whole, so a pack cut short is no save's leftover but a copy
+that stopped, or a disk's damage. A read that fails for
 another reason (a network error) fails the rebuild, so that nothing whole is
 left out for a later ``gc()`` to delete.
 
@@ -38,7 +39,7 @@ from typing import Any
 from . import _codec as codec
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError
-from ._format import (PackCutShort, decode_manifest, id_of, is_checkpoint_id, is_pack_key,
+from ._format import (decode_manifest, id_of, is_checkpoint_id, is_pack_key,
                       label_key, read_pack_index)
 from ._store import Store
 
@@ -151,11 +152,11 @@ def _chunks(store: Store, found: Rebuilt) -> tuple[dict[str, ChunkRow], set[str]
             continue
         try:
             rows = read_pack_index(store, key)
-        except (PackCutShort, FileNotFoundError) as exc:
+        except FileNotFoundError as exc:
             found.leave_out(f"pack {key}", exc)
             continue
         except CorruptCheckpointError as exc:
-            found.leave_out(f"pack {key}", exc, damaged=key)
+            found.leave_out("a pack", exc, damaged=key)
             continue
         for row in rows:
             copies.setdefault(row.digest, []).append(row)

@@ -163,7 +163,7 @@ def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(_session, "_positions", {})
     monkeypatch.setattr(_session, "_position_events", {})
     monkeypatch.setattr(_session, "_cells_run", set())
-    monkeypatch.setattr(_session, "_last_cell", {})
+    monkeypatch.setattr(_session, "_left_values", {})
     monkeypatch.setattr(_session, "_last", None)
     sh = InteractiveShell.instance()
     sh.run_cell("%load_ext ckpt_nb")
