@@ -21,7 +21,7 @@ import matplotlib
 from matplotlib.figure import Figure as _MatplotlibFigure
 
 from ._catalog import store_exists
-from ._errors import CheckpointNotFoundError
+from ._errors import CheckpointNotFoundError, CkptError
 from ._manager import CheckpointManager
 
 StoreLike = str | os.PathLike[str] | CheckpointManager
@@ -76,9 +76,26 @@ def opened(store: StoreLike) -> Iterator[CheckpointManager]:
         manager.close()
 
 
+class MetricNotFoundError(CkptError, KeyError):
+    """No metric of the name asked for: a misspelt one must not plot another."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
 def metric_columns(table: Any) -> list[str]:
     """The metric columns of ``CheckpointManager.list()``: those after the fixed ones."""
     return [c for c in table.columns if c not in COLUMNS]
+
+
+def _check_metrics(asked: Iterable[str], names: Sequence[str]) -> None:
+    """Refuse metrics the store has not logged, naming those it has."""
+    unknown = [m for m in asked if m not in names]
+    if unknown:
+        logged = f"its metrics are {', '.join(map(repr, names))}" if names else \
+            "it has no metrics logged yet (ckpt_nb.log or save(metrics=...))"
+        raise MetricNotFoundError(f"no metric {', '.join(map(repr, unknown))} in this store: "
+                                  f"{logged}")
 
 
 @dataclass(frozen=True)
@@ -169,11 +186,33 @@ def _empty(fig: Figure, message: str) -> Figure:
     return fig
 
 
+def _x_axis(table: Any, plotted: Any) -> tuple[Any, str]:
+    """Each checkpoint's x and the axis label. Step where every ``plotted`` checkpoint has
+    one, else epoch where every one has that, else whichever more have (the others are
+    left out, and the label counts them); save order where none has either. A missing
+    step is never drawn at a made-up one."""
+    import pandas as pd
+
+    have = {c: int(table.loc[plotted, c].notna().sum()) for c in ("step", "epoch")}
+    for column in ("step", "epoch"):
+        if have[column] == len(plotted):
+            return table[column].astype("float64"), column
+    if not any(have.values()):
+        return pd.Series(range(len(table)), index=table.index, dtype="float64"), \
+            "checkpoint, in save order (none has a step or epoch)"
+    column = max(("step", "epoch"), key=lambda c: have[c])  # (step on a tie)
+    left_out = len(plotted) - have[column]
+    return table[column].astype("float64"), \
+        f"{column} ({left_out} checkpoint{'s' * (left_out > 1)} without one not shown)"
+
+
 @_literal_text
 def plot_metrics(store: StoreLike, metric: str | None = None, *,
                  selected: Iterable[str] = (), table: Any = None) -> Figure:
-    """A metric against step: one line per branch, a marker per checkpoint, the
-    ``selected`` checkpoints ringed."""
+    """A metric against step (or epoch, where the checkpoints have no step): one line
+    per branch, a marker per checkpoint, the ``selected`` checkpoints ringed. A metric
+    the store has not logged is refused, not replaced by another."""
+    asked = metric
     if table is None:
         with opened(store) as manager:
             table = manager.list()
@@ -181,6 +220,8 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
     import pandas as pd
 
     names = metric_columns(table)
+    if asked is not None:
+        _check_metrics([asked], names)
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     if not names:
         return _empty(fig, "no metrics logged yet (ckpt_nb.log or save(metrics=...))")
@@ -189,17 +230,16 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
         return _empty(fig, f"no data: no checkpoint logged {metric} as a finite number")
     ax = fig.add_subplot()
     lanes = {n.branch: n.lane for n in dag_layout(table)}
-    x_of = table["step"].astype("float64").where(table["step"].notna(),
-                                                 other=range(len(table)))
-    position = {cid: i for i, cid in enumerate(table["id"])}
     drawn = table[_finite(table[metric])]
+    x_of, x_label = _x_axis(table, drawn.index)
+    position = {cid: i for i, cid in enumerate(table["id"])}
     newest = list(dict.fromkeys(reversed(drawn["branch"].tolist())))[:LEGEND_BRANCHES]
     for branch, part in table.groupby("branch", sort=False):
         fork = part["parent"].iloc[0]  # a branch's line starts at the checkpoint it left
         if isinstance(fork, str) and fork in position:
             part = pd.concat([table.iloc[[position[fork]]], part])
         values = part[metric].astype("float64")
-        keep = _finite(values)
+        keep = _finite(values) & x_of[part.index].notna().to_numpy()
         if keep.any():
             ax.plot(x_of[part.index][keep], values[keep], marker="o", markersize=4,
                     color=_lane_color(lanes[branch]),
@@ -207,12 +247,12 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
     unnamed = drawn["branch"].nunique() - len(newest)
     if unnamed > 0:
         ax.plot([], [], color="none", label=f"+{unnamed} older branches")
-    chosen = table[table["id"].isin(list(selected)) & _finite(table[metric])]
+    chosen = drawn[drawn["id"].isin(list(selected)) & x_of[drawn.index].notna()]
     if len(chosen):
         ax.scatter(x_of[chosen.index], chosen[metric].astype("float64"), s=140,
                    facecolors="none", edgecolors="black", linewidths=1.8, zorder=5,
                    label="selected")
-    ax.set_xlabel("step")
+    ax.set_xlabel(x_label)
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
@@ -323,39 +363,65 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     return fig
 
 
+def _id_colors(count: int) -> list[Any]:
+    """A distinct colour per checkpoint: matplotlib's 10, then its 20, then a colormap."""
+    if count <= 10:
+        return [f"C{k}" for k in range(count)]
+    if count <= 20:
+        return [matplotlib.colormaps["tab20"](k) for k in range(count)]
+    return [matplotlib.colormaps["turbo"](k / (count - 1)) for k in range(count)]
+
+
+def _short(name: str, width: int = 28, most: int = 56) -> str:
+    """A long metric name as a title of two lines at most, its middle elided."""
+    if len(name) > most:
+        name = f"{name[:most // 2 - 1]}…{name[-(most // 2):]}"
+    return "\n".join(name[i:i + width] for i in range(0, len(name), width))
+
+
 @_literal_text
 def plot_compare(store: StoreLike, ids: Sequence[str], metrics: Sequence[str] | None = None,
                  *, table: Any = None) -> Figure:
-    """The metrics of 2+ checkpoints side by side, as grouped bars. A value missing or
+    """The metrics of 2+ checkpoints side by side: a panel per metric, each with its own
+    y scale (a loss of 0.3 beside a perplexity of 300 would be a flat line), a bar per
+    checkpoint named under it (no legend to outgrow the figure). A value missing or
     infinite has no bar (a 0.0 bar would read as a real 0) but a mark: "n/a", "inf"."""
     if table is None:
         with opened(store) as manager:
             table = manager.list()
             ids = [manager.resolve(i) for i in ids]
-    ids = list(dict.fromkeys(ids))  # (a checkpoint chosen twice is one group of bars)
-    names = list(metrics) if metrics else metric_columns(table)
-    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    ids = list(dict.fromkeys(ids))  # (a checkpoint chosen twice is one bar)
+    if metrics:
+        _check_metrics(metrics, metric_columns(table))
+    names = list(dict.fromkeys(metrics)) if metrics else metric_columns(table)
     chosen = table.set_index("id").reindex(ids)[names].astype("float64")
     if not names or not ids:
-        return _empty(fig, "select checkpoints that logged metrics to compare them")
+        return _empty(Figure(figsize=(7, 3.4), layout="constrained"),
+                      "select checkpoints that logged metrics to compare them")
     if not _finite(chosen).to_numpy().any():
-        return _empty(fig, "no data: the selected checkpoints logged none of these metrics")
-    ax = fig.add_subplot()
-    width = 0.8 / len(ids)
-    for k, cid in enumerate(ids):
-        color = f"C{k % 10}"  # (an id with no bar at all keeps its colour in the legend)
-        where = [i + k * width for i in range(len(names))]
-        values = chosen.loc[cid].tolist()
-        bars = [(x, v) for x, v in zip(where, values) if math.isfinite(v)]
-        ax.bar([x for x, _ in bars], [v for _, v in bars], width=width, label=cid, color=color)
-        for x, value in zip(where, values):  # no bar for what has no height: a mark instead
+        return _empty(Figure(figsize=(7, 3.4), layout="constrained"),
+                      "no data: the selected checkpoints logged none of these metrics")
+    panel = max(2.4, 0.6 + 0.22 * len(ids))  # (inches: room for each bar's id below it)
+    columns = max(1, min(len(names), int(12 // panel)))
+    rows = math.ceil(len(names) / columns)
+    fig = Figure(figsize=(max(5.0, columns * panel), rows * 2.8),
+                 layout="constrained")
+    colors = _id_colors(len(ids))
+    for k, name in enumerate(names):
+        ax = fig.add_subplot(rows, columns, k + 1)
+        values = chosen[name].tolist()
+        bars = [(x, v, c) for x, (v, c) in enumerate(zip(values, colors)) if math.isfinite(v)]
+        ax.bar([x for x, _, _ in bars], [v for _, v, _ in bars], width=0.8,
+               color=[c for _, _, c in bars])
+        for x, (value, color) in enumerate(zip(values, colors)):  # no bar: a mark instead
             if not math.isfinite(value):
                 ax.text(x, 0, "n/a" if math.isnan(value) else f"{value}", rotation=90,
                         ha="center", va="bottom", fontsize=8, color=color)
-    ax.set_xlim(-width, len(names) - 1 + len(ids) * width)  # (the marks too, not only bars)
-    ax.set_xticks([i + width * (len(ids) - 1) / 2 for i in range(len(names))], names)
-    ax.legend(fontsize="small", title="checkpoint")
-    ax.grid(axis="y", alpha=0.3)
+        ax.set_xlim(-0.6, len(ids) - 0.4)  # (the marks too, not only bars)
+        ax.set_xticks(range(len(ids)), ids, rotation=90, fontsize=7, family="monospace")
+        ax.set_title(_short(name), fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(axis="y", alpha=0.3)
     return fig
 
 

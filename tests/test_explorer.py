@@ -93,7 +93,7 @@ def test_plots_are_figures_with_what_they_show(store) -> None:
     assert widths["objects/model/0.weight"] > 0
 
     compare = ckpt_nb.plot_compare(path, [main[0], main[3]])
-    assert len(compare.axes[0].patches) == 4  # 2 checkpoints x 2 metrics
+    assert [len(ax.patches) for ax in compare.axes] == [2, 2]  # a panel per metric
 
     with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="no checkpoint store"):
         ckpt_nb.plot_metrics(path.parent / "missing")
@@ -362,7 +362,7 @@ def test_a_checkpoint_selected_twice_is_selected_once(store, monkeypatch) -> Non
         assert ui.compare_plot.value.tobytes().startswith(b"\x89PNG")
         assert "⚠" not in ui.status.value
         compare = ckpt_nb.plot_compare(path, [main[0], main[0]])
-        assert len(compare.axes[0].patches) == 2  # one checkpoint x 2 metrics
+        assert [len(ax.patches) for ax in compare.axes] == [1, 1]  # one checkpoint, 2 metrics
 
         def broken(*args: object, **kwargs: object) -> None:
             raise RuntimeError("the plot broke")
@@ -444,8 +444,8 @@ def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -
             warnings.simplefilter("error")
             compare = ui.figure("compare")
             _plots.to_png(compare)
-            assert len(compare.axes[0].patches) == 1  # only the finite 0.5
-            texts = sorted(t.get_text() for t in compare.axes[0].texts)
+            assert sum(len(ax.patches) for ax in compare.axes) == 1  # only the finite 0.5
+            texts = sorted(t.get_text() for ax in compare.axes for t in ax.texts)
             assert texts == ["inf", *["n/a"] * 4]
             empty = ckpt_nb.plot_metrics(tmp_path / "s", "acc")
             _plots.to_png(empty)
@@ -523,3 +523,59 @@ def test_a_store_given_with_a_tilde_and_a_save_the_explorer_has_not_seen(
     with pytest.raises(ckpt_nb.CkptError, match="choose two checkpoints"):
         ui.diff_a.value = None
         ui.figure("diff")
+
+
+def test_a_metric_the_store_has_not_logged_is_refused_by_name(store) -> None:
+    """A misspelt metric plotted another one (labelled so), or raised pandas' KeyError."""
+    path, main, branch = store
+    for plot in (lambda: ckpt_nb.plot_metrics(path, "los"),
+                 lambda: ckpt_nb.plot_compare(path, [main[0], main[1]], metrics=["los"])):
+        with pytest.raises(_plots.MetricNotFoundError,
+                           match="no metric 'los' in this store: its metrics are 'acc', 'loss'"):
+            plot()
+    with pytest.raises(KeyError):  # (what a caller without ckpt_nb's names catches)
+        ckpt_nb.plot_metrics(path, "los")
+    assert isinstance(_plots.MetricNotFoundError("x"), ckpt_nb.CkptError)
+
+
+def test_checkpoints_without_a_step_are_drawn_by_epoch_not_at_made_up_steps(
+        tmp_path: Path) -> None:
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    for epoch in range(5, 10):
+        mgr.save(model, epoch=epoch, metrics={"loss": 1 / epoch})
+    mgr.save(model, epoch=10, step=5000, metrics={"loss": 0.05})
+    ax = ckpt_nb.plot_metrics(mgr, "loss").axes[0]
+    assert ax.get_xlabel() == "epoch"
+    assert list(ax.get_lines()[0].get_xdata()) == [5, 6, 7, 8, 9, 10]
+    mgr.save(model, step=6000, metrics={"loss": 0.04})  # no epoch: left out, and counted
+    ax = ckpt_nb.plot_metrics(mgr, "loss").axes[0]
+    assert ax.get_xlabel() == "epoch (1 checkpoint without one not shown)"
+    assert list(ax.get_lines()[0].get_xdata()) == [5, 6, 7, 8, 9, 10]
+    other = ckpt_nb.CheckpointManager(tmp_path / "t")
+    other.save(model, metrics={"loss": 1.0})
+    other.save(model, metrics={"loss": 0.5})
+    ax = ckpt_nb.plot_metrics(other, "loss").axes[0]
+    assert ax.get_xlabel() == "checkpoint, in save order (none has a step or epoch)"
+
+
+def test_compare_gives_each_metric_its_scale_and_each_checkpoint_a_colour(
+        tmp_path: Path) -> None:
+    """30 checkpoints drew a blank figure (the legend outgrew it), colours repeated past
+    10, and a perplexity of 300 flattened a loss of 0.3 on one shared axis."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    long = "validation/cross_entropy_loss_on_the_held_out_set_of_imagenet_val"
+    ids = [mgr.save(model, step=i, metrics={"loss": 0.5 / (i + 1), "perplexity": 300.0 / (i + 1),
+                                            long: 1.0}) for i in range(30)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ("constrained_layout not applied" among them)
+        fig = ckpt_nb.plot_compare(mgr, ids)
+        _plots.to_png(fig)
+    assert len(fig.axes) == 3 and all(ax.get_legend() is None for ax in fig.axes)
+    loss = next(ax for ax in fig.axes if ax.get_title() == "loss")
+    assert loss.get_ylim()[1] < 1  # its own scale, not the perplexity's
+    assert [t.get_text() for t in loss.get_xticklabels()] == ids
+    colors = {tuple(bar.get_facecolor()) for bar in loss.patches}
+    assert len(colors) == 30
+    assert all(len(line) <= 28 for ax in fig.axes for line in ax.get_title().split("\n"))
