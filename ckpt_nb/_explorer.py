@@ -18,6 +18,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ import ipywidgets as w
 import traitlets
 
 from . import _plots, _session
-from ._errors import CkptError
+from ._catalog import store_exists
+from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError
 from ._manager import CheckpointManager
 
 _TABLE_ESM = """
@@ -40,7 +42,8 @@ function render({ model, el }) {
     const head = table.createTHead().insertRow();
     for (const c of columns) {
       const th = document.createElement("th");
-      th.textContent = c + (c === sortBy ? (ascending ? " ▲" : " ▼") : "");
+      const name = c.length > 24 ? c.slice(0, 11) + "…" + c.slice(-12) : c;
+      th.textContent = name + (c === sortBy ? (ascending ? " ▲" : " ▼") : "");
       th.title = "sort by " + c;
       th.onclick = () => {
         model.set("ascending", c === sortBy ? !ascending : true);
@@ -57,6 +60,7 @@ function render({ model, el }) {
       for (const c of columns) {
         const td = tr.insertCell(), value = r.cells[c];
         td.textContent = value === null || value === undefined ? "—" : String(value);
+        if (r.titles && r.titles[c]) td.title = r.titles[c];
         if (r.best.includes(c)) td.classList.add("ckpt-nb-best");
       }
       tr.onclick = (event) => {
@@ -78,8 +82,9 @@ function render({ model, el }) {
     .ckpt-nb-table { max-height: 360px; overflow: auto; font-size: 12px; }
     .ckpt-nb-table table { border-collapse: collapse; width: 100%; }
     .ckpt-nb-table th { position: sticky; top: 0; background: var(--jp-layout-color2, #eee);
-                        cursor: pointer; text-align: left; padding: 3px 6px; }
-    .ckpt-nb-table td { padding: 2px 6px; border-bottom: 1px solid #ddd;
+                        cursor: pointer; text-align: left; padding: 3px 6px;
+                        white-space: nowrap; }
+    .ckpt-nb-table td { padding: 2px 6px; border-bottom: 1px solid #ddd; white-space: nowrap;
                         font-family: var(--jp-code-font-family, monospace); }
     .ckpt-nb-row { cursor: pointer; }
     .ckpt-nb-row:hover { background: rgba(31, 119, 180, 0.08); }
@@ -105,8 +110,11 @@ function render({ model, el }) {
     const current = model.get("current");
     const lanes = Math.max(1, ...nodes.map((n) => n.lane + 1));
     const dx = 26, dy = 22, left = 60, top = 16;
+    const labelOf = (n) => `${n.pinned ? "★ " : ""}${n.id}  ${n.branch}` +
+                           (n.step === null ? "" : `  step ${n.step}`) + `  ${n.strategy}`;
+    const widest = Math.max(0, ...nodes.map((n) => labelOf(n).length));
     const svg = document.createElementNS(NS, "svg");
-    svg.setAttribute("width", left + lanes * dx + 260);
+    svg.setAttribute("width", left + lanes * dx + 12 + widest * 7);
     svg.setAttribute("height", top + nodes.length * dy + 10);
     const at = {};
     for (const n of nodes) at[n.id] = [left + n.lane * dx, top + n.row * dy];
@@ -148,8 +156,7 @@ function render({ model, el }) {
       const label = document.createElementNS(NS, "text");
       label.setAttribute("x", left + lanes * dx + 4); label.setAttribute("y", y + 4);
       label.setAttribute("font-size", "11"); label.setAttribute("font-family", "monospace");
-      label.textContent = `${n.pinned ? "★ " : ""}${n.id}  ${n.branch}` +
-                          (n.step === null ? "" : `  step ${n.step}`) + `  ${n.strategy}`;
+      label.textContent = labelOf(n);
       g.appendChild(label);
       if (n.id === current) {
         const mark = document.createElementNS(NS, "text");
@@ -171,12 +178,20 @@ export default { render };
 
 TABLE_COLUMNS = ("id", "branch", "step", "epoch", "created", "strategy", "stored", "logical",
                  "pinned", "note")
+# A longer note is cut in its cell (its whole text is the cell's tooltip): the metric
+# columns after it stay in view.
+NOTE_CHARS = 60
+# The DAG tab's most height: a store of hundreds scrolls inside it, the buttons below
+# stay in view.
+DAG_HEIGHT = "480px"
+NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
 
 
 class CheckpointTable(anywidget.AnyWidget):
     """Rows of checkpoints; click a header to sort, a row to select (ctrl/shift: more).
-    A row is ``{"id", "cells": {column: value}, "best": [column, ...]}``: metric values
-    stay apart from the row's own fields, whatever the metrics are called."""
+    A row is ``{"id", "cells": {column: value}, "best": [column, ...], "titles": {column:
+    tooltip}}``: metric values stay apart from the row's own fields, whatever the metrics
+    are called."""
 
     _esm = _TABLE_ESM
     columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -214,6 +229,13 @@ def _cell(value: Any) -> Any:
     if isinstance(value, float):
         return float(f"{value:.6g}") if math.isfinite(value) else None
     return value
+
+
+def _diff_label(record: dict[str, Any]) -> str:
+    """A checkpoint as the Diff tab's from/to name it: id, step and branch."""
+    step = record["step"]
+    shown = "" if step is None or _plots._missing(step) else f"step {int(step)}  "
+    return f"{record['id']}  {shown}{record['branch']}"
 
 
 def _not_restored(missing: list[str]) -> str:
@@ -256,6 +278,7 @@ class Explorer(w.VBox):
         self.table_frame: Any = None
         self.selected: list[str] = []
         self._pending_action: tuple[str, str] | None = None
+        self._transient = False  # the status line shows a failed draw or refresh
 
         self.title = w.HTML()
         self.status = w.HTML(layout=w.Layout(min_height="1.6em"))
@@ -264,8 +287,10 @@ class Explorer(w.VBox):
         self.table = CheckpointTable(columns=list(TABLE_COLUMNS))
         self.table.observe(self._on_sort, names=["sort_by", "ascending"])
         self.table.observe(self._on_view_select, names="selected")
-        self.dag = DagView()
+        self.dag = DagView(layout=w.Layout(max_height=DAG_HEIGHT, overflow="auto"))
         self.dag.observe(self._on_view_select, names="selected")
+        self.table_note = w.HTML(NO_CHECKPOINTS)
+        self.dag_note = w.HTML(NO_CHECKPOINTS)
         self.metric = w.Dropdown(description="metric", layout=w.Layout(width="280px"))
         self.metric.observe(lambda _: self._draw(self._draw_metrics), names="value")
         self.metrics_plot = w.Image(format="png")
@@ -281,9 +306,9 @@ class Explorer(w.VBox):
         self.diff_plot = w.Image(format="png")
         self.diff_table = w.HTML()
         self.tabs = w.Tab(children=[
-            self.table,
+            w.VBox([self.table, self.table_note]),
             w.VBox([self.metric, self.metrics_plot, self.compare_hint, self.compare_box]),
-            self.dag,
+            w.VBox([self.dag, self.dag_note]),
             w.VBox([w.HBox([self.diff_a, self.diff_b]), self.diff_plot, self.diff_table]),
         ])
         for i, name in enumerate(("Checkpoints", "Metrics", "DAG", "Diff")):
@@ -328,6 +353,11 @@ class Explorer(w.VBox):
     def refresh(self) -> None:
         """Re-read the catalog and redraw what is visible; safe from any thread."""
         with self._lock:
+            try:
+                self._check_store()
+            except CkptError as exc:  # (the follower's refresh too must say so)
+                self._say(f"⚠ {exc}", error=True, transient=True)
+                return
             frame = self.manager.list()
             self.table_frame = frame
             self.selected = [i for i in self.selected if i in set(frame["id"])]
@@ -335,25 +365,29 @@ class Explorer(w.VBox):
                 self._drop_pending()  # deleted elsewhere: nothing is left to confirm
             ids = list(frame["id"])
             metrics = _plots.metric_columns(frame)
-            self.metric.options = metrics
+            labels = _metric_labels(metrics)
+            self.metric.options = [(labels[m], m) for m in metrics]  # (named as in the table)
             if metrics and self.metric.value not in metrics:
-                self.metric.value = self.manager.metric if self.manager.metric in metrics \
-                    else metrics[0]
+                self.metric.value = _plots.ranked_metric(metrics, self.manager.metric)
+            choices = [(_diff_label(r), r["id"]) for r in frame.to_dict("records")]
             for dropdown in (self.diff_a, self.diff_b):
                 value = dropdown.value
-                dropdown.options = ids
+                dropdown.options = choices
                 dropdown.value = value if value in ids else None
-            self.table.columns = list(TABLE_COLUMNS) + list(_metric_labels(metrics).values())
+            self.table.columns = list(TABLE_COLUMNS) + list(labels.values())
             self._fill_table()
             self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
                                                                  self.manager.mode)]
             self.dag.current = self.current
             self._sync_selection()
+            for note in (self.table_note, self.dag_note):
+                note.layout.display = "none" if len(frame) else None
             stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
             logical = int(frame["logical_bytes"].sum()) if len(frame) else 0
             self.title.value = (f"<b>ckpt_nb</b> · {self._display_name()} · {len(frame)} "
-                                f"checkpoints · "
+                                f"checkpoint{'' if len(frame) == 1 else 's'} · "
                                 f"{_size(stored)} stored for {_size(logical)} of state")
+            self._clear_transient()
             self._draw_visible()
 
     @property
@@ -370,18 +404,23 @@ class Explorer(w.VBox):
             best.setdefault(cid, []).append(labels[m])
         rows, orders = [], []
         for record in frame.to_dict("records"):
+            note = " ⏎ ".join(record["note"].splitlines())
+            # "created" in local time, as ``ckpt-nb ls`` shows it (the catalog's is UTC)
+            created = datetime.fromtimestamp(record["created"].timestamp())
             cells = {"id": record["id"], "branch": record["branch"],
                      "step": _cell(record["step"]), "epoch": _cell(record["epoch"]),
-                     "created": record["created"].strftime("%Y-%m-%d %H:%M:%S"),
+                     "created": created.strftime("%Y-%m-%d %H:%M:%S"),
                      "strategy": record["strategy"], "stored": _size(record["stored_bytes"]),
                      "logical": _size(record["logical_bytes"]),
-                     "pinned": "★" if record["pinned"] else "", "note": record["note"]}
+                     "pinned": "★" if record["pinned"] else "",
+                     "note": note if len(note) <= NOTE_CHARS else note[:NOTE_CHARS - 1] + "…"}
             cells.update({label: _cell(record[m]) for m, label in labels.items()})
+            titles = {"note": record["note"]} if cells["note"] != record["note"] else {}
             rows.append({"id": record["id"], "cells": cells,
-                         "best": sorted(best.get(record["id"], ()))})
+                         "best": sorted(best.get(record["id"], ())), "titles": titles})
             # What a column sorts by, where its cell is only for show: the real time (saves
             # in one second), the bytes, a metric's value (±inf sort; NaN goes last).
-            orders.append({**cells, "created": record["created"],
+            orders.append({**cells, "created": record["created"], "note": record["note"],
                            "stored": int(record["stored_bytes"]),
                            "logical": int(record["logical_bytes"]),
                            **{label: None if _plots._missing(record[m]) else float(record[m])
@@ -413,7 +452,8 @@ class Explorer(w.VBox):
         however many names it was given by. A new selection withdraws a question awaiting
         Confirm."""
         with self._lock:
-            selected = list(dict.fromkeys(self.manager.resolve(i) for i in ids))
+            self._check_store()
+            selected = list(dict.fromkeys(self._resolve(i) for i in ids))
             if not set(selected) <= set(self.table_frame["id"]):
                 self.refresh()  # (saved elsewhere since the last poll: rows for them first)
             if selected != self.selected:
@@ -434,17 +474,39 @@ class Explorer(w.VBox):
     def _sync_selection(self) -> None:
         self.table.selected = list(self.selected)
         self.dag.selected = list(self.selected)
-        if len(self.selected) >= 2:
-            self.diff_a.value, self.diff_b.value = self.selected[0], self.selected[1]
+        ids = list(self.table_frame["id"])
+        if len(self.selected) >= 2:  # from the older to the newer, whichever was clicked first
+            self.diff_a.value, self.diff_b.value = sorted(self.selected[:2], key=ids.index)
         elif len(self.selected) == 1 and self.diff_b.options:
             parent = self._parent(self.selected[0])
-            self.diff_a.value = parent if parent in self.diff_a.options else None
+            self.diff_a.value = parent if parent in ids else None
             self.diff_b.value = self.selected[0]
 
     def _parent(self, cid: str) -> str | None:
         rows = self.table_frame[self.table_frame["id"] == cid]
         parent = rows["parent"].iloc[0] if len(rows) else None
         return parent if isinstance(parent, str) else None
+
+    def _resolve(self, which: str) -> str:
+        """``manager.resolve``, but a checkpoint this view shows that the store no longer
+        has is named as deleted (not as a typo to look up in list())."""
+        try:
+            return self.manager.resolve(which)
+        except CheckpointNotFoundError:
+            if self.table_frame is None or which not in set(self.table_frame["id"]):
+                raise
+            raise CheckpointNotFoundError(
+                f"checkpoint {which} was deleted (by another process or notebook) since the "
+                "table was read") from None
+
+    def _check_store(self) -> None:
+        """Refuse to read or act on a local store removed while open: its catalog's lock
+        file failed with "[Errno 2]", the rows shown were the last ones read."""
+        root = getattr(self.manager.store, "root", None)
+        if isinstance(root, Path) and not store_exists(root):
+            raise CheckpointNotFoundError(
+                f"the store at {root} no longer exists (moved or deleted): nothing can be "
+                "shown or done; put it back, or explore() another")
 
     def _one(self) -> str:
         if len(self.selected) != 1:
@@ -464,9 +526,12 @@ class Explorer(w.VBox):
         """Draw a tab; a failure shows in the status line. Drawing runs in observers, where
         an exception would escape to whatever changed the trait (a tab click, a select)."""
         try:
+            self._check_store()
             draw()
         except Exception as exc:  # noqa: BLE001 - any failure to draw is reported alike
-            self._say(f"⚠ cannot draw this tab: {exc}", error=True)
+            self._say(f"⚠ cannot draw this tab: {exc}", error=True, transient=True)
+        else:
+            self._clear_transient()
 
     def _draw_metrics(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 1:
@@ -485,16 +550,23 @@ class Explorer(w.VBox):
         if self.table_frame is None or self.tabs.selected_index != 3:
             return
         a, b = self.diff_a.value, self.diff_b.value
-        if not a or not b:
-            self.diff_plot.value = b""
-            self.diff_table.value = "<i>select two checkpoints (ctrl-click rows), or one with " \
-                                    "a parent</i>"
+        if not a or not b:  # (text alone: an empty image shows as a broken one)
+            self.diff_plot.layout.display = "none"
+            if not len(self.table_frame):
+                why = "no checkpoints yet: nothing to diff"
+            elif len(self.selected) == 1 and not self._parent(self.selected[0]):
+                why = (f"{html.escape(self.selected[0])} has no parent: nothing to diff it "
+                       "against. Ctrl-click a second row to diff two")
+            else:
+                why = "choose from and to above, or select two checkpoints (ctrl-click rows)"
+            self.diff_table.value = f"<i>{why}</i>"
             return
-        self._render_diff(a, b)
+        self._render_diff(self._resolve(a), self._resolve(b))
 
     def _render_diff(self, a: str, b: str) -> None:
         diff = self.manager.diff(a, b)
         self.diff_plot.value = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
+        self.diff_plot.layout.display = None
         frame = self.table_frame.set_index("id")
         deltas = []
         for m in _plots.metric_columns(self.table_frame):
@@ -502,8 +574,9 @@ class Explorer(w.VBox):
             if not (_plots._missing(va) or _plots._missing(vb)):
                 deltas.append(f"{html.escape(m)}: {va:.4g} → {vb:.4g} ({vb - va:+.4g})")
         same = diff[diff["same_chunks"]]["tensor"].tolist()
-        shown = diff.assign(l2=diff["l2"].map(lambda v: f"{v:.4g}"),
-                            rel_change=diff["rel_change"].map(lambda v: f"{v:.3g}"))
+        shown = diff.assign(  # (missing, as for a removed tensor: —, as in the table)
+            l2=diff["l2"].map(lambda v: "—" if _plots._missing(v) else f"{v:.4g}"),
+            rel_change=diff["rel_change"].map(lambda v: "—" if _plots._missing(v) else f"{v:.3g}"))
         self.diff_table.value = (
             f"<p><b>metrics</b>: {'; '.join(deltas) or 'none logged on both'}</p>"
             f"<p><b>byte-identical (shared chunks)</b>: {len(same)} of {len(diff)} tensors</p>"
@@ -529,17 +602,28 @@ class Explorer(w.VBox):
 
     # -- actions ---------------------------------------------------------------------------
     def _guard(self, action: Any) -> Any:
-        """Run an action; a failure shows in the status line, never as a traceback."""
+        """Run an action; a failure shows in the status line, never as a traceback (a button's
+        exception would go to the browser's console: the click seemed to do nothing)."""
         try:
             return action()
-        except (CkptError, OSError, ValueError) as exc:
-            self._say(f"⚠ {exc}", error=True)
+        except Exception as exc:  # noqa: BLE001 - KeyboardInterrupt and SystemExit go on
+            expected = isinstance(exc, (CkptError, OSError, ValueError))
+            self._say(f"⚠ {exc}" if expected else f"⚠ failed: {type(exc).__name__}: {exc}",
+                      error=True)
             return None
 
-    def _say(self, text: str, *, error: bool = False) -> None:
+    def _say(self, text: str, *, error: bool = False, transient: bool = False) -> None:
+        """Show a message; a ``transient`` error (a draw or refresh that failed) goes at the
+        next one that succeeds."""
         color = "#b00020" if error else "#1b5e20"
         lines = "<br>".join(html.escape(line) for line in text.splitlines())
         self.status.value = f"<span style='color:{color}'>{lines}</span>"
+        self._transient = error and transient
+
+    def _clear_transient(self) -> None:
+        if self._transient:
+            self.status.value = ""
+            self._transient = False
 
     def _ask(self, action: str, cid: str, question: str) -> None:
         self._pending_action = (action, cid)
@@ -556,6 +640,7 @@ class Explorer(w.VBox):
             self._say(f"cancelled: the {pending[0]} of {pending[1]}")
 
     def _ask_rollback(self) -> None:
+        self._check_store()
         cid = self._one()
         restored, missing = self._restorable(cid, self._namespace())
         self._ask("rollback", cid, f"Roll the kernel's tracked objects and variables back to "
@@ -564,7 +649,8 @@ class Explorer(w.VBox):
                                    "from it.")
 
     def _ask_delete(self) -> None:
-        cid = self._one()
+        self._check_store()
+        cid = self._refuse_pinned(self._resolve(self._one()))
         self._ask("delete", cid, f"Delete checkpoint {cid}? Other checkpoints keep what they "
                                  "share with it.")
 
@@ -584,8 +670,9 @@ class Explorer(w.VBox):
         kernel holds nothing the checkpoint can restore (its objects are put back by the
         names they were saved under)."""
         self._drop_pending()
+        self._check_store()
         namespace = self._namespace()
-        cid = self.manager.resolve(which)
+        cid = self._resolve(which)
         restored, missing = self._restorable(cid, namespace)
         self._progress(0, 1)
         try:
@@ -635,38 +722,50 @@ class Explorer(w.VBox):
 
     def pin(self, which: str) -> str:
         self._drop_pending()
-        cid = self.manager.pin(which)
+        self._check_store()
+        cid = self.manager.pin(self._resolve(which))
         self.refresh()
         self._say(f"pinned {cid}: retention will keep it")
         return cid
 
     def unpin(self, which: str) -> str:
         self._drop_pending()
-        cid = self.manager.unpin(which)
+        self._check_store()
+        cid = self.manager.unpin(self._resolve(which))
         self.refresh()
         self._say(f"unpinned {cid}")
         return cid
 
     def delete(self, which: str) -> str:
         self._drop_pending()
-        cid = self.manager.resolve(which)
+        self._check_store()
+        cid = self._refuse_pinned(self._resolve(which))
         self.manager.delete(cid)
         self.selected = [i for i in self.selected if i != cid]
         self.refresh()
         self._say(f"deleted {cid}")
         return cid
 
+    def _refuse_pinned(self, cid: str) -> str:
+        """Refuse to delete a pinned checkpoint before asking (the manager's refusal
+        names ``force=True``, which no button passes)."""
+        row = self.manager.catalog.get(cid)
+        if row is not None and row.pinned:
+            raise CheckpointInUseError(f"{cid} is pinned: unpin it first (Unpin), then Delete")
+        return cid
+
     def export(self, which: str, path: str) -> Path:
         """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``;
         "~" in ``path`` is the home directory, as in a shell."""
         self._drop_pending()
+        self._check_store()
         if not path:
             raise CkptError("type a file name ending in .pt or .safetensors first")
         from ._interop import check_export_path, write_file
 
         target = os.path.expanduser(path)
         check_export_path(target)  # a wrong suffix fails before any decoding
-        cid = self.manager.resolve(which)
+        cid = self._resolve(which)
         self._progress(0, 1)
         try:  # CheckpointManager.export, with the decode's progress shown
             written = write_file(self.manager.load(cid, progress=self._progress), target)

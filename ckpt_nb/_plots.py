@@ -135,6 +135,14 @@ def best_by_metric(table: Any, metric: str | None = None, mode: str = "min") -> 
     return best
 
 
+def ranked_metric(names: Sequence[str], metric: str | None = None) -> str | None:
+    """The metric "best" ranks by, and the one shown first: the manager's ``metric``, else
+    the first loss-like one, else the first."""
+    if metric in names:
+        return metric
+    return next((n for n in names if "loss" in n.lower()), names[0] if names else None)
+
+
 def dag_layout(table: Any, metric: str | None = None, mode: str = "min") -> list[DagNode]:
     """Place checkpoints like ``git log --graph``: a lane per branch (in the order
     branches began), a row per checkpoint (oldest first). ``best`` is the catalog's
@@ -142,9 +150,7 @@ def dag_layout(table: Any, metric: str | None = None, mode: str = "min") -> list
     loss-like metric column."""
     best_ids = set(table.loc[table["best"].astype(bool), "id"]) if len(table) else set()
     if not best_ids:
-        names = metric_columns(table)
-        ranked = metric if metric in names else next(
-            (n for n in names if "loss" in n.lower()), names[0] if names else None)
+        ranked = ranked_metric(metric_columns(table), metric)
         chosen = best_by_metric(table, metric, mode).get(ranked) if ranked else None
         best_ids = {chosen} if chosen else set()
     lanes: dict[str, int] = {}
@@ -225,7 +231,7 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     if not names:
         return _empty(fig, "no metrics logged yet (ckpt_nb.log or save(metrics=...))")
-    metric = metric if metric in names else names[0]
+    metric = ranked_metric(names, metric)
     if not _finite(table[metric]).any():  # (NaN or ±inf: nothing to draw a line through)
         return _empty(fig, f"no data: no checkpoint logged {metric} as a finite number")
     ax = fig.add_subplot()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 import uuid
 import warnings
@@ -16,7 +17,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.figure import Figure
 
 import ckpt_nb
-from ckpt_nb import _plots, _session
+from ckpt_nb import _explorer, _interop, _plots, _session
+from ckpt_nb.cli import _time
 from ckpt_nb._plots import dag_layout
 
 from conftest import DigitsRun, Holder, same
@@ -135,12 +137,15 @@ def test_explorer_actions(store, tmp_path: Path) -> None:
         ui.select([main[0]])
         ui.pin_button.click()
         assert ckpt_nb.CheckpointManager(path).list().set_index("id").loc[main[0], "pinned"]
-        ui.delete_button.click()
-        assert ui.confirm_box.layout.display == "flex"
-        ui.confirm_button.click()
-        assert "pinned" in ui.status.value and main[0] in set(ui.table_frame["id"])
+        ui.delete_button.click()  # refused at once, not after a Confirm
+        assert ui.confirm_box.layout.display == "none"
+        assert f"{main[0]} is pinned: unpin it first" in ui.status.value
+        assert "force" not in ui.status.value and main[0] in set(ui.table_frame["id"])
+        with pytest.raises(ckpt_nb.CheckpointInUseError, match="unpin it first"):
+            ui.delete(main[0])
         ui.unpin_button.click()
         ui.delete_button.click()
+        assert ui.confirm_box.layout.display == "flex"
         ui.confirm_button.click()
         assert main[0] not in set(ckpt_nb.CheckpointManager(path).list()["id"])
         ckpt_nb.CheckpointManager(path).restore(main[1], model=DigitsRun().model)  # intact
@@ -579,3 +584,149 @@ def test_compare_gives_each_metric_its_scale_and_each_checkpoint_a_colour(
     colors = {tuple(bar.get_facecolor()) for bar in loss.patches}
     assert len(colors) == 30
     assert all(len(line) <= 28 for ax in fig.axes for line in ax.get_title().split("\n"))
+
+
+def test_an_action_failing_unexpectedly_says_so(store, monkeypatch) -> None:
+    """Export's TypeError (of a damaged checkpoint) escaped the button: the click did
+    nothing to see."""
+    path, main, branch = store
+
+    def damaged(*args: object, **kwargs: object) -> None:
+        raise TypeError("unsupported operand type(s)")
+
+    monkeypatch.setattr(_interop, "write_file", damaged)
+    ui = ckpt_nb.explore(path, poll_seconds=0)
+    try:
+        ui.select([main[0]])
+        ui.export_path.value = "out.pt"
+        ui.export_button.click()
+        assert "⚠ failed: TypeError: unsupported operand type(s)" in ui.status.value
+
+        def interrupted() -> None:
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            ui._guard(interrupted)
+    finally:
+        ui.close()
+
+
+def test_a_store_removed_while_open_is_named_gone(store, tmp_path: Path) -> None:
+    path, main, branch = store
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    ui = ckpt_nb.explore(copy, poll_seconds=0)
+    try:
+        ui.select([main[0]])
+        shutil.rmtree(copy)
+        ui.refresh()
+        gone = f"the store at {copy} no longer exists"
+        assert gone in ui.status.value
+        for button in (ui.pin_button, ui.delete_button, ui.rollback_button):
+            ui.status.value = ""
+            button.click()
+            assert gone in ui.status.value and "Errno" not in ui.status.value
+        ui.tabs.selected_index = 3
+        assert gone in ui.status.value
+        assert not copy.exists()
+    finally:
+        ui.close()
+
+
+def test_a_stale_error_goes_and_a_deleted_checkpoint_is_named_deleted(tmp_path: Path) -> None:
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    x, y, z = (mgr.save(model, step=s) for s in (1, 2, 3))
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.select([z])
+        ui.tabs.selected_index = 3  # diff y -> z
+        ckpt_nb.CheckpointManager(tmp_path / "s").delete(y)  # another process
+        ui.table.selected = [y]  # a click on its row, before the table is read again
+        assert f"checkpoint {y} was deleted" in ui.status.value
+        ui.diff_b.value = x  # a redraw
+        assert f"checkpoint {y} was deleted" in ui.status.value
+        assert "list()" not in ui.status.value
+        ui.refresh()
+        assert ui.status.value == "" and y not in set(ui.table_frame["id"])
+    finally:
+        ui.close()
+
+
+def test_the_diff_tab_goes_from_older_to_newer_and_says_when_there_is_nothing(
+        tmp_path: Path) -> None:
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    a = mgr.save(model, step=7)
+    b = mgr.save(model, step=8)
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 3
+        ui.select([a])  # the root: nothing to diff, and no broken image
+        assert ui.diff_plot.layout.display == "none"
+        assert f"{a} has no parent" in ui.diff_table.value
+        ui.select([b, a])  # clicked newest first
+        assert (ui.diff_a.value, ui.diff_b.value) == (a, b)
+        assert ui.diff_plot.layout.display is None
+        assert ui.diff_a.label == f"{a}  step 7  main"
+    finally:
+        ui.close()
+
+
+def test_an_empty_store_says_so_and_one_checkpoint_is_singular(tmp_path: Path) -> None:
+    ckpt_nb.CheckpointManager(tmp_path / "s").close()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        assert "no checkpoints yet" in ui.table_note.value
+        assert ui.table_note.layout.display is None and ui.dag_note.layout.display is None
+        ui.tabs.selected_index = 3
+        assert "no checkpoints yet" in ui.diff_table.value
+        assert ui.diff_plot.layout.display == "none"
+        ckpt_nb.CheckpointManager(tmp_path / "s").save(torch.nn.Linear(2, 2))
+        ui.refresh()
+        assert ui.table_note.layout.display == ui.dag_note.layout.display == "none"
+        assert " 1 checkpoint · " in ui.title.value
+    finally:
+        ui.close()
+
+
+def test_created_shows_local_time_as_the_cli_does(tmp_path: Path, monkeypatch) -> None:
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    mgr.save(torch.nn.Linear(2, 2))
+    created = mgr.list()["created"].iloc[0].timestamp()
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # (UTC+9: the two cannot agree by chance)
+    time.tzset()
+    try:
+        ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+        assert ui.table.rows[0]["cells"]["created"] == _time(created)
+        ui.close()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_long_notes_are_cut_and_metric_names_agree(tmp_path: Path) -> None:
+    """A 300-character note pushed the metrics out of view; the dropdown named a metric
+    otherwise than the table and chose "acc" (alphabetical) over the loss."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    mgr.save(torch.nn.Linear(2, 4), metrics={"acc": 0.5, "val_loss": 1.0, "stored": 2.0},
+             note="x" * 300)
+    mgr.save(torch.nn.Sequential(torch.nn.Linear(2, 4)), metrics={"val_loss": 0.5},
+             note="short")
+    ids = mgr.list()["id"].tolist()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        first, second = ui.table.rows
+        assert len(first["cells"]["note"]) == _explorer.NOTE_CHARS
+        assert first["titles"] == {"note": "x" * 300} and second["titles"] == {}
+        assert ui.dag.layout.max_height == _explorer.DAG_HEIGHT
+        assert ui.dag.layout.overflow == "auto"
+        labels = [label for label, _ in ui.metric.options]
+        assert labels == ui.table.columns[len(_explorer.TABLE_COLUMNS):]
+        assert "metric:stored" in labels and ui.metric.value == "val_loss"
+        ui.select([ids[1]])
+        ui.tabs.selected_index = 3  # a tensor removed: no l2, no rel_change
+        assert "removed" in ui.diff_table.value
+        assert "nan" not in ui.diff_table.value and "—" in ui.diff_table.value
+    finally:
+        ui.close()
