@@ -209,10 +209,18 @@ class CkptMagics(Magics):
 
     @line_magic
     def ckpt_ui(self, line: str) -> Any:
-        """%ckpt_ui [DIR]: the explorer for DIR, or for the active or last session's store."""
+        """%ckpt_ui [DIR] (or --dir DIR, as %ckpt_rollback takes it): the explorer for DIR,
+        or for the active or last session's store. The rest of the line is DIR: a path
+        with spaces needs no quotes."""
         from ._explorer import explore
 
-        directory = _unquoted(line.strip()) or session_mod.last_directory()
+        text = line.strip()
+        flag = re.fullmatch(r"--dir(?:[\s=]\s*(.*))?", text, re.DOTALL)
+        if flag:
+            if not flag.group(1):
+                raise UsageError("%ckpt_ui --dir needs a directory: %ckpt_ui --dir DIR")
+            text = flag.group(1)
+        directory = _unquoted(text) or session_mod.last_directory()
         if directory is None:
             raise UsageError("no store to explore: %ckpt_ui DIR, or run %ckpt_auto first")
         try:

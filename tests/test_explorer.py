@@ -730,3 +730,19 @@ def test_long_notes_are_cut_and_metric_names_agree(tmp_path: Path) -> None:
         assert "nan" not in ui.diff_table.value and "—" in ui.diff_table.value
     finally:
         ui.close()
+
+
+def test_ckpt_ui_takes_dir_as_ckpt_rollback_does(store) -> None:
+    """"%ckpt_ui --dir X" looked for a store at "--dir X"."""
+    path, main, branch = store
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext ckpt_nb")
+    try:
+        for line in (f"--dir {path}", f"--dir={path}", f'--dir "{path}"', str(path)):
+            result = sh.run_cell(f"ui = %ckpt_ui {line}")
+            assert result.success, (line, result.error_in_exec)
+            assert len(sh.user_ns["ui"].table.rows) == 6
+            sh.user_ns["ui"].close()
+        assert not sh.run_cell("%ckpt_ui --dir").success
+    finally:
+        sh.run_cell("%unload_ext ckpt_nb")
