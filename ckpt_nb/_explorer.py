@@ -822,9 +822,42 @@ class Explorer(w.VBox):
         super().close()
 
 
+# The explorers each notebook cell opened, with the run (IPython's ExecutionResult) that
+# opened them: a cell run again replaces its output, and the explorers of its earlier runs,
+# out of sight, went on polling the store with their catalogs open until the kernel stopped.
+_opened_by_cell: dict[str, tuple[Any, list[Explorer]]] = {}
+
+
+def _running_cell() -> tuple[str, Any] | None:
+    """The id of the notebook cell running now (JupyterLab and Notebook 7 send one with
+    each run) and the run; None outside such a cell."""
+    with contextlib.suppress(ImportError):
+        from IPython import get_ipython
+
+        run = getattr(getattr(get_ipython(), "displayhook", None), "exec_result", None)
+        cell_id = getattr(getattr(run, "info", None), "cell_id", None)
+        if isinstance(cell_id, str) and cell_id:
+            return cell_id, run
+    return None
+
+
 def explore(store: str | os.PathLike[str] | CheckpointManager, *,
             namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> Explorer:
     """The explorer for a store: a directory, URL or CheckpointManager. ``namespace``
     is what Roll back restores into (default: the IPython kernel's); ``poll_seconds``
-    is how often the catalog is checked for other writers (0: only this process's saves)."""
-    return Explorer(store, namespace=namespace, poll_seconds=poll_seconds)
+    is how often the catalog is checked for other writers (0: only this process's saves).
+    Run again in the same notebook cell, it closes the explorers the cell's earlier runs
+    opened (those of this run stay)."""
+    running = _running_cell()
+    if running is None:
+        return Explorer(store, namespace=namespace, poll_seconds=poll_seconds)
+    cell, run = running
+    opened_in, explorers = _opened_by_cell.pop(cell, (run, []))
+    if opened_in is not run:
+        for earlier in explorers:
+            earlier.close()
+        explorers = []
+    _opened_by_cell[cell] = (run, explorers)
+    ui = Explorer(store, namespace=namespace, poll_seconds=poll_seconds)
+    explorers.append(ui)
+    return ui

@@ -746,3 +746,23 @@ def test_ckpt_ui_takes_dir_as_ckpt_rollback_does(store) -> None:
         assert not sh.run_cell("%ckpt_ui --dir").success
     finally:
         sh.run_cell("%unload_ext ckpt_nb")
+
+
+def test_a_cell_run_again_closes_the_explorers_of_its_earlier_runs(store) -> None:
+    """Each re-run left an explorer polling the store, its catalog open."""
+    path, main, branch = store
+    sh = InteractiveShell.instance()
+    opened = f"ckpt_nb.explore({str(path)!r}, poll_seconds=0.2)"
+    try:
+        sh.run_cell(f"import ckpt_nb\na = {opened}\nb = {opened}", cell_id="cell-1")
+        first = [sh.user_ns["a"], sh.user_ns["b"]]
+        sh.run_cell(f"other = {opened}", cell_id="cell-2")
+        assert not any(ui._stop.is_set() for ui in first)  # both of one run stay
+        sh.run_cell(f"a = {opened}", cell_id="cell-1")
+        for ui in first:
+            ui._follower.join(5)
+            assert not ui._follower.is_alive()
+        assert not sh.user_ns["a"]._stop.is_set() and not sh.user_ns["other"]._stop.is_set()
+    finally:
+        for name in ("a", "b", "other"):
+            sh.user_ns[name].close()
