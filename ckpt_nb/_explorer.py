@@ -180,7 +180,7 @@ TABLE_COLUMNS = ("id", "branch", "step", "epoch", "created", "strategy", "stored
                  "pinned", "note")
 # A longer note is cut in its cell (its whole text is the cell's tooltip): the metric
 # columns after it stay in view.
-NOTE_CHARS = 60
+NOTE_CHARS = 32
 # The DAG tab's most height: a store of hundreds scrolls inside it, the buttons below
 # stay in view.
 DAG_HEIGHT = "480px"
@@ -299,8 +299,8 @@ class Explorer(w.VBox):
                                    self.compare_plot], layout=w.Layout(display="none"))
         self.compare_hint = w.HTML("<i>ctrl- or shift-click two or more rows to compare their "
                                    "metrics side by side</i>")
-        self.diff_a = w.Dropdown(description="from", layout=w.Layout(width="220px"))
-        self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="220px"))
+        self.diff_a = w.Dropdown(description="from", layout=w.Layout(width="340px"))
+        self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="340px"))
         self.diff_a.observe(lambda _: self._draw(self._draw_diff), names="value")
         self.diff_b.observe(lambda _: self._draw(self._draw_diff), names="value")
         self.diff_plot = w.Image(format="png")
@@ -382,6 +382,7 @@ class Explorer(w.VBox):
             self._sync_selection()
             for note in (self.table_note, self.dag_note):
                 note.layout.display = "none" if len(frame) else None
+            self.dag.layout.display = None if len(frame) else "none"  # (an empty box)
             stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
             logical = int(frame["logical_bytes"].sum()) if len(frame) else 0
             self.title.value = (f"<b>ckpt_nb</b> · {self._display_name()} · {len(frame)} "

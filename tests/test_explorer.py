@@ -679,12 +679,14 @@ def test_an_empty_store_says_so_and_one_checkpoint_is_singular(tmp_path: Path) -
     try:
         assert "no checkpoints yet" in ui.table_note.value
         assert ui.table_note.layout.display is None and ui.dag_note.layout.display is None
+        assert ui.dag.layout.display == "none"
         ui.tabs.selected_index = 3
         assert "no checkpoints yet" in ui.diff_table.value
         assert ui.diff_plot.layout.display == "none"
         ckpt_nb.CheckpointManager(tmp_path / "s").save(torch.nn.Linear(2, 2))
         ui.refresh()
         assert ui.table_note.layout.display == ui.dag_note.layout.display == "none"
+        assert ui.dag.layout.display is None
         assert " 1 checkpoint · " in ui.title.value
     finally:
         ui.close()
