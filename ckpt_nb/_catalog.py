@@ -251,9 +251,13 @@ class Catalog:
             raise
 
     def _unopenable(self, exc: sqlite3.OperationalError) -> StoreError:
-        hint = "" if os.access(self.path.parent, os.W_OK) else (
-            " (its folder is read-only, and SQLite writes a journal beside it even to "
-            "read: copy the store somewhere writable to open it)")
+        if not os.access(self.path.parent, os.W_OK):
+            hint = (" (its folder is read-only, and SQLite writes a journal beside it even to "
+                    "read: copy the store somewhere writable to open it)")
+        elif "I/O" in str(exc) or "full" in str(exc):
+            hint = " (is its disk full? SQLite needs a little room even to read)"
+        else:
+            hint = ""
         return StoreError(f"cannot open the catalog {self.path}: {exc}{hint}")
 
     def _failed(self, exc: sqlite3.Error) -> StoreError:

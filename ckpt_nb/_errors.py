@@ -5,6 +5,7 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
 
     CkptError (Exception)
     ├── CheckpointNotFoundError (+ FileNotFoundError, KeyError)
+    ├── MetricNotFoundError (+ KeyError)             no metric of that name was logged
     ├── CorruptCheckpointError (+ ValueError)       a checksum or manifest is bad
     ├── StateMismatchError (+ ValueError)           restore target does not fit
     ├── UntrustedPickleError (+ PermissionError)    pickled data without trust_pickle=True
@@ -23,6 +24,13 @@ class CkptError(Exception):
 
 class CheckpointNotFoundError(CkptError, FileNotFoundError, KeyError):
     """No checkpoint matches the id, alias or path asked for."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class MetricNotFoundError(CkptError, KeyError):
+    """No metric of the name asked for: a misspelt one must not plot another."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""

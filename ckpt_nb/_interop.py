@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import reprlib
 import tempfile
 import warnings
@@ -118,7 +119,10 @@ def _umask() -> int:
 
 
 def check_export_path(path: str | os.PathLike[str]) -> None:
-    """Refuse a suffix no exporter handles, before any work is done."""
+    """Refuse a suffix no exporter handles, or a URL, before any work is done."""
+    if "://" in os.fspath(path):  # (it would be made a local folder named "s3:")
+        raise ValueError(f"cannot export to {os.fspath(path)!r}: an export is a local file; "
+                         "give a path, then copy the file where it should go")
     if Path(path).suffix not in (".safetensors", *_TORCH_SUFFIXES):
         raise ValueError(f"cannot export to {os.fspath(path)!r}: use a .pt or .safetensors "
                          "path")
@@ -139,14 +143,19 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
     os.close(fd)
     try:
         if target.suffix == ".safetensors":
-            _write_safetensors(payload, tmp)
+            _write_safetensors(payload, tmp, target)
         else:
-            try:
-                torch.save(payload, tmp)
-            except RuntimeError as exc:  # e.g. one storage viewed as two dtypes (z, z.real)
-                raise CkptError(f"torch.save cannot write checkpoint {ck.id} ({exc}): export "
-                                "it to a .safetensors path, which holds each tensor's "
-                                "values apart") from exc
+            with open(tmp, "wb") as raw:
+                sink = _WriteErrors(raw)
+                try:
+                    torch.save(payload, sink)
+                except RuntimeError as exc:
+                    if sink.error is not None:  # (a full disk: torch says "unexpected pos")
+                        raise _naming(sink.error, target) from exc
+                    # e.g. one storage viewed as two dtypes (z, z.real)
+                    raise CkptError(f"torch.save cannot write checkpoint {ck.id} ({exc}): "
+                                    "export it to a .safetensors path, which holds each "
+                                    "tensor's values apart") from exc
         # The mode a plain new file gets: mkstemp's is 0600, for a secret, and an
         # export is a file to share.
         os.chmod(tmp, 0o666 & ~_umask())
@@ -159,7 +168,30 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def _write_safetensors(payload: dict[str, Any], tmp: str) -> None:
+class _WriteErrors:
+    """A file whose write errors are kept: torch.save reports a failed write (a full
+    disk, a file-size limit) as its zip writer's "unexpected pos", without the cause."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _naming(exc: OSError, target: Path) -> OSError:
+    """The file system's error, naming the file asked for, not its temporary."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(target))
+
+
+def _write_safetensors(payload: dict[str, Any], tmp: str, target: Path) -> None:
     from safetensors.torch import save_file
 
     flat = flatten(payload)
@@ -177,6 +209,12 @@ def _write_safetensors(payload: dict[str, Any], tmp: str) -> None:
         names = [name for name, t in tensors.items() if t.dtype == dtype][:3]
         raise CkptError(f"safetensors cannot hold {dtype} tensors ({', '.join(names)}): "
                         "export to a .pt path instead") from exc
+    except Exception as exc:  # (its writer's I/O errors are SafetensorErrors, "os error 28")
+        found = re.search(r"os error (\d+)", str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(target)) from exc
 
 
 def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:

@@ -241,7 +241,8 @@ class CheckpointManager:
             key = hashlib.sha256(self.store.url.encode()).hexdigest()[:16]
             if self.store.url.startswith("memory://"):
                 return ":memory:"
-            path = Path.home() / ".cache" / "ckpt_nb" / key / "catalog.sqlite"
+            cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+            path = Path(cache) / "ckpt_nb" / key / "catalog.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_path = path.with_name(path.name + ".lock")
         return str(path)

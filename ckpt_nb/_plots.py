@@ -21,7 +21,7 @@ import matplotlib
 from matplotlib.figure import Figure as _MatplotlibFigure
 
 from ._catalog import store_exists
-from ._errors import CheckpointNotFoundError, CkptError
+from ._errors import CheckpointNotFoundError, MetricNotFoundError
 from ._manager import CheckpointManager
 
 StoreLike = str | os.PathLike[str] | CheckpointManager
@@ -74,13 +74,6 @@ def opened(store: StoreLike) -> Iterator[CheckpointManager]:
         yield manager
     finally:
         manager.close()
-
-
-class MetricNotFoundError(CkptError, KeyError):
-    """No metric of the name asked for: a misspelt one must not plot another."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
 
 
 def metric_columns(table: Any) -> list[str]:

@@ -636,6 +636,16 @@ class FsspecStore(Store):
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.root = root.rstrip("/")
         self.url = canonical_url(url)  # (its catalog's cache and lock are keyed by it)
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else \
+            set(self.fs.protocol)
+        if protocols & _BUCKETED:
+            # A first write's makedirs would create a misspelt bucket (on AWS, in whatever
+            # account and region are configured): a store's bucket must be there already.
+            bucket = self.root.lstrip("/").split("/", 1)[0]
+            with self._asking(f"looking for the bucket {bucket}", bucket):
+                if not bucket or not self.fs.exists(bucket):
+                    raise StoreError(f"no bucket {bucket!r} at {self.url}: create it first "
+                                     "(ckpt_nb makes no buckets), or check its name")
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{check_key(key)}"
@@ -704,6 +714,10 @@ class FsspecStore(Store):
             key = path.lstrip("/")[cut:]
             if _is_key(key):  # (a name ckpt_nb could have written)
                 yield key
+
+
+# Object stores whose first path part is a bucket, which a write would create.
+_BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
 
 
 def canonical_url(url: str) -> str:

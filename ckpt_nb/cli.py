@@ -38,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     store: Store | None = None
 
     def own(message: object) -> str:
-        """The message on one line, naming the store as the user did: its URL is
-        percent-encoded (file:///sp%20ace), and what a store holds may be anything."""
-        text = str(message)
+        """The message on one line, naming the store as the user did (its URL is
+        percent-encoded: file:///sp%20ace), and options as this command line spells
+        them; what a store holds may be anything."""
+        text = str(message).replace("trust_pickle=True", "--trust-pickle")
         return _printable(text if store is None else text.replace(store.url, location))
 
     def say(message: object) -> None:
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{args.command} failed: {_os_reason(exc)}")
         except sqlite3.Error as exc:
             say(f"cannot use the catalog of {location}: {exc}")
+        except KeyboardInterrupt:  # (a store's writes are atomic: nothing is half done)
+            say(f"{args.command} interrupted")
+            return 130
     return 1
 
 
@@ -127,6 +131,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     export = command("export", _export, "write a checkpoint as a .pt or .safetensors file")
     export.add_argument("id", metavar="ID")
     export.add_argument("out", metavar="OUT", help="a path ending .pt or .safetensors")
+    export.add_argument("--trust-pickle", action="store_true",
+                        help="also write values stored as pickles (objects of your own "
+                             "classes), unpickling them: only for a store you trust")
     command("pin", _pin, "protect a checkpoint from retention").add_argument("id", metavar="ID")
     command("unpin", _unpin, "release a pinned checkpoint").add_argument("id", metavar="ID")
     rm = command("rm", _rm, "delete a checkpoint")
@@ -145,8 +152,11 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
              "stored_bytes", "logical_bytes", "pinned", "best", "head", "note"}
     metrics = [c for c in frame.columns if c not in fixed]
     with_note = bool(frame["note"].astype(bool).any())
-    headers = ["id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
-               "stored", "logical", "marks", *metrics, *(["note"] if with_note else [])]
+    columns = ["id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
+               "stored", "logical", "marks"]
+    # (list() renames a metric named like one of its columns; these are the table's own)
+    labels = [f"metric:{m}" if m in columns or m == "note" else m for m in metrics]
+    headers = [*columns, *labels, *(["note"] if with_note else [])]
     rows = [[_cell(r["id"]), _cell(r["parent"]), _cell(r["branch"]),
              _time(r["created"].timestamp()), _cell(r["step"]), _cell(r["epoch"]),
              _cell(r["batch_idx"]), _cell(r["strategy"]), _size(r["stored_bytes"]),
@@ -154,7 +164,7 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
              ",".join(m for m in ("pinned", "best") if r[m]) or "-",
              *(_cell(r[m]) for m in metrics), *([_cell(r["note"])] if with_note else [])]
             for _, r in frame.iterrows()]
-    print(_table(headers, rows, right=_NUMERIC | set(metrics)))
+    print(_table(headers, rows, right=_NUMERIC | set(labels)))
     return 0
 
 
@@ -205,7 +215,8 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         return 0
     for cid, problems in report.bad.items():
         print(f"bad: {cid}")
-        for problem in problems:
+        # (a chunk under several deltas of a chain is named once)
+        for problem in dict.fromkeys(p.removeprefix(f"checkpoint {cid}: ") for p in problems):
             print(f"  {_printable(problem)}")
     for key, problem in report.packs.items():
         print(f"bad index: {key}")
@@ -232,7 +243,8 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     try:
         with _progress("export", "chunk") as progress:
-            path = mgr.export(args.id, args.out, progress=progress)
+            path = mgr.export(args.id, args.out, progress=progress,
+                              trust_pickle=args.trust_pickle)
     except CkptError:
         raise
     except OSError as exc:  # the file system's own error: say which file was asked for

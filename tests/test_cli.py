@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -388,3 +389,67 @@ def test_the_demo_refuses_a_folder_of_other_files_and_starts_its_own_afresh(
     (tmp_path / "demo" / "leftover").write_text("x")
     assert demo.main([str(tmp_path / "demo")]) == 0
     assert not (tmp_path / "demo" / "leftover").exists()
+
+
+def test_export_names_a_full_disk_not_torch_or_safetensors_internals(store: Store,
+                                                                     tmp_path: Path) -> None:
+    """Over a file-size limit (as on a full disk) torch said "unexpected pos" and advised
+    .safetensors; safetensors raised its own error with a traceback."""
+    import resource
+    import signal
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    with CheckpointManager(tmp_path / "big") as mgr:  # (256 KiB of weights)
+        mgr.save(torch.nn.Linear(256, 256))
+    for name in ("model.pt", "model.safetensors"):
+        done = subprocess.run([sys.executable, "-m", "ckpt_nb", "export", tmp_path / "big",
+                               "latest", tmp_path / name], capture_output=True, text=True,
+                              preexec_fn=small_files, timeout=120)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr == f"ckpt-nb: cannot export to {tmp_path / name}: File too large: " \
+                              f"{tmp_path / name}\n"
+        assert not list(tmp_path.glob(f".{name}*"))  # (no temporary left)
+
+
+def test_export_to_a_url_is_refused_not_written_to_a_folder_named_like_it(
+        store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(store.directory), "latest", "s3://bucket/model.pt"]) == 1
+    assert "an export is a local file" in capsys.readouterr().err
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_export_trust_pickle_writes_a_pickled_value(tmp_path: Path) -> None:
+    CheckpointManager(tmp_path / "s").save(torch.nn.Linear(2, 2),
+                                           extra={"obj": Store(tmp_path, [], [])})
+    done = run_module("export", tmp_path / "s", "latest", tmp_path / "a.safetensors")
+    assert done.returncode == 0 and "export with --trust-pickle" in done.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["export", str(tmp_path / "s"), "latest", str(tmp_path / "b.safetensors"),
+                     "--trust-pickle"]) == 0
+        ck = CheckpointManager(tmp_path / "t").import_file(tmp_path / "b.safetensors",
+                                                           trust_pickle=True)
+    assert CheckpointManager(tmp_path / "t").load(ck, trust_pickle=True).extra["obj"] == \
+        Store(tmp_path, [], [])
+
+
+def test_ls_labels_metrics_named_like_its_columns_and_ctrl_c_is_one_line(
+        store: Store, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with CheckpointManager(store.directory) as mgr:
+        mgr.save(torch.nn.Linear(2, 2), metrics={"marks": 1.0, "stored": 2.0})
+    assert main(["ls", str(store.directory)]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header.count("marks") == 1 and "metric:marks" in header and "metric:stored" in header
+
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("ckpt_nb.cli._ls", interrupted)
+    assert main(["ls", str(store.directory)]) == 130
+    assert capsys.readouterr().err == "ckpt-nb: ls interrupted\n"

@@ -535,12 +535,12 @@ def test_a_metric_the_store_has_not_logged_is_refused_by_name(store) -> None:
     path, main, branch = store
     for plot in (lambda: ckpt_nb.plot_metrics(path, "los"),
                  lambda: ckpt_nb.plot_compare(path, [main[0], main[1]], metrics=["los"])):
-        with pytest.raises(_plots.MetricNotFoundError,
+        with pytest.raises(ckpt_nb.MetricNotFoundError,
                            match="no metric 'los' in this store: its metrics are 'acc', 'loss'"):
             plot()
     with pytest.raises(KeyError):  # (what a caller without ckpt_nb's names catches)
         ckpt_nb.plot_metrics(path, "los")
-    assert isinstance(_plots.MetricNotFoundError("x"), ckpt_nb.CkptError)
+    assert isinstance(ckpt_nb.MetricNotFoundError("x"), ckpt_nb.CkptError)
 
 
 def test_checkpoints_without_a_step_are_drawn_by_epoch_not_at_made_up_steps(

@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import Holder
 
-from ckpt_nb import CheckpointManager
+from ckpt_nb import CheckpointManager, StoreError
 from ckpt_nb.cli import main as cli
 
 s3fs = pytest.importorskip("s3fs")
@@ -61,6 +61,7 @@ def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> st
     for name, value in {**CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL": endpoint,
                         "HOME": str(tmp_path / "home")}.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
     name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(name)
@@ -249,3 +250,17 @@ def test_the_cli_says_the_backend_failed_when_it_cannot_reach_the_store(
     assert cli(["ls", f"s3://{bucket}/exp"]) == 1
     err = capsys.readouterr().err
     assert "no checkpoint store" not in err and f"s3://{bucket}/exp" in err, err
+
+
+def test_a_misspelt_bucket_is_refused_not_created(bucket: str) -> None:
+    """A first write's makedirs created it (on AWS: a bucket in whatever account)."""
+    with pytest.raises(StoreError, match=f"no bucket '{bucket}x'"):
+        CheckpointManager(f"s3://{bucket}x/exp")
+    assert not s3fs.S3FileSystem().exists(f"{bucket}x")
+
+
+def test_the_catalog_cache_follows_xdg_cache_home(bucket: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    CheckpointManager(f"s3://{bucket}/exp").save(h=Holder(weights(1)))
+    assert list((tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite"))
