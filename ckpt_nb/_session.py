@@ -471,8 +471,6 @@ class AutoSession:
         self.say(self.rediscover().summary())
         if source is not None and self.config.resume:
             self._find_resume()
-        if source is not None:
-            _cells_run.add((self.url, self._cell_key()))
 
     def begin_line_cell(self) -> None:
         """Start of any cell a session watches: a new loop, no interrupt pending."""
@@ -669,12 +667,13 @@ class AutoSession:
 
         Where the kernel stands (its last save, resume or rollback on this store) when
         that is a run of this cell, or the checkpoint the user rolled back to unless cell
-        ids say it is another cell's; else, the first time the cell runs in this process
-        (a fresh kernel after a crash: "Run All" resumes each cell where it stopped), its
-        newest checkpoint. A run is this cell's by the notebook's cell id where both have
-        one, else by the cell's code. Another cell's run is not resumed (but after a
-        rollback, where no cell ids tell the cells apart): this cell's loop would go on
-        from that cell's position (the cells of a notebook share its default store).
+        ids say it is another cell's; else its newest checkpoint (in a fresh kernel after
+        a crash, "Run All" resumes each cell where it stopped; in this one, a cell stopped
+        before another cell ran goes on where it stopped). A run is this cell's by the
+        notebook's cell id where both have one, else by the cell's code. Another cell's
+        run is not resumed (but after a rollback, where no cell ids tell the cells
+        apart): this cell's loop would go on from that cell's position (the cells of a
+        notebook share its default store).
         Without cell ids, an edited cell is another cell until the user rolls back to its
         run: nothing tells the two apart (a fine-tune cell is often the training cell's
         copy, and a fix may rewrite much of a cell), and a new cell taken for an edit
@@ -683,7 +682,6 @@ class AutoSession:
         """
         position = _positions.get(self.url)
         rolled_back = _position_events.get(self.url) == "rollback"
-        first_run = (self.url, self._cell_key()) not in _cells_run
         candidate = None
         run = self._run_record(position) if position is not None else None
         if run is not None and not run.get("finished"):
@@ -695,7 +693,7 @@ class AutoSession:
                 self.say(f"checkpoint {position}, rolled back to, holds a run of another "
                          "cell: this cell's loops start from its state, not from that run's "
                          "position")
-        if candidate is None and first_run and not rolled_back:
+        if candidate is None and not rolled_back:
             candidate = self._newest_of_this_cell()
         if candidate is None:
             return
@@ -720,9 +718,6 @@ class AutoSession:
             return None
         run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
         return run if isinstance(run, dict) else None
-
-    def _cell_key(self) -> str | None:
-        return self.cell_id or self.cell_hash
 
     def _is_this_cell(self, run: dict[str, Any]) -> bool:
         if self.cell_id is not None and run.get("cell_id") is not None:
@@ -952,7 +947,6 @@ _sessions: list[AutoSession] = []  # the last is active; a cell's session sits o
 _history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
 _position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
-_cells_run: set[tuple[str, str | None]] = set()  # (store URL, cell id or code hash) begun here
 _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
 _subscribers: list[Callable[[str, str, str], None]] = []
 _last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's config, namespace

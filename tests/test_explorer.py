@@ -167,7 +167,6 @@ def test_explorer_actions(store, tmp_path: Path) -> None:
 def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(_session, "_positions", {})
     monkeypatch.setattr(_session, "_position_events", {})
-    monkeypatch.setattr(_session, "_cells_run", set())
     monkeypatch.setattr(_session, "_left_values", {})
     monkeypatch.setattr(_session, "_last", None)
     sh = InteractiveShell.instance()

@@ -59,7 +59,6 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_session, "_last", None)
     monkeypatch.setattr(_session, "_positions", {})
     monkeypatch.setattr(_session, "_position_events", {})
-    monkeypatch.setattr(_session, "_cells_run", set())
     monkeypatch.setattr(_session, "_left_values", {})
 
 
@@ -169,7 +168,7 @@ def test_a_loader_with_its_own_generator_resumes_bit_exact(
     interrupt_at(shell, TRAIN, tmp_path / "run", stop_at)
     if kernel == "fresh":
         for name, empty in (("_last", None), ("_positions", {}), ("_position_events", {}),
-                            ("_cells_run", set()), ("_left_values", {})):
+                            ("_left_values", {})):
             monkeypatch.setattr(_session, name, empty)
         run(shell, GENERATOR_SETUP)
     else:
@@ -1016,7 +1015,6 @@ def test_resuming_a_malformed_run_record_says_so_before_the_block_runs(
     """KeyError and TypeError came out of ckpt_nb.epochs()."""
     cid, ns = saved_with_record(tmp_path, change)
     monkeypatch.setattr(_session, "_positions", {})  # a fresh kernel resumes the newest
-    monkeypatch.setattr(_session, "_cells_run", set())
     before = [t.clone() for t in ns["model"].state_dict().values()]
     ran = False
     with pytest.raises(ckpt_nb.CorruptCheckpointError, match=f"checkpoint {cid}'s run record"
@@ -1063,3 +1061,23 @@ def test_session_help_shows_docstrings_not_section_comments() -> None:
         if callable(member) and not name.startswith("_"):
             assert inspect.getdoc(member), name
     assert inspect.getdoc(ckpt_nb.status)
+
+
+def test_a_stopped_cell_resumes_after_another_cell_ran_in_between(shell, tmp_path: Path,
+                                                                  capsys) -> None:
+    """The stop said "run it again to go on"; once another cell had saved, the kernel's
+    position was that cell's finished run, and the stopped cell trained from the top."""
+    run(shell, SETUP)
+    crash = TRAIN.format(dir=tmp_path / "both", stop="pass").replace(
+        "        opt.zero_grad()",
+        "        if STOP_AT == (epoch, i):\n            raise RuntimeError('diverged')\n"
+        "        opt.zero_grad()")  # (at a consistent point: the stop saves)
+    run(shell, "STOP_AT = (0, 2)")
+    assert isinstance(run(shell, crash, cell_id="train").error_in_exec, RuntimeError)
+    run(shell, "STOP_AT = None")
+    assert run(shell, FINE_TUNE.format(dir=tmp_path / "both"), cell_id="fine-tune").success
+    capsys.readouterr()
+    # (fixed: the resume puts STOP_AT back as saved, so the raise goes)
+    fixed = TRAIN.format(dir=tmp_path / "both", stop="pass")
+    assert run(shell, fixed, cell_id="train").success
+    assert "resumed from" in capsys.readouterr().out
