@@ -162,7 +162,14 @@ class CheckpointManager:
     ``strategy`` is "full", "incremental" (deltas against the parent) or
     "differential" (deltas against the branch's last full checkpoint);
     ``full_every`` bounds a chain of deltas (without it a chunk stacks at most 8, or
-    ``max_to_keep``). ``codec="none"`` stores raw bytes.
+    ``max_to_keep``). ``max_bytes`` is a byte budget (the oldest go first).
+
+    ``codec="none"`` stores raw bytes; ``level`` is zstd's, ``threads`` the encoding
+    and decoding threads (default: the cores, up to 4), ``chunk_size`` the bytes a chunk holds
+    (4 KiB to 1 GiB), the unit of deduplication. ``durable=False`` skips fsync (for
+    throwaway stores: a crash may then lose a committed checkpoint). ``catalog`` puts
+    the SQLite catalog elsewhere (default: beside a local store, or in
+    ``$XDG_CACHE_HOME/ckpt_nb`` for an object store).
     """
 
     def __init__(
@@ -891,6 +898,11 @@ class CheckpointManager:
         ``which`` is "latest" (the newest that verifies), "best", "-N", an id, or
         the path of a .pt / .safetensors file. Objects not passed stay in
         ``Checkpoint.state``; ``rng=False`` leaves the random generators alone.
+        ``strict=False`` lets a module take a state with missing or unexpected keys
+        (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit.
+        ``trust_pickle=True`` unpickles values stored as pickles (only for a store you
+        trust: a pickle can run code). Raises ``StateMismatchError`` naming what does
+        not fit, with nothing changed.
         """
         targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
@@ -1200,9 +1212,11 @@ class CheckpointManager:
         return cid
 
     def unpin(self, which: str) -> str:
+        """Let retention delete a pinned checkpoint again; returns its id."""
         return self.pin(which, False)
 
     def annotate(self, which: str, note: str) -> str:
+        """Set a checkpoint's note (shown by list(), the CLI and the explorer)."""
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
         with self._exclusive():
@@ -1245,7 +1259,9 @@ class CheckpointManager:
         return label.get("parent", False) if isinstance(label, dict) else False
 
     def delete(self, which: str, *, force: bool = False) -> None:
-        """Delete a checkpoint; other checkpoints keep every chunk they share with it."""
+        """Delete a checkpoint; other checkpoints keep every chunk they share with it,
+        and its children descend from its parent. A pinned one raises
+        ``CheckpointInUseError`` unless ``force=True``."""
         with self._exclusive():  # (the pin checked where no other process can set it)
             self._catch_up()
             cid = self._resolve(which)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
+from . import __version__
 from ._catalog import store_exists
 from ._errors import CheckpointInUseError, CkptError
 from ._manager import CheckpointManager
@@ -110,6 +111,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     parser = argparse.ArgumentParser(
         prog="ckpt-nb", description="Look into, check and tidy a checkpoint store.",
         epilog="IDs: 'latest', 'best' (with --metric), '-N' (N back from latest) or an id prefix.")
+    parser.add_argument("--version", action="version", version=f"ckpt-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[CheckpointManager, argparse.Namespace], int],
@@ -170,12 +172,15 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     info = mgr.info(args.id)
+    # (retention deletes a full base its deltas no longer need: they were rewritten)
+    gone = ", deleted" if info["full_base"] and info["full_base"] not in \
+        mgr.list()["id"].values else ""
     fields = {
         "id": info["id"], "parent": info["parent"], "children": ", ".join(info["children"]),
         "branch": info["branch"], "created": _time(info["created_at"]),
         "step": info["step"], "epoch": info["epoch"], "batch_idx": info["batch_idx"],
         "strategy": info["strategy"] + (f" (chain {info['chain']}, full base "
-                                        f"{info['full_base']})" if info["chain"] else ""),
+                                        f"{info['full_base']}{gone})" if info["chain"] else ""),
         "stored": _size(info["stored_bytes"]), "logical": _size(info["logical_bytes"]),
         "pinned": "yes" if info["pinned"] else "no",
         "metrics": ", ".join(f"{k}={_cell(v)}" for k, v in sorted(info["metrics"].items())),

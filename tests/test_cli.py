@@ -453,3 +453,16 @@ def test_ls_labels_metrics_named_like_its_columns_and_ctrl_c_is_one_line(
     monkeypatch.setattr("ckpt_nb.cli._ls", interrupted)
     assert main(["ls", str(store.directory)]) == 130
     assert capsys.readouterr().err == "ckpt-nb: ls interrupted\n"
+
+
+def test_show_says_a_deleted_full_base_is_deleted_and_version(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = torch.nn.Linear(64, 64)
+    with CheckpointManager(tmp_path, max_to_keep=2, strategy="incremental") as mgr:
+        for _ in range(4):
+            with torch.no_grad():
+                model.weight[0] += 1
+            mgr.save(model)
+    assert main(["show", str(tmp_path), "latest"]) == 0
+    assert ", deleted)" in capsys.readouterr().out
+    assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("ckpt-nb 0.")
