@@ -556,10 +556,12 @@ class AutoSession:
               "(interrupt again to stop at once)", file=sys.stderr, flush=True)
 
     # -- triggers -------------------------------------------------------------------
-    def _consistent(self) -> None:
-        """Mark a consistent point: the state here is one a resume can start from."""
+    def _consistent(self, rng: tuple[Any, ...] | None = None) -> None:
+        """Mark a consistent point: the state here is one a resume can start from.
+        ``rng``: the generators' snapshot taken there, if the code since drew from them."""
         self.last_consistent_step = self.step
-        self._consistent_rng = RNGState.snapshot()  # raw: converted only if a save needs it
+        # raw: converted only if a save needs it
+        self._consistent_rng = rng if rng is not None else RNGState.snapshot()
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if active() is not self:
@@ -596,7 +598,8 @@ class AutoSession:
         if reason is None:
             return
         interrupted = reason == "interrupt"
-        self.save(reason=reason, wait=interrupted)
+        self.save(reason=reason, wait=interrupted,
+                  rng=RNGState().state_dict(self._consistent_rng))
         if interrupted:
             self.say(f"saved {self.writer.last_id} on interrupt")
             raise _stopped(f"the cell stopped at step {self.step}: run it again to go on "
@@ -872,10 +875,18 @@ class AutoSession:
         index = skip
         self.loop.in_batches = True
         try:
-            for batch in iterator:
+            while True:
+                # The consistent point is before the next batch is fetched: a Dataset that
+                # augments in this process draws from the generators, and a resume fetches
+                # that batch again, from the generators as they were here.
+                rng = RNGState.snapshot()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
                 if index > skip:
                     self.loop.next_batch = index
-                    self._consistent()
+                    self._consistent(rng)
                     self.checkpoint_if_due()
                 yield index, batch
                 index += 1

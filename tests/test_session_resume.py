@@ -1,0 +1,118 @@
+"""Resumes, interrupted saves and the metrics checkpoints carry, in a real in-process
+IPython shell: the cases a notebook user meets in a training cell. Each test has a store
+of its own, which is what the process's positions and cells run are kept by."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+import ckpt_nb
+
+# A Dataset that augments in this process, as torchvision's random transforms do with
+# num_workers=0: each batch fetched draws from torch's global generator.
+SETUP = """
+import os, signal, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(300, 16)
+Y = (X[:, :4].sum(1) > 0).long()
+
+class Augmented(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, i):
+        return X[i] + 0.1 * torch.randn(16), Y[i]
+
+loader = torch.utils.data.DataLoader(Augmented(), batch_size=30, shuffle=True)
+model = torch.nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+history = []
+
+def stop_if(point):
+    # A file named for the point stops the cell there, once: an interrupt or a crash.
+    if os.path.exists(point):
+        with open(point) as file:
+            how = file.read()
+        os.remove(point)
+        if how == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            raise RuntimeError("diverged")
+"""
+
+# (The same code each run: a resume goes on with a run of this cell's code only.)
+TRAIN = """%%ckpt_auto --dir {dir} --every-steps 7
+for epoch in ckpt_nb.epochs(3):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        stop_if(f"before-{{epoch}}-{{i}}")
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        stop_if(f"after-{{epoch}}-{{i}}")
+    history.append(round(loss.item(), 6))
+len(history)
+"""
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
+    sh = InteractiveShell.instance()
+    sh.user_ns.clear()
+    sh.init_user_ns()
+    sh.run_cell("%load_ext ckpt_nb", store_history=False)
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    yield sh
+    os.chdir(old)
+    sh.run_cell("%unload_ext ckpt_nb", store_history=False)
+
+
+def run(sh: InteractiveShell, code: str):
+    return sh.run_cell(code, store_history=False)
+
+
+def final_state(sh: InteractiveShell) -> list[torch.Tensor]:
+    ns = sh.user_ns
+    tensors = [t.clone() for t in ns["model"].state_dict().values()]
+    tensors += [v.clone() for s in ns["opt"].state_dict()["state"].values() for v in s.values()]
+    return tensors
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("how, where, saved", [
+    ("interrupt", "after", "interrupt"),  # saved at the next consistent point
+    ("crash", "before", "RuntimeError in the cell"),  # saved at the consistent point before
+    ("crash", "after", "every 7 steps"),  # not saved: resumes the periodic save, as after a kill
+])
+def test_main_process_augmentation_resumes_bit_exact(shell, tmp_path: Path, capsys, how: str,
+                                                     where: str, saved: str) -> None:
+    """The consistent point of batches() is before the next batch is fetched (its
+    augmentation drawn): a checkpoint's RNG state was the one after, so the batch
+    fetched again on resume came out augmented differently."""
+    run(shell, SETUP)
+    assert run(shell, TRAIN.format(dir=tmp_path / "ref")).result == 3
+    expected, expected_history = final_state(shell), list(shell.user_ns["history"])
+
+    run(shell, SETUP)
+    (tmp_path / f"{where}-1-5").write_text(how)
+    cell = TRAIN.format(dir=tmp_path / "run")
+    first = run(shell, cell)
+    assert first.error_in_exec is not None
+    assert ckpt_nb.CheckpointManager(tmp_path / "run").list()["note"].iloc[-1] == saved
+    capsys.readouterr()
+    second = run(shell, cell)
+    assert second.success and second.result == 3
+    assert "ckpt_nb: resumed from" in capsys.readouterr().out
+    assert same(final_state(shell), expected)
+    assert shell.user_ns["history"][-2:] == expected_history[-2:]
