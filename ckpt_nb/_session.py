@@ -420,6 +420,7 @@ class AutoSession:
         self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
         self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
+        self._ending = False  # end_cell's save is running
         self._hook = register_optimizer_step_post_hook(self._after_step)
         self.discovery = Discovery()
         self.closed = False
@@ -481,10 +482,12 @@ class AutoSession:
     def end_cell(self, error: BaseException | None = None, *, final: bool = True) -> None:
         """End of a cell: a save (``final`` marks the run finished), or on error the
         last consistent state."""
-        self._restore_sigint()
         # An interrupt that no consistent point came after (a cell that stopped training):
         # the cell ran to its end, which is saved; a cell of its own then stops.
         interrupted = error is None and self._interrupts > 0
+        # The handler stays for the save: one interrupt now lets it finish (and stops the
+        # cell after it), a second stops it (a failed save leaves earlier ones intact).
+        self._ending = True
         try:
             if error is None:
                 if final or self.step > self.last_save_step:
@@ -511,12 +514,18 @@ class AutoSession:
                          f"last consistent point; the latest checkpoint is {latest}")
             self.writer.wait()
         finally:
+            self._restore_sigint()
+            self._ending = False
+            during_save = error is None and not interrupted and self._interrupts > 0
             self._pending = None
             self._interrupts = 0
             if error is not None:  # (what a resume of this run compares the live values with)
                 _left_values[self.url] = self._cheap_values()
             self._report_background_error()
-        if interrupted and final:
+        if during_save:
+            self.say(f"interrupted while saving the cell's end: the save finished "
+                     f"(checkpoint {self.writer.last_id or 'none'})")
+        if (interrupted or during_save) and final:
             raise _stopped(f"the cell ran to its end, saved as checkpoint "
                            f"{self.writer.last_id or 'none'}")
 
@@ -552,8 +561,10 @@ class AutoSession:
             # A second interrupt is then the handler before's own, Python's KeyboardInterrupt
             # raised in the cell's code, with no frame of ckpt_nb's in its traceback.
             signal.signal(signal.SIGINT, self._previous_sigint)
-        print("ckpt_nb: interrupt received: saving at the next consistent point "
-              "(interrupt again to stop at once)", file=sys.stderr, flush=True)
+        what = "finishing the save of the cell's end" if self._ending else \
+            "saving at the next consistent point"
+        print(f"ckpt_nb: interrupt received: {what} (interrupt again to stop at once)",
+              file=sys.stderr, flush=True)
 
     # -- triggers -------------------------------------------------------------------
     def _consistent(self, rng: tuple[Any, ...] | None = None) -> None:

@@ -116,3 +116,60 @@ def test_main_process_augmentation_resumes_bit_exact(shell, tmp_path: Path, caps
     assert "ckpt_nb: resumed from" in capsys.readouterr().out
     assert same(final_state(shell), expected)
     assert shell.user_ns["history"][-2:] == expected_history[-2:]
+
+
+# The user pressing Stop while the end-of-cell save runs: a tracked object that sends
+# SIGINT to the kernel as its state is captured.
+SIGNALLER = """
+class Signaller:
+    def __init__(self):
+        self.interrupts = 0
+
+    def state_dict(self):
+        for _ in range(self.interrupts):
+            os.kill(os.getpid(), signal.SIGINT)
+        return {"calls": torch.zeros(1)}
+
+    def load_state_dict(self, state):
+        pass
+
+signaller = Signaller()
+"""
+
+SHORT = """%%ckpt_auto --dir {dir}
+for epoch in ckpt_nb.epochs(1):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+"""
+
+
+def test_one_interrupt_during_the_end_of_cell_save_lets_it_finish(shell, tmp_path: Path,
+                                                                  capsys) -> None:
+    """The handler was put back before the save: the first interrupt raised inside it,
+    the checkpoint was lost and the cell ended in a traceback through ckpt_nb."""
+    run(shell, SETUP + SIGNALLER + "signaller.interrupts = 1")
+    result = run(shell, SHORT.format(dir=tmp_path / "run"))
+    error = result.error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    rows = ckpt_nb.CheckpointManager(tmp_path / "run").list()
+    assert list(rows["note"]) == ["end of cell"] and rows["step"].iloc[0] == 10
+    assert error._render_traceback_() == [
+        f"KeyboardInterrupt: the cell ran to its end, saved as checkpoint {rows['id'].iloc[0]}"]
+    out = capsys.readouterr()
+    assert "interrupt received: finishing the save of the cell's end" in out.err
+    assert "interrupted while saving the cell's end: the save finished" in out.out
+
+
+def test_a_second_interrupt_stops_the_end_of_cell_save_and_keeps_the_earlier_ones(
+        shell, tmp_path: Path) -> None:
+    run(shell, SETUP + SIGNALLER)
+    cell = SHORT.format(dir=tmp_path / "run")
+    assert run(shell, cell).success
+    run(shell, "signaller.interrupts = 2")
+    assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
+    with ckpt_nb.CheckpointManager(tmp_path / "run") as mgr:
+        assert len(mgr.list()) == 1 and mgr.verify().ok
+    run(shell, "signaller.interrupts = 0")
+    assert run(shell, cell).success
