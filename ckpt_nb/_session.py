@@ -405,6 +405,10 @@ class AutoSession:
         self._steps_by_optimizer: dict[int, int] = {}
         self.history = History()
         self.metrics: dict[str, float] = {}
+        # A checkpoint carries a metric only for the state it was measured on: the count
+        # of optimizer steps this session had seen when each metric was last logged.
+        self._steps_seen = 0
+        self._logged_at: dict[str, int] = {}
         self.best: float | None = None
         self.loop = _Loop()
         self.cell_hash: str | None = None
@@ -446,6 +450,8 @@ class AutoSession:
 
     def _moved_to(self, checkpoint_id: str, event: str) -> None:
         self.manager.head = checkpoint_id
+        # (the checkpoint's metrics, now self.metrics, were measured on what it put back)
+        self._logged_at = dict.fromkeys(self.metrics, self._steps_seen)
         _positions[self.url] = checkpoint_id
         _position_events[self.url] = event
         _publish(event, checkpoint_id, self.url)
@@ -490,7 +496,8 @@ class AutoSession:
         self._ending = True
         try:
             if error is None:
-                if final or self.step > self.last_save_step:
+                # (a metric that improved on a state saved without it: a cell that evaluated)
+                if final or self.step > self.last_save_step or self._metric_due:
                     self.save(reason="end of cell", finished=final, wait=True)
                 if interrupted:
                     self.say("interrupted, but no consistent point came before the cell "
@@ -579,6 +586,8 @@ class AutoSession:
             return
         key = id(optimizer)
         self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
+        self._steps_seen += 1
+        self._metric_due = False  # the state the metric was measured on is gone
         self.step = max(self._steps_by_optimizer.values()) + self._step_offset
         # With no loop helpers, right after the step is a consistent point. Not inside an
         # epoch of epochs() (a step outside its tracked batches() loop, or a plain loop
@@ -591,6 +600,8 @@ class AutoSession:
         """Why a save is due now, or None."""
         if self._interrupts:
             return "interrupt"
+        if self._metric_due:  # (the state it was measured on may be saved, but without it)
+            return f"{self.config.on[0]} improved"  # type: ignore[index]
         if self.step == self.last_save_step:
             return None
         if self.config.every_steps and self.step - self.last_save_step >= self.config.every_steps:
@@ -598,8 +609,6 @@ class AutoSession:
         if self.config.every_seconds and \
                 time.monotonic() - self.last_save_time >= self.config.every_seconds:
             return f"every {self.config.every_seconds:g} s"
-        if self._metric_due:
-            return f"{self.config.on[0]} improved"  # type: ignore[index]
         return None
 
     def checkpoint_if_due(self) -> None:
@@ -622,6 +631,7 @@ class AutoSession:
             if isinstance(value, torch.Tensor):
                 value = value.item()
             self.metrics[name] = float(value)
+            self._logged_at[name] = self._steps_seen
         self.history.append({"step": self.step, "epoch": self.loop.epoch, **self.metrics})
         if self.config.on and self.config.on[0] in metrics:
             value = self.metrics[self.config.on[0]]
@@ -647,12 +657,15 @@ class AutoSession:
         if not self.config.sync:
             self._buffers.start()
         objects = {_stored_key(n): obj for n, obj in found.statefuls.items()}
-        state = self.manager.capture(objects, metrics=self.metrics,
+        # The history keeps every metric logged; the checkpoint, those measured on its state.
+        metrics = {name: value for name, value in self.metrics.items()
+                   if self._logged_at.get(name) == self._steps_seen}
+        state = self.manager.capture(objects, metrics=metrics,
                                      extra={RUN_KEY: run}, rng=rng or True,
                                      copy_tensors=False if self.config.sync else self._buffers)
         epoch, batch = self.loop.epoch, self.loop.next_batch
         fields = dict(epoch=epoch, batch_idx=batch if epoch is not None or batch else None,
-                      step=self.step, metrics=dict(self.metrics), note=reason)
+                      step=self.step, metrics=metrics, note=reason)
         self.last_save_step, self.last_save_time = self.step, time.monotonic()
         self._metric_due = False
 

@@ -173,3 +173,62 @@ def test_a_second_interrupt_stops_the_end_of_cell_save_and_keeps_the_earlier_one
         assert len(mgr.list()) == 1 and mgr.verify().ok
     run(shell, "signaller.interrupts = 0")
     assert run(shell, cell).success
+
+
+def evaluate(model: torch.nn.Module, val: torch.Tensor) -> float:
+    with torch.no_grad():
+        return model(val).pow(2).mean().item()
+
+
+def test_a_checkpoint_carries_a_metric_only_for_the_state_it_was_measured_on(
+        tmp_path: Path) -> None:
+    """Periodic saves carried the last logged val_loss though the model had trained
+    since: ``best`` (and --keep-best) picked a model nobody had evaluated."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    data, val = [torch.randn(8, 4) for _ in range(10)], torch.randn(32, 4)
+    with ckpt_nb.auto(str(tmp_path), namespace={"model": model, "opt": opt}, sync=True,
+                      every_steps=4, on=("val_loss", "min")) as session:
+        for epoch in ckpt_nb.epochs(4):
+            for _, x in ckpt_nb.batches(data):
+                opt.zero_grad()
+                (model(x).pow(2).mean() * (1 if epoch < 2 else -1)).backward()
+                opt.step()
+            ckpt_nb.log(val_loss=evaluate(model, val))  # better for 2 epochs, then worse
+        assert [r["step"] for r in session.history] == [10, 20, 30, 40]
+    with ckpt_nb.CheckpointManager(tmp_path, metric="val_loss") as mgr:
+        rows = mgr.list()
+        measured = rows[rows["val_loss"].notna()]
+        assert set(measured["batch_idx"]) == {0}  # epoch ends, where it was logged
+        assert rows[rows["batch_idx"] > 0]["val_loss"].isna().all()
+        best = mgr.restore("best", model=model)
+    assert evaluate(model, val) == best.metrics["val_loss"] == measured["val_loss"].min()
+
+
+def test_a_metric_logged_in_a_line_session_cell_is_saved_with_the_model_it_measured(
+        shell, tmp_path: Path) -> None:
+    """It was saved only with the next cell's first step, on another model."""
+    run(shell, """
+import torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.3)
+data, val = [torch.randn(8, 4) for _ in range(5)], torch.randn(32, 4)
+def evaluate():
+    with torch.no_grad():
+        return model(val).pow(2).mean().item()
+""")
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'run'} --on val_loss:min")
+    evaluated = []
+    for _ in range(3):
+        run(shell, "for x in data:\n"
+                   "    opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step()")
+        run(shell, "v = evaluate(); ckpt_nb.log(val_loss=v)")
+        evaluated.append(shell.user_ns["v"])
+    rows = ckpt_nb.CheckpointManager(tmp_path / "run").list()
+    assert list(rows["step"]) == [5, 5, 10, 10, 15, 15]
+    assert list(rows["val_loss"].iloc[1::2]) == evaluated  # (saved at each evaluating cell's end)
+    assert rows["val_loss"].iloc[::2].isna().all()
+    run(shell, "%ckpt_rollback best")
+    assert run(shell, "evaluate()").result == min(evaluated)
