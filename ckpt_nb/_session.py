@@ -413,6 +413,7 @@ class AutoSession:
         self.loop = _Loop()
         self.cell_hash: str | None = None
         self.cell_id: str | None = None
+        self._position: str | None = None  # this session's last save, resume or rollback
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
         self.last_consistent_step: int | None = None
@@ -442,6 +443,7 @@ class AutoSession:
 
     def _on_manager_event(self, event: str, checkpoint_id: str) -> None:
         if event == "save":
+            self._position = checkpoint_id
             _positions[self.url] = checkpoint_id
             _position_events[self.url] = event
             _publish("save", checkpoint_id, self.url)
@@ -450,6 +452,7 @@ class AutoSession:
 
     def _moved_to(self, checkpoint_id: str, event: str) -> None:
         self.manager.head = checkpoint_id
+        self._position = checkpoint_id
         # (the checkpoint's metrics, now self.metrics, were measured on what it put back)
         self._logged_at = dict.fromkeys(self.metrics, self._steps_seen)
         _positions[self.url] = checkpoint_id
@@ -516,7 +519,7 @@ class AutoSession:
                           rng=RNGState().state_dict(self._consistent_rng))
             elif self.step > self.last_save_step:
                 self.writer.wait()  # (a save in flight is the latest once in)
-                latest = self.writer.last_id or "none"
+                latest = self._position or "none"
                 self.say(f"not saving after {type(error).__name__}: the model changed since the "
                          f"last consistent point; the latest checkpoint is {latest}")
             self.writer.wait()

@@ -232,3 +232,20 @@ def evaluate():
     assert rows["val_loss"].iloc[::2].isna().all()
     run(shell, "%ckpt_rollback best")
     assert run(shell, "evaluate()").result == min(evaluated)
+
+
+def test_an_error_after_a_resume_names_the_checkpoint_it_resumed_from(shell, tmp_path: Path,
+                                                                      capsys) -> None:
+    """It said "the latest checkpoint is none": it knew only the session's own saves."""
+    run(shell, SETUP)
+    cell = TRAIN.format(dir=tmp_path / "run")
+    (tmp_path / "after-0-8").write_text("crash")
+    assert isinstance(run(shell, cell).error_in_exec, RuntimeError)
+    capsys.readouterr()
+    (tmp_path / "after-0-8").write_text("crash")  # (resumed from step 7, it trains step 8)
+    assert isinstance(run(shell, cell).error_in_exec, RuntimeError)
+    out = capsys.readouterr().out
+    resumed = ckpt_nb.CheckpointManager(tmp_path / "run").list()["id"].iloc[-1]
+    assert f"ckpt_nb: resumed from {resumed} " in out
+    assert "not saving after RuntimeError: the model changed since the last consistent " \
+           f"point; the latest checkpoint is {resumed}\n" in out
