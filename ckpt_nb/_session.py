@@ -624,9 +624,17 @@ class AutoSession:
         self.save(reason=reason, wait=interrupted,
                   rng=RNGState().state_dict(self._consistent_rng))
         if interrupted:
-            self.say(f"saved {self.writer.last_id} on interrupt")
-            raise _stopped(f"the cell stopped at step {self.step}: run it again to go on "
-                           f"from checkpoint {self.writer.last_id}")
+            cid = self.writer.last_id
+            self.say(f"saved {cid} on interrupt")
+            # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
+            if self.cell_hash is not None and (self.loop.epoch is not None
+                                               or self.loop.in_batches):
+                raise _stopped(f"the cell stopped at step {self.step}: run it again to go "
+                               f"on from checkpoint {cid}")
+            raise _stopped(f"the cell stopped at step {self.step}; checkpoint {cid} holds it: "
+                           "running the cell again starts over (resume needs "
+                           "ckpt_nb.epochs()/batches() in a %%ckpt_auto cell); "
+                           f"%ckpt_rollback {cid} puts it back")
 
     def log(self, **metrics: float) -> None:
         """Record metrics: they go into the next checkpoint and drive ``--on``."""

@@ -249,3 +249,41 @@ def test_an_error_after_a_resume_names_the_checkpoint_it_resumed_from(shell, tmp
     assert f"ckpt_nb: resumed from {resumed} " in out
     assert "not saving after RuntimeError: the model changed since the last consistent " \
            f"point; the latest checkpoint is {resumed}\n" in out
+
+
+PLAIN_LOOP = """for step in range(12):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(X[:30]), Y[:30]).backward()
+    opt.step()
+    if step == 7:
+        os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+@pytest.mark.parametrize("form", ["cell", "line"])
+def test_an_interrupt_where_no_resume_can_follow_says_what_is_true(shell, tmp_path: Path,
+                                                                   form: str) -> None:
+    """It said "run it again to go on from checkpoint X" where running it again starts
+    over: a cell without the loop helpers, and any cell of the line form."""
+    run(shell, SETUP)
+    if form == "line":
+        run(shell, f"%ckpt_auto --dir {tmp_path / 'run'}")
+        result = run(shell, PLAIN_LOOP)
+    else:
+        result = run(shell, f"%%ckpt_auto --dir {tmp_path / 'run'}\n" + PLAIN_LOOP)
+    error = result.error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    cid = ckpt_nb.CheckpointManager(tmp_path / "run").list()["id"].iloc[-1]
+    assert str(error) == (
+        f"the cell stopped at step 9; checkpoint {cid} holds it: running the cell again "
+        "starts over (resume needs ckpt_nb.epochs()/batches() in a %%ckpt_auto cell); "
+        f"%ckpt_rollback {cid} puts it back")
+
+
+def test_an_interrupt_in_the_loop_helpers_says_to_run_the_cell_again(shell,
+                                                                     tmp_path: Path) -> None:
+    run(shell, SETUP)
+    (tmp_path / "after-0-3").write_text("interrupt")
+    error = run(shell, TRAIN.format(dir=tmp_path / "run")).error_in_exec
+    cid = ckpt_nb.CheckpointManager(tmp_path / "run").list()["id"].iloc[-1]
+    assert str(error) == f"the cell stopped at step 4: run it again to go on from checkpoint {cid}"
