@@ -15,8 +15,10 @@ import inspect
 import io
 import json
 import random
+import sys
 import threading
 import types
+import weakref
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
           threading.Semaphore, threading.Event)
 _MAX_DEPTH = 6
+_warned_loaders: weakref.WeakSet[Any] = weakref.WeakSet()  # persistent workers, said once
 
 
 @dataclass
@@ -119,6 +122,20 @@ def _skip_reason(value: Any) -> str | None:
     return None
 
 
+def _warn_persistent_workers(name: str, value: Any) -> None:
+    """Say once per loader that its persistent workers' random state is not saved: they
+    keep it from epoch to epoch, where fresh workers are seeded from the state that
+    ``batches()`` replays, so their random augmentation cannot resume bit-identical."""
+    if not isinstance(value, torch.utils.data.DataLoader) or value.num_workers == 0 \
+            or not value.persistent_workers or value in _warned_loaders:
+        return
+    _warned_loaders.add(value)
+    print(f"ckpt_nb: warning: {name}'s persistent workers keep a random state that "
+          "checkpoints do not hold: after a resume, randomness in its workers (augmentation) "
+          "differs from an unstopped run; persistent_workers=False resumes bit-identical",
+          file=sys.stderr, flush=True)
+
+
 def _is_code(value: Any) -> bool:
     return isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
                               types.MethodType, functools.partial))
@@ -148,6 +165,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
             found.statefuls[name] = value
         elif (reason := _skip_reason(value)) is not None:
             found.skipped[name] = reason
+            _warn_persistent_workers(name, value)
         elif _is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
             if track is not None:
                 found.skipped[name] = f"{type(value).__name__}: code is not state"

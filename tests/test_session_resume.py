@@ -287,3 +287,20 @@ def test_an_interrupt_in_the_loop_helpers_says_to_run_the_cell_again(shell,
     error = run(shell, TRAIN.format(dir=tmp_path / "run")).error_in_exec
     cid = ckpt_nb.CheckpointManager(tmp_path / "run").list()["id"].iloc[-1]
     assert str(error) == f"the cell stopped at step 4: run it again to go on from checkpoint {cid}"
+
+
+def test_a_loader_with_persistent_workers_is_warned_of_once(shell, tmp_path: Path,
+                                                           capsys) -> None:
+    """Its workers keep their random state from epoch to epoch, which no checkpoint
+    holds: a resume of augmentation in them differs, and nothing said so."""
+    run(shell, SETUP + "persistent = torch.utils.data.DataLoader(Augmented(), batch_size=30, "
+                       "num_workers=2, persistent_workers=True)\n"
+                       "fresh = torch.utils.data.DataLoader(Augmented(), num_workers=2)")
+    cell = f"%%ckpt_auto --dir {tmp_path / 'run'}\nfor epoch in ckpt_nb.epochs(1):\n    pass"
+    capsys.readouterr()
+    assert run(shell, cell).success and run(shell, cell).success
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        "ckpt_nb: warning: persistent's persistent workers keep a random state that "
+        "checkpoints do not hold: after a resume, randomness in its workers (augmentation) "
+        "differs from an unstopped run; persistent_workers=False resumes bit-identical"]
