@@ -37,8 +37,8 @@ from ._capture import RNGState, SnapshotBuffers, load_all, rng_problem
 from ._catalog import store_exists
 from ._discovery import (Discovery, _is_code, assign_in_place, discover, from_storable,
                          to_storable)
-from ._errors import CkptError, CorruptCheckpointError
-from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager
+from ._errors import CaptureError, CkptError, CorruptCheckpointError
+from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager, _metric
 from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
@@ -639,9 +639,7 @@ class AutoSession:
     def log(self, **metrics: float) -> None:
         """Record metrics: they go into the next checkpoint and drive ``--on``."""
         for name, value in metrics.items():
-            if isinstance(value, torch.Tensor):
-                value = value.item()
-            self.metrics[name] = float(value)
+            self.metrics[name] = _metric_value(name, value)
             self._logged_at[name] = self._steps_seen
         self.history.append({"step": self.step, "epoch": self.loop.epoch, **self.metrics})
         if self.config.on and self.config.on[0] in metrics:
@@ -1138,13 +1136,28 @@ def batches(loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
     return enumerate(loader) if session is None else session.batches(loader)
 
 
+_RECORD_FIELDS = frozenset({"step", "epoch"})  # what each record of the history holds
+
+
+def _metric_value(name: str, value: Any) -> float:
+    """A logged metric as the float a checkpoint stores (as ``CheckpointManager.save``
+    takes one): a value that is no number, or a name a history record has for its own
+    field, is refused by name, before the call records anything."""
+    if name in _RECORD_FIELDS:
+        raise CaptureError(f"ckpt_nb.log({name}=...): every record of the metric history "
+                           f"holds the {name} already; give the metric another name")
+    return _metric(name, value)  # (a CaptureError naming the metric, where it is no number)
+
+
 def log(**metrics: float) -> None:
-    """Record metrics for the next checkpoint (and for ``--on METRIC``)."""
+    """Record metrics for the next checkpoint (and for ``--on METRIC``); each is checked
+    before any is recorded."""
+    values = {name: _metric_value(name, value) for name, value in metrics.items()}
     session = active()
     if session is None:
-        _history.append(dict(metrics))
+        _history.append(values)
     else:
-        session.log(**metrics)
+        session.log(**values)
 
 
 def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,

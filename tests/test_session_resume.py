@@ -304,3 +304,23 @@ def test_a_loader_with_persistent_workers_is_warned_of_once(shell, tmp_path: Pat
         "ckpt_nb: warning: persistent's persistent workers keep a random state that "
         "checkpoints do not hold: after a resume, randomness in its workers (augmentation) "
         "differs from an unstopped run; persistent_workers=False resumes bit-identical"]
+
+
+@pytest.mark.parametrize("metrics, message", [
+    ({"acc": "high"}, r"^metric 'acc' must be a number, not str$"),
+    ({"loss": None}, r"^metric 'loss' must be a number, not NoneType$"),
+    ({"loss": torch.ones(3)}, r"^metric 'loss' must be one number, not 3 of them$"),
+    ({"step": 3}, r"log\(step=\.\.\.\): every record of the metric history holds the step"),
+    ({"epoch": 1.0}, r"log\(epoch=\.\.\.\): every record of the metric history holds the epoch"),
+])
+def test_a_metric_that_is_no_number_or_a_records_own_field_is_refused_by_name(
+        tmp_path: Path, metrics: dict, message: str) -> None:
+    """It raised float()'s ValueError or TypeError, naming no metric, or (step=)
+    overwrote the history's step; nothing of the call is recorded."""
+    with ckpt_nb.auto(str(tmp_path), namespace={}, sync=True) as session:
+        ckpt_nb.log(loss=torch.tensor(0.5), n=2)
+        with pytest.raises(ckpt_nb.CaptureError, match=message):
+            ckpt_nb.log(val=1.0, **metrics)
+        assert list(session.history) == [{"step": 0, "epoch": None, "loss": 0.5, "n": 2.0}]
+    with pytest.raises(ckpt_nb.CaptureError, match=message):  # (and with no session)
+        ckpt_nb.log(**metrics)
