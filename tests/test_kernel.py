@@ -295,6 +295,57 @@ def test_sigkill_then_notebook_in_a_fresh_kernel_resumes_bit_identical(
     assert_identical(tmp_path / "crash.pt", reference)
 
 
+# A Dataset that augments as it is indexed, in the kernel's process (torchvision's random
+# transforms with num_workers=0): each batch fetched draws from torch's global generator.
+AUGMENT = f"""
+class Augmented(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, i):
+        return X[i] + 0.05 * torch.randn(64), Y[i]
+
+loader = torch.utils.data.DataLoader(Augmented(), batch_size={BATCH}, shuffle=True)
+"""
+
+
+def test_sigkill_with_augmentation_in_the_kernel_resumes_bit_identical(
+        tmp_path: Path, kernels: Kernels) -> None:
+    """The checkpoint's RNG state is the one before the next batch is fetched: it was the
+    one after, so the resumed run augmented that batch with other random numbers."""
+    kernel = kernels.start(tmp_path)
+    out, reply = kernel.run(AUGMENT)
+    assert reply["status"] == "ok", out
+    out, reply = kernel.run(train_cell("ref", tmp_path / "ref.pt"))
+    assert reply["status"] == "ok", out
+    reference = Reference(kernel, tmp_path, out)
+
+    kill_at = 3 * EVERY + 1  # (epoch 0: the kill lands mid-epoch)
+    hold = tmp_path / f"hold-{kill_at}"
+    hold.touch()
+    crashed = kernels.start(tmp_path)
+    crashed.run(AUGMENT)
+    cell = train_cell("crash", tmp_path / "crash.pt")
+    crashed.execute(cell)
+    wait_for_file(tmp_path / f"held-{kill_at}", crashed)
+    assert crashed.pid is not None
+    os.kill(crashed.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while crashed.manager.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hold.unlink()
+    newest = catalog(tmp_path / "crash").iloc[-1]
+    assert newest["batch_idx"] > 0
+
+    fresh = kernels.start(tmp_path)
+    out, reply = fresh.run(AUGMENT)
+    assert reply["status"] == "ok", out
+    out, reply = fresh.run(cell)
+    assert reply["status"] == "ok", out
+    assert resumed_line(newest["id"], newest) in out, out
+    assert_identical(tmp_path / "crash.pt", reference)
+
+
 def test_interrupt_then_rerun_in_the_same_kernel_is_bit_identical(
         tmp_path: Path, kernels: Kernels, reference: Reference) -> None:
     stop_at = 4 * EVERY + 3
