@@ -772,6 +772,12 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
     groups = state.get("param_groups")
     if not isinstance(groups, list) or "state" not in state:
         return [f"{name}: the checkpoint holds no optimizer state"]
+    if not isinstance(state["state"], Mapping) or \
+            not all(isinstance(slots, Mapping) for slots in state["state"].values()) or \
+            not all(isinstance(g, Mapping) and isinstance(g.get("params"), list)
+                    for g in groups):
+        return [f"{name}: the checkpoint's optimizer state is not laid out as an "
+                "optimizer's state_dict() (its state and parameter groups)"]
     live = optimizer.param_groups
     if len(groups) != len(live):
         return [f"{name}: {len(groups)} parameter groups in the checkpoint, {len(live)} live"]

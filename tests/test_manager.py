@@ -2321,3 +2321,26 @@ def test_a_save_after_another_manager_deleted_its_head_descends_from_the_heir(
                    check=True, capture_output=True)
     fifth = trainer.save(model)
     assert trainer.list().set_index("id").loc[fifth]["parent"] == first
+
+
+@pytest.mark.parametrize("damage", ["params none", "slots a list", "state a list"])
+def test_an_optimizer_state_not_laid_out_as_one_is_a_mismatch_named(tmp_path: Path,
+                                                                    damage: str) -> None:
+    """A hand-made file's optimizer state used to escape as a raw TypeError."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    state = opt.state_dict()
+    if damage == "params none":
+        state["param_groups"][0]["params"] = None
+    elif damage == "slots a list":
+        state["state"][0] = [1, 2]
+    else:
+        state["state"] = [1]
+    torch.save({"model": model.state_dict(), "optimizer": state}, tmp_path / "f.pt")
+    live = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(StateMismatchError, match="optimizer: the checkpoint's optimizer state"):
+        CheckpointManager(tmp_path / "s").restore(tmp_path / "f.pt", model=model,
+                                                  optimizer=live)
+    assert not live.state
