@@ -333,7 +333,9 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
 
     source = Path(path)
     if not source.is_file():
-        raise CheckpointNotFoundError(f"no file {source}")
+        raise CheckpointNotFoundError(
+            f"{source} is a directory, not a checkpoint file (a store? open it with "
+            "CheckpointManager)" if source.is_dir() else f"no file {source}")
     if source.suffix == ".safetensors":
         data = _read_safetensors(source, trust_pickle)
     elif source.suffix in _TORCH_SUFFIXES:

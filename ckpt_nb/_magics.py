@@ -91,6 +91,12 @@ class CkptMagics(Magics):
     def _config(self, args: Any) -> AutoConfig:
         for name in ("dir", "every", "on", "track"):
             setattr(args, name, _unquoted(getattr(args, name)))
+        if args.every is not None and args.every_seconds is not None:
+            raise ValueError("--every and --every-seconds say the same: give one of them")
+        for name in ("on", "track"):  # (an empty one would switch itself off unseen)
+            if getattr(args, name) is not None and not getattr(args, name).strip(" ,"):
+                raise ValueError(f"--{name} is empty: name what it should "
+                                 + ("watch (METRIC:min)" if name == "on" else "track (a,b)"))
         every_seconds = args.every_seconds
         if args.every is not None:
             every_seconds = parse_duration(args.every)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt_nb import (CheckpointManager, CkptError, CorruptCheckpointError,
-                     UntrustedPickleError)
+from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CkptError,
+                     CorruptCheckpointError, UntrustedPickleError)
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -235,3 +235,8 @@ def test_mutated_safetensors_metadata_raises_nothing_but_ckpt_nb_errors(
                 mgr.import_file(path)
             except CkptError:
                 pass
+
+
+def test_a_directory_given_as_a_file_is_named_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointNotFoundError, match="is a directory, not a checkpoint file"):
+        CheckpointManager(tmp_path / "s").import_file(tmp_path)

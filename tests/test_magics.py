@@ -427,7 +427,9 @@ def test_bad_options_give_clear_errors(shell, capsys) -> None:
     for line, message in (("--every 5x", "duration"), ("--on loss:up", "METRIC:min"),
                           ("--keep-best 2", "--on"), ("--every-steps 0", "positive"),
                           ("--every -3m", "positive and finite, not '-3m'"),
-                          ("--every-steps -2", "positive")):
+                          ("--every-steps -2", "positive"),
+                          ("--every 10m --every-seconds 5", "give one of them"),
+                          ("--on ''", "--on is empty"), ("--track ','", "--track is empty")):
         result = run(shell, f"%ckpt_auto {line}")
         assert not result.success
         assert message in capsys.readouterr().err + str(result.error_in_exec)
