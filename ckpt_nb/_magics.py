@@ -239,7 +239,10 @@ class CkptMagics(Magics):
         """%ckpt_status: what is tracked, the triggers, the last save, pending writes."""
         status = session_mod.status()
         if not status.pop("active"):
-            print("ckpt_nb: no session active (run %ckpt_auto or a %%ckpt_auto cell)")
+            last = session_mod.last_directory()
+            print("ckpt_nb: no session active (run %ckpt_auto or a %%ckpt_auto cell)"
+                  + ("" if last is None else f"; the last one's store, {last}, is what "
+                     "%ckpt_list, %ckpt_rollback and %ckpt_ui open"))
             return
         for key, value in status.items():
             print(f"{key:>14}: {value}")

@@ -1083,3 +1083,13 @@ def test_a_stopped_cell_resumes_after_another_cell_ran_in_between(shell, tmp_pat
     fixed = TRAIN.format(dir=tmp_path / "both", stop="pass")
     assert run(shell, fixed, cell_id="train").success
     assert "resumed from" in capsys.readouterr().out
+
+
+def test_ckpt_status_after_a_cell_names_the_store_the_other_magics_open(
+        shell, tmp_path: Path, capsys) -> None:
+    run(shell, SETUP)
+    assert run(shell, TRAIN.format(dir=tmp_path / "st", stop="pass")).success
+    capsys.readouterr()
+    run(shell, "%ckpt_status")
+    out = capsys.readouterr().out
+    assert "no session active" in out and f"the last one's store, {tmp_path / 'st'}" in out
