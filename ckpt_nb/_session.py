@@ -425,6 +425,9 @@ class AutoSession:
         self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
         self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
+        self._second_sigint: Any = None  # where a second interrupt goes
+        self._cell_start_step = 0
+        self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
         self._ending = False  # end_cell's save is running
         self._hook = register_optimizer_step_post_hook(self._after_step)
         self.discovery = Discovery()
@@ -476,6 +479,7 @@ class AutoSession:
         self.cell_hash = hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
         self.cell_id = cell_id
         self.begin_line_cell()
+        self._any_cell = False
         self._consistent()
         self._report_background_error()
         self.say(self.rediscover().summary())
@@ -556,6 +560,12 @@ class AutoSession:
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_sigint = signal.getsignal(signal.SIGINT)
+        # A second interrupt goes to the handler before ckpt_nb's: past the line form's
+        # own, where a %%ckpt_auto cell runs inside it (which would ask for a third).
+        outer = getattr(self._previous_sigint, "__self__", None)
+        self._second_sigint = outer._second_sigint if isinstance(outer, AutoSession) \
+            else self._previous_sigint
+        self._cell_start_step = self.step
         signal.signal(signal.SIGINT, self._on_sigint)
 
     def _restore_sigint(self) -> None:
@@ -564,13 +574,17 @@ class AutoSession:
             self._previous_sigint = None
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._any_cell and self.step == self._cell_start_step and not self._ending:
+            # A cell the line form watches that has not trained: nothing to save first,
+            # so it stops at once.
+            raise _stopped("the cell stopped (it trained nothing, so nothing was saved)")
         self._interrupts += 1
         if self._interrupts > 1:  # (where the handler before could not take it back)
             raise KeyboardInterrupt
-        if callable(self._previous_sigint):
+        if callable(self._second_sigint):
             # A second interrupt is then the handler before's own, Python's KeyboardInterrupt
             # raised in the cell's code, with no frame of ckpt_nb's in its traceback.
-            signal.signal(signal.SIGINT, self._previous_sigint)
+            signal.signal(signal.SIGINT, self._second_sigint)
         what = "finishing the save of the cell's end" if self._ending else \
             "saving at the next consistent point"
         print(f"ckpt_nb: interrupt received: {what} (interrupt again to stop at once)",

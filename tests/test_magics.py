@@ -324,10 +324,24 @@ def test_a_line_session_forgets_an_interrupt_at_each_cell(shell, tmp_path: Path,
     assert isinstance(first.error_in_exec, KeyboardInterrupt)
     for _ in range(2):  # (each raised KeyboardInterrupt after its first step, uninterrupted)
         assert run(shell, "for s in range(3):\n" + step).success
-    # a cell that never steps again after an interrupt runs to its end, and says so
+    # a cell that stops training after an interrupt runs to its end, and says so
     capsys.readouterr()
-    run(shell, "os.kill(os.getpid(), signal.SIGINT)\nreached_end = True")
+    run(shell, "for s in range(3):\n" + step + "os.kill(os.getpid(), signal.SIGINT)\n"
+               "reached_end = True")
     assert shell.user_ns["reached_end"] and "ran to its end" in capsys.readouterr().out
+    # a cell that trains nothing stops at once: nothing is saved first (it ran to its
+    # end, a long evaluation, say, and Run All went on)
+    stopped = run(shell, "os.kill(os.getpid(), signal.SIGINT)\nnot_reached = True")
+    assert isinstance(stopped.error_in_exec, KeyboardInterrupt)
+    assert "not_reached" not in shell.user_ns
+    # a %%ckpt_auto cell inside the line form: a second interrupt stops it at once
+    nested = run(shell, f"%%ckpt_auto --dir {tmp_path / 'nested'}\n"
+                        "for s in range(3):\n" + step +
+                        "    if s == 1:\n        os.kill(os.getpid(), signal.SIGINT)\n"
+                        "        os.kill(os.getpid(), signal.SIGINT)\n"
+                        "        second_passed = True\n")
+    assert isinstance(nested.error_in_exec, KeyboardInterrupt)
+    assert "second_passed" not in shell.user_ns
 
 
 def test_an_interrupt_no_consistent_point_came_after_stops_the_cell_at_its_end(
