@@ -649,7 +649,13 @@ class Unflattener:
                     "loaded: pass trust_pickle=True if you trust this checkpoint store"
                 )
             raw = self.storages[value["__pickle__"]].numpy().tobytes()
-            return pickle.loads(raw)  # noqa: S301 - only with trust_pickle=True
+            try:
+                return pickle.loads(raw)  # noqa: S301 - only with trust_pickle=True
+            except (AttributeError, ImportError) as exc:  # (its class is not here)
+                raise StateMismatchError(
+                    f"{name or 'a value'} is an object whose class this process cannot find "
+                    f"({exc}): import or define the class first (one defined in a notebook "
+                    "is in that notebook's kernel only)") from exc
         return {k: self.decode(v, f"{name}/{k}" if name else k) for k, v in value.items()}
 
     def quantized(self, node: Mapping[str, Any], name: str) -> torch.Tensor:

@@ -122,12 +122,13 @@ class CheckpointRow:
             raise DamagedCatalog(f"checkpoint {data.get('id')}'s metrics or tags") from exc
         data["pinned"] = bool(data["pinned"])
         checked = cls(**data)
-        problem = checked._problem()
+        problem = checked.problem()
         if problem is not None:
             raise DamagedCatalog(f"checkpoint {data.get('id')}'s {problem}")
         return checked
 
-    def _problem(self) -> str | None:
+    def problem(self) -> str | None:
+        """What in this row is not of the kind ckpt_nb writes, if anything."""
         if not all(isinstance(v, str) for v in (self.id, self.branch, self.strategy, self.note)):
             return "id, branch, strategy or note"
         if not all(v is None or isinstance(v, str) for v in (self.parent, self.full_base)):
@@ -149,6 +150,15 @@ class CheckpointRow:
 
 
 HEIRS_KEPT = 10_000  # deleted checkpoints whose heir is remembered, newest first
+def _read_only_uri(path: Path) -> str:
+    """SQLite's URI to read a catalog in a folder it cannot write: with no journal left
+    beside it the file is whole, and is read as immutable (WAL mode would create its
+    shared-memory file); else read-only, which reads the journal too."""
+    journal = path.with_name(path.name + "-wal")
+    whole = not journal.exists() or journal.stat().st_size == 0
+    return f"{path.absolute().as_uri()}?{'immutable=1' if whole else 'mode=ro'}"
+
+
 _LAST_TIME = 2**33  # seconds since 1970: the year 2242 (pandas' times end in 2262)
 
 
@@ -230,9 +240,15 @@ class Catalog:
         in the transaction that creates it, so no other process sees it half filled."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        # A store in a folder this process cannot write (another user's, a read-only
+        # mount, an archive) is read where its catalog is whole: to look into, not to
+        # change (a write raises, naming the catalog).
+        self.read_only = self.path.is_file() and not (
+            os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK))
         try:
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
-                                       isolation_level=None)
+            self._db = sqlite3.connect(_read_only_uri(self.path) if self.read_only else
+                                       self.path, timeout=30, check_same_thread=False,
+                                       isolation_level=None, uri=self.read_only)
         except sqlite3.OperationalError as exc:
             raise self._unopenable(exc) from exc
         try:
@@ -268,6 +284,13 @@ class Catalog:
 
     def _open(self, seed: Callable[[], Seed] | None) -> None:
         self._db.row_factory = sqlite3.Row
+        if self.read_only:
+            found = self._meta("schema_version")
+            if found is None:
+                raise StoreError(f"the catalog {self.path} is empty, and its folder "
+                                 "read-only: there is nothing to read")
+            self._check_schema(found)
+            return
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -281,13 +304,17 @@ class Catalog:
                 self._set_meta("created_at", str(time.time()))
                 if seed is not None:
                     self._seed(db, seed())
-            elif not str(found).isdigit():
-                raise DamagedCatalog(f"its format, {found!r},")
-            elif int(found) > SCHEMA_VERSION:
-                raise StoreFormatError(
-                    f"catalog {self.path} has format {found}, newer than this ckpt_nb "
-                    f"reads ({SCHEMA_VERSION}): upgrade ckpt_nb to open it"
-                )
+            else:
+                self._check_schema(found)
+
+    def _check_schema(self, found: str) -> None:
+        if not str(found).isdigit():
+            raise DamagedCatalog(f"its format, {found!r},")
+        if int(found) > SCHEMA_VERSION:
+            raise StoreFormatError(
+                f"catalog {self.path} has format {found}, newer than this ckpt_nb "
+                f"reads ({SCHEMA_VERSION}): upgrade ckpt_nb to open it"
+            )
 
     def close(self) -> None:
         """Close the database; any later use raises a StoreError that says so."""

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import zstandard
 
 from ._catalog import ChunkRow
-from ._errors import CorruptCheckpointError, StoreFormatError
+from ._errors import CaptureError, CorruptCheckpointError, StoreFormatError
 from ._store import Store, Writer
 
 FORMAT = 3
@@ -230,24 +230,26 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-# A manifest is JSON of a few hundred bytes a tensor: 256 MiB is a million of them. A
-# frame that claims more is damage, not a manifest to allocate memory for.
-MANIFEST_LIMIT = 256 << 20
+# A manifest is JSON of a few hundred bytes a tensor, and the plain values saved (a long
+# string of a notebook's, say): a save refuses one over 4 GiB, so a frame that claims more
+# is damage, not a manifest to allocate memory for.
+MANIFEST_LIMIT = 4 << 30
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
-    return zstandard.ZstdCompressor(level=3).compress(json.dumps(manifest).encode())
+    text = json.dumps(manifest).encode()
+    if len(text) > MANIFEST_LIMIT:
+        raise CaptureError(f"the checkpoint's plain values take {len(text) >> 20} MiB as JSON, "
+                           f"over the {MANIFEST_LIMIT >> 30} GiB a manifest holds: keep large "
+                           "values as tensors or NumPy arrays, which are stored as raw bytes")
+    return zstandard.ZstdCompressor(level=3).compress(text)
 
 
 def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     """A manifest, its frame of storages and chunks checked (what a read trusts to size
     and place the bytes it decodes)."""
     try:
-        size = zstandard.frame_content_size(data)
-        if size > MANIFEST_LIMIT:
-            raise ValueError(f"it claims {size} bytes, more than any manifest")
-        text = zstandard.ZstdDecompressor().decompress(data, max_output_size=MANIFEST_LIMIT)
-        manifest = json.loads(text)
+        manifest = json.loads(_inflate(data))
     except (zstandard.ZstdError, ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(
             f"manifest of checkpoint {checkpoint_id} is unreadable: {exc}", checkpoint_id
@@ -261,6 +263,24 @@ def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
             f"checkpoint {checkpoint_id} has format {manifest['format']}: upgrade ckpt_nb"
         )
     return manifest
+
+
+def _inflate(data: bytes) -> bytes:
+    """A manifest's frame decompressed, refused past ``MANIFEST_LIMIT`` before the memory
+    is taken (a frame that does not say its size is read a piece at a time)."""
+    size = zstandard.frame_content_size(data)
+    if size > MANIFEST_LIMIT:
+        raise ValueError(f"it claims {size} bytes, more than any manifest")
+    if size >= 0:
+        return zstandard.ZstdDecompressor().decompress(data)
+    parts, total = [], 0
+    with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+        while part := reader.read(16 << 20):
+            total += len(part)
+            if total > MANIFEST_LIMIT:
+                raise ValueError("it holds more bytes than any manifest")
+            parts.append(part)
+    return b"".join(parts)
 
 
 def _manifest_problem(manifest: Any) -> str | None:

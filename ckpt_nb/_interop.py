@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import pickletools
 import re
 import reprlib
 import tempfile
 import warnings
+import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -293,7 +295,25 @@ def _pickle_storages(path: Path, tensors: Mapping[str, torch.Tensor]
 
 # What torch.load(weights_only=True) says of a pickle's bytes, not of the objects in it:
 # "pass trust_pickle=True" would be the wrong advice for a damaged file.
-_DAMAGED_PICKLE = ("Unsupported operand", "String is too long", "persistent")
+_DAMAGED_PICKLE = ("String is too long", "persistent")
+
+
+def _pickle_is_damaged(path: Path) -> bool:
+    """Whether a torch file's pickle does not parse as one: its opcodes read, no object
+    built, so no code runs. ("Unsupported operand" is also what weights-only loading says
+    of protocol 4's FRAME, in a whole file saved with ``pickle_protocol=4``.)"""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+                data = archive.read(name)
+        else:  # (the legacy format: the first of its pickles)
+            data = path.read_bytes()
+        for _ in pickletools.genops(data):
+            pass
+    except Exception:  # noqa: BLE001 - any failure to read it as a pickle is damage
+        return True
+    return False
 
 
 def _read_torch(path: Path, trust_pickle: bool) -> Any:
@@ -307,7 +327,8 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as exc:
-        if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE):
+        if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE) or \
+                _pickle_is_damaged(path):
             raise CorruptCheckpointError(f"{path} does not unpickle: {exc}") from exc
         raise UntrustedPickleError(
             f"{path} holds objects other than tensors and plain data, and loading them "

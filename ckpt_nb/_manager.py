@@ -329,6 +329,10 @@ class CheckpointManager:
         if getattr(self._holding, "lock", False):  # (this thread has it already)
             yield
             return
+        if getattr(getattr(self, "catalog", None), "read_only", False):  # (set once open)
+            raise StoreError(f"the store at {self.store.url} is open to read only (this "
+                             "process cannot write its folder): copy it somewhere writable "
+                             "to change it")
         self._holding.lock = True
         try:
             if self._lock_path is None:

@@ -40,7 +40,7 @@ from . import _codec as codec
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError
 from ._format import (decode_manifest, id_of, is_checkpoint_id, is_pack_key,
-                      label_key, read_pack_index)
+                      label_key, manifest_key, read_pack_index)
 from ._store import Store
 
 
@@ -111,7 +111,6 @@ def rebuild(store: Store) -> Rebuilt:
             parent = labelled if labelled is None or labelled in found.refs else guesses[cid]
             found.rejoined.append(cid)
         first_stored = set(refs) - counted
-        counted |= first_stored
         row = CheckpointRow(
             id=cid, parent=parent, branch=branch, created_at=manifest["created_at"],
             step=manifest.get("step"), epoch=manifest.get("epoch"),
@@ -123,6 +122,12 @@ def rebuild(store: Store) -> Rebuilt:
             pinned=bool(label.get("pinned", False)),
             note=str(label.get("note", manifest.get("note", ""))),
             manifest_digest=codec.digest(blob))
+        problem = row.problem()  # (what the catalog would refuse to read back)
+        if problem is not None:
+            found.leave_out(f"checkpoint {cid}", f"its manifest's {problem} is not what a "
+                            "save writes", damaged=manifest_key(cid))
+            continue
+        counted |= first_stored
         found.checkpoints.append(row)
         found.refs[cid] = refs
     # (a chunk whose bases are gone is left out: a save finding it in the catalog
@@ -245,7 +250,8 @@ def _odd_field(manifest: dict[str, Any]) -> str | None:
     for name in ("step", "epoch", "batch_idx"):
         if not _count_or_none(manifest.get(name)):
             return name
-    if not _count_or_none(manifest.get("chain", 0)):
+    chain = manifest.get("chain", 0)
+    if not (isinstance(chain, int) and not isinstance(chain, bool) and 0 <= chain < 1 << 63):
         return "chain"
     for name in ("parent", "full_base"):
         value = manifest.get(name)

@@ -663,6 +663,11 @@ class AutoSession:
             if better and not math.isnan(value):
                 self.best = value
                 self._metric_due = True
+                # Without the loop helpers the consistent point is right after the step,
+                # and the next step takes away the state measured: save it now.
+                if not self.loop.in_batches and self.loop.epoch is None and \
+                        self.last_consistent_step == self.step:
+                    self.checkpoint_if_due()
 
     # -- saving -------------------------------------------------------------------------
     def save(self, *, reason: str = "manual", finished: bool = False, wait: bool = False,

@@ -638,14 +638,10 @@ class FsspecStore(Store):
         self.url = canonical_url(url)  # (its catalog's cache and lock are keyed by it)
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else \
             set(self.fs.protocol)
-        if protocols & _BUCKETED:
-            # A first write's makedirs would create a misspelt bucket (on AWS, in whatever
-            # account and region are configured): a store's bucket must be there already.
-            bucket = self.root.lstrip("/").split("/", 1)[0]
-            with self._asking(f"looking for the bucket {bucket}", bucket):
-                if not bucket or not self.fs.exists(bucket):
-                    raise StoreError(f"no bucket {bucket!r} at {self.url}: create it first "
-                                     "(ckpt_nb makes no buckets), or check its name")
+        # An object store has no folders to make, and its makedirs creates a bucket (on
+        # AWS, a misspelt one in whatever account and region are configured): a write
+        # to a bucket that is not there fails instead, naming it.
+        self._makes_folders = not protocols & _BUCKETED
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{check_key(key)}"
@@ -683,9 +679,14 @@ class FsspecStore(Store):
         with tempfile.NamedTemporaryFile(prefix="ckpt_nb-") as spool:
             yield spool
             spool.flush()
-            with self._asking(f"upload of {key}", path):
-                self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                self.fs.put_file(spool.name, path)
+            try:
+                with self._asking(f"upload of {key}", path):
+                    if self._makes_folders:
+                        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+                    self.fs.put_file(spool.name, path)
+            except FileNotFoundError as exc:  # (S3's NoSuchBucket)
+                raise StoreError(f"upload of {key} to {self.url} failed: {exc} (ckpt_nb "
+                                 "creates no bucket: create it, or check its name)") from exc
 
     def has(self, key: str) -> bool:
         path = self._path(key)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import fsspec
 import pytest
 import torch
 
-from ckpt_nb import CheckpointManager
+from ckpt_nb import CheckpointManager, StoreError
 from ckpt_nb.cli import main
 
 
@@ -466,3 +467,51 @@ def test_show_says_a_deleted_full_base_is_deleted_and_version(
     assert main(["show", str(tmp_path), "latest"]) == 0
     assert ", deleted)" in capsys.readouterr().out
     assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("ckpt-nb 0.")
+
+
+@pytest.fixture
+def read_only_store(store: Store, tmp_path: Path) -> Iterator[Path]:
+    """The store seen through a read-only bind mount (another user's folder, an archive)."""
+    view = tmp_path / "read-only"
+    view.mkdir()
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(store.directory),
+                              str(view)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("mounting read-only needs root: " + mounted.stderr.decode().strip())
+    try:
+        yield view
+    finally:
+        subprocess.run(["umount", "--lazy", str(view)], check=True)
+
+
+def test_a_read_only_store_can_be_looked_into_not_changed(
+        read_only_store: Path, store: Store, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command failed: SQLite could not write the journal it reads through."""
+    assert not os.access(read_only_store, os.W_OK)
+    for argv in (["ls"], ["show", "latest"], ["verify"], ["diff", "-1", "latest"],
+                 ["export", "latest", str(tmp_path / "out.safetensors")]):
+        assert main([argv[0], str(read_only_store), *argv[1:]]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert all(cid in out for cid in store.ids), out
+    for argv in (["gc"], ["pin", "latest"], ["rm", "latest"]):
+        assert main([argv[0], str(read_only_store), *argv[1:]]) == 1
+        assert "is open to read only" in capsys.readouterr().err
+    mgr = CheckpointManager(read_only_store)
+    model = torch.nn.Linear(16, 8)
+    assert mgr.restore("latest", model=model).id == store.ids[-1]
+    with pytest.raises(StoreError, match="copy it somewhere writable"):
+        mgr.save(model)
+    mgr.close()
+
+
+def test_export_trust_pickle_of_a_class_this_process_lacks_is_one_line(tmp_path: Path) -> None:
+    """The class of a pickled value defined in a notebook's kernel: a raw traceback."""
+    script = ("import torch, ckpt_nb\nclass Foo: pass\n"
+              f"ckpt_nb.CheckpointManager({str(tmp_path / 's')!r}).save("
+              "torch.nn.Linear(2, 2), extra={'obj': Foo()})\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    done = run_module("export", tmp_path / "s", "latest", tmp_path / "o.safetensors",
+                      "--trust-pickle")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "extra/obj is an object whose class this process cannot find" in done.stderr

@@ -226,6 +226,8 @@ def test_files_of_names_ckpt_nb_never_makes_are_left_alone(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("field, value", [("step", 10 ** 30), ("parent", [1]),
                                           ("created_at", float("nan")), ("chain", {"a": 1}),
+                                          ("created_at", 1e12), ("created_at", -5.0),
+                                          ("chain", None),
                                           ("full_base", ["x"]), ("metrics", {"loss": "low"}),
                                           ("epoch", "seven")])
 def test_a_manifest_field_no_save_writes_leaves_out_that_checkpoint_only(
@@ -376,3 +378,11 @@ def test_every_reader_of_a_damaged_manifest_names_the_checkpoint(tmp_path: Path,
             read()
         except CorruptCheckpointError as exc:
             assert bad in str(exc)
+
+
+def test_a_manifest_a_save_wrote_over_256_mib_reads_in_a_fresh_manager(tmp_path: Path) -> None:
+    """A long string (JSON writes each non-ASCII character as 6 bytes) made a manifest a
+    save wrote and a fresh process refused as claiming "more than any manifest"."""
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2), extra={"corpus": "é" * 50_000_000})
+    assert len(CheckpointManager(tmp_path).load(cid).extra["corpus"]) == 50_000_000

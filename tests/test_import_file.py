@@ -240,3 +240,16 @@ def test_mutated_safetensors_metadata_raises_nothing_but_ckpt_nb_errors(
 def test_a_directory_given_as_a_file_is_named_a_directory(tmp_path: Path) -> None:
     with pytest.raises(CheckpointNotFoundError, match="is a directory, not a checkpoint file"):
         CheckpointManager(tmp_path / "s").import_file(tmp_path)
+
+
+def test_a_whole_file_of_pickle_protocol_4_asks_for_trust_not_called_damaged(
+        tmp_path: Path) -> None:
+    """Weights-only loading refuses protocol 4's FRAME opcode as "Unsupported operand",
+    which was taken for damage."""
+    state = {"w": torch.arange(4.0)}
+    torch.save(state, tmp_path / "p4.pt", pickle_protocol=4)
+    with pytest.raises(UntrustedPickleError, match="trust_pickle=True"):
+        CheckpointManager(tmp_path / "s").import_file(tmp_path / "p4.pt")
+    cid = CheckpointManager(tmp_path / "s").import_file(tmp_path / "p4.pt", trust_pickle=True)
+    assert torch.equal(CheckpointManager(tmp_path / "s").load(cid).state["model"]["w"],
+                       state["w"])

@@ -254,7 +254,7 @@ def test_the_cli_says_the_backend_failed_when_it_cannot_reach_the_store(
 
 def test_a_misspelt_bucket_is_refused_not_created(bucket: str) -> None:
     """A first write's makedirs created it (on AWS: a bucket in whatever account)."""
-    with pytest.raises(StoreError, match=f"no bucket '{bucket}x'"):
+    with pytest.raises(StoreError, match="bucket does not exist.*creates no bucket"):
         CheckpointManager(f"s3://{bucket}x/exp")
     assert not s3fs.S3FileSystem().exists(f"{bucket}x")
 

@@ -324,3 +324,23 @@ def test_a_metric_that_is_no_number_or_a_records_own_field_is_refused_by_name(
         assert list(session.history) == [{"step": 0, "epoch": None, "loss": 0.5, "n": 2.0}]
     with pytest.raises(ckpt_nb.CaptureError, match=message):  # (and with no session)
         ckpt_nb.log(**metrics)
+
+
+def test_on_metric_saves_the_measured_state_in_a_loop_without_helpers(tmp_path: Path) -> None:
+    """The next step cleared the due save before the consistent point after it: no
+    improvement was ever saved, only the end of the cell."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ckpt_nb.auto(str(tmp_path), namespace={"model": model, "opt": opt},
+                      on=("val_loss", "min"), sync=True):
+        for step in range(1, 51):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            if step % 10 == 5:
+                ckpt_nb.log(val_loss=100.0 - step)
+    rows = ckpt_nb.CheckpointManager(tmp_path).list()
+    improved = rows[rows["note"] == "val_loss improved"]
+    assert improved["step"].tolist() == [5, 15, 25, 35, 45]
+    assert improved["val_loss"].tolist() == [95.0, 85.0, 75.0, 65.0, 55.0]
