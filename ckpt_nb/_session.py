@@ -439,8 +439,13 @@ class AutoSession:
         process's last save, resume or rollback on this store), so branches form."""
         position = _positions.get(self.url)
         if position is not None and self.manager.catalog.get(position) is None:
-            _forget_position(self.url)  # deleted since
-            position = None
+            # Deleted since (the explorer's Delete, ckpt-nb rm): the state descends from
+            # its nearest kept ancestor, as the manager's own next save would.
+            position = self.manager.catalog.heir_of(position)
+            if position is None:
+                _forget_position(self.url)
+            else:
+                _positions[self.url] = position
         if position is not None:
             self.manager.head = position
 
@@ -451,7 +456,7 @@ class AutoSession:
             _position_events[self.url] = event
             _publish("save", checkpoint_id, self.url)
         elif event == "delete" and _positions.get(self.url) == checkpoint_id:
-            _forget_position(self.url)
+            self._follow_position()
 
     def _moved_to(self, checkpoint_id: str, event: str) -> None:
         self.manager.head = checkpoint_id

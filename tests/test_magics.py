@@ -1107,3 +1107,18 @@ def test_ckpt_status_after_a_cell_names_the_store_the_other_magics_open(
     run(shell, "%ckpt_status")
     out = capsys.readouterr().out
     assert "no session active" in out and f"the last one's store, {tmp_path / 'st'}" in out
+
+
+def test_a_cell_run_after_its_head_was_deleted_elsewhere_descends_from_the_heir(
+        shell, tmp_path: Path) -> None:
+    """The explorer's Delete of the kernel's checkpoint: the next run started a new root."""
+    run(shell, SETUP)
+    cell = TRAIN.format(dir=tmp_path / "h", stop="pass")
+    assert run(shell, cell).success
+    before = ckpt_nb.CheckpointManager(tmp_path / "h").list()["id"].tolist()
+    with ckpt_nb.CheckpointManager(tmp_path / "h") as other:
+        other.delete(before[-1])
+    assert run(shell, cell + "# edited\n").success  # (another run, not a resume)
+    rows = ckpt_nb.CheckpointManager(tmp_path / "h").list().set_index("id")
+    first_new = [cid for cid in rows.index if cid not in before][0]
+    assert rows.loc[first_new, "parent"] == before[-2]
