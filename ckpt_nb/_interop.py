@@ -59,7 +59,7 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Mapping):
-        plain = {k: portable(v, f"{name}/{k}") for k, v in value.items()}
+        plain = {k: portable(v, f"{name}/{k}" if name else str(k)) for k, v in value.items()}
         metadata = getattr(value, "_metadata", None)
         if metadata is None:
             return plain
@@ -67,7 +67,8 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
         state._metadata = metadata  # type: ignore[attr-defined]
         return state
     if type(value) in (list, tuple, torch.Size):
-        return type(value)(portable(v, f"{name}/{i}") for i, v in enumerate(value))
+        return type(value)(portable(v, f"{name}/{i}" if name else str(i))
+                           for i, v in enumerate(value))
     if not weights_only:
         return value
     if isinstance(value, (set, frozenset)):  # (weights_only loads sets, not frozensets)

@@ -418,7 +418,7 @@ class CheckpointManager:
         every earlier checkpoint as it was.
         """
         if progress is not None and hasattr(progress, "state_dict"):
-            raise TypeError("progress= takes a callback, progress(done, total), not a "
+            raise CaptureError("progress= takes a callback, progress(done, total), not a "
                             "Stateful: give the object another keyword (e.g. tracker=...)")
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
@@ -850,7 +850,8 @@ class CheckpointManager:
                 return ids[back]
             if ids:
                 raise CheckpointNotFoundError(
-                    f"only {len(ids)} checkpoints: {which} is too far back")
+                    f"only {len(ids)} checkpoint{'' if len(ids) == 1 else 's'}: {which} is "
+                    "too far back")
         elif which == "best":
             best = self._best(self.catalog.checkpoints(), 1)
             if best:
