@@ -1,13 +1,17 @@
-"""Shared fixtures: a small classifier trained on scikit-learn's real digits data."""
+"""Shared fixtures: a small classifier trained on scikit-learn's real digits data, and
+an IPython shell with ckpt_nb's magics loaded."""
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from IPython.core.interactiveshell import InteractiveShell
 from sklearn.datasets import load_digits
 
 
@@ -77,3 +81,17 @@ class Holder:
 
     def load_state_dict(self, state: dict) -> None:
         self.state = state
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
+    """The process's IPython shell, with ckpt_nb loaded and the test's folder as cwd."""
+    sh = InteractiveShell.instance()
+    sh.user_ns.clear()
+    sh.init_user_ns()
+    sh.run_cell("%load_ext ckpt_nb", store_history=False)
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    yield sh
+    os.chdir(old)
+    sh.run_cell("%unload_ext ckpt_nb", store_history=False)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import pydoc
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,19 +58,6 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_session, "_positions", {})
     monkeypatch.setattr(_session, "_position_events", {})
     monkeypatch.setattr(_session, "_left_values", {})
-
-
-@pytest.fixture
-def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
-    sh = InteractiveShell.instance()
-    sh.user_ns.clear()
-    sh.init_user_ns()
-    sh.run_cell("%load_ext ckpt_nb", store_history=False)
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    yield sh
-    os.chdir(old)
-    sh.run_cell("%unload_ext ckpt_nb", store_history=False)
 
 
 def run(sh: InteractiveShell, code: str, cell_id: str | None = None):

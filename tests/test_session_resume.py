@@ -4,15 +4,13 @@ of its own, which is what the process's positions and cells run are kept by."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from IPython.core.interactiveshell import InteractiveShell
 
 import ckpt_nb
+from test_magics import final_state, run, same  # (the shell's helpers)
 
 # A Dataset that augments in this process, as torchvision's random transforms do with
 # num_workers=0: each batch fetched draws from torch's global generator.
@@ -60,34 +58,6 @@ for epoch in ckpt_nb.epochs(3):
     history.append(round(loss.item(), 6))
 len(history)
 """
-
-
-@pytest.fixture
-def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
-    sh = InteractiveShell.instance()
-    sh.user_ns.clear()
-    sh.init_user_ns()
-    sh.run_cell("%load_ext ckpt_nb", store_history=False)
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    yield sh
-    os.chdir(old)
-    sh.run_cell("%unload_ext ckpt_nb", store_history=False)
-
-
-def run(sh: InteractiveShell, code: str):
-    return sh.run_cell(code, store_history=False)
-
-
-def final_state(sh: InteractiveShell) -> list[torch.Tensor]:
-    ns = sh.user_ns
-    tensors = [t.clone() for t in ns["model"].state_dict().values()]
-    tensors += [v.clone() for s in ns["opt"].state_dict()["state"].values() for v in s.values()]
-    return tensors
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("how, where, saved", [
