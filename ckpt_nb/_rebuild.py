@@ -40,7 +40,7 @@ from . import _codec as codec
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError
 from ._format import (decode_manifest, id_of, is_checkpoint_id, is_pack_key,
-                      label_key, manifest_key, read_pack_index)
+                      label_key, read_pack_index)
 from ._store import Store
 
 
@@ -111,6 +111,7 @@ def rebuild(store: Store) -> Rebuilt:
             parent = labelled if labelled is None or labelled in found.refs else guesses[cid]
             found.rejoined.append(cid)
         first_stored = set(refs) - counted
+        counted |= first_stored
         row = CheckpointRow(
             id=cid, parent=parent, branch=branch, created_at=manifest["created_at"],
             step=manifest.get("step"), epoch=manifest.get("epoch"),
@@ -122,12 +123,6 @@ def rebuild(store: Store) -> Rebuilt:
             pinned=bool(label.get("pinned", False)),
             note=str(label.get("note", manifest.get("note", ""))),
             manifest_digest=codec.digest(blob))
-        problem = row.problem()  # (what the catalog would refuse to read back)
-        if problem is not None:
-            found.leave_out(f"checkpoint {cid}", f"its manifest's {problem} is not what a "
-                            "save writes", damaged=manifest_key(cid))
-            continue
-        counted |= first_stored
         found.checkpoints.append(row)
         found.refs[cid] = refs
     # (a chunk whose bases are gone is left out: a save finding it in the catalog
@@ -224,7 +219,13 @@ def _flaw(manifest: Any, cid: str, chunks: dict[str, ChunkRow]) -> str | None:
                 not isinstance(manifest["branch"], str) or \
                 not isinstance(manifest["strategy"], str):
             return "its manifest lacks the time, branch or strategy of its save"
-        odd = _odd_field(manifest)
+        odd = _odd_field(manifest) or CheckpointRow(  # (what the catalog reads back)
+            id=cid, parent=manifest.get("parent"), branch=manifest["branch"],
+            created_at=manifest["created_at"], step=manifest.get("step"),
+            epoch=manifest.get("epoch"), batch_idx=manifest.get("batch_idx"),
+            metrics=manifest.get("metrics") or {}, strategy=manifest["strategy"],
+            full_base=manifest.get("full_base"), chain=manifest.get("chain", 0),
+            logical_bytes=0, stored_bytes=0, pinned=False, note="").problem()
         if odd is not None:
             return f"its manifest's {odd} is not what a save writes"
         for storage in manifest["storages"]:
