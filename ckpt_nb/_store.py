@@ -246,11 +246,18 @@ class LocalStore(Store):
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir() or base.is_symlink():
             return
-        for dirpath, _, _ in os.walk(base):
-            rel = Path(dirpath).relative_to(self.root).as_posix()
-            with os.scandir(dirpath) as entries:
+        folders = [base]
+        while folders:
+            try:
+                entries = os.scandir(folders.pop())
+            except FileNotFoundError:  # (removed meanwhile, as os.walk skips it)
+                continue
+            with entries:
                 for entry in entries:
-                    key = entry.name if rel == "." else f"{rel}/{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(Path(entry.path))
+                        continue
+                    key = Path(entry.path).relative_to(self.root).as_posix()
                     if entry.is_file(follow_symlinks=False) and TMP_MARK not in key and \
                             _is_key(key):
                         yield key
