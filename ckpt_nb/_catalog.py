@@ -479,9 +479,10 @@ class Catalog:
                 db.execute("DELETE FROM checkpoints WHERE id=?", (cid,))
                 self._set_meta(f"heir:{cid}", parent[0] or "")
             db.execute("DELETE FROM branches WHERE tip IS NULL")
-            db.execute("DELETE FROM meta WHERE key LIKE 'heir:%' AND rowid NOT IN (SELECT rowid "
-                       "FROM meta WHERE key LIKE 'heir:%' ORDER BY rowid DESC LIMIT ?)",
-                       (HEIRS_KEPT,))
+            # (a rowid range, not a scan of every heir at each retention's delete: a
+            # replaced row takes the next rowid, so the oldest heirs have the lowest)
+            db.execute("DELETE FROM meta WHERE rowid <= (SELECT max(rowid) FROM meta) - ? "
+                       "AND key LIKE 'heir:%'", (HEIRS_KEPT,))
 
     def heir_of(self, checkpoint_id: str) -> str | None:
         """The nearest kept ancestor of a deleted checkpoint (None for a root, or one

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -2356,3 +2357,14 @@ def test_an_export_names_what_it_leaves_out_of_an_object_without_a_leading_slash
     cid = mgr.save(mine=Holder({"w": torch.zeros(2), "v": Point(1)}))
     with pytest.warns(UserWarning, match=r"left out of x.pt: mine/v \(a Point"):
         mgr.export(cid, tmp_path / "x.pt", trust_pickle=True)
+
+
+def test_the_heirs_of_deleted_checkpoints_are_kept_for_the_newest_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ckpt_nb._catalog.HEIRS_KEPT", 3)
+    mgr = CheckpointManager(tmp_path, max_to_keep=1)
+    for _ in range(10):
+        mgr.save(torch.nn.Linear(1, 1))
+    heirs = sqlite3.connect(tmp_path / "catalog.sqlite").execute(
+        "SELECT count(*) FROM meta WHERE key LIKE 'heir:%'").fetchone()[0]
+    assert 1 <= heirs <= 3
