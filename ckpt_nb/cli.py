@@ -12,8 +12,10 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import sqlite3
 import sys
+import unicodedata
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -284,13 +286,19 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
     """Rows of strings in aligned columns; columns named in ``right`` align right."""
     headers = list(map(_printable, headers))
     rows = [list(map(_printable, row)) for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max(_width(h), *(_width(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if h in right else c.ljust(w)
-                         for h, c, w in zip(headers, cells, widths)).rstrip()
+        pads = [" " * (w - _width(c)) for c, w in zip(cells, widths)]
+        return "  ".join(pad + c if h in right else c + pad
+                         for h, c, pad in zip(headers, cells, pads)).rstrip()
 
     return "\n".join([line(headers), *map(line, rows)])
+
+
+def _width(text: str) -> int:
+    """The columns ``text`` takes on a terminal: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def _printable(text: str) -> str:
@@ -343,6 +351,9 @@ def _time(timestamp: float) -> str:
 def _shape(shape: Any) -> str:
     if isinstance(shape, tuple):
         return "x".join(map(str, shape)) or "scalar"
+    if isinstance(shape, str):  # (a reshape, "(4, 4)->(4, 8)", as the rows' 4x4 -> 4x8)
+        return re.sub(r"\(([^()]*)\)", lambda m: _shape(tuple(
+            int(n) for n in m.group(1).split(",") if n.strip())), shape).replace("->", " -> ")
     return _cell(shape)
 
 

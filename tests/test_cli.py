@@ -515,3 +515,17 @@ def test_export_trust_pickle_of_a_class_this_process_lacks_is_one_line(tmp_path:
                       "--trust-pickle")
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "extra/obj is an object whose class this process cannot find" in done.stderr
+
+
+def test_diff_writes_a_reshape_as_its_rows_do_and_ls_aligns_cjk_metrics(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(torch.nn.Linear(4, 4), metrics={"損失": 0.5})
+        mgr.save(torch.nn.Linear(8, 4), metrics={"損失": 0.25})
+    assert main(["diff", str(tmp_path), "-1", "latest"]) == 0
+    assert "objects/model/weight  reshaped   4x4 -> 4x8" in capsys.readouterr().out
+    assert main(["ls", str(tmp_path)]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    cjk = header.index("損失")
+    assert all(len(row) == len(header) + 2 for row in rows)  # (each CJK character: 2 columns)
+    assert all(row.endswith(("0.5", "0.25")) for row in rows) and cjk > 0
