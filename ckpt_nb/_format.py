@@ -203,7 +203,7 @@ def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
                 and 0 < row.length <= end - row.offset):
             raise CorruptCheckpointError(f"pack {key}: its index is damaged (a chunk lies "
                                          "outside the pack's blobs)")
-        if not (_whole(row.raw_len) and _whole(row.depth)
+        if not (is_count(row.raw_len) and is_count(row.depth)
                 and (row.base is None or isinstance(row.base, str) and row.base != row.digest)):
             raise CorruptCheckpointError(f"pack {key}: its index is damaged (chunk "
                                          f"{str(row.digest)[:12]}'s length, base or depth)")
@@ -217,17 +217,23 @@ def chunk_row_problem(row: ChunkRow) -> str | None:
         return "its digest"
     if not (isinstance(row.pack, str) and is_pack_key(row.pack)):
         return f"its pack's name {row.pack!r}"
-    if not (_whole(row.offset) and _whole(row.length) and _whole(row.raw_len)
-            and _whole(row.depth) and row.offset >= len(PACK_MAGIC) and row.length > 0):
+    if not (is_count(row.offset) and is_count(row.length) and is_count(row.raw_len)
+            and is_count(row.depth) and row.offset >= len(PACK_MAGIC) and row.length > 0):
         return "its offset, length, size or depth"
     if row.base is not None and not (isinstance(row.base, str) and _DIGEST.fullmatch(row.base)):
         return "its delta base"
     return None
 
 
-def _whole(value: object) -> bool:
+def is_count(value: object) -> bool:
     """A count a record holds: a whole number, not negative (and not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_int64(value: object) -> bool:
+    """A whole number (not a bool) SQLite holds: an epoch, a step, a batch index."""
+    return isinstance(value, int) and not isinstance(value, bool) and \
+        -(1 << 63) <= value < 1 << 63
 
 
 # A manifest is JSON of a few hundred bytes a tensor, and the plain values saved (a long
@@ -287,7 +293,7 @@ def _manifest_problem(manifest: Any) -> str | None:
     """What is wrong with a decoded manifest's frame, if anything."""
     if not isinstance(manifest, dict):
         return f"it holds a {type(manifest).__name__}, not an object"
-    if not _whole(manifest.get("format", 0)):
+    if not is_count(manifest.get("format", 0)):
         return f"its format is {manifest.get('format')!r}"
     storages, tensors = manifest.get("storages"), manifest.get("tensors")
     if not isinstance(storages, list) or not isinstance(tensors, list) or \
@@ -296,10 +302,10 @@ def _manifest_problem(manifest: Any) -> str | None:
         return "its storages, tensors or state are missing"
     for storage in storages:
         chunks = storage.get("chunks") if isinstance(storage, dict) else None
-        if not (isinstance(chunks, list) and _whole(storage.get("nbytes"))
+        if not (isinstance(chunks, list) and is_count(storage.get("nbytes"))
                 and isinstance(storage.get("name"), str)
                 and all(isinstance(c, list) and len(c) == 2 and isinstance(c[0], str)
-                        and _DIGEST.fullmatch(c[0]) and _whole(c[1]) for c in chunks)
+                        and _DIGEST.fullmatch(c[0]) and is_count(c[1]) for c in chunks)
                 and sum(c[1] for c in chunks) == storage["nbytes"]):
             return "a storage's chunks do not add up to its size"
     return None

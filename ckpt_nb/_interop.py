@@ -29,6 +29,7 @@ from . import _stdlib_values as stdlib_values
 from ._capture import Unflattener, flatten
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       UntrustedPickleError)
+from ._format import is_int64
 
 if TYPE_CHECKING:
     from ._manager import Checkpoint
@@ -377,12 +378,6 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
         rng=meta.get("rng"))
 
 
-def _counter(value: Any) -> bool:
-    """Whether ``value`` fits a checkpoint's epoch / step / batch_idx (a signed 64-bit int)."""
-    return isinstance(value, int) and not isinstance(value, bool) and \
-        -(1 << 63) <= value < (1 << 63)
-
-
 def _number(value: Any) -> bool:
     """Whether ``value`` fits a metric (a real number a float holds)."""
     if isinstance(value, bool):
@@ -395,7 +390,7 @@ def _check_meta(source: Path, meta: Mapping[str, Any]) -> None:
     hand-made), rather than have them fail later, in the store or in the caller's hands."""
     problems = [f"its {key} ({reprlib.repr(meta[key])}) is not a 64-bit integer"
                 for key in ("epoch", "step", "batch_idx")
-                if meta.get(key) is not None and not _counter(meta[key])]
+                if meta.get(key) is not None and not is_int64(meta[key])]
     metrics = meta.get("metrics", {})
     if not isinstance(metrics, Mapping) or \
             not all(isinstance(k, str) and _number(v) for k, v in metrics.items()):
@@ -429,7 +424,7 @@ def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         elif key in ("model", "optimizer", "scheduler", "lr_scheduler", "scaler") \
                 and isinstance(value, Mapping):
             state["scheduler" if key == "lr_scheduler" else key] = value
-        elif key in ("epoch", "step", "batch_idx", "global_step") and _counter(value):
+        elif key in ("epoch", "step", "batch_idx", "global_step") and is_int64(value):
             meta["step" if key == "global_step" else key] = value
         elif key == "metrics" and isinstance(value, Mapping) and \
                 all(isinstance(k, str) and _number(v) for k, v in value.items()):

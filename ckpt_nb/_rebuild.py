@@ -39,8 +39,8 @@ from typing import Any
 from . import _codec as codec
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError
-from ._format import (decode_manifest, id_of, is_checkpoint_id, is_pack_key,
-                      label_key, read_pack_index)
+from ._format import (decode_manifest, id_of, is_checkpoint_id, is_count, is_int64,
+                      is_pack_key, label_key, read_pack_index)
 from ._store import Store
 
 
@@ -249,10 +249,10 @@ def _odd_field(manifest: dict[str, Any]) -> str | None:
     """The first field a catalog row takes from a manifest that is not of the kind a
     save writes (SQLite holds 64-bit integers; a parent is an id)."""
     for name in ("step", "epoch", "batch_idx"):
-        if not _count_or_none(manifest.get(name)):
+        if manifest.get(name) is not None and not is_int64(manifest[name]):
             return name
     chain = manifest.get("chain", 0)
-    if not (isinstance(chain, int) and not isinstance(chain, bool) and 0 <= chain < 1 << 63):
+    if not (is_count(chain) and is_int64(chain)):
         return "chain"
     for name in ("parent", "full_base"):
         value = manifest.get(name)
@@ -265,11 +265,6 @@ def _odd_field(manifest: dict[str, Any]) -> str | None:
     if not isinstance(manifest.get("note", ""), str):
         return "note"
     return None
-
-
-def _count_or_none(value: object) -> bool:
-    return value is None or isinstance(value, int) and not isinstance(value, bool) and \
-        -(1 << 63) <= value < 1 << 63
 
 
 def _label(store: Store, cid: str, found: Rebuilt) -> dict[str, Any]:

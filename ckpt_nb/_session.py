@@ -38,6 +38,7 @@ from ._catalog import store_exists
 from ._discovery import (Discovery, _is_code, assign_in_place, discover, from_storable,
                          to_storable)
 from ._errors import CaptureError, CkptError, CorruptCheckpointError
+from ._format import is_count
 from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager, _metric
 from ._store import canonical_url, file_url_path
 
@@ -264,7 +265,7 @@ class _SavedRun:
         except CorruptCheckpointError as exc:
             raise corrupt(f"its metric history: {exc.__cause__ or exc!r}") from exc
         step = run.get("step")
-        if not (_count(step) or step is None and not resume):
+        if not (is_count(step) or step is None and not resume):
             raise corrupt(f"step {step!r}")
         if not resume:
             return cls(variables, history, step)
@@ -277,7 +278,7 @@ class _SavedRun:
             raise corrupt("no loop position" if loop is None else f"loop {loop!r}")
         epoch, next_batch, epoch_rng = (loop.get("epoch"), loop.get("next_batch"),
                                         loop.get("epoch_rng"))
-        if not (epoch is None or _count(epoch)) or not _count(next_batch):
+        if not (epoch is None or is_count(epoch)) or not is_count(next_batch):
             raise corrupt(f"epoch {epoch!r}, batch {next_batch!r}")
         if epoch_rng is not None:
             problem = rng_problem(epoch_rng) if isinstance(epoch_rng, dict) else "not a dict"
@@ -299,11 +300,6 @@ _CHEAP = (bool, int, float, complex, str, bytes, type(None), PurePath, datetime.
 def _same(a: Any, b: Any) -> bool:
     """Equal and of one type (``1`` is not ``1.0`` once put back); NaN is NaN."""
     return type(a) is type(b) and (a == b or a != a and b != b)
-
-
-def _count(value: Any) -> bool:
-    """Whether ``value`` is a non-negative int (a step, an epoch, a batch index)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _malformed(checkpoint_id: str, problem: str, *, resume: bool) -> CorruptCheckpointError:
@@ -1062,7 +1058,7 @@ def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
                     if isinstance(on, (list, tuple)) and len(on) == 2 and \
                             isinstance(on[0], str) and on[1] in ("min", "max"):
                         manager.metric, manager.mode = on
-                        manager.keep_best = keep_best if _count(keep_best) else None
+                        manager.keep_best = keep_best if is_count(keep_best) else None
                     break
         manager.head = kernel_position(manager)
     except BaseException:
