@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 import matplotlib
 from matplotlib.figure import Figure as _MatplotlibFigure
 
+from . import _session
 from ._catalog import store_exists
 from ._errors import CheckpointNotFoundError, MetricNotFoundError
 from ._manager import CheckpointManager
@@ -112,8 +113,7 @@ def metric_mode(name: str, metric: str | None = None, mode: str = "min") -> str:
     ``metric``, else guessed from the name (accuracy-like: max, anything else: min)."""
     if name == metric:
         return mode
-    return "max" if any(k in name.lower() for k in ("acc", "f1", "auc", "score", "precision",
-                                                     "recall", "reward")) else "min"
+    return "max" if any(k in name.lower() for k in _session.HIGHER_BETTER) else "min"
 
 
 def best_by_metric(table: Any, metric: str | None = None, mode: str = "min") -> dict[str, str]:
@@ -265,8 +265,6 @@ def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable
     (full ●, incremental ○, differential ◇), pinned ★, best ringed in gold, the
     kernel's position (``current``, by default this process's) arrowed. ``metric``
     and ``mode`` say what "best" ranks by (default: the store's loss-like metric)."""
-    from . import _session
-
     if table is None:
         with opened(store) as manager:
             table = manager.list()

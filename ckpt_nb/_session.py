@@ -154,7 +154,7 @@ def parse_duration(text: str) -> float:
 
 # Parts of a metric's name that say which way is better (the explorer's plots rank
 # metrics by the same higher-is-better words).
-_HIGHER_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "reward")
+HIGHER_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "reward")
 _LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "nll", "cost")
 
 
@@ -162,7 +162,7 @@ def metric_mode_from_name(name: str) -> str | None:
     """"min" or "max" where the name says which way is better (a loss, an accuracy),
     else None: a wrong guess would keep the worst checkpoints as the best."""
     lower = name.lower()
-    higher = any(part in lower for part in _HIGHER_BETTER)
+    higher = any(part in lower for part in HIGHER_BETTER)
     if higher == any(part in lower for part in _LOWER_BETTER):
         return None  # (neither, or both: "score_loss")
     return "max" if higher else "min"
