@@ -136,7 +136,8 @@ def _warn_persistent_workers(name: str, value: Any) -> None:
           file=sys.stderr, flush=True)
 
 
-def _is_code(value: Any) -> bool:
+def is_code(value: Any) -> bool:
+    """Whether a value is code (a module, class, function, method): never state to capture."""
     return isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
                               types.MethodType, functools.partial))
 
@@ -166,7 +167,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
         elif (reason := _skip_reason(value)) is not None:
             found.skipped[name] = reason
             _warn_persistent_workers(name, value)
-        elif _is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
+        elif is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
             if track is not None:
                 found.skipped[name] = f"{type(value).__name__}: code is not state"
         else:

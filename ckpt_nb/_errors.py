@@ -17,6 +17,12 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
 
 class CkptError(Exception):
     """Base of every error ckpt_nb raises."""
@@ -66,3 +72,15 @@ class StoreError(CkptError, OSError):
 
 class CaptureError(CkptError, TypeError):
     """A value cannot be turned into checkpoint state."""
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn at the first line outside ckpt_nb on the stack (the user's call), however deep
+    inside the package the warning starts: a fixed ``stacklevel`` points into ckpt_nb
+    whenever the same code is reached through another path (the magics, the CLI)."""
+    frame = sys._getframe(1)
+    level = 2  # (1 is this function's own frame)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

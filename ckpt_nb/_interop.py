@@ -15,7 +15,6 @@ import pickletools
 import re
 import reprlib
 import tempfile
-import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -28,7 +27,7 @@ import torch
 from . import _stdlib_values as stdlib_values
 from ._capture import Unflattener, flatten
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
-                      UntrustedPickleError)
+                      UntrustedPickleError, warn)
 from ._format import is_int64
 
 if TYPE_CHECKING:
@@ -168,7 +167,7 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     if dropped:
-        warnings.warn(f"left out of {target.name}: {'; '.join(dropped)}", stacklevel=3)
+        warn(f"left out of {target.name}: {'; '.join(dropped)}")
     return target
 
 
@@ -271,8 +270,8 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
         raise CorruptCheckpointError(f"{path}: its ckpt_nb metadata does not describe a "
                                      f"state ({type(exc).__name__}: {exc})") from exc
     if left_out:
-        warnings.warn(f"left out of {path}: {', '.join(left_out)} (pickled, not loaded: pass "
-                      "trust_pickle=True if you trust the file)", stacklevel=4)
+        warn(f"left out of {path}: {', '.join(left_out)} (pickled, not loaded: pass "
+             "trust_pickle=True if you trust the file)")
     return data
 
 

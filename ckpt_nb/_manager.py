@@ -18,7 +18,6 @@ import os
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +34,7 @@ from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflatten
                        has_pickle, load_all, rng_problem, trained_storages)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, StateMismatchError, StoreError)
+                      CorruptCheckpointError, StateMismatchError, StoreError, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, id_of, is_pack_key, label_key, manifest_key,
                       read_pack_index, stamp_format, write_pack)
@@ -222,6 +221,7 @@ class CheckpointManager:
         self._pool: ThreadPoolExecutor | None = None
         self._pack_writer: ThreadPoolExecutor | None = None
         self._lock_path: Path | None = None
+        self._read_only_rebuild = False  # the catalog is rebuilt in memory, to read only
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._stale_format = check_format(self.store) < FORMAT
         self.catalog = self._open_catalog(self._catalog_path(catalog))
@@ -244,6 +244,9 @@ class CheckpointManager:
             path = Path(catalog)
         elif root is not None:
             path = root / "catalog.sqlite"
+            if not path.exists() and root.is_dir() and not os.access(root, os.W_OK):
+                self._read_only_rebuild = True  # (another user's store, a read-only mount)
+                return ":memory:"
         else:
             key = hashlib.sha256(self.store.url.encode()).hexdigest()[:16]
             if self.store.url.startswith("memory://"):
@@ -278,10 +281,15 @@ class CheckpointManager:
             why = "no longer matched the store (it was written from elsewhere)"
             with self._exclusive():
                 catalog.reseed(read_store())
+        if self._read_only_rebuild:
+            catalog.read_only = True
+            warn(f"the catalog of {self.store.url} is missing and its folder cannot be "
+                 f"written, so it was rebuilt in memory, to read only: {found[0].summary()}",
+                 RuntimeWarning)
         # (an in-memory catalog, for a memory:// store, is read from its store every time)
-        if found and (found[0].checkpoints or found[0].left_out) and path != ":memory:":
-            warnings.warn(f"the catalog of {self.store.url} {why}, so it was rebuilt from "
-                          f"the store: {found[0].summary()}", RuntimeWarning, stacklevel=3)
+        elif found and (found[0].checkpoints or found[0].left_out) and path != ":memory:":
+            warn(f"the catalog of {self.store.url} {why}, so it was rebuilt from "
+                 f"the store: {found[0].summary()}", RuntimeWarning)
         return catalog
 
     def _behind_the_store(self, catalog: Catalog) -> bool:
@@ -449,7 +457,7 @@ class CheckpointManager:
             tree[name] = obj.state_dict()
             kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
         for key, value in (metrics or {}).items():
-            _metric(key, value)
+            as_metric(key, value)
         rng_state = dict(rng) if isinstance(rng, Mapping) else \
             (RNGState().state_dict() if rng else None)
         flat = flatten({"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
@@ -473,7 +481,7 @@ class CheckpointManager:
         """Write captured state as a checkpoint (the second half of ``save``)."""
         strategy = strategy or self.strategy
         _check_choice("strategy", strategy, STRATEGIES)
-        metrics = {k: _metric(k, v) for k, v in (metrics or {}).items()}
+        metrics = {k: as_metric(k, v) for k, v in (metrics or {}).items()}
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
         with self._exclusive():
@@ -528,9 +536,8 @@ class CheckpointManager:
             try:
                 self._apply_retention(protect={row.id})
             except OSError as exc:  # (StoreError too) the checkpoint is committed all the same
-                warnings.warn(f"checkpoint {row.id} was saved, but retention failed ({exc}); "
-                              "it runs again at the next save, or call gc()", RuntimeWarning,
-                              stacklevel=2)
+                warn(f"checkpoint {row.id} was saved, but retention failed ({exc}); "
+                     "it runs again at the next save, or call gc()", RuntimeWarning)
         self._notify("save", row.id)
         return row.id
 
@@ -803,17 +810,23 @@ class CheckpointManager:
                         f"checkpoint {checkpoint_id}: chunk {digest[:12]} holds "
                         f"{rows[digest].raw_len} bytes, its manifest says {raw_len}",
                         checkpoint_id)
-        buffers = _arena([s["nbytes"] for s in manifest["storages"]])
+            if sum(raw_len for _, raw_len in storage["chunks"]) != storage["nbytes"]:
+                raise CorruptCheckpointError(
+                    f"checkpoint {checkpoint_id}: storage {storage['name']} chunks do not "
+                    "add up to its size", checkpoint_id)
+        sizes = [s["nbytes"] for s in manifest["storages"]]
+        try:
+            buffers = _arena(sizes)
+        except MemoryError:  # (numpy's message names an array of no name)
+            raise MemoryError(f"checkpoint {checkpoint_id} holds {sum(sizes) / 2**30:.1f} GiB "
+                              "of tensors, more memory than this process could take: free "
+                              "some, or restore it on a machine with more") from None
         jobs = []
         for storage, buf in zip(manifest["storages"], buffers):
             view, pos = buf.numpy(), 0
             for digest, raw_len in storage["chunks"]:
                 jobs.append((rows[digest], view[pos : pos + raw_len]))
                 pos += raw_len
-            if pos != storage["nbytes"]:
-                raise CorruptCheckpointError(
-                    f"checkpoint {checkpoint_id}: storage {storage['name']} chunks do not "
-                    "add up to its size", checkpoint_id)
         views = self._pack_views(rows)
         self._prefetch(rows, (row.digest for row, _ in jobs))
 
@@ -951,7 +964,8 @@ class CheckpointManager:
     def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,
                        needed: Iterable[str]) -> Checkpoint:
         if which != "latest":
-            return self.load(which, trust_pickle=trust_pickle, progress=progress, needed=needed)
+            return self._load(self.resolve(which), trust_pickle=trust_pickle, progress=progress,
+                              needed=needed)
         self._catch_up()  # (once: the ids below are known ones)
         tried: set[str] = set()
         for _ in range(3):  # (again where all those tried were deleted meanwhile)
@@ -963,8 +977,8 @@ class CheckpointManager:
                 except CheckpointNotFoundError:
                     continue  # deleted meanwhile: the one before it
                 except CorruptCheckpointError as exc:
-                    warnings.warn(f"skipping checkpoint {cid}, which fails verification "
-                                  f"({exc}); trying the one before it", stacklevel=3)
+                    warn(f"skipping checkpoint {cid}, which fails verification "
+                         f"({exc}); trying the one before it")
         if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
@@ -973,11 +987,12 @@ class CheckpointManager:
              progress: ProgressFn | None = None, needed: Iterable[str] = ()) -> Checkpoint:
         """Read a checkpoint into fresh objects, touching nothing live.
 
-        Pickled values are left as ``PickledValue`` placeholders unless
-        ``trust_pickle``; in the objects named in ``needed`` they raise instead.
+        ``"latest"`` is the newest checkpoint that reads whole, as for ``restore``: one
+        that fails verification is skipped with a warning. Pickled values are left as
+        ``PickledValue`` placeholders unless ``trust_pickle``; in the objects named in
+        ``needed`` they raise instead.
         """
-        return self._load(self.resolve(which), trust_pickle=trust_pickle, progress=progress,
-                          needed=needed)
+        return self._load_verified(which, trust_pickle, progress, needed)
 
     def _load(self, cid: str, *, trust_pickle: bool, progress: ProgressFn | None,
               needed: Iterable[str]) -> Checkpoint:
@@ -1024,8 +1039,8 @@ class CheckpointManager:
                 f"checkpoint {cid}: its manifest does not describe a state "
                 f"({type(exc).__name__}: {exc})", cid) from exc
         if unloaded:
-            warnings.warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "
-                          "pass trust_pickle=True to load them", stacklevel=3)
+            warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "
+                 "pass trust_pickle=True to load them")
         return Checkpoint(
             id=cid, parent=row.parent, branch=row.branch, created=row.created_at,
             step=row.step, epoch=row.epoch, batch_idx=row.batch_idx, metrics=row.metrics,
@@ -1279,9 +1294,9 @@ class CheckpointManager:
             except OSError as exc:  # (StoreError too) after the catalog let it go
                 if self.catalog.get(cid) is not None:
                     raise
-                warnings.warn(f"checkpoint {cid} was deleted, but what follows failed "
-                              f"({exc}): gc() frees its space and labels its children later",
-                              RuntimeWarning, stacklevel=2)
+                warn(f"checkpoint {cid} was deleted, but what follows failed "
+                     f"({exc}): gc() frees its space and labels its children later",
+                     RuntimeWarning)
         self._notify("delete", cid)
 
     def _apply_retention(self, protect: set[str]) -> None:
@@ -1358,9 +1373,9 @@ class CheckpointManager:
             try:
                 self._label_rejoined(None)
             except OSError as exc:  # (StoreError too)
-                warnings.warn(f"gc could not label checkpoints whose parent was deleted "
-                              f"({exc}): a rebuilt catalog would give them the wrong parent "
-                              "until gc() runs again", RuntimeWarning, stacklevel=2)
+                warn(f"gc could not label checkpoints whose parent was deleted "
+                     f"({exc}): a rebuilt catalog would give them the wrong parent "
+                     "until gc() runs again", RuntimeWarning)
             return report
 
     def _gc_locked(self, compact_below: float = 0.5, *, repair_indexes: bool = False,
@@ -1386,8 +1401,8 @@ class CheckpointManager:
         except OSError as exc:  # (StoreError too) out of space: the chains stay as they are
             if not partial:
                 raise
-            warnings.warn(f"gc could not store long delta chains whole ({exc}): run gc() "
-                          "again once there is room", RuntimeWarning, stacklevel=4)
+            warn(f"gc could not store long delta chains whole ({exc}): run gc() "
+                 "again once there is room", RuntimeWarning)
         frontier = list(live)
         while frontier:
             base = chunks[frontier.pop()].base
@@ -1411,9 +1426,9 @@ class CheckpointManager:
             except OSError as exc:  # (StoreError too) SQLite takes room to delete rows
                 if not partial:
                     raise
-                warnings.warn(f"gc could not update the catalog ({exc}), so no pack could "
-                              "go: free some room outside the store, then run gc() again",
-                              RuntimeWarning, stacklevel=4)
+                warn(f"gc could not update the catalog ({exc}), so no pack could "
+                     "go: free some room outside the store, then run gc() again",
+                     RuntimeWarning)
                 return report
             report.chunks_dropped = len(dead)
         by_pack: dict[str, list[ChunkRow]] = {}
@@ -1447,9 +1462,9 @@ class CheckpointManager:
                             self.store.delete(moved[0].pack)
                     if not partial:
                         raise
-                    warnings.warn(f"gc stopped compacting at {key}, which stays as it was "
-                                  f"({exc}): run gc() again once there is room",
-                                  RuntimeWarning, stacklevel=4)
+                    warn(f"gc stopped compacting at {key}, which stays as it was "
+                         f"({exc}): run gc() again once there is room",
+                         RuntimeWarning)
                     break
                 self.store.delete(key)
                 report.packs_compacted += 1
@@ -1474,8 +1489,8 @@ class CheckpointManager:
                         blob = blob.copy()
                     pack.add(row.digest, memoryview(blob), row.raw_len, row.base, row.depth)
         except CorruptCheckpointError as exc:
-            warnings.warn(f"gc left {key} as it was: {exc} (verify() names the checkpoints "
-                          "it touches)", RuntimeWarning, stacklevel=4)
+            warn(f"gc left {key} as it was: {exc} (verify() names the checkpoints "
+                 "it touches)", RuntimeWarning)
             return None
         return pack.rows
 
@@ -1635,7 +1650,7 @@ def _opt_int(name: str, value: Any) -> int | None:
     return int(value)
 
 
-def _metric(name: Any, value: Any) -> float:
+def as_metric(name: Any, value: Any) -> float:
     """A metric's value as a float: a Python or NumPy number, or a one-element tensor
     or array (``loss`` itself, not only ``loss.item()``)."""
     if not isinstance(name, str):

@@ -23,7 +23,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,11 +34,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._capture import RNGState, SnapshotBuffers, load_all, rng_problem
 from ._catalog import store_exists
-from ._discovery import (Discovery, _is_code, assign_in_place, discover, from_storable,
+from ._discovery import (Discovery, assign_in_place, discover, from_storable, is_code,
                          to_storable)
-from ._errors import CaptureError, CkptError, CorruptCheckpointError
+from ._errors import CaptureError, CkptError, CorruptCheckpointError, warn
 from ._format import is_count
-from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager, _metric
+from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager, as_metric
 from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
@@ -715,7 +714,7 @@ class AutoSession:
         if error is not None:
             message = f"ckpt_nb: a background save failed: {type(error).__name__}: {error}"
             print(message, file=sys.stderr, flush=True)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            warn(message, RuntimeWarning)
 
     # -- resume -----------------------------------------------------------------------------
     def _find_resume(self) -> None:
@@ -826,7 +825,7 @@ class AutoSession:
         (``len``), only where the notebook has that name already."""
         if name not in self.namespace:
             return name not in vars(builtins)
-        return name not in statefuls and not _is_code(self.namespace[name])
+        return name not in statefuls and not is_code(self.namespace[name])
 
     def _cheap_values(self) -> dict[str, Any]:
         """The notebook's public values that are cheap to compare (numbers, strings,
@@ -1090,8 +1089,7 @@ def _publish(event: str, checkpoint_id: str, url: str) -> None:
         try:
             callback(event, checkpoint_id, url)
         except Exception as exc:  # noqa: BLE001 - a listener must not break a save
-            warnings.warn(f"ckpt_nb: a subscriber failed on {event}: {exc!r}", RuntimeWarning,
-                          stacklevel=2)
+            warn(f"ckpt_nb: a subscriber failed on {event}: {exc!r}", RuntimeWarning)
 
 
 def active() -> AutoSession | None:
@@ -1166,7 +1164,7 @@ def _metric_value(name: str, value: Any) -> float:
     if name in _RECORD_FIELDS:
         raise CaptureError(f"ckpt_nb.log({name}=...): every record of the metric history "
                            f"holds the {name} already; give the metric another name")
-    return _metric(name, value)  # (a CaptureError naming the metric, where it is no number)
+    return as_metric(name, value)  # (a CaptureError naming the metric, where it is no number)
 
 
 def log(**metrics: float) -> None:

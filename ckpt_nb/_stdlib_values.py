@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-import warnings
 import zoneinfo
 from collections.abc import Mapping
 from decimal import Decimal
@@ -22,7 +21,7 @@ from fractions import Fraction
 from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath, WindowsPath
 from typing import Any
 
-from ._errors import CorruptCheckpointError
+from ._errors import CorruptCheckpointError, warn
 
 _PATHS: dict[str, type[PurePath]] = {t.__name__: t for t in (
     PurePosixPath, PureWindowsPath, PosixPath, WindowsPath)}
@@ -165,8 +164,8 @@ def _tzinfo(node: Any, name: str) -> dt.tzinfo | None:
             pass
     if fixed is None:
         raise ValueError(f"time zone {key!r} is not known here")
-    warnings.warn(f"{name or 'a value'}: time zone {key!r} is not known here; it comes "
-                  f"back with the UTC offset it had ({fixed})", RuntimeWarning, stacklevel=2)
+    warn(f"{name or 'a value'}: time zone {key!r} is not known here; it comes "
+         f"back with the UTC offset it had ({fixed})", RuntimeWarning)
     return dt.timezone(fixed, key)
 
 

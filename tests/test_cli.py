@@ -505,6 +505,29 @@ def test_a_read_only_store_can_be_looked_into_not_changed(
     mgr.close()
 
 
+def test_a_read_only_store_without_its_catalog_is_read_from_a_rebuild_in_memory(
+        read_only_store: Path, store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """It could not be opened at all: the rebuilt catalog had nowhere to go."""
+    for path in store.directory.glob("catalog.sqlite*"):
+        path.unlink()  # (through the writable side of the mount)
+    with pytest.warns(RuntimeWarning, match="rebuilt in memory, to read only: 3 checkpoints"):
+        assert main(["ls", str(read_only_store)]) == 0
+    out = capsys.readouterr().out
+    assert all(cid in out for cid in store.ids), out
+    with pytest.warns(RuntimeWarning, match="rebuilt in memory"):
+        assert main(["gc", str(read_only_store)]) == 1
+    assert "is open to read only" in capsys.readouterr().err
+    with pytest.warns(RuntimeWarning, match="rebuilt in memory") as caught:
+        mgr = CheckpointManager(read_only_store, metric="loss")
+    assert caught[0].filename == __file__
+    model = torch.nn.Linear(16, 8)
+    assert mgr.restore("best", model=model).id == store.ids[-1]  # (min loss: the last)
+    with pytest.raises(StoreError, match="copy it somewhere writable"):
+        mgr.pin(store.ids[0])
+    mgr.close()
+    assert not list(store.directory.glob("catalog.sqlite*"))
+
+
 def test_export_trust_pickle_of_a_class_this_process_lacks_is_one_line(tmp_path: Path) -> None:
     """The class of a pickled value defined in a notebook's kernel: a raw traceback."""
     script = ("import torch, ckpt_nb\nclass Foo: pass\n"

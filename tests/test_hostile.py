@@ -10,9 +10,11 @@ import sqlite3
 import warnings
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 import zstandard
+from conftest import Holder
 
 from ckpt_nb import CheckpointManager, CorruptCheckpointError, StoreError, StoreFormatError
 
@@ -386,3 +388,26 @@ def test_a_manifest_a_save_wrote_over_256_mib_reads_in_a_fresh_manager(tmp_path:
     with CheckpointManager(tmp_path) as mgr:
         cid = mgr.save(torch.nn.Linear(2, 2), extra={"corpus": "é" * 50_000_000})
     assert len(CheckpointManager(tmp_path).load(cid).extra["corpus"]) == 50_000_000
+
+
+def test_a_checkpoint_too_large_for_memory_is_named_with_its_size(tmp_path: Path) -> None:
+    """A manifest that claims a 1 TiB tensor (2**20 references to one zero chunk, as a
+    save of a zero tensor that size writes) fails as a MemoryError that names the
+    checkpoint and its size, not numpy's "Unable to allocate" about an array of no name."""
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(Holder({"w": torch.zeros(256, 1024)}))
+
+    def claim_a_tebibyte(manifest: dict) -> dict:
+        storage = manifest["storages"][0]
+        storage["chunks"] = storage["chunks"] * (1 << 20)
+        storage["nbytes"] = 1 << 40
+        manifest["tensors"][0]["shape"] = [1 << 28, 1024]
+        return manifest
+
+    rewrite_manifest(tmp_path, cid, claim_a_tebibyte)
+    with catalog(tmp_path) as db:  # (the claim is consistent: its checksum is updated too)
+        blob = (tmp_path / "manifests" / f"{cid}.json.zst").read_bytes()
+        db.execute("UPDATE checkpoints SET manifest_digest = ? WHERE id = ?",
+                   (blake3.blake3(blob).hexdigest(), cid))
+    with pytest.raises(MemoryError, match=f"checkpoint {cid} holds 1024.0 GiB of tensors"):
+        CheckpointManager(tmp_path).load(cid)

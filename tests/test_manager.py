@@ -837,9 +837,13 @@ def test_corruption_is_found_and_latest_falls_back(tmp_path: Path, digits: Digit
     with pytest.raises(CorruptCheckpointError, match=bad) as err:
         mgr.restore(bad, model=digits.model)
     assert err.value.checkpoint_id == bad
-    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}") as caught:
         ck = mgr.restore("latest", model=digits.model)
     assert ck.id == good
+    assert caught[0].filename == __file__  # (the warning points at the caller's line)
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}") as caught:
+        assert mgr.load("latest").id == good
+    assert caught[0].filename == __file__
 
 
 def test_corrupt_manifest_is_reported(tmp_path: Path) -> None:
