@@ -496,6 +496,12 @@ class Catalog:
                 at = self._meta(f"heir:{at}") or None
         return None if at in seen else at
 
+    def was_deleted(self, checkpoint_id: str) -> bool:
+        """Whether a checkpoint of this id was in the store and has been deleted (one of
+        the last ``HEIRS_KEPT``): an id read a moment before retention took it is no typo."""
+        with self._lock:
+            return self._meta(f"heir:{checkpoint_id}") is not None
+
     def update(self, checkpoint_id: str, **fields: Any) -> None:
         """Change the pinned flag, the note or the tags of a checkpoint."""
         allowed = {"pinned", "note", "tags"}

@@ -883,6 +883,10 @@ class CheckpointManager:
             return matches[0]
         if matches:
             raise CheckpointNotFoundError(f"{which!r} is ambiguous: {', '.join(matches[:5])}")
+        if self.catalog.was_deleted(which):
+            raise CheckpointNotFoundError(
+                f"checkpoint {which} was deleted (by retention or by hand, in this process or "
+                "another): use an id from list() (ckpt-nb ls), 'latest', 'best' or '-N'")
         raise CheckpointNotFoundError(
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
@@ -994,22 +998,29 @@ class CheckpointManager:
         """
         return self._load_verified(which, trust_pickle, progress, needed)
 
-    def _load(self, cid: str, *, trust_pickle: bool, progress: ProgressFn | None,
-              needed: Iterable[str]) -> Checkpoint:
-        """``load`` of a checkpoint by its id."""
-        row = self.catalog.get(cid)
+    @contextlib.contextmanager
+    def _reading(self, cid: str) -> Iterator[None]:
+        """Reading a checkpoint's files: a failure because retention or another process
+        deleted it meanwhile (a file it needed went with it) says so, not "damaged"."""
         try:
-            if row is None:
-                raise CheckpointNotFoundError(f"no checkpoint {cid!r}")
-            manifest = self._manifest(cid)
-            storages = self._decode_storages(cid, manifest, progress)
+            yield
         except CkptError:
             self._catch_up()  # (another manager's delete, where the catalog is this one's)
-            if self.catalog.get(cid) is None:  # (a file it needed went with it)
+            if self.catalog.get(cid) is None:
                 raise CheckpointNotFoundError(
                     f"checkpoint {cid} was deleted (by retention, here or in another "
                     "process) while it was being read") from None
             raise
+
+    def _load(self, cid: str, *, trust_pickle: bool, progress: ProgressFn | None,
+              needed: Iterable[str]) -> Checkpoint:
+        """``load`` of a checkpoint by its id."""
+        row = self.catalog.get(cid)
+        with self._reading(cid):
+            if row is None:
+                raise CheckpointNotFoundError(f"no checkpoint {cid!r}")
+            manifest = self._manifest(cid)
+            storages = self._decode_storages(cid, manifest, progress)
         skeleton = manifest["state"]
         unloaded: list[str] = []
 
@@ -1088,8 +1099,11 @@ class CheckpointManager:
     def info(self, which: str = "latest") -> dict[str, Any]:
         """One checkpoint's catalog row and the tensors its manifest lists."""
         cid = self.resolve(which)
-        row = self.catalog.get(cid)
-        manifest = self._manifest(cid)
+        with self._reading(cid):
+            manifest = self._manifest(cid)
+            row = self.catalog.get(cid)
+            if row is None:
+                raise CheckpointNotFoundError(f"no checkpoint {cid!r}")
         storages = manifest["storages"]
         try:
             tensors = [{"name": t["name"], "dtype": t["dtype"], "shape": tuple(t["shape"]),
@@ -1114,8 +1128,9 @@ class CheckpointManager:
         ids = [self.resolve(a), self.resolve(b)]
         sides = []
         for cid in ids:
-            manifest = self._manifest(cid)
-            storages = self._decode_storages(cid, manifest)
+            with self._reading(cid):
+                manifest = self._manifest(cid)
+                storages = self._decode_storages(cid, manifest)
             decoder = Unflattener(manifest["tensors"], storages)
             chunks = [tuple(d for d, _ in s["chunks"]) for s in manifest["storages"]]
             try:

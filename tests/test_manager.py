@@ -2372,3 +2372,42 @@ def test_the_heirs_of_deleted_checkpoints_are_kept_for_the_newest_only(
     heirs = sqlite3.connect(tmp_path / "catalog.sqlite").execute(
         "SELECT count(*) FROM meta WHERE key LIKE 'heir:%'").fetchone()[0]
     assert 1 <= heirs <= 3
+
+
+def test_an_id_retention_deleted_is_named_deleted_not_unknown(tmp_path: Path) -> None:
+    """An id read from ls a moment before retention took it read as a typo."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path, max_to_keep=2) as mgr:
+        first = mgr.save(model)
+        mgr.save(model)
+        mgr.save(model)
+        with pytest.raises(CheckpointNotFoundError, match=f"checkpoint {first} was deleted"):
+            mgr.pin(first)
+    with pytest.raises(CheckpointNotFoundError, match=f"checkpoint {first} was deleted"):
+        CheckpointManager(tmp_path).restore(first, model=model)
+    with pytest.raises(CheckpointNotFoundError, match="no checkpoint 'feedface00'"):
+        CheckpointManager(tmp_path).restore("feedface00", model=model)
+
+
+def test_a_checkpoint_deleted_while_diff_reads_it_is_named_deleted_not_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's retention and gc between diff's look-up and its read: diff said
+    "chunks are missing", as if the store were damaged (restore and export said deleted)."""
+    model = torch.nn.Linear(64, 64)
+    with CheckpointManager(tmp_path) as mgr, CheckpointManager(tmp_path) as other:
+        old = mgr.save(model)
+        with torch.no_grad():
+            model.weight += 1
+        mgr.save(model)
+        decode = mgr._decode_storages
+
+        def deleted_meanwhile(cid: str, *args: Any) -> Any:
+            if cid == old:
+                other.delete(old)
+                other.gc()
+            return decode(cid, *args)
+
+        monkeypatch.setattr(mgr, "_decode_storages", deleted_meanwhile)
+        with pytest.raises(CheckpointNotFoundError,
+                           match=f"checkpoint {old} was deleted .* while it was being read"):
+            mgr.diff(old, "latest")
