@@ -660,7 +660,7 @@ class AutoSession:
             value = self.metrics[self.config.on[0]]
             better = self.best is None or (value < self.best if self.config.on[1] == "min"
                                            else value > self.best)
-            if better and not math.isnan(value):
+            if better and math.isfinite(value):  # (NaN or ±inf: a diverged run, as "best" says)
                 self.best = value
                 self._metric_due = True
                 # Without the loop helpers the consistent point is right after the step,

@@ -314,3 +314,27 @@ def test_on_metric_saves_the_measured_state_in_a_loop_without_helpers(tmp_path: 
     improved = rows[rows["note"] == "val_loss improved"]
     assert improved["step"].tolist() == [5, 15, 25, 35, 45]
     assert improved["val_loss"].tolist() == [95.0, 85.0, 75.0, 65.0, 55.0]
+
+
+@pytest.mark.parametrize("mode, diverged, values", [
+    ("min", float("-inf"), [3.0, 2.0, 1.0]), ("max", float("inf"), [1.0, 2.0, 3.0])])
+def test_on_metric_takes_no_infinity_for_an_improvement(tmp_path: Path, mode: str,
+                                                        diverged: float,
+                                                        values: list[float]) -> None:
+    """-inf under --on val_loss:min was the best ever: no later improvement was saved,
+    where the store's "best" (which leaves out ±inf, as NaN) ranked those."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    logged = [values[0], diverged, *values[1:]]
+    with ckpt_nb.auto(str(tmp_path), namespace={"model": model, "opt": opt},
+                      on=("score", mode), sync=True):
+        for epoch in ckpt_nb.epochs(len(logged)):
+            for _, x in ckpt_nb.batches([torch.ones(2)] * 2):
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+            ckpt_nb.log(score=logged[epoch])
+    mgr = ckpt_nb.CheckpointManager(tmp_path, metric="score", mode=mode)
+    rows = mgr.list()
+    assert rows[rows["note"] == "score improved"]["score"].tolist() == values
+    assert mgr.load("best").metrics["score"] == values[-1]
