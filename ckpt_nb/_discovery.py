@@ -268,8 +268,8 @@ def to_storable(value: Any) -> Any:
                 "dtypes": [str(t) for t in frame.dtypes],
                 "data": [_column(frame.iloc[:, i]) for i in range(frame.shape[1])],
                 "index": _column(frame.index.to_series())}
-    if isinstance(value, torch.Tensor):
-        return value.detach()
+    if isinstance(value, torch.Tensor):  # (a leaf keeps requires_grad and its Parameter type)
+        return value if value.is_leaf else value.detach()
     if type(value) in (list, tuple):
         return type(value)(to_storable(v) for v in value)
     if isinstance(value, dict):
@@ -322,18 +322,30 @@ def from_storable(value: Any) -> Any:
 
 def assign_in_place(namespace: dict[str, Any], name: str, saved: Any) -> None:
     """Put a saved variable back, mutating the live object where it can."""
-    live = namespace.get(name)
+    namespace[name] = _put_back(namespace.get(name), saved)
+
+
+def _put_back(live: Any, saved: Any) -> Any:
+    """``saved``, as the live object updated in place where it can be, down into
+    lists, dicts and tuples: a tensor there may be one an optimizer trains (a
+    ``torch.func`` dict of parameters), which a new tensor would leave untrained."""
     if isinstance(live, list) and isinstance(saved, list):
-        live[:] = saved
-    elif isinstance(live, dict) and type(saved) is type(live):  # (defaultdicts too)
+        live[:] = [_put_back(old, new) for old, new in zip(live, saved)] + saved[len(live):]
+        return live
+    if isinstance(live, dict) and type(saved) is type(live):  # (defaultdicts too)
+        items = {k: _put_back(live[k], v) if k in live else v for k, v in saved.items()}
         live.clear()
-        live.update(saved)
-    elif isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
+        live.update(items)
+        return live
+    if type(live) is tuple and type(saved) is tuple:
+        return tuple(_put_back(old, new) for old, new in zip(live, saved)) + saved[len(live):]
+    if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf:
         with torch.no_grad():  # (a leaf an optimizer trains stays that optimizer's)
             live.copy_(saved)
-    elif isinstance(live, np.ndarray) and isinstance(saved, np.ndarray) \
+        return live
+    if isinstance(live, np.ndarray) and isinstance(saved, np.ndarray) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.flags.writeable:
         live[...] = saved
-    else:
-        namespace[name] = saved
+        return live
+    return saved

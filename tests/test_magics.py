@@ -637,6 +637,54 @@ def test_rollback_keeps_a_tensor_optimized_directly_the_optimizers(shell, tmp_pa
     assert torch.equal(w.detach(), saved)
 
 
+def train_nested(ns: dict[str, Any], steps: int) -> None:
+    """Steps of an optimizer over the tensors in ``ns``'s dict, list and tuple."""
+    for _, x in ckpt_nb.batches([torch.ones(2)] * steps):
+        ns["opt"].zero_grad()
+        (ns["params"]["w"] * x + ns["layers"][0] + ns["pair"][0]).sum().backward()
+        ns["opt"].step()
+
+
+def test_rollback_and_resume_put_back_tensors_in_a_dict_list_or_tuple_in_place(
+        tmp_path: Path) -> None:
+    """torch.func-style parameters in a dict came back as new tensors without
+    requires_grad (a Parameter as a plain tensor), which the optimizer no longer trained."""
+    params = {"w": torch.zeros(2, requires_grad=True)}
+    layers = [torch.nn.Parameter(torch.zeros(2))]
+    pair = (torch.zeros(2, requires_grad=True), "bias")
+    live = [params["w"], layers[0], pair[0]]
+    ns = {"params": params, "layers": layers, "pair": pair,
+          "opt": torch.optim.SGD(live, lr=0.1)}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, every_steps=2, sync=True):
+        train_nested(ns, 4)
+    early = ckpt_nb.CheckpointManager(tmp_path).list()["id"].iloc[0]
+    saved = ckpt_nb.CheckpointManager(tmp_path).load(early).extra["ckpt_nb_run"]["variables"]
+    assert isinstance(saved["layers"][0], torch.nn.Parameter) and saved["params"]["w"] \
+        .requires_grad  # (as a fresh kernel, which has no live tensors, gets them)
+
+    def put_back() -> None:
+        now = [ns["params"]["w"], ns["layers"][0], ns["pair"][0]]
+        assert all(a is b for a, b in zip(now, live)) and ns["pair"][1] == "bias"
+        assert all(t.requires_grad for t in now) and isinstance(now[1], torch.nn.Parameter)
+        assert same(now, [saved["params"]["w"], saved["layers"][0], saved["pair"][0]])
+
+    ckpt_nb.rollback(early, directory=tmp_path, namespace=ns)
+    put_back()
+    train_nested(ns, 2)  # (the optimizer trains them on)
+    assert not same(live, [saved["params"]["w"], saved["layers"][0], saved["pair"][0]])
+    store = tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="crash"):  # (a run to resume: its save at step 2)
+        with ckpt_nb.auto(str(store), namespace=ns, name="cell", every_steps=2, sync=True):
+            for _ in ckpt_nb.epochs(1):
+                train_nested(ns, 3)
+                raise RuntimeError("crash")
+    saved = ckpt_nb.CheckpointManager(store).load("latest").extra["ckpt_nb_run"]["variables"]
+    train_nested(ns, 1)
+    with ckpt_nb.auto(str(store), namespace=ns, name="cell"):
+        for _ in ckpt_nb.epochs(1):
+            put_back()
+
+
 def test_sets_bytes_and_sparse_tensors_are_variables_nested_tensors_are_skipped(
         shell, tmp_path: Path, capsys) -> None:
     run(shell, SETUP)
