@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import _stdlib_values as stdlib_values
-from ._capture import _DICT_KINDS, Stateful, flatten
+from ._capture import _DICT_KINDS, Stateful, Unflattener, flatten
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -76,6 +76,8 @@ def plain_size(value: Any, depth: int = 0) -> int:
             raise _Unsupported(f"{type(value).__name__} with a part that would need a pickle")
         return 64
     if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise _Unsupported("tensor on the meta device: it holds no data")
         if value.layout == torch.strided and not (value.is_quantized or value.is_nested):
             return value.untyped_storage().nbytes()
         flat = flatten({"value": value})  # (sparse and quantized: their parts)
@@ -87,10 +89,16 @@ def plain_size(value: Any, depth: int = 0) -> int:
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biufc":
             raise _Unsupported(f"NumPy array of {value.dtype}")
+        if not _torch_holds(value.dtype):
+            raise _Unsupported(f"NumPy array of {value.dtype}, which no tensor holds")
         return value.nbytes
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        if not _torch_holds(value.dtype):
+            raise _Unsupported(f"NumPy {value.dtype} scalar, which no tensor holds")
         return 8
     if _is_frame(value):
+        if (problem := _frame_problem(value)) is not None:
+            raise _Unsupported(problem)
         return int(value.memory_usage(deep=True).sum()) if hasattr(value, "columns") \
             else int(value.memory_usage(deep=True))
     if type(value) in (list, tuple, set, frozenset):
@@ -100,6 +108,50 @@ def plain_size(value: Any, depth: int = 0) -> int:
             raise _Unsupported("dict with non-scalar keys")
         return sum(plain_size(v, depth + 1) for v in value.values()) + 16 * len(value)
     raise _Unsupported(type(value).__name__)
+
+
+@functools.cache
+def _torch_holds(dtype: np.dtype[Any]) -> bool:
+    """Whether a save can store NumPy's ``dtype`` (its arrays go as tensors): torch has
+    no long double, which saving would fail on mid-cell."""
+    try:
+        torch.from_numpy(np.zeros(1, dtype))
+    except TypeError:
+        return False
+    return True
+
+
+def _frame_problem(frame: Any) -> str | None:
+    """Why a DataFrame or Series would not come back as it is (a tz-aware, period,
+    interval or nullable column), found by storing and reading it as a save and a
+    restore would; None where it comes back equal. A restore of one that does not
+    would fail, or hold placeholders for the values stored as pickles."""
+    if _round_trips(frame):
+        return None
+    if hasattr(frame, "columns"):
+        for i, column in enumerate(frame.columns):
+            part = frame.iloc[:, [i]]
+            if not _round_trips(part):
+                return (f"its column {column!r} ({part.dtypes.iloc[0]}) would not come back "
+                        "as saved: convert that column to keep the frame in checkpoints")
+    return f"{type(frame).__name__} of {getattr(frame, 'dtype', 'its index')} would not " \
+        "come back as saved"
+
+
+def _round_trips(frame: Any) -> bool:
+    """Whether a frame's storable form, flattened and read back without pickles,
+    equals it (its dtypes too)."""
+    try:
+        flat = flatten({"value": to_storable(frame)})
+        if any(s.kind == "pickle" for s in flat.storages):
+            return False
+        storages = [torch.from_numpy(s.data) for s in flat.storages]
+        decoder = Unflattener([t.to_json() for t in flat.tensors], storages)
+        back = from_storable(decoder.decode(flat.skeleton["value"]))
+        return type(back) is type(frame) and bool(frame.equals(back)) \
+            and bool(frame.index.equals(back.index))
+    except Exception:  # noqa: BLE001 - whatever pandas raises on a column it cannot rebuild
+        return False
 
 
 def _is_frame(value: Any) -> bool:
@@ -162,6 +214,9 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
             found.statefuls[name] = GeneratorState(value)
         elif isinstance(value, (np.random.Generator, np.random.RandomState, random.Random)):
             found.statefuls[name] = RandomState(value)
+        elif isinstance(value, torch.nn.Module) and _on_meta(value):
+            found.skipped[name] = ("module on the meta device, holding no data to save: "
+                                   "to_empty() or load it first")
         elif _is_stateful(value):
             found.statefuls[name] = value
         elif (reason := _skip_reason(value)) is not None:
@@ -183,6 +238,12 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.variables[name] = value
     _drop_contained_modules(found.statefuls)
     return found
+
+
+def _on_meta(module: torch.nn.Module) -> bool:
+    """Whether a module has a parameter or buffer on the meta device (built without
+    memory, to be materialized): a save of it would fail mid-cell."""
+    return any(t.is_meta for t in module.parameters()) or any(t.is_meta for t in module.buffers())
 
 
 def _drop_contained_modules(statefuls: dict[str, Any]) -> None:

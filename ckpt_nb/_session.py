@@ -21,6 +21,7 @@ import os
 import reprlib
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +39,8 @@ from ._discovery import (Discovery, assign_in_place, discover, from_storable, is
                          to_storable)
 from ._errors import CaptureError, CkptError, CorruptCheckpointError, warn
 from ._format import is_count
-from ._manager import RESERVED, STRATEGIES, Checkpoint, CheckpointManager, as_metric
+from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
+                       as_metric)
 from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
@@ -238,6 +240,8 @@ class _SavedRun:
     step: int | None
     best: float | None = None
     loop: dict[str, Any] | None = None  # (a resume's only)
+    # Variables that do not read back, and why: left out, where the rest is put back.
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def read(cls, checkpoint_id: str, run: Any, *, resume: bool = False) -> _SavedRun:
@@ -253,12 +257,16 @@ class _SavedRun:
         if not isinstance(run, dict):
             raise corrupt(f"a {type(run).__name__}, not a dict")
         names = _variable_names(checkpoint_id, run.get("variables"), resume=resume)
-        variables = {}
+        variables, unreadable = {}, {}
         for name in names:
+            stored = run["variables"][name]
+            if _holds_pickle(stored):  # (one an older version captured)
+                unreadable[name] = "it holds values stored as pickles, which are not loaded"
+                continue
             try:
-                variables[name] = from_storable(run["variables"][name])
+                variables[name] = from_storable(stored)
             except Exception as exc:  # noqa: BLE001 - whatever a malformed value makes pandas raise
-                raise corrupt(f"variable {name}: {type(exc).__name__}: {exc}") from exc
+                unreadable[name] = textwrap.shorten(f"{type(exc).__name__}: {exc}", 160)
         try:
             history = History.from_storable(run.get("history", []))
         except CorruptCheckpointError as exc:
@@ -267,7 +275,7 @@ class _SavedRun:
         if not (is_count(step) or step is None and not resume):
             raise corrupt(f"step {step!r}")
         if not resume:
-            return cls(variables, history, step)
+            return cls(variables, history, step, unreadable=unreadable)
         if "best" not in run:
             raise corrupt("no best metric")
         best, loop = run["best"], run.get("loop")
@@ -288,7 +296,27 @@ class _SavedRun:
             if states is not None and not (isinstance(states, list) and all(
                     isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in states)):
                 raise corrupt(f"{key} is not a list of generator states")
-        return cls(variables, history, step, best, loop)
+        return cls(variables, history, step, best, loop, unreadable)
+
+    def unread(self) -> str:
+        """The variables left out because they do not read back, for the line a rollback
+        or resume says; empty where there are none."""
+        if not self.unreadable:
+            return ""
+        return "; left out (they do not read back): " + ", ".join(
+            f"{name} ({why})" for name, why in self.unreadable.items())
+
+
+def _holds_pickle(value: Any) -> bool:
+    """Whether a stored variable holds a pickle's placeholder: a restore would put it
+    back in place of the value (as a DataFrame's cell, say) without a word."""
+    if isinstance(value, PickledValue):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_pickle(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_pickle(v) for v in value)
+    return False
 
 
 # Values a resume compares with the saved ones cheaply, to say which it puts back.
@@ -414,6 +442,7 @@ class AutoSession:
         self.last_consistent_step: int | None = None
         self._consistent_rng: tuple[Any, ...] | None = None
         self._metric_due = False
+        self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
         self._interrupts = 0
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
@@ -482,7 +511,9 @@ class AutoSession:
         self._any_cell = False
         self._consistent()
         self._report_background_error()
-        self.say(self.rediscover().summary())
+        found = self.rediscover()
+        self.say(found.summary())
+        self._told_skipped.update(found.skipped.items())
         if source is not None and self.config.resume:
             self._find_resume()
 
@@ -674,6 +705,7 @@ class AutoSession:
              rng: dict[str, Any] | None = None) -> None:
         """Snapshot tracked state now and write it (behind the training thread)."""
         found = self.rediscover()
+        self._tell_skipped(found)
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
                "step": self.step, "on": list(self.config.on) if self.config.on else None,
                "keep_best": self.config.keep_best,
@@ -708,6 +740,15 @@ class AutoSession:
             if wait:
                 self.writer.wait()
                 self._report_background_error()
+
+    def _tell_skipped(self, found: Discovery) -> None:
+        """Say once what a save leaves out that the cell's first line did not name (a
+        DataFrame made in the cell with a column that would not come back)."""
+        new = {name: why for name, why in found.skipped.items()
+               if (name, why) not in self._told_skipped}
+        if new:
+            self._told_skipped.update(new.items())
+            self.say("not saving " + ", ".join(f"{n} ({why})" for n, why in new.items()))
 
     def _report_background_error(self) -> None:
         error = self.writer.take_error()
@@ -879,7 +920,8 @@ class AutoSession:
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
                  f"step {saved.step})"
                  + (f"; not restored (not defined now): {missing}" if missing else "")
-                 + (f"; put back as saved: {', '.join(changed)}" if changed else ""))
+                 + (f"; put back as saved: {', '.join(changed)}" if changed else "")
+                 + saved.unread())
         return loop["epoch"]
 
     # -- loop helpers -------------------------------------------------------------------------
@@ -974,7 +1016,8 @@ class AutoSession:
             raise CkptError(plan.refusal())
         cid, missing = plan.id, plan.not_restored
         ck = self.manager.load(cid)
-        targets, variables = self._apply(ck, _SavedRun.read(ck.id, ck.extra.get(RUN_KEY)))
+        saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
+        targets, variables = self._apply(ck, saved)
         self._moved_to(ck.id, "rollback")
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
@@ -984,7 +1027,8 @@ class AutoSession:
         where = ", ".join(f"{label} {value}" for label, value in
                           (("epoch", ck.epoch), ("step", ck.step)) if value is not None)
         self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}: restored "
-                 f"{', '.join(restored)}{left}; the next save starts a branch from it")
+                 f"{', '.join(restored)}{left}{saved.unread()}; the next save starts a branch "
+                 "from it")
         return ck.id
 
     def status(self) -> dict[str, Any]:

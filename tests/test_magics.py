@@ -685,6 +685,53 @@ def test_rollback_and_resume_put_back_tensors_in_a_dict_list_or_tuple_in_place(
             put_back()
 
 
+def test_a_variable_a_save_could_not_store_or_read_back_is_skipped_by_name(
+        tmp_path: Path, capsys) -> None:
+    """A long double failed the cell's first save (a raw TypeError, a RecursionError),
+    as did a module on the meta device; a frame with a tz-aware, period, interval or
+    nullable column was captured and made every checkpoint of the run refused by a
+    rollback, or came back holding '<pickled value ...>' strings."""
+    import numpy as np
+    import pandas as pd
+    skipped = {
+        "precise": (np.arange(3, dtype=np.longdouble),
+                    f"NumPy array of {np.dtype(np.longdouble)}, which no tensor holds"),
+        "eps": (np.longdouble(1e-20), f"NumPy {np.dtype(np.longdouble)} scalar"),
+        "skeleton": (torch.nn.Linear(4, 4, device="meta"), "module on the meta device"),
+        "ghost": (torch.empty(3, device="meta"), "tensor on the meta device"),
+        "zoned": (pd.DataFrame({"t": pd.date_range("2024-01-01", periods=2, tz="UTC")}),
+                  "its column 't' (datetime64"),
+        "months": (pd.Series(pd.period_range("2024-01", periods=2, freq="M")),
+                   "Series of period[M] would not come back as saved"),
+        "flags": (pd.DataFrame({"b": pd.array([True, None], dtype="boolean")}),
+                  "its column 'b' (boolean) would not come back as saved"),
+        "spans": (pd.DataFrame({"i": pd.interval_range(0, 2)}), "its column 'i' (interval"),
+        "names": (pd.DataFrame({"s": pd.array(["a", None], dtype="string")}),
+                  "its column 's' (string)")}
+    kept = {"log": pd.DataFrame({"t": pd.date_range("2024-01-01", periods=2),
+                                 "n": pd.array([1, None], dtype="Int64"), "s": ["a", None]}),
+            "words": pd.Series(pd.array(["a", "b"], dtype="string"), name="w")}
+    model = torch.nn.Linear(2, 1)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+          **{name: value for name, (value, _) in skipped.items()}, **kept}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, every_steps=1, sync=True):
+        for i, x in ckpt_nb.batches([torch.ones(2)] * 4):
+            ns["opt"].zero_grad()
+            model(x).sum().backward()
+            ns["opt"].step()
+            if i == 1:  # (made in the cell: the save that leaves it out says so, once)
+                ns["late"] = skipped["zoned"][0]
+    out = capsys.readouterr().out
+    for name, (_, why) in skipped.items():
+        assert f"{name} ({why}" in out.splitlines()[0], name
+    assert out.count("not saving late (its column 't' (datetime64") == 1, out
+    rows = ckpt_nb.CheckpointManager(tmp_path).list()
+    assert rows["step"].tolist() == [1, 2, 3, 4]  # (the cell ran to its end)
+    ns.update(log=None, words=None)
+    ckpt_nb.rollback("latest", directory=tmp_path, namespace=ns)
+    assert all(ns[name].equals(value) for name, value in kept.items())
+
+
 def test_sets_bytes_and_sparse_tensors_are_variables_nested_tensors_are_skipped(
         shell, tmp_path: Path, capsys) -> None:
     run(shell, SETUP)
@@ -1037,10 +1084,6 @@ def test_rollback_puts_back_no_builtin_the_notebook_does_not_have(
     ("keyword", lambda r: r["variables"].update({"class": 2})),
     ("a list", lambda r: r.update(variables=[1, 2])),
     ("step", lambda r: r.update(step="x")),
-    ("frame dtype", lambda r: r["variables"].update(df={
-        "__frame__": "frame", "data": [[1]], "columns": ["a"], "index": [0],
-        "dtypes": ["banana"], "name": None})),
-    ("frame keys", lambda r: r["variables"].update(df={"__frame__": "frame"})),
     ("history", lambda r: r.update(history={"keys": 1})),
 ])
 def test_a_malformed_run_record_is_refused_before_anything_is_rolled_back(
@@ -1053,6 +1096,53 @@ def test_a_malformed_run_record_is_refused_before_anything_is_rolled_back(
         ckpt_nb.rollback(cid, directory=tmp_path, namespace=ns)
     assert same(list(ns["model"].state_dict().values()), before) and ns["lr"] == 0.5
     assert "df" not in ns and "__builtins__" not in ns
+
+
+def unreadable_frames() -> list[Any]:
+    """Stored frames that do not read back: malformed, or holding the pickles an
+    earlier capture of a tz-aware or string-with-NA column made."""
+    import pandas as pd
+
+    def frame(data: list[Any], dtype: str) -> dict[str, Any]:
+        return {"__frame__": "frame", "data": [data], "columns": ["a"], "index": [0, 1],
+                "dtypes": [dtype], "name": None}
+
+    return [pytest.param(frame([1, 2], "banana"), id="frame dtype"),
+            pytest.param({"__frame__": "frame"}, id="frame keys"),
+            pytest.param(frame([pd.Timestamp(0, tz="UTC")] * 2, "datetime64[ns, UTC]"),
+                         id="tz-aware"),
+            pytest.param(frame(["a", pd.NA], "string"), id="string with NA")]
+
+
+@pytest.mark.filterwarnings("ignore:checkpoint .* are pickles")  # (the store's own)
+@pytest.mark.parametrize("stored", unreadable_frames())
+def test_a_variable_that_does_not_read_back_is_left_out_and_the_rest_rolled_back(
+        tmp_path: Path, capsys, stored: dict[str, Any]) -> None:
+    """One such variable made every checkpoint of the run refused (a tz-aware column:
+    "Cannot convert input [<pickled value ...>] to Timestamp"), or came back silently
+    holding '<pickled value ...>' strings (a string column with NA)."""
+    cid, ns = saved_with_record(tmp_path, lambda r: r["variables"].update(df=stored, lr=0.25))
+    ckpt_nb.rollback(cid, directory=tmp_path, namespace=ns)
+    saved = ckpt_nb.CheckpointManager(tmp_path).load(cid).state["model"]
+    assert same(list(ns["model"].state_dict().values()), list(saved.values()))
+    assert ns["lr"] == 0.25 and "df" not in ns
+    line = capsys.readouterr().out
+    assert f"rolled back to {cid}" in line and "left out (they do not read back): df (" in line
+
+
+def test_a_resume_leaves_out_a_variable_that_does_not_read_back(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Running the cell again after a crash failed as the rollback did."""
+    cid, ns = saved_with_record(tmp_path, lambda r: r["variables"].update(
+        df={"__frame__": "frame"}, lr=0.25))
+    monkeypatch.setattr(_session, "_positions", {})  # a fresh kernel resumes the newest
+    capsys.readouterr()
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell"):
+        for epoch in ckpt_nb.epochs(2):
+            assert epoch == 1 and ns["lr"] == 0.25 and "df" not in ns
+    line = next(x for x in capsys.readouterr().out.splitlines() if "resumed from" in x)
+    assert cid in line, line
+    assert line.endswith("left out (they do not read back): df (KeyError: 'data')"), line
 
 
 @pytest.mark.parametrize("change", [
