@@ -386,7 +386,7 @@ class _Flattener:
         # back as its base, so it is pickled like other objects.
         if value is None or type(value) in (bool, str, int):
             return value
-        if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        if isinstance(value, np.generic) and torch_has_dtype(value.dtype):
             # (before float and complex: np.float64 and np.complex128 subclass them)
             return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}
         if type(value) is float:
@@ -400,7 +400,9 @@ class _Flattener:
         if isinstance(value, torch.Tensor):
             return self.tensor(value.detach(), name, requires_grad=value.requires_grad,
                                parameter=isinstance(value, torch.nn.Parameter))
-        if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+        # (a subclass, np.ma.MaskedArray or np.matrix, would come back a plain array
+        # without its mask or type: it is pickled; a memmap's data is its whole value)
+        if type(value) in (np.ndarray, np.memmap) and torch_has_dtype(value.dtype):
             if not (value.flags.writeable and value.flags.c_contiguous):
                 value = np.array(value, order="C")  # torch refuses read-only memory
             # torch takes native byte order only: the bytes of another go as they are
@@ -480,6 +482,13 @@ _SPARSE = frozenset(_SPARSE_LAYOUTS.values())
 _PLAIN_SEQUENCES = {list, tuple}  # (not a namedtuple: its type is a subclass)
 _FLOAT_RUN = 256  # lists of floats at least this long are stored as float64 bytes
 _RECORD_RUN = 64  # lists of dicts at least this long are tried as flat records
+
+
+def torch_has_dtype(dtype: np.dtype) -> bool:
+    """Whether a NumPy dtype is stored as torch's: not a long double (np.longdouble,
+    np.clongdouble), which torch has no dtype for (and whose ``item()`` is one again),
+    so is pickled as it is."""
+    return dtype.kind in "biufc" and dtype.type not in (np.longdouble, np.clongdouble)
 
 
 def _device_name(device: torch.device) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from . import _stdlib_values as stdlib_values
-from ._capture import Unflattener, flatten
+from ._capture import Unflattener, flatten, torch_has_dtype
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       UntrustedPickleError, warn)
 from ._format import is_int64
@@ -53,10 +53,11 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
     if isinstance(value, PickledValue):
         dropped.append(f"{name} (pickled, not loaded: export with trust_pickle=True)")
         return None
-    if isinstance(value, np.ndarray):  # (torch takes native byte order only)
-        return torch.from_numpy(value if value.dtype.isnative else
+    # (not a long double, nor a masked array or matrix: those go as the objects below)
+    if type(value) in (np.ndarray, np.memmap) and torch_has_dtype(value.dtype):
+        return torch.from_numpy(value if value.dtype.isnative else  # (native order only)
                                 value.astype(value.dtype.newbyteorder("=")))
-    if isinstance(value, np.generic):
+    if isinstance(value, np.generic) and value.dtype.type not in (np.longdouble, np.clongdouble):
         return value.item()
     if isinstance(value, Mapping):
         plain = {k: portable(v, f"{name}/{k}" if name else str(k)) for k, v in value.items()}

@@ -1,0 +1,54 @@
+"""Values a save cannot store as they are, and wrapped modules: each is stored as
+itself, refused by name, or compared as it can be, never a raw error or a silent
+change of type."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ckpt_nb import CheckpointManager, PickledValue
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", PendingDeprecationWarning)  # (NumPy's, of np.matrix)
+    MATRIX = np.matrix([[1, 2], [3, 4]])
+
+
+@pytest.mark.parametrize("value", [
+    np.longdouble(1) / 3,
+    np.clongdouble(1 + 2j) / 3,
+    np.arange(3, dtype=np.longdouble) / 3,
+    np.ma.masked_array([1.0, 2.0], mask=[0, 1]),
+    MATRIX,
+], ids=["longdouble", "clongdouble", "longdouble array", "masked array", "matrix"])
+def test_a_numpy_value_torch_has_no_type_for_comes_back_as_itself_with_trust(
+        tmp_path: Path, value: object) -> None:
+    """A long double was a RecursionError (its item() is one again) or torch's TypeError;
+    a masked array came back without its mask, a matrix as a plain array."""
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(extra={"v": value, "plain": np.arange(3.0)})
+    back = mgr.load(cid, trust_pickle=True).extra["v"]
+    assert type(back) is type(value)
+    assert np.array_equal(np.ma.getmaskarray(back), np.ma.getmaskarray(value))
+    assert np.array_equal(np.asarray(back), np.asarray(value))
+    with pytest.warns(UserWarning, match="extra/v.*trust_pickle=True"):
+        untrusted = mgr.load(cid).extra
+    assert isinstance(untrusted["v"], PickledValue)
+    assert type(untrusted["plain"]) is np.ndarray  # (a plain array is no pickle)
+
+
+def test_an_export_leaves_out_by_name_what_a_torch_file_cannot_hold(tmp_path: Path) -> None:
+    """A long-double array made torch.from_numpy raise; a masked array lost its mask."""
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.save(extra={"ld": np.arange(2, dtype=np.longdouble), "m": MATRIX})
+    with pytest.warns(UserWarning, match="left out of e.pt: extra/ld .*; extra/m"):
+        exported = mgr.export(cid, tmp_path / "e.pt", trust_pickle=True)
+    assert torch.load(exported, weights_only=True)["extra"] == {"ld": None, "m": None}
+    extra = mgr.restore(mgr.export(cid, tmp_path / "e.safetensors", trust_pickle=True),
+                        trust_pickle=True).extra
+    assert extra["ld"].dtype == np.longdouble and type(extra["m"]) is np.matrix
