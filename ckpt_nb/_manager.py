@@ -1162,14 +1162,9 @@ class CheckpointManager:
                 elif ta.shape != tb.shape:
                     record.update(status="reshaped", shape=f"{tuple(ta.shape)}->{tuple(tb.shape)}")
                 else:
-                    either = ta.is_complex() or tb.is_complex()
-                    da, db = _as_float(ta, either), _as_float(tb, either)
-                    l2 = float(torch.linalg.vector_norm(db - da))
-                    base = float(torch.linalg.vector_norm(da))
-                    changed = ta.dtype != tb.dtype or not torch.equal(ta, tb)
+                    changed = ta.dtype != tb.dtype or not _same_values(ta, tb)
                     record.update(status="changed" if changed else "identical",
-                                  changed=changed, l2=l2,
-                                  rel_change=l2 / base if base else (0.0 if l2 == 0 else math.inf))
+                                  changed=changed, **_change_norms(ta, tb))
             records.append(record)
         return pd.DataFrame(records, columns=["tensor", "status", "shape", "dtype", "changed",
                                               "same_chunks", "l2", "rel_change"])
@@ -1653,6 +1648,34 @@ def _as_float(t: torch.Tensor, complex_: bool = False) -> torch.Tensor:
     if complex_ or t.is_complex():
         return t.resolve_conj().to(torch.complex128)
     return t.double()
+
+
+# Integer dtypes by item size, to compare the bytes of a dtype torch cannot compare
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one dtype and shape hold the same values; by their bytes
+    where torch has no comparison for the dtype on the CPU (complex32, float4)."""
+    try:
+        return torch.equal(a, b)
+    except (NotImplementedError, RuntimeError):
+        as_ints = _SAME_SIZE_INTS[a.dtype.itemsize]  # (views of any strides at one size)
+        return torch.equal(a.resolve_conj().resolve_neg().view(as_ints),
+                           b.resolve_conj().resolve_neg().view(as_ints))
+
+
+def _change_norms(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    """A diff's l2 (of ``b - a``) and rel_change (to ``a``'s norm); NaN where the
+    dtype has no cast to double on the CPU (float4)."""
+    either = a.is_complex() or b.is_complex()
+    try:
+        da, db = _as_float(a, either), _as_float(b, either)
+    except (NotImplementedError, RuntimeError):
+        return {"l2": math.nan, "rel_change": math.nan}
+    l2 = float(torch.linalg.vector_norm(db - da))
+    base = float(torch.linalg.vector_norm(da))
+    return {"l2": l2, "rel_change": l2 / base if base else (0.0 if l2 == 0 else math.inf)}
 
 
 def _opt_int(name: str, value: Any) -> int | None:

@@ -52,3 +52,27 @@ def test_an_export_leaves_out_by_name_what_a_torch_file_cannot_hold(tmp_path: Pa
     extra = mgr.restore(mgr.export(cid, tmp_path / "e.safetensors", trust_pickle=True),
                         trust_pickle=True).extra
     assert extra["ld"].dtype == np.longdouble and type(extra["m"]) is np.matrix
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: (torch.ones(2, dtype=torch.complex64) * s).to(torch.complex32),
+    lambda s: torch.full((3,), s, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+], ids=["complex32", "float4"])
+def test_diff_compares_dtypes_torch_cannot_compare_by_their_bytes(tmp_path: Path,
+                                                                   make) -> None:
+    """Was torch's NotImplementedError ("equal_cpu" / "copy_" not implemented)."""
+    mgr = CheckpointManager(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch: ComplexHalf support is experimental)
+        a = mgr.save(extra={"t": make(1), "same": make(1)})
+        t = make(1)  # (the same values in another storage, one element in: compared)
+        raw = torch.cat([torch.zeros(t.dtype.itemsize, dtype=torch.uint8), t.view(torch.uint8)])
+        b = mgr.save(extra={"t": make(2), "same": raw.view(t.dtype)[1:]})
+        table = mgr.diff(a, b).set_index("tensor")
+    assert not table.loc["extra/same", "same_chunks"]
+    assert table.loc["extra/t", "changed"] and table.loc["extra/t", "status"] == "changed"
+    assert not table.loc["extra/same", "changed"]
+    if table.loc["extra/t", "dtype"] == "complex32":  # (a cast exists: norms)
+        assert table.loc["extra/t", "l2"] == pytest.approx(2 ** 0.5)
+    else:  # (none: left empty)
+        assert np.isnan(table.loc["extra/t", "l2"])
