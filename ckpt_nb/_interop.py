@@ -318,6 +318,16 @@ def _pickle_is_damaged(path: Path) -> bool:
     return False
 
 
+# A terminal's escape sequences (torch's message sets its advice in bold)
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def _plain(exc: BaseException) -> str:
+    """torch's message without escape sequences, which print as ``\x1b[1m`` in a repr,
+    a log or a notebook's traceback."""
+    return _ANSI_ESCAPE.sub("", str(exc))
+
+
 def _read_torch(path: Path, trust_pickle: bool) -> Any:
     with open(path, "rb") as f:
         head = f.read(2)
@@ -331,10 +341,10 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
     except pickle.UnpicklingError as exc:
         if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE) or \
                 _pickle_is_damaged(path):
-            raise CorruptCheckpointError(f"{path} does not unpickle: {exc}") from exc
+            raise CorruptCheckpointError(f"{path} does not unpickle: {_plain(exc)}") from exc
         raise UntrustedPickleError(
             f"{path} holds objects other than tensors and plain data, and loading them "
-            f"could run code: pass trust_pickle=True if you trust the file ({exc})"
+            f"could run code: pass trust_pickle=True if you trust the file ({_plain(exc)})"
         ) from exc
     except PermissionError:
         raise
@@ -342,7 +352,7 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
         why = "an object in it failed to load, or " if trust_pickle else ""
         raise CorruptCheckpointError(f"{path} cannot be read as a torch.save file ({why}it is "
                                      f"damaged or cut short): {type(exc).__name__}: "
-                                     f"{exc}") from exc
+                                     f"{_plain(exc)}") from exc
 
 
 def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Checkpoint:
@@ -414,23 +424,62 @@ def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         return data, meta
     state: dict[str, Any] = {}
     meta: dict[str, Any] = {"metrics": {}, "extra": {}}
+    names = _object_names(data)
     for key, value in data.items():
-        if not isinstance(key, str):  # (a dict keyed by numbers: not a convention's)
+        if key in names:
+            state[names[key]] = value
+        elif not isinstance(key, str):  # (a dict keyed by numbers: not a convention's)
             meta["extra"][key] = value
-        elif key == "state_dict" and isinstance(value, Mapping):
-            state["model"] = value
-        elif key.endswith("_state_dict") and isinstance(value, Mapping):
-            state[key.removesuffix("_state_dict")] = value
-        elif key in ("model", "optimizer", "scheduler", "lr_scheduler", "scaler") \
-                and isinstance(value, Mapping):
-            state["scheduler" if key == "lr_scheduler" else key] = value
         elif key in ("epoch", "step", "batch_idx", "global_step") and is_int64(value):
             meta["step" if key == "global_step" else key] = value
         elif key == "metrics" and isinstance(value, Mapping) and \
                 all(isinstance(k, str) and _number(v) for k, v in value.items()):
             meta["metrics"].update({k: float(v) for k, v in value.items()})
-        elif _number(value) and any(w in key for w in ("loss", "acc", "score", "metric")):
-            meta["metrics"][key] = float(value)
+        elif any(w in key for w in ("loss", "acc", "score", "metric")) and \
+                (number := _scalar(value)) is not None:
+            meta["metrics"][key] = number
         else:  # (what does not fit a field stays, as it was, in extra)
             meta["extra"][key] = value
     return state, meta
+
+
+# The names the conventions give an object, by the name ckpt_nb and restore() use
+_OBJECT_ALIASES = {"state_dict": "model", "lr_scheduler": "scheduler"}
+
+
+def _object_names(data: Mapping[Any, Any]) -> dict[str, str]:
+    """The object each of a conventional dict's states is, by its key: ``state_dict`` the
+    model, ``X_state_dict`` or a bare ``model``, ``optimizer``, ``scheduler``, ``scaler``
+    X, and an LR scheduler's (``lr_scheduler[_state_dict]``) the scheduler, as
+    restore(scheduler=...) names it. Keys that would be one object keep their own
+    names (nothing of a file is dropped)."""
+    names: dict[str, str] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or not isinstance(value, Mapping):
+            continue
+        if key.endswith("_state_dict") or key == "state_dict":
+            name = key.removesuffix("_state_dict")
+        elif key in ("model", "optimizer", "scheduler", "lr_scheduler", "scaler"):
+            name = key
+        else:
+            continue
+        names[key] = _OBJECT_ALIASES.get(name, name)
+    taken = list(names.values())
+    return {key: name if taken.count(name) == 1 else key for key, name in names.items()}
+
+
+def _scalar(value: Any) -> float | None:
+    """A conventional dict's top-level number as a metric: a Python or NumPy real number,
+    or a 0-dim real tensor (``loss`` as it is, not ``loss.item()``); None for anything
+    else (a tensor of a shape of its own stays in extra, with its shape)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.is_complex() or value.is_quantized or \
+                value.dtype is torch.bool or value.layout is not torch.strided:
+            return None
+        try:
+            value = value.item()
+        except (RuntimeError, NotImplementedError):  # (a meta tensor has no value)
+            return None
+    elif isinstance(value, (np.floating, np.integer)):
+        value = value.item()  # (a long double's is one again, and stays in extra)
+    return float(value) if _number(value) else None

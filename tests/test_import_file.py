@@ -253,3 +253,44 @@ def test_a_whole_file_of_pickle_protocol_4_asks_for_trust_not_called_damaged(
     cid = CheckpointManager(tmp_path / "s").import_file(tmp_path / "p4.pt", trust_pickle=True)
     assert torch.equal(CheckpointManager(tmp_path / "s").load(cid).state["model"]["w"],
                        state["w"])
+
+
+def test_the_pytorch_tutorial_layout_imports_its_scheduler_and_numbers_by_name(
+        tmp_path: Path) -> None:
+    """``lr_scheduler_state_dict`` came in as an object "lr_scheduler" (restore(scheduler=)
+    said "not in the checkpoint"), a ``loss`` tensor and a NumPy ``best_acc`` as extra,
+    and the refusal without trust carried torch's terminal escapes (\\x1b[1m)."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 3)
+    for _ in range(4):
+        optimizer.step()
+        scheduler.step()
+    loss = model(torch.ones(2)).sum()
+    torch.save({"epoch": 3, "model_state_dict": model.state_dict(),
+                "optimizer_state_dict": optimizer.state_dict(),
+                "lr_scheduler_state_dict": scheduler.state_dict(), "loss": loss,
+                "best_acc": np.float32(0.75), "val_losses": torch.ones(1)}, tmp_path / "t.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    with pytest.raises(UntrustedPickleError) as refused:
+        mgr.import_file(tmp_path / "t.pt")
+    assert "\x1b" not in str(refused.value) and "do those steps only" in str(refused.value)
+    cid = mgr.import_file(tmp_path / "t.pt", trust_pickle=True)
+    fresh_opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    fresh = torch.optim.lr_scheduler.StepLR(fresh_opt, 3)
+    ck = mgr.restore(cid, scheduler=fresh, rng=False)
+    assert fresh.last_epoch == 4 and set(ck.state) == {"model", "optimizer"}
+    assert ck.metrics == {"loss": loss.item(), "best_acc": 0.75}
+    assert list(ck.extra) == ["val_losses"]  # (a tensor of a shape of its own stays)
+
+
+def test_two_keys_for_one_object_keep_their_own_names(tmp_path: Path) -> None:
+    """A file with a scheduler's state under both names loses neither."""
+    torch.save({"scheduler_state_dict": {"a": 1}, "lr_scheduler_state_dict": {"b": 2},
+                "state_dict": {"w": torch.ones(1)}, "model_state_dict": {"v": torch.ones(1)}},
+               tmp_path / "t.pt")
+    state = CheckpointManager(tmp_path / "s").load(
+        CheckpointManager(tmp_path / "s").import_file(tmp_path / "t.pt")).state
+    assert state == {"scheduler_state_dict": {"a": 1}, "lr_scheduler_state_dict": {"b": 2},
+                     "state_dict": {"w": torch.ones(1)},
+                     "model_state_dict": {"v": torch.ones(1)}}
