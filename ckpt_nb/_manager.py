@@ -15,6 +15,7 @@ import json
 import math
 import numbers
 import os
+import reprlib
 import threading
 import time
 import uuid
@@ -448,6 +449,9 @@ class CheckpointManager:
         if clash:
             raise ValueError(f"{sorted(clash)} name checkpoint fields or restore()'s options, "
                              "not objects: rename the keyword (e.g. ema=...)")
+        if extra is not None and not isinstance(extra, Mapping):
+            raise CaptureError(f"extra must be a dict of values by name (extra={{'losses': "
+                               f"losses}}), not a {type(extra).__name__}")
         tree: dict[str, Any] = {}
         kinds: dict[str, str] = {}
         for name, obj in objects.items():
@@ -1700,7 +1704,11 @@ def as_metric(name: Any, value: Any) -> float:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise CaptureError(f"metric {name!r} must be a number, not {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise CaptureError(f"metric {name!r} is {reprlib.repr(value)}, too large for the float "
+                           "a metric is stored as: log it scaled (in millions, say)") from None
 
 
 def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt_nb import CheckpointManager, PickledValue
+import ckpt_nb
+from ckpt_nb import CaptureError, CheckpointManager, PickledValue
 
 
 with warnings.catch_warnings():
@@ -52,6 +53,19 @@ def test_an_export_leaves_out_by_name_what_a_torch_file_cannot_hold(tmp_path: Pa
     extra = mgr.restore(mgr.export(cid, tmp_path / "e.safetensors", trust_pickle=True),
                         trust_pickle=True).extra
     assert extra["ld"].dtype == np.longdouble and type(extra["m"]) is np.matrix
+
+
+def test_extra_that_is_not_a_dict_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(CaptureError, match="extra must be a dict.*not a list"):
+        CheckpointManager(tmp_path).save(extra=[1, 2])
+
+
+def test_a_metric_too_large_for_a_float_is_refused_by_name(tmp_path: Path) -> None:
+    """Was a raw OverflowError naming nothing, from save() and ckpt_nb.log alike."""
+    with pytest.raises(CaptureError, match="metric 'tokens_seen' is 1000.*too large"):
+        CheckpointManager(tmp_path).save(metrics={"tokens_seen": 10**400})
+    with pytest.raises(CaptureError, match="metric 'big' is 1000.*too large"):
+        ckpt_nb.log(big=10**400)
 
 
 @pytest.mark.parametrize("make", [
