@@ -939,6 +939,64 @@ def _put_back(obj: Any, backup: dict[str, Any]) -> bool:
     return True
 
 
+# The wrappers whose state is the module they run under a prefix, by class, and the
+# attribute that holds that module.
+_WRAPPERS = {"torch._dynamo.eval_frame.OptimizedModule": "_orig_mod",
+             "torch.nn.parallel.data_parallel.DataParallel": "module",
+             "torch.nn.parallel.distributed.DistributedDataParallel": "module"}
+_WRAPPER_PREFIXES = {"_orig_mod.": "torch.compile", "module.": "DataParallel"}
+
+
+def unwrap(obj: Any) -> Any:
+    """The module a torch.compile / DataParallel / DistributedDataParallel wrapper runs
+    (``obj`` itself for any other): saved and restored through it, a checkpoint's keys
+    are the same with and without the wrapper, so it moves between the two."""
+    while isinstance(obj, torch.nn.Module):
+        attr = next((_WRAPPERS[name] for c in type(obj).__mro__
+                     if (name := f"{c.__module__}.{c.__qualname__}") in _WRAPPERS), None)
+        inner = getattr(obj, attr, None) if attr is not None else None
+        if not isinstance(inner, torch.nn.Module):
+            return obj
+        obj = inner
+    return obj
+
+
+def _unprefixed(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A state saved through a wrapper (by ckpt_nb before it unwrapped them, or by
+    ``torch.save(compiled.state_dict())``) as its module's: where every key carries a
+    wrapper's prefix and, stripped of it, the keys are exactly this module's (a module
+    of a different architecture is left to fail on its keys). ``state`` otherwise."""
+    live = set(module.state_dict())
+    prefix = ""
+    keys = list(state)
+    while keys and set(keys) != live:
+        step = next((p for p in _WRAPPER_PREFIXES if all(k.startswith(p) for k in keys)), None)
+        if step is None:
+            return state
+        prefix += step
+        keys = [k.removeprefix(step) for k in keys]
+    if not prefix:
+        return state
+    stripped = OrderedDict(zip(keys, state.values()))
+    metadata = getattr(state, "_metadata", None)
+    if isinstance(metadata, Mapping):  # (module versions by module path: "" is the root's)
+        stripped._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (k.removeprefix(prefix) if k.startswith(prefix) else "", v)
+            for k, v in metadata.items() if f"{k}.".startswith(prefix))
+    return stripped
+
+
+def _wrapper_hint(name: str, state: Mapping[str, Any]) -> list[str]:
+    """Advice for a module's state whose keys all carry a wrapper's prefix."""
+    for prefix, wrapper in _WRAPPER_PREFIXES.items():
+        if state and all(isinstance(k, str) and k.startswith(prefix) for k in state):
+            return [f"{name}: the checkpoint's keys carry the {prefix!r} prefix of a {wrapper} "
+                    "wrapper's state_dict, and without it do not fit this module either: "
+                    "restore into a module of the saved architecture, or take the state "
+                    "from load() and strip the prefix"]
+    return []
+
+
 def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True,
              kinds: Mapping[str, str] | None = None) -> None:
     """Validate every target against its state, then load them all or none.
@@ -950,6 +1008,11 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     torch) can still refuse: those load first, each but the last backed up, and are
     put back if one of them refuses.
     """
+    targets = {name: unwrap(obj) for name, obj in targets.items()}
+    states = {name: _unprefixed(targets[name], state)
+              if isinstance(targets.get(name), torch.nn.Module) and isinstance(state, Mapping)
+              and all(isinstance(k, str) for k in state) else state
+              for name, state in states.items()}
     problems: list[str] = []
     for name, obj in targets.items():
         if name not in states:
@@ -959,7 +1022,8 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
         elif (other := _other_kind(name, obj, (kinds or {}).get(name))) is not None:
             problems.append(other)
         elif isinstance(obj, torch.nn.Module):
-            problems += check_module(name, obj, states[name], strict)
+            found = check_module(name, obj, states[name], strict)
+            problems += found + (_wrapper_hint(name, states[name]) if found else [])
         elif isinstance(obj, torch.optim.Optimizer):
             problems += check_optimizer(name, obj, states[name])
     if problems:

@@ -32,7 +32,7 @@ import torch
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
-                       has_pickle, load_all, rng_problem, trained_storages)
+                       has_pickle, load_all, rng_problem, trained_storages, unwrap)
 from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, StoreError, warn)
@@ -452,6 +452,9 @@ class CheckpointManager:
         if extra is not None and not isinstance(extra, Mapping):
             raise CaptureError(f"extra must be a dict of values by name (extra={{'losses': "
                                f"losses}}), not a {type(extra).__name__}")
+        # (a torch.compile / DataParallel wrapper by the module it runs: its keys then
+        # load into the module with the wrapper or without)
+        objects = {name: unwrap(obj) for name, obj in objects.items()}
         tree: dict[str, Any] = {}
         kinds: dict[str, str] = {}
         for name, obj in objects.items():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckpt_nb
-from ckpt_nb import CaptureError, CheckpointManager, PickledValue
+from ckpt_nb import CaptureError, CheckpointManager, PickledValue, StateMismatchError
 
 
 with warnings.catch_warnings():
@@ -66,6 +66,66 @@ def test_a_metric_too_large_for_a_float_is_refused_by_name(tmp_path: Path) -> No
         CheckpointManager(tmp_path).save(metrics={"tokens_seen": 10**400})
     with pytest.raises(CaptureError, match="metric 'big' is 1000.*too large"):
         ckpt_nb.log(big=10**400)
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+
+
+def wrapped(net: torch.nn.Module, how: str) -> torch.nn.Module:
+    if how == "compile":
+        return torch.compile(net, backend="eager")
+    if how == "DataParallel":
+        return torch.nn.DataParallel(net)
+    return torch.compile(torch.nn.DataParallel(net), backend="eager")
+
+
+@pytest.mark.parametrize("how", ["compile", "DataParallel", "both"])
+def test_a_wrapped_module_saves_and_restores_as_the_module_it_runs(
+        tmp_path: Path, how: str) -> None:
+    """A torch.compile / DataParallel wrapper's keys carried its prefix (_orig_mod.,
+    module.), which the plain module refused, and the other way round."""
+    mgr = CheckpointManager(tmp_path)
+    torch.manual_seed(0)
+    net = Net()
+    cid = mgr.save(wrapped(net, how))
+    assert set(mgr.load(cid).state["model"]) == set(Net().state_dict())
+    assert mgr.load(cid).kinds["model"].endswith(".Net")
+    plain = Net()
+    mgr.restore(cid, model=plain)
+    assert torch.equal(plain.fc.weight, net.fc.weight)
+    other = Net()
+    mgr.restore(mgr.save(plain), model=wrapped(other, how))
+    assert torch.equal(other.fc.weight, net.fc.weight)
+
+
+@pytest.mark.parametrize("how", ["compile", "DataParallel", "both"])
+def test_a_state_saved_with_a_wrappers_prefix_loads_into_the_plain_module(
+        tmp_path: Path, how: str) -> None:
+    """Such a state (a torch.save of a wrapper's state_dict, or a checkpoint of an
+    earlier ckpt_nb) fits the plain module exactly once its prefix goes: it loads, with
+    its module versions; into another architecture it is refused, naming the prefix."""
+    torch.manual_seed(0)
+    net = Net()
+    torch.save({"model_state_dict": wrapped(net, how).state_dict()}, tmp_path / "w.pt")
+    mgr = CheckpointManager(tmp_path / "store")
+    cid = mgr.import_file(tmp_path / "w.pt")
+    for source in (cid, tmp_path / "w.pt"):
+        plain = Net()
+        plain.bn.num_batches_tracked.fill_(5)
+        mgr.restore(source, model=plain)
+        assert torch.equal(plain.fc.weight, net.fc.weight)
+        assert plain.bn.num_batches_tracked == 0
+    saved = mgr.load(cid).state["model"]
+    stripped = ckpt_nb._capture._unprefixed(Net(), saved)
+    assert stripped._metadata["bn"]["version"] == saved._metadata[
+        next(k for k in saved._metadata if k.endswith("bn"))]["version"]
+    prefix = "_orig_mod." if how != "DataParallel" else "module."
+    with pytest.raises(StateMismatchError, match=f"carry the '{prefix}' prefix of a"):
+        mgr.restore(cid, model=torch.nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("make", [
