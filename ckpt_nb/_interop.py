@@ -435,13 +435,18 @@ def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         elif key == "metrics" and isinstance(value, Mapping) and \
                 all(isinstance(k, str) and _number(v) for k, v in value.items()):
             meta["metrics"].update({k: float(v) for k, v in value.items()})
-        elif any(w in key for w in ("loss", "acc", "score", "metric")) and \
+        elif _METRIC_WORDS & set(key.lower().split("_")) and \
                 (number := _scalar(value)) is not None:
             meta["metrics"][key] = number
         else:  # (what does not fit a field stays, as it was, in extra)
             meta["extra"][key] = value
     return state, meta
 
+
+# Words that make a top-level number of a torch.save dict a metric (val_loss, best_acc),
+# as parts of its name: accumulation_steps is none.
+_METRIC_WORDS = frozenset({"loss", "acc", "accuracy", "score", "metric", "f1", "auc",
+                           "perplexity", "ppl", "bleu"})
 
 # The names the conventions give an object, by the name ckpt_nb and restore() use
 _OBJECT_ALIASES = {"state_dict": "model", "lr_scheduler": "scheduler"}

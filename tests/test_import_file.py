@@ -270,7 +270,8 @@ def test_the_pytorch_tutorial_layout_imports_its_scheduler_and_numbers_by_name(
     torch.save({"epoch": 3, "model_state_dict": model.state_dict(),
                 "optimizer_state_dict": optimizer.state_dict(),
                 "lr_scheduler_state_dict": scheduler.state_dict(), "loss": loss,
-                "best_acc": np.float32(0.75), "val_losses": torch.ones(1)}, tmp_path / "t.pt")
+                "best_acc": np.float32(0.75), "val_losses": torch.ones(1),
+                "accumulation_steps": 4}, tmp_path / "t.pt")
     mgr = CheckpointManager(tmp_path / "s")
     with pytest.raises(UntrustedPickleError) as refused:
         mgr.import_file(tmp_path / "t.pt")
@@ -281,7 +282,8 @@ def test_the_pytorch_tutorial_layout_imports_its_scheduler_and_numbers_by_name(
     ck = mgr.restore(cid, scheduler=fresh, rng=False)
     assert fresh.last_epoch == 4 and set(ck.state) == {"model", "optimizer"}
     assert ck.metrics == {"loss": loss.item(), "best_acc": 0.75}
-    assert list(ck.extra) == ["val_losses"]  # (a tensor of a shape of its own stays)
+    # (a tensor of a shape of its own stays; "acc" is no word of accumulation_steps)
+    assert list(ck.extra) == ["val_losses", "accumulation_steps"]
 
 
 def test_two_keys_for_one_object_keep_their_own_names(tmp_path: Path) -> None:
