@@ -28,8 +28,10 @@ import traitlets
 
 from . import _plots, _session
 from ._catalog import store_exists
-from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError
+from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError, StoreError
+from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
+from ._store import FsspecStore
 
 _TABLE_ESM = """
 function render({ model, el }) {
@@ -185,6 +187,8 @@ NOTE_CHARS = 32
 # stay in view.
 DAG_HEIGHT = "480px"
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
+# After a read of the store that failed, in the status line: the rows are not current.
+STALE = "the table shows what was last read; it follows the store again once it can be read"
 
 
 class CheckpointTable(anywidget.AnyWidget):
@@ -242,6 +246,13 @@ def _not_restored(missing: list[str]) -> str:
     """The part of a rollback's message that names what a partial one left alone."""
     return f"; not restored (the kernel tracks no object of that name): {', '.join(missing)}" \
         if missing else ""
+
+
+def _failure(exc: Exception) -> str:
+    """An exception as the status line says it: ckpt_nb's, the OS's and a bad value's by
+    their message (they name the problem), any other with its type."""
+    expected = isinstance(exc, (CkptError, OSError, ValueError))
+    return f"⚠ {exc}" if expected else f"⚠ failed: {type(exc).__name__}: {exc}"
 
 
 def _metric_labels(metrics: Iterable[str]) -> dict[str, str]:
@@ -342,7 +353,7 @@ class Explorer(w.VBox):
                           self.status])
         self.add_class("ckpt-nb-explorer")
 
-        self.refresh()
+        self._show(self.manager.list())  # (a store that fails to open fails here, raised)
         self._unsubscribe = _session.subscribe(self._on_session_event)
         self._signature = self._catalog_signature()
         self._follower = threading.Thread(target=self._follow, args=(poll_seconds,),
@@ -350,46 +361,58 @@ class Explorer(w.VBox):
         self._follower.start()
 
     # -- data -----------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Re-read the catalog and redraw what is visible; safe from any thread."""
+    def refresh(self) -> bool:
+        """Re-read the catalog and redraw what is visible; safe from any thread. A store
+        that cannot be read (removed, its server down) is said in the status line, never
+        raised (the follower's refreshes have no caller to raise to): the rows shown stay,
+        and the next refresh that reads the store clears the message. Returns whether
+        this one read it."""
         with self._lock:
             try:
                 self._check_store()
-            except CkptError as exc:  # (the follower's refresh too must say so)
-                self._say(f"⚠ {exc}", error=True, transient=True)
-                return
-            frame = self.manager.list()
-            self.table_frame = frame
-            self.selected = [i for i in self.selected if i in set(frame["id"])]
-            if self._pending_action and self._pending_action[1] not in self.selected:
-                self._drop_pending()  # deleted elsewhere: nothing is left to confirm
-            ids = list(frame["id"])
-            metrics = _plots.metric_columns(frame)
-            labels = _metric_labels(metrics)
-            self.metric.options = [(labels[m], m) for m in metrics]  # (named as in the table)
-            if metrics and self.metric.value not in metrics:
-                self.metric.value = _plots.ranked_metric(metrics, self.manager.metric)
-            choices = [(_diff_label(r), r["id"]) for r in frame.to_dict("records")]
-            for dropdown in (self.diff_a, self.diff_b):
-                value = dropdown.value
-                dropdown.options = choices
-                dropdown.value = value if value in ids else None
-            self.table.columns = list(TABLE_COLUMNS) + list(labels.values())
-            self._fill_table()
-            self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
-                                                                 self.manager.mode)]
-            self.dag.current = self.current
-            self._sync_selection()
-            for note in (self.table_note, self.dag_note):
-                note.layout.display = "none" if len(frame) else None
-            self.dag.layout.display = None if len(frame) else "none"  # (an empty box)
-            stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
-            logical = int(frame["logical_bytes"].sum()) if len(frame) else 0
-            self.title.value = (f"<b>ckpt_nb</b> · {self._display_name()} · {len(frame)} "
-                                f"checkpoint{'' if len(frame) == 1 else 's'} · "
-                                f"{_size(stored)} stored for {_size(logical)} of state")
-            self._clear_transient()
-            self._draw_visible()
+                frame = self.manager.list()
+                if not len(frame):
+                    self._check_store(read_empty=True)
+            except Exception as exc:  # noqa: BLE001 - whatever failed, said alike
+                self._say_stale(exc)
+                return False
+            self._show(frame)
+            return True
+
+    def _show(self, frame: Any) -> None:
+        """Show a table the store's catalog gave: rows, choices, DAG and title (the caller
+        holds the lock, or no other thread runs yet)."""
+        self.table_frame = frame
+        self.selected = [i for i in self.selected if i in set(frame["id"])]
+        if self._pending_action and self._pending_action[1] not in self.selected:
+            self._drop_pending()  # deleted elsewhere: nothing is left to confirm
+        ids = list(frame["id"])
+        metrics = _plots.metric_columns(frame)
+        labels = _metric_labels(metrics)
+        self.metric.options = [(labels[m], m) for m in metrics]  # (named as in the table)
+        if metrics and self.metric.value not in metrics:
+            self.metric.value = _plots.ranked_metric(metrics, self.manager.metric)
+        choices = [(_diff_label(r), r["id"]) for r in frame.to_dict("records")]
+        for dropdown in (self.diff_a, self.diff_b):
+            value = dropdown.value
+            dropdown.options = choices
+            dropdown.value = value if value in ids else None
+        self.table.columns = list(TABLE_COLUMNS) + list(labels.values())
+        self._fill_table()
+        self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
+                                                             self.manager.mode)]
+        self.dag.current = self.current
+        self._sync_selection()
+        for note in (self.table_note, self.dag_note):
+            note.layout.display = "none" if len(frame) else None
+        self.dag.layout.display = None if len(frame) else "none"  # (an empty box)
+        stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
+        logical = int(frame["logical_bytes"].sum()) if len(frame) else 0
+        self.title.value = (f"<b>ckpt_nb</b> · {self._display_name()} · {len(frame)} "
+                            f"checkpoint{'' if len(frame) == 1 else 's'} · "
+                            f"{_size(stored)} stored for {_size(logical)} of state")
+        self._clear_transient()
+        self._draw_visible()
 
     @property
     def current(self) -> str | None:
@@ -451,10 +474,15 @@ class Explorer(w.VBox):
     def select(self, ids: Iterable[str]) -> list[str]:
         """Select checkpoints by id, prefix or alias ("latest", "best", "-2"); each once,
         however many names it was given by. A new selection withdraws a question awaiting
-        Confirm."""
+        Confirm. A store that cannot be read (its server down) is said in the status line,
+        and the selection stays."""
         with self._lock:
             self._check_store()
-            selected = list(dict.fromkeys(self._resolve(i) for i in ids))
+            try:
+                selected = list(dict.fromkeys(self._resolve(i) for i in ids))
+            except StoreError as exc:
+                self._say_stale(exc)
+                return self.selected
             if not set(selected) <= set(self.table_frame["id"]):
                 self.refresh()  # (saved elsewhere since the last poll: rows for them first)
             if selected != self.selected:
@@ -500,14 +528,22 @@ class Explorer(w.VBox):
                 f"checkpoint {which} was deleted (by another process or notebook) since the "
                 "table was read") from None
 
-    def _check_store(self) -> None:
-        """Refuse to read or act on a local store removed while open: its catalog's lock
-        file failed with "[Errno 2]", the rows shown were the last ones read."""
-        root = getattr(self.manager.store, "root", None)
-        if isinstance(root, Path) and not store_exists(root):
+    def _check_store(self, *, read_empty: bool = False) -> None:
+        """Refuse to read or act on a store removed while open: a local one's catalog lock
+        file failed with "[Errno 2]"; an object store's manager reads one as empty
+        (``read_empty``: then a look for its format stamp tells). The rows shown were the
+        last ones read."""
+        store = self.manager.store
+        root = getattr(store, "root", None)
+        if isinstance(root, Path):
+            gone = not store_exists(root)
+        else:
+            gone = read_empty and isinstance(store, FsspecStore) and not store.has(FORMAT_KEY)
+        if gone:
             raise CheckpointNotFoundError(
-                f"the store at {root} no longer exists (moved or deleted): nothing can be "
-                "shown or done; put it back, or explore() another")
+                f"the store at {root if isinstance(root, Path) else self.url} no longer "
+                "exists (moved or deleted): nothing can be shown or done; put it back, or "
+                "explore() another")
 
     def _one(self) -> str:
         if len(self.selected) != 1:
@@ -608,10 +644,12 @@ class Explorer(w.VBox):
         try:
             return action()
         except Exception as exc:  # noqa: BLE001 - KeyboardInterrupt and SystemExit go on
-            expected = isinstance(exc, (CkptError, OSError, ValueError))
-            self._say(f"⚠ {exc}" if expected else f"⚠ failed: {type(exc).__name__}: {exc}",
-                      error=True)
+            self._say(_failure(exc), error=True)
             return None
+
+    def _say_stale(self, exc: Exception) -> None:
+        """Say that reading the store failed, and that the rows shown are older."""
+        self._say(f"{_failure(exc)}\n{STALE}", error=True, transient=True)
 
     def _say(self, text: str, *, error: bool = False, transient: bool = False) -> None:
         """Show a message; a ``transient`` error (a draw or refresh that failed) goes at the
@@ -788,29 +826,52 @@ class Explorer(w.VBox):
             self._wake.set()
 
     def _catalog_signature(self) -> tuple[Any, ...]:
-        root = getattr(self.manager.store, "root", None)
-        if not isinstance(root, Path):  # (a catalog of the manager's own: the store's own list)
-            return tuple(sorted(self.manager.store.list("manifests")))
-        stats = []
-        for name in ("catalog.sqlite", "catalog.sqlite-wal"):
-            with contextlib.suppress(OSError):
-                st = (root / name).stat()
-                stats.append((name, st.st_mtime_ns, st.st_size))
-        return tuple(stats)
+        """What another process's save, delete, pin or note changes: a local store's
+        catalog files; an object store's objects, each as its listing gives it (on S3 its
+        size, ETag and time: a label rewritten, a pin undone, shows). An object store's
+        costs one LIST of its root (a request per 1000 objects: packs, manifests and
+        labels together); a store of another kind, a listing of manifests and labels and
+        a read of each label."""
+        store = self.manager.store
+        root = getattr(store, "root", None)
+        if isinstance(root, Path):
+            stats = []
+            for name in ("catalog.sqlite", "catalog.sqlite-wal"):
+                with contextlib.suppress(OSError):
+                    st = (root / name).stat()
+                    stats.append((name, st.st_mtime_ns, st.st_size))
+            return tuple(stats)
+        if isinstance(store, FsspecStore):
+            try:
+                found = store.fs.find(store.root, detail=True)
+            except Exception as exc:  # noqa: BLE001 - any backend's own (botocore's too)
+                raise StoreError(f"listing {self.url} failed: {exc}") from exc
+            return tuple(sorted((name, repr(sorted(entry.items())))
+                                for name, entry in found.items()))
+        labels = sorted(store.list("labels"))  # (a MemoryStore: in this process, no cost)
+        return tuple(sorted(store.list("manifests"))) + \
+            tuple((key, store.get(key)) for key in labels)
 
     def _follow(self, seconds: float) -> None:
-        """Refresh after this process's saves (woken) or when the catalog's files change
-        (checked every ``seconds``; 0 = only this process's events)."""
+        """Refresh after this process's saves (woken) or when what other processes change
+        moved (checked every ``seconds``; 0 = only this process's events). A store that
+        cannot be read is said in the status line, and tried again each round: the first
+        read that works refreshes, and clears the message."""
+        behind = False  # (the last round failed)
         while not self._stop.is_set():
             woken = self._wake.wait(seconds if seconds > 0 else None)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            with contextlib.suppress(Exception):  # a store being rewritten: next round
+            try:
                 signature = self._catalog_signature()
-                if woken or signature != self._signature:
+                if woken or behind or signature != self._signature:
                     self._signature = signature
-                    self.refresh()
+                    behind = not self.refresh()
+            except Exception as exc:  # noqa: BLE001 - the follower goes on: said, next round
+                with self._lock:
+                    self._say_stale(exc)
+                behind = True
 
     def close(self) -> None:
         """Stop following the store and close the widgets."""

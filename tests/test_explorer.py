@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
+import socket
+import subprocess
+import sys
+import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +26,7 @@ import ckpt_nb
 from ckpt_nb import _explorer, _interop, _plots, _session
 from ckpt_nb.cli import _time
 from ckpt_nb._plots import dag_layout
+from ckpt_nb._store import FsspecStore
 
 from conftest import DigitsRun, Holder, same
 
@@ -767,3 +774,162 @@ def test_a_cell_run_again_closes_the_explorers_of_its_earlier_runs(store) -> Non
     finally:
         for name in ("a", "b", "other"):
             sh.user_ns[name].close()
+
+
+def test_another_managers_pins_and_notes_show_within_the_poll() -> None:
+    """A store without a catalog file of its own (memory://, an object store) was watched
+    by its manifests alone: a pin or note from elsewhere waited for the next save."""
+    url = f"memory://ckpt-nb-ui-{uuid.uuid4().hex}"
+    a, b = (ckpt_nb.CheckpointManager(url).save(torch.nn.Linear(2, 2), step=s) for s in (1, 2))
+    ui = ckpt_nb.explore(url, poll_seconds=0.2)
+    try:
+        def shown() -> list[list[Any]]:
+            return ui.table_frame[["pinned", "note"]].values.tolist()
+
+        elsewhere = ckpt_nb.CheckpointManager(url)
+        elsewhere.pin(a)
+        elsewhere.annotate(b, "n1")
+        poll(lambda: shown() == [[True, ""], [False, "n1"]])
+        assert shown() == [[True, ""], [False, "n1"]]
+        elsewhere.unpin(a)  # (the same labels rewritten: their keys stay, their sizes too)
+        elsewhere.annotate(b, "n2")
+        poll(lambda: shown() == [[False, ""], [False, "n2"]])
+        assert shown() == [[False, ""], [False, "n2"]]
+    finally:
+        ui.close()
+
+
+class Relay:
+    """A TCP relay to a server on loopback that goes down (connections refused) and comes
+    back on the same port: a store's server lost and found again, for real."""
+
+    def __init__(self, target: str) -> None:
+        self.target = int(target.rsplit(":", 1)[1])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._serve, args=(self.listener,), daemon=True).start()
+
+    def _serve(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # (down)
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.open += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+
+    def down(self) -> None:
+        for sock in (self.listener, *self.open):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.open.clear()
+
+    def up(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", int(self.url.rsplit(":", 1)[1])))
+        threading.Thread(target=self._serve, args=(self.listener,), daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """An S3-compatible server on loopback (moto's), as tests/test_s3.py runs it."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError("the S3 server on loopback did not start") from None
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3_url(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A store's URL in a new bucket of that server; this machine's HOME is its own."""
+    import fsspec.config
+    import s3fs
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "FSSPEC_S3_ENDPOINT_URL": s3_endpoint,
+                        "HOME": str(tmp_path / "home-1")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_endpoint})
+    bucket = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(endpoint_url=s3_endpoint).mkdir(bucket)
+    return f"s3://{bucket}/exp"
+
+
+def test_a_server_down_shows_in_the_status_line_and_goes_when_it_is_back(
+        s3_endpoint: str, s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The follower swallowed the failure (the status line kept "pinned ..." in green);
+    refresh() and select() raised the StoreError; a pin from another machine waited for
+    a refresh by hand."""
+    model = torch.nn.Linear(2, 2)
+    a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
+    relay = Relay(s3_endpoint)
+    mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
+                                                config_kwargs={"retries": {"max_attempts": 1}}))
+    ui = ckpt_nb.explore(mgr, poll_seconds=0.2)
+    try:
+        ui.select([a])
+        ui.pin_button.click()
+        assert f"pinned {a}" in ui.status.value
+        relay.down()
+        poll(lambda: "⚠" in ui.status.value, 60)
+        assert "⚠" in ui.status.value and "pinned" not in ui.status.value
+        assert s3_url in ui.status.value and _explorer.STALE in ui.status.value
+        assert ui.refresh() is False and ui.select([b]) == [a]
+        assert "⚠" in ui.status.value and ui.table_frame["id"].tolist() == [a, b]
+        monkeypatch.setenv("HOME", str(tmp_path / "home-2"))  # another machine
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # (its catalog: rebuilt)
+            ckpt_nb.CheckpointManager(s3_url).annotate(b, "from machine 2")
+        relay.up()
+        poll(lambda: ui.status.value == "", 60)
+        assert ui.status.value == ""
+        assert ui.table_frame[["pinned", "note"]].values.tolist() == \
+            [[True, ""], [False, "from machine 2"]]
+        assert ui.refresh() is True and ui.select([b]) == [b]
+    finally:
+        ui.close()
+        mgr.close()
+        relay.down()
+
+
+def test_an_object_store_deleted_while_open_is_named_gone(s3_url: str) -> None:
+    """Its manager read the empty prefix as a store of no checkpoints: the table emptied,
+    the status line said nothing."""
+    import s3fs
+
+    a = ckpt_nb.CheckpointManager(s3_url).save(torch.nn.Linear(2, 2), step=1)
+    ui = ckpt_nb.explore(s3_url, poll_seconds=0.2)
+    try:
+        s3fs.S3FileSystem().rm(s3_url, recursive=True)
+        gone = f"the store at {s3_url} no longer exists"
+        poll(lambda: gone in ui.status.value)
+        assert gone in ui.status.value and ui.table_frame["id"].tolist() == [a]
+    finally:
+        ui.close()
