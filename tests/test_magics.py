@@ -710,7 +710,9 @@ def test_a_variable_a_save_could_not_store_or_read_back_is_skipped_by_name(
                   "its column 's' (string)")}
     kept = {"log": pd.DataFrame({"t": pd.date_range("2024-01-01", periods=2),
                                  "n": pd.array([1, None], dtype="Int64"), "s": ["a", None]}),
-            "words": pd.Series(pd.array(["a", "b"], dtype="string"), name="w")}
+            "words": pd.Series(pd.array(["a", "b"], dtype="string"), name="w"),
+            "times": pd.DataFrame({"at": pd.to_datetime(["2024-01-01 00:00:01.5", None]),
+                                   "took": pd.to_timedelta(["1s", None]), "x": [0.5, 1.0]})}
     model = torch.nn.Linear(2, 1)
     ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
           **{name: value for name, (value, _) in skipped.items()}, **kept}
@@ -727,7 +729,7 @@ def test_a_variable_a_save_could_not_store_or_read_back_is_skipped_by_name(
     assert out.count("not saving late (its column 't' (datetime64") == 1, out
     rows = ckpt_nb.CheckpointManager(tmp_path).list()
     assert rows["step"].tolist() == [1, 2, 3, 4]  # (the cell ran to its end)
-    ns.update(log=None, words=None)
+    ns.update(log=None, words=None, times=None)
     ckpt_nb.rollback("latest", directory=tmp_path, namespace=ns)
     assert all(ns[name].equals(value) for name, value in kept.items())
 
