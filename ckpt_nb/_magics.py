@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Int, Unicode
 
 from . import _session as session_mod
-from ._errors import CkptError
+from ._errors import CheckpointNotFoundError, CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
@@ -190,6 +190,13 @@ class CkptMagics(Magics):
         try:
             session_mod.rollback(_unquoted(args.which), directory=_unquoted(args.dir),
                                  namespace=self.shell.user_ns)
+        except CheckpointNotFoundError as exc:
+            # (a checkpoint of another store: the notebook ran several)
+            other = "" if args.dir is not None else (
+                f"; it looked in the store of the {'active' if session_mod.active() else 'last'}"
+                " session: for a checkpoint of another store, "
+                f"%ckpt_rollback {args.which} --dir PATH")
+            raise UsageError(f"%ckpt_rollback: {exc}{other}") from None
         except CkptError as exc:
             raise UsageError(f"%ckpt_rollback: {exc}") from None
 

@@ -1247,3 +1247,22 @@ def test_a_cell_run_after_its_head_was_deleted_elsewhere_descends_from_the_heir(
     rows = ckpt_nb.CheckpointManager(tmp_path / "h").list().set_index("id")
     first_new = [cid for cid in rows.index if cid not in before][0]
     assert rows.loc[first_new, "parent"] == before[-2]
+
+
+def test_rollback_to_an_id_of_another_store_names_the_store_and_dir(shell,
+                                                                   tmp_path: Path) -> None:
+    """It said only "no checkpoint ... in <the last session's store>": the id was from
+    the store of an earlier cell, which --dir opens."""
+    run(shell, SMALL)
+    cell = ("%%ckpt_auto --dir {dir}\n"
+            "for x in data:\n"
+            "    opt.zero_grad(); model(x).sum().backward(); opt.step()")
+    assert run(shell, cell.format(dir=tmp_path / "first")).success
+    first = ckpt_nb.CheckpointManager(tmp_path / "first").list()["id"].iloc[-1]
+    assert run(shell, cell.format(dir=tmp_path / "second")).success
+    result = run(shell, f"%ckpt_rollback {first}")
+    assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert (tmp_path / "second").as_uri() in message
+    assert f"%ckpt_rollback {first} --dir PATH" in message
+    assert run(shell, f"%ckpt_rollback {first} --dir {tmp_path / 'first'}").success
