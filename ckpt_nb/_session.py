@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -329,6 +330,42 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and (a == b or a != a and b != b)
 
 
+class _Digest(NamedTuple):
+    """What a variable that is not cheap to compare held, as a digest of its data: a
+    resume names it where the value it puts back differs from the live one."""
+
+    hex: str
+
+    @classmethod
+    def of(cls, value: Any) -> _Digest:
+        digest = hashlib.blake2b(digest_size=16)
+        _feed(digest, to_storable(value))
+        return cls(digest.hexdigest())
+
+
+def _feed(digest: Any, value: Any) -> None:
+    """Add a storable value (``to_storable``'s) to ``digest``: its types, shapes and
+    data, so that values a resume would put back differently digest differently."""
+    digest.update(f"<{type(value).__qualname__}".encode())
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    elif isinstance(value, np.ndarray) and value.dtype != object:
+        digest.update(f"{value.dtype}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _feed(digest, item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+    else:
+        digest.update(repr(value).encode())
+    digest.update(b">")
+
+
 def _malformed(checkpoint_id: str, problem: str, *, resume: bool) -> CorruptCheckpointError:
     """The error for a run record a rollback or resume cannot use, and what to do."""
     return CorruptCheckpointError(
@@ -565,7 +602,7 @@ class AutoSession:
             self._pending = None
             self._interrupts = 0
             if error is not None:  # (what a resume of this run compares the live values with)
-                _left_values[self.url] = self._cheap_values()
+                _left_values[self.url] = self._comparable_values()
             self._report_background_error()
         if during_save:
             self.say(f"interrupted while saving the cell's end: the save finished "
@@ -868,27 +905,37 @@ class AutoSession:
             return name not in vars(builtins)
         return name not in statefuls and not is_code(self.namespace[name])
 
-    def _cheap_values(self) -> dict[str, Any]:
+    def _comparable_values(self) -> dict[str, Any]:
         """The notebook's public values that are cheap to compare (numbers, strings,
-        paths, dates): what a resume compares the live ones with (``_changed_since``)."""
-        return {name: value for name, value in self.namespace.items()
-                if not name.startswith("_") and isinstance(value, _CHEAP)}
+        paths, dates), and the digests of the other variables a save captures: what a
+        resume compares the live ones with (``_changed_since``)."""
+        values: dict[str, Any] = {name: _Digest.of(value) for name, value
+                                  in self.rediscover().variables.items()}
+        values.update((name, value) for name, value in self.namespace.items()
+                      if not name.startswith("_") and isinstance(value, _CHEAP))
+        return values
 
     def _changed_since(self, saved: _SavedRun) -> dict[str, str]:
         """The variables a resume would put back that the user changed since the run
-        stopped (``clip = 1.0`` before running the cell again), as ``name = saved (was
-        live)``: cheap values whose live one differs from the saved one and from the one
-        the run left in this process (the loop's own ``epoch`` went on past the save),
-        or, in a fresh process, from the saved one."""
+        stopped (``clip = 1.0`` before running the cell again): variables whose live value
+        differs from the saved one and from the one the run left in this process (the
+        loop's own ``epoch`` went on past the save), or, in a fresh process, from the
+        saved one. Cheap values as ``name = saved (was live)``, others as ``name (type)``
+        (``name (saved type, was live type)`` where the types differ)."""
         left = _left_values.get(self.url, {})
         changed = {}
         for name, value in saved.variables.items():
             if name not in self.namespace:
                 continue
             live = self.namespace[name]
-            if isinstance(value, _CHEAP) and isinstance(live, _CHEAP) \
-                    and not _same(live, value) and not _same(live, left.get(name, value)):
-                changed[name] = f"{name} = {reprlib.repr(value)} (was {reprlib.repr(live)})"
+            if isinstance(value, _CHEAP) and isinstance(live, _CHEAP):
+                if not _same(live, value) and not _same(live, left.get(name, value)):
+                    changed[name] = f"{name} = {reprlib.repr(value)} (was {reprlib.repr(live)})"
+                continue
+            digest = _Digest.of(live)
+            if digest != _Digest.of(value) and digest != left.get(name):
+                kind, was = type(value).__name__, type(live).__name__
+                changed[name] = f"{name} ({kind}{'' if was == kind else f', was {was}'})"
         return changed
 
     def _resume_now(self) -> int | None:
@@ -1021,7 +1068,7 @@ class AutoSession:
         self._moved_to(ck.id, "rollback")
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
-        _left_values[self.url] = self._cheap_values()
+        _left_values[self.url] = self._comparable_values()
         restored = [_live_name(key) for key in targets] + variables
         left = f" (not {', '.join(missing)}: nothing here takes them)" if missing else ""
         where = ", ".join(f"{label} {value}" for label, value in

@@ -1266,3 +1266,26 @@ def test_rollback_to_an_id_of_another_store_names_the_store_and_dir(shell,
     assert (tmp_path / "second").as_uri() in message
     assert f"%ckpt_rollback {first} --dir PATH" in message
     assert run(shell, f"%ckpt_rollback {first} --dir {tmp_path / 'first'}").success
+
+
+def test_a_resume_names_every_variable_it_puts_back_over_a_change(
+        shell, tmp_path: Path, capsys) -> None:
+    """A DataFrame changed between the stop and the rerun was put back silently (only
+    numbers, strings and the like were named); what the loop itself added to a list
+    after the save is no change of the user's."""
+    run(shell, SMALL + "import pandas as pd\nresults = pd.DataFrame({'a': [1]})\n"
+            "seen = []\nclip = 1e9")
+    cell = (f"%%ckpt_auto --dir {tmp_path} --every-steps 3\n"
+            "for epoch in ckpt_nb.epochs(3):\n"
+            "    for i, x in ckpt_nb.batches(data):\n"
+            "        seen.append((epoch, i))\n"
+            "        if (epoch, i) == (1, 2) and clip > 1: raise RuntimeError('exploded')\n"
+            "        opt.zero_grad(); model(x).sum().backward(); opt.step()")
+    assert isinstance(run(shell, cell).error_in_exec, RuntimeError)
+    run(shell, "results = pd.DataFrame({'a': [1, 2, 3]}); clip = 1.0")
+    capsys.readouterr()
+    run(shell, cell)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "resumed from" in x)
+    assert line.endswith("; put back as saved: results (DataFrame), "
+                         "clip = 1000000000.0 (was 1.0)"), line
+    assert len(shell.user_ns["results"]) == 1
