@@ -223,6 +223,14 @@ class RollbackPlan(NamedTuple):
                 f"them so, or restore by hand: CheckpointManager.restore({self.id!r}, ...)")
 
 
+class _Write(NamedTuple):
+    """A save that went in: its id, the optimizer steps seen and the metrics it holds."""
+
+    id: str
+    steps_seen: int
+    metrics: dict[str, float]
+
+
 @dataclass
 class _Pending:
     """A run to resume once the loop helpers start."""
@@ -475,6 +483,7 @@ class AutoSession:
         self.cell_id: str | None = None
         self._position: str | None = None  # this session's last save, resume or rollback
         self.last_save_step = 0
+        self._last_write: _Write | None = None  # this session's last save that went in
         self.last_save_time = time.monotonic()
         self.last_consistent_step: int | None = None
         self._consistent_rng: tuple[Any, ...] | None = None
@@ -573,7 +582,7 @@ class AutoSession:
             if error is None:
                 # (a metric that improved on a state saved without it: a cell that evaluated)
                 if final or self.step > self.last_save_step or self._metric_due:
-                    self.save(reason="end of cell", finished=final, wait=True)
+                    self._save_end(final)
                 if interrupted:
                     self.say("interrupted, but no consistent point came before the cell "
                              f"ended: it ran to its end (latest checkpoint "
@@ -766,9 +775,13 @@ class AutoSession:
         self.last_save_step, self.last_save_time = self.step, time.monotonic()
         self._metric_due = False
 
+        steps_seen = self._steps_seen
+
         def write() -> str:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
-            return self.manager.save_state(state, **fields)
+            cid = self.manager.save_state(state, **fields)
+            self._last_write = _Write(cid, steps_seen, metrics)
+            return cid
 
         if self.config.sync:
             self.writer.last_id = write()
@@ -786,6 +799,54 @@ class AutoSession:
         if new:
             self._told_skipped.update(new.items())
             self.say("not saving " + ", ".join(f"{n} ({why})" for n, why in new.items()))
+
+    def _save_end(self, finished: bool) -> None:
+        """The cell's end save. Where this run's last save holds the same state (no
+        optimizer step since, the same metrics, the same objects), that one goes once
+        this one is in: a run ends with one checkpoint per state, not an "every N steps"
+        one and an "end of cell" one. Retention counts the two as one meanwhile."""
+        self.writer.wait()
+        prior = self._last_write
+        if prior is None or prior.id != self._position or prior.steps_seen != self._steps_seen:
+            self.save(reason="end of cell", finished=finished, wait=True)
+            return
+        manager = self.manager
+        limits = manager.max_to_keep, manager.keep_best
+        manager.max_to_keep, manager.keep_best = (None if n is None else n + 1 for n in limits)
+        try:
+            self.save(reason="end of cell", finished=finished, wait=True)
+        finally:
+            manager.max_to_keep, manager.keep_best = limits
+        end = self._last_write
+        if end is None or end.id == prior.id:
+            return  # (the save failed: the prior one stays)
+        row = manager.catalog.get(prior.id)
+        if end.metrics == prior.metrics and row is not None and not row.pinned \
+                and manager.catalog.children(prior.id) == [end.id] \
+                and self._same_objects(prior.id, end.id):
+            with contextlib.suppress(CkptError):  # (pinned or deleted meanwhile: it stays)
+                manager.delete(prior.id)
+                return
+        if limits != (None, None):  # two states after all: retention as the user set it
+            with manager._exclusive(), contextlib.suppress(OSError):  # (next save's, else)
+                manager._catch_up()
+                manager._apply_retention(protect={end.id})
+
+    def _same_objects(self, first: str, second: str) -> bool:
+        """Whether two checkpoints hold the same tracked objects: their manifests' object
+        structure and the digests of their tensors' chunks."""
+
+        def objects(cid: str) -> tuple[Any, list[Any]]:
+            manifest = self.manager._manifest(cid)
+            storages = manifest["storages"]
+            return manifest["state"].get("objects"), [
+                ({k: v for k, v in t.items() if k != "storage"}, storages[t["storage"]]["chunks"])
+                for t in manifest["tensors"] if t["name"].startswith("objects/")]
+
+        try:
+            return objects(first) == objects(second)
+        except (CkptError, KeyError, IndexError, TypeError):
+            return False  # (unreadable: keep both)
 
     def _report_background_error(self) -> None:
         error = self.writer.take_error()

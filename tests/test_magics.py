@@ -267,9 +267,9 @@ def test_a_later_loader_of_the_epoch_takes_no_save_inside(shell, tmp_path: Path)
     assert run(shell, cell).success
     rows = ckpt_nb.CheckpointManager(tmp_path / "two").list()
     saved = list(zip(rows["epoch"], rows["batch_idx"], rows["step"]))
-    # (epoch, batches of the first loader done, step): 5 steps an epoch
-    assert saved == [(0, 1, 1), (0, 2, 2), (1, 0, 5), (1, 1, 6), (1, 2, 7), (2, 0, 10),
-                     (2, 0, 10)]
+    # (epoch, batches of the first loader done, step): 5 steps an epoch; the end of the
+    # cell's save took the place of the step-10 one
+    assert saved == [(0, 1, 1), (0, 2, 2), (1, 0, 5), (1, 1, 6), (1, 2, 7), (2, 0, 10)]
 
 
 def test_a_cell_resumes_its_own_run_by_cell_id_even_edited(shell, tmp_path: Path,
@@ -1289,3 +1289,32 @@ def test_a_resume_names_every_variable_it_puts_back_over_a_change(
     assert line.endswith("; put back as saved: results (DataFrame), "
                          "clip = 1000000000.0 (was 1.0)"), line
     assert len(shell.user_ns["results"]) == 1
+
+
+ENDS_ON_A_TRIGGER = """%%ckpt_auto --dir {dir} --every-steps 4 --keep 3 --on loss:min
+for epoch in ckpt_nb.epochs(3):
+    for i, x in ckpt_nb.batches(data):
+        opt.zero_grad(); loss = model(x).sum(); loss.backward(); opt.step()
+    ckpt_nb.log(loss=loss.item())
+{after}
+"""
+
+
+def test_a_run_ends_with_one_checkpoint_of_its_last_state(shell, tmp_path: Path) -> None:
+    """The last "every 4 steps" save and the "end of cell" one held the same state: two
+    rows of step 12, and --keep 3 kept one checkpoint fewer of the run."""
+    run(shell, SMALL)
+    assert run(shell, ENDS_ON_A_TRIGGER.format(dir=tmp_path / "one", after="")).success
+    with _session.listing_manager(tmp_path / "one") as manager:  # (its --on: best)
+        rows = manager.list()
+    assert rows["step"].tolist() == [4, 8, 12]
+    assert rows["note"].iloc[-1] == "end of cell"
+    assert rows["parent"].iloc[-1] == rows["id"].iloc[1]
+    assert rows["loss"].iloc[-1] == shell.user_ns["loss"].item() and rows["best"].iloc[-1]
+    assert run(shell, "%ckpt_rollback best").success
+    # What the code after the loop changed without an optimizer step is another state.
+    run(shell, SMALL)
+    after = "with torch.no_grad(): model.weight.mul_(0)"
+    assert run(shell, ENDS_ON_A_TRIGGER.format(dir=tmp_path / "two", after=after)).success
+    rows = ckpt_nb.CheckpointManager(tmp_path / "two").list()
+    assert rows["step"].tolist() == [8, 12, 12]
