@@ -24,6 +24,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -528,14 +529,16 @@ class AutoSession:
         elif event == "delete" and _positions.get(self.url) == checkpoint_id:
             self._follow_position()
 
-    def _moved_to(self, checkpoint_id: str, event: str) -> None:
-        self.manager.head = checkpoint_id
-        self._position = checkpoint_id
+    def _moved_to(self, ck: Checkpoint, event: str, objects: Iterable[Any]) -> None:
+        """The kernel's state came from ``ck``: ``objects`` are what it was put into."""
+        self.manager.head = ck.id
+        self._position = ck.id
         # (the checkpoint's metrics, now self.metrics, were measured on what it put back)
         self._logged_at = dict.fromkeys(self.metrics, self._steps_seen)
-        _positions[self.url] = checkpoint_id
+        _positions[self.url] = ck.id
         _position_events[self.url] = event
-        _publish(event, checkpoint_id, self.url)
+        _position_objects[self.url] = (ck.step, _trained(objects))
+        _publish(event, ck.id, self.url)
 
     # -- life cycle ---------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -562,6 +565,8 @@ class AutoSession:
         self._told_skipped.update(found.skipped.items())
         if source is not None and self.config.resume:
             self._find_resume()
+        if self._pending is None:
+            self._count_on()
 
     def begin_line_cell(self) -> None:
         """Start of any cell a session watches: a new loop, no interrupt pending."""
@@ -775,11 +780,12 @@ class AutoSession:
         self.last_save_step, self.last_save_time = self.step, time.monotonic()
         self._metric_due = False
 
-        steps_seen = self._steps_seen
+        steps_seen, trained = self._steps_seen, _trained(found.statefuls.values())
 
         def write() -> str:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
             cid = self.manager.save_state(state, **fields)
+            _position_objects[self.url] = (fields["step"], trained)
             self._last_write = _Write(cid, steps_seen, metrics)
             return cid
 
@@ -904,6 +910,23 @@ class AutoSession:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         self._pending = _Pending(ck, saved)
 
+    def _count_on(self) -> None:
+        """A run of the models and optimizers the kernel's position was saved from or put
+        into (a finished cell run again) counts its steps on from that position's, so that
+        they never go back along a branch. New ones (the set-up cell run again) descend
+        from no checkpoint: step 0, in a new root, as in a fresh kernel. ``epochs()``
+        still counts from its own start."""
+        step, trained = _position_objects.get(self.url, (None, []))
+        if not trained:
+            return
+        live = {id(obj) for obj in self.discovery.statefuls.values()}
+        if any(ref() is not None and id(ref()) in live for ref in trained):
+            if step:
+                self.step = self.last_save_step = self._step_offset = step
+        else:
+            _forget_position(self.url)
+            self.manager.head = None
+
     def _run_record(self, checkpoint_id: str) -> dict[str, Any] | None:
         """The run bookkeeping a checkpoint holds (read from its manifest alone)."""
         try:
@@ -1007,7 +1030,7 @@ class AutoSession:
         ck, saved = pending.checkpoint, pending.run
         changed = self._changed_since(saved)
         targets, variables = self._apply(ck, saved)
-        self._moved_to(ck.id, "resume")
+        self._moved_to(ck, "resume", targets.values())
         self.best = saved.best
         self.last_consistent_step = self.step
         loop = saved.loop
@@ -1126,7 +1149,7 @@ class AutoSession:
         ck = self.manager.load(cid)
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
         targets, variables = self._apply(ck, saved)
-        self._moved_to(ck.id, "rollback")
+        self._moved_to(ck, "rollback", targets.values())
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
         _left_values[self.url] = self._comparable_values()
@@ -1163,13 +1186,24 @@ _history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
 _position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
 _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
+# store URL -> the step of the kernel's position, and the models and optimizers it was
+# saved from or put into (weakly: the set-up cell run again frees them)
+_position_objects: dict[str, tuple[int | None, list[weakref.ref[Any]]]] = {}
 _subscribers: list[Callable[[str, str, str], None]] = []
 _last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's config, namespace
 
 
 def _forget_position(url: str) -> None:
     _positions.pop(url, None)
+    _position_objects.pop(url, None)
     _position_events.pop(url, None)
+
+
+def _trained(objects: Iterable[Any]) -> list[weakref.ref[Any]]:
+    """The models and optimizers among tracked objects, by weak reference: whether the
+    live ones are those a checkpoint holds tells a model that goes on from a new one."""
+    return [weakref.ref(obj) for obj in objects
+            if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))]
 
 
 def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:

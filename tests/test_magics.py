@@ -1318,3 +1318,32 @@ def test_a_run_ends_with_one_checkpoint_of_its_last_state(shell, tmp_path: Path)
     assert run(shell, ENDS_ON_A_TRIGGER.format(dir=tmp_path / "two", after=after)).success
     rows = ckpt_nb.CheckpointManager(tmp_path / "two").list()
     assert rows["step"].tolist() == [8, 12, 12]
+
+
+def test_a_finished_cell_run_again_counts_its_steps_on(shell, tmp_path: Path,
+                                                       capsys) -> None:
+    """Run again on the same model, its checkpoints said step 4, 8, 12 again under the
+    step-12 end of the first run: the steps went back along the branch. A new model (the
+    set-up cell run again) starts at step 0; an interrupted second run resumes its step."""
+    run(shell, SMALL + "STOP = None")
+    cell = ENDS_ON_A_TRIGGER.replace(" --keep 3", "").format(
+        dir=tmp_path / "on", after="").replace(
+        "        opt.zero_grad()", f"        if STOP == (epoch, i): {INTERRUPT}\n"
+        "        opt.zero_grad()")
+    assert run(shell, cell).success
+    run(shell, "STOP = (1, 2)")
+    assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
+    run(shell, "STOP = None")
+    capsys.readouterr()
+    assert run(shell, cell).success
+    out = capsys.readouterr().out
+    assert "(epoch 1, batch 3, step 19); put back as saved: STOP (tuple, was NoneType)" in out
+    rows = ckpt_nb.CheckpointManager(tmp_path / "on").list()
+    assert rows["step"].tolist() == [4, 8, 12, 16, 19, 20, 24]
+    assert rows["epoch"].tolist() == [1, 2, 3, 1, 1, 2, 3]
+    assert (rows["parent"].iloc[1:] == rows["id"].iloc[:-1].values).all()
+    run(shell, SMALL + "STOP = None")  # (the resume put back STOP = (1, 2))
+    assert run(shell, cell).success
+    rows = ckpt_nb.CheckpointManager(tmp_path / "on").list()
+    assert rows["step"].tolist()[-3:] == [4, 8, 12]
+    assert rows["parent"].iloc[-3] is None and rows["branch"].iloc[-3] != "main"
