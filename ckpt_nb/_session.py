@@ -1154,7 +1154,8 @@ class AutoSession:
             RNGState().load_state_dict(ck.rng)
         _left_values[self.url] = self._comparable_values()
         restored = [_live_name(key) for key in targets] + variables
-        left = f" (not {', '.join(missing)}: nothing here takes them)" if missing else ""
+        left = f" (not {', '.join(missing)}: nothing here takes "\
+            f"{'it' if len(missing) == 1 else 'them'})" if missing else ""
         where = ", ".join(f"{label} {value}" for label, value in
                           (("epoch", ck.epoch), ("step", ck.step)) if value is not None)
         self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}: restored "

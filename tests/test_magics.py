@@ -1174,6 +1174,10 @@ def test_a_rollback_line_leaves_out_what_the_checkpoint_does_not_have(
         cid = mgr.save(model=model)
     ckpt_nb.rollback(cid, directory=tmp_path, namespace={"model": model})
     assert f"rolled back to {cid}: restored model;" in capsys.readouterr().out
+    with ckpt_nb.CheckpointManager(tmp_path) as mgr:  # (one object left out is "it")
+        cid = mgr.save(model=model, ema=torch.nn.Linear(2, 2))
+    ckpt_nb.rollback(cid, directory=tmp_path, namespace={"model": model})
+    assert "restored model (not ema: nothing here takes it)" in capsys.readouterr().out
 
 
 def test_a_resume_names_the_variables_it_puts_back_over_a_change(
