@@ -19,7 +19,9 @@ import os
 import random
 import shutil
 import signal
+import sys
 import time
+import types
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +42,14 @@ SOAK = int(os.environ.get("CKPT_NB_CRASH_TRIALS", "0"))
 SAVE_TRIALS = [("full" if i % 2 == 0 else "incremental", 1000 + i) for i in range(SOAK or 12)]
 GC_TRIALS = [("gc", 2000 + i) for i in range(SOAK or 6)]
 PARALLEL = 2  # workers run (and die) concurrently; each trial is still audited alone
+
+
+@pytest.fixture(autouse=True)
+def real_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forkserver starts from ``__main__``'s spec, which the IPython shell of the
+    notebook tests (its namespace made ``__main__``) lacks, where they ran first."""
+    if not hasattr(sys.modules["__main__"], "__spec__"):
+        monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
 
 
 @dataclass
