@@ -24,7 +24,7 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import numpy as np
 import torch
@@ -224,6 +224,7 @@ class CheckpointManager:
         self._lock_path: Path | None = None
         self._read_only_rebuild = False  # the catalog is rebuilt in memory, to read only
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
+        self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._stale_format = check_format(self.store) < FORMAT
         self.catalog = self._open_catalog(self._catalog_path(catalog))
         self.head: str | None = None
@@ -249,7 +250,7 @@ class CheckpointManager:
                 self._read_only_rebuild = True  # (another user's store, a read-only mount)
                 return ":memory:"
         else:
-            key = hashlib.sha256(self.store.url.encode()).hexdigest()[:16]
+            key = hashlib.sha256(self.store.identity.encode()).hexdigest()[:16]
             if self.store.url.startswith("memory://"):
                 return ":memory:"
             cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -266,9 +267,9 @@ class CheckpointManager:
         delete what it saved."""
         found: list[Rebuilt] = []
 
-        def read_store() -> Rebuilt:
+        def read_store(committed: AbstractSet[str] = frozenset()) -> Rebuilt:
             try:
-                found.append(rebuild(self.store))
+                found.append(rebuild(self.store, committed))
             except OSError as exc:
                 raise StoreError(f"the catalog of {self.store.url} is missing or stale, and "
                                  f"reading the store to rebuild it failed ({exc}); nothing "
@@ -281,7 +282,7 @@ class CheckpointManager:
                 and self._behind_the_store(catalog):
             why = "no longer matched the store (it was written from elsewhere)"
             with self._exclusive():
-                catalog.reseed(read_store())
+                catalog.reseed(read_store(_committed(catalog)))
         if self._read_only_rebuild:
             catalog.read_only = True
             warn(f"the catalog of {self.store.url} is missing and its folder cannot be "
@@ -314,7 +315,13 @@ class CheckpointManager:
         if local_root(self.store) is not None:
             return
         if self._behind_the_store(self.catalog):
-            self.catalog.reseed(rebuild(self.store))
+            found = rebuild(self.store, _committed(self.catalog))
+            self.catalog.reseed(found)
+            new = [line for line in found.left_out if line not in self._left_out_named]
+            if new:  # (once each: a killed save's leftover stays until gc)
+                self._left_out_named.update(new)
+                warn(f"the store at {self.store.url} changed elsewhere and was read again: "
+                     f"{found.summary()}", RuntimeWarning)
             return
         for key in self.store.list("labels"):  # pins and notes changed elsewhere
             row = self.catalog.get(id_of(key) or "")
@@ -348,14 +355,39 @@ class CheckpointManager:
                 with _memory_store_lock(self.store.url):
                     yield
                 return
-            with open(self._lock_path, "a") as handle:
+            with self._open_lock() as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)
                 try:
+                    self._reopen_if_removed()
                     yield
                 finally:
                     fcntl.flock(handle, fcntl.LOCK_UN)
         finally:
             self._holding.lock = False
+
+    def _open_lock(self) -> IO[str]:
+        """The lock file; an object store's catalog cache removed meanwhile (a cache
+        cleaner, ``rm -rf ~/.cache``) is made again, since the store holds everything."""
+        assert self._lock_path is not None
+        cache = self._lock_path.parent
+        try:
+            if local_root(self.store) is None:
+                cache.mkdir(parents=True, exist_ok=True)
+            return open(self._lock_path, "a")
+        except OSError as exc:
+            raise StoreError(f"cannot open the lock file {self._lock_path} of "
+                             f"{self.store.url} ({exc}): make {cache} writable (for an "
+                             "object store's catalog cache, XDG_CACHE_HOME may name "
+                             "another folder), then try again; nothing was changed") from exc
+
+    def _reopen_if_removed(self) -> None:
+        """Open the catalog again where its cache was removed, rebuilt from the store
+        (saves would go on into the removed file, for no other process to see)."""
+        catalog = getattr(self, "catalog", None)  # (None while it is first opened)
+        if catalog is not None and local_root(self.store) is None and \
+                not catalog.path.exists():
+            # (the old one is left open: another thread may be reading it)
+            self.catalog = self._open_catalog(str(catalog.path))
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -491,7 +523,7 @@ class CheckpointManager:
         metrics = {k: as_metric(k, v) for k, v in (metrics or {}).items()}
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
-        with self._exclusive():
+        with _saving(), self._exclusive():
             self._catch_up()
             parent_id = self.head if parent is ... else parent
             parent_row = self.catalog.get(parent_id) if parent_id else None
@@ -883,6 +915,11 @@ class CheckpointManager:
                     "metric='val_loss'), or in a notebook %%ckpt_auto --on val_loss:min")
         elif self.catalog.get(which) is not None:
             return which
+        elif which and not self.catalog.ids_with_prefix(which):
+            for cid, why in _damaged_checkpoints(self.catalog).items():
+                if cid.startswith(which):
+                    raise CorruptCheckpointError(
+                        f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}", cid)
         if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         matches = self.catalog.ids_with_prefix(which) if which else []
@@ -1234,6 +1271,11 @@ class CheckpointManager:
                 bad[cid] = problems
             if progress is not None:
                 progress(n, len(wanted))
+        if ids is None:  # (what a rebuild left out as damaged is in no catalog row)
+            for cid, why in _damaged_checkpoints(self.catalog).items():
+                if self.store.has(manifest_key(cid)):
+                    checked.append(cid)
+                    bad[cid] = [f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}"]
         damaged_indexes = {key: problem for key in sorted(packs)
                            if (problem := self._index_problem(key)) is not None}
         return VerifyReport(checked, bad, damaged_indexes)
@@ -1583,6 +1625,37 @@ class CheckpointManager:
         return self.save_state(flat, epoch=ck.epoch, step=ck.step, batch_idx=ck.batch_idx,
                                metrics=ck.metrics, strategy="full", parent=None,
                                note=note if note is not None else f"imported from {path}")
+
+
+@contextlib.contextmanager
+def _saving() -> Iterator[None]:
+    """A store's failure in a save, said to be the save's: "looking for packs/... failed"
+    said neither that the save failed nor that what was saved before is intact (what
+    fails before the commit leaves no checkpoint; a half-written pack is gc's)."""
+    try:
+        yield
+    except StoreError as exc:
+        failed = StoreError(f"saving a checkpoint failed, so it was not saved (the "
+                            f"checkpoints saved before are intact): {exc}")
+        failed.errno = exc.errno
+        raise failed from exc
+
+
+_DAMAGED_KEPT = ("its manifest stays in the store, and gc() leaves it: put back what is "
+                 "missing (a backup, an earlier object version), or delete the manifest "
+                 "by hand if the checkpoint is not wanted")
+
+
+def _committed(catalog: Catalog) -> set[str]:
+    """The ids a catalog knows were committed: a rebuild that finds one of them not whole
+    keeps it as damaged (its pack was deleted), not as a killed save's leftover."""
+    return {row.id for row in catalog.checkpoints()} | set(_damaged_checkpoints(catalog))
+
+
+def _damaged_checkpoints(catalog: Catalog) -> dict[str, str]:
+    """The checkpoints whose manifest a rebuild found damaged (id -> what is wrong)."""
+    return {cid: why for key, why in catalog.damaged().items()
+            if key.startswith("manifests/") and (cid := id_of(key)) is not None}
 
 
 def _raw_buffer(row: ChunkRow) -> np.ndarray:

@@ -13,13 +13,19 @@ would have shown none and let the next ``gc()`` delete them all:
 - pins and notes changed after a save, from the labels the manager writes.
 
 What is damaged (a pack whose index does not read, or that was cut short, a
-manifest that does not decode) is left out, named, and recorded in the catalog as
-damaged, so that ``gc()`` leaves it in the store (what is whole in it may yet be
-recovered, or copied back whole): a save writes each file under a temporary name
-and renames it once whole, so a pack cut short is no save's leftover but a copy
-that stopped, or a disk's damage. A read that fails for
+manifest that does not decode, a committed checkpoint whose pack is gone) is left
+out, named, and recorded in the catalog as damaged, so that ``gc()`` leaves it in the
+store (what is whole in it may yet be recovered, or copied back whole); ``verify()``
+names each such checkpoint, and restoring it says it is damaged. A save writes each
+file under a temporary name and renames it once whole, so a pack cut short is no
+save's leftover but a copy that stopped, or a disk's damage. A read that fails for
 another reason (a network error) fails the rebuild, so that nothing whole is
-left out for a later ``gc()`` to delete.
+left out for a later ``gc()`` to delete. A manifest whose chunks are in no pack is
+the leftover of a save that was killed (it writes its manifest while its last pack
+is on its way) only where nothing shows the checkpoint was committed: a catalog
+that listed it, a later save built on it, a pin or note given to it. Otherwise its
+pack was deleted behind ckpt_nb's back (an object store's lifecycle rule, a hand),
+and the checkpoint is damaged, not a leftover for ``gc()`` to delete.
 
 Deleting a checkpoint joins its children to its parent in the catalog, while
 their manifests keep naming it: such a child is joined to the newest earlier
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,11 +77,12 @@ class Rebuilt(Seed):
         return text
 
 
-def rebuild(store: Store) -> Rebuilt:
-    """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows."""
+def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
+    """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows;
+    ``committed``, the ids a catalog listed (one a pack of is gone is then damaged)."""
     found = Rebuilt()
     chunks, unusable = _chunks(store, found)
-    manifests = []
+    decoded = []
     for key in sorted(store.list("manifests")):
         cid = id_of(key)
         if cid is None:
@@ -89,12 +96,19 @@ def rebuild(store: Store) -> Rebuilt:
         except CorruptCheckpointError as exc:
             found.leave_out(f"checkpoint {cid}", exc, damaged=key)
             continue
+        decoded.append((key, cid, manifest, blob))
+    parents = {manifest["parent"] for _, _, manifest, _ in decoded
+               if isinstance(manifest, dict) and isinstance(manifest.get("parent"), str)}
+    manifests = []
+    for key, cid, manifest, blob in decoded:
         flaw = _flaw(manifest, cid, chunks)
         if flaw is None:
             manifests.append((manifest, blob))
         else:
-            # (a chunk in no pack: a save's leftover, unless a damaged pack may hold it)
-            damaged = not flaw.startswith("its chunk") or \
+            # (a chunk in no pack: a killed save's leftover, unless a damaged pack may
+            # hold it or the checkpoint was committed)
+            damaged = not flaw.startswith("its chunk") or cid in committed or \
+                cid in parents or store.has(label_key(cid)) or \
                 any(k.startswith("packs/") for k in found.damaged)
             found.leave_out(f"checkpoint {cid}", flaw, damaged=key if damaged else None)
     manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))

@@ -123,6 +123,12 @@ class Store(ABC):
         """Remove half-written values a crash left behind; returns how many."""
         return 0
 
+    @property
+    def identity(self) -> str:
+        """What tells this store from every other, for keying its catalog cache and lock
+        (by default its URL)."""
+        return self.url
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
@@ -635,20 +641,42 @@ class FsspecStore(Store):
     itself, never of fsspec's listing cache (another process's save would look
     missing); a failure of the backend (a connection refused, a botocore error) is a
     ``StoreError`` that names the store.
+
+    An S3 store waits ``S3_TIMEOUTS`` for a server that does not answer (botocore's own
+    defaults waited minutes, retried by s3fs five times over): pass
+    ``config_kwargs={...}`` (botocore's ``Config``) or set them in fsspec's
+    configuration for others; the keys given there win.
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
         import fsspec
 
-        self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        self.fs, root = fsspec.core.url_to_fs(url, **_with_timeouts(url, storage_options))
+        if "//" in root.strip("/"):
+            # An object store keeps the empty segment in its keys: s3://b//x is another
+            # store than s3://b/x, whose listings (by folder) found nothing in it.
+            raise ValueError(f"{url} has an empty path segment ('//'): write the URL "
+                             "with single slashes between its parts")
         self.root = root.rstrip("/")
-        self.url = canonical_url(url)  # (its catalog's cache and lock are keyed by it)
-        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else \
-            set(self.fs.protocol)
+        self.url = canonical_url(url)
+        protocols = _protocols(self.fs)
+        self._s3 = bool(protocols & {"s3", "s3a"})
         # An object store has no folders to make, and its makedirs creates a bucket (on
         # AWS, a misspelt one in whatever account and region are configured): a write
         # to a bucket that is not there fails instead, naming it.
         self._makes_folders = not protocols & _BUCKETED
+
+    @property
+    def identity(self) -> str:
+        """The URL under the file system's own name for its scheme (s3a:// is s3://), and
+        the endpoint it talks to: s3://b/x on two servers is two stores."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else \
+            self.fs.protocol[0]
+        scheme, sep, rest = self.url.partition("://")
+        same = f"{protocol}://{rest}" if sep and scheme in _protocols(self.fs) else self.url
+        endpoint = (getattr(self.fs, "client_kwargs", None) or {}).get("endpoint_url") or \
+            getattr(self.fs, "endpoint_url", None)
+        return f"{same} at {endpoint}" if endpoint else same
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{check_key(key)}"
@@ -663,7 +691,26 @@ class FsspecStore(Store):
         except (FileNotFoundError, StoreError):
             raise
         except Exception as exc:  # noqa: BLE001 - any backend's own (botocore's are not OSError)
-            raise StoreError(f"{what} at {self.url} failed: {exc}") from exc
+            raise StoreError(f"{what} at {self.url} failed: {exc}{self._hint(exc)}") from exc
+
+    def _hint(self, exc: Exception) -> str:
+        """What to check where the server refused who we are (S3's 403)."""
+        if not (isinstance(exc, PermissionError) or _DENIED.search(str(exc))):
+            return ""
+        if self._s3:
+            return (" (check the credentials: the AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY environment variables, ~/.aws/credentials, "
+                    "or FsspecStore(url, key=..., secret=...))")
+        return " (check the credentials this file system is given)"
+
+    def missing_bucket(self) -> str | None:
+        """The bucket the URL names, where the store has buckets and that one is not
+        there (ckpt_nb creates none)."""
+        if self._makes_folders:
+            return None
+        bucket = self.root.lstrip("/").split("/", 1)[0]
+        with self._asking(f"looking for the bucket {bucket}", bucket):
+            return None if self.fs.exists(bucket) else bucket
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._path(key)
@@ -726,6 +773,33 @@ class FsspecStore(Store):
 
 # Object stores whose first path part is a bucket, which a write would create.
 _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
+# The refusals of a server that does not take the credentials given (S3's 403s).
+_DENIED = re.compile(r"Forbidden|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|"
+                     r"InvalidClientTokenId|ExpiredToken")
+# How long an S3 store waits (seconds) before it calls a server down. s3fs retries a
+# timeout five times itself, so botocore makes one attempt: a server that takes
+# connections but never answers fails a request in about 30 s, not minutes.
+S3_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
+                               "retries": {"total_max_attempts": 1}}
+
+
+def _protocols(fs: Any) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+
+
+def _with_timeouts(url: str, options: dict[str, object]) -> dict[str, object]:
+    """``options`` with ``S3_TIMEOUTS`` under the botocore settings given (as options,
+    or in fsspec's configuration), for an S3 URL."""
+    import fsspec.config
+
+    scheme = url.partition("://")[0]
+    if scheme not in ("s3", "s3a"):
+        return options
+    configured = fsspec.config.conf.get(scheme, {}).get("config_kwargs") or {}
+    given = options.get("config_kwargs") or {}
+    if not isinstance(configured, dict) or not isinstance(given, dict):
+        return options  # (for s3fs to refuse, as it would)
+    return {**options, "config_kwargs": {**S3_TIMEOUTS, **configured, **given}}
 
 
 def canonical_url(url: str) -> str:

@@ -25,7 +25,7 @@ from . import __version__
 from ._catalog import store_exists
 from ._errors import CheckpointInUseError, CkptError
 from ._manager import CheckpointManager
-from ._store import Store, open_store
+from ._store import FsspecStore, Store, open_store
 
 ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "rel_change"})
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     with _warnings_as_lines(own):
         try:
             if not store_exists(location):  # (asks an object store: inside the try)
-                say(f"no checkpoint store at {location}")
+                say(f"no checkpoint store at {location}{_no_bucket(location)}")
                 return 2
             store = open_store(location)
             with CheckpointManager(store, metric=args.metric, mode=args.mode) as mgr:
@@ -281,6 +281,15 @@ def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 # -- formatting ---------------------------------------------------------------------
+def _no_bucket(location: str) -> str:
+    """Where the URL's bucket is not there, a hint that says so (as a save says)."""
+    if "://" not in location or location.startswith("file://") or location == "memory://":
+        return ""  # (a local folder, which opening would make)
+    bucket = FsspecStore(location).missing_bucket()
+    return f": the bucket {bucket!r} does not exist (ckpt_nb creates no bucket: create " \
+        "it, or check its name)" if bucket else ""
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
            right: frozenset[str] | set[str] = frozenset()) -> str:
     """Rows of strings in aligned columns; columns named in ``right`` align right."""

@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import DigitsRun, same
 
-from ckpt_nb import CheckpointManager, FsspecStore, LocalStore, StoreError
+from ckpt_nb import (CheckpointManager, CorruptCheckpointError, FsspecStore, LocalStore,
+                     StoreError)
 from ckpt_nb.cli import main as cli
 
 LISTED = ["id", "parent", "branch", "step", "epoch", "batch_idx", "strategy", "pinned", "note",
@@ -136,7 +137,7 @@ def test_what_is_not_whole_is_left_out_and_named(tmp_path: Path, digits: DigitsR
     rows = again.list()
     assert rows["id"].tolist() == [ids[0], ids[3]]
     assert rows["parent"].tolist() == [None, ids[0]]  # its parent gone, joined to the one before
-    assert again.verify().ok
+    assert sorted(again.verify().bad) == sorted(ids[1:3])  # (kept in the store, not whole)
     # A pack cut short is no save's leftover (saves rename whole files into place): gc
     # keeps it, and the manifest that needs it, for a whole copy to be put back.
     again.gc()
@@ -144,6 +145,38 @@ def test_what_is_not_whole_is_left_out_and_named(tmp_path: Path, digits: DigitsR
     run = DigitsRun(seed=5)
     again.restore(ids[3], model=run.model, optimizer=run.optimizer)
     assert same(run.weights(), digits.weights())
+
+
+def test_a_pack_deleted_by_hand_leaves_its_checkpoints_named_and_kept(
+        tmp_path: Path, digits: DigitsRun, capsys: pytest.CaptureFixture[str]) -> None:
+    """A manifest whose chunks are in no pack was taken for a killed save's leftover:
+    a rebuild left the checkpoint out unnamed as damaged, verify() said all was well and
+    gc() deleted its manifest, though later saves were built on it."""
+    store = tmp_path / "exp"
+    mgr = CheckpointManager(store)
+    ids, packs = [], []
+    for _ in range(3):
+        digits.train_step()
+        before = set((store / "packs").glob("*")) if (store / "packs").exists() else set()
+        ids.append(mgr.save(digits.model, digits.optimizer))
+        packs.append(set((store / "packs").glob("*")) - before)
+    (pack,) = packs[1]
+    pack.unlink()
+    # With its catalog, the store names the checkpoint (the catalog lists it).
+    assert list(mgr.verify().bad) == [ids[1]]
+    mgr.close()
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match=f"kept in the store.*{ids[1]}"):
+        again = CheckpointManager(store)
+    assert again.list()["id"].tolist() == [ids[0], ids[2]]
+    report = again.verify()
+    assert list(report.bad) == [ids[1]] and "is damaged" in report.bad[ids[1]][0]
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {ids[1]} is damaged"):
+        again.restore(ids[1], model=digits.model)
+    assert again.gc().damaged_kept == 1
+    assert (store / "manifests" / f"{ids[1]}.json.zst").exists()
+    assert cli(["verify", str(store)]) == 1
+    assert f"bad: {ids[1]}" in capsys.readouterr().out
 
 
 def flip_byte(path: Path, from_end: int) -> None:

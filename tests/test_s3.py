@@ -7,6 +7,7 @@ catalog is a cache under ``~/.cache/ckpt_nb``); "another machine" is another hom
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 import torch
 from conftest import Holder
 
-from ckpt_nb import CheckpointManager, StoreError
+from ckpt_nb import CheckpointManager, CorruptCheckpointError, FsspecStore, StoreError
 from ckpt_nb.cli import main as cli
 
 s3fs = pytest.importorskip("s3fs")
@@ -33,11 +34,17 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
+    yield from s3_server()
+
+
+def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
+    """An S3 server on loopback (``env``, moto's settings) for as long as it is iterated."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -131,7 +138,10 @@ def test_the_cli_reads_an_s3_store_and_refuses_a_mistyped_one(
     CheckpointManager(f"s3://{bucket}/exp").save(h=Holder(weights(5)), step=7)
     assert cli(["ls", f"s3://{bucket}/exp"]) == 0 and "7" in capsys.readouterr().out
     assert cli(["ls", f"s3://{bucket}/typo"]) == 2
-    assert "no checkpoint store at" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no checkpoint store at" in err and "bucket" not in err.replace(bucket, "")
+    assert cli(["ls", f"s3://{bucket}x/exp"]) == 2  # (as a save says it)
+    assert f"the bucket '{bucket}x' does not exist" in capsys.readouterr().err
     assert not s3fs.S3FileSystem().exists(f"{bucket}/typo")  # (nothing written there)
 
 
@@ -264,3 +274,127 @@ def test_the_catalog_cache_follows_xdg_cache_home(bucket: str, tmp_path: Path,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     CheckpointManager(f"s3://{bucket}/exp").save(h=Holder(weights(1)))
     assert list((tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite"))
+
+
+def packs_of(bucket: str) -> set[str]:
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    return set(fs.find(f"{bucket}/exp/packs"))
+
+
+def test_a_checkpoint_whose_pack_left_the_bucket_is_named_damaged_not_collected(
+        bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pack deleted behind ckpt_nb's back (a lifecycle rule): the catalog read again
+    from the bucket left its checkpoint out without a word, verify() said all was well,
+    restore() said there was no such checkpoint, and gc() deleted its manifest."""
+    url = f"s3://{bucket}/exp"
+    mgr = CheckpointManager(url)
+    ids, packs = [], []
+    for seed in range(3):
+        before = packs_of(bucket)
+        ids.append(mgr.save(h=Holder(weights(seed))))
+        packs.append(packs_of(bucket) - before)
+    s3fs.S3FileSystem().rm_file(packs[1].pop())
+    with pytest.warns(RuntimeWarning, match=f"left out: checkpoint {ids[1]}.*kept in the store"):
+        assert mgr.list()["id"].tolist() == [ids[0], ids[2]]
+    report = mgr.verify()
+    assert list(report.bad) == [ids[1]] and "is damaged" in report.bad[ids[1]][0]
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {ids[1]} is damaged"):
+        mgr.restore(ids[1], h=Holder({}))
+    assert mgr.gc().manifests_deleted == 0
+    assert s3fs.S3FileSystem().exists(f"{bucket}/exp/manifests/{ids[1]}.json.zst")
+    assert cli(["verify", url]) == 1 and f"bad: {ids[1]}" in capsys.readouterr().out
+
+
+def test_a_url_with_an_empty_path_segment_is_refused(
+        bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """s3://b//x saved where no listing of it looked: list() showed nothing."""
+    for url in (f"s3://{bucket}//exp", f"s3://{bucket}/exp//run"):
+        with pytest.raises(ValueError, match="empty path segment"):
+            CheckpointManager(url)
+        assert cli(["ls", url]) == 1 and "empty path segment" in capsys.readouterr().err
+    assert not s3fs.S3FileSystem().find(bucket)  # (nothing written)
+
+
+def test_the_catalog_cache_removed_while_open_is_made_again(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every later save failed with a FileNotFoundError naming the lock file."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    mgr = CheckpointManager(f"s3://{bucket}/exp")
+    first = mgr.save(h=Holder(weights(1)))
+    shutil.rmtree(tmp_path / "cache")
+    with pytest.warns(RuntimeWarning, match="was missing, so it was rebuilt"):
+        second = mgr.save(h=Holder(weights(2)))
+    assert mgr.list()["id"].tolist() == [first, second] and mgr.gc().packs_deleted == 0
+    assert list((tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite"))
+
+
+def test_a_server_that_never_answers_fails_in_seconds_not_minutes(
+        bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """botocore's defaults, retried by s3fs, waited 7 minutes before a read timeout."""
+    import fsspec.config
+
+    with socket.socket() as mute:  # takes connections (its backlog), answers nothing
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(16)
+        dead = f"http://127.0.0.1:{mute.getsockname()[1]}"
+        monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", dead)
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": dead})
+        start = time.monotonic()
+        assert cli(["ls", f"s3://{bucket}/exp"]) == 1
+        assert time.monotonic() - start < 45
+    assert "Read timeout" in capsys.readouterr().err
+    # What the caller gives wins, key by key.
+    store = FsspecStore(f"s3://{bucket}/exp", config_kwargs={"read_timeout": 120})
+    assert store.fs.config_kwargs["read_timeout"] == 120
+    assert store.fs.config_kwargs["connect_timeout"] == 5
+
+
+def test_a_store_is_one_cache_under_s3a_and_two_on_two_servers(
+        bucket: str, endpoint: str) -> None:
+    """The catalog cache was keyed by the URL alone: s3a:// had a cache (and a lock) of
+    its own, and one bucket name on two servers shared one."""
+    cid = CheckpointManager(f"s3://{bucket}/exp").save(h=Holder(weights(1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no rebuild: the same cache)
+        assert CheckpointManager(f"s3a://{bucket}/exp").list()["id"].tolist() == [cid]
+    here = FsspecStore(f"s3://{bucket}/exp", endpoint_url=endpoint)
+    there = FsspecStore(f"s3://{bucket}/exp", endpoint_url="http://127.0.0.1:1")
+    assert here.identity == FsspecStore(f"s3a://{bucket}/exp/").identity
+    assert here.identity != there.identity
+
+
+def test_a_save_the_server_fails_says_so_and_a_refusal_names_the_credentials(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """"looking for packs/... failed" said neither that the save failed nor what of it
+    was kept; "Forbidden" did not say what to check."""
+    import fsspec.config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    server = s3_server({"INITIAL_NO_AUTH_ACTION_COUNT": "0"})  # every request checked
+    url = next(server)
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", url)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": url})
+    try:
+        assert cli(["ls", "s3://locked/exp"]) == 1
+        err = capsys.readouterr().err
+        assert "AWS_ACCESS_KEY_ID" in err and "~/.aws" in err, err
+        with pytest.raises(StoreError, match="check the credentials"):
+            CheckpointManager("s3://locked/exp")
+    finally:
+        next(server, None)
+    unreachable = s3_server()
+    url = next(unreachable)
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", url)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": url})
+    s3fs.S3FileSystem(endpoint_url=url).mkdir("going")
+    mgr = CheckpointManager("s3://going/exp")
+    mgr.save(h=Holder(weights(1)))
+    next(unreachable, None)  # the server goes
+    with pytest.raises(StoreError, match="saving a checkpoint failed, so it was not saved "
+                                         r"\(the checkpoints saved before are intact\)"):
+        mgr.save(h=Holder(weights(2)))
