@@ -17,11 +17,14 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames a warning never points at: ckpt_nb's own, and the context managers it uses.
+_SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
+_HOSTS = ("IPython.", "ipykernel.")  # modules that run a notebook's magics and hooks
 
 
 class CkptError(Exception):
@@ -77,10 +80,15 @@ class CaptureError(CkptError, TypeError):
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn at the first line outside ckpt_nb on the stack (the user's call), however deep
     inside the package the warning starts: a fixed ``stacklevel`` points into ckpt_nb
-    whenever the same code is reached through another path (the magics, the CLI)."""
+    whenever the same code is reached through another path (the magics, the CLI). Where
+    that line is IPython's (a magic's or a cell hook's work), there is no line of the
+    user's to show: the warning is ckpt_nb's own, one line."""
     frame = sys._getframe(1)
     level = 2  # (1 is this function's own frame)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         frame = frame.f_back
         level += 1
+    if frame is not None and str(frame.f_globals.get("__name__")).startswith(_HOSTS):
+        warnings.warn_explicit(message, category, "ckpt_nb", 0, module="ckpt_nb")
+        return
     warnings.warn(message, category, stacklevel=level)

@@ -857,9 +857,8 @@ class AutoSession:
     def _report_background_error(self) -> None:
         error = self.writer.take_error()
         if error is not None:
-            message = f"ckpt_nb: a background save failed: {type(error).__name__}: {error}"
-            print(message, file=sys.stderr, flush=True)
-            warn(message, RuntimeWarning)
+            print(f"ckpt_nb: a background save failed: {type(error).__name__}: {error}",
+                  file=sys.stderr, flush=True)
 
     # -- resume -----------------------------------------------------------------------------
     def _find_resume(self) -> None:

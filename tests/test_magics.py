@@ -1351,3 +1351,29 @@ def test_a_finished_cell_run_again_counts_its_steps_on(shell, tmp_path: Path,
     rows = ckpt_nb.CheckpointManager(tmp_path / "on").list()
     assert rows["step"].tolist()[-3:] == [4, 8, 12]
     assert rows["parent"].iloc[-3] is None and rows["branch"].iloc[-3] != "main"
+
+
+def test_a_warning_from_a_magic_is_ckpt_nbs_one_line_and_a_failed_save_prints_once(
+        shell, tmp_path: Path, capsys) -> None:
+    """In a notebook, warnings pointed at ckpt_nb's lines, then at IPython's (events.py:
+    101, "func(*args, **kwargs)"), and a failed background save printed twice."""
+    import warnings
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        mgr.save(torch.nn.Linear(2, 2))
+    (tmp_path / "s" / "catalog.sqlite").unlink()
+    run(shell, SETUP)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(shell, f"%ckpt_auto --dir {tmp_path / 's'} --every-steps 1")
+        session = _session.active()
+
+        def broken(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        session.manager.save_state = broken  # a full disk, which cannot be made real here
+        run(shell, "opt.zero_grad(); model(X).sum().backward(); opt.step()")
+        run(shell, "opt.zero_grad(); model(X).sum().backward(); opt.step()")
+    rebuilt = [w for w in caught if "was missing, so it was rebuilt" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in rebuilt] == [("ckpt_nb", 0)], caught
+    assert not [w for w in caught if "background save failed" in str(w.message)]
+    assert capsys.readouterr().err.count("background save failed: OSError") == 2  # (a save each)
