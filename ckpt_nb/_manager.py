@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 import reprlib
+import sys
 import threading
 import time
 import uuid
@@ -129,6 +130,7 @@ class GCReport:
     chunks_rewritten: int = 0  # deltas stored whole, so that their deleted bases could go
 
 
+LOCK_QUIET_SECONDS = 1.0  # a wait for another process's lock said after this long
 MANIFESTS_KEPT = 32  # decoded manifests a manager keeps (the newest saves', the last read)
 MAX_CHUNK_BYTES = 1 << 30  # the largest chunk_size
 # No chunk of any store is larger (stores made before chunk_size had its bound may hold
@@ -356,7 +358,7 @@ class CheckpointManager:
                     yield
                 return
             with self._open_lock() as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX)
+                self._take_lock(handle)
                 try:
                     self._reopen_if_removed()
                     yield
@@ -379,6 +381,31 @@ class CheckpointManager:
                              f"{self.store.url} ({exc}): make {cache} writable (for an "
                              "object store's catalog cache, XDG_CACHE_HOME may name "
                              "another folder), then try again; nothing was changed") from exc
+
+    def _take_lock(self, handle: IO[str]) -> None:
+        """Take the store's lock. Where another process keeps it past a second (a long
+        save, a gc, a kernel stopped at a breakpoint), say so and whose it is, once,
+        rather than wait without a word; the holder's pid is left in the file."""
+        assert self._lock_path is not None
+        deadline = time.monotonic() + LOCK_QUIET_SECONDS
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+            holder = self._lock_path.read_text().strip()
+            who = "another manager in this process" if holder == str(os.getpid()) else \
+                f"process {holder}" if holder.isdigit() else "another process"
+            print(f"ckpt_nb: waiting for {self.store.url}: {who} is saving to it or "
+                  f"collecting it (lock file {self._lock_path})", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            break
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
 
     def _reopen_if_removed(self) -> None:
         """Open the catalog again where its cache was removed, rebuilt from the store

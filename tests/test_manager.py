@@ -2411,3 +2411,23 @@ def test_a_checkpoint_deleted_while_diff_reads_it_is_named_deleted_not_damaged(
         with pytest.raises(CheckpointNotFoundError,
                            match=f"checkpoint {old} was deleted .* while it was being read"):
             mgr.diff(old, "latest")
+
+
+def test_a_wait_for_another_process_s_lock_is_said_with_its_pid(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """pin, rm and gc waited without a word while another process saved or collected."""
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl, os, sys, time\n"
+             f"f = open({str(tmp_path / 'catalog.sqlite.lock')!r}, 'a')\n"
+             "fcntl.flock(f, fcntl.LOCK_EX); f.truncate(0); f.write(f'{os.getpid()}\\n')\n"
+             "f.flush(); print('held', flush=True); time.sleep(1.5)"],
+            stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        mgr.pin(cid)  # (waits for it)
+        holder.wait(timeout=60)
+        assert mgr.catalog.get(cid).pinned
+    err = capsys.readouterr().err
+    assert f"waiting for {mgr.store.url}: process {holder.pid} is saving to it" in err, err
+    assert (tmp_path / "catalog.sqlite.lock").read_text() == f"{os.getpid()}\n"
