@@ -14,12 +14,14 @@ import builtins
 import contextlib
 import dataclasses
 import datetime
+import functools
 import hashlib
 import keyword
 import math
 import os
 import reprlib
 import signal
+import socket
 import sys
 import textwrap
 import threading
@@ -758,6 +760,7 @@ class AutoSession:
         found = self.rediscover()
         self._tell_skipped(found)
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
+               "owner": _owner(),
                "step": self.step, "on": list(self.config.on) if self.config.on else None,
                "keep_best": self.config.keep_best,
                "history": self.history.storable(), "best": self.best,
@@ -903,6 +906,11 @@ class AutoSession:
             return
         run = ck.extra.get(RUN_KEY)
         if not isinstance(run, dict) or run.get("finished") or run.get("cell") is None:
+            return
+        if candidate != position and (owner := _live_owner(run.get("owner"))) is not None:
+            self.say(f"checkpoint {ck.id} holds a run of this cell that {owner} is training "
+                     f"now: this cell starts a run of its own (%ckpt_rollback {ck.id} takes "
+                     "that run over)")
             return
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
@@ -1191,6 +1199,48 @@ _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a r
 _position_objects: dict[str, tuple[int | None, list[weakref.ref[Any]]]] = {}
 _subscribers: list[Callable[[str, str, str], None]] = []
 _last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's config, namespace
+
+
+def _started(pid: int) -> int | None:
+    """When a process started (clock ticks since boot, Linux), to tell it from a later
+    one given its pid; None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@functools.cache
+def _owner_of(pid: int) -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": pid, "started": _started(pid)}
+
+
+def _owner() -> dict[str, Any]:
+    """Who saves a run (this process, asked at each save: a fork is another): a fresh
+    kernel resumes a run only where the process that saved it is gone (a kernel that
+    died), not another kernel that is training it now."""
+    return _owner_of(os.getpid())
+
+
+def _live_owner(owner: Any) -> str | None:
+    """The process of this machine, other than this one, that saved a run and is running
+    still (the same pid, started at the same time), in words; else None."""
+    if not isinstance(owner, dict) or owner.get("host") != _owner()["host"]:
+        return None
+    pid = owner.get("pid")
+    if not is_count(pid) or pid in (0, os.getpid()):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except OSError:  # (another user's: alive)
+        pass
+    started = owner.get("started")
+    if started is not None and _started(pid) not in (None, started):
+        return None  # (its pid went to a later process)
+    return f"process {pid} (another kernel)"
 
 
 def _forget_position(url: str) -> None:

@@ -340,3 +340,47 @@ def test_on_metric_takes_no_infinity_for_an_improvement(tmp_path: Path, mode: st
     assert rows["score"].dropna().tolist() == values
     assert rows["note"].tolist() == ["score improved"] * 2 + ["end of cell"]
     assert mgr.load("best").metrics["score"] == values[-1]
+
+
+TRAINER = """
+import sys, time, torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with ckpt_nb.auto(sys.argv[1], name="train", every_steps=1, sync=True,
+                  namespace={"model": model, "opt": opt}):
+    for epoch in ckpt_nb.epochs(100):
+        for _, x in ckpt_nb.batches([torch.ones(2)] * 2):
+            opt.zero_grad(); model(x).sum().backward(); opt.step()
+        if epoch == 1:
+            print("trained", flush=True)
+            time.sleep(120)  # (alive, mid-run, as a kernel still training)
+"""
+
+
+def test_a_run_another_live_process_trains_is_not_resumed_one_that_died_is(
+        tmp_path: Path, capsys) -> None:
+    """The same notebook run in a second kernel took the first kernel's run over mid-way,
+    and both trained it on, side by side."""
+    import subprocess
+    import sys
+    for store, alive in ((tmp_path / "alive", True), (tmp_path / "died", False)):
+        trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(store)],
+                                   stdout=subprocess.PIPE, text=True)
+        try:
+            assert trainer.stdout is not None
+            assert "trained\n" in iter(trainer.stdout.readline, "")
+            if not alive:
+                trainer.kill()
+                trainer.wait(timeout=60)
+            model = torch.nn.Linear(2, 1)
+            ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+            with ckpt_nb.auto(str(store), name="train", namespace=ns, sync=True):
+                for _ in ckpt_nb.epochs(100):  # (a resume is the loop helpers')
+                    break
+        finally:
+            trainer.kill()
+            trainer.wait(timeout=60)
+        out = capsys.readouterr().out
+        assert (f"that process {trainer.pid} (another kernel) is training now" in out) is alive
+        assert ("resumed from" in out) is not alive, out
