@@ -528,8 +528,10 @@ class AutoSession:
             _positions[self.url] = checkpoint_id
             _position_events[self.url] = event
             _publish("save", checkpoint_id, self.url)
-        elif event == "delete" and _positions.get(self.url) == checkpoint_id:
-            self._follow_position()
+        elif event == "delete":  # (retention's, the end save's in place of the last)
+            if _positions.get(self.url) == checkpoint_id:
+                self._follow_position()
+            _publish("delete", checkpoint_id, self.url)
 
     def _moved_to(self, ck: Checkpoint, event: str, objects: Iterable[Any]) -> None:
         """The kernel's state came from ``ck``: ``objects`` are what it was put into."""
