@@ -225,6 +225,7 @@ class CheckpointManager:
         self._pack_writer: ThreadPoolExecutor | None = None
         self._lock_path: Path | None = None
         self._read_only_rebuild = False  # the catalog is rebuilt in memory, to read only
+        self._told_blocked = False  # retention said gc is stopped by a damaged checkpoint
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._stale_format = check_format(self.store) < FORMAT
@@ -1395,21 +1396,40 @@ class CheckpointManager:
             protected.add(self.head)
         if self.keep_best:
             protected |= set(self._best(rows, self.keep_best))
+        # A damaged manifest stops gc (its chunks may lie in any pack): checkpoints that
+        # retention deletes then free no room, and a byte budget would delete them all.
+        blocked = sorted(id_of(key) or key for key in self.catalog.damaged()
+                         if key.startswith("manifests/"))
         if self.max_to_keep is not None or self.keep_best is not None:
             recent = {r.id for r in rows[-self.max_to_keep:]} if self.max_to_keep else set()
             self._drop([r.id for r in rows if r.id not in protected | recent])
-        if self.max_bytes is not None:
+        if self.max_bytes is not None and self.stored_bytes() > self.max_bytes:
+            if blocked:
+                self._warn_blocked(blocked)
+                return
             # Over the budget, gc frees all it can before a checkpoint goes: a crashed
             # save's orphans, the dead part of every pack, and the deleted deltas under
             # kept chunks (each such chunk stored whole).
             tight = {"compact_below": BUDGET_COMPACT_BELOW, "whole_over": 0}
-            if self.stored_bytes() > self.max_bytes:
-                self._gc_locked(**tight)
+            self._gc_locked(**tight)
             for row in self.catalog.checkpoints():
                 if self.stored_bytes() <= self.max_bytes:
                     break
                 if row.id not in protected:
                     self._drop([row.id], **tight)
+        elif blocked and len(rows) > len(self.catalog.checkpoints()):
+            self._warn_blocked(blocked)
+
+    def _warn_blocked(self, damaged: list[str]) -> None:
+        """Say once per manager that retention frees no room while the store holds a
+        damaged checkpoint (a byte budget then deletes none)."""
+        if self._told_blocked:
+            return
+        self._told_blocked = True
+        warn(f"the store at {self.store.url} holds damaged checkpoints ({', '.join(damaged)}"
+             "), so gc() frees no room and a byte budget deletes nothing: verify() says what "
+             "is wrong with them; put back what they miss, or delete their manifests by hand",
+             RuntimeWarning)
 
     def _drop(self, ids: Sequence[str], **gc_options: Any) -> None:
         if ids:

@@ -2431,3 +2431,29 @@ def test_a_wait_for_another_process_s_lock_is_said_with_its_pid(
     err = capsys.readouterr().err
     assert f"waiting for {mgr.store.url}: process {holder.pid} is saving to it" in err, err
     assert (tmp_path / "catalog.sqlite.lock").read_text() == f"{os.getpid()}\n"
+
+
+def test_a_byte_budget_deletes_nothing_while_a_damaged_checkpoint_stops_gc(
+        tmp_path: Path) -> None:
+    """A pack deleted by hand (a lifecycle rule) left a damaged checkpoint, which stops
+    gc; the budget then deleted every other checkpoint, each freeing nothing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    with CheckpointManager(tmp_path) as mgr:
+        for step in range(6):
+            with torch.no_grad():
+                model.weight.normal_()
+            before = set((tmp_path / "packs").glob("*.pack"))
+            mgr.save(model, step=step)
+            if step == 1:
+                lost = set((tmp_path / "packs").glob("*.pack")) - before
+    for path in (*lost, *tmp_path.glob("catalog.sqlite*")):
+        path.unlink()
+    with pytest.warns(RuntimeWarning, match="rebuilt"):
+        mgr = CheckpointManager(tmp_path, max_bytes=mgr.stored_bytes() * 9 // 10)
+    kept = list(mgr.list()["id"])
+    with pytest.warns(RuntimeWarning, match=r"holds damaged checkpoints \(\w+\), so gc\(\) "
+                                            "frees no room and a byte budget deletes nothing"):
+        new = mgr.save(model, step=6)
+    assert list(mgr.list()["id"]) == [*kept, new]
+    mgr.close()
