@@ -428,8 +428,11 @@ def _put_back(live: Any, saved: Any) -> Any:
         return tuple(_put_back(old, new) for old, new in zip(live, saved)) + saved[len(live):]
     if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf:
-        with torch.no_grad():  # (a leaf an optimizer trains stays that optimizer's)
-            live.copy_(saved)
+        try:
+            with torch.no_grad():  # (a leaf an optimizer trains stays that optimizer's)
+                live.copy_(saved)
+        except RuntimeError:  # (an inference tensor, an expanded or sparse one: replaced)
+            return saved
         return live
     if isinstance(live, np.ndarray) and isinstance(saved, np.ndarray) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.flags.writeable:

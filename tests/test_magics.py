@@ -1377,3 +1377,26 @@ def test_a_warning_from_a_magic_is_ckpt_nbs_one_line_and_a_failed_save_prints_on
     assert [(w.filename, w.lineno) for w in rebuilt] == [("ckpt_nb", 0)], caught
     assert not [w for w in caught if "background save failed" in str(w.message)]
     assert capsys.readouterr().err.count("background save failed: OSError") == 2  # (a save each)
+
+
+def test_a_rollback_replaces_a_captured_tensor_that_takes_no_copy(tmp_path: Path,
+                                                                   capsys) -> None:
+    """Predictions collected under torch.inference_mode() (an inference tensor, in a list)
+    refused the in-place copy: the rollback failed half done, the models loaded and the
+    kernel's position left behind."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.inference_mode():
+        preds = [model(torch.ones(2)), torch.zeros(3).expand(2, 3)]
+    ns = {"model": model, "opt": opt, "preds": preds, "wide": torch.zeros(1).expand(4)}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="eval", sync=True):
+        pass
+    first = ckpt_nb.CheckpointManager(tmp_path).list()["id"].iloc[-1]
+    with torch.no_grad():
+        model.weight += 1
+    with torch.inference_mode():
+        ns["preds"][0] = model(torch.ones(2))
+    ckpt_nb.rollback(first, directory=tmp_path, namespace=ns)
+    assert f"rolled back to {first}" in capsys.readouterr().out
+    assert ns["preds"] is preds and torch.equal(preds[0], model(torch.ones(2)))
+    assert torch.equal(ns["wide"], torch.zeros(4))
