@@ -359,9 +359,10 @@ def _feed(digest: Any, value: Any) -> None:
     data, so that values a resume would put back differently digest differently."""
     digest.update(f"<{type(value).__qualname__}".encode())
     if isinstance(value, torch.Tensor):
-        flat = value.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        digest.update(f"{value.dtype}{tuple(value.shape)}{value.layout}".encode())
+        for part in _data_of(value.detach()):
+            flat = part.cpu().contiguous().reshape(-1)
+            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
     elif isinstance(value, np.ndarray) and value.dtype != object:
         digest.update(f"{value.dtype}{value.shape}".encode())
         digest.update(np.ascontiguousarray(value).tobytes())
@@ -375,6 +376,19 @@ def _feed(digest: Any, value: Any) -> None:
     else:
         digest.update(repr(value).encode())
     digest.update(b">")
+
+
+def _data_of(t: torch.Tensor) -> list[torch.Tensor]:
+    """The dense tensors that hold a tensor's data: itself; a sparse one's indices and
+    values; a quantized one's integers."""
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce()
+        return [t.indices(), t.values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
+    return [t.int_repr()] if t.is_quantized else [t]
 
 
 def _malformed(checkpoint_id: str, problem: str, *, resume: bool) -> CorruptCheckpointError:

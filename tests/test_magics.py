@@ -1400,3 +1400,21 @@ def test_a_rollback_replaces_a_captured_tensor_that_takes_no_copy(tmp_path: Path
     assert f"rolled back to {first}" in capsys.readouterr().out
     assert ns["preds"] is preds and torch.equal(preds[0], model(torch.ones(2)))
     assert torch.equal(ns["wide"], torch.zeros(4))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_failed_cell_and_a_rollback_with_a_sparse_tensor_variable(
+        shell, tmp_path: Path, capsys) -> None:
+    """Their digest of captured variables raised on a sparse tensor: a second traceback
+    after the cell's error, and a rollback that restored the state then failed."""
+    run(shell, "import torch\nmodel = torch.nn.Linear(4, 2)\n"
+               "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+               "adj = torch.eye(3).to_sparse()\nrows = torch.eye(3).to_sparse_csr()")
+    result = run(shell, f"%%ckpt_auto --dir {tmp_path} --every-steps 1\n"
+                        "for i in range(3):\n"
+                        "    opt.zero_grad(); model(torch.ones(8, 4)).sum().backward()\n"
+                        "    opt.step()\n"
+                        "raise ValueError('diverged')")
+    assert isinstance(result.error_in_exec, ValueError)
+    assert run(shell, "%ckpt_rollback latest").success
+    assert "rolled back to" in capsys.readouterr().out
