@@ -61,8 +61,9 @@ class _Unsupported(Exception):
     pass
 
 
-def plain_size(value: Any, depth: int = 0) -> int:
-    """Bytes a plain value would take; raises _Unsupported for anything else."""
+def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
+    """Bytes a plain value would take; raises _Unsupported for anything else. A frame
+    over ``limit`` bytes (the caller's cap: skipped anyway) is not checked further."""
     if depth > _MAX_DEPTH:
         raise _Unsupported("nested too deeply")
     # Exact types: a subclass (an IntEnum, a namedtuple) would be pickled, or come back
@@ -97,16 +98,17 @@ def plain_size(value: Any, depth: int = 0) -> int:
             raise _Unsupported(f"NumPy {value.dtype} scalar, which no tensor holds")
         return 8
     if _is_frame(value):
-        if (problem := _frame_problem(value)) is not None:
-            raise _Unsupported(problem)
-        return int(value.memory_usage(deep=True).sum()) if hasattr(value, "columns") \
+        size = int(value.memory_usage(deep=True).sum()) if hasattr(value, "columns") \
             else int(value.memory_usage(deep=True))
+        if (limit is None or size <= limit) and (problem := _frame_problem(value)) is not None:
+            raise _Unsupported(problem)
+        return size
     if type(value) in (list, tuple, set, frozenset):
-        return sum(plain_size(v, depth + 1) for v in value) + 8 * len(value)
+        return sum(plain_size(v, depth + 1, limit) for v in value) + 8 * len(value)
     if isinstance(value, dict):
         if not all(isinstance(k, (str, int, float, bool)) for k in value):
             raise _Unsupported("dict with non-scalar keys")
-        return sum(plain_size(v, depth + 1) for v in value.values()) + 16 * len(value)
+        return sum(plain_size(v, depth + 1, limit) for v in value.values()) + 16 * len(value)
     raise _Unsupported(type(value).__name__)
 
 
@@ -121,11 +123,31 @@ def _torch_holds(dtype: np.dtype[Any]) -> bool:
     return True
 
 
+# The last verdict on each frame discovery met (by id: it holds a weak reference, to
+# tell a later frame at the same address), for as long as its columns are the same.
+_frame_verdicts: dict[int, tuple[weakref.ref[Any], tuple[Any, ...], str | None]] = {}
+
+
 def _frame_problem(frame: Any) -> str | None:
     """Why a DataFrame or Series would not come back as it is (a tz-aware, period,
     interval or nullable column), found by storing and reading it as a save and a
     restore would; None where it comes back equal. A restore of one that does not
-    would fail, or hold placeholders for the values stored as pickles."""
+    would fail, or hold placeholders for the values stored as pickles. The round trip
+    takes as long as a save of the frame: it is made once per frame and layout, not at
+    each save (a value that changes it later is left out, named, by the restore)."""
+    layout = (frame.shape, tuple(map(str, frame.dtypes if hasattr(frame, "columns")
+                                     else [frame.dtype])), str(frame.index.dtype))
+    seen = _frame_verdicts.get(id(frame))
+    if seen is not None and seen[0]() is frame and seen[1] == layout:
+        return seen[2]
+    problem = _problem_of(frame)
+    for key in [k for k, (ref, _, _) in _frame_verdicts.items() if ref() is None]:
+        del _frame_verdicts[key]
+    _frame_verdicts[id(frame)] = (weakref.ref(frame), layout, problem)
+    return problem
+
+
+def _problem_of(frame: Any) -> str | None:
     if _plainly_stored(frame) or _round_trips(frame):
         return None
     if hasattr(frame, "columns"):
@@ -247,7 +269,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.skipped[name] = f"{type(value).__name__}: code is not state"
         else:
             try:
-                size = plain_size(value)
+                size = plain_size(value, limit=max_variable_bytes)
             except _Unsupported as exc:
                 found.skipped[name] = str(exc)
                 continue

@@ -1418,3 +1418,23 @@ def test_a_failed_cell_and_a_rollback_with_a_sparse_tensor_variable(
     assert isinstance(result.error_in_exec, ValueError)
     assert run(shell, "%ckpt_rollback latest").success
     assert "rolled back to" in capsys.readouterr().out
+
+
+def test_a_frame_is_read_back_once_per_layout_and_not_over_the_cap(monkeypatch) -> None:
+    """The read-back check of a frame ran at every save (16 s for a million rows on a time
+    index), over the size cap too, where the frame is skipped anyway."""
+    import pandas as pd
+    from ckpt_nb import _discovery
+    checked = []
+    monkeypatch.setattr(_discovery, "_round_trips",
+                        lambda frame, real=_discovery._round_trips:
+                        checked.append(frame.shape) or real(frame))
+    log = pd.DataFrame({"loss": [0.5, 0.25]}, index=pd.date_range("2024", periods=2))
+    for _ in range(3):
+        assert "log" in _discovery.discover({"log": log}).variables
+    assert checked == [(2, 1)]
+    log["phase"] = "train"  # (a new column: checked again)
+    assert "log" in _discovery.discover({"log": log}).variables and checked[-1] == (2, 2)
+    big = pd.DataFrame({"s": ["x" * 100] * 20_000})
+    found = _discovery.discover({"big": big}, max_variable_bytes=1 << 20)
+    assert "over the 1 MiB cap" in found.skipped["big"] and len(checked) == 2
