@@ -227,11 +227,13 @@ class RollbackPlan(NamedTuple):
 
 
 class _Write(NamedTuple):
-    """A save that went in: its id, the optimizer steps seen and the metrics it holds."""
+    """A save that went in: its id, the optimizer steps seen, the metrics it holds and
+    its note (why it was made)."""
 
     id: str
     steps_seen: int
     metrics: dict[str, float]
+    note: str
 
 
 @dataclass
@@ -805,7 +807,7 @@ class AutoSession:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
             cid = self.manager.save_state(state, **fields)
             _position_objects[self.url] = (fields["step"], trained)
-            self._last_write = _Write(cid, steps_seen, metrics)
+            self._last_write = _Write(cid, steps_seen, metrics, reason)
             return cid
 
         if self.config.sync:
@@ -845,11 +847,15 @@ class AutoSession:
         end = self._last_write
         if end is None or end.id == prior.id:
             return  # (the save failed: the prior one stays)
-        row = manager.catalog.get(prior.id)
-        if end.metrics == prior.metrics and row is not None and not row.pinned \
-                and manager.catalog.children(prior.id) == [end.id] \
-                and self._same_objects(prior.id, end.id):
-            with contextlib.suppress(CkptError):  # (pinned or deleted meanwhile: it stays)
+        # Under the store's lock: no other process pins, notes or saves a child of the
+        # prior one between the look and the delete. One a user marked (pinned, noted,
+        # tagged) stays.
+        with contextlib.suppress(CkptError), manager._exclusive():
+            row = manager.catalog.get(prior.id)
+            if end.metrics == prior.metrics and row is not None and not row.pinned \
+                    and row.note == prior.note and not row.tags \
+                    and manager.catalog.children(prior.id) == [end.id] \
+                    and self._same_objects(prior.id, end.id):
                 manager.delete(prior.id)
                 return
         if limits != (None, None):  # two states after all: retention as the user set it

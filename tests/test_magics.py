@@ -1322,6 +1322,14 @@ def test_a_run_ends_with_one_checkpoint_of_its_last_state(shell, tmp_path: Path)
     assert run(shell, ENDS_ON_A_TRIGGER.format(dir=tmp_path / "two", after=after)).success
     rows = ckpt_nb.CheckpointManager(tmp_path / "two").list()
     assert rows["step"].tolist() == [8, 12, 12]
+    # One given a note meanwhile (by another process: the explorer, the CLI) is kept.
+    run(shell, SMALL)
+    after = ("from ckpt_nb import _session\n_session.active().writer.wait()\n"  # (step 12's in)
+             f"ckpt_nb.CheckpointManager({str(tmp_path / 'three')!r}).annotate('latest', 'keep')")
+    assert run(shell, ENDS_ON_A_TRIGGER.format(dir=tmp_path / "three", after=after)).success
+    rows = ckpt_nb.CheckpointManager(tmp_path / "three").list()
+    assert rows["step"].tolist() == [8, 12, 12] and rows["note"].tolist()[1:] == [
+        "keep", "end of cell"]
 
 
 def test_a_finished_cell_run_again_counts_its_steps_on(shell, tmp_path: Path,
