@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import _stdlib_values as stdlib_values
-from ._capture import _DICT_KINDS, Stateful, Unflattener, flatten
+from ._capture import _DICT_KINDS, Stateful, Unflattener, flatten, torch_has_dtype
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -90,11 +90,11 @@ def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biufc":
             raise _Unsupported(f"NumPy array of {value.dtype}")
-        if not _torch_holds(value.dtype):
+        if not torch_has_dtype(value.dtype):
             raise _Unsupported(f"NumPy array of {value.dtype}, which no tensor holds")
         return value.nbytes
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
-        if not _torch_holds(value.dtype):
+        if not torch_has_dtype(value.dtype):
             raise _Unsupported(f"NumPy {value.dtype} scalar, which no tensor holds")
         return 8
     if _is_frame(value):
@@ -110,17 +110,6 @@ def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
             raise _Unsupported("dict with non-scalar keys")
         return sum(plain_size(v, depth + 1, limit) for v in value.values()) + 16 * len(value)
     raise _Unsupported(type(value).__name__)
-
-
-@functools.cache
-def _torch_holds(dtype: np.dtype[Any]) -> bool:
-    """Whether a save can store NumPy's ``dtype`` (its arrays go as tensors): torch has
-    no long double, which saving would fail on mid-cell."""
-    try:
-        torch.from_numpy(np.zeros(1, dtype))
-    except TypeError:
-        return False
-    return True
 
 
 # The last verdict on each frame discovery met (by id: it holds a weak reference, to

@@ -397,7 +397,10 @@ class CheckpointManager:
                 if time.monotonic() < deadline:
                     time.sleep(0.01)
                     continue
-            holder = self._lock_path.read_text().strip()
+            try:
+                holder = self._lock_path.read_text().strip()
+            except OSError:  # (a cache cleaner took it)
+                holder = ""
             who = "another manager in this process" if holder == str(os.getpid()) else \
                 f"process {holder}" if holder.isdigit() else "another process"
             print(f"ckpt_nb: waiting for {self.store.url}: {who} is saving to it or "

@@ -930,8 +930,8 @@ class AutoSession:
         if not isinstance(run, dict) or run.get("finished") or run.get("cell") is None:
             return
         if candidate != position and (owner := _live_owner(run.get("owner"))) is not None:
-            self.say(f"checkpoint {ck.id} holds a run of this cell that {owner} is training "
-                     f"now: this cell starts a run of its own (%ckpt_rollback {ck.id} takes "
+            self.say(f"checkpoint {ck.id} holds an unfinished run of this cell that {owner} "
+                     f"saved: this cell starts a run of its own (%ckpt_rollback {ck.id} takes "
                      "that run over)")
             return
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
@@ -1225,10 +1225,11 @@ _last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's c
 
 def _started(pid: int) -> int | None:
     """When a process started (clock ticks since boot, Linux), to tell it from a later
-    one given its pid; None where that cannot be read."""
+    one given its pid; None where that cannot be read, or it has ended (a zombie)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -1259,10 +1260,10 @@ def _live_owner(owner: Any) -> str | None:
         return None
     except OSError:  # (another user's: alive)
         pass
-    started = owner.get("started")
-    if started is not None and _started(pid) not in (None, started):
-        return None  # (its pid went to a later process)
-    return f"process {pid} (another kernel)"
+    started, now = owner.get("started"), _started(pid)
+    if started is not None and now != started:
+        return None  # (ended, a zombie; or its pid went to a later process)
+    return f"process {pid} (another kernel, still running)"
 
 
 def _forget_position(url: str) -> None:

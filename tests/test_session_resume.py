@@ -382,5 +382,6 @@ def test_a_run_another_live_process_trains_is_not_resumed_one_that_died_is(
             trainer.kill()
             trainer.wait(timeout=60)
         out = capsys.readouterr().out
-        assert (f"that process {trainer.pid} (another kernel) is training now" in out) is alive
+        assert (f"that process {trainer.pid} (another kernel, still running) saved" in out) \
+            is alive
         assert ("resumed from" in out) is not alive, out
