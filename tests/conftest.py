@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -95,3 +99,26 @@ def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
     yield sh
     os.chdir(old)
     sh.run_cell("%unload_ext ckpt_nb", store_history=False)
+
+
+def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
+    """An S3 server on loopback (``env``, moto's settings) for as long as it is iterated."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError("the S3 server on loopback did not start") from None
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    server.terminate()
+    server.wait(timeout=30)

@@ -7,8 +7,6 @@ import json
 import math
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,7 +26,7 @@ from ckpt_nb.cli import _time
 from ckpt_nb._plots import dag_layout
 from ckpt_nb._store import FsspecStore
 
-from conftest import DigitsRun, Holder, same
+from conftest import DigitsRun, Holder, s3_server, same
 
 
 def poll(condition: Callable[[], bool], seconds: float = 20) -> None:
@@ -845,24 +843,7 @@ def s3_endpoint() -> Iterator[str]:
     """An S3-compatible server on loopback (moto's), as tests/test_s3.py runs it."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise RuntimeError("the S3 server on loopback did not start") from None
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    server.terminate()
-    server.wait(timeout=30)
+    yield from s3_server()
 
 
 @pytest.fixture

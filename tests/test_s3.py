@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Holder
+from conftest import Holder, s3_server
 
 from ckpt_nb import CheckpointManager, CorruptCheckpointError, FsspecStore, StoreError
 from ckpt_nb.cli import main as cli
@@ -35,29 +35,6 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     yield from s3_server()
-
-
-def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
-    """An S3 server on loopback (``env``, moto's settings) for as long as it is iterated."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise RuntimeError("the S3 server on loopback did not start") from None
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    server.terminate()
-    server.wait(timeout=30)
 
 
 @pytest.fixture
