@@ -24,7 +24,9 @@ import warnings
 
 # Frames a warning never points at: ckpt_nb's own, and the context managers it uses.
 _SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
-_HOSTS = ("IPython.", "ipykernel.")  # modules that run a notebook's magics and hooks
+# Modules that run ckpt_nb's code for it (a notebook's magics and hooks, a background
+# save's thread): a warning met there has no line of the user's to point at.
+_HOSTS = ("IPython.", "ipykernel.", "concurrent.futures.", "threading")
 
 
 class CkptError(Exception):
@@ -81,8 +83,8 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn at the first line outside ckpt_nb on the stack (the user's call), however deep
     inside the package the warning starts: a fixed ``stacklevel`` points into ckpt_nb
     whenever the same code is reached through another path (the magics, the CLI). Where
-    that line is IPython's (a magic's or a cell hook's work), there is no line of the
-    user's to show: the warning is ckpt_nb's own, one line."""
+    that line is IPython's (a magic's or a cell hook's work) or a thread's (a background
+    save), there is no line of the user's to show: the warning is ckpt_nb's own, one line."""
     frame = sys._getframe(1)
     level = 2  # (1 is this function's own frame)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):

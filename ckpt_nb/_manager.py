@@ -309,13 +309,37 @@ class CheckpointManager:
             return True
         return set(self.store.list("packs")) - damaged != catalog.packs()
 
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[None]:
+        """A store's failure in a save, said to be the save's: "looking for packs/...
+        failed" said neither that the save failed nor that what was saved before is intact
+        (what fails before the commit leaves no checkpoint; a half-written pack is gc's)."""
+        try:
+            yield
+        except StoreError as exc:
+            self._check_there()
+            failed = StoreError(f"saving a checkpoint failed, so it was not saved (the "
+                                f"checkpoints saved before are intact): {exc}")
+            failed.errno = exc.errno
+            raise failed from exc
+
+    def _check_there(self) -> None:
+        """Refuse a local store whose folder was removed while this manager had it open:
+        its catalog, still open, lists checkpoints whose files are gone."""
+        root = local_root(self.store)
+        if root is not None and not root.is_dir():
+            raise StoreError(f"the store at {self.store.url} is gone: its folder was removed "
+                             "while this manager had it open")
+
     def _catch_up(self) -> None:
         """A catalog of this process's own (a memory:// store's; an object store's, a
         cache on this machine) does not see what other managers saved, deleted, pinned
         or noted: read the store again where it has moved on, before anything is written
         or collected (a gc from a stale catalog deleted the other manager's new
-        checkpoints; retention, a checkpoint pinned elsewhere)."""
+        checkpoints; retention, a checkpoint pinned elsewhere). A local store's catalog
+        is the store's own: only checked to be there still."""
         if local_root(self.store) is not None:
+            self._check_there()
             return
         if self._behind_the_store(self.catalog):
             found = rebuild(self.store, _committed(self.catalog))
@@ -554,7 +578,7 @@ class CheckpointManager:
         metrics = {k: as_metric(k, v) for k, v in (metrics or {}).items()}
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
-        with _saving(), self._exclusive():
+        with self._saving(), self._exclusive():
             self._catch_up()
             parent_id = self.head if parent is ... else parent
             parent_row = self.catalog.get(parent_id) if parent_id else None
@@ -1080,8 +1104,8 @@ class CheckpointManager:
         try:
             yield
         except CkptError:
-            self._catch_up()  # (another manager's delete, where the catalog is this one's)
-            if self.catalog.get(cid) is None:
+            self._catch_up()  # (another manager's delete, where the catalog is this one's;
+            if self.catalog.get(cid) is None:  # a store removed whole is named so there)
                 raise CheckpointNotFoundError(
                     f"checkpoint {cid} was deleted (by retention, here or in another "
                     "process) while it was being read") from None
@@ -1677,18 +1701,6 @@ class CheckpointManager:
                                note=note if note is not None else f"imported from {path}")
 
 
-@contextlib.contextmanager
-def _saving() -> Iterator[None]:
-    """A store's failure in a save, said to be the save's: "looking for packs/... failed"
-    said neither that the save failed nor that what was saved before is intact (what
-    fails before the commit leaves no checkpoint; a half-written pack is gc's)."""
-    try:
-        yield
-    except StoreError as exc:
-        failed = StoreError(f"saving a checkpoint failed, so it was not saved (the "
-                            f"checkpoints saved before are intact): {exc}")
-        failed.errno = exc.errno
-        raise failed from exc
 
 
 _DAMAGED_KEPT = ("its manifest stays in the store, and gc() leaves it: put back what is "

@@ -67,7 +67,8 @@ class Rebuilt(Seed):
         n = len(self.checkpoints)
         text = f"{n} checkpoint{'' if n == 1 else 's'} recovered"
         if self.rejoined:
-            text += (f"; {len(self.rejoined)} whose parent had been deleted were joined to "
+            text += (f"; {len(self.rejoined)} whose parent had been deleted "
+                     f"{'was' if len(self.rejoined) == 1 else 'were'} joined to "
                      "their nearest kept ancestor")
         if self.left_out:
             text += f"; left out: {'; '.join(self.left_out)}"

@@ -244,6 +244,10 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
           f"{report.chunks_rewritten} deltas stored whole, "
           f"{report.manifests_deleted} manifests deleted, "
           f"{report.temporaries_deleted} temporaries deleted")
+    if report.damaged_kept:
+        print(f"kept {report.damaged_kept} damaged file{'' if report.damaged_kept == 1 else 's'}"
+              " (and, while a damaged checkpoint is there, every pack): `ckpt-nb verify` "
+              "names them")
     return 0
 
 

@@ -175,6 +175,13 @@ def test_gc_reports_what_it_reclaimed(store: Store, capsys: pytest.CaptureFixtur
     assert code == 0 and out.startswith("freed ") and "1 manifests deleted" in out
     assert not orphan.exists()
     assert run(capsys, "verify", store.directory)[0] == 0
+    store.packs[1].unlink()  # (by hand: the second checkpoint is damaged, and kept)
+    for path in store.directory.glob("catalog.sqlite*"):
+        path.unlink()
+    with pytest.warns(RuntimeWarning, match="rebuilt"):
+        code, out, _ = run(capsys, "gc", store.directory)
+    assert code == 0 and "kept 1 damaged file (and, while a damaged checkpoint is there, " \
+        "every pack): `ckpt-nb verify` names them" in out, out
 
 
 def test_export_pt(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

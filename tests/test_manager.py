@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sqlite3
 import struct
 import subprocess
@@ -2457,3 +2458,28 @@ def test_a_byte_budget_deletes_nothing_while_a_damaged_checkpoint_stops_gc(
         new = mgr.save(model, step=6)
     assert list(mgr.list()["id"]) == [*kept, new]
     mgr.close()
+
+
+def test_a_store_removed_while_open_is_named_gone(tmp_path: Path) -> None:
+    """After rmtree of the store, list() still showed its checkpoints, export said a pack
+    was missing, and a save said "the checkpoints saved before are intact"."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path / "s") as mgr:
+        mgr.save(model)
+        shutil.rmtree(tmp_path / "s")
+        for attempt in (mgr.list, lambda: mgr.export("latest", tmp_path / "m.pt"),
+                        lambda: mgr.save(model), lambda: mgr.restore("latest", model=model)):
+            with pytest.raises(StoreError, match="is gone: its folder was removed while this "
+                                                 "manager had it open"):
+                attempt()
+
+
+def test_a_warning_met_on_a_worker_thread_is_ckpt_nbs_one_line() -> None:
+    """A background save's warning pointed at concurrent/futures/thread.py's line."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckpt_nb._errors import warn
+    with ThreadPoolExecutor(1) as pool, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pool.submit(warn, "the catalog was rebuilt", RuntimeWarning).result()
+    assert [(w.filename, w.lineno) for w in caught] == [("ckpt_nb", 0)]
