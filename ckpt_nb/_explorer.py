@@ -329,7 +329,7 @@ class Explorer(w.VBox):
         def button(label: str, handler: Any, style: str = "", tip: str = "") -> w.Button:
             b = w.Button(description=label, button_style=style, tooltip=tip,
                          layout=w.Layout(width="auto"))
-            b.on_click(lambda _: self._guard(handler))
+            b.on_click(lambda _: self._guard(handler, None if label == "Confirm" else label))
             return b
 
         self.rollback_button = button("Roll back", self._ask_rollback, "warning",
@@ -638,13 +638,17 @@ class Explorer(w.VBox):
         raise CkptError(f"no figure {kind!r}: use metrics, compare, dag or diff")
 
     # -- actions ---------------------------------------------------------------------------
-    def _guard(self, action: Any) -> Any:
+    def _guard(self, action: Any, name: str | None = None) -> Any:
         """Run an action; a failure shows in the status line, never as a traceback (a button's
-        exception would go to the browser's console: the click seemed to do nothing)."""
+        exception would go to the browser's console: the click seemed to do nothing),
+        after the button's ``name``, so that it reads as that action's (a store that fails
+        to answer then says the Unpin failed, not only that a listing did)."""
         try:
             return action()
         except Exception as exc:  # noqa: BLE001 - KeyboardInterrupt and SystemExit go on
-            self._say(_failure(exc), error=True)
+            text = _failure(exc)
+            detail = text.removeprefix("⚠ ").removeprefix("failed: ")
+            self._say(f"⚠ {name} failed: {detail}" if name else text, error=True)
             return None
 
     def _say_stale(self, exc: Exception) -> None:
@@ -699,10 +703,12 @@ class Explorer(w.VBox):
         if pending is None:
             raise CkptError("nothing awaits confirmation: press Roll back or Delete first")
         action, cid = pending
+        name = "Roll back" if action == "rollback" else "Delete"
         if self.selected != [cid]:  # (the views and the buttons act on the selection)
             raise CkptError(f"{cid} is no longer selected: nothing done; select it and press "
-                            f"{'Roll back' if action == 'rollback' else 'Delete'} again")
-        self.rollback(cid) if action == "rollback" else self.delete(cid)
+                            f"{name} again")
+        self._guard(lambda: self.rollback(cid) if action == "rollback" else self.delete(cid),
+                    f"{name} of {cid}")
 
     def rollback(self, which: str) -> str:
         """The same operation as ``%ckpt_rollback which``, on this store. Refused where the

@@ -604,7 +604,7 @@ def test_an_action_failing_unexpectedly_says_so(store, monkeypatch) -> None:
         ui.select([main[0]])
         ui.export_path.value = "out.pt"
         ui.export_button.click()
-        assert "⚠ failed: TypeError: unsupported operand type(s)" in ui.status.value
+        assert "⚠ Export failed: TypeError: unsupported operand type(s)" in ui.status.value
 
         def interrupted() -> None:
             raise KeyboardInterrupt
@@ -912,5 +912,23 @@ def test_an_object_store_deleted_while_open_is_named_gone(s3_url: str) -> None:
         gone = f"the store at {s3_url} no longer exists"
         poll(lambda: gone in ui.status.value)
         assert gone in ui.status.value and ui.table_frame["id"].tolist() == [a]
+    finally:
+        ui.close()
+
+
+def test_a_failed_action_says_which_action_failed(tmp_path: Path) -> None:
+    """A store that could not be reached said only "listing manifests ... failed": not
+    that the click's Unpin (or the confirmed Delete) was not done."""
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.select([cid])
+        ui.delete_button.click()
+        shutil.rmtree(tmp_path / "s")
+        ui.confirm_button.click()
+        assert f"⚠ Delete of {cid} failed: " in ui.status.value
+        ui.pin_button.click()
+        assert "⚠ Pin failed: " in ui.status.value
     finally:
         ui.close()
