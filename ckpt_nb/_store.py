@@ -737,10 +737,27 @@ class FsspecStore(Store):
                 with self._asking(f"upload of {key}", path):
                     if self._makes_folders:
                         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                    self.fs.put_file(spool.name, path)
+                    self._put(spool.name, path, os.fstat(spool.fileno()).st_size)
             except FileNotFoundError as exc:  # (S3's NoSuchBucket)
                 raise StoreError(f"upload of {key} to {self.url} failed: {exc} (ckpt_nb "
                                  "creates no bucket: create it, or check its name)") from exc
+
+    def _put(self, local: str, path: str, size: int) -> None:
+        """Upload a file, within ``UPLOAD_SECONDS + size / UPLOAD_MIN_RATE`` where the file
+        system is asynchronous (s3fs): a server that stops reading the body midway hangs
+        the write for good (aiohttp has no write timeout), and with it every later save."""
+        if not getattr(self.fs, "async_impl", False):
+            self.fs.put_file(local, path)
+            return
+        from fsspec.asyn import sync
+        from fsspec.exceptions import FSTimeoutError
+
+        deadline = UPLOAD_SECONDS + size / UPLOAD_MIN_RATE
+        try:
+            sync(self.fs.loop, self.fs._put_file, local, path, timeout=deadline)
+        except FSTimeoutError:
+            raise StoreError(f"upload of {size} bytes to {path} took over {deadline:.0f} s "
+                             "(the server stopped reading it): nothing was saved") from None
 
     def has(self, key: str) -> bool:
         path = self._path(key)
@@ -776,6 +793,11 @@ _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"
 # The refusals of a server that does not take the credentials given (S3's 403s).
 _DENIED = re.compile(r"Forbidden|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|"
                      r"InvalidClientTokenId|ExpiredToken")
+# The longest an upload to an asynchronous file system (s3fs) may take: this many seconds,
+# plus its size at this rate (bytes a second): a server that stops reading fails the save.
+UPLOAD_SECONDS = 120.0
+UPLOAD_MIN_RATE = 1 << 20
+
 # How long an S3 store waits (seconds) before it calls a server down. s3fs retries a
 # timeout five times itself, so botocore makes one attempt: a server that takes
 # connections but never answers fails a request in about 30 s, not minutes.

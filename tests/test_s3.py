@@ -6,12 +6,14 @@ catalog is a cache under ``~/.cache/ckpt_nb``); "another machine" is another hom
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 import warnings
@@ -375,3 +377,76 @@ def test_a_save_the_server_fails_says_so_and_a_refusal_names_the_credentials(
     with pytest.raises(StoreError, match="saving a checkpoint failed, so it was not saved "
                                          r"\(the checkpoints saved before are intact\)"):
         mgr.save(h=Holder(weights(2)))
+
+
+class StallingRelay:
+    """A TCP relay to the S3 server that stops reading a connection once it has passed
+    ``limit`` bytes of a request on: small requests go through, a large upload stalls
+    midway, as behind a server that stops reading the body."""
+
+    def __init__(self, target_port: int, limit: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target, self.limit, self.held = target_port, limit, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.held += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, self.limit),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, None),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, limit: int | None) -> None:
+        passed = 0
+        with contextlib.suppress(OSError):
+            while limit is None or passed < limit:
+                data = source.recv(1 << 16)
+                if not data:
+                    return
+                sink.sendall(data)
+                passed += len(data)
+
+    def close(self) -> None:
+        for sock in (self.listener, *self.held):
+            sock.close()
+
+
+def test_an_upload_the_server_stops_reading_fails_the_save_in_time(
+        bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp has no write timeout: the save hung for good, and in a notebook every save
+    after it, and the end of the cell."""
+    import fsspec.config
+
+    from ckpt_nb import _store
+    url = f"s3://{bucket}/exp"
+    with CheckpointManager(url) as mgr:
+        first = mgr.save(h=Holder(weights(1)))
+    relay = StallingRelay(int(endpoint.rsplit(":", 1)[1]), limit=1 << 20)
+    try:
+        stalled = f"http://127.0.0.1:{relay.port}"
+        monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", stalled)
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": stalled})
+        monkeypatch.setattr(_store, "UPLOAD_SECONDS", 3.0)  # (and 1 s per GiB)
+        monkeypatch.setattr(_store, "UPLOAD_MIN_RATE", 1 << 30)
+        big = {"w": torch.randn(8_000_000, generator=torch.Generator().manual_seed(2))}
+        with pytest.warns(RuntimeWarning, match="rebuilt"):  # (another endpoint's cache)
+            mgr = CheckpointManager(FsspecStore(url, endpoint_url=stalled))
+        with mgr:
+            start = time.monotonic()
+            with pytest.raises(StoreError, match="the server stopped reading it.*nothing was "
+                                                 "saved"):
+                mgr.save(h=Holder(big))
+            assert time.monotonic() - start < 30
+    finally:
+        relay.close()
+    with CheckpointManager(FsspecStore(url, endpoint_url=endpoint)) as mgr:
+        assert mgr.list()["id"].tolist() == [first]
+        assert torch.equal(mgr.load(first).state["h"]["w"], weights(1)["w"])
