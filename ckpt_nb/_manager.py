@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import hashlib
 import json
 import math
@@ -548,14 +549,17 @@ class CheckpointManager:
             if not isinstance(obj, Stateful):
                 raise TypeError(f"{name}: {type(obj).__name__} has no state_dict() / "
                                 "load_state_dict(); pass it in extra= if it is plain data")
-            tree[name] = obj.state_dict()
-            kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
         for key, value in (metrics or {}).items():
             as_metric(key, value)
-        rng_state = dict(rng) if isinstance(rng, Mapping) else \
-            (RNGState().state_dict() if rng else None)
-        flat = flatten({"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
-                       copy_tensors=copy_tensors, trained=trained_storages(objects.values()))
+        with collector_paused():
+            for name, obj in objects.items():
+                tree[name] = obj.state_dict()
+                kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
+            rng_state = dict(rng) if isinstance(rng, Mapping) else \
+                (RNGState().state_dict() if rng else None)
+            flat = flatten({"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
+                           copy_tensors=copy_tensors,
+                           trained=trained_storages(objects.values()))
         flat.skeleton["types"] = kinds
         return flat
 
@@ -578,7 +582,7 @@ class CheckpointManager:
         metrics = {k: as_metric(k, v) for k, v in (metrics or {}).items()}
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
-        with self._saving(), self._exclusive():
+        with self._saving(), self._exclusive(), collector_paused():
             self._catch_up()
             parent_id = self.head if parent is ... else parent
             parent_row = self.catalog.get(parent_id) if parent_id else None
@@ -1744,6 +1748,33 @@ def _checked_row(row: ChunkRow) -> ChunkRow:
             f"chunk {str(row.digest)[:12]}: the catalog's record of it is damaged ({problem}): "
             "move catalog.sqlite aside, and the store's own files rebuild it")
     return row
+
+
+_collector_lock = threading.Lock()
+_collector_pausers = 0  # saves running with the cyclic collector paused
+_collector_was_enabled = False
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off while a save runs: a save of tens of thousands of
+    tensors makes objects enough to set off several full collections of the whole heap
+    (half its time, at 60,000 tensors), where after it one runs at most. Saves at once
+    (a notebook's background one, another thread's) share one pause; a collector the
+    user turned off stays off."""
+    global _collector_pausers, _collector_was_enabled
+    with _collector_lock:
+        if _collector_pausers == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _collector_pausers += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_pausers -= 1
+            if _collector_pausers == 0 and _collector_was_enabled:
+                gc.enable()
 
 
 def _check_chain(row: ChunkRow, above: AbstractSet[str]) -> None:

@@ -2483,3 +2483,32 @@ def test_a_warning_met_on_a_worker_thread_is_ckpt_nbs_one_line() -> None:
         warnings.simplefilter("always")
         pool.submit(warn, "the catalog was rebuilt", RuntimeWarning).result()
     assert [(w.filename, w.lineno) for w in caught] == [("ckpt_nb", 0)]
+
+
+def test_a_save_pauses_the_cyclic_collector_and_puts_it_back(tmp_path: Path) -> None:
+    """A save of 60,000 tensors set off full collections that took half its time
+    (benchmarks/bench_many_tensors.py); the collector must come back as it was."""
+    import gc
+    seen: list[bool] = []
+
+    class Probe:
+        def state_dict(self) -> dict[str, Any]:
+            seen.append(gc.isenabled())
+            return {"w": torch.ones(2)}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    with CheckpointManager(tmp_path) as mgr:
+        assert gc.isenabled()
+        mgr.save(probe=Probe())
+        assert seen == [False] and gc.isenabled()
+        gc.disable()  # (the user's choice stays)
+        try:
+            mgr.save(probe=Probe())
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+        with pytest.raises(TypeError):
+            mgr.save(probe=Probe(), extra={"f": lambda: 0})  # (a failed save too)
+        assert gc.isenabled()
