@@ -103,6 +103,8 @@ def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
         if (limit is None or size <= limit) and (problem := _frame_problem(value)) is not None:
             raise _Unsupported(problem)
         return size
+    if type(value) is torch.Size:
+        return 8 * len(value)
     if type(value) in (list, tuple, set, frozenset):
         return sum(plain_size(v, depth + 1, limit) for v in value) + 8 * len(value)
     if isinstance(value, dict):
@@ -360,7 +362,8 @@ def to_storable(value: Any) -> Any:
                 "dtypes": [str(t) for t in frame.dtypes],
                 "data": [_column(frame.iloc[:, i], times_as_ints=True)
                          for i in range(frame.shape[1])],
-                "index": _column(frame.index.to_series())}
+                "index": _column(frame.index.to_series()),
+                "index_name": _label(frame.index.name), "columns_name": _label(frame.columns.name)}
     if isinstance(value, torch.Tensor):  # (a leaf keeps requires_grad and its Parameter type)
         return value if value.is_leaf else value.detach()
     if type(value) in (list, tuple):
@@ -383,6 +386,13 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _label(name: Any) -> str | int | None:
+    """An index's or a column axis's name where it is a plain label (most are: a
+    pickled one would leave the whole frame out of checkpoints), else None."""
+    name = _plain(name)
+    return name if type(name) in (str, int) else None
+
+
 def _column(series: Any, *, times_as_ints: bool = False) -> Any:
     """A column's values: an array where NumPy holds them, else a list. Naive times,
     with ``times_as_ints``, go as their int64 ticks, which the column's recorded dtype
@@ -402,8 +412,9 @@ def from_storable(value: Any) -> Any:
         columns = {i: pd.Series(col) for i, col in enumerate(value["data"])}
         frame = pd.DataFrame(columns)
         frame.columns = value["columns"]
-        frame.index = pd.Index(value["index"])
+        frame.index = pd.Index(value["index"], name=value.get("index_name"))
         frame = frame.astype(dict(zip(value["columns"], value["dtypes"])))
+        frame.columns.name = value.get("columns_name")
         if value["__frame__"] == "series":
             series = frame.iloc[:, 0]
             series.name = value["name"]
@@ -411,7 +422,7 @@ def from_storable(value: Any) -> Any:
         return frame
     if isinstance(value, list):
         return [from_storable(v) for v in value]
-    if isinstance(value, tuple):
+    if type(value) is tuple:  # (not a torch.Size, which holds ints only)
         return tuple(from_storable(v) for v in value)
     if isinstance(value, dict):
         return _like(value, {k: from_storable(v) for k, v in value.items()})

@@ -150,3 +150,15 @@ def test_diff_compares_dtypes_torch_cannot_compare_by_their_bytes(tmp_path: Path
         assert table.loc["extra/t", "l2"] == pytest.approx(2 ** 0.5)
     else:  # (none: left empty)
         assert np.isnan(table.loc["extra/t", "l2"])
+
+
+def test_a_torch_size_comes_back_a_torch_size_in_every_form(tmp_path: Path) -> None:
+    """A shape kept in extra came back a plain tuple, so ``torch.zeros(shape).shape ==
+    shape`` held while ``shape.numel()`` raised."""
+    mgr = CheckpointManager(tmp_path / "s")
+    shape = torch.zeros(2, 0, 3).shape
+    cid = mgr.save(extra={"shape": shape, "shapes": [shape, (2, 3)]})
+    for back in (mgr.load(cid).extra, mgr.restore(mgr.export(cid, tmp_path / "e.pt")).extra,
+                 mgr.restore(mgr.export(cid, tmp_path / "e.safetensors")).extra):
+        assert type(back["shape"]) is torch.Size and back["shape"] == shape
+        assert [type(s) for s in back["shapes"]] == [torch.Size, tuple]

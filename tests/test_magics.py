@@ -1413,3 +1413,22 @@ def test_a_frame_is_read_back_once_per_layout_and_not_over_the_cap(monkeypatch) 
     big = pd.DataFrame({"s": ["x" * 100] * 20_000})
     found = _discovery.discover({"big": big}, max_variable_bytes=1 << 20)
     assert "over the 1 MiB cap" in found.skipped["big"] and len(checked) == 2
+
+
+def test_rollback_keeps_a_frames_axis_names_and_a_torch_size(tmp_path: Path) -> None:
+    """A frame came back with its index and column axis unnamed (``equals`` does not
+    look at names), and a shape variable was skipped as a "Size"."""
+    import pandas as pd
+    log = pd.DataFrame({"loss": [0.5, 0.25]}, index=pd.Index([10, 20], name="step"))
+    log.columns.name = "metric"
+    model = torch.nn.Linear(2, 1)
+    ns = {"model": model, "log": log, "shape": torch.zeros(2, 3).shape,
+          "losses": log["loss"]}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, sync=True):
+        pass
+    ns.update(log=None, shape=None, losses=None)
+    ckpt_nb.rollback("latest", directory=tmp_path, namespace=ns)
+    assert (ns["log"].index.name, ns["log"].columns.name) == ("step", "metric")
+    assert ns["log"].equals(log) and (ns["losses"].name, ns["losses"].index.name) == \
+        ("loss", "step")
+    assert type(ns["shape"]) is torch.Size and ns["shape"] == (2, 3)
