@@ -25,7 +25,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 
@@ -633,6 +633,20 @@ class MemoryStore(Store):
         return iter([k for k in list(self._data) if k.startswith(head)])
 
 
+@contextlib.contextmanager
+def _spool() -> Iterator[tuple[IO[bytes], str]]:
+    """A local temporary file to upload from, and a path that opens it. Where the system
+    lets a process open its own descriptors by path (Linux's /proc), the file has no
+    name: a kernel killed mid-upload (out of memory, say) leaves nothing behind in the
+    temporary folder, where a named spool kept a checkpoint's size there each time."""
+    if os.path.isdir("/proc/self/fd"):
+        with tempfile.TemporaryFile(prefix="ckpt_nb-") as spool:
+            yield spool, f"/proc/self/fd/{spool.fileno()}"
+    else:
+        with tempfile.NamedTemporaryFile(prefix="ckpt_nb-") as spool:
+            yield spool, spool.name
+
+
 class FsspecStore(Store):
     """Any fsspec file system (object storage, memory://, ...), under one root.
 
@@ -730,14 +744,14 @@ class FsspecStore(Store):
     @contextlib.contextmanager
     def writer(self, key: str) -> Iterator[Writer]:
         path = self._path(key)
-        with tempfile.NamedTemporaryFile(prefix="ckpt_nb-") as spool:
+        with _spool() as (spool, local):
             yield spool
             spool.flush()
             try:
                 with self._asking(f"upload of {key}", path):
                     if self._makes_folders:
                         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                    self._put(spool.name, path, os.fstat(spool.fileno()).st_size)
+                    self._put(local, path, os.fstat(spool.fileno()).st_size)
             except FileNotFoundError as exc:  # (S3's NoSuchBucket)
                 raise StoreError(f"upload of {key} to {self.url} failed: {exc} (ckpt_nb "
                                  "creates no bucket: create it, or check its name)") from exc

@@ -450,3 +450,22 @@ def test_an_upload_the_server_stops_reading_fails_the_save_in_time(
     with CheckpointManager(FsspecStore(url, endpoint_url=endpoint)) as mgr:
         assert mgr.list()["id"].tolist() == [first]
         assert torch.equal(mgr.load(first).state["h"]["w"], weights(1)["w"])
+
+
+def test_an_upload_leaves_no_spool_file_to_outlive_a_killed_kernel(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spool was a named temporary file: a kernel killed mid-upload (out of memory)
+    left a checkpoint's size in /tmp each time."""
+    import tempfile
+    spools = tmp_path / "tmp"
+    spools.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spools))
+    store = FsspecStore(f"s3://{bucket}/exp")
+    with store.writer("blob") as writer:
+        writer.write(b"x" * 1000)
+        assert list(spools.iterdir()) == []
+    assert store.get("blob") == b"x" * 1000
+    with CheckpointManager(store) as mgr:
+        cid = mgr.save(h=Holder(weights(3)))
+    assert torch.equal(CheckpointManager(f"s3://{bucket}/exp").load(cid).state["h"]["w"],
+                       weights(3)["w"])
