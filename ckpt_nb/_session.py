@@ -655,6 +655,11 @@ class AutoSession:
         self.writer.close()
         self._report_background_error()
         self.manager.close()
+        # A closed session may stay referenced (below a cell's on the stack, by an
+        # explorer): its two sets of staging buffers, each the size of the state, go now.
+        self._buffers = SnapshotBuffers()
+        if self in _sessions:
+            _sessions.remove(self)
 
     # -- interrupts ---------------------------------------------------------------
     def _install_sigint(self) -> None:
