@@ -19,6 +19,7 @@ import hashlib
 import keyword
 import math
 import os
+import re
 import reprlib
 import signal
 import socket
@@ -508,6 +509,8 @@ class AutoSession:
         self._consistent_rng: tuple[Any, ...] | None = None
         self._metric_due = False
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
+        self._last_failure = ""  # the background save failure said last, and its repeats
+        self._failure_repeats = 0
         self._interrupts = 0
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
@@ -638,6 +641,7 @@ class AutoSession:
             if error is not None:  # (what a resume of this run compares the live values with)
                 _left_values[self.url] = self._comparable_values()
             self._report_background_error()
+            self._report_repeats()
         if during_save:
             self.say(f"interrupted while saving the cell's end: the save finished "
                      f"(checkpoint {self.writer.last_id or 'none'})")
@@ -654,6 +658,7 @@ class AutoSession:
         self._hook.remove()
         self.writer.close()
         self._report_background_error()
+        self._report_repeats()
         self.manager.close()
         # A closed session may stay referenced (below a cell's on the stack, by an
         # explorer): its two sets of staging buffers, each the size of the state, go now.
@@ -885,10 +890,26 @@ class AutoSession:
             return False  # (unreadable: keep both)
 
     def _report_background_error(self) -> None:
+        """Say that a background save failed. The same failure again (a full disk, at
+        every trigger after) is counted, not said: the count comes when the cell ends."""
         error = self.writer.take_error()
-        if error is not None:
-            print(f"ckpt_nb: a background save failed: {type(error).__name__}: {error}",
+        if error is None:
+            return
+        line = f"{type(error).__name__}: {error}"
+        if _FILE_ID.sub("", line) == _FILE_ID.sub("", self._last_failure):
+            self._failure_repeats += 1
+            return
+        self._report_repeats()
+        self._last_failure = line
+        print(f"ckpt_nb: a background save failed: {line}", file=sys.stderr, flush=True)
+
+    def _report_repeats(self) -> None:
+        if self._failure_repeats:
+            print(f"ckpt_nb: {self._failure_repeats} more background save"
+                  f"{'s' if self._failure_repeats > 1 else ''} failed the same way",
                   file=sys.stderr, flush=True)
+        self._failure_repeats = 0
+        self._last_failure = ""
 
     # -- resume -----------------------------------------------------------------------------
     def _find_resume(self) -> None:
@@ -1379,6 +1400,9 @@ def stop() -> None:
     """Close every session, flushing their pending saves."""
     while _sessions:
         _sessions.pop().close()
+
+
+_FILE_ID = re.compile(r"[0-9a-f]{32}")  # (a pack's name in a failure's message)
 
 
 def _stored_key(name: str) -> str:

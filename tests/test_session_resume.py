@@ -409,3 +409,24 @@ def test_a_closed_session_lets_go_of_its_staging_buffers(tmp_path: Path) -> None
         grown.append(resident_mib())
         assert _session._sessions == []
     assert grown[-1] - grown[0] < 64, grown  # (it was 128 MiB a run)
+
+
+def test_a_background_save_failing_again_the_same_way_is_counted_not_repeated(
+        tmp_path: Path, file_size_limit, capsys) -> None:
+    """A full disk printed the same 300-character line (but for the pack's name) at
+    every trigger of the cell."""
+    model = torch.nn.Linear(1024, 1024)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ns = {"model": model, "opt": opt}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, every_steps=1, strategy="full"):
+        for i, _ in ckpt_nb.batches(range(8)):
+            if i == 2:
+                file_size_limit(1 << 20)  # (a pack past 1 MiB is refused, as on a full disk)
+            model(torch.ones(2, 1024)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    file_size_limit(None)
+    err = capsys.readouterr().err
+    assert err.count("a background save failed: StoreError") == 1, err
+    assert err.rstrip().endswith("more background saves failed the same way"), err
+    assert ckpt_nb.CheckpointManager(tmp_path).verify().ok  # (those before, intact)
