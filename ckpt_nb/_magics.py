@@ -202,14 +202,16 @@ class CkptMagics(Magics):
 
     @line_magic
     def ckpt_list(self, line: str) -> Any:
-        """%ckpt_list [DIR]: the store as a table (by default the active or last
-        session's, as %ckpt_rollback and %ckpt_ui take)."""
+        """%ckpt_list [DIR] (or --dir DIR, as %ckpt_rollback takes it): the store as a
+        table (by default the active or last session's, as %ckpt_rollback and %ckpt_ui
+        take). The rest of the line is DIR: a path with spaces needs no quotes."""
+        directory = _directory("ckpt_list", line)
         session = session_mod.active()
-        if session is not None and not line.strip():
+        if session is not None and directory is None:
             return session.manager.list()
         from ._catalog import store_exists
 
-        directory = _unquoted(line.strip()) or session_mod.last_directory()
+        directory = directory or session_mod.last_directory()
         if directory is None:
             raise UsageError("no store to list: %ckpt_list DIR, or run %ckpt_auto first")
         try:
@@ -227,13 +229,7 @@ class CkptMagics(Magics):
         with spaces needs no quotes."""
         from ._explorer import explore
 
-        text = line.strip()
-        flag = re.fullmatch(r"--dir(?:[\s=]\s*(.*))?", text, re.DOTALL)
-        if flag:
-            if not flag.group(1):
-                raise UsageError("%ckpt_ui --dir needs a directory: %ckpt_ui --dir DIR")
-            text = flag.group(1)
-        directory = _unquoted(text) or session_mod.last_directory()
+        directory = _directory("ckpt_ui", line) or session_mod.last_directory()
         if directory is None:
             raise UsageError("no store to explore: %ckpt_ui DIR, or run %ckpt_auto first")
         try:
@@ -271,6 +267,18 @@ def unload(shell: Any, magics: CkptMagics) -> None:
     for kind, names in MAGIC_NAMES.items():
         for name in names:
             table[kind].pop(name, None)
+
+
+def _directory(magic: str, line: str) -> str | None:
+    """The DIR of ``%magic [DIR]`` or ``%magic --dir DIR`` (the rest of the line, so a
+    path with spaces needs no quotes), or None where the line names none."""
+    text = line.strip()
+    flag = re.fullmatch(r"--dir(?:[\s=]\s*(.*))?", text, re.DOTALL)
+    if flag:
+        if not flag.group(1):
+            raise UsageError(f"%{magic} --dir needs a directory: %{magic} --dir DIR")
+        text = flag.group(1)
+    return _unquoted(text) or None
 
 
 def _unquoted(value: str | None) -> str | None:

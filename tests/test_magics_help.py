@@ -1,0 +1,65 @@
+"""The magics' help and usage errors, driven through a real, in-process IPython shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import ckpt_nb
+from ckpt_nb import _session
+
+SMALL = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts like a new kernel: no last session, no kernel position."""
+    monkeypatch.setattr(_session, "_last", None)
+    monkeypatch.setattr(_session, "_positions", {})
+    monkeypatch.setattr(_session, "_position_events", {})
+    monkeypatch.setattr(_session, "_left_values", {})
+
+
+def run(sh: InteractiveShell, code: str):
+    return sh.run_cell(code, store_history=False)
+
+
+def usage_error(sh: InteractiveShell, code: str) -> str:
+    result = run(sh, code)
+    assert isinstance(result.error_in_exec, UsageError), (code, result.error_in_exec)
+    return str(result.error_in_exec)
+
+
+def saved_store(sh: InteractiveShell, directory: Path) -> str:
+    """A store with one checkpoint, by a %%ckpt_auto cell; its checkpoint's id."""
+    run(sh, SMALL)
+    assert run(sh, f"%%ckpt_auto --dir {directory}\n"
+                   "opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()").success
+    return str(ckpt_nb.CheckpointManager(directory).list()["id"].iloc[-1])
+
+
+def test_ckpt_list_takes_dir_as_rollback_and_ui_do(shell, tmp_path: Path) -> None:
+    """%ckpt_list --dir DIR looked for a store at "--dir DIR"."""
+    first = saved_store(shell, tmp_path / "first")
+    saved_store(shell, tmp_path / "second")
+    for line in (f"--dir {tmp_path / 'first'}", f"--dir={tmp_path / 'first'}",
+                 f"--dir '{tmp_path / 'first'}'"):
+        table = run(shell, f"%ckpt_list {line}").result
+        assert list(table["id"]) == [first], line
+    assert "%ckpt_list --dir needs a directory" in usage_error(shell, "%ckpt_list --dir")
+
+
+def test_ckpt_list_dir_lists_that_store_while_a_session_is_active(
+        shell, tmp_path: Path) -> None:
+    first = saved_store(shell, tmp_path / "first")
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'active'}").success
+    table = run(shell, f"%ckpt_list --dir {tmp_path / 'first'}").result
+    assert list(table["id"]) == [first]
