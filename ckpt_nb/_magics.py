@@ -69,7 +69,7 @@ class CkptMagics(Magics):
         # to its option, for the check that names it.
         line = _NEGATIVE_VALUE.sub(r"\1=\2", line)
         try:
-            config = self._config(parse_argstring(self.ckpt_auto, line))
+            config = self._config(_arguments(self.ckpt_auto, line))
         except ValueError as exc:
             raise UsageError(f"%ckpt_auto: {exc}") from None
         if cell is None:
@@ -186,7 +186,7 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_rollback(self, line: str) -> None:
         """%ckpt_rollback ID|latest|best|-N: restore tracked state in place."""
-        args = parse_argstring(self.ckpt_rollback, line)
+        args = _arguments(self.ckpt_rollback, line)
         try:
             session_mod.rollback(_unquoted(args.which), directory=_unquoted(args.dir),
                                  namespace=self.shell.user_ns)
@@ -213,10 +213,11 @@ class CkptMagics(Magics):
 
         directory = directory or session_mod.last_directory()
         if directory is None:
-            raise UsageError("no store to list: %ckpt_list DIR, or run %ckpt_auto first")
+            raise UsageError("%ckpt_list: no store to list: %ckpt_list DIR, or run %ckpt_auto "
+                             "first")
         try:
             if not store_exists(directory):
-                raise UsageError(f"no checkpoint store at {directory}")
+                raise UsageError(f"%ckpt_list: no checkpoint store at {directory}")
             with session_mod.listing_manager(directory) as manager:  # (its metric: best)
                 return manager.list()
         except CkptError as exc:  # (a store that does not open, a backend that fails)
@@ -231,7 +232,8 @@ class CkptMagics(Magics):
 
         directory = _directory("ckpt_ui", line) or session_mod.last_directory()
         if directory is None:
-            raise UsageError("no store to explore: %ckpt_ui DIR, or run %ckpt_auto first")
+            raise UsageError("%ckpt_ui: no store to explore: %ckpt_ui DIR, or run %ckpt_auto "
+                             "first")
         try:
             return explore(directory, namespace=self.shell.user_ns)
         except CkptError as exc:
@@ -267,6 +269,16 @@ def unload(shell: Any, magics: CkptMagics) -> None:
     for kind, names in MAGIC_NAMES.items():
         for name in names:
             table[kind].pop(name, None)
+
+
+def _arguments(magic: Any, line: str) -> Any:
+    """The magic's parsed arguments; argparse's complaint (and an unclosed quote) is
+    named with the magic, as the magic's own errors are."""
+    __tracebackhide__ = True
+    try:
+        return parse_argstring(magic, line)
+    except (UsageError, ValueError) as exc:
+        raise UsageError(f"%{magic.__name__}: {exc}") from None
 
 
 def _directory(magic: str, line: str) -> str | None:

@@ -63,3 +63,28 @@ def test_ckpt_list_dir_lists_that_store_while_a_session_is_active(
     assert run(shell, f"%ckpt_auto --dir {tmp_path / 'active'}").success
     table = run(shell, f"%ckpt_list --dir {tmp_path / 'first'}").result
     assert list(table["id"]) == [first]
+
+
+@pytest.mark.parametrize(("code", "message"), [
+    ("%ckpt_auto --on", "%ckpt_auto: argument --on: expected one argument"),
+    ("%ckpt_auto --every-steps 1.5",
+     "%ckpt_auto: argument --every-steps: invalid int value: '1.5'"),
+    ("%%ckpt_auto --keep x\nran = True", "%ckpt_auto: argument --keep: invalid int value"),
+    ("%ckpt_auto --strategy zip", "%ckpt_auto: argument --strategy: invalid choice"),
+    ("%ckpt_auto --dir 'unclosed", "%ckpt_auto: No closing quotation"),
+    ("%ckpt_rollback --dir", "%ckpt_rollback: argument --dir: expected one argument"),
+    ("%ckpt_rollback latest extra", "%ckpt_rollback: unrecognized arguments: extra"),
+    ("%ckpt_rollback 'unclosed", "%ckpt_rollback: No closing quotation"),
+    ("%ckpt_list", "%ckpt_list: no store to list"),
+    ("%ckpt_ui", "%ckpt_ui: no store to explore"),
+])
+def test_usage_errors_name_their_magic(shell, code: str, message: str) -> None:
+    """argparse's complaints came without the magic's name."""
+    assert message in usage_error(shell, code)
+    assert "ran" not in shell.user_ns
+    assert ckpt_nb.status() == {"active": False}
+
+
+def test_ckpt_list_of_no_store_names_the_magic(shell, tmp_path: Path) -> None:
+    message = usage_error(shell, f"%ckpt_list --dir {tmp_path / 'nowhere'}")
+    assert message == f"%ckpt_list: no checkpoint store at {tmp_path / 'nowhere'}"
