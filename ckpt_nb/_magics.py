@@ -242,6 +242,9 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_status(self, line: str) -> None:
         """%ckpt_status: what is tracked, the triggers, the last save, pending writes."""
+        if line.strip():  # (an ignored one would look obeyed: "%ckpt_status DIR", say)
+            raise UsageError(f"%ckpt_status takes no arguments, not {line.strip()!r}: it "
+                             "shows the active session; %ckpt_list DIR shows a store")
         status = session_mod.status()
         if not status.pop("active"):
             last = session_mod.last_directory()

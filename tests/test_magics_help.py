@@ -88,3 +88,16 @@ def test_usage_errors_name_their_magic(shell, code: str, message: str) -> None:
 def test_ckpt_list_of_no_store_names_the_magic(shell, tmp_path: Path) -> None:
     message = usage_error(shell, f"%ckpt_list --dir {tmp_path / 'nowhere'}")
     assert message == f"%ckpt_list: no checkpoint store at {tmp_path / 'nowhere'}"
+
+
+def test_ckpt_status_refuses_arguments(shell, tmp_path: Path, capsys) -> None:
+    """%ckpt_status DIR printed the active session's status, as if DIR had been read."""
+    saved_store(shell, tmp_path / "s")
+    capsys.readouterr()
+    for line in ("extra", str(tmp_path / "s"), "--dir x"):
+        message = usage_error(shell, f"%ckpt_status {line}")
+        assert f"%ckpt_status takes no arguments, not {line!r}" in message
+        assert "%ckpt_list DIR" in message
+    assert "no session active" not in capsys.readouterr().out
+    assert run(shell, "%ckpt_status  ").success
+    assert "no session active" in capsys.readouterr().out
