@@ -33,8 +33,10 @@ MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status"
 class CkptMagics(Magics):
     """Automatic, resumable checkpoints for training cells."""
 
-    default_dir = Unicode("", help="Store directory when --dir is not given "
-                                   "(default: ./checkpoints/<notebook name>)").tag(config=True)
+    default_dir = Unicode("", help="Store directory when --dir is not given (default: "
+                                   "./checkpoints/<notebook name>, or ./checkpoints/session "
+                                   "where the notebook is unknown, as in nbconvert or "
+                                   "papermill jobs)").tag(config=True)
     sync = Bool(False, help="Write checkpoints on the training thread").tag(config=True)
     max_variable_mb = Int(100, help="Largest plain variable captured, in MiB").tag(config=True)
 
@@ -50,12 +52,19 @@ class CkptMagics(Magics):
 
     # -- %ckpt_auto ---------------------------------------------------------------
     @magic_arguments()
-    @argument("--dir", default=None, help="checkpoint store directory")
+    @argument("--dir", default=None, help="checkpoint store directory (default: "
+              "CkptMagics.default_dir, else ./checkpoints/<notebook name>, or "
+              "./checkpoints/session where the notebook is unknown, as in nbconvert or "
+              "papermill jobs)")
     @argument("--every-steps", type=int, default=None, help="save every N optimizer steps")
     @argument("--every-seconds", type=float, default=None, help="save every S seconds")
-    @argument("--every", default=None, help="save every duration: 90s, 10m, 2h")
-    @argument("--on", default=None, help="save when METRIC improves: METRIC:min or METRIC:max")
-    @argument("--keep", type=int, default=None, help="keep the newest N checkpoints")
+    @argument("--every", default=None, help="save every duration: 90s, 10m, 2h, 1d, or a "
+              "number of seconds (90)")
+    @argument("--on", default=None, help="save when METRIC (as ckpt_nb.log() names it) "
+              "improves: METRIC:min or METRIC:max, or a bare name that says which way is "
+              "better: --on val_loss (lower), --on accuracy (higher)")
+    @argument("--keep", type=int, default=None,
+              help="keep the newest N checkpoints of this cell's run")
     @argument("--keep-best", type=int, default=None, help="keep the best K (needs --on)")
     @argument("--strategy", default="full", choices=("full", "incremental", "differential"))
     @argument("--track", default=None, help="comma-separated names to track (else discovery)")

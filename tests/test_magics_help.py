@@ -10,6 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import ckpt_nb
 from ckpt_nb import _session
+from ckpt_nb._magics import CkptMagics
 
 SMALL = """
 import torch, ckpt_nb
@@ -65,6 +66,25 @@ def test_ckpt_list_dir_lists_that_store_while_a_session_is_active(
     assert list(table["id"]) == [first]
 
 
+def test_ckpt_auto_help_says_what_the_readme_promises(shell) -> None:
+    """--on left out the bare name, --keep what it keeps, --dir its default, --every
+    1d and a plain number of seconds."""
+    help_text = " ".join(shell.find_line_magic("ckpt_auto").__doc__.split())
+    assert "--on val_loss" in help_text and "--on accuracy" in help_text
+    assert "keep the newest N checkpoints of this cell's run" in help_text
+    assert "./checkpoints/<notebook name>, or ./checkpoints/session where the notebook is " \
+           "unknown, as in nbconvert or papermill jobs" in help_text
+    assert "1d, or a number of seconds" in help_text
+    trait_help = " ".join(CkptMagics.class_traits()["default_dir"].help.split())
+    assert "./checkpoints/session where the notebook is unknown" in trait_help
+
+
+def test_help_examples_are_accepted(shell) -> None:
+    """What the help offers works: a bare --on name, --every 1d, --every 90."""
+    for line in ("--on val_loss", "--on accuracy", "--every 1d", "--every 90"):
+        assert run(shell, f"%ckpt_auto {line}").success, line  # (each replaces the last)
+
+
 @pytest.mark.parametrize(("code", "message"), [
     ("%ckpt_auto --on", "%ckpt_auto: argument --on: expected one argument"),
     ("%ckpt_auto --every-steps 1.5",
@@ -101,3 +121,17 @@ def test_ckpt_status_refuses_arguments(shell, tmp_path: Path, capsys) -> None:
     assert "no session active" not in capsys.readouterr().out
     assert run(shell, "%ckpt_status  ").success
     assert "no session active" in capsys.readouterr().out
+
+
+def test_a_metric_name_no_keyword_can_spell_is_still_watched(shell, tmp_path: Path) -> None:
+    """--on 'val loss:min' is kept: ckpt_nb.log(**{"val loss": v}) feeds it (as a dict of
+    metrics named "val/loss" from other tools does)."""
+    run(shell, SMALL)
+    cell = (f"%%ckpt_auto --dir {tmp_path} --on 'val loss:min' --keep-best 1\n"
+            "for epoch in ckpt_nb.epochs(3):\n"
+            "    for i, x in ckpt_nb.batches([torch.ones(4)] * 2):\n"
+            "        opt.zero_grad(); model(x).sum().backward(); opt.step()\n"
+            "    ckpt_nb.log(**{'val loss': [0.5, 0.3, 0.4][epoch]})")
+    assert run(shell, cell).success
+    table = ckpt_nb.CheckpointManager(tmp_path).list()
+    assert 0.3 in set(table["val loss"])
