@@ -36,6 +36,9 @@ LANE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 # Past this many branches a legend of them all would cover the lines: the newest
 # are named, and one entry counts the rest.
 LEGEND_BRANCHES = 8
+# A changed tensor whose bar is shorter than this part of the longest gets its value
+# written beside it.
+SMALLEST_BAR = 0.01
 STRATEGY_MARKERS = {"full": ("o", True), "incremental": ("o", False),
                     "differential": ("D", False)}
 
@@ -351,10 +354,16 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     ax.barh(rows, values, color=colors)
     ax.set_yticks(rows, [str(t) for t in table["tensor"]], fontsize=7, family="monospace")
     ax.invert_yaxis()
-    for row, (status, value) in enumerate(zip(table["status"], values)):
-        if status != "changed":
-            ax.annotate(status, (value, row), xytext=(4, 0), textcoords="offset points",
-                        va="center", fontsize=7, color="0.35")
+    # A change too small for its bar to show (an RNG state's few bytes) is written out:
+    # no bar and no word read as a row missing.
+    visible = (top if top > 0 else 1.0) * SMALLEST_BAR
+    for row, (status, value, change) in enumerate(zip(table["status"], values, rel)):
+        if status == "changed" and value >= visible:
+            continue
+        text = status if status != "changed" else \
+            f"{change:.2g}" if math.isfinite(change) else "changed"
+        ax.annotate(text, (value, row), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=7, color="0.35")
     ax.set_xlabel(f"relative L2 change, {a} → {b}")
     ax.grid(axis="x", alpha=0.3)
     return fig

@@ -932,3 +932,22 @@ def test_a_failed_action_says_which_action_failed(tmp_path: Path) -> None:
         assert "⚠ Pin failed: " in ui.status.value
     finally:
         ui.close()
+
+
+def test_a_slightly_changed_tensor_is_labelled_with_its_change(tmp_path: Path) -> None:
+    """A tensor changed by 0.15 % (an RNG state) had neither a visible bar nor a label."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(8, 8)
+    a = mgr.save(model)
+    with torch.no_grad():
+        model.weight.mul_(2.0)
+        model.bias.mul_(1.0015)
+    b = mgr.save(model)
+    diff = mgr.diff(a, b).set_index("tensor")
+    fig = ckpt_nb.plot_diff(tmp_path / "s", a, b)
+    labels = {t.get_text(): t.xy[1] for t in fig.axes[0].texts}
+    rows = {name: row for row, name in enumerate(diff.index)}
+    small = f"{diff.loc['objects/model/bias', 'rel_change']:.2g}"
+    assert small == "0.0015" and labels[small] == rows["objects/model/bias"]
+    assert set(labels) == {small, "identical"}  # (the weight's bar shows: no label; the RNG)
+    mgr.close()
