@@ -32,6 +32,7 @@ from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError, S
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
 from ._store import FsspecStore
+from .cli import _size  # (sizes in the CLI's binary units: a checkpoint reads the same)
 
 _TABLE_ESM = """
 function render({ model, el }) {
@@ -86,7 +87,8 @@ function render({ model, el }) {
     .ckpt-nb-table th { position: sticky; top: 0; background: var(--jp-layout-color2, #eee);
                         cursor: pointer; text-align: left; padding: 3px 6px;
                         white-space: nowrap; }
-    .ckpt-nb-table td { padding: 2px 6px; border-bottom: 1px solid #ddd; white-space: nowrap;
+    .ckpt-nb-table td { padding: 2px 6px; white-space: nowrap;
+                        border-bottom: 1px solid var(--jp-border-color2, #ddd);
                         font-family: var(--jp-code-font-family, monospace); }
     .ckpt-nb-row { cursor: pointer; }
     .ckpt-nb-row:hover { background: rgba(31, 119, 180, 0.08); }
@@ -104,12 +106,23 @@ export default { render };
 _DAG_ESM = """
 function render({ model, el }) {
   el.classList.add("ckpt-nb-dag");
+  const style = document.createElement("style");
+  style.textContent = `
+    .ckpt-nb-dag text { fill: var(--jp-ui-font-color1, var(--vscode-editor-foreground,
+                                                            currentColor)); }
+    .ckpt-nb-dag .ckpt-nb-ring { fill: none; stroke-width: 1.5;
+                                 stroke: var(--jp-ui-font-color1,
+                                             var(--vscode-editor-foreground, currentColor)); }
+    .ckpt-nb-dag .ckpt-nb-hollow { fill: var(--jp-layout-color1,
+                                             var(--vscode-editor-background, white)); }
+    .ckpt-nb-dag text.ckpt-nb-kernel { fill: crimson; }`;
+  el.parentElement ? el.parentElement.appendChild(style) : document.head.appendChild(style);
   const NS = "http://www.w3.org/2000/svg";
   const colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
   const draw = () => {
     const nodes = model.get("nodes"), selected = new Set(model.get("selected"));
-    const current = model.get("current");
+    const current = model.get("current"), deleted = model.get("current_deleted");
     const lanes = Math.max(1, ...nodes.map((n) => n.lane + 1));
     const dx = 26, dy = 22, left = 60, top = 16;
     const labelOf = (n) => `${n.pinned ? "★ " : ""}${n.id}  ${n.branch}` +
@@ -145,14 +158,15 @@ function render({ model, el }) {
       } else {
         shape.setAttribute("cx", x); shape.setAttribute("cy", y); shape.setAttribute("r", 6);
       }
-      shape.setAttribute("fill", n.strategy === "full" ? color : "white");
+      if (n.strategy === "full") shape.setAttribute("fill", color);
+      else shape.setAttribute("class", "ckpt-nb-hollow");  // (the page's background)
       shape.setAttribute("stroke", n.best ? "gold" : color);
       shape.setAttribute("stroke-width", n.best ? 3.5 : 2);
       g.appendChild(shape);
       if (selected.has(n.id)) {
         const ring = document.createElementNS(NS, "circle");
         ring.setAttribute("cx", x); ring.setAttribute("cy", y); ring.setAttribute("r", 10);
-        ring.setAttribute("fill", "none"); ring.setAttribute("stroke", "black");
+        ring.setAttribute("class", "ckpt-nb-ring");
         g.appendChild(ring);
       }
       const label = document.createElementNS(NS, "text");
@@ -163,8 +177,14 @@ function render({ model, el }) {
       if (n.id === current) {
         const mark = document.createElementNS(NS, "text");
         mark.setAttribute("x", 2); mark.setAttribute("y", y + 4);
-        mark.setAttribute("font-size", "11"); mark.setAttribute("fill", "crimson");
-        mark.textContent = "kernel →";
+        mark.setAttribute("font-size", "11"); mark.setAttribute("class", "ckpt-nb-kernel");
+        mark.textContent = deleted ? "kernel ⇢" : "kernel →";
+        if (deleted) {
+          const tip = document.createElementNS(NS, "title");
+          tip.textContent = `the kernel's state came from ${deleted}, deleted since: ` +
+                            "this is its nearest kept ancestor";
+          mark.appendChild(tip);
+        }
         g.appendChild(mark);
       }
       g.onclick = () => { model.set("selected", [n.id]); model.save_changes(); };
@@ -172,7 +192,9 @@ function render({ model, el }) {
     }
     el.replaceChildren(svg);
   };
-  for (const name of ["nodes", "selected", "current"]) model.on("change:" + name, draw);
+  for (const name of ["nodes", "selected", "current", "current_deleted"]) {
+    model.on("change:" + name, draw);
+  }
   draw();
 }
 export default { render };
@@ -189,6 +211,21 @@ DAG_HEIGHT = "480px"
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
 # After a read of the store that failed, in the status line: the rows are not current.
 STALE = "the table shows what was last read; it follows the store again once it can be read"
+# The explorer's own rules, for a narrow output (a side panel, a split view): tab titles
+# are not cut, the HTML texts wrap, the diff's table scrolls sideways in its own box (its
+# width pushed the metric deltas above it out of view).
+EXPLORER_CSS = """
+.ckpt-nb-explorer .jupyter-widgets.jupyter-widget-tab > .lm-TabBar .lm-TabBar-tab,
+.ckpt-nb-explorer .jupyter-widgets.widget-tab > .p-TabBar .p-TabBar-tab {
+  flex-basis: min(var(--jp-widgets-horizontal-tab-width, 144px), 25%);
+  min-width: max-content; }
+.ckpt-nb-explorer .lm-TabBar-content, .ckpt-nb-explorer .p-TabBar-content { flex-wrap: wrap; }
+.ckpt-nb-explorer .widget-html-content { min-width: 0; white-space: normal;
+                                         overflow-wrap: anywhere; }
+.ckpt-nb-explorer .ckpt-nb-scroll { overflow-x: auto; max-width: 100%; }
+.ckpt-nb-explorer .ckpt-nb-diff td, .ckpt-nb-explorer .ckpt-nb-diff th {
+  white-space: nowrap; }
+"""
 
 
 class CheckpointTable(anywidget.AnyWidget):
@@ -212,26 +249,21 @@ class DagView(anywidget.AnyWidget):
     nodes = traitlets.List(traitlets.Dict()).tag(sync=True)
     selected = traitlets.List(traitlets.Unicode()).tag(sync=True)
     current = traitlets.Unicode(None, allow_none=True).tag(sync=True)
-
-
-def _size(n: Any) -> str:
-    n = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    # The checkpoint the kernel's state came from where it was deleted since: the kernel
+    # is then marked (⇢) at ``current``, its nearest kept ancestor.
+    current_deleted = traitlets.Unicode(None, allow_none=True).tag(sync=True)
 
 
 def _cell(value: Any) -> Any:
-    """A JSON-able table cell: NaN, NA and ±inf become None (JSON has no such numbers,
-    and jupyter_client warns on them), floats are rounded."""
+    """A JSON-able table cell: NaN and NA become None, ±inf the text "inf"/"-inf", as
+    ``ckpt-nb ls`` shows it (JSON has no such numbers, and jupyter_client warns on them);
+    floats are rounded."""
     if value is None or _plots._missing(value):
         return None
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float):
-        return float(f"{value:.6g}") if math.isfinite(value) else None
+        return float(f"{value:.6g}") if math.isfinite(value) else f"{value}"
     return value
 
 
@@ -290,6 +322,9 @@ class Explorer(w.VBox):
         self.selected: list[str] = []
         self._pending_action: tuple[str, str] | None = None
         self._transient = False  # the status line shows a failed draw or refresh
+        # While the status line tells of a rollback: its target and the ids there were then
+        # (a save since makes "the next save starts a branch from it" old news).
+        self._rolled_back: tuple[str, frozenset[str]] | None = None
 
         self.title = w.HTML()
         self.status = w.HTML(layout=w.Layout(min_height="1.6em"))
@@ -302,6 +337,7 @@ class Explorer(w.VBox):
         self.dag.observe(self._on_view_select, names="selected")
         self.table_note = w.HTML(NO_CHECKPOINTS)
         self.dag_note = w.HTML(NO_CHECKPOINTS)
+        self.kernel_note = w.HTML(layout=w.Layout(display="none"))
         self.metric = w.Dropdown(description="metric", layout=w.Layout(width="280px"))
         self.metric.observe(lambda _: self._draw(self._draw_metrics), names="value")
         self.metrics_plot = w.Image(format="png")
@@ -310,8 +346,9 @@ class Explorer(w.VBox):
                                    self.compare_plot], layout=w.Layout(display="none"))
         self.compare_hint = w.HTML("<i>ctrl- or shift-click two or more rows to compare their "
                                    "metrics side by side</i>")
-        self.diff_a = w.Dropdown(description="from", layout=w.Layout(width="340px"))
-        self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="340px"))
+        self.diff_a = w.Dropdown(description="from",
+                                 layout=w.Layout(width="340px", max_width="100%"))
+        self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="340px", max_width="100%"))
         self.diff_a.observe(lambda _: self._draw(self._draw_diff), names="value")
         self.diff_b.observe(lambda _: self._draw(self._draw_diff), names="value")
         self.diff_plot = w.Image(format="png")
@@ -319,8 +356,9 @@ class Explorer(w.VBox):
         self.tabs = w.Tab(children=[
             w.VBox([self.table, self.table_note]),
             w.VBox([self.metric, self.metrics_plot, self.compare_hint, self.compare_box]),
-            w.VBox([self.dag, self.dag_note]),
-            w.VBox([w.HBox([self.diff_a, self.diff_b]), self.diff_plot, self.diff_table]),
+            w.VBox([self.dag, self.kernel_note, self.dag_note]),
+            w.VBox([w.HBox([self.diff_a, self.diff_b], layout=w.Layout(flex_flow="row wrap")),
+                    self.diff_plot, self.diff_table]),
         ])
         for i, name in enumerate(("Checkpoints", "Metrics", "DAG", "Diff")):
             self.tabs.set_title(i, name)
@@ -349,8 +387,9 @@ class Explorer(w.VBox):
         actions = w.HBox([self.rollback_button, self.pin_button, self.unpin_button,
                           self.delete_button, self.export_path, self.export_button],
                          layout=w.Layout(flex_flow="row wrap"))
-        super().__init__([self.title, self.tabs, actions, self.confirm_box, self.progress,
-                          self.status])
+        self.css = w.HTML(f"<style>{EXPLORER_CSS}</style>", layout=w.Layout(display="none"))
+        super().__init__([self.css, self.title, self.tabs, actions, self.confirm_box,
+                          self.progress, self.status])
         self.add_class("ckpt-nb-explorer")
 
         self._show(self.manager.list())  # (a store that fails to open fails here, raised)
@@ -401,7 +440,12 @@ class Explorer(w.VBox):
         self._fill_table()
         self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
                                                              self.manager.mode)]
-        self.dag.current = self.current
+        self.dag.current, self.dag.current_deleted = self._kernel_mark(set(ids))
+        gone, heir = self.dag.current_deleted, self.dag.current
+        self.kernel_note.layout.display = None if gone else "none"
+        self.kernel_note.value = "" if not gone else html.escape(
+            f"kernel ⇢: the kernel's state came from {gone}, deleted since; " +
+            (f"{heir} is its nearest kept ancestor" if heir else "no ancestor of it is kept"))
         self._sync_selection()
         for note in (self.table_note, self.dag_note):
             note.layout.display = "none" if len(frame) else None
@@ -412,7 +456,30 @@ class Explorer(w.VBox):
                             f"checkpoint{'' if len(frame) == 1 else 's'} · "
                             f"{_size(stored)} stored for {_size(logical)} of state")
         self._clear_transient()
+        self._say_saved_since_rollback(frame)
         self._draw_visible()
+
+    def _say_saved_since_rollback(self, frame: Any) -> None:
+        """Replace the rollback's message once checkpoints were saved since: its "the
+        next save starts a branch from it" is then what happened, not what will."""
+        if self._rolled_back is None:
+            return
+        cid, then = self._rolled_back
+        new = [r for r in frame.to_dict("records") if r["id"] not in then]
+        if new:
+            self._say(f"rolled back to {cid}; {len(new)} checkpoint"
+                      f"{'' if len(new) == 1 else 's'} saved since, the newest "
+                      f"{new[-1]['id']} on {new[-1]['branch']}")
+            self._rolled_back = cid, then  # (_say let it go: later saves count on)
+
+    def _kernel_mark(self, ids: set[str]) -> tuple[str | None, str | None]:
+        """Where the DAG marks the kernel, and the checkpoint its state came from where
+        that was deleted since (the mark goes then to its nearest kept ancestor, which
+        the kernel's next save descends from; None where none is kept)."""
+        current = self.current
+        if current is None or current in ids or not self.manager.catalog.was_deleted(current):
+            return current, None
+        return self.manager.catalog.heir_of(current), current
 
     @property
     def current(self) -> str | None:
@@ -617,7 +684,8 @@ class Explorer(w.VBox):
         self.diff_table.value = (
             f"<p><b>metrics</b>: {'; '.join(deltas) or 'none logged on both'}</p>"
             f"<p><b>byte-identical (shared chunks)</b>: {len(same)} of {len(diff)} tensors</p>"
-            + shown.to_html(index=False, classes="ckpt-nb-diff", border=0))
+            + "<div class='ckpt-nb-scroll'>"
+            + shown.to_html(index=False, classes="ckpt-nb-diff", border=0) + "</div>")
 
     def figure(self, kind: str) -> Any:
         """The Figure behind a tab: "metrics", "compare", "dag" or "diff"."""
@@ -659,6 +727,7 @@ class Explorer(w.VBox):
         """Show a message; a ``transient`` error (a draw or refresh that failed) goes at the
         next one that succeeds."""
         color = "#b00020" if error else "#1b5e20"
+        self._rolled_back = None  # (a message that replaces the rollback's)
         lines = "<br>".join(html.escape(line) for line in text.splitlines())
         self.status.value = f"<span style='color:{color}'>{lines}</span>"
         self._transient = error and transient
@@ -727,6 +796,7 @@ class Explorer(w.VBox):
         self.refresh()
         self._say(f"rolled back to {cid}: restored {', '.join(restored)}"
                   f"{_not_restored(missing)}; the next save starts a branch from it")
+        self._rolled_back = cid, frozenset(self.table_frame["id"])
         return cid
 
     def _namespace(self) -> dict[str, Any]:
@@ -788,7 +858,13 @@ class Explorer(w.VBox):
         self.manager.delete(cid)
         self.selected = [i for i in self.selected if i != cid]
         self.refresh()
-        self._say(f"deleted {cid}")
+        said = f"deleted {cid}"
+        if self.dag.current_deleted == cid:  # (the kernel's state came from it)
+            heir = self.dag.current
+            said += "; the kernel's state came from it: " + (
+                f"the DAG marks the kernel (⇢) at {heir}, its nearest kept ancestor" if heir
+                else "no ancestor of it is kept")
+        self._say(said)
         return cid
 
     def _refuse_pinned(self, cid: str) -> str:

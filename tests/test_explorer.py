@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import json
+import re
 import math
 import shutil
 import socket
@@ -22,7 +24,8 @@ from matplotlib.figure import Figure
 
 import ckpt_nb
 from ckpt_nb import _explorer, _interop, _plots, _session
-from ckpt_nb.cli import _time
+from ckpt_nb.cli import _cell as _cli_cell
+from ckpt_nb.cli import _size, _time
 from ckpt_nb._plots import dag_layout
 from ckpt_nb._store import FsspecStore
 
@@ -438,7 +441,8 @@ def test_metrics_named_like_the_tables_own_fields(tmp_path: Path) -> None:
 
 
 def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -> None:
-    """NaN and inf are no bar (no 0.0, no infinite one), no JSON, no empty plot; "~" is home."""
+    """NaN and inf are no bar (no 0.0, no infinite one), no JSON, no empty plot; inf reads
+    "inf" in the table, as in ``ckpt-nb ls``; "~" is home."""
     mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
     model = torch.nn.Linear(2, 2)
     ids = [mgr.save(model, metrics={"loss": loss, "acc": math.nan}, step=s)
@@ -447,7 +451,8 @@ def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -
     ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
     try:
         json.dumps(ui.table.rows, allow_nan=False)  # what jupyter_client sends, warning-free
-        assert [r["cells"]["loss"] for r in ui.table.rows] == [0.5, None, None]
+        assert [r["cells"]["loss"] for r in ui.table.rows] == [0.5, "inf", None]
+        assert _explorer._cell(-math.inf) == "-inf" == _cli_cell(-math.inf)
         ui.select(ids)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -934,6 +939,58 @@ def test_a_failed_action_says_which_action_failed(tmp_path: Path) -> None:
         ui.close()
 
 
+def test_the_dag_takes_the_themes_colours() -> None:
+    """In JupyterLab Dark the DAG's labels and the selection ring were black on dark grey
+    (text with no fill, a ring stroked "black") and incremental nodes were white discs."""
+    esm = _explorer._DAG_ESM
+    assert '"black"' not in esm and '"white"' not in esm
+    rules = dict(re.findall(r"(\.ckpt-nb-dag [^{]+?) \{([^}]*)\}", esm))
+    font = "var(--jp-ui-font-color1, var(--vscode-editor-foreground, currentColor))"
+    assert " ".join(rules[".ckpt-nb-dag text"].split()) == f"fill: {font};"
+    assert f"stroke: {font}" in " ".join(rules[".ckpt-nb-dag .ckpt-nb-ring"].split())
+    assert " ".join(rules[".ckpt-nb-dag .ckpt-nb-hollow"].split()) == \
+        "fill: var(--jp-layout-color1, var(--vscode-editor-background, white));"
+    assert 'setAttribute("class", "ckpt-nb-ring")' in esm
+    assert 'setAttribute("class", "ckpt-nb-hollow")' in esm
+    assert "1px solid var(--jp-border-color2, #ddd)" in _explorer._TABLE_ESM
+
+
+def test_a_narrow_explorer_wraps_its_rows_and_texts(store) -> None:
+    """In a ~380 px output the Diff tab's "to" was off the right edge, the metric deltas
+    cut off (the diff's wide table set their width) and the tab titles cut to "Check"."""
+    path, main, branch = store
+    ui = ckpt_nb.explore(path, poll_seconds=0)
+    try:
+        assert ui.children[0] is ui.css and f"<style>{_explorer.EXPLORER_CSS}</style>" == \
+            ui.css.value and ui.css.layout.display == "none"
+        css = " ".join(_explorer.EXPLORER_CSS.split())
+        assert "-tab > .lm-TabBar .lm-TabBar-tab, " in css and " min-width: max-content; }" in css
+        assert ".widget-html-content { min-width: 0; white-space: normal;" in css
+        row = ui.diff_a.layout, ui.diff_b.layout
+        assert ui.diff_table.value == "" and [r.max_width for r in row] == ["100%", "100%"]
+        assert ui.tabs.children[3].children[0].layout.flex_flow == "row wrap"
+        ui.tabs.selected_index = 3
+        ui.select([main[0], main[1]])
+        assert "<div class='ckpt-nb-scroll'><table" in ui.diff_table.value
+    finally:
+        ui.close()
+
+
+def test_sizes_read_as_the_cli_says(store) -> None:
+    """The explorer said 9.9 KB where ``ckpt-nb ls`` said 9.7 KiB."""
+    path, main, branch = store
+    table = ckpt_nb.CheckpointManager(path).list().set_index("id")
+    ui = ckpt_nb.explore(path, poll_seconds=0)
+    try:
+        for row in ui.table.rows:
+            assert row["cells"]["stored"] == _size(int(table.loc[row["id"], "stored_bytes"]))
+            assert row["cells"]["logical"] == _size(int(table.loc[row["id"], "logical_bytes"]))
+        assert "KiB" in ui.table.rows[0]["cells"]["logical"]
+        assert f"{_size(int(table['stored_bytes'].sum()))} stored" in ui.title.value
+    finally:
+        ui.close()
+
+
 def test_a_slightly_changed_tensor_is_labelled_with_its_change(tmp_path: Path) -> None:
     """A tensor changed by 0.15 % (an RNG state) had neither a visible bar nor a label."""
     mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
@@ -951,3 +1008,76 @@ def test_a_slightly_changed_tensor_is_labelled_with_its_change(tmp_path: Path) -
     assert small == "0.0015" and labels[small] == rows["objects/model/bias"]
     assert set(labels) == {small, "identical"}  # (the weight's bar shows: no label; the RNG)
     mgr.close()
+
+
+@contextlib.contextmanager
+def trained_kernel(path: Path, monkeypatch) -> Iterator[tuple[InteractiveShell, str]]:
+    """A kernel that trained a model under ``%%ckpt_auto`` into ``path``: the shell and
+    the training cell."""
+    monkeypatch.setattr(_session, "_positions", {})
+    monkeypatch.setattr(_session, "_position_events", {})
+    monkeypatch.setattr(_session, "_left_values", {})
+    monkeypatch.setattr(_session, "_last", None)
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext ckpt_nb")
+    try:
+        sh.run_cell("import torch, ckpt_nb\ntorch.manual_seed(0)\n"
+                    "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), 0.1)")
+        cell = (f"%%ckpt_auto --dir {path} --every-steps 1\n"
+                "for _ in ckpt_nb.epochs(3):\n    opt.zero_grad(); model(torch.ones(1, 4)).sum()"
+                ".backward(); opt.step()")
+        assert sh.run_cell(cell).success
+        yield sh, cell
+    finally:
+        sh.run_cell("%unload_ext ckpt_nb")
+
+
+def test_the_rollback_message_goes_once_checkpoints_are_saved_since(
+        tmp_path: Path, monkeypatch) -> None:
+    """After Roll back and a re-run the status line still said "the next save starts a
+    branch from it" with the branch's saves in the table."""
+    with trained_kernel(tmp_path / "k", monkeypatch) as (sh, cell):
+        ui = ckpt_nb.explore(tmp_path / "k", poll_seconds=0)  # (this process's saves)
+        try:
+            first = ui.table_frame["id"].iloc[0]
+            ui.select([first])
+            ui.rollback_button.click()
+            ui.confirm_button.click()
+            assert "the next save starts a branch from it" in ui.status.value
+            assert sh.run_cell(cell).success
+            table = ckpt_nb.CheckpointManager(tmp_path / "k").list()
+            new = table[table["branch"] == "branch-1"]
+            said = (f"rolled back to {first}; {len(new)} checkpoints saved since, the newest "
+                    f"{new['id'].iloc[-1]} on branch-1")
+            poll(lambda: said in ui.status.value)
+            assert said in ui.status.value and "next save" not in ui.status.value
+            ui.pin(first)  # any other message replaces it, and is not replaced in turn
+            ui.refresh()
+            assert f"pinned {first}" in ui.status.value
+        finally:
+            ui.close()
+
+
+def test_deleting_the_kernels_checkpoint_marks_the_kernel_at_its_heir(
+        tmp_path: Path, monkeypatch) -> None:
+    """After the explorer's Delete of the checkpoint marked "kernel →" the DAG marked the
+    kernel nowhere."""
+    with trained_kernel(tmp_path / "k", monkeypatch):
+        ui = ckpt_nb.explore(tmp_path / "k", poll_seconds=0)
+        try:
+            *_, heir, current = ui.table_frame["id"]
+            assert ui.dag.current == current and ui.dag.current_deleted is None
+            assert ui.kernel_note.layout.display == "none"
+            ui.select([current])
+            ui.delete_button.click()
+            ui.confirm_button.click()
+            assert (ui.dag.current, ui.dag.current_deleted) == (heir, current)
+            assert f"the kernel's state came from it: the DAG marks the kernel (⇢) at {heir}" \
+                in html.unescape(ui.status.value)
+            assert ui.kernel_note.layout.display is None
+            assert f"came from {current}, deleted since; {heir} is its nearest kept" in \
+                ui.kernel_note.value
+            ui.refresh()  # (and stays marked)
+            assert (ui.dag.current, ui.dag.current_deleted) == (heir, current)
+        finally:
+            ui.close()
