@@ -1417,23 +1417,26 @@ class CheckpointManager:
                      RuntimeWarning)
         self._notify("delete", cid)
 
-    def _apply_retention(self, protect: set[str]) -> None:
-        """Delete what the retention rules let go; the newest, pinned, best and head stay."""
+    def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
+        """Delete what the retention rules let go; the newest, pinned, best and head stay.
+        ``among``: the checkpoints the rules count, rank and may delete (the notebook
+        layer's, its cell's runs: the store may hold other notebooks'); None, all."""
         if self.max_to_keep is None and self.keep_best is None and self.max_bytes is None:
             return
         rows = self.catalog.checkpoints()
         protected = protect | {r.id for r in rows if r.pinned} | {rows[-1].id}
         if self.head:
             protected.add(self.head)
-        if self.keep_best:
-            protected |= set(self._best(rows, self.keep_best))
+        ours = rows if among is None else [r for r in rows if r.id in among]
+        best = set(self._best(ours, self.keep_best)) if self.keep_best else set()
+        protected |= best
         # A damaged manifest stops gc (its chunks may lie in any pack): checkpoints that
         # retention deletes then free no room, and a byte budget would delete them all.
         blocked = sorted(id_of(key) or key for key in self.catalog.damaged()
                          if key.startswith("manifests/"))
         if self.max_to_keep is not None or self.keep_best is not None:
-            recent = {r.id for r in rows[-self.max_to_keep:]} if self.max_to_keep else set()
-            self._drop([r.id for r in rows if r.id not in protected | recent])
+            recent = {r.id for r in ours[-self.max_to_keep:]} if self.max_to_keep else set()
+            self._drop([r.id for r in ours if r.id not in protected | recent])
         if self.max_bytes is not None and self.stored_bytes() > self.max_bytes:
             if blocked:
                 self._warn_blocked(blocked)
@@ -1446,8 +1449,31 @@ class CheckpointManager:
             for row in self.catalog.checkpoints():
                 if self.stored_bytes() <= self.max_bytes:
                     break
-                if row.id not in protected:
+                if row.id not in protected and (among is None or row.id in among):
                     self._drop([row.id], **tight)
+            taken = self.stored_bytes()
+            if taken > self.max_bytes and not getattr(self, "_told_over_budget", False):
+                # (said once per manager, as _warn_blocked: every save would say it again)
+                self._told_over_budget = True
+                kept = self.catalog.checkpoints()
+
+                def why(row: CheckpointRow) -> str:
+                    """Why retention keeps a checkpoint it left over the budget."""
+                    for reason, holds in (("newest", row is kept[-1]), ("pinned", row.pinned),
+                                          (f"best by {self.metric}", row.id in best),
+                                          ("the head", row.id == self.head),
+                                          ("just saved", row.id in protect)):
+                        if holds:
+                            return reason
+                    return "another run's"  # (not among those it may delete)
+
+                held = [f"{row.id} ({why(row)}, {row.stored_bytes:,} bytes)"
+                        for row in reversed(kept)]
+                warn(f"the store at {self.store.url} takes {taken:,} bytes, over its byte "
+                     f"budget (max_bytes={self.max_bytes:,}), and retention deletes nothing "
+                     f"more: it keeps {', '.join(held[:6])}"
+                     f"{f' and {len(held) - 6} more' if len(held) > 6 else ''}; raise max_bytes, "
+                     "or unpin or delete checkpoints (or lower keep_best)", RuntimeWarning)
         elif blocked and len(rows) > len(self.catalog.checkpoints()):
             self._warn_blocked(blocked)
 

@@ -29,20 +29,22 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePath
+from types import FrameType
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._capture import RNGState, SnapshotBuffers, load_all, rng_problem
+from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem
 from ._catalog import store_exists
 from ._discovery import (Discovery, assign_in_place, discover, from_storable, is_code,
                          to_storable)
-from ._errors import CaptureError, CkptError, CorruptCheckpointError, warn
+from ._errors import CaptureError, CkptError, CorruptCheckpointError, StateMismatchError, warn
 from ._format import is_count
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
@@ -126,6 +128,7 @@ class AutoConfig:
     def __post_init__(self) -> None:
         """Refuse what would never fire or cannot work, naming the option both ways
         (``auto(every_steps=...)`` and the magic's ``--every-steps``)."""
+        self._take_the_magics_forms()
         for name, value in (("every_steps", self.every_steps), ("keep", self.keep),
                             ("keep_best", self.keep_best)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -143,6 +146,53 @@ class AutoConfig:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy (--strategy) must be {', '.join(STRATEGIES)}, not "
                              f"{self.strategy!r}")
+
+    def _take_the_magics_forms(self) -> None:
+        """Read the forms the magic takes as text (``every_seconds="10m"``,
+        ``on="loss:min"``, ``track="model,opt"``: a string was split into characters) and
+        refuse a value of the wrong type by name, where it failed later as a raw
+        TypeError ('<' not supported between int and str) or did something else."""
+        if self.directory is not None:
+            if not isinstance(self.directory, (str, os.PathLike)):
+                raise TypeError(f"directory (--dir) takes a path, not {self.directory!r}")
+            self.directory = os.fspath(self.directory)
+        if isinstance(self.every_seconds, str):
+            try:
+                self.every_seconds = parse_duration(self.every_seconds)
+            except ValueError as exc:
+                raise ValueError(f"every_seconds (--every): {exc}") from None
+        elif self.every_seconds is not None and (isinstance(self.every_seconds, bool) or
+                                                 not isinstance(self.every_seconds, (int, float))):
+            raise TypeError("every_seconds (--every-seconds) takes a number of seconds or a "
+                            f"duration such as '30s', '10m', '1h' or '1d', not "
+                            f"{self.every_seconds!r}")
+        if isinstance(self.on, str):
+            self.on = parse_metric_trigger(self.on)
+        elif isinstance(self.on, list):
+            self.on = tuple(self.on)  # type: ignore[assignment]
+        elif self.on is not None and not isinstance(self.on, tuple):
+            raise TypeError(f"on (--on) takes (METRIC, 'min' or 'max') or 'METRIC:min', not "
+                            f"{self.on!r}")
+        if isinstance(self.track, str):
+            self.track = [name.strip() for name in self.track.split(",") if name.strip()]
+        elif self.track is not None:
+            if not isinstance(self.track, (list, tuple)) or \
+                    not all(isinstance(name, str) for name in self.track):
+                raise TypeError("track (--track) takes names: 'model,opt' or ['model', 'opt'], "
+                                f"not {self.track!r}")
+            self.track = list(self.track)
+        if self.track is not None and not self.track:
+            raise ValueError("track (--track) is empty: name what it should track ('model,opt')")
+        if not isinstance(self.strategy, str):
+            raise TypeError(f"strategy (--strategy) takes a string, not {self.strategy!r}")
+        for name, flag in (("resume", "--no-resume"), ("sync", "--sync")):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} ({flag}) takes True or False, not "
+                                f"{getattr(self, name)!r}")
+        if isinstance(self.max_variable_bytes, bool) or \
+                not isinstance(self.max_variable_bytes, int) or self.max_variable_bytes < 0:
+            raise ValueError("max_variable_bytes must be a number of bytes (an integer, 0 or "
+                             f"more), not {self.max_variable_bytes!r}")
 
 
 def parse_duration(text: str) -> float:
@@ -469,6 +519,21 @@ def _stopped(message: str) -> KeyboardInterrupt:
     return error
 
 
+class _RunsManager(CheckpointManager):
+    """The store as a session opens it: retention (--keep, --keep-best) counts and
+    deletes the checkpoints of the session's own runs only (``runs``). A store is shared
+    by a notebook's cells, and by every notebook run headless (./checkpoints/session):
+    one notebook's --keep 2 deleted another's checkpoints."""
+
+    runs: Callable[[], AbstractSet[str]] | None = None
+
+    def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
+        limits = self.max_to_keep, self.keep_best, self.max_bytes
+        if among is None and self.runs is not None and limits != (None, None, None):
+            among = self.runs()  # (which reads the manifests it has not read yet)
+        super()._apply_retention(protect, among)
+
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -479,9 +544,11 @@ class AutoSession:
         self.out = out or sys.stdout
         directory = config.directory or default_directory(namespace)
         metric, mode = config.on if config.on else (None, "min")
-        self.manager = CheckpointManager(
+        self.manager = _RunsManager(
             directory, max_to_keep=config.keep, keep_best=config.keep_best,
             metric=metric, mode=mode, strategy=config.strategy)
+        self._run_of: dict[str, dict[str, Any] | None] = {}  # id -> whose run it holds
+        self.manager.runs = self._own_checkpoints
         self.url = self.manager.store.url
         if not config.resume:
             _forget_position(self.url)
@@ -574,9 +641,12 @@ class AutoSession:
                                   max_variable_bytes=self.config.max_variable_bytes)
         return self.discovery
 
-    def begin_cell(self, source: str | None = None, cell_id: str | None = None) -> None:
+    def begin_cell(self, source: str | None = None, cell_id: str | None = None,
+                   *, unseen: Iterable[str] = ()) -> None:
         """Start of a training cell: report what is tracked, find a run to resume.
-        ``cell_id`` is the notebook's id of the cell, where the front end sends one."""
+        ``cell_id`` is the notebook's id of the cell, where the front end sends one;
+        ``unseen``, the stateful objects of a function that called ``auto()`` without
+        ``namespace=locals()``, which the session does not see."""
         self.cell_hash = hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
         self.cell_id = cell_id
         self.begin_line_cell()
@@ -584,10 +654,25 @@ class AutoSession:
         self._consistent()
         self._report_background_error()
         found = self.rediscover()
-        self.say(found.summary())
+        undefined = [n for n in self.config.track or () if found.skipped.get(n) == "not defined"]
+        if undefined:  # (a typo tracked nothing, and a resume went on without it)
+            raise CkptError(f"--track (track=) names {', '.join(undefined)}, which "
+                            f"{'is' if len(undefined) == 1 else 'are'} not defined: nothing "
+                            "ran; fix the name or define it first")
+        default = "" if self.config.directory else \
+            f" -> {getattr(self.manager.store, 'root', None) or self.url} (the default store)"
+        self.say(found.summary() + default)
         self._told_skipped.update(found.skipped.items())
+        unseen = list(unseen)
+        if not found.statefuls or unseen:
+            warn("ckpt_nb tracks " + (
+                f"no {', '.join(unseen)}: auto() in a function sees its module's globals, "
+                "not the function's locals; pass namespace=locals()" if unseen else
+                "no stateful object (no model, optimizer or generator): its checkpoints "
+                "hold none, and a resume puts back the loop's position without them"),
+                RuntimeWarning)
         if source is not None and self.config.resume:
-            self._find_resume()
+            self._find_resume(unseen)
         if self._pending is None:
             self._count_on()
 
@@ -912,8 +997,9 @@ class AutoSession:
         self._last_failure = ""
 
     # -- resume -----------------------------------------------------------------------------
-    def _find_resume(self) -> None:
-        """Pick the unfinished run this cell resumes, if any.
+    def _find_resume(self, unseen: list[str]) -> None:
+        """Pick the unfinished run this cell resumes, if any; refuse to resume it where
+        ``unseen`` names stateful objects the session does not see (``begin_cell``).
 
         Where the kernel stands (its last save, resume or rollback on this store) when
         that is a run of this cell, or the checkpoint the user rolled back to unless cell
@@ -960,6 +1046,12 @@ class AutoSession:
                      f"saved: this cell starts a run of its own (%ckpt_rollback {ck.id} takes "
                      "that run over)")
             return
+        if unseen:  # (the run's checkpoints hold none of them: it went on without them)
+            raise StateMismatchError(
+                f"not resuming checkpoint {ck.id} (step {ck.step}): auto() in a function sees "
+                f"its module's globals, not {', '.join(unseen)} among the function's locals, "
+                "and the loop would go on from the saved position with them as they are now; "
+                "pass namespace=locals() (or auto(resume=False) to start afresh)")
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
@@ -990,6 +1082,21 @@ class AutoSession:
             return None
         run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
         return run if isinstance(run, dict) else None
+
+    def _own_checkpoints(self) -> set[str]:
+        """The checkpoints of this cell's runs (``_is_this_cell``), the only ones its
+        retention deletes; the line form's, those this process saved."""
+        own = set()
+        for row in self.manager.catalog.checkpoints():
+            if row.id not in self._run_of:  # (a checkpoint's run record never changes)
+                run = self._run_record(row.id)
+                self._run_of[row.id] = None if run is None else {
+                    key: run.get(key) for key in ("cell", "cell_id", "owner")}
+            run = self._run_of[row.id]
+            if run is not None and self._is_this_cell(run) and \
+                    (self.cell_hash is not None or run["owner"] == _owner()):
+                own.add(row.id)
+        return own
 
     def _is_this_cell(self, run: dict[str, Any]) -> bool:
         if self.cell_id is not None and run.get("cell_id") is not None:
@@ -1083,6 +1190,15 @@ class AutoSession:
         if pending is None:
             return None
         ck, saved = pending.checkpoint, pending.run
+        tracked = {_stored_key(n) for n in self.rediscover().statefuls}
+        untracked = [_live_name(key) for key in ck.state if key not in tracked]
+        if untracked:  # (a typo in --track, or a set-up cell not run again)
+            raise StateMismatchError(
+                f"not resuming checkpoint {ck.id} (step {saved.step}): it holds "
+                f"{', '.join(untracked)}, which this cell does not track now (it tracks "
+                f"{', '.join(map(_live_name, tracked)) or 'nothing'}), and the loop would go "
+                "on from the saved position without their state; define them (or add them "
+                "to --track), or run with --no-resume (auto(resume=False)) to start afresh")
         changed = self._changed_since(saved)
         targets, variables = self._apply(ck, saved)
         self._moved_to(ck, "resume", targets.values())
@@ -1100,8 +1216,7 @@ class AutoSession:
             self._pending_loader_rng = loop.get("loader_rng_now")
             if ck.rng is not None:
                 RNGState().load_state_dict(ck.rng)
-        missing = [_live_name(n) for n in ck.state if n not in targets] + \
-            [n for n in saved.variables if n not in variables]
+        missing = [n for n in saved.variables if n not in variables]  # (objects: all tracked)
         changed = [text for name, text in changed.items() if name in variables]
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
                  f"step {saved.step})"
@@ -1519,6 +1634,24 @@ def status() -> dict[str, Any]:
     return {"active": False} if session is None else {"active": True, **session.status()}
 
 
+_unnamed_sites: dict[str, dict[int, int]] = {}  # file -> line of an auto() call -> ordinal
+
+
+def _unnamed_block(caller: FrameType) -> str:
+    """What tells an unnamed ``auto()`` block's runs from another's: in IPython, "auto"
+    (a cell's code is its own); in a script, its file and the ordinal of its call among
+    the file's unnamed ones this process made ("auto#2 in /path/train.py"), which a rerun
+    in the same order gives it again, edits that shift lines too. Every block was
+    "auto": after a kill in the second, the first resumed the second's run."""
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and ipython.get_ipython() is not None:
+        return "auto"
+    path = os.path.abspath(caller.f_code.co_filename)
+    sites = _unnamed_sites.setdefault(path, {})
+    ordinal = sites.setdefault(caller.f_lineno, len(sites) + 1)  # (a call made again: its own)
+    return f"auto#{ordinal} in {path}"
+
+
 @contextlib.contextmanager
 def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = None,
          name: str | None = None, **options: Any) -> Iterator[AutoSession]:
@@ -1527,14 +1660,26 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     ``with ckpt_nb.auto("runs/x", every_steps=50, namespace=globals()): ...``
     resumes an unfinished run of the block called ``name`` and saves at its end. A
     ``name`` given is the block's as a notebook's cell id is a cell's: another name's
-    run is never resumed, even after a rollback to it.
+    run is never resumed, even after a rollback to it. An unnamed block in a script is
+    told from the script's other unnamed blocks by its order (``_unnamed_block``).
     """
+    caller = sys._getframe(2)
+    unseen: list[str] = []
     if namespace is None:
-        namespace = sys._getframe(2).f_globals
+        namespace = caller.f_globals
+        if caller.f_locals is not namespace:  # (called in a function)
+            unseen = [n for n, value in caller.f_locals.items() if namespace.get(n) is not value
+                      and isinstance(value, Stateful) and not isinstance(value, type)]
+    elif not isinstance(namespace, dict):
+        raise TypeError(f"namespace takes a dict (globals() or locals()), not "
+                        f"{type(namespace).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name takes a string, not {name!r}")
     session = start(AutoConfig(directory=directory, **options), namespace, nested=True)
     # ("auto:" is in no notebook's cell id, which are letters, digits, - and _)
     try:
-        session.begin_cell(name or "auto", cell_id=None if name is None else f"auto:{name}")
+        session.begin_cell(name or _unnamed_block(caller),
+                           cell_id=None if name is None else f"auto:{name}", unseen=unseen)
         try:
             yield session
         except BaseException as exc:
