@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Int, Unicode
 
 from . import _session as session_mod
-from ._errors import CheckpointNotFoundError, CkptError
+from ._errors import CaptureError, CheckpointNotFoundError, CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
@@ -65,7 +65,8 @@ class CkptMagics(Magics):
               "better: --on val_loss (lower), --on accuracy (higher)")
     @argument("--keep", type=int, default=None,
               help="keep the newest N checkpoints of this cell's run")
-    @argument("--keep-best", type=int, default=None, help="keep the best K (needs --on)")
+    @argument("--keep-best", type=int, default=None,
+              help="keep the best K checkpoints of this cell's run by the --on metric")
     @argument("--strategy", default="full", choices=("full", "incremental", "differential"))
     @argument("--track", default=None, help="comma-separated names to track (else discovery)")
     @argument("--no-resume", action="store_true", help="start afresh, in a new branch")
@@ -86,7 +87,10 @@ class CkptMagics(Magics):
             return None
         session = self._start(config, nested=True)
         try:
-            session.begin_cell(cell, cell_id=self._cell_id)
+            try:
+                session.begin_cell(cell, cell_id=self._cell_id)
+            except CaptureError as exc:  # (a --track name not defined: nothing ran)
+                raise UsageError(f"%ckpt_auto: {exc}") from None
             try:
                 value = self._run(cell)
             except BaseException as exc:

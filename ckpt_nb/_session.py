@@ -656,7 +656,7 @@ class AutoSession:
         found = self.rediscover()
         undefined = [n for n in self.config.track or () if found.skipped.get(n) == "not defined"]
         if undefined:  # (a typo tracked nothing, and a resume went on without it)
-            raise CkptError(f"--track (track=) names {', '.join(undefined)}, which "
+            raise CaptureError(f"--track (track=) names {', '.join(undefined)}, which "
                             f"{'is' if len(undefined) == 1 else 'are'} not defined: nothing "
                             "ran; fix the name or define it first")
         default = "" if self.config.directory else \
