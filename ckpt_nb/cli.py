@@ -16,14 +16,16 @@ import re
 import sqlite3
 import sys
 import unicodedata
+import urllib.parse
+import urllib.request
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO
 
 from . import __version__
 from ._catalog import store_exists
-from ._errors import CheckpointInUseError, CkptError
+from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError
 from ._manager import CheckpointManager
 from ._store import FsspecStore, Store, open_store
 
@@ -33,8 +35,14 @@ _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "rel_ch
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (``sys.argv[1:]`` by default); return the exit code."""
+    with _reader_may_leave():  # (--help's output too)
+        return _main(sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
+    """``main``'s work, run where its reader may stop reading."""
     try:
-        args = _parse(sys.argv[1:] if argv is None else argv)
+        args = _parse(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else 2
     location: str = args.directory  # a path or a URL (file://, memory://, s3://, ...)
@@ -57,15 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     with _warnings_as_lines(own):
         try:
             if not store_exists(location):  # (asks an object store: inside the try)
-                say(f"no checkpoint store at {location}{_no_bucket(location)}")
+                say(f"no checkpoint store at {location}{_why_no_store(location)}")
                 return 2
             store = open_store(location)
             with CheckpointManager(store, metric=args.metric, mode=args.mode) as mgr:
-                return args.run(mgr, args)
+                try:
+                    return args.run(mgr, args)
+                except CheckpointNotFoundError as exc:
+                    ambiguous = _ambiguous(mgr, [n for n in named if n])
+                    if ambiguous is None:
+                        raise
+                    raise CheckpointNotFoundError(ambiguous) from exc
         except (CkptError, ValueError, ImportError) as exc:  # ImportError: s3:// sans s3fs
             say(exc)
-        except BrokenPipeError:  # output piped into e.g. head, which has stopped reading
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except OSError as exc:
             say(f"{args.command} failed: {_os_reason(exc)}")
         except sqlite3.Error as exc:
@@ -81,9 +93,74 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     then lets options come between IDs (``verify DIR --metric loss best``): parsed
     through the top parser, a ``nargs="*"`` positional would end at the first option."""
     parser, commands = _parser()
+    argv = _command_first(argv, commands)
     if argv and argv[0] in commands:
         return commands[argv[0]].parse_intermixed_args(argv[1:])
     return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
+
+
+def _command_first(argv: list[str], commands: Sequence[str]) -> list[str]:
+    """``--metric loss show DIR best`` read as ``show --metric loss DIR best``: the store's
+    options belong to each command, and before one argparse called 'loss' a bad command."""
+    at = 0
+    while at < len(argv) and argv[at] not in commands:
+        if argv[at].split("=", 1)[0] not in ("--metric", "--mode"):
+            return argv
+        at += 1 if "=" in argv[at] else 2
+    return [argv[at], *argv[:at], *argv[at + 1:]] if at < len(argv) else argv
+
+
+def _ambiguous(mgr: CheckpointManager, named: list[str]) -> str | None:
+    """Where an id prefix matches several checkpoints, an error that says how many (the
+    store's names five, and not that there are more); None where none does."""
+    ids = list(mgr.list()["id"])
+    for which in named:
+        matches = [cid for cid in ids if cid.startswith(which)]
+        if len(matches) > 1 and which not in matches:
+            more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+            return (f"{which!r} is ambiguous: {len(matches)} checkpoints start with it "
+                    f"({', '.join(matches[:5])}{more}): give more of the id")
+    return None
+
+
+class _Stdout:
+    """Standard output that its reader may leave (``ckpt-nb ls DIR | head -1``): from
+    the broken pipe on, output goes to /dev/null, and the command ends quietly with its
+    own exit code, as Unix tools do. (It ended with 1, or with 0 or 1 by a race where the
+    pipe broke at the interpreter's last flush.)"""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        with self._dropped_if_gone():
+            self._stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._dropped_if_gone():
+            self._stream.flush()
+
+    @contextlib.contextmanager
+    def _dropped_if_gone(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # (what is left buffered goes there too)
+            os.close(devnull)
+
+
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """Print through ``_Stdout``, flushed before the end (a last flush at exit would meet
+    a broken pipe with no one to catch it)."""
+    out = _Stdout(sys.stdout)
+    with contextlib.redirect_stdout(out):  # type: ignore[type-var]
+        try:
+            yield
+        finally:
+            out.flush()
 
 
 @contextlib.contextmanager
@@ -265,12 +342,21 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _pin(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    print(f"pinned {mgr.pin(args.id)}")
-    return 0
+    return _set_pin(mgr, args.id, True)
 
 
 def _unpin(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    print(f"unpinned {mgr.unpin(args.id)}")
+    return _set_pin(mgr, args.id, False)
+
+
+def _set_pin(mgr: CheckpointManager, which: str, pinned: bool) -> int:
+    """Pin or unpin, saying so where it already was (not a second "pinned")."""
+    cid = mgr.resolve(which)
+    frame = mgr.list()
+    if bool(frame.loc[frame["id"] == cid, "pinned"].any()) == pinned:
+        print(f"{cid} was {'already' if pinned else 'not'} pinned")
+    else:
+        print(f"{'pinned' if pinned else 'unpinned'} {mgr.pin(cid, pinned)}")
     return 0
 
 
@@ -285,10 +371,16 @@ def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 # -- formatting ---------------------------------------------------------------------
-def _no_bucket(location: str) -> str:
-    """Where the URL's bucket is not there, a hint that says so (as a save says)."""
-    if "://" not in location or location.startswith("file://") or location == "memory://":
-        return ""  # (a local folder, which opening would make)
+def _why_no_store(location: str) -> str:
+    """Where the path is a file, or the URL's bucket is not there, a hint that says so
+    (as a save says)."""
+    if "://" not in location or location.startswith("file://"):
+        path = urllib.request.url2pathname(urllib.parse.urlsplit(location).path) \
+            if "://" in location else location
+        return ": it is a file; a store is the folder a CheckpointManager saves into" \
+            if os.path.isfile(path) else ""
+    if location == "memory://":
+        return ""
     bucket = FsspecStore(location).missing_bucket()
     return f": the bucket {bucket!r} does not exist (ckpt_nb creates no bucket: create " \
         "it, or check its name)" if bucket else ""

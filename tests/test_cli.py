@@ -559,3 +559,74 @@ def test_diff_writes_a_reshape_as_its_rows_do_and_ls_aligns_cjk_metrics(
     cjk = header.index("損失")
     assert all(len(row) == len(header) + 2 for row in rows)  # (each CJK character: 2 columns)
     assert all(row.endswith(("0.5", "0.25")) for row in rows) and cjk > 0
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_exit_code(
+        store: Store) -> None:
+    """Piped into ``head``, ls exited 1 with no message (and show 0 or 1, by a race)."""
+    with CheckpointManager(store.directory) as mgr:
+        mgr.annotate(store.ids[0], "x" * 20_000)  # (ls writes past the buffer, mid-command)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(["bash", "-c", 'set -o pipefail; "$0" -m ckpt_nb ls "$1" | head -1',
+                           sys.executable, store.directory], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert (done.returncode, done.stdout.split()[0], done.stderr) == (0, "id", "")
+    flip_byte_in_blobs(store.packs[2])
+    for argv, code in ((["ls"], 0), (["show", "latest"], 0), (["verify"], 1)):
+        reader_gone = subprocess.Popen(  # (the pipe breaks at the first write, or at exit)
+            [sys.executable, "-m", "ckpt_nb", argv[0], store.directory, *argv[1:]],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert reader_gone.stdout is not None
+        reader_gone.stdout.close()
+        _, err = reader_gone.communicate(timeout=120)
+        assert (reader_gone.returncode, err) == (code, ""), argv
+
+
+def test_an_ambiguous_prefix_says_how_many_checkpoints_it_matches(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Eight ids started with the prefix, five were named, and nothing said there were more."""
+    starts: dict[str, list[str]] = {}
+    with CheckpointManager(tmp_path) as mgr:
+        while max(map(len, starts.values()), default=0) < 7:
+            cid = mgr.save(torch.nn.Linear(1, 1), rng=False)
+            starts.setdefault(cid[0], []).append(cid)
+    prefix, ids = max(starts.items(), key=lambda item: len(item[1]))
+    code, out, err = run(capsys, "pin", tmp_path, prefix)
+    assert code == 1 and out == "" and err == (
+        f"ckpt-nb: {prefix!r} is ambiguous: {len(ids)} checkpoints start with it "
+        f"({', '.join(ids[:5])} and {len(ids) - 5} more): give more of the id\n")
+    code, _, err = run(capsys, "diff", tmp_path, "latest", prefix)
+    assert code == 1 and f"{len(ids)} checkpoints start with it" in err
+    assert run(capsys, "show", tmp_path, "nope")[2].startswith("ckpt-nb: no checkpoint 'nope'")
+
+
+def test_store_options_before_the_command_are_taken(
+        store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ckpt-nb --metric loss show DIR best`` said "invalid choice: 'loss'"."""
+    code, out, _ = run(capsys, "--metric", "loss", "show", store.directory, "best")
+    assert code == 0 and out.startswith(f"id:        {store.ids[2]}")
+    assert run(capsys, "--mode=max", "--metric", "acc", "verify", store.directory, "best") == (
+        0, "ok: 1 checkpoints verified\n", "")
+    assert run(capsys, "--metric", "loss")[0] == 2  # (no command: a usage error still)
+
+
+def test_pinning_twice_and_unpinning_what_is_not_pinned_say_so(
+        store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    cid = store.ids[2]
+    assert run(capsys, "unpin", store.directory, "latest") == (0, f"{cid} was not pinned\n", "")
+    assert run(capsys, "pin", store.directory, "latest") == (0, f"pinned {cid}\n", "")
+    assert run(capsys, "pin", store.directory, "latest") == (
+        0, f"{cid} was already pinned\n", "")
+    assert run(capsys, "unpin", store.directory, "latest") == (0, f"unpinned {cid}\n", "")
+    with CheckpointManager(store.directory) as mgr:
+        assert not mgr.list()["pinned"].any()
+
+
+def test_a_store_path_that_is_a_file_says_so(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a file").write_text("x")
+    for location in (tmp_path / "a file", (tmp_path / "a file").as_uri()):
+        assert run(capsys, "ls", location) == (
+            2, "", f"ckpt-nb: no checkpoint store at {location}: it is a file; a store is the "
+                   "folder a CheckpointManager saves into\n")
