@@ -26,11 +26,12 @@ from typing import Any, TextIO
 from . import __version__
 from ._catalog import store_exists
 from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError
+from ._interop import check_export_path, write_file
 from ._manager import CheckpointManager
 from ._store import FsspecStore, Store, open_store
 
 ProgressFn = Callable[[int, int], None]
-_NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "rel_change"})
+_NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "l2", "rel_change"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,9 +281,12 @@ def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     if frame.empty:
         print("no tensors in either checkpoint")
         return 0
-    rows = [[r["tensor"], r["status"], _shape(r["shape"]), _percent(r["rel_change"])]
+    # (the RNG state's words are no vector: its norms, 4.3e+10, meant nothing)
+    rows = [[r["tensor"], r["status"], _shape(r["shape"]),
+             *(["-", "-"] if r["tensor"].startswith("rng/") else
+               [_cell(r["l2"]), _percent(r["rel_change"])])]
             for _, r in frame.iterrows()]
-    print(_table(["tensor", "status", "shape", "rel_change"], rows, right=_NUMERIC))
+    print(_table(["tensor", "status", "shape", "l2", "rel_change"], rows, right=_NUMERIC))
     counts = frame["status"].value_counts()
     shown = [s for s in ("identical", "changed", "reshaped", "added", "removed")
              if s in ("identical", "changed") or counts.get(s, 0)]
@@ -329,15 +333,19 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
+    """``mgr.export`` in its two steps: the checkpoint read names the id written ("latest"
+    skips a newest that fails verification), and the write gets a line of its own."""
+    check_export_path(args.out)
     try:
         with _progress("export", "chunk") as progress:
-            path = mgr.export(args.id, args.out, progress=progress,
-                              trust_pickle=args.trust_pickle)
+            ck = mgr.load(args.id, trust_pickle=args.trust_pickle, progress=progress)
+        with _progress(f"export: writing {args.out}", bar_format="{desc}"):
+            path = write_file(ck, args.out)
     except CkptError:
         raise
     except OSError as exc:  # the file system's own error: say which file was asked for
         raise CkptError(f"cannot export to {args.out}: {_os_reason(exc)}") from exc
-    print(f"{path} ({_size(path.stat().st_size)})")
+    print(f"{path} ({_size(path.stat().st_size)}, checkpoint {ck.id})")
     return 0
 
 
@@ -469,8 +477,10 @@ def _percent(fraction: float) -> str:
 
 
 @contextlib.contextmanager
-def _progress(desc: str, unit: str = "ckpt") -> Iterator[ProgressFn | None]:
-    """A ``progress(done, total)`` callback drawing a tqdm bar, or None without a TTY/tqdm."""
+def _progress(desc: str, unit: str = "ckpt",
+              bar_format: str | None = None) -> Iterator[ProgressFn | None]:
+    """A ``progress(done, total)`` callback drawing a tqdm bar, or None without a TTY/tqdm;
+    ``bar_format="{desc}"`` draws a line for a step that has no progress to show."""
     if not sys.stderr.isatty():
         yield None
         return
@@ -479,10 +489,15 @@ def _progress(desc: str, unit: str = "ckpt") -> Iterator[ProgressFn | None]:
     except ImportError:
         yield None
         return
-    with tqdm(desc=desc, unit=unit, file=sys.stderr, leave=False) as bar:
+    with tqdm(desc=desc, unit=unit, file=sys.stderr, leave=False, bar_format=bar_format) as bar:
+        if bar_format is not None:
+            bar.refresh()  # (drawn now: nothing will update it)
+
         def update(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
+            if done >= total:  # (tqdm redraws at most every 0.1 s: the end, drawn)
+                bar.refresh()
 
         yield update
 

@@ -124,8 +124,9 @@ def test_diff(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     table, summary = out.rstrip("\n").split("\n\n")
     rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
     assert rows["objects/model/weight"][1:3] == ["changed", "8x16"]
-    assert rows["objects/model/weight"][3].endswith("%")
-    assert rows["rng/numpy/keys"][1:] == ["identical", "624", "0%"]
+    assert float(rows["objects/model/weight"][3]) > 0
+    assert rows["objects/model/weight"][4].endswith("%")
+    assert rows["rng/numpy/keys"][1:] == ["identical", "624", "-", "-"]
     statuses = [r[1] for r in rows.values()]
     assert summary == (f"{len(statuses)} tensors: {statuses.count('identical')} identical, "
                        f"{statuses.count('changed')} changed")
@@ -161,6 +162,7 @@ def test_verify_export_and_gc_progress_bars_on_a_tty(
     assert code == 0 and out == "ok: 3 checkpoints verified\n" and "verify" in err
     code, out, err = run(capsys, "export", store.directory, "latest", tmp_path / "m.pt")
     assert code == 0 and "m.pt" in out and "export" in err and "chunk" in err
+    assert "100%" in err and f"export: writing {tmp_path / 'm.pt'}" in err  # (it vanished at 44%)
     code, out, err = run(capsys, "gc", store.directory)
     assert code == 0 and out.startswith("freed ") and "gc" in err and "pack" in err
     monkeypatch.setitem(sys.modules, "tqdm", None)  # tqdm is optional
@@ -630,3 +632,31 @@ def test_a_store_path_that_is_a_file_says_so(tmp_path: Path,
         assert run(capsys, "ls", location) == (
             2, "", f"ckpt-nb: no checkpoint store at {location}: it is a file; a store is the "
                    "folder a CheckpointManager saves into\n")
+
+
+def test_diff_shows_l2_and_rng_state_without_norms(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The table lacked diff()'s l2; the RNG state's words had norms such as 4.3e+10."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(model)
+        torch.rand(10)
+        with torch.no_grad():
+            model.bias += 3
+        mgr.save(model)
+    code, out, _ = run(capsys, "diff", tmp_path, "-1", "latest")
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:] if line}
+    assert code == 0 and out.split()[:5] == ["tensor", "status", "shape", "l2", "rel_change"]
+    assert rows["objects/model/bias"][1:4] == ["changed", "2", "4.243"]  # (3 * sqrt(2))
+    assert rows["rng/torch"][1:] == ["changed", "5056", "-", "-"]
+
+
+def test_export_names_the_checkpoint_it_wrote(store: Store, tmp_path: Path) -> None:
+    """``export latest`` skipped a newest that fails verification, and said only where
+    it wrote the older one."""
+    flip_byte_in_blobs(store.packs[2])
+    done = run_module("export", store.directory, "latest", tmp_path / "m.pt")
+    assert done.returncode == 0 and f"skipping checkpoint {store.ids[2]}" in done.stderr
+    assert done.stdout.startswith(f"{tmp_path / 'm.pt'} (") and \
+        done.stdout.endswith(f", checkpoint {store.ids[1]})\n")
+    assert torch.load(tmp_path / "m.pt", weights_only=True)["ckpt_nb"]["id"] == store.ids[1]
