@@ -25,13 +25,14 @@ from typing import Any, TextIO
 
 from . import __version__
 from ._catalog import store_exists
-from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError
+from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError, MetricNotFoundError
 from ._interop import check_export_path, write_file
 from ._manager import CheckpointManager
 from ._store import FsspecStore, Store, open_store
 
 ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "l2", "rel_change"})
+_LS_METRICS = 8  # metric columns ls shows without --all-metrics (25 made rows of 900 characters)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,8 +201,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         sub.set_defaults(command=name, run=run)
         return sub
 
-    command("ls", _ls, "list the checkpoints").add_argument(
-        "--branch", help="only this branch's checkpoints")
+    ls = command("ls", _ls, "list the checkpoints")
+    ls.add_argument("--branch", help="only this branch's checkpoints")
+    ls.add_argument("--all-metrics", action="store_true",
+                    help=f"a column for every metric (by default the first {_LS_METRICS})")
     command("show", _show, "one checkpoint's fields and tensors").add_argument("id", metavar="ID")
     diff = command("diff", _diff, "per-tensor change from checkpoint A to B")
     diff.add_argument("a", metavar="A")
@@ -232,7 +235,15 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         return 0
     fixed = {"id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
              "stored_bytes", "logical_bytes", "pinned", "best", "head", "note"}
-    metrics = [c for c in frame.columns if c not in fixed]
+    every = sorted((c for c in frame.columns if c not in fixed), key=_natural)
+    on = f" on branch {args.branch!r}" if args.branch else ""
+    if args.metric is not None and args.metric not in every and not frame["best"].any():
+        raise MetricNotFoundError(
+            f"no checkpoint{on} has the metric {args.metric!r}; " +
+            (f"the metrics logged are: {', '.join(every)}" if every else "no metrics were logged"))
+    metrics = every if args.all_metrics else every[:_LS_METRICS]
+    if args.metric in every and args.metric not in metrics:  # (the one ranked by: shown)
+        metrics.append(args.metric)
     with_note = bool(frame["note"].astype(bool).any())
     columns = ["id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
                "stored", "logical", "marks"]
@@ -247,6 +258,12 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
              *(_cell(r[m]) for m in metrics), *([_cell(r["note"])] if with_note else [])]
             for _, r in frame.iterrows()]
     print(_table(headers, rows, right=_NUMERIC | set(labels)))
+    # (a row's stored bytes are what its save added: a deleted base's chunks that its
+    # deltas still need are in no row, but in the store's total)
+    print(f"\n{len(frame)} checkpoint{'' if len(frame) == 1 else 's'}{on}; "
+          f"{_size(mgr.stored_bytes())} in the store")
+    if len(metrics) < len(every):
+        print(f"{len(every) - len(metrics)} more metrics not shown (--all-metrics shows them)")
     return 0
 
 
@@ -455,6 +472,11 @@ def _size(n: int) -> str:
     while power < len(units) - 1 and n >= 1024 ** (power + 1):
         power += 1
     return f"{n} B" if power == 0 else f"{n / 1024 ** power:.1f} {units[power]}"
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key putting loss_2 before loss_10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _time(timestamp: float) -> str:

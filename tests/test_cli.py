@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ckpt_nb import CheckpointManager, StoreError
-from ckpt_nb.cli import main
+from ckpt_nb.cli import _size, main
 
 
 @dataclass
@@ -82,7 +82,7 @@ def test_ls_lists_every_checkpoint(store: Store, capsys: pytest.CaptureFixture[s
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["id", "parent", "branch", "created"]
     assert "acc" in lines[0] and "loss" in lines[0]
-    assert len(lines) == 4
+    assert len(lines) == 6 and lines[4] == ""
     for line, cid in zip(lines[1:], store.ids):
         assert line.startswith(cid)
         assert "main" in line and "full" in line and "KiB" in line
@@ -340,7 +340,7 @@ def test_notes_cannot_break_the_table_or_reach_the_terminal(
         mgr.annotate(store.ids[1], "two\nlines \x1b[31mred\x1b[0m")
     escaped = "two\\nlines \\x1b[31mred\\x1b[0m"
     code, out, _ = run(capsys, "ls", store.directory)
-    lines = out.splitlines()
+    lines = out.splitlines()[:-2]  # (the table, not its blank line and footer)
     assert code == 0 and len(lines) == 4 and "\x1b" not in out
     assert lines[0].endswith("note") and lines[2].endswith(escaped)
     code, out, _ = run(capsys, "show", store.directory, store.ids[1])
@@ -557,10 +557,31 @@ def test_diff_writes_a_reshape_as_its_rows_do_and_ls_aligns_cjk_metrics(
     assert main(["diff", str(tmp_path), "-1", "latest"]) == 0
     assert "objects/model/weight  reshaped   4x4 -> 4x8" in capsys.readouterr().out
     assert main(["ls", str(tmp_path)]) == 0
-    header, *rows = capsys.readouterr().out.splitlines()
+    header, *rows = capsys.readouterr().out.splitlines()[:-2]
     cjk = header.index("損失")
     assert all(len(row) == len(header) + 2 for row in rows)  # (each CJK character: 2 columns)
     assert all(row.endswith(("0.5", "0.25")) for row in rows) and cjk > 0
+
+
+def test_ls_ends_with_the_store_total_where_a_deleted_base_is_in_no_row(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The rows of deltas whose full base was deleted summed to 24 KB of a 3.3 MB store."""
+    model = torch.nn.Linear(256, 256)
+    with CheckpointManager(tmp_path, strategy="incremental") as mgr:
+        ids = []
+        for row in range(4):
+            with torch.no_grad():
+                model.weight[row] += 1
+            ids.append(mgr.save(model, rng=False))
+        mgr.delete(ids[0])
+        mgr.gc()
+        rows, total = int(mgr.list()["stored_bytes"].sum()), mgr.stored_bytes()
+    assert total > 10 * rows  # (the base's chunks: kept, as the deltas need them)
+    code, out, _ = run(capsys, "ls", tmp_path)
+    assert code == 0
+    assert out.splitlines()[-2:] == ["", f"3 checkpoints; {_size(total)} in the store"]
+    code, out, _ = run(capsys, "ls", tmp_path, "--branch", "main")
+    assert out.splitlines()[-1] == f"3 checkpoints on branch 'main'; {_size(total)} in the store"
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_exit_code(
@@ -632,6 +653,27 @@ def test_a_store_path_that_is_a_file_says_so(tmp_path: Path,
         assert run(capsys, "ls", location) == (
             2, "", f"ckpt-nb: no checkpoint store at {location}: it is a file; a store is the "
                    "folder a CheckpointManager saves into\n")
+
+
+def test_ls_orders_metrics_naturally_shows_eight_and_refuses_an_unknown_metric(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Columns came as m_1, m_10, m_11, m_2, all of them (25 made rows of 900 characters);
+    ``--metric nope`` listed the store as if it were a metric of it."""
+    names = [f"m_{i}" for i in range(1, 13)]
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(torch.nn.Linear(1, 1), rng=False, metrics={n: 1.0 for n in names})
+    code, out, _ = run(capsys, "ls", tmp_path)
+    header = out.splitlines()[0].split()
+    assert code == 0 and header[header.index("marks") + 1:] == names[:8]
+    assert out.splitlines()[-1] == "4 more metrics not shown (--all-metrics shows them)"
+    code, out, _ = run(capsys, "ls", tmp_path, "--all-metrics")
+    assert out.splitlines()[0].split()[-12:] == names and "not shown" not in out
+    code, out, _ = run(capsys, "ls", tmp_path, "--metric", "m_11")  # (the one ranked by)
+    assert out.splitlines()[0].split()[-9:] == [*names[:8], "m_11"] and "best" in out
+    assert out.splitlines()[-1] == "3 more metrics not shown (--all-metrics shows them)"
+    assert run(capsys, "ls", tmp_path, "--metric", "nope") == (
+        1, "", f"ckpt-nb: no checkpoint has the metric 'nope'; the metrics logged are: "
+               f"{', '.join(names)}\n")
 
 
 def test_diff_shows_l2_and_rng_state_without_norms(
