@@ -423,8 +423,9 @@ class _Flattener:
             return {"__dtype__": _DTYPE_NAMES[value]}
         if isinstance(value, torch.device):
             return {"__device__": str(value)}
-        if type(value) is torch.Size:  # (a tensor's shape kept in extra: back as a Size)
-            return {"__size__": list(value)}
+        if type(value) is torch.Size:  # (a tensor's shape kept in extra: back as a Size;
+            # a reader from before reads the tuple in it, as it always had)
+            return {"__tuple__": list(value), "size": True}
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
             return {"__tuple__": [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
         if isinstance(value, list):
@@ -631,14 +632,14 @@ class Unflattener:
             return dtype_from_name(value["__dtype__"])
         if "__device__" in value:
             return torch.device(value["__device__"])
-        if "__tuple__" in value:
-            return tuple(self.decode(v, name) for v in value["__tuple__"])
-        if "__size__" in value:
-            dims = value["__size__"]
+        if "__tuple__" in value and value.get("size") is True:
+            dims = value["__tuple__"]
             if not (isinstance(dims, list) and all(type(d) is int and d >= 0 for d in dims)):
                 raise CorruptCheckpointError(f"{name or 'a torch.Size'}: {dims!r} is not a "
                                              "list of sizes")
             return torch.Size(dims)
+        if "__tuple__" in value:
+            return tuple(self.decode(v, name) for v in value["__tuple__"])
         if "__dict__" in value:
             pairs = {self.decode(k, name): self.decode(v, name) for k, v in value["__dict__"]}
             kind = value.get("type")

@@ -32,7 +32,7 @@ from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError, S
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
 from ._store import FsspecStore
-from .cli import _size  # (sizes in the CLI's binary units: a checkpoint reads the same)
+from ._units import human_size
 
 _TABLE_ESM = """
 function render({ model, el }) {
@@ -454,7 +454,7 @@ class Explorer(w.VBox):
         logical = int(frame["logical_bytes"].sum()) if len(frame) else 0
         self.title.value = (f"<b>ckpt_nb</b> · {self._display_name()} · {len(frame)} "
                             f"checkpoint{'' if len(frame) == 1 else 's'} · "
-                            f"{_size(stored)} stored for {_size(logical)} of state")
+                            f"{human_size(stored)} stored for {human_size(logical)} of state")
         self._clear_transient()
         self._say_saved_since_rollback(frame)
         self._draw_visible()
@@ -501,8 +501,8 @@ class Explorer(w.VBox):
             cells = {"id": record["id"], "branch": record["branch"],
                      "step": _cell(record["step"]), "epoch": _cell(record["epoch"]),
                      "created": created.strftime("%Y-%m-%d %H:%M:%S"),
-                     "strategy": record["strategy"], "stored": _size(record["stored_bytes"]),
-                     "logical": _size(record["logical_bytes"]),
+                     "strategy": record["strategy"], "stored": human_size(record["stored_bytes"]),
+                     "logical": human_size(record["logical_bytes"]),
                      "pinned": "★" if record["pinned"] else "",
                      "note": note if len(note) <= NOTE_CHARS else note[:NOTE_CHARS - 1] + "…"}
             cells.update({label: _cell(record[m]) for m, label in labels.items()})

@@ -29,6 +29,7 @@ from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError, M
 from ._interop import check_export_path, write_file
 from ._manager import CheckpointManager
 from ._store import FsspecStore, Store, open_store
+from ._units import human_size
 
 ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "l2", "rel_change"})
@@ -252,8 +253,8 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     headers = [*columns, *labels, *(["note"] if with_note else [])]
     rows = [[_cell(r["id"]), _cell(r["parent"]), _cell(r["branch"]),
              _time(r["created"].timestamp()), _cell(r["step"]), _cell(r["epoch"]),
-             _cell(r["batch_idx"]), _cell(r["strategy"]), _size(r["stored_bytes"]),
-             _size(r["logical_bytes"]),
+             _cell(r["batch_idx"]), _cell(r["strategy"]), human_size(r["stored_bytes"]),
+             human_size(r["logical_bytes"]),
              ",".join(m for m in ("pinned", "best") if r[m]) or "-",
              *(_cell(r[m]) for m in metrics), *([_cell(r["note"])] if with_note else [])]
             for _, r in frame.iterrows()]
@@ -261,7 +262,7 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     # (a row's stored bytes are what its save added: a deleted base's chunks that its
     # deltas still need are in no row, but in the store's total)
     print(f"\n{len(frame)} checkpoint{'' if len(frame) == 1 else 's'}{on}; "
-          f"{_size(mgr.stored_bytes())} in the store")
+          f"{human_size(mgr.stored_bytes())} in the store")
     if len(metrics) < len(every):
         print(f"{len(every) - len(metrics)} more metrics not shown (--all-metrics shows them)")
     return 0
@@ -278,7 +279,7 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         "step": info["step"], "epoch": info["epoch"], "batch_idx": info["batch_idx"],
         "strategy": info["strategy"] + (f" (chain {info['chain']}, full base "
                                         f"{info['full_base']}{gone})" if info["chain"] else ""),
-        "stored": _size(info["stored_bytes"]), "logical": _size(info["logical_bytes"]),
+        "stored": human_size(info["stored_bytes"]), "logical": human_size(info["logical_bytes"]),
         "pinned": "yes" if info["pinned"] else "no",
         "metrics": ", ".join(f"{k}={_cell(v)}" for k, v in sorted(info["metrics"].items())),
         "objects": ", ".join(f"{k} ({v})" for k, v in info["objects"].items()),
@@ -337,7 +338,7 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     with _progress("gc", "pack") as progress:
         report = mgr.gc(progress=progress)
-    print(f"freed {_size(report.bytes_freed)}: {report.chunks_dropped} chunks dropped, "
+    print(f"freed {human_size(report.bytes_freed)}: {report.chunks_dropped} chunks dropped, "
           f"{report.packs_deleted} packs deleted, {report.packs_compacted} packs compacted, "
           f"{report.chunks_rewritten} deltas stored whole, "
           f"{report.manifests_deleted} manifests deleted, "
@@ -362,7 +363,7 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         raise
     except OSError as exc:  # the file system's own error: say which file was asked for
         raise CkptError(f"cannot export to {args.out}: {_os_reason(exc)}") from exc
-    print(f"{path} ({_size(path.stat().st_size)}, checkpoint {ck.id})")
+    print(f"{path} ({human_size(path.stat().st_size)}, checkpoint {ck.id})")
     return 0
 
 
@@ -463,15 +464,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _size(n: int) -> str:
-    """Bytes, human-readable (KiB, MiB, ...)."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    power = 0
-    while power < len(units) - 1 and n >= 1024 ** (power + 1):
-        power += 1
-    return f"{n} B" if power == 0 else f"{n / 1024 ** power:.1f} {units[power]}"
 
 
 def _natural(name: str) -> list[Any]:

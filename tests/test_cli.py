@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from ckpt_nb import CheckpointManager, StoreError
-from ckpt_nb.cli import _size, main
+from ckpt_nb._units import human_size
+from ckpt_nb.cli import main
 
 
 @dataclass
@@ -579,9 +580,10 @@ def test_ls_ends_with_the_store_total_where_a_deleted_base_is_in_no_row(
     assert total > 10 * rows  # (the base's chunks: kept, as the deltas need them)
     code, out, _ = run(capsys, "ls", tmp_path)
     assert code == 0
-    assert out.splitlines()[-2:] == ["", f"3 checkpoints; {_size(total)} in the store"]
+    assert out.splitlines()[-2:] == ["", f"3 checkpoints; {human_size(total)} in the store"]
     code, out, _ = run(capsys, "ls", tmp_path, "--branch", "main")
-    assert out.splitlines()[-1] == f"3 checkpoints on branch 'main'; {_size(total)} in the store"
+    assert out.splitlines()[-1] == \
+        f"3 checkpoints on branch 'main'; {human_size(total)} in the store"
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_exit_code(

@@ -25,7 +25,8 @@ from matplotlib.figure import Figure
 import ckpt_nb
 from ckpt_nb import _explorer, _interop, _plots, _session
 from ckpt_nb.cli import _cell as _cli_cell
-from ckpt_nb.cli import _size, _time
+from ckpt_nb._units import human_size
+from ckpt_nb.cli import _time
 from ckpt_nb._plots import dag_layout
 from ckpt_nb._store import FsspecStore
 
@@ -983,10 +984,10 @@ def test_sizes_read_as_the_cli_says(store) -> None:
     ui = ckpt_nb.explore(path, poll_seconds=0)
     try:
         for row in ui.table.rows:
-            assert row["cells"]["stored"] == _size(int(table.loc[row["id"], "stored_bytes"]))
-            assert row["cells"]["logical"] == _size(int(table.loc[row["id"], "logical_bytes"]))
+            assert row["cells"]["stored"] == human_size(int(table.loc[row["id"], "stored_bytes"]))
+            assert row["cells"]["logical"] == human_size(int(table.loc[row["id"], "logical_bytes"]))
         assert "KiB" in ui.table.rows[0]["cells"]["logical"]
-        assert f"{_size(int(table['stored_bytes'].sum()))} stored" in ui.title.value
+        assert f"{human_size(int(table['stored_bytes'].sum()))} stored" in ui.title.value
     finally:
         ui.close()
 

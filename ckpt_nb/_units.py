@@ -1,0 +1,13 @@
+"""Sizes as people read them, the same in the CLI and the explorer: a checkpoint's
+size reads alike wherever it is shown."""
+
+from __future__ import annotations
+
+
+def human_size(n: int) -> str:
+    """Bytes in binary units (KiB, MiB, ...), one decimal."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = 0
+    while power < len(units) - 1 and n >= 1024 ** (power + 1):
+        power += 1
+    return f"{n} B" if power == 0 else f"{n / 1024 ** power:.1f} {units[power]}"
