@@ -578,6 +578,7 @@ class AutoSession:
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
         self._last_failure = ""  # the background save failure said last, and its repeats
         self._failure_repeats = 0
+        self._sorted = False  # whether rediscover() ran: its first sort is the start line's
         self._interrupts = 0
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
@@ -636,9 +637,14 @@ class AutoSession:
         print(f"ckpt_nb: {message}", file=self.out, flush=True)
 
     def rediscover(self) -> Discovery:
-        """Sort the namespace again: what is tracked changes as the notebook runs."""
+        """Sort the namespace again: what is tracked changes as the notebook runs. The
+        first sort is the one the session's start line names (a cell's, or the line
+        form's): what it skips a save does not name again."""
         self.discovery = discover(self.namespace, track=self.config.track,
                                   max_variable_bytes=self.config.max_variable_bytes)
+        if not self._sorted:
+            self._sorted = True
+            self._told_skipped.update(self.discovery.skipped.items())
         return self.discovery
 
     def begin_cell(self, source: str | None = None, cell_id: str | None = None,

@@ -1,0 +1,46 @@
+"""Cells run again in one kernel, in a real in-process IPython shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckpt_nb import _session
+from test_magics import run  # (the shell's helper)
+
+ONE = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+X = torch.randn(300, 8); Y = torch.randint(0, 2, (300,))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=50,
+                                     shuffle=True)
+model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+def new_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a kernel restarted after a crash knows: nothing of the runs before."""
+    for name in ("_positions", "_position_events", "_left_values", "_position_objects"):
+        monkeypatch.setattr(_session, name, {})
+    monkeypatch.setattr(_session, "_last", None)
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts like a new kernel."""
+    new_kernel(monkeypatch)
+
+
+def test_the_line_form_names_a_skipped_variable_once(shell, tmp_path: Path, capsys) -> None:
+    """The start line said "skipped loader (...)", then the first save said "not saving
+    loader (...)" again."""
+    run(shell, ONE)
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'line'} --every-steps 2")
+    step = "opt.zero_grad(); model(torch.ones(8)).sum().backward(); opt.step()"
+    run(shell, "for s in range(3):\n    " + step)
+    run(shell, "extra = (i for i in range(3))")  # skipped, first met at a save
+    run(shell, step + "\n" + step)
+    out = capsys.readouterr().out
+    assert out.count("loader (DataLoader") == 1, out
+    assert out.count("not saving extra (") == 1, out
