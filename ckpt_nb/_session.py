@@ -550,8 +550,6 @@ class AutoSession:
         self._run_of: dict[str, dict[str, Any] | None] = {}  # id -> whose run it holds
         self.manager.runs = self._own_checkpoints
         self.url = self.manager.store.url
-        if not config.resume:
-            _forget_position(self.url)
         self._follow_position()
         self.manager.add_listener(self._on_manager_event)
         self.writer = BackgroundWriter()
@@ -1625,7 +1623,6 @@ def _session_for(directory: str | os.PathLike[str] | None,
         config = dataclasses.replace(config, directory=os.fspath(directory))
     elif config.directory is None:
         config = dataclasses.replace(config, directory=default_directory(last_namespace))
-    config = dataclasses.replace(config, resume=True)  # keep the kernel's position
     temporary = AutoSession(config, namespace if namespace is not None else last_namespace)
     try:
         yield temporary

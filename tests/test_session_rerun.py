@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import ckpt_nb
 from ckpt_nb import _session
 from test_magics import run  # (the shell's helper)
 
@@ -16,6 +17,13 @@ X = torch.randn(300, 8); Y = torch.randint(0, 2, (300,))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=50,
                                      shuffle=True)
 model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+TRAIN = """%%ckpt_auto --dir {dir} --every-steps 6 {options}
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
 """
 
 
@@ -44,3 +52,21 @@ def test_the_line_form_names_a_skipped_variable_once(shell, tmp_path: Path, caps
     out = capsys.readouterr().out
     assert out.count("loader (DataLoader") == 1, out
     assert out.count("not saving extra (") == 1, out
+
+
+def test_no_resume_on_a_trained_model_counts_its_steps_on(shell, tmp_path: Path) -> None:
+    """``--no-resume`` on the model the kernel last saved made a new root with steps from
+    0, its weights those of the trained model: an unrelated lane in the explorer."""
+    store = tmp_path / "nr"
+    run(shell, ONE)
+    assert run(shell, TRAIN.format(dir=store, options="")).success
+    end = ckpt_nb.CheckpointManager(store).list().iloc[-1]
+    assert run(shell, TRAIN.format(dir=store, options="--no-resume")).success
+    new = ckpt_nb.CheckpointManager(store).list().iloc[-2]  # (the second run's first)
+    assert new["parent"] == end["id"] and new["step"] == end["step"] + 6, new
+
+    run(shell, ONE)  # new objects: they come from no checkpoint
+    assert run(shell, TRAIN.format(dir=store, options="--no-resume")).success
+    table = ckpt_nb.CheckpointManager(store).list()
+    first = table.iloc[-2]
+    assert first["parent"] is None and first["step"] == 6, first
