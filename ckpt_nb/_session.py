@@ -23,10 +23,12 @@ import re
 import reprlib
 import signal
 import socket
+import sqlite3
 import sys
 import textwrap
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
@@ -51,6 +53,7 @@ from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, Pick
 from ._store import canonical_url, file_url_path
 
 RUN_KEY = "ckpt_nb_run"
+_ENDED = "ckpt_nb_run_end:"  # + a run's id: the catalog's key of the checkpoint it ended at
 
 
 class History:
@@ -566,6 +569,7 @@ class AutoSession:
         self.loop = _Loop()
         self.cell_hash: str | None = None
         self.cell_id: str | None = None
+        self._run_id = uuid.uuid4().hex[:16]  # (a resume goes on with the resumed run's)
         self._position: str | None = None  # this session's last save, resume or rollback
         self.last_save_step = 0
         self._last_write: _Write | None = None  # this session's last save that went in
@@ -877,7 +881,7 @@ class AutoSession:
         found = self.rediscover()
         self._tell_skipped(found)
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
-               "owner": _owner(),
+               "run": self._run_id, "owner": _owner(),
                "step": self.step, "on": list(self.config.on) if self.config.on else None,
                "keep_best": self.config.keep_best,
                "history": self.history.storable(), "best": self.best,
@@ -905,6 +909,8 @@ class AutoSession:
         def write() -> str:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
             cid = self.manager.save_state(state, **fields)
+            if finished:
+                self._note_end(cid)
             _position_objects[self.url] = (fields["step"], trained)
             self._last_write = _Write(cid, steps_seen, metrics, reason)
             return cid
@@ -916,6 +922,30 @@ class AutoSession:
             if wait:
                 self.writer.wait()
                 self._report_background_error()
+
+    def _note_end(self, end_id: str) -> None:
+        """Note in the catalog the checkpoint that ended this run: its earlier ones'
+        records say it had not ended, and once that one is deleted (the explorer's
+        Delete, ``ckpt-nb rm``) the run must not be resumed from them (``_ended``)."""
+        catalog = self.manager.catalog
+        with contextlib.suppress(OSError, sqlite3.Error), catalog.transaction():
+            catalog._set_meta(f"{_ENDED}{self._run_id}", end_id)
+
+    def _ended(self, run: dict[str, Any], checkpoint_id: str) -> bool:
+        """Whether the run of ``checkpoint_id``'s record ended after it: its end, noted
+        by ``_note_end``, is deleted, and descended from it (a run resumed after a
+        rollback to an earlier checkpoint goes on past that one)."""
+        run_id = run.get("run")
+        if not isinstance(run_id, str):
+            return False  # (saved before runs had ids)
+        catalog = self.manager.catalog
+        try:
+            with catalog._lock:
+                end = catalog._meta(f"{_ENDED}{run_id}")
+            return end is not None and catalog.get(end) is None \
+                and catalog.heir_of(end) == checkpoint_id
+        except (OSError, sqlite3.Error):
+            return False
 
     def _tell_skipped(self, found: Discovery) -> None:
         """Say once what a save leaves out that the cell's first line did not name (a
@@ -1024,7 +1054,8 @@ class AutoSession:
         rolled_back = _position_events.get(self.url) == "rollback"
         candidate = None
         run = self._run_record(position) if position is not None else None
-        if run is not None and not run.get("finished"):
+        if run is not None and not run.get("finished") and \
+                (rolled_back or not self._ended(run, position)):
             # After a rollback, a cell is taken for the run's, edited, unless cell ids
             # tell them apart: without ids, going on with another cell looks the same.
             if self._is_this_cell(run) or (rolled_back and not self._told_apart(run)):
@@ -1123,8 +1154,9 @@ class AutoSession:
             if newest is None:
                 newest = (row.id, run)
             if self._is_this_cell(run):
-                return None if run.get("finished") else row.id
-        if newest is not None and not newest[1].get("finished"):
+                return None if run.get("finished") or self._ended(run, row.id) else row.id
+        if newest is not None and not newest[1].get("finished") and \
+                not self._ended(newest[1], newest[0]):
             self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
                      "cell, or this one before an edit): not resuming it here; "
                      f"to resume it, `%ckpt_rollback {newest[0]}`, then run this cell again")
@@ -1205,6 +1237,8 @@ class AutoSession:
                 "to --track), or run with --no-resume (auto(resume=False)) to start afresh")
         changed = self._changed_since(saved)
         targets, variables = self._apply(ck, saved)
+        if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
+            self._run_id = run_id  # (the run goes on: its end ends it)
         self._moved_to(ck, "resume", targets.values())
         self.best = saved.best
         self.last_consistent_step = self.step

@@ -70,3 +70,31 @@ def test_no_resume_on_a_trained_model_counts_its_steps_on(shell, tmp_path: Path)
     table = ckpt_nb.CheckpointManager(store).list()
     first = table.iloc[-2]
     assert first["parent"] is None and first["step"] == 6, first
+
+
+@pytest.mark.parametrize("kernel", ["same", "new"])
+def test_a_finished_run_whose_end_is_deleted_stays_finished(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+    """Deleting a finished run's end checkpoint (the explorer's Delete) made the next run
+    of the cell resume the run's checkpoint before it: the model put back to step 6, an
+    epoch replayed."""
+    store = tmp_path / "del"
+    run(shell, ONE)
+    assert run(shell, TRAIN.format(dir=store, options="")).success
+    with ckpt_nb.CheckpointManager(store) as manager:
+        end = manager.resolve("latest")
+        manager.delete(end)
+        before = manager.list()
+    if kernel == "new":
+        new_kernel(monkeypatch)
+        run(shell, ONE)
+    capsys.readouterr()
+    assert run(shell, TRAIN.format(dir=store, options="")).success
+    assert "resumed" not in capsys.readouterr().out
+    after = ckpt_nb.CheckpointManager(store).list()
+    first = after.iloc[len(before)]  # the new run's first checkpoint
+    if kernel == "same":  # (on from the kernel's model, a child of the end's heir)
+        assert first["parent"] == before.iloc[-1]["id"], first
+        assert list(after["step"].iloc[len(before):]) == [18, 24]
+    else:  # (new objects: a new root)
+        assert first["parent"] is None and list(after["step"].iloc[len(before):]) == [6, 12]
