@@ -447,6 +447,37 @@ def _data_of(t: torch.Tensor) -> list[torch.Tensor]:
     return [t.int_repr()] if t.is_quantized else [t]
 
 
+# Where a manifest's state points at a tensor (its index in the manifest's tensors)
+_TENSOR_REFS = frozenset({"__tensor__", "__quantized__", "__floats__", "__ndarray__",
+                          "__bytes__", "__generator__"})
+
+
+def _held_objects(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The objects a checkpoint holds, by stored key, as data to compare with another
+    checkpoint's: each one's state as the manifest records it, with each tensor's record
+    and chunk digests in place of its index (which shifts as other objects change)."""
+    tensors, storages = manifest["tensors"], manifest["storages"]
+
+    def data(node: Any) -> Any:
+        if isinstance(node, list):
+            return [data(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        found = {}
+        for key, value in node.items():
+            if key in _TENSOR_REFS and is_count(value):
+                record = tensors[value]
+                found[key] = ({k: v for k, v in record.items() if k not in ("name", "storage")},
+                              storages[record["storage"]]["chunks"])
+            elif key == "__pickle__" and is_count(value):
+                found[key] = storages[value]["chunks"]
+            else:
+                found[key] = data(value)
+        return found
+
+    return {key: data(state) for key, state in manifest["state"]["objects"].items()}
+
+
 def _malformed(checkpoint_id: str, problem: str, *, resume: bool) -> CorruptCheckpointError:
     """The error for a run record a rollback or resume cannot use, and what to do."""
     return CorruptCheckpointError(
@@ -733,6 +764,10 @@ class AutoSession:
             self._interrupts = 0
             if error is not None:  # (what a resume of this run compares the live values with)
                 _left_values[self.url] = self._comparable_values()
+                last = self._last_write
+                if last is not None and last.id == self._position \
+                        and last.steps_seen == self._steps_seen:
+                    _left_saved.add(last.id)
             self._report_background_error()
             self._report_repeats()
         if during_save:
@@ -1162,12 +1197,14 @@ class AutoSession:
                      f"to resume it, `%ckpt_rollback {newest[0]}`, then run this cell again")
         return None
 
-    def _apply(self, ck: Checkpoint, saved: _SavedRun) -> tuple[dict[str, Any], list[str]]:
+    def _apply(self, ck: Checkpoint, saved: _SavedRun,
+               keep: Iterable[str] = ()) -> tuple[dict[str, Any], list[str]]:
         """Load a checkpoint (its run record checked: ``_SavedRun.read``) into the live
-        objects and variables, RNG aside; returns the objects and the variables put back."""
+        objects but those ``keep`` names (stored keys), and variables, RNG aside; returns
+        the objects and the variables put back."""
         found = self.rediscover()
         targets = {_stored_key(n): obj for n, obj in found.statefuls.items()
-                   if _stored_key(n) in ck.state}
+                   if _stored_key(n) in ck.state and _stored_key(n) not in keep}
         variables = [n for n in saved.variables if self._assignable(n, found.statefuls)]
         load_all(targets, ck.state, kinds=ck.kinds)
         for name in variables:
@@ -1220,8 +1257,27 @@ class AutoSession:
                 changed[name] = f"{name} ({kind}{'' if was == kind else f', was {was}'})"
         return changed
 
+    def _trained_since(self, ck: Checkpoint) -> list[str]:
+        """The objects (stored keys) that the kernel's position (a later save or resume of
+        this process) holds otherwise than ``ck``, where the live objects are that
+        position's: what other runs changed since ``ck``. None where nothing here says
+        what changed (a new kernel; the set-up cell run again)."""
+        position = _positions.get(self.url)
+        _, trained = _position_objects.get(self.url, (None, []))
+        live = {id(obj) for obj in self.discovery.statefuls.values()}
+        if position in (None, ck.id) or \
+                not any(ref() is not None and id(ref()) in live for ref in trained):
+            return []
+        try:
+            then, now = (_held_objects(self.manager._manifest(cid)) for cid in (ck.id, position))
+        except (CkptError, KeyError, IndexError, TypeError):
+            return []  # (unreadable: put back, as saved)
+        return [key for key, state in then.items() if key in now and now[key] != state]
+
     def _resume_now(self) -> int | None:
-        """Restore the pending run in place; returns the epoch to start at."""
+        """Restore the pending run in place; returns the epoch to start at. In the kernel
+        that stopped it, the objects that other runs trained since are kept as they are:
+        putting them back would undo that training."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
@@ -1236,7 +1292,9 @@ class AutoSession:
                 "on from the saved position without their state; define them (or add them "
                 "to --track), or run with --no-resume (auto(resume=False)) to start afresh")
         changed = self._changed_since(saved)
-        targets, variables = self._apply(ck, saved)
+        since = self._trained_since(ck)
+        kept = since if ck.id in _left_saved else []
+        targets, variables = self._apply(ck, saved, keep=kept)
         if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
             self._run_id = run_id  # (the run goes on: its end ends it)
         self._moved_to(ck, "resume", targets.values())
@@ -1254,11 +1312,15 @@ class AutoSession:
             self._pending_loader_rng = loop.get("loader_rng_now")
             if ck.rng is not None:
                 RNGState().load_state_dict(ck.rng)
-        missing = [n for n in saved.variables if n not in variables]  # (objects: all tracked)
-        changed = [text for name, text in changed.items() if name in variables]
+        missing = [_live_name(n) for n in ck.state if n not in targets and n not in kept] + \
+            [n for n in saved.variables if n not in variables]
+        changed = [_live_name(n) for n in since if n in targets] + \
+            [text for name, text in changed.items() if name in variables]
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
                  f"step {saved.step})"
                  + (f"; not restored (not defined now): {missing}" if missing else "")
+                 + (f"; kept as they are: {', '.join(map(_live_name, kept))} (trained by "
+                    "another cell since this one stopped)" if kept else "")
                  + (f"; put back as saved: {', '.join(changed)}" if changed else "")
                  + saved.unread())
         return loop["epoch"]
@@ -1395,6 +1457,9 @@ _history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
 _position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
 _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
+# Checkpoints that hold the tracked objects as a cell that stopped left them: a resume of
+# one keeps what later runs of this process trained since (``_trained_since``)
+_left_saved: set[str] = set()
 # store URL -> the step of the kernel's position, and the models and optimizers it was
 # saved from or put into (weakly: the set-up cell run again frees them)
 _position_objects: dict[str, tuple[int | None, list[weakref.ref[Any]]]] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckpt_nb
 from ckpt_nb import _session
@@ -27,10 +28,44 @@ for epoch in ckpt_nb.epochs(2):
 """
 
 
+# Two models in one notebook, each trained by a cell of its own; B stops once at step 13.
+TWO = """
+import os, torch, ckpt_nb
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
+                                     shuffle=True)
+modelA = torch.nn.Linear(8, 2); optA = torch.optim.Adam(modelA.parameters(), lr=0.05)
+modelB = torch.nn.Linear(8, 2); optB = torch.optim.Adam(modelB.parameters(), lr=0.01)
+def steps(opt):
+    state = opt.state_dict()["state"]
+    return int(state[0]["step"]) if state else 0
+"""
+
+CELL_A = """%%ckpt_auto --dir {dir} --every-steps 5
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        optA.zero_grad(); torch.nn.functional.cross_entropy(modelA(xb), yb).backward()
+        optA.step()
+"""
+
+# $STOP_B "before": raised at a consistent point (saved); "after": past one (not saved).
+# (Not a variable: a resume would put it back.)
+CELL_B = """%%ckpt_auto --dir {dir} --every-steps 5
+for ep in ckpt_nb.epochs(2):
+    for j, (xb, yb) in ckpt_nb.batches(loader):
+        if os.environ["STOP_B"] == "before" and steps(optB) == 13: raise RuntimeError("B")
+        optB.zero_grad(); torch.nn.functional.cross_entropy(modelB(xb), yb).backward()
+        optB.step()
+        if os.environ["STOP_B"] == "after" and steps(optB) == 13: raise RuntimeError("B")
+"""
+
+
 def new_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a kernel restarted after a crash knows: nothing of the runs before."""
     for name in ("_positions", "_position_events", "_left_values", "_position_objects"):
         monkeypatch.setattr(_session, name, {})
+    monkeypatch.setattr(_session, "_left_saved", set())
     monkeypatch.setattr(_session, "_last", None)
 
 
@@ -38,6 +73,22 @@ def new_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
 def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts like a new kernel."""
     new_kernel(monkeypatch)
+    monkeypatch.setenv("STOP_B", "")
+
+
+def weights(sh, model: str, opt: str) -> list[torch.Tensor]:
+    """A model's tensors and its optimizer's."""
+    state = sh.user_ns[opt].state_dict()["state"]
+    return [t.clone() for t in sh.user_ns[model].state_dict().values()] + \
+        [t.clone() for per_parameter in state.values() for t in per_parameter.values()]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def resumed_line(out: str) -> str:
+    return next(line for line in out.splitlines() if "resumed from" in line)
 
 
 def test_the_line_form_names_a_skipped_variable_once(shell, tmp_path: Path, capsys) -> None:
@@ -98,3 +149,69 @@ def test_a_finished_run_whose_end_is_deleted_stays_finished(
         assert list(after["step"].iloc[len(before):]) == [18, 24]
     else:  # (new objects: a new root)
         assert first["parent"] is None and list(after["step"].iloc[len(before):]) == [6, 12]
+
+
+def test_resuming_a_cell_keeps_the_model_another_cell_trained_since(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B stopped, then A trained on (20 -> 40 steps): resuming B put modelA and optA back
+    to their state when B stopped, A's training gone, and the resume line named only
+    plain variables. B's own run still resumes bit-exact."""
+    store = tmp_path / "two"
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=tmp_path / "ref")).success
+    assert run(shell, CELL_B.format(dir=tmp_path / "ref")).success
+    expected_b = weights(shell, "modelB", "optB")
+
+    run(shell, TWO)
+    monkeypatch.setenv("STOP_B", "before")
+    assert run(shell, CELL_A.format(dir=store)).success
+    assert not run(shell, CELL_B.format(dir=store)).success  # stopped at step 13, saved
+    assert run(shell, CELL_A.format(dir=store)).success
+    assert shell.user_ns["steps"](shell.user_ns["optA"]) == 40
+    trained_a = weights(shell, "modelA", "optA")
+    monkeypatch.setenv("STOP_B", "")
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store)).success
+    line = resumed_line(capsys.readouterr().out)
+    assert "kept as they are: modelA, optA (trained by another cell since this one " \
+        "stopped)" in line, line
+    assert same(weights(shell, "modelA", "optA"), trained_a)
+    assert same(weights(shell, "modelB", "optB"), expected_b)
+
+
+def test_a_resume_names_the_objects_it_puts_back_that_changed_since_the_stop(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B stopped past its last save (its model a step on): what it left is not what any
+    checkpoint holds, so the resume puts everything back, naming what changed since."""
+    store = tmp_path / "two"
+    run(shell, TWO)
+    monkeypatch.setenv("STOP_B", "after")
+    assert run(shell, CELL_A.format(dir=store)).success
+    assert not run(shell, CELL_B.format(dir=store)).success  # not saved at the stop
+    assert run(shell, CELL_A.format(dir=store)).success
+    monkeypatch.setenv("STOP_B", "")
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store)).success
+    line = resumed_line(capsys.readouterr().out)
+    assert "kept as they are" not in line and "put back as saved: modelA, optA, " in line, line
+    assert shell.user_ns["steps"](shell.user_ns["optA"]) == 20
+
+
+def test_a_resume_in_a_new_kernel_puts_every_object_back(shell, tmp_path: Path, capsys,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a crash, "Run All": what the store holds is all there is to go on from."""
+    store = tmp_path / "two"
+    run(shell, TWO)
+    monkeypatch.setenv("STOP_B", "before")
+    assert run(shell, CELL_A.format(dir=store)).success
+    assert not run(shell, CELL_B.format(dir=store)).success
+    new_kernel(monkeypatch)
+    monkeypatch.setenv("STOP_B", "")
+    run(shell, TWO)
+    for _ in range(2):  # (A's run ended: it trains anew, then on)
+        assert run(shell, CELL_A.format(dir=store)).success
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store)).success
+    line = resumed_line(capsys.readouterr().out)
+    assert "kept as they are" not in line and "put back as saved: modelA, optA" in line, line
+    assert shell.user_ns["steps"](shell.user_ns["optA"]) == 20  # as the stop's checkpoint
