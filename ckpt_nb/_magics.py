@@ -69,7 +69,9 @@ class CkptMagics(Magics):
               help="keep the best K checkpoints of this cell's run by the --on metric")
     @argument("--strategy", default="full", choices=("full", "incremental", "differential"))
     @argument("--track", default=None, help="comma-separated names to track (else discovery)")
-    @argument("--no-resume", action="store_true", help="start afresh, in a new branch")
+    @argument("--no-resume", action="store_true",
+              help="do not resume the cell's unfinished run: train on from the objects as "
+                   "they are (new objects start a new root)")
     @argument("--sync", action="store_true", help="save on the training thread")
     @line_cell_magic
     def ckpt_auto(self, line: str, cell: str | None = None) -> Any:

@@ -515,7 +515,7 @@ def test_no_resume_starts_a_new_root_branch(shell, tmp_path: Path) -> None:
     interrupt = "import os, signal; os.kill(os.getpid(), signal.SIGINT)"
     run(shell, TRAIN.format(dir=tmp_path / "nr", stop=interrupt))
     first = set(ckpt_nb.CheckpointManager(tmp_path / "nr").list()["id"])
-    run(shell, "STOP_AT = None")
+    run(shell, SETUP)  # new objects: they come from no checkpoint
     cell = TRAIN.format(dir=tmp_path / "nr", stop="pass").replace(
         "--every-steps 7", "--every-steps 7 --no-resume")
     assert run(shell, cell).success
