@@ -294,6 +294,10 @@ class _Flattener:
             return self.quantized(t, name)
         if t.layout in _SPARSE:
             return self.sparse(t, name)
+        if t.is_nested and (parts := _nested_parts(t)):
+            return {"__nested__": str(t.layout).removeprefix("torch."),
+                    "requires_grad": requires_grad,
+                    "parts": [self.tensor(p, f"{name}/{i}") for i, p in enumerate(parts)]}
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
             return self.pickled(t, name)
         device = _device_name(t.device)
@@ -602,6 +606,8 @@ class Unflattener:
             return self.quantized(value, name)
         if "__sparse__" in value:
             return self.sparse(value, name)
+        if "__nested__" in value:
+            return self.nested(value, name)
         if "__npscalar__" in value:
             return np.dtype(value["__npscalar__"]).type(self.decode(value["value"], name))
         if "__float__" in value:
@@ -715,6 +721,41 @@ class Unflattener:
         except (RuntimeError, TypeError) as exc:
             raise CorruptCheckpointError(f"{name or 'a tensor'}: its sparse indices do not "
                                          f"fit its size {node['size']} ({exc})") from exc
+
+
+    def nested(self, node: Mapping[str, Any], name: str) -> torch.Tensor:
+        layout = _NESTED_LAYOUTS.get(node["__nested__"])
+        if layout is None:
+            raise CorruptCheckpointError(f"{name or 'a tensor'} has an unknown nested layout "
+                                         f"{node['__nested__']!r}")
+        parts = [self.decode(p) for p in node["parts"]]
+        try:
+            with warnings.catch_warnings():  # (torch calls the strided layout a prototype)
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.nested.nested_tensor(parts, layout=layout,
+                                                  requires_grad=bool(node["requires_grad"]))
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"{name or 'a tensor'}: its nested parts do not "
+                                         f"make a nested tensor ({exc})") from exc
+
+
+def _nested_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A nested tensor's components (views of its buffer, so stored once), where
+    ``torch.nested.nested_tensor`` rebuilds it from them: not an empty one, nor a jagged
+    one ragged in a later dimension (those stay pickles)."""
+    if t.layout not in _NESTED_LAYOUTS.values():
+        return ()
+    try:
+        parts = t.detach().unbind()
+    except RuntimeError:
+        return ()
+    if t.layout is torch.jagged and (getattr(t, "_ragged_idx", 1) != 1
+                                     or len({p.shape[1:] for p in parts}) > 1):
+        return ()
+    return parts
+
+
+_NESTED_LAYOUTS = {"strided": torch.strided, "jagged": torch.jagged}
 
 
 def has_pickle(skeleton: Any) -> bool:

@@ -8,6 +8,7 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
     ├── MetricNotFoundError (+ KeyError)             no metric of that name was logged
     ├── CorruptCheckpointError (+ ValueError)       a checksum or manifest is bad
     ├── StateMismatchError (+ ValueError)           restore target does not fit
+    ├── FileFormatError (+ ValueError)              a file ckpt_nb cannot read or write
     ├── UntrustedPickleError (+ PermissionError)    pickled data without trust_pickle=True
     ├── StoreFormatError (+ RuntimeError)           store written by a newer ckpt_nb
     ├── CheckpointInUseError (+ PermissionError)    pinned, or needed by another
@@ -57,6 +58,11 @@ class CorruptCheckpointError(CkptError, ValueError):
 
 class StateMismatchError(CkptError, ValueError):
     """The objects to restore into do not match what the checkpoint holds."""
+
+
+class FileFormatError(CkptError, ValueError):
+    """A file to import, restore or export is not of a kind ckpt_nb handles: its suffix,
+    its contents (a .pt holding a list), or a dtype its format cannot hold."""
 
 
 class UntrustedPickleError(CkptError, PermissionError):

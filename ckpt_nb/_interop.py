@@ -26,7 +26,7 @@ import torch
 
 from . import _stdlib_values as stdlib_values
 from ._capture import Unflattener, flatten, torch_has_dtype
-from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
+from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError, FileFormatError,
                       UntrustedPickleError, warn)
 from ._format import is_int64
 
@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 
 _META_KEYS = ("epoch", "step", "batch_idx", "metrics", "extra", "rng", "ckpt_nb")
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+# What read_file and write_file take, in any case (a Windows-made MODEL.PT too)
+SUFFIXES = (*_TORCH_SUFFIXES, ".safetensors")
+_SUFFIX_HINT = "use " + "/".join(SUFFIXES)
+
+
+def _suffix(path: str | os.PathLike[str]) -> str:
+    return Path(path).suffix.lower()
 
 
 def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) -> Any:
@@ -127,9 +134,10 @@ def check_export_path(path: str | os.PathLike[str]) -> None:
     if "://" in os.fspath(path):  # (it would be made a local folder named "s3:")
         raise ValueError(f"cannot export to {os.fspath(path)!r}: an export is a local file; "
                          "give a path, then copy the file where it should go")
-    if Path(path).suffix not in (".safetensors", *_TORCH_SUFFIXES):
-        raise ValueError(f"cannot export to {os.fspath(path)!r}: use a .pt or .safetensors "
-                         "path")
+    if _suffix(path) not in SUFFIXES:
+        raise FileFormatError(f"cannot export to {os.fspath(path)!r}: unknown suffix, use a "
+                              ".pt or .safetensors path (or .pth, .bin, .ckpt: torch.save's "
+                              "too)")
 
 
 def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
@@ -137,7 +145,7 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
     check_export_path(path)
     target = Path(path)
     dropped: list[str] = []
-    weights_only = target.suffix != ".safetensors"
+    weights_only = _suffix(target) != ".safetensors"
     payload = {**_portable(ck.state, "", dropped, weights_only=weights_only),
                "epoch": ck.epoch, "step": ck.step, "batch_idx": ck.batch_idx,
                "metrics": dict(ck.metrics),
@@ -146,7 +154,7 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
     fd, tmp = _atomic_target(target)
     os.close(fd)
     try:
-        if target.suffix == ".safetensors":
+        if _suffix(target) == ".safetensors":
             _write_safetensors(payload, tmp, target)
         else:
             with open(tmp, "wb") as raw:
@@ -157,9 +165,9 @@ def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
                     if sink.error is not None:  # (a full disk: torch says "unexpected pos")
                         raise _naming(sink.error, target) from exc
                     # e.g. one storage viewed as two dtypes (z, z.real)
-                    raise CkptError(f"torch.save cannot write checkpoint {ck.id} ({exc}): "
-                                    "export it to a .safetensors path, which holds each "
-                                    "tensor's values apart") from exc
+                    raise FileFormatError(f"torch.save cannot write checkpoint {ck.id} "
+                                          f"({exc}): export it to a .safetensors path, which "
+                                          "holds each tensor's values apart") from exc
         # The mode a plain new file gets: mkstemp's is 0600, for a secret, and an
         # export is a file to share.
         os.chmod(tmp, 0o666 & ~_umask())
@@ -206,19 +214,48 @@ def _write_safetensors(payload: dict[str, Any], tmp: str, target: Path) -> None:
     pickles = {f"__pickle__/{i}": storages[i] for i, s in enumerate(flat.storages)
                if s.kind == "pickle"}
     meta = {"skeleton": flat.skeleton, "names": [rec.name for rec in flat.tensors]}
+    refused = _refused_dtypes(tensors)
+    if refused:
+        listed = " or ".join(f"{str(dtype).removeprefix('torch.')} tensors ({_some(names)})"
+                             for dtype, names in refused.items())
+        raise FileFormatError(f"safetensors cannot hold {listed}: export to a .pt path "
+                              "instead")
     try:
         save_file({**tensors, **pickles}, tmp, metadata={"ckpt_nb": json.dumps(meta)})
-    except KeyError as exc:  # safetensors has no code for this dtype (complex128, ...)
-        dtype = exc.args[0] if exc.args else None
-        names = [name for name, t in tensors.items() if t.dtype == dtype][:3]
-        raise CkptError(f"safetensors cannot hold {dtype} tensors ({', '.join(names)}): "
-                        "export to a .pt path instead") from exc
     except Exception as exc:  # (its writer's I/O errors are SafetensorErrors, "os error 28")
         found = re.search(r"os error (\d+)", str(exc))
         if found is None:
             raise
         code = int(found.group(1))
         raise OSError(code, os.strerror(code), str(target)) from exc
+
+
+def _refused_dtypes(tensors: Mapping[str, torch.Tensor]) -> dict[torch.dtype, list[str]]:
+    """Each dtype safetensors cannot hold, with the names of its tensors: asked of
+    safetensors itself, one element of each dtype, as its own refusal names only the
+    first it meets."""
+    import warnings
+
+    from safetensors.torch import save
+
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for name, t in tensors.items():
+        by_dtype.setdefault(t.dtype, []).append(name)
+    refused = {}
+    for dtype, names in by_dtype.items():
+        try:
+            with warnings.catch_warnings():  # (torch calls complex32 experimental)
+                warnings.simplefilter("ignore")
+                save({"probe": torch.empty(1, dtype=dtype)})
+        except Exception:  # noqa: BLE001 - a KeyError in 0.8; any refusal is one
+            refused[dtype] = names
+    return refused
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    """A handful of names, and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
@@ -377,7 +414,8 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
         raise ValueError(f"cannot read {source.name!r}: expected .pt, .pth, .bin, .ckpt "
                          "or .safetensors")
     if not isinstance(data, Mapping):
-        raise CkptError(f"{source} holds a {type(data).__name__}, not a dict of state")
+        raise FileFormatError(f"{source} holds a {type(data).__name__}, not a dict of state: "
+                              "save a dict ({\"model\": model.state_dict(), ...}) to import it")
     state, meta = _split_state(dict(data))
     _check_meta(source, meta)
     return Checkpoint(

@@ -162,6 +162,8 @@ class CheckpointManager:
 
     ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``
     (``mode`` "min" or "max"); pinned checkpoints and the newest are always kept.
+    ``keep_best`` without ``max_to_keep`` keeps only those (as Lightning's ``save_top_k``
+    and Orbax do): the best K, the pinned, the newest and the head, the others deleted.
     ``strategy`` is "full", "incremental" (deltas against the parent) or
     "differential" (deltas against the branch's last full checkpoint);
     ``full_every`` bounds a chain of deltas (without it a chunk stacks at most 8, or
@@ -314,13 +316,16 @@ class CheckpointManager:
     def _saving(self) -> Iterator[None]:
         """A store's failure in a save, said to be the save's: "looking for packs/...
         failed" said neither that the save failed nor that what was saved before is intact
-        (what fails before the commit leaves no checkpoint; a half-written pack is gc's)."""
+        (what fails before the commit leaves no checkpoint; a half-written pack is gc's).
+        A full disk's error says the last already, and is not made to say it twice."""
         try:
             yield
         except StoreError as exc:
             self._check_there()
-            failed = StoreError(f"saving a checkpoint failed, so it was not saved (the "
-                                f"checkpoints saved before are intact): {exc}")
+            intact = "" if "intact" in str(exc) else \
+                " (the checkpoints saved before are intact)"
+            failed = StoreError(f"saving a checkpoint failed, so it was not saved{intact}: "
+                                f"{exc}")
             failed.errno = exc.errno
             raise failed from exc
 
@@ -1021,7 +1026,8 @@ class CheckpointManager:
         """Put a checkpoint back into live objects, in place, all or nothing.
 
         ``which`` is "latest" (the newest that verifies), "best", "-N", an id, or
-        the path of a .pt / .safetensors file. Objects not passed stay in
+        the path of a file ``import_file`` reads (.pt, .pth, .bin, .ckpt or .safetensors,
+        in any case). Objects not passed stay in
         ``Checkpoint.state``; ``rng=False`` leaves the random generators alone.
         ``strict=False`` lets a module take a state with missing or unexpected keys
         (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit.
@@ -1036,8 +1042,7 @@ class CheckpointManager:
             raise TypeError(f"which must be \"latest\", \"best\", \"-N\", a checkpoint id or the "
                             f"path of a .pt / .safetensors file, not {which!r}")
         path = os.fspath(which)
-        from_file = os.path.isfile(path) and \
-            Path(path).suffix in (".pt", ".pth", ".bin", ".safetensors")
+        from_file = self._names_a_file(path)
         if from_file:
             from ._interop import read_file
 
@@ -1090,16 +1095,32 @@ class CheckpointManager:
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
 
-    def load(self, which: str = "latest", *, trust_pickle: bool = False,
+    def load(self, which: str | os.PathLike[str] = "latest", *, trust_pickle: bool = False,
              progress: ProgressFn | None = None, needed: Iterable[str] = ()) -> Checkpoint:
         """Read a checkpoint into fresh objects, touching nothing live.
 
         ``"latest"`` is the newest checkpoint that reads whole, as for ``restore``: one
         that fails verification is skipped with a warning. Pickled values are left as
         ``PickledValue`` placeholders unless ``trust_pickle``; in the objects named in
-        ``needed`` they raise instead.
+        ``needed`` they raise instead. A file's path reads that file, as ``restore`` does.
         """
-        return self._load_verified(which, trust_pickle, progress, needed)
+        path = os.fspath(which)
+        if self._names_a_file(path):
+            from ._interop import read_file
+
+            return read_file(path, trust_pickle=trust_pickle)
+        return self._load_verified(path, trust_pickle, progress, needed)
+
+    def _names_a_file(self, which: str) -> bool:
+        """Whether ``which`` means a file, not a checkpoint: it has a path separator or a
+        suffix (ids have neither), or names something on disk that is no id here. Such an
+        argument gets a file's errors ("no file X", "X is a directory"), not an unknown
+        id's."""
+        if which in ("latest", "best") or which[1:].isdigit() and which.startswith("-"):
+            return False
+        if any(sep and sep in which for sep in (os.sep, os.altsep)) or Path(which).suffix:
+            return True
+        return os.path.exists(which) and not self.catalog.ids_with_prefix(which)
 
     @contextlib.contextmanager
     def _reading(self, cid: str) -> Iterator[None]:
@@ -1163,7 +1184,9 @@ class CheckpointManager:
 
     # -- inspecting -------------------------------------------------------------------------
     def list(self, *, branch: str | None = None) -> Any:
-        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric."""
+        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric;
+        ``created`` is tz-aware UTC (``.dt.tz_convert(None)`` for naive), so that no reader
+        takes it for local time."""
         import pandas as pd
 
         self._catch_up()
@@ -1182,7 +1205,7 @@ class CheckpointManager:
         best = set(self._best(rows, self.keep_best or 1))
         table = pd.DataFrame(
             [{"id": r.id, "parent": r.parent, "branch": r.branch,
-              "created": pd.Timestamp(r.created_at, unit="s"), "step": r.step,
+              "created": pd.Timestamp(r.created_at, unit="s", tz="UTC"), "step": r.step,
               "epoch": r.epoch, "batch_idx": r.batch_idx, "strategy": r.strategy,
               "stored_bytes": r.stored_bytes, "logical_bytes": r.logical_bytes,
               "pinned": r.pinned, "best": r.id in best, "head": r.id == self.head,
@@ -1193,14 +1216,17 @@ class CheckpointManager:
             table[column] = table[column].astype("Int64")
         # (an empty table's columns of the types a full one's have)
         table = table.astype({"id": str, "branch": str, "strategy": str, "note": str,
-                              "created": "datetime64[ns]", "stored_bytes": "int64",
+                              "created": "datetime64[ns, UTC]", "stored_bytes": "int64",
                               "logical_bytes": "int64", "pinned": bool, "best": bool,
                               "head": bool, **{c: "float64" for c in columns.values()}})
         table["parent"] = pd.Series([r.parent for r in rows], dtype=object)
         return table
 
     def info(self, which: str = "latest") -> dict[str, Any]:
-        """One checkpoint's catalog row and the tensors its manifest lists."""
+        """One checkpoint's catalog row and the tensors its manifest lists. ``chain`` is
+        the count of saves since the last full one (what ``full_every`` bounds); ``depth``
+        the most deltas a restore decodes for one chunk (0: every chunk stored whole), a
+        differential save's 1 at most, however long its chain."""
         cid = self.resolve(which)
         with self._reading(cid):
             manifest = self._manifest(cid)
@@ -1216,12 +1242,14 @@ class CheckpointManager:
                        for t in manifest["tensors"]]
             objects = _kinds(manifest["state"])
             pickles = has_pickle(manifest["state"])
+            digests = {d for s in storages for d, _ in s["chunks"]}
         except (KeyError, IndexError, TypeError, ValueError, RecursionError) as exc:
             raise CorruptCheckpointError(f"checkpoint {cid}: its manifest does not describe "
                                          f"its tensors ({type(exc).__name__}: {exc})",
                                          cid) from exc
+        depth = max((r.depth for r in self.catalog.chunks(digests).values()), default=0)
         return {**{k: v for k, v in vars(row).items() if k not in ("tags", "seq")},
-                "children": self.catalog.children(cid), "tensors": tensors,
+                "depth": depth, "children": self.catalog.children(cid), "tensors": tensors,
                 "objects": objects, "pickles": pickles}
 
     def diff(self, a: str, b: str) -> Any:
