@@ -402,17 +402,18 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
     from ._manager import Checkpoint
 
     source = Path(path)
+    if source.is_dir():
+        raise CheckpointNotFoundError(f"{source} is a directory, not a checkpoint file (a "
+                                      "store? open it with "
+                                      f"CheckpointManager({os.fspath(source)!r}))")
     if not source.is_file():
-        raise CheckpointNotFoundError(
-            f"{source} is a directory, not a checkpoint file (a store? open it with "
-            "CheckpointManager)" if source.is_dir() else f"no file {source}")
-    if source.suffix == ".safetensors":
+        raise CheckpointNotFoundError(f"no file {source}")
+    if _suffix(source) not in SUFFIXES:
+        raise FileFormatError(f"{source}: unknown suffix, {_SUFFIX_HINT}")
+    if _suffix(source) == ".safetensors":
         data = _read_safetensors(source, trust_pickle)
-    elif source.suffix in _TORCH_SUFFIXES:
-        data = _read_torch(source, trust_pickle)
     else:
-        raise ValueError(f"cannot read {source.name!r}: expected .pt, .pth, .bin, .ckpt "
-                         "or .safetensors")
+        data = _read_torch(source, trust_pickle)
     if not isinstance(data, Mapping):
         raise FileFormatError(f"{source} holds a {type(data).__name__}, not a dict of state: "
                               "save a dict ({\"model\": model.state_dict(), ...}) to import it")

@@ -162,8 +162,6 @@ class CheckpointManager:
 
     ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``
     (``mode`` "min" or "max"); pinned checkpoints and the newest are always kept.
-    ``keep_best`` without ``max_to_keep`` keeps only those (as Lightning's ``save_top_k``
-    and Orbax do): the best K, the pinned, the newest and the head, the others deleted.
     ``strategy`` is "full", "incremental" (deltas against the parent) or
     "differential" (deltas against the branch's last full checkpoint);
     ``full_every`` bounds a chain of deltas (without it a chunk stacks at most 8, or
@@ -316,16 +314,13 @@ class CheckpointManager:
     def _saving(self) -> Iterator[None]:
         """A store's failure in a save, said to be the save's: "looking for packs/...
         failed" said neither that the save failed nor that what was saved before is intact
-        (what fails before the commit leaves no checkpoint; a half-written pack is gc's).
-        A full disk's error says the last already, and is not made to say it twice."""
+        (what fails before the commit leaves no checkpoint; a half-written pack is gc's)."""
         try:
             yield
         except StoreError as exc:
             self._check_there()
-            intact = "" if "intact" in str(exc) else \
-                " (the checkpoints saved before are intact)"
-            failed = StoreError(f"saving a checkpoint failed, so it was not saved{intact}: "
-                                f"{exc}")
+            failed = StoreError(f"saving a checkpoint failed, so it was not saved (the "
+                                f"checkpoints saved before are intact): {exc}")
             failed.errno = exc.errno
             raise failed from exc
 
@@ -1184,9 +1179,7 @@ class CheckpointManager:
 
     # -- inspecting -------------------------------------------------------------------------
     def list(self, *, branch: str | None = None) -> Any:
-        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric;
-        ``created`` is tz-aware UTC (``.dt.tz_convert(None)`` for naive), so that no reader
-        takes it for local time."""
+        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric."""
         import pandas as pd
 
         self._catch_up()
@@ -1205,7 +1198,7 @@ class CheckpointManager:
         best = set(self._best(rows, self.keep_best or 1))
         table = pd.DataFrame(
             [{"id": r.id, "parent": r.parent, "branch": r.branch,
-              "created": pd.Timestamp(r.created_at, unit="s", tz="UTC"), "step": r.step,
+              "created": pd.Timestamp(r.created_at, unit="s"), "step": r.step,
               "epoch": r.epoch, "batch_idx": r.batch_idx, "strategy": r.strategy,
               "stored_bytes": r.stored_bytes, "logical_bytes": r.logical_bytes,
               "pinned": r.pinned, "best": r.id in best, "head": r.id == self.head,
@@ -1216,17 +1209,14 @@ class CheckpointManager:
             table[column] = table[column].astype("Int64")
         # (an empty table's columns of the types a full one's have)
         table = table.astype({"id": str, "branch": str, "strategy": str, "note": str,
-                              "created": "datetime64[ns, UTC]", "stored_bytes": "int64",
+                              "created": "datetime64[ns]", "stored_bytes": "int64",
                               "logical_bytes": "int64", "pinned": bool, "best": bool,
                               "head": bool, **{c: "float64" for c in columns.values()}})
         table["parent"] = pd.Series([r.parent for r in rows], dtype=object)
         return table
 
     def info(self, which: str = "latest") -> dict[str, Any]:
-        """One checkpoint's catalog row and the tensors its manifest lists. ``chain`` is
-        the count of saves since the last full one (what ``full_every`` bounds); ``depth``
-        the most deltas a restore decodes for one chunk (0: every chunk stored whole), a
-        differential save's 1 at most, however long its chain."""
+        """One checkpoint's catalog row and the tensors its manifest lists."""
         cid = self.resolve(which)
         with self._reading(cid):
             manifest = self._manifest(cid)
@@ -1242,14 +1232,12 @@ class CheckpointManager:
                        for t in manifest["tensors"]]
             objects = _kinds(manifest["state"])
             pickles = has_pickle(manifest["state"])
-            digests = {d for s in storages for d, _ in s["chunks"]}
         except (KeyError, IndexError, TypeError, ValueError, RecursionError) as exc:
             raise CorruptCheckpointError(f"checkpoint {cid}: its manifest does not describe "
                                          f"its tensors ({type(exc).__name__}: {exc})",
                                          cid) from exc
-        depth = max((r.depth for r in self.catalog.chunks(digests).values()), default=0)
         return {**{k: v for k, v in vars(row).items() if k not in ("tags", "seq")},
-                "depth": depth, "children": self.catalog.children(cid), "tensors": tensors,
+                "children": self.catalog.children(cid), "tensors": tensors,
                 "objects": objects, "pickles": pickles}
 
     def diff(self, a: str, b: str) -> Any:

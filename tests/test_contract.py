@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from conftest import Holder
+from conftest import DigitsRun, Holder, same
 
-from ckpt_nb import CheckpointManager, CkptError
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError, CkptError
 from ckpt_nb._errors import FileFormatError
 
 pytest.importorskip("safetensors")
@@ -45,3 +46,55 @@ def test_safetensors_refusal_names_every_dtype_and_its_tensors_at_once(
     assert "complex128 tensors (h/c0, h/c1, h/c2, h/c3, h/c4 and 2 more)" in message, message
     assert "complex32 tensors (h/half)" in message and "fine" not in message, message
     assert not (tmp_path / "m.safetensors").exists()
+
+
+def store_with_one(tmp_path: Path) -> tuple[CheckpointManager, DigitsRun]:
+    run = DigitsRun()
+    mgr = CheckpointManager(tmp_path / "store")
+    mgr.save(run.model, run.optimizer, 0)
+    return mgr, run
+
+
+@pytest.mark.parametrize("how", ["restore", "load"])
+def test_a_path_that_names_no_checkpoint_gets_the_files_error_not_an_unknown_ids(
+        tmp_path: Path, how: str) -> None:
+    """A mistyped path, the store's own folder or a file of a suffix nobody reads were all
+    "no checkpoint '/tmp/...' in file://...: use an id from list()"."""
+    mgr, run = store_with_one(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+
+    def call(which: Any) -> Any:
+        return mgr.restore(which, model=run.model) if how == "restore" else mgr.load(which)
+
+    with pytest.raises(CheckpointNotFoundError, match=r"^no file .*typo\.pt$"):
+        call(tmp_path / "typo.pt")
+    with pytest.raises(CheckpointNotFoundError, match=r"is a directory.*a store\? open it "
+                                                      r"with CheckpointManager\("):
+        call(str(tmp_path / "store"))
+    with pytest.raises(FileFormatError, match=r"notes\.txt: unknown suffix, use "
+                                              r"\.pt/\.pth/\.bin/\.ckpt/\.safetensors"):
+        call(tmp_path / "notes.txt")
+    with pytest.raises(CheckpointNotFoundError, match="use an id from list"):
+        call("0123456789")  # (an id-like name still gets the id's error)
+
+
+@pytest.mark.parametrize("name", ["old.PT", "old.ckpt", "old.Safetensors"])
+def test_restore_takes_every_file_import_file_takes(tmp_path: Path, name: str) -> None:
+    """restore(path) took .pt, .pth, .bin and .safetensors in lower case, where
+    import_file took .ckpt and any case too."""
+    mgr, run = store_with_one(tmp_path)
+    path = tmp_path / name
+    if name.lower().endswith(".safetensors"):
+        from safetensors.torch import save_file
+        save_file(run.model.state_dict(), path)
+    else:
+        torch.save({"model_state_dict": run.model.state_dict(), "epoch": 7}, path)
+    expected = run.weights()
+    with torch.no_grad():
+        for p in run.model.parameters():
+            p.zero_()
+    ck = mgr.restore(path, model=run.model)
+    assert same(run.weights(), expected)
+    assert mgr.load(path).state["model"].keys() == run.model.state_dict().keys()
+    assert mgr.import_file(path) in set(mgr.list()["id"])
+    assert ck.epoch == (None if name.endswith("afetensors") else 7)
