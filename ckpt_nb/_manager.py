@@ -1179,7 +1179,9 @@ class CheckpointManager:
 
     # -- inspecting -------------------------------------------------------------------------
     def list(self, *, branch: str | None = None) -> Any:
-        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric."""
+        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric;
+        ``created`` is tz-aware UTC (``.dt.tz_convert(None)`` for naive), so that no reader
+        takes it for local time."""
         import pandas as pd
 
         self._catch_up()
@@ -1198,7 +1200,7 @@ class CheckpointManager:
         best = set(self._best(rows, self.keep_best or 1))
         table = pd.DataFrame(
             [{"id": r.id, "parent": r.parent, "branch": r.branch,
-              "created": pd.Timestamp(r.created_at, unit="s"), "step": r.step,
+              "created": pd.Timestamp(r.created_at, unit="s", tz="UTC"), "step": r.step,
               "epoch": r.epoch, "batch_idx": r.batch_idx, "strategy": r.strategy,
               "stored_bytes": r.stored_bytes, "logical_bytes": r.logical_bytes,
               "pinned": r.pinned, "best": r.id in best, "head": r.id == self.head,
@@ -1209,7 +1211,7 @@ class CheckpointManager:
             table[column] = table[column].astype("Int64")
         # (an empty table's columns of the types a full one's have)
         table = table.astype({"id": str, "branch": str, "strategy": str, "note": str,
-                              "created": "datetime64[ns]", "stored_bytes": "int64",
+                              "created": "datetime64[ns, UTC]", "stored_bytes": "int64",
                               "logical_bytes": "int64", "pinned": bool, "best": bool,
                               "head": bool, **{c: "float64" for c in columns.values()}})
         table["parent"] = pd.Series([r.parent for r in rows], dtype=object)

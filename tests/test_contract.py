@@ -5,7 +5,9 @@ message says once what it means to."""
 
 from __future__ import annotations
 
+import time
 import warnings
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from conftest import DigitsRun, Holder, same
 
 from ckpt_nb import CheckpointManager, CheckpointNotFoundError, CkptError
 from ckpt_nb._errors import FileFormatError
+from ckpt_nb.cli import main
 
 pytest.importorskip("safetensors")
 
@@ -98,3 +101,25 @@ def test_restore_takes_every_file_import_file_takes(tmp_path: Path, name: str) -
     assert mgr.load(path).state["model"].keys() == run.model.state_dict().keys()
     assert mgr.import_file(path) in set(mgr.list()["id"])
     assert ck.epoch == (None if name.endswith("afetensors") else 7)
+
+
+def test_list_created_is_utc_and_cli_shows_it_in_local_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """created was a naive timestamp holding UTC, read as local time by anyone who
+    compared it with datetime.now()."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        mgr = CheckpointManager(tmp_path / "s")
+        assert str(mgr.list()["created"].dtype) == "datetime64[ns, UTC]"  # (empty too)
+        before = time.time()
+        mgr.save(torch.nn.Linear(2, 2))
+        created = mgr.list()["created"].iloc[0]
+        assert str(created.tz) == "UTC" and before - 1 <= created.timestamp() <= time.time()
+        assert main(["ls", str(tmp_path / "s")]) == 0
+        local = datetime.fromtimestamp(created.timestamp()).strftime("%Y-%m-%d %H:%M")
+        assert local in capsys.readouterr().out
+    finally:
+        monkeypatch.undo()
+        time.tzset()
