@@ -123,3 +123,38 @@ def test_list_created_is_utc_and_cli_shows_it_in_local_time(
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def nested_state() -> dict[str, torch.Tensor]:
+    with warnings.catch_warnings():  # (torch calls the strided layout a prototype)
+        warnings.simplefilter("ignore")
+        return {
+            "strided": torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)]),
+            "jagged": torch.nested.nested_tensor(
+                [torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(5, 3,
+                                                                       dtype=torch.bfloat16)],
+                layout=torch.jagged),
+            "grad": torch.nested.nested_tensor([torch.randn(1), torch.randn(3)],
+                                               requires_grad=True),
+        }
+
+
+def test_a_nested_tensor_is_stored_as_raw_bytes_and_restores_without_trust(
+        tmp_path: Path) -> None:
+    """It was pickled, silently, so its restore needed trust_pickle=True."""
+    state = nested_state()
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.save(h=Holder(state))
+    assert not mgr.info(cid)["pickles"]
+    holder = Holder({})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning of pickles left out)
+        mgr.restore(cid, h=holder)
+    for name, saved in state.items():
+        back = holder.state[name]
+        assert back.is_nested and back.layout == saved.layout, name
+        assert back.requires_grad == saved.requires_grad, name
+        assert same(list(back.detach().unbind()), list(saved.detach().unbind())), name
+    export = mgr.export(cid, tmp_path / "n.safetensors")
+    back = mgr.load(mgr.import_file(export)).state["h"]["jagged"]
+    assert same(list(back.unbind()), list(state["jagged"].unbind()))
