@@ -162,6 +162,8 @@ class CheckpointManager:
 
     ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``
     (``mode`` "min" or "max"); pinned checkpoints and the newest are always kept.
+    ``keep_best`` without ``max_to_keep`` keeps only those (as Lightning's ``save_top_k``
+    and Orbax do): the best K, the pinned, the newest and the head, the others deleted.
     ``strategy`` is "full", "incremental" (deltas against the parent) or
     "differential" (deltas against the branch's last full checkpoint);
     ``full_every`` bounds a chain of deltas (without it a chunk stacks at most 8, or

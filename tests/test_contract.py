@@ -158,3 +158,14 @@ def test_a_nested_tensor_is_stored_as_raw_bytes_and_restores_without_trust(
     export = mgr.export(cid, tmp_path / "n.safetensors")
     back = mgr.load(mgr.import_file(export)).state["h"]["jagged"]
     assert same(list(back.unbind()), list(state["jagged"].unbind()))
+
+
+def test_keep_best_alone_keeps_the_best_and_the_newest(tmp_path: Path) -> None:
+    """As documented (Lightning's save_top_k, Orbax): not every checkpoint."""
+    mgr = CheckpointManager(tmp_path / "s", keep_best=2, metric="val_loss")
+    model = torch.nn.Linear(2, 2)
+    for epoch, loss in enumerate([0.5, 0.4, 0.9, 0.8, 0.7]):
+        mgr.save(model, None, epoch, metrics={"val_loss": loss})
+    assert list(mgr.list()["epoch"]) == [0, 1, 4]
+    assert "keep_best`` without ``max_to_keep`` keeps only those" in \
+        " ".join(CheckpointManager.__doc__.split())
