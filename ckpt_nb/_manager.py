@@ -1220,7 +1220,10 @@ class CheckpointManager:
         return table
 
     def info(self, which: str = "latest") -> dict[str, Any]:
-        """One checkpoint's catalog row and the tensors its manifest lists."""
+        """One checkpoint's catalog row and the tensors its manifest lists. ``chain`` is
+        the count of saves since the last full one (what ``full_every`` bounds); ``depth``
+        the most deltas a restore decodes for one chunk (0: every chunk stored whole), a
+        differential save's 1 at most, however long its chain."""
         cid = self.resolve(which)
         with self._reading(cid):
             manifest = self._manifest(cid)
@@ -1236,12 +1239,14 @@ class CheckpointManager:
                        for t in manifest["tensors"]]
             objects = _kinds(manifest["state"])
             pickles = has_pickle(manifest["state"])
+            digests = {d for s in storages for d, _ in s["chunks"]}
         except (KeyError, IndexError, TypeError, ValueError, RecursionError) as exc:
             raise CorruptCheckpointError(f"checkpoint {cid}: its manifest does not describe "
                                          f"its tensors ({type(exc).__name__}: {exc})",
                                          cid) from exc
+        depth = max((r.depth for r in self.catalog.chunks(digests).values()), default=0)
         return {**{k: v for k, v in vars(row).items() if k not in ("tags", "seq")},
-                "children": self.catalog.children(cid), "tensors": tensors,
+                "depth": depth, "children": self.catalog.children(cid), "tensors": tensors,
                 "objects": objects, "pickles": pickles}
 
     def diff(self, a: str, b: str) -> Any:

@@ -169,3 +169,18 @@ def test_keep_best_alone_keeps_the_best_and_the_newest(tmp_path: Path) -> None:
     assert list(mgr.list()["epoch"]) == [0, 1, 4]
     assert "keep_best`` without ``max_to_keep`` keeps only those" in \
         " ".join(CheckpointManager.__doc__.split())
+
+
+def test_info_gives_a_differential_checkpoints_real_restore_depth(tmp_path: Path) -> None:
+    """show's "chain 4" is the count of saves since the full one: a differential
+    checkpoint is one delta from it, and info() now says so."""
+    mgr = CheckpointManager(tmp_path / "diff", strategy="differential")
+    inc = CheckpointManager(tmp_path / "inc", strategy="incremental")
+    holder = Holder({"w": torch.zeros(1 << 16)})
+    for step in range(5):
+        holder.state["w"][step] = 1.0  # (a small change: a delta pays)
+        last, last_inc = mgr.save(h=holder), inc.save(h=holder)
+    info = mgr.info(last)
+    assert (info["strategy"], info["chain"], info["depth"]) == ("differential", 4, 1)
+    assert (inc.info(last_inc)["chain"], inc.info(last_inc)["depth"]) == (4, 4)
+    assert same([mgr.load(last).state["h"]["w"]], [holder.state["w"]])
