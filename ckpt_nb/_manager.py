@@ -316,13 +316,16 @@ class CheckpointManager:
     def _saving(self) -> Iterator[None]:
         """A store's failure in a save, said to be the save's: "looking for packs/...
         failed" said neither that the save failed nor that what was saved before is intact
-        (what fails before the commit leaves no checkpoint; a half-written pack is gc's)."""
+        (what fails before the commit leaves no checkpoint; a half-written pack is gc's).
+        A full disk's error says the last already, and is not made to say it twice."""
         try:
             yield
         except StoreError as exc:
             self._check_there()
-            failed = StoreError(f"saving a checkpoint failed, so it was not saved (the "
-                                f"checkpoints saved before are intact): {exc}")
+            intact = "" if "intact" in str(exc) else \
+                " (the checkpoints saved before are intact)"
+            failed = StoreError(f"saving a checkpoint failed, so it was not saved{intact}: "
+                                f"{exc}")
             failed.errno = exc.errno
             raise failed from exc
 

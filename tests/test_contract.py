@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 import torch
 from conftest import DigitsRun, Holder, same
 
-from ckpt_nb import CheckpointManager, CheckpointNotFoundError, CkptError
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError, CkptError, StoreError
 from ckpt_nb._errors import FileFormatError
 from ckpt_nb.cli import main
 
@@ -184,3 +185,20 @@ def test_info_gives_a_differential_checkpoints_real_restore_depth(tmp_path: Path
     assert (info["strategy"], info["chain"], info["depth"]) == ("differential", 4, 1)
     assert (inc.info(last_inc)["chain"], inc.info(last_inc)["depth"]) == (4, 4)
     assert same([mgr.load(last).state["h"]["w"]], [holder.state["w"]])
+
+
+def test_a_save_that_runs_out_of_room_says_earlier_checkpoints_are_intact_once(
+        tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
+    holder = Holder({"w": torch.randn(3 << 20)})  # a 12 MiB pack
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(h=holder)
+    holder.state["w"] = torch.randn(3 << 20)
+    file_size_limit(5 << 20)
+    try:
+        with pytest.raises(StoreError) as got:
+            mgr.save(h=holder)
+    finally:
+        file_size_limit(None)
+    message = str(got.value)
+    assert message.startswith("saving a checkpoint failed, so it was not saved: "), message
+    assert message.count("intact") == 1, message
