@@ -6,8 +6,8 @@ private and may change.
 
 from ._capture import RNGState, Stateful
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, MetricNotFoundError, StateMismatchError,
-                      StoreError, StoreFormatError, UntrustedPickleError)
+                      CorruptCheckpointError, FileFormatError, MetricNotFoundError,
+                      StateMismatchError, StoreError, StoreFormatError, UntrustedPickleError)
 from ._manager import Checkpoint, CheckpointManager, GCReport, PickledValue, VerifyReport
 from ._session import AutoConfig, AutoSession, auto, batches, epochs, log, rollback, status
 from ._store import FsspecStore, LocalStore, MemoryStore, Store, open_store
@@ -62,5 +62,5 @@ __all__ = [
     "Store", "LocalStore", "MemoryStore", "FsspecStore", "open_store",
     "CkptError", "CheckpointNotFoundError", "CorruptCheckpointError", "StateMismatchError",
     "UntrustedPickleError", "StoreFormatError", "CheckpointInUseError", "StoreError",
-    "CaptureError", "MetricNotFoundError",
+    "CaptureError", "MetricNotFoundError", "FileFormatError",
 ]

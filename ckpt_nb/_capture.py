@@ -200,6 +200,7 @@ class FlatState:
     skeleton: dict[str, Any]
     tensors: list[TensorRecord] = field(default_factory=list)
     storages: list[StorageBytes] = field(default_factory=list)
+    format: int = 3  # the manifest format its skeleton needs (_format.MANIFEST_FORMAT)
 
     @property
     def logical_bytes(self) -> int:
@@ -295,6 +296,7 @@ class _Flattener:
         if t.layout in _SPARSE:
             return self.sparse(t, name)
         if t.is_nested and (parts := _nested_parts(t)):
+            self.flat.format = max(self.flat.format, 4)  # (a format-3 reader would misread it)
             return {"__nested__": str(t.layout).removeprefix("torch."),
                     "requires_grad": requires_grad,
                     "parts": [self.tensor(p, f"{name}/{i}") for i, p in enumerate(parts)]}

@@ -28,7 +28,8 @@ import traitlets
 
 from . import _plots, _session
 from ._catalog import store_exists
-from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError, StoreError
+from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
+                      StateMismatchError, StoreError)
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
 from ._store import FsspecStore
@@ -817,7 +818,7 @@ class Explorer(w.VBox):
         before the question (the rollback itself refuses one that restores nothing)."""
         plan = _session.rollback_plan(cid, directory=self._directory(), namespace=namespace)
         if not plan.restored:
-            raise CkptError(plan.refusal())
+            raise StateMismatchError(plan.refusal())
         return plan.restored, plan.not_restored
 
     def _display_name(self) -> str:

@@ -17,7 +17,8 @@ types, long lists of floats as float64 bytes, and the lazy conjugate / negative
 bits of a tensor record (see ``_capture``), which a format-2 reader would
 misread. Older stores are read as they are, and restamped by the first save
 into them. Labels came in format 3 too; a store without them reads as one
-whose checkpoints were never pinned or annotated.
+whose checkpoints were never pinned or annotated. A manifest of format 4 holds
+nested tensors' nodes; the store's own format stays 3 (see ``MANIFEST_FORMAT``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from ._errors import CaptureError, CorruptCheckpointError, StoreFormatError
 from ._store import Store, Writer
 
 FORMAT = 3
+# The newest manifest this reader takes. A manifest is written at the lowest format its
+# state needs (4: nested tensors' nodes), so that an earlier reader refuses by name the
+# checkpoints it would misread, and reads the rest of the store.
+MANIFEST_FORMAT = 4
 FORMAT_KEY = "ckpt_nb.json"
 PACK_MAGIC = b"CKNBPAK1"
 INDEX_MAGIC = b"CKNBIDX1"
@@ -264,7 +269,7 @@ def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     if problem:
         raise CorruptCheckpointError(
             f"manifest of checkpoint {checkpoint_id} is damaged: {problem}", checkpoint_id)
-    if manifest.get("format", 0) > FORMAT:
+    if manifest.get("format", 0) > MANIFEST_FORMAT:
         raise StoreFormatError(
             f"checkpoint {checkpoint_id} has format {manifest['format']}: upgrade ckpt_nb"
         )

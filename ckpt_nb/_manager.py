@@ -229,6 +229,7 @@ class CheckpointManager:
         self._lock_path: Path | None = None
         self._read_only_rebuild = False  # the catalog is rebuilt in memory, to read only
         self._told_blocked = False  # retention said gc is stopped by a damaged checkpoint
+        self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._stale_format = check_format(self.store) < FORMAT
@@ -614,7 +615,7 @@ class CheckpointManager:
             def write_manifest(chunks: dict[str, Any]) -> None:
                 """Write the manifest (while the pipeline writes its last batches)."""
                 nonlocal blob
-                manifest.update(chunks, format=FORMAT, id=row.id, parent=parent_id,
+                manifest.update(chunks, format=state.format, id=row.id, parent=parent_id,
                                 branch=row.branch, created_at=row.created_at, step=row.step,
                                 epoch=row.epoch, batch_idx=row.batch_idx, metrics=metrics,
                                 strategy=strategy, chain=chain, full_base=row.full_base,
@@ -1480,7 +1481,7 @@ class CheckpointManager:
                 if row.id not in protected and (among is None or row.id in among):
                     self._drop([row.id], **tight)
             taken = self.stored_bytes()
-            if taken > self.max_bytes and not getattr(self, "_told_over_budget", False):
+            if taken > self.max_bytes and not self._told_over_budget:
                 # (said once per manager, as _warn_blocked: every save would say it again)
                 self._told_over_budget = True
                 kept = self.catalog.checkpoints()

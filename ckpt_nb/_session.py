@@ -46,7 +46,8 @@ from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem
 from ._catalog import store_exists
 from ._discovery import (Discovery, assign_in_place, discover, from_storable, is_code,
                          to_storable)
-from ._errors import CaptureError, CkptError, CorruptCheckpointError, StateMismatchError, warn
+from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptCheckpointError,
+                      StateMismatchError, warn)
 from ._format import is_count
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
@@ -1414,7 +1415,7 @@ class AutoSession:
         self._report_background_error()
         plan = self.rollback_plan(which)
         if not plan.restored:
-            raise CkptError(plan.refusal())
+            raise StateMismatchError(plan.refusal())
         cid, missing = plan.id, plan.not_restored
         ck = self.manager.load(cid)
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
@@ -1712,13 +1713,14 @@ def _session_for(directory: str | os.PathLike[str] | None,
         yield session
         return
     if _last is None and (directory is None or namespace is None):
-        raise CkptError("nothing to roll back: no ckpt_nb session has run in this process; "
-                        "run %ckpt_auto first, or pass directory= and namespace=")
+        raise CheckpointNotFoundError(
+            "nothing to roll back: no ckpt_nb session has run in this process; run "
+            "%ckpt_auto first, or pass directory= and namespace=")
     config, last_namespace = _last or (AutoConfig(), {})
     if directory is not None:
         if not store_exists(directory):
-            raise CkptError(f"no checkpoint store at {directory}: give the --dir of a "
-                            f"%ckpt_auto run")
+            raise CheckpointNotFoundError(f"no checkpoint store at {directory}: give the --dir "
+                                          "of a %ckpt_auto run")
         config = dataclasses.replace(config, directory=os.fspath(directory))
     elif config.directory is None:
         config = dataclasses.replace(config, directory=default_directory(last_namespace))

@@ -277,8 +277,9 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         "id": info["id"], "parent": info["parent"], "children": ", ".join(info["children"]),
         "branch": info["branch"], "created": _time(info["created_at"]),
         "step": info["step"], "epoch": info["epoch"], "batch_idx": info["batch_idx"],
-        "strategy": info["strategy"] + (f" (chain {info['chain']}, full base "
-                                        f"{info['full_base']}{gone})" if info["chain"] else ""),
+        "strategy": info["strategy"] + (
+            f" ({info['chain']} saves since its full base {info['full_base']}{gone}; a "
+            f"restore decodes up to {info['depth']} deltas a chunk)" if info["chain"] else ""),
         "stored": human_size(info["stored_bytes"]), "logical": human_size(info["logical_bytes"]),
         "pinned": "yes" if info["pinned"] else "no",
         "metrics": ", ".join(f"{k}={_cell(v)}" for k, v in sorted(info["metrics"].items())),

@@ -5,6 +5,7 @@ message says once what it means to."""
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -159,6 +160,23 @@ def test_a_nested_tensor_is_stored_as_raw_bytes_and_restores_without_trust(
     export = mgr.export(cid, tmp_path / "n.safetensors")
     back = mgr.load(mgr.import_file(export)).state["h"]["jagged"]
     assert same(list(back.unbind()), list(state["jagged"].unbind()))
+
+
+def test_only_a_checkpoint_holding_a_nested_tensor_needs_a_reader_of_format_4(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader from before nested tensors were stored would have read one as a plain
+    dict: it refuses that checkpoint by name, and reads the others of the store."""
+    from ckpt_nb import StoreFormatError, _format
+    mgr = CheckpointManager(tmp_path / "s")
+    plain = mgr.save(h=Holder({"w": torch.ones(3)}))
+    nested = mgr.save(h=Holder(nested_state()))
+    assert (mgr._manifest(plain)["format"], mgr._manifest(nested)["format"]) == (3, 4)
+    assert json.loads((tmp_path / "s" / "ckpt_nb.json").read_text())["format"] == 3
+    monkeypatch.setattr(_format, "MANIFEST_FORMAT", 3)  # (the reader before)
+    earlier = CheckpointManager(tmp_path / "s")
+    assert torch.equal(earlier.load(plain).state["h"]["w"], torch.ones(3))
+    with pytest.raises(StoreFormatError, match=f"checkpoint {nested} has format 4: upgrade"):
+        earlier.load(nested)
 
 
 def test_keep_best_alone_keeps_the_best_and_the_newest(tmp_path: Path) -> None:
