@@ -1,0 +1,123 @@
+"""Memory and time that grow with a model or a store no faster than they must: diff reads
+only what changed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import Holder
+
+from ckpt_nb import CheckpointManager
+from ckpt_nb import _codec as codec
+
+
+def _peak_mib(script: str) -> dict[str, float]:
+    """What ``script`` prints as JSON, run in a fresh process: there ``start()`` gives
+    its resident memory in MiB and ``peak()`` the most it held since (Linux's VmHWM)."""
+    prelude = textwrap.dedent("""\
+        import json, re, torch
+        from ckpt_nb import CheckpointManager
+        def status(field):
+            with open("/proc/self/status") as status:
+                return int(re.search(field + r":\\s+(\\d+)", status.read()).group(1)) / 1024
+        def start():
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+            return status("VmRSS")
+        def peak():
+            return status("VmHWM")
+    """)
+    done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def _counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """(digest, raw bytes) of each chunk decoded from now on, by the real decoder."""
+    decoded: list[tuple[str, int]] = []
+    real = codec.decode_many
+
+    def decode_many(jobs: Any) -> Any:
+        decoded.extend((digest, len(out)) for _, out, _, digest in jobs)
+        return real(jobs)
+
+    monkeypatch.setattr(codec, "decode_many", decode_many)
+    return decoded
+
+
+def _old_norms(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """diff's l2 and rel_change as they were computed, on the whole tensors at once."""
+    either = a.is_complex() or b.is_complex()
+    da, db = ((t.resolve_conj().to(torch.complex128) if either else t.double()) for t in (a, b))
+    l2 = float(torch.linalg.vector_norm(db - da))
+    return l2, l2 / float(torch.linalg.vector_norm(da))
+
+
+def test_diff_gives_the_norms_of_the_whole_tensors(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    z = torch.randn(6, 5, dtype=torch.complex64)
+    before = {"w": torch.randn(40, 30), "t": torch.randn(30, 40).t(), "same": torch.randn(100),
+              "h": torch.randn(8, 8, dtype=torch.bfloat16), "z": z, "conj": z.conj(),
+              "big": torch.randn(2_100_000), "gone": torch.ones(3), "shape": torch.zeros(4, 4)}
+    after = {"w": before["w"] + 0.01 * torch.randn(40, 30), "t": torch.randn(40, 30),
+             "same": before["same"], "h": before["h"].float() + 1, "z": z * 1.5,
+             "conj": (z * 1.5).conj(), "big": before["big"] + torch.randn(2_100_000),
+             "new": torch.ones(2), "shape": torch.zeros(16)}
+    with CheckpointManager(tmp_path) as mgr:
+        a, b = mgr.save(s=Holder(before)), mgr.save(s=Holder(after))
+        table = mgr.diff(a, b).set_index("tensor")
+    for name in ("w", "t", "h", "z", "conj"):  # (one block: the very same sums)
+        row = table.loc[f"objects/s/{name}"]
+        assert row["status"] == "changed" and not row["same_chunks"], name
+        assert (row["l2"], row["rel_change"]) == _old_norms(before[name], after[name]), name
+    big = table.loc["objects/s/big"]  # (16 MiB in double: blocks, summed otherwise)
+    assert (big["l2"], big["rel_change"]) == pytest.approx(
+        _old_norms(before["big"], after["big"]), rel=1e-12)
+    assert table.loc["objects/s/h", "dtype"] == "bfloat16->float32"
+    assert table.loc["objects/s/same", ["status", "same_chunks", "l2"]].tolist() == [
+        "identical", True, 0.0]
+    assert table.loc["objects/s/gone", "status"] == "removed"
+    assert table.loc["objects/s/new", ["status", "shape"]].tolist() == ["added", (2,)]
+    assert table.loc["objects/s/shape", ["status", "shape"]].tolist() == [
+        "reshaped", "(4, 4)->(16,)"]
+
+
+def test_diff_reads_no_tensor_whose_chunks_are_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It decoded both checkpoints whole, a large frozen tensor too."""
+    frozen = torch.randn(1024, 1024)  # 4 MiB
+    with CheckpointManager(tmp_path) as mgr:
+        a = mgr.save(s=Holder({"frozen": frozen, "head": torch.zeros(10)}))
+        b = mgr.save(s=Holder({"frozen": frozen, "head": torch.ones(10)}))
+        decoded = _counting_decodes(monkeypatch)
+        table = mgr.diff(a, b).set_index("tensor")
+    assert table.loc["objects/s/frozen", "status"] == "identical"
+    assert table.loc["objects/s/head", "l2"] == pytest.approx(10 ** 0.5)
+    assert sum(n for _, n in decoded) < 1 << 20
+
+
+def test_diff_of_a_large_tensor_takes_memory_for_the_two_sides_not_their_doubles(
+        tmp_path: Path) -> None:
+    """Each side cast to double, and their difference: 8 times the tensor (2.4 GB for a
+    300 MiB one). Now the two decoded sides and two 16 MiB blocks."""
+    n = 16 << 20  # 64 MiB of float32, compressible: the packs mapped in memory are small
+    with CheckpointManager(tmp_path) as mgr:
+        w = (torch.arange(n) % 7).float()
+        a = mgr.save(s=Holder({"w": w}))
+        w[:1000] += 1
+        b = mgr.save(s=Holder({"w": w}))
+    found = _peak_mib(f"""
+        mgr = CheckpointManager({str(tmp_path)!r})
+        before = start()
+        row = mgr.diff({a!r}, {b!r}).iloc[0]
+        print(json.dumps({{"extra": peak() - before, "l2": row["l2"]}}))
+    """)
+    assert found["l2"] == pytest.approx(1000 ** 0.5)
+    assert found["extra"] < 4 * 64  # (it was 8 times)
