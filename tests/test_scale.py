@@ -1,5 +1,5 @@
 """Memory and time that grow with a model or a store no faster than they must: diff reads
-only what changed."""
+only what changed, and verify decodes each chunk of a delta chain once."""
 
 from __future__ import annotations
 
@@ -121,3 +121,44 @@ def test_diff_of_a_large_tensor_takes_memory_for_the_two_sides_not_their_doubles
     """)
     assert found["l2"] == pytest.approx(1000 ** 0.5)
     assert found["extra"] < 4 * 64  # (it was 8 times)
+
+
+def test_verify_decodes_each_chunk_of_a_delta_chain_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each chunk was decoded through its whole chain of bases, each time: 200 saves
+    of a chain took 32 s to verify, 100 took 8.5 s."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 256)  # 4 chunks of 16 KiB
+    with CheckpointManager(tmp_path, strategy="incremental", full_every=1000,
+                           chunk_size=1 << 14) as mgr:
+        for step in range(12):
+            w += 1e-3 * torch.randn_like(w)
+            mgr.save(s=Holder({"w": w}), step=step)
+        chunks = mgr.catalog.chunks({d for r in mgr.catalog.checkpoints()
+                                     for d in mgr.catalog.refs(r.id)})
+    assert sum(row.base is not None for row in chunks.values()) >= 4 * 11  # (deltas)
+    decoded = _counting_decodes(monkeypatch)
+    assert CheckpointManager(tmp_path).verify().ok
+    assert sorted(digest for digest, _ in decoded) == sorted(chunks)
+
+
+def test_verify_finds_a_flipped_byte_deep_in_a_delta_chain(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(64, 256)
+    with CheckpointManager(tmp_path, strategy="incremental", full_every=1000,
+                           chunk_size=1 << 14) as mgr:
+        ids = []
+        for step in range(12):
+            w += 1e-3 * torch.randn_like(w)
+            ids.append(mgr.save(s=Holder({"w": w}), step=step))
+        own = mgr.catalog.refs(ids[5]) - mgr.catalog.refs(ids[4])
+        row = max(mgr.catalog.chunks(own).values(), key=lambda r: r.raw_len)
+    assert row.base is not None
+    pack = tmp_path / row.pack
+    data = bytearray(pack.read_bytes())
+    data[row.offset + row.length // 2] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    report = CheckpointManager(tmp_path).verify()
+    assert report.checked == ids
+    assert list(report.bad) == ids[5:]  # (the later ones' chunks are deltas on it)
+    assert all(any(row.digest[:12] in p for p in report.bad[cid]) for cid in ids[5:])
