@@ -204,13 +204,22 @@ def _naming(exc: OSError, target: Path) -> OSError:
 
 
 def _write_safetensors(payload: dict[str, Any], tmp: str, target: Path) -> None:
+    from collections import Counter
+
     from safetensors.torch import save_file
 
     flat = flatten(payload)
-    storages = [torch.from_numpy(s.data.copy()) for s in flat.storages]
+    # The file is written from the loaded checkpoint's own memory, not copies of it (a
+    # pickle's bytes are read-only: torch wants them writable)
+    storages = [torch.from_numpy(s.data if s.data.flags.writeable else s.data.copy())
+                for s in flat.storages]
     decoder = Unflattener([t.to_json() for t in flat.tensors], storages)
-    tensors = {rec.name: decoder.tensor(i).detach().resolve_conj().resolve_neg().contiguous()
-               .clone() for i, rec in enumerate(flat.tensors)}  # (the file holds plain values)
+    views = Counter(rec.storage for rec in flat.tensors)
+    tensors = {}
+    for i, rec in enumerate(flat.tensors):  # (the file holds plain values)
+        t = decoder.tensor(i).detach().resolve_conj().resolve_neg().contiguous()
+        # safetensors refuses tensors that share memory: a shared storage's views are copied
+        tensors[rec.name] = t.clone() if views[rec.storage] > 1 else t
     pickles = {f"__pickle__/{i}": storages[i] for i, s in enumerate(flat.storages)
                if s.kind == "pickle"}
     meta = {"skeleton": flat.skeleton, "names": [rec.name for rec in flat.tensors]}
