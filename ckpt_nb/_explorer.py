@@ -389,8 +389,9 @@ class Explorer(w.VBox):
                           self.delete_button, self.export_path, self.export_button],
                          layout=w.Layout(flex_flow="row wrap"))
         self.css = w.HTML(f"<style>{EXPLORER_CSS}</style>", layout=w.Layout(display="none"))
-        super().__init__([self.css, self.title, self.tabs, actions, self.confirm_box,
-                          self.progress, self.status])
+        # (the style last: a front end that shows the widget as text starts at the title)
+        super().__init__([self.title, self.tabs, actions, self.confirm_box, self.progress,
+                          self.status, self.css])
         self.add_class("ckpt-nb-explorer")
 
         self._show(self.manager.list())  # (a store that fails to open fails here, raised)

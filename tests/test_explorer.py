@@ -962,7 +962,7 @@ def test_a_narrow_explorer_wraps_its_rows_and_texts(store) -> None:
     path, main, branch = store
     ui = ckpt_nb.explore(path, poll_seconds=0)
     try:
-        assert ui.children[0] is ui.css and f"<style>{_explorer.EXPLORER_CSS}</style>" == \
+        assert ui.children[-1] is ui.css and f"<style>{_explorer.EXPLORER_CSS}</style>" == \
             ui.css.value and ui.css.layout.display == "none"
         css = " ".join(_explorer.EXPLORER_CSS.split())
         assert "-tab > .lm-TabBar .lm-TabBar-tab, " in css and " min-width: max-content; }" in css
