@@ -768,7 +768,7 @@ class AutoSession:
                 last = self._last_write
                 if last is not None and last.id == self._position \
                         and last.steps_seen == self._steps_seen:
-                    _left_saved.add(last.id)
+                    _left_saved[last.id] = _weak_objects(self.discovery.statefuls)
             self._report_background_error()
             self._report_repeats()
         if during_save:
@@ -1294,7 +1294,10 @@ class AutoSession:
                 "to --track), or run with --no-resume (auto(resume=False)) to start afresh")
         changed = self._changed_since(saved)
         since = self._trained_since(ck)
-        kept = since if ck.id in _left_saved else []
+        # (only the very objects the cell left: ones the set-up cell made since go back)
+        left = _left_saved.get(ck.id, {})
+        live = {_stored_key(n): obj for n, obj in self.discovery.statefuls.items()}
+        kept = [key for key in since if key in left and left[key]() is live.get(key)]
         targets, variables = self._apply(ck, saved, keep=kept)
         if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
             self._run_id = run_id  # (the run goes on: its end ends it)
@@ -1458,9 +1461,18 @@ _history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
 _position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
 _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
-# Checkpoints that hold the tracked objects as a cell that stopped left them: a resume of
-# one keeps what later runs of this process trained since (``_trained_since``)
-_left_saved: set[str] = set()
+# Checkpoints that hold the tracked objects as a cell that stopped left them, and those
+# objects (weakly, by stored key): a resume of one keeps what later runs of this process
+# trained since (``_trained_since``), if it is still the object the cell left
+_left_saved: dict[str, dict[str, weakref.ref[Any]]] = {}
+
+
+def _weak_objects(statefuls: dict[str, Any]) -> dict[str, weakref.ref[Any]]:
+    refs = {}
+    for name, obj in statefuls.items():
+        with contextlib.suppress(TypeError):  # (one that takes no weak reference: put back)
+            refs[_stored_key(name)] = weakref.ref(obj)
+    return refs
 # store URL -> the step of the kernel's position, and the models and optimizers it was
 # saved from or put into (weakly: the set-up cell run again frees them)
 _position_objects: dict[str, tuple[int | None, list[weakref.ref[Any]]]] = {}

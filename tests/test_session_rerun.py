@@ -65,7 +65,7 @@ def new_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a kernel restarted after a crash knows: nothing of the runs before."""
     for name in ("_positions", "_position_events", "_left_values", "_position_objects"):
         monkeypatch.setattr(_session, name, {})
-    monkeypatch.setattr(_session, "_left_saved", set())
+    monkeypatch.setattr(_session, "_left_saved", {})
     monkeypatch.setattr(_session, "_last", None)
 
 
@@ -176,6 +176,30 @@ def test_resuming_a_cell_keeps_the_model_another_cell_trained_since(
     assert "kept as they are: modelA, optA (trained by another cell since this one " \
         "stopped)" in line, line
     assert same(weights(shell, "modelA", "optA"), trained_a)
+    assert same(weights(shell, "modelB", "optB"), expected_b)
+
+
+def test_a_resume_puts_back_the_objects_the_set_up_cell_made_since_the_stop(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B stopped; the set-up cell ran again (a new modelB) and A saved it untrained: the
+    resume kept that new modelB "as trained by another cell", and B went on from its
+    position with an untrained model and a fresh optimizer."""
+    store = tmp_path / "two"
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=tmp_path / "ref")).success
+    assert run(shell, CELL_B.format(dir=tmp_path / "ref")).success
+    expected_b = weights(shell, "modelB", "optB")
+    run(shell, TWO)
+    monkeypatch.setenv("STOP_B", "before")
+    assert run(shell, CELL_A.format(dir=store)).success
+    assert not run(shell, CELL_B.format(dir=store)).success  # stopped at step 13, saved
+    run(shell, TWO)  # (new objects)
+    assert run(shell, CELL_A.format(dir=store)).success
+    monkeypatch.setenv("STOP_B", "")
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store)).success
+    line = resumed_line(capsys.readouterr().out)
+    assert "kept as they are" not in line and "put back as saved: modelB, optB" in line, line
     assert same(weights(shell, "modelB", "optB"), expected_b)
 
 
