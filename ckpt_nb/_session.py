@@ -17,6 +17,7 @@ import datetime
 import functools
 import hashlib
 import keyword
+import linecache
 import math
 import os
 import re
@@ -1754,14 +1755,17 @@ _unnamed_sites: dict[str, dict[int, int]] = {}  # file -> line of an auto() call
 
 
 def _unnamed_block(caller: FrameType) -> str:
-    """What tells an unnamed ``auto()`` block's runs from another's: in IPython, "auto"
-    (a cell's code is its own); in a script, its file and the ordinal of its call among
-    the file's unnamed ones this process made ("auto#2 in /path/train.py"), which a rerun
-    in the same order gives it again, edits that shift lines too. Every block was
-    "auto": after a kill in the second, the first resumed the second's run."""
+    """What tells an unnamed ``auto()`` block's runs from another's: in IPython, the
+    cell's code and the block's line in it (as ``%%ckpt_auto`` tells cells apart where
+    the front end sends no cell id); in a script, its file and the ordinal of its call
+    among the file's unnamed ones this process made ("auto#2 in /path/train.py"), which
+    a rerun in the same order gives it again, edits that shift lines too. Every block was
+    "auto": after a kill in the second, the first resumed the second's run, and one
+    cell's ``keep=`` deleted every other cell's checkpoints."""
     ipython = sys.modules.get("IPython")
     if ipython is not None and ipython.get_ipython() is not None:
-        return "auto"
+        cell = "".join(linecache.getlines(caller.f_code.co_filename))  # (IPython keeps it)
+        return f"auto at line {caller.f_lineno} of\n{cell}"
     path = os.path.abspath(caller.f_code.co_filename)
     sites = _unnamed_sites.setdefault(path, {})
     ordinal = sites.setdefault(caller.f_lineno, len(sites) + 1)  # (a call made again: its own)

@@ -310,3 +310,30 @@ def test_a_byte_budget_that_cannot_be_met_is_warned_of_once(tmp_path: Path) -> N
     assert all(f"{cid} ({why}" in said[0] for cid, why in (
         (ids[0], "pinned"), (ids[1], "best by loss")))
     assert set(mgr.list()["id"]) == {ids[0], ids[1], ids[3]}
+
+
+UNNAMED_CELL = """with ckpt_nb.auto({store!r}, every_steps=5, keep=2, namespace=globals()):
+    for epoch in ckpt_nb.epochs(2):
+        for i in range(6):
+            opt{m}.zero_grad()
+            torch.nn.functional.cross_entropy(model{m}(X), Y).backward()
+            opt{m}.step()
+"""
+
+
+def test_unnamed_auto_blocks_in_two_cells_keep_each_others_checkpoints(
+        shell, tmp_path: Path) -> None:
+    """Every unnamed block in IPython was "auto", one cell: the second cell's keep=2
+    deleted every checkpoint of the first's."""
+    run(shell, "import torch, ckpt_nb\ntorch.manual_seed(0)\nX = torch.randn(100, 8)\n"
+               "Y = (X.sum(1) > 0).long()\n"
+               "modelA = torch.nn.Linear(8, 2)\n"
+               "optA = torch.optim.SGD(modelA.parameters(), lr=0.1)\n"
+               "modelB = torch.nn.Linear(8, 2)\n"
+               "optB = torch.optim.SGD(modelB.parameters(), lr=0.1)\n")
+    store = str(tmp_path / "store")
+    assert run(shell, UNNAMED_CELL.format(store=store, m="A")).success
+    first = set(ckpt_nb.CheckpointManager(store).list()["id"])
+    assert len(first) == 2
+    assert run(shell, UNNAMED_CELL.format(store=store, m="B")).success
+    assert first < set(ckpt_nb.CheckpointManager(store).list()["id"])
