@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import json
 import keyword
 import linecache
 import math
@@ -1157,16 +1158,23 @@ class AutoSession:
 
     def _own_checkpoints(self) -> set[str]:
         """The checkpoints of this cell's runs (``_is_this_cell``), the only ones its
-        retention deletes; the line form's, those this process saved."""
+        retention deletes; the line form's, those this process saved. Never those of a
+        run another live process saves: the same notebook run twice at once (a papermill
+        sweep) has the same cells."""
         own = set()
+        alive: dict[str, bool] = {}  # (an owner asked once a pass)
         for row in self.manager.catalog.checkpoints():
             if row.id not in self._run_of:  # (a checkpoint's run record never changes)
                 run = self._run_record(row.id)
                 self._run_of[row.id] = None if run is None else {
                     key: run.get(key) for key in ("cell", "cell_id", "owner")}
             run = self._run_of[row.id]
-            if run is not None and self._is_this_cell(run) and \
-                    (self.cell_hash is not None or run["owner"] == _owner()):
+            if run is None or not self._is_this_cell(run):
+                continue
+            owner = json.dumps(run["owner"], sort_keys=True, default=str)
+            if owner not in alive:
+                alive[owner] = _live_owner(run["owner"]) is not None
+            if not alive[owner] and (self.cell_hash is not None or run["owner"] == _owner()):
                 own.add(row.id)
         return own
 

@@ -337,3 +337,42 @@ def test_unnamed_auto_blocks_in_two_cells_keep_each_others_checkpoints(
     assert len(first) == 2
     assert run(shell, UNNAMED_CELL.format(store=store, m="B")).success
     assert first < set(ckpt_nb.CheckpointManager(store).list()["id"])
+
+
+SWEEP = """
+import os, sys, time, torch, ckpt_nb
+torch.manual_seed(int(os.environ["SEED"]))
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+X = torch.randn(50, 8)
+with ckpt_nb.auto("store", every_steps=1, keep=2):
+    for i, _ in ckpt_nb.batches(range(4)):
+        opt.zero_grad(); model(X).sum().backward(); opt.step()
+print("saved", flush=True)
+if os.environ.get("STAY"):
+    sys.stdin.read()  # (a kernel still open: its run is its own)
+"""
+
+
+def test_a_run_of_the_same_code_in_another_live_process_is_not_its_retention(
+        tmp_path: Path) -> None:
+    """The same notebook run twice at once (a papermill sweep) has the same cells: one
+    run's keep=2 deleted the other's checkpoints."""
+    path = tmp_path / "sweep.py"
+    path.write_text(SWEEP)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SEED": "1", "STAY": "1"}
+    env.pop("JPY_SESSION_NAME", None)
+    staying = subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, env=env, text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert staying.stdout is not None
+        assert "saved\n" in iter(staying.stdout.readline, "")
+        theirs = set(ckpt_nb.CheckpointManager(tmp_path / "store").list()["id"])
+        assert len(theirs) == 2
+        done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, text=True,
+                              env={**env, "SEED": "2", "STAY": ""}, capture_output=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert theirs < set(ckpt_nb.CheckpointManager(tmp_path / "store").list()["id"])
+    finally:
+        staying.communicate("", timeout=60)
