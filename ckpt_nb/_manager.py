@@ -1297,9 +1297,9 @@ class CheckpointManager:
                 elif shape_a != shape_b:
                     record.update(status="reshaped", shape=f"{shape_a}->{shape_b}")
                 else:
-                    unread.append((record, ra, rb, na + nb))
+                    unread.append((record, ra, rb, na, nb))
             records.append(record)
-        for batch in in_batches(unread, _DIFF_BATCH_BYTES, lambda job: job[3]):
+        for batch in self._diff_batches(unread):
             left_tensors, right_tensors = (
                 self._diff_tensors(cid, manifest, [job[side] for job in batch])
                 for side, cid, manifest in zip((1, 2), ids, manifests))
@@ -1309,6 +1309,27 @@ class CheckpointManager:
                               changed=changed, **_change_norms(ta, tb))
         return pd.DataFrame(records, columns=["tensor", "status", "shape", "dtype", "changed",
                                               "same_chunks", "l2", "rel_change"])
+
+    @staticmethod
+    def _diff_batches(unread: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+        """Tensors to compare, (record, left, right, left bytes, right bytes), in batches
+        of about ``_DIFF_BATCH_BYTES`` of storages to decode: the views of one storage go
+        together and weigh it once (a flat parameter buffer was decoded once a view)."""
+        batch: list[tuple[Any, ...]] = []
+        seen: set[tuple[int, int]] = set()
+        size = 0
+        for job in sorted(unread, key=lambda job: (job[1]["storage"], job[2]["storage"])):
+            sides = ((1, job[1]["storage"]), (2, job[2]["storage"]))
+            cost = sum(n for side, n in zip(sides, job[3:]) if side not in seen)
+            if batch and cost and size + cost > _DIFF_BATCH_BYTES:
+                yield batch
+                batch, seen, size = [], set(), 0
+                cost = job[3] + job[4]
+            batch.append(job)
+            seen.update(sides)
+            size += cost
+        if batch:
+            yield batch
 
     def _diff_tensors(self, cid: str, manifest: Mapping[str, Any],
                       records: list[dict[str, Any]]) -> list[torch.Tensor]:

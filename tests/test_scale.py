@@ -106,6 +106,26 @@ def test_diff_reads_no_tensor_whose_chunks_are_the_same(
     assert sum(n for _, n in decoded) < 1 << 20
 
 
+def test_diff_decodes_a_storage_many_tensors_view_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Views of one storage larger than a batch (a flat parameter buffer) each decoded the
+    whole storage again: ten views of 80 MB, 1.5 GB decoded."""
+    from ckpt_nb import _manager
+    monkeypatch.setattr(_manager, "_DIFF_BATCH_BYTES", 1 << 20)  # (the storage: 4 MiB)
+    flat = torch.randn(1 << 20)
+    views = {f"w{i}": flat[i << 16:(i + 1) << 16].view(256, 256) for i in range(16)}
+    with CheckpointManager(tmp_path) as mgr:
+        a = mgr.save(s=Holder(views))
+        with torch.no_grad():
+            flat += 0.01
+        b = mgr.save(s=Holder(views))
+        decoded = _counting_decodes(monkeypatch)
+        table = mgr.diff(a, b)
+    views_rows = table[table["tensor"].str.startswith("objects/s/")]
+    assert (views_rows["status"] == "changed").all() and len(views_rows) == 16
+    assert sum(n for _, n in decoded) == 2 * flat.numel() * 4
+
+
 def test_diff_of_a_large_tensor_takes_memory_for_the_two_sides_not_their_doubles(
         tmp_path: Path) -> None:
     """Each side cast to double, and their difference: 8 times the tensor (2.4 GB for a
