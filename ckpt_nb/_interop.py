@@ -132,8 +132,8 @@ def _umask() -> int:
 def check_export_path(path: str | os.PathLike[str]) -> None:
     """Refuse a suffix no exporter handles, or a URL, before any work is done."""
     if "://" in os.fspath(path):  # (it would be made a local folder named "s3:")
-        raise ValueError(f"cannot export to {os.fspath(path)!r}: an export is a local file; "
-                         "give a path, then copy the file where it should go")
+        raise FileFormatError(f"cannot export to {os.fspath(path)!r}: an export is a local "
+                              "file; give a path, then copy the file where it should go")
     if _suffix(path) not in SUFFIXES:
         raise FileFormatError(f"cannot export to {os.fspath(path)!r}: unknown suffix, use a "
                               ".pt or .safetensors path (or .pth, .bin, .ckpt: torch.save's "

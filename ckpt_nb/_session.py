@@ -485,7 +485,7 @@ def _malformed(checkpoint_id: str, problem: str, *, resume: bool) -> CorruptChec
     """The error for a run record a rollback or resume cannot use, and what to do."""
     return CorruptCheckpointError(
         f"checkpoint {checkpoint_id}'s run record is malformed ({problem}): nothing was "
-        "restored; " + ("run the cell with --no-resume (auto(resume=False)) to start afresh"
+        "restored; " + ("run the cell with --no-resume (auto(resume=False)) not to resume it"
                         if resume else "roll back to another checkpoint"), checkpoint_id)
 
 
@@ -704,7 +704,6 @@ class AutoSession:
         default = "" if self.config.directory else \
             f" -> {getattr(self.manager.store, 'root', None) or self.url} (the default store)"
         self.say(found.summary() + default)
-        self._told_skipped.update(found.skipped.items())
         unseen = list(unseen)
         if not found.statefuls or unseen:
             warn("ckpt_nb tracks " + (
@@ -1124,7 +1123,7 @@ class AutoSession:
                 f"not resuming checkpoint {ck.id} (step {ck.step}): auto() in a function sees "
                 f"its module's globals, not {', '.join(unseen)} among the function's locals, "
                 "and the loop would go on from the saved position with them as they are now; "
-                "pass namespace=locals() (or auto(resume=False) to start afresh)")
+                "pass namespace=locals() (or auto(resume=False) not to resume)")
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
@@ -1300,7 +1299,7 @@ class AutoSession:
                 f"{', '.join(untracked)}, which this cell does not track now (it tracks "
                 f"{', '.join(map(_live_name, tracked)) or 'nothing'}), and the loop would go "
                 "on from the saved position without their state; define them (or add them "
-                "to --track), or run with --no-resume (auto(resume=False)) to start afresh")
+                "to --track), or run with --no-resume (auto(resume=False)) not to resume it")
         changed = self._changed_since(saved)
         since = self._trained_since(ck)
         # (only the very objects the cell left: ones the set-up cell made since go back)

@@ -220,3 +220,11 @@ def test_a_save_that_runs_out_of_room_says_earlier_checkpoints_are_intact_once(
     message = str(got.value)
     assert message.startswith("saving a checkpoint failed, so it was not saved: "), message
     assert message.count("intact") == 1, message
+
+
+def test_an_export_to_a_url_is_a_file_format_error(tmp_path: Path) -> None:
+    """It was a bare ValueError, no CkptError."""
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.save(torch.nn.Linear(2, 2))
+    with pytest.raises(FileFormatError, match="an export is a local file"):
+        mgr.export(cid, "s3://bucket/model.pt")
