@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -612,9 +612,10 @@ class AutoSession:
         self._consistent_rng: tuple[Any, ...] | None = None
         self._metric_due = False
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
-        self._last_failure = ""  # the background save failure said last, and its repeats
-        self._failure_repeats = 0
+        self._said_failures: set[str] = set()  # background save failures said (ids out)
+        self._failure_repeats = 0  # and how many came again since
         self._sorted = False  # whether rediscover() ran: its first sort is the start line's
+        self._start_versions: dict[str, tuple[tuple[int, int], ...]] = {}  # (begin_cell's)
         self._interrupts = 0
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
@@ -696,6 +697,9 @@ class AutoSession:
         self._consistent()
         self._report_background_error()
         found = self.rediscover()
+        # (what the cell's run trains, told at its stop: what changed since this start)
+        self._start_versions = {_stored_key(n): _versions(obj)
+                                for n, obj in found.statefuls.items()}
         undefined = [n for n in self.config.track or () if found.skipped.get(n) == "not defined"]
         if undefined:  # (a typo tracked nothing, and a resume went on without it)
             raise CaptureError(f"--track (track=) names {', '.join(undefined)}, which "
@@ -769,7 +773,8 @@ class AutoSession:
                 last = self._last_write
                 if last is not None and last.id == self._position \
                         and last.steps_seen == self._steps_seen:
-                    _left_saved[last.id] = _weak_objects(self.discovery.statefuls)
+                    _left_saved[last.id] = _weak_objects(self.discovery.statefuls,
+                                                         self._start_versions)
             self._report_background_error()
             self._report_repeats()
         if during_save:
@@ -1052,11 +1057,10 @@ class AutoSession:
         if error is None:
             return
         line = f"{type(error).__name__}: {error}"
-        if _FILE_ID.sub("", line) == _FILE_ID.sub("", self._last_failure):
+        if _FILE_ID.sub("", line) in self._said_failures:
             self._failure_repeats += 1
             return
-        self._report_repeats()
-        self._last_failure = line
+        self._said_failures.add(_FILE_ID.sub("", line))
         print(f"ckpt_nb: a background save failed: {line}", file=sys.stderr, flush=True)
 
     def _report_repeats(self) -> None:
@@ -1065,7 +1069,7 @@ class AutoSession:
                   f"{'s' if self._failure_repeats > 1 else ''} failed the same way",
                   file=sys.stderr, flush=True)
         self._failure_repeats = 0
-        self._last_failure = ""
+        self._said_failures.clear()
 
     # -- resume -----------------------------------------------------------------------------
     def _find_resume(self, unseen: list[str]) -> None:
@@ -1305,7 +1309,12 @@ class AutoSession:
         # (only the very objects the cell left: ones the set-up cell made since go back)
         left = _left_saved.get(ck.id, {})
         live = {_stored_key(n): obj for n, obj in self.discovery.statefuls.items()}
-        kept = [key for key in since if key in left and left[key]() is live.get(key)]
+        same = [key for key, obj in left.items() if obj.ref() is live.get(key)]
+        touched = [key for key in same if _versions(live[key]) != left[key].versions]
+        # Changed since the stop (by another cell, checkpointed or not) and not trained by
+        # this cell's run: kept. What the run trains goes back, said where it had changed.
+        kept = [key for key in same if (key in since or key in touched)
+                and not left[key].trained]
         targets, variables = self._apply(ck, saved, keep=kept)
         if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
             self._run_id = run_id  # (the run goes on: its end ends it)
@@ -1326,13 +1335,14 @@ class AutoSession:
                 RNGState().load_state_dict(ck.rng)
         missing = [_live_name(n) for n in ck.state if n not in targets and n not in kept] + \
             [n for n in saved.variables if n not in variables]
-        changed = [_live_name(n) for n in since if n in targets] + \
+        changed = [_live_name(n) for n in dict.fromkeys([*since, *touched]) if n in targets] + \
             [text for name, text in changed.items() if name in variables]
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
                  f"step {saved.step})"
                  + (f"; not restored (not defined now): {missing}" if missing else "")
                  + (f"; kept as they are: {', '.join(map(_live_name, kept))} (trained by "
-                    "another cell since this one stopped)" if kept else "")
+                    "another cell since this one stopped, which does not train them)"
+                    if kept else "")
                  + (f"; put back as saved: {', '.join(changed)}" if changed else "")
                  + saved.unread())
         return loop["epoch"]
@@ -1472,15 +1482,47 @@ _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a r
 # Checkpoints that hold the tracked objects as a cell that stopped left them, and those
 # objects (weakly, by stored key): a resume of one keeps what later runs of this process
 # trained since (``_trained_since``), if it is still the object the cell left
-_left_saved: dict[str, dict[str, weakref.ref[Any]]] = {}
+_left_saved: dict[str, dict[str, _LeftObject]] = {}
 
 
-def _weak_objects(statefuls: dict[str, Any]) -> dict[str, weakref.ref[Any]]:
-    refs = {}
+@dataclass(frozen=True)
+class _LeftObject:
+    """A tracked object as a stopped cell left it."""
+
+    ref: weakref.ref[Any]
+    versions: tuple[tuple[int, int], ...]  # (_versions at the stop)
+    trained: bool  # whether the cell's run changed it (its own model, optimizer)
+
+
+def _weak_objects(statefuls: dict[str, Any], start: dict[str, tuple[tuple[int, int], ...]]
+                  ) -> dict[str, _LeftObject]:
+    left = {}
     for name, obj in statefuls.items():
+        key, versions = _stored_key(name), _versions(obj)
         with contextlib.suppress(TypeError):  # (one that takes no weak reference: put back)
-            refs[_stored_key(name)] = weakref.ref(obj)
-    return refs
+            left[key] = _LeftObject(weakref.ref(obj), versions, start.get(key) != versions)
+    return left
+
+
+def _versions(obj: Any) -> tuple[tuple[int, int], ...]:
+    """Where an object's tensors lie and their version counters: what training it in
+    place changes (an optimizer's step, in any cell, checkpointed or not)."""
+    try:
+        state = obj.state_dict()
+    except Exception:  # noqa: BLE001 - a user's Stateful: then nothing is told of it
+        return ()
+    found: list[tuple[int, int]] = []
+    stack = [state]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            with contextlib.suppress(RuntimeError):  # (a tensor with no storage)
+                found.append((value.data_ptr(), value._version))
+        elif isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return tuple(found)
 # store URL -> the step of the kernel's position, and the models and optimizers it was
 # saved from or put into (weakly: the set-up cell run again frees them)
 _position_objects: dict[str, tuple[int | None, list[weakref.ref[Any]]]] = {}
@@ -1641,7 +1683,7 @@ def stop() -> None:
         _sessions.pop().close()
 
 
-_FILE_ID = re.compile(r"[0-9a-f]{32}")  # (a pack's name in a failure's message)
+_FILE_ID = re.compile(r"[0-9a-f]{10,32}")  # (a pack's or manifest's name in a failure)
 
 
 def _stored_key(name: str) -> str:

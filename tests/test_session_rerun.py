@@ -174,7 +174,7 @@ def test_resuming_a_cell_keeps_the_model_another_cell_trained_since(
     assert run(shell, CELL_B.format(dir=store)).success
     line = resumed_line(capsys.readouterr().out)
     assert "kept as they are: modelA, optA (trained by another cell since this one " \
-        "stopped)" in line, line
+        "stopped, which does not train them)" in line, line
     assert same(weights(shell, "modelA", "optA"), trained_a)
     assert same(weights(shell, "modelB", "optB"), expected_b)
 
@@ -239,3 +239,32 @@ def test_a_resume_in_a_new_kernel_puts_every_object_back(shell, tmp_path: Path, 
     line = resumed_line(capsys.readouterr().out)
     assert "kept as they are" not in line and "put back as saved: modelA, optA" in line, line
     assert shell.user_ns["steps"](shell.user_ns["optA"]) == 20  # as the stop's checkpoint
+
+
+PLAIN_A = """
+for _ in range(7):
+    optA.zero_grad()
+    torch.nn.functional.cross_entropy(modelA(X), Y).backward()
+    optA.step()
+"""
+
+
+def test_a_resume_keeps_what_a_plain_cell_trained_since_and_puts_back_its_own_objects(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell with no %%ckpt_auto trained modelA after B stopped: the resume of B put
+    modelA back, silently; a change to B's own model since goes back, named."""
+    store = tmp_path / "two"
+    run(shell, TWO)
+    monkeypatch.setenv("STOP_B", "before")
+    assert run(shell, CELL_A.format(dir=store)).success
+    assert not run(shell, CELL_B.format(dir=store)).success  # stopped at step 13, saved
+    assert run(shell, PLAIN_A).success
+    assert run(shell, "with torch.no_grad():\n    modelB.weight.zero_()").success
+    trained_a = weights(shell, "modelA", "optA")
+    monkeypatch.setenv("STOP_B", "")
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store)).success
+    line = resumed_line(capsys.readouterr().out)
+    assert "kept as they are: modelA, optA (" in line and "put back as saved: modelB" in line, \
+        line
+    assert same(weights(shell, "modelA", "optA"), trained_a)
