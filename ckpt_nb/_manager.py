@@ -820,23 +820,32 @@ class CheckpointManager:
             raise CorruptCheckpointError(
                 f"chunk {row.digest[:12]} in {row.pack} fails its checksum")
 
-    def _rows_with_bases(self, digests: Iterable[str]) -> dict[str, ChunkRow]:
+    def _rows_with_bases(self, digests: Iterable[str],
+                         known: dict[str, ChunkRow] | None = None) -> dict[str, ChunkRow]:
         """Catalog rows of these chunks and of the delta bases they need, in few queries;
-        absent ones are left out."""
+        absent ones are left out. ``known``: rows read before (a scan of many
+        checkpoints, whose chains share their bases), taken as they are and added to."""
         wanted, rows = set(digests), {}
+        known = {} if known is None else known
         with self.catalog.snapshot():
             while wanted:
-                found = self.catalog.chunks(wanted)
+                cached = {d: known[d] for d in wanted if d in known}
+                found = self.catalog.chunks(wanted - cached.keys()) if len(cached) < len(
+                    wanted) else {}
                 for row in found.values():
                     _checked_row(row)
+                known.update(found)
+                rows.update(cached)
                 rows.update(found)
-                wanted = {r.base for r in found.values() if r.base and r.base not in rows}
+                wanted = {r.base for r in (*cached.values(), *found.values())
+                          if r.base and r.base not in rows}
         return rows
 
-    def _chunk_rows(self, manifest: Mapping[str, Any]) -> dict[str, ChunkRow]:
+    def _chunk_rows(self, manifest: Mapping[str, Any],
+                    known: dict[str, ChunkRow] | None = None) -> dict[str, ChunkRow]:
         """The rows of every chunk a checkpoint needs, delta bases included."""
         wanted = {d for s in manifest["storages"] for d, _ in s["chunks"]}
-        rows = self._rows_with_bases(wanted)
+        rows = self._rows_with_bases(wanted, known)
         missing = (wanted | {r.base for r in rows.values() if r.base}) - rows.keys()
         if missing:
             raise CorruptCheckpointError(
@@ -887,14 +896,18 @@ class CheckpointManager:
             manifest, lambda rows: self._decode_rows(checkpoint_id, manifest, rows, progress))
 
     def _reading_again_if_moved(self, manifest: Mapping[str, Any],
-                                read: Callable[[dict[str, ChunkRow]], T]) -> T:
+                                read: Callable[[dict[str, ChunkRow]], T],
+                                known: dict[str, ChunkRow] | None = None) -> T:
         """``read(rows)`` of a checkpoint's chunks; read again where it failed because
-        a compaction (a gc, in this process or another) moved the chunks meanwhile."""
-        rows = self._chunk_rows(manifest)
+        a compaction (a gc, in this process or another) moved the chunks meanwhile.
+        ``known``: rows read before (``_rows_with_bases``), forgotten on such a move."""
+        rows = self._chunk_rows(manifest, known)
         for _ in range(3):
             try:
                 return read(rows)
             except CorruptCheckpointError:
+                if known:
+                    known.clear()
                 moved = self._chunk_rows(manifest)
                 if moved == rows:
                     raise
@@ -1374,6 +1387,7 @@ class CheckpointManager:
         bad: dict[str, list[str]] = {}
         packs: set[str] = set()
         checked: list[str] = []
+        known: dict[str, ChunkRow] = {}  # (rows read: the chains the checkpoints share)
 
         def check(rows: dict[str, ChunkRow]) -> list[str]:
             failed = self._check_chunks(rows, good)
@@ -1388,7 +1402,7 @@ class CheckpointManager:
         for n, cid in enumerate(reversed(wanted), 1):
             try:
                 self._manifests.pop(cid, None)
-                problems = self._reading_again_if_moved(self._manifest(cid), check)
+                problems = self._reading_again_if_moved(self._manifest(cid), check, known)
             except CkptError as exc:
                 problems = [str(exc)]
             if self.catalog.get(cid) is None:
@@ -1427,7 +1441,7 @@ class CheckpointManager:
         for digest in sorted(needed):
             if rows[digest].base is not None:
                 on.setdefault(rows[digest].base, []).append(digest)
-        views = self._pack_views(rows)
+        views = self._pack_views({digest: rows[digest] for digest in needed})
         failed: dict[str, str] = {}
         todo = [(digest, None) for digest in sorted(needed) if rows[digest].base is None]
         while todo:

@@ -165,6 +165,30 @@ def test_verify_decodes_each_chunk_of_a_delta_chain_once(
     assert sorted(digest for digest, _ in decoded) == sorted(chunks)
 
 
+def test_verify_reads_each_chunks_row_once_over_a_delta_chain(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each checkpoint asked the catalog for its chunks' whole chain of bases again, and
+    opened every pack of it: 200 chained saves verified in 1.5 s, 4x the time of 100."""
+    from ckpt_nb._catalog import Catalog
+    torch.manual_seed(0)
+    w = torch.randn(64, 256)
+    with CheckpointManager(tmp_path, strategy="incremental", full_every=1000,
+                           chunk_size=1 << 14) as mgr:
+        for step in range(30):
+            w += 1e-3 * torch.randn_like(w)
+            mgr.save(s=Holder({"w": w}), step=step)
+    asked: list[int] = []
+    real = Catalog.chunks
+
+    def chunks(self: Catalog, digests: Any) -> Any:
+        asked.append(len(digests))
+        return real(self, digests)
+
+    monkeypatch.setattr(Catalog, "chunks", chunks)
+    assert CheckpointManager(tmp_path).verify().ok
+    assert sum(asked) <= 6 * 30, asked  # (each chunk once, RNG states too: it was 1920)
+
+
 def test_verify_finds_a_flipped_byte_deep_in_a_delta_chain(tmp_path: Path) -> None:
     torch.manual_seed(0)
     w = torch.randn(64, 256)
