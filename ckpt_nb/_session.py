@@ -1505,23 +1505,20 @@ def _weak_objects(statefuls: dict[str, Any], start: dict[str, tuple[tuple[int, i
 
 
 def _versions(obj: Any) -> tuple[tuple[int, int], ...]:
-    """Where an object's tensors lie and their version counters: what training it in
-    place changes (an optimizer's step, in any cell, checkpointed or not)."""
-    try:
-        state = obj.state_dict()
-    except Exception:  # noqa: BLE001 - a user's Stateful: then nothing is told of it
-        return ()
-    found: list[tuple[int, int]] = []
-    stack = [state]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, torch.Tensor):
-            with contextlib.suppress(RuntimeError):  # (a tensor with no storage)
-                found.append((value.data_ptr(), value._version))
-        elif isinstance(value, Mapping):
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
+    """Where a module's or an optimizer's tensors lie and their version counters: what
+    training it in place changes (an optimizer's step, in any cell, checkpointed or
+    not). Read from the tensors themselves: a user's state_dict() may cost, or act."""
+    if isinstance(obj, torch.nn.Module):
+        tensors = [*obj.parameters(), *obj.buffers()]
+    elif isinstance(obj, torch.optim.Optimizer):
+        tensors = [value for state in obj.state.values() if isinstance(state, Mapping)
+                   for value in state.values() if isinstance(value, torch.Tensor)]
+    else:
+        return ()  # (others are put back by a resume, as saved)
+    found = []
+    for tensor in tensors:
+        with contextlib.suppress(RuntimeError):  # (a tensor with no storage)
+            found.append((tensor.data_ptr(), tensor._version))
     return tuple(found)
 # store URL -> the step of the kernel's position, and the models and optimizers it was
 # saved from or put into (weakly: the set-up cell run again frees them)
