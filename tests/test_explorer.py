@@ -174,19 +174,7 @@ def test_explorer_actions(store, tmp_path: Path) -> None:
 
 
 def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(_session, "_positions", {})
-    monkeypatch.setattr(_session, "_position_events", {})
-    monkeypatch.setattr(_session, "_left_values", {})
-    monkeypatch.setattr(_session, "_last", None)
-    sh = InteractiveShell.instance()
-    sh.run_cell("%load_ext ckpt_nb")
-    try:
-        sh.run_cell("import torch, ckpt_nb\ntorch.manual_seed(0)\n"
-                    "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), 0.1)")
-        cell = (f"%%ckpt_auto --dir {tmp_path / 'k'} --every-steps 1\n"
-                "for _ in ckpt_nb.epochs(3):\n    opt.zero_grad(); model(torch.ones(1, 4)).sum()"
-                ".backward(); opt.step()")
-        assert sh.run_cell(cell).success
+    with trained_kernel(tmp_path / "k", monkeypatch) as (sh, cell):
         result = sh.run_cell(f"ui = %ckpt_ui {tmp_path / 'k'}")
         assert result.success, result.error_in_exec
         ui = sh.user_ns["ui"]
@@ -218,8 +206,6 @@ def test_rollback_button_restores_the_kernel(tmp_path: Path, monkeypatch) -> Non
         finally:
             live.close()
         assert not sh.run_cell("%ckpt_ui /nonexistent/store").success
-    finally:
-        sh.run_cell("%unload_ext ckpt_nb")
 
 
 def test_explorer_follows_new_saves(store, digits: DigitsRun) -> None:

@@ -9,8 +9,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import ckpt_nb
-from ckpt_nb import _session
 from ckpt_nb._magics import CkptMagics
+from test_magics import fresh_process_state  # noqa: F401 - (autouse: each test a new kernel)
 
 SMALL = """
 import torch, ckpt_nb
@@ -20,13 +20,6 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 """
 
 
-@pytest.fixture(autouse=True)
-def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts like a new kernel: no last session, no kernel position."""
-    monkeypatch.setattr(_session, "_last", None)
-    monkeypatch.setattr(_session, "_positions", {})
-    monkeypatch.setattr(_session, "_position_events", {})
-    monkeypatch.setattr(_session, "_left_values", {})
 
 
 def run(sh: InteractiveShell, code: str):

@@ -151,21 +151,27 @@ def test_a_finished_run_whose_end_is_deleted_stays_finished(
         assert first["parent"] is None and list(after["step"].iloc[len(before):]) == [6, 12]
 
 
+def b_stopped(shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+              ) -> tuple[Path, list[torch.Tensor]]:
+    """A ran, then B stopped at step 13 (saved there) in the store it returns; with what
+    B's model and optimizer hold after a run never stopped."""
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=tmp_path / "ref")).success
+    assert run(shell, CELL_B.format(dir=tmp_path / "ref")).success
+    expected_b = weights(shell, "modelB", "optB")
+    run(shell, TWO)
+    monkeypatch.setenv("STOP_B", "before")
+    assert run(shell, CELL_A.format(dir=tmp_path / "two")).success
+    assert not run(shell, CELL_B.format(dir=tmp_path / "two")).success
+    return tmp_path / "two", expected_b
+
+
 def test_resuming_a_cell_keeps_the_model_another_cell_trained_since(
         shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     """B stopped, then A trained on (20 -> 40 steps): resuming B put modelA and optA back
     to their state when B stopped, A's training gone, and the resume line named only
     plain variables. B's own run still resumes bit-exact."""
-    store = tmp_path / "two"
-    run(shell, TWO)
-    assert run(shell, CELL_A.format(dir=tmp_path / "ref")).success
-    assert run(shell, CELL_B.format(dir=tmp_path / "ref")).success
-    expected_b = weights(shell, "modelB", "optB")
-
-    run(shell, TWO)
-    monkeypatch.setenv("STOP_B", "before")
-    assert run(shell, CELL_A.format(dir=store)).success
-    assert not run(shell, CELL_B.format(dir=store)).success  # stopped at step 13, saved
+    store, expected_b = b_stopped(shell, tmp_path, monkeypatch)
     assert run(shell, CELL_A.format(dir=store)).success
     assert shell.user_ns["steps"](shell.user_ns["optA"]) == 40
     trained_a = weights(shell, "modelA", "optA")
@@ -184,15 +190,7 @@ def test_a_resume_puts_back_the_objects_the_set_up_cell_made_since_the_stop(
     """B stopped; the set-up cell ran again (a new modelB) and A saved it untrained: the
     resume kept that new modelB "as trained by another cell", and B went on from its
     position with an untrained model and a fresh optimizer."""
-    store = tmp_path / "two"
-    run(shell, TWO)
-    assert run(shell, CELL_A.format(dir=tmp_path / "ref")).success
-    assert run(shell, CELL_B.format(dir=tmp_path / "ref")).success
-    expected_b = weights(shell, "modelB", "optB")
-    run(shell, TWO)
-    monkeypatch.setenv("STOP_B", "before")
-    assert run(shell, CELL_A.format(dir=store)).success
-    assert not run(shell, CELL_B.format(dir=store)).success  # stopped at step 13, saved
+    store, expected_b = b_stopped(shell, tmp_path, monkeypatch)
     run(shell, TWO)  # (new objects)
     assert run(shell, CELL_A.format(dir=store)).success
     monkeypatch.setenv("STOP_B", "")
