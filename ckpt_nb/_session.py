@@ -1170,11 +1170,12 @@ class AutoSession:
             if row.id not in self._run_of:  # (a checkpoint's run record never changes)
                 run = self._run_record(row.id)
                 self._run_of[row.id] = None if run is None else {
-                    key: run.get(key) for key in ("cell", "cell_id", "owner")}
+                    **{key: run.get(key) for key in ("cell", "cell_id", "owner")},
+                    "owner_key": json.dumps(run.get("owner"), sort_keys=True, default=str)}
             run = self._run_of[row.id]
             if run is None or not self._is_this_cell(run):
                 continue
-            owner = json.dumps(run["owner"], sort_keys=True, default=str)
+            owner = run["owner_key"]
             if owner not in alive:
                 alive[owner] = _live_owner(run["owner"]) is not None
             if not alive[owner] and (self.cell_hash is not None or run["owner"] == _owner()):
