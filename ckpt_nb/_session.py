@@ -478,7 +478,7 @@ def _held_objects(manifest: dict[str, Any]) -> dict[str, Any]:
                 found[key] = data(value)
         return found
 
-    return {key: data(state) for key, state in manifest["state"]["objects"].items()}
+    return {key: data(state) for key, state in manifest["state"].get("objects", {}).items()}
 
 
 def _malformed(checkpoint_id: str, problem: str, *, resume: bool) -> CorruptCheckpointError:
@@ -1035,18 +1035,10 @@ class AutoSession:
                 manager._apply_retention(protect={end.id})
 
     def _same_objects(self, first: str, second: str) -> bool:
-        """Whether two checkpoints hold the same tracked objects: their manifests' object
-        structure and the digests of their tensors' chunks."""
-
-        def objects(cid: str) -> tuple[Any, list[Any]]:
-            manifest = self.manager._manifest(cid)
-            storages = manifest["storages"]
-            return manifest["state"].get("objects"), [
-                ({k: v for k, v in t.items() if k != "storage"}, storages[t["storage"]]["chunks"])
-                for t in manifest["tensors"] if t["name"].startswith("objects/")]
-
+        """Whether two checkpoints hold the same tracked objects (``_held_objects``)."""
         try:
-            return objects(first) == objects(second)
+            return _held_objects(self.manager._manifest(first)) == \
+                _held_objects(self.manager._manifest(second))
         except (CkptError, KeyError, IndexError, TypeError):
             return False  # (unreadable: keep both)
 
