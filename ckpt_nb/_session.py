@@ -45,7 +45,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem
-from ._catalog import store_exists
+from ._catalog import CheckpointRow, store_exists
 from ._discovery import (Discovery, assign_in_place, discover, from_storable, is_code,
                          to_storable)
 from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptCheckpointError,
@@ -291,6 +291,13 @@ class _Write(NamedTuple):
     steps_seen: int
     metrics: dict[str, float]
     note: str
+
+
+class _FinishedRun(NamedTuple):
+    """A cell's last run, which ran to its end: its end checkpoint's row, and its record."""
+
+    row: CheckpointRow
+    run: dict[str, Any]
 
 
 @dataclass
@@ -585,6 +592,7 @@ class AutoSession:
             directory, max_to_keep=config.keep, keep_best=config.keep_best,
             metric=metric, mode=mode, strategy=config.strategy)
         self._run_of: dict[str, dict[str, Any] | None] = {}  # id -> whose run it holds
+        self._finished: _FinishedRun | None = None  # this cell's last run, ended (begin_cell)
         self.manager.runs = self._own_checkpoints
         self.url = self.manager.store.url
         self._follow_position()
@@ -692,6 +700,7 @@ class AutoSession:
         ``namespace=locals()``, which the session does not see."""
         self.cell_hash = hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
         self.cell_id = cell_id
+        self._finished = None
         self.begin_line_cell()
         self._any_cell = False
         self._consistent()
@@ -1131,6 +1140,8 @@ class AutoSession:
         they never go back along a branch. New ones (the set-up cell run again) descend
         from no checkpoint: step 0, in a new root, as in a fresh kernel. ``epochs()``
         still counts from its own start."""
+        if self.url not in _position_objects:
+            self._tell_finished()
         step, trained = _position_objects.get(self.url, (None, []))
         if not trained:
             return
@@ -1141,6 +1152,21 @@ class AutoSession:
         else:
             _forget_position(self.url)
             self.manager.head = None
+
+    def _tell_finished(self) -> None:
+        """In a kernel that has not saved, resumed or rolled back on this store (a new one,
+        after a crash: "Run All"), say that this cell, unchanged, ran to its end before and
+        trains again from scratch, and how to take that end instead, before hours go by."""
+        finished, self._finished = self._finished, None
+        if finished is None or finished.run.get("cell") != self.cell_hash:
+            return
+        row = finished.row
+        at = ", ".join(f"{name} {value}" for name, value in
+                       (("epoch", row.epoch), ("step", row.step)) if value is not None)
+        self.say(f"this cell ran to its end before, at checkpoint {row.id}"
+                 f"{f' ({at})' if at else ''}: it trains again from the objects as they are "
+                 f"now; to take that run's end state instead, interrupt it and run "
+                 f"`%ckpt_rollback {row.id}`")
 
     def _run_record(self, checkpoint_id: str) -> dict[str, Any] | None:
         """The run bookkeeping a checkpoint holds (read from its manifest alone)."""
@@ -1195,7 +1221,11 @@ class AutoSession:
             if newest is None:
                 newest = (row.id, run)
             if self._is_this_cell(run):
-                return None if run.get("finished") or self._ended(run, row.id) else row.id
+                if run.get("finished"):
+                    self._finished = _FinishedRun(row, run)
+                if run.get("finished") or self._ended(run, row.id):
+                    return None
+                return row.id
         if newest is not None and not newest[1].get("finished") and \
                 not self._ended(newest[1], newest[0]):
             self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "

@@ -266,3 +266,33 @@ def test_a_resume_keeps_what_a_plain_cell_trained_since_and_puts_back_its_own_ob
     assert "kept as they are: modelA, optA (" in line and "put back as saved: modelB" in line, \
         line
     assert same(weights(shell, "modelA", "optA"), trained_a)
+
+
+def test_a_finished_cell_in_a_new_kernel_says_how_to_take_its_end_instead(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a crash in a later cell, "Run All" trained a finished cell again from step 0
+    without a word: hours gone before the cell that stopped resumed. It now says so at
+    once, naming the end checkpoint to roll back to; not in the kernel that ran it, nor
+    once the cell's code changed."""
+    store = tmp_path / "two"
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=store)).success
+    end = ckpt_nb.CheckpointManager(store).list().iloc[-1]
+    capsys.readouterr()
+    assert run(shell, CELL_A.format(dir=store)).success  # (the same kernel: counts on)
+    assert "ran to its end before" not in capsys.readouterr().out
+    new_kernel(monkeypatch)
+    run(shell, TWO)
+    last = ckpt_nb.CheckpointManager(store).list().iloc[-1]
+    assert last["id"] != end["id"] and last["step"] == 40
+    assert run(shell, CELL_A.format(dir=store)).success
+    out = capsys.readouterr().out
+    said = (f"this cell ran to its end before, at checkpoint {last['id']} (epoch "
+            f"{last['epoch']}, step {last['step']}): it trains again from the objects as they "
+            "are now; to take that run's end state instead, interrupt it and run "
+            f"`%ckpt_rollback {last['id']}`")
+    assert said in out, out
+    new_kernel(monkeypatch)
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=store) + "# edited\n").success
+    assert "ran to its end before" not in capsys.readouterr().out
