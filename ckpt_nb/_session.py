@@ -1158,8 +1158,8 @@ class AutoSession:
         after a crash: "Run All"), say that this cell, unchanged, ran to its end before and
         trains again from scratch, and how to take that end instead, before hours go by."""
         finished, self._finished = self._finished, None
-        if finished is None or finished.run.get("cell") != self.cell_hash:
-            return
+        if finished is None or finished.run.get("cell") != self.cell_hash or not _in_ipython():
+            return  # (a script run again means to train again)
         row = finished.row
         at = ", ".join(f"{name} {value}" for name, value in
                        (("epoch", row.epoch), ("step", row.step)) if value is not None)
@@ -1831,14 +1831,18 @@ def _unnamed_block(caller: FrameType) -> str:
     a rerun in the same order gives it again, edits that shift lines too. Every block was
     "auto": after a kill in the second, the first resumed the second's run, and one
     cell's ``keep=`` deleted every other cell's checkpoints."""
-    ipython = sys.modules.get("IPython")
-    if ipython is not None and ipython.get_ipython() is not None:
+    if _in_ipython():
         cell = "".join(linecache.getlines(caller.f_code.co_filename))  # (IPython keeps it)
         return f"auto at line {caller.f_lineno} of\n{cell}"
     path = os.path.abspath(caller.f_code.co_filename)
     sites = _unnamed_sites.setdefault(path, {})
     ordinal = sites.setdefault(caller.f_lineno, len(sites) + 1)  # (a call made again: its own)
     return f"auto#{ordinal} in {path}"
+
+
+def _in_ipython() -> bool:
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
 
 
 @contextlib.contextmanager

@@ -120,6 +120,7 @@ def test_unnamed_auto_blocks_of_a_script_resume_their_own_runs_after_a_kill(
     assert again.returncode == 0 and "pretrained 30\n" in again.stdout, again.stdout
     first, second = again.stdout.split("pretrained 30\n")
     assert "resumed" not in first, again.stdout
+    assert "ran to its end before" not in first  # (a script run again trains again)
     assert "resumed from" in second and "fine-tuned 20" in second, again.stdout
 
 
