@@ -25,7 +25,8 @@ from typing import Any, TextIO
 
 from . import __version__
 from ._catalog import store_exists
-from ._errors import CheckpointInUseError, CheckpointNotFoundError, CkptError, MetricNotFoundError
+from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
+                      CorruptCheckpointError, MetricNotFoundError)
 from ._interop import check_export_path, write_file
 from ._manager import CheckpointManager
 from ._store import FsspecStore, Store, open_store
@@ -269,12 +270,14 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    info = mgr.info(args.id)
+    cid, skipped = _as_restored(mgr, args.id)
+    info = mgr.info(cid)
     # (retention deletes a full base its deltas no longer need: they were rewritten)
     gone = ", deleted" if info["full_base"] and info["full_base"] not in \
         mgr.list()["id"].values else ""
     fields = {
-        "id": info["id"], "parent": info["parent"], "children": ", ".join(info["children"]),
+        "id": info["id"], **({"skipped": skipped} if skipped else {}),
+        "parent": info["parent"], "children": ", ".join(info["children"]),
         "branch": info["branch"], "created": _time(info["created_at"]),
         "step": info["step"], "epoch": info["epoch"], "batch_idx": info["batch_idx"],
         "strategy": info["strategy"] + (
@@ -296,9 +299,14 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    frame = mgr.diff(args.a, args.b)
+    a, skipped = _as_restored(mgr, args.a)
+    b, skipped_b = (a, None) if args.b == args.a else _as_restored(mgr, args.b)
+    skipped = skipped or skipped_b
+    frame = mgr.diff(a, b)
+    said = f"\nlatest is {a if args.a == 'latest' else b}: skipped {skipped}" if skipped \
+        else ""
     if frame.empty:
-        print("no tensors in either checkpoint")
+        print("no tensors in either checkpoint" + said)
         return 0
     # (the RNG state's words are no vector: its norms, 4.3e+10, meant nothing)
     rows = [[r["tensor"], r["status"], _shape(r["shape"]),
@@ -309,8 +317,40 @@ def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     counts = frame["status"].value_counts()
     shown = [s for s in ("identical", "changed", "reshaped", "added", "removed")
              if s in ("identical", "changed") or counts.get(s, 0)]
-    print(f"\n{len(frame)} tensors: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in shown))
+    print(f"\n{len(frame)} tensors: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)
+          + said)
     return 0
+
+
+def _as_restored(mgr: CheckpointManager, which: str) -> tuple[str, str | None]:
+    """The id ``which`` names as ``restore`` and ``export`` take it, and a note naming the
+    newer checkpoints passed over, with why (None where none was): "latest" is the
+    newest that verifies, so that show and diff name the checkpoint an export of
+    "latest" writes (they showed a newer, corrupt one). It costs a verify of the newest
+    (its chunks decoded, as a restore decodes them); any other id is resolved as it is."""
+    if which != "latest":
+        return mgr.resolve(which), None
+    skipped: list[str] = []
+    with _progress("verify") as progress:
+        for cid in reversed(list(mgr.list()["id"])):
+            try:
+                report = mgr.verify([cid], progress=progress)
+            except CheckpointNotFoundError:
+                continue  # deleted meanwhile: the one before it, as restore does
+            if cid not in report.checked:
+                continue  # (deleted while it was read)
+            problems = report.bad.get(cid)
+            if not problems:
+                return cid, None if not skipped else (
+                    f"{'; '.join(skipped)}, newer, {'fails' if len(skipped) == 1 else 'fail'}"
+                    " verification: 'latest' is the newest checkpoint that verifies, as "
+                    "restore and export take it")
+            more = f", and {len(problems) - 1} more" if len(problems) > 1 else ""
+            skipped.append(f"{cid} ({problems[0].removeprefix(f'checkpoint {cid}: ')}{more})")
+    mgr.resolve("latest")  # (an empty store: says it has no checkpoints)
+    raise CorruptCheckpointError(
+        f"no checkpoint in {mgr.store.url} passes verification: `ckpt-nb verify` names "
+        "what is damaged; `ckpt-nb show` with an id shows that checkpoint as it is")
 
 
 def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
