@@ -14,6 +14,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -163,6 +164,16 @@ def dag_layout(table: Any, metric: str | None = None, mode: str = "min") -> list
     return nodes
 
 
+def kernel_mark(manager: CheckpointManager, current: str | None,
+                ids: AbstractSet[str]) -> tuple[str | None, str | None]:
+    """Where a DAG marks the kernel, and the checkpoint its state came from where that
+    was deleted since (the mark goes then to its nearest kept ancestor, which the
+    kernel's next save descends from; None where none is kept). ``ids``: those drawn."""
+    if current is None or current in ids or not manager.catalog.was_deleted(current):
+        return current, None
+    return manager.catalog.heir_of(current), current
+
+
 def _missing(value: Any) -> bool:
     try:
         return bool(value != value)  # NaN and pandas.NA
@@ -266,14 +277,20 @@ def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable
              metric: str | None = None, mode: str = "min", table: Any = None) -> Figure:
     """The checkpoint graph: branches as lanes, parent edges, strategy as marker
     (full ●, incremental ○, differential ◇), pinned ★, best ringed in gold, the
-    kernel's position (``current``, by default this process's) arrowed. ``metric``
-    and ``mode`` say what "best" ranks by (default: the store's loss-like metric)."""
+    kernel's position (``current``, by default this process's) arrowed, or marked
+    ``kernel ⇢`` on its nearest kept ancestor where that checkpoint was deleted since, as
+    the explorer marks it. ``metric`` and ``mode`` say what "best" ranks by (default:
+    the store's loss-like metric)."""
     if table is None:
         with opened(store) as manager:
             table = manager.list()
             metric, mode = metric or manager.metric, manager.mode
             if current is None:
                 current = _session.kernel_position(manager)
+    gone = None
+    if current is not None and current not in set(table["id"]):
+        with opened(store) as manager:  # (its catalog knows what was deleted, and the heir)
+            current, gone = kernel_mark(manager, current, set(table["id"]))
     nodes = dag_layout(table, metric, mode)
     lanes = max((n.lane for n in nodes), default=0) + 1
     fig = Figure(figsize=(2.2 + 1.1 * lanes, min(14.0, 1.0 + 0.32 * max(len(nodes), 3))),
@@ -316,9 +333,18 @@ def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable
                         textcoords="offset points", fontsize=7, family="monospace")
     if current in where:
         node = where[current]
-        ax.annotate("kernel", (node.lane, node.row), xytext=(-42, 0), textcoords="offset points",
-                    fontsize=8, color="crimson", va="center",
-                    arrowprops={"arrowstyle": "->", "color": "crimson"})
+        if gone is None:
+            ax.annotate("kernel", (node.lane, node.row), xytext=(-42, 0),
+                        textcoords="offset points", fontsize=8, color="crimson", va="center",
+                        arrowprops={"arrowstyle": "->", "color": "crimson"})
+        else:
+            ax.annotate("kernel ⇢", (node.lane, node.row), xytext=(-9, 0),
+                        textcoords="offset points", fontsize=8, color="crimson", ha="right",
+                        va="center")
+    if gone is not None:  # (what the explorer's tooltip and note say)
+        ax.set_xlabel(f"kernel ⇢: the kernel's state came from {gone},\ndeleted since; " +
+                      (f"{current} is its nearest\nkept ancestor" if current in where else
+                       "no ancestor\nof it is kept"), fontsize=7, color="crimson", loc="left")
     ax.set_xlim(-0.8, lanes - 0.2 + (1.6 if labels else 0.4))
     ax.set_ylim(len(nodes) - 0.4, -0.6)  # newest at the bottom, like a log read downwards
     ax.set_xticks(range(lanes), [_branch_of_lane(nodes, i) for i in range(lanes)], fontsize=8)
