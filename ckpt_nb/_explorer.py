@@ -475,13 +475,8 @@ class Explorer(w.VBox):
             self._rolled_back = cid, then  # (_say let it go: later saves count on)
 
     def _kernel_mark(self, ids: set[str]) -> tuple[str | None, str | None]:
-        """Where the DAG marks the kernel, and the checkpoint its state came from where
-        that was deleted since (the mark goes then to its nearest kept ancestor, which
-        the kernel's next save descends from; None where none is kept)."""
-        current = self.current
-        if current is None or current in ids or not self.manager.catalog.was_deleted(current):
-            return current, None
-        return self.manager.catalog.heir_of(current), current
+        """Where the DAG marks the kernel (``_plots.kernel_mark``, as the static figure)."""
+        return _plots.kernel_mark(self.manager, self.current, ids)
 
     @property
     def current(self) -> str | None:
