@@ -1018,13 +1018,14 @@ def _unprefixed(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapping[st
     ``torch.save(compiled.state_dict())``) as its module's: where every key carries a
     wrapper's prefix and, stripped of it, the keys are exactly this module's (a module
     of a different architecture is left to fail on its keys). ``state`` otherwise."""
-    live = set(module.state_dict())
+    live_state = module.state_dict()
+    live = set(live_state)
     prefix = ""
     keys = list(state)
     while keys and set(keys) != live:
         step = next((p for p in _WRAPPER_PREFIXES if all(k.startswith(p) for k in keys)), None)
         if step is None:
-            return state
+            return _compiled_inside(live_state, state)
         prefix += step
         keys = [k.removeprefix(step) for k in keys]
     if not prefix:
@@ -1036,6 +1037,51 @@ def _unprefixed(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapping[st
             (k.removeprefix(prefix) if k.startswith(prefix) else "", v)
             for k, v in metadata.items() if f"{k}.".startswith(prefix))
     return stripped
+
+
+def _uncompiled(key: str) -> str:
+    """A state key or module path without the ``_orig_mod`` steps of torch.compile."""
+    return ".".join(step for step in key.split(".") if step != "_orig_mod")
+
+
+def uncompiled_keys(state: Any) -> Any:
+    """A module's state dict saved through torch.compile (``torch.save(compiled.state_dict())``,
+    keys ``_orig_mod.weight``) under the keys the module it runs has, as ckpt_nb saves a
+    compiled module: so that ``diff`` pairs its tensors with a native save's. Anything else
+    as it is."""
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state) or \
+            not any("_orig_mod" in k.split(".") for k in state):
+        return state
+    renamed = OrderedDict((_uncompiled(k), v) for k, v in state.items())
+    if len(renamed) != len(state):
+        return state
+    metadata = getattr(state, "_metadata", None)
+    if isinstance(metadata, Mapping):  # (the module a wrapper runs is at the wrapper's path)
+        versions = OrderedDict((_uncompiled(path), version) for path, version in
+                               metadata.items() if not path.endswith("_orig_mod"))
+        versions.update((_uncompiled(path), version) for path, version in metadata.items()
+                        if path.endswith("_orig_mod"))
+        renamed._metadata = versions  # type: ignore[attr-defined]
+    return renamed
+
+
+def _compiled_inside(live: Mapping[str, Any], state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` under the live module's keys where the two differ only by a compiled
+    module inside (``AveragedModel(torch.compile(m))`` saved, ``AveragedModel(m)`` live,
+    or the other way round); ``state`` otherwise."""
+    by_plain = {_uncompiled(k): k for k in live}
+    if len(by_plain) != len(live) or {_uncompiled(k) for k in state} != set(by_plain) \
+            or len(state) != len(live):
+        return state
+    renamed = OrderedDict((by_plain[_uncompiled(k)], v) for k, v in state.items())
+    metadata = getattr(state, "_metadata", None)
+    live_metadata = getattr(live, "_metadata", None)
+    if isinstance(metadata, Mapping) and isinstance(live_metadata, Mapping):
+        saved = {_uncompiled(path): version for path, version in metadata.items()}
+        renamed._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (path, saved.get(_uncompiled(path), version))
+            for path, version in live_metadata.items())
+    return renamed
 
 
 def _wrapper_hint(name: str, state: Mapping[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from . import _stdlib_values as stdlib_values
-from ._capture import Unflattener, flatten, torch_has_dtype
+from ._capture import Unflattener, flatten, torch_has_dtype, uncompiled_keys
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError, FileFormatError,
                       UntrustedPickleError, warn)
 from ._format import is_int64
@@ -466,7 +466,7 @@ def _check_meta(source: Path, meta: Mapping[str, Any]) -> None:
 
 def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if all(isinstance(v, torch.Tensor) for v in data.values()):
-        return {"model": data}, {}
+        return {"model": uncompiled_keys(data)}, {}
     if "ckpt_nb" in data:
         meta = {k: data.pop(k) for k in _META_KEYS if k in data}
         return data, meta
@@ -475,7 +475,7 @@ def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     names = _object_names(data)
     for key, value in data.items():
         if key in names:
-            state[names[key]] = value
+            state[names[key]] = uncompiled_keys(value)
         elif not isinstance(key, str):  # (a dict keyed by numbers: not a convention's)
             meta["extra"][key] = value
         elif key in ("epoch", "step", "batch_idx", "global_step") and is_int64(value):
