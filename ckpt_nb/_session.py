@@ -10,6 +10,7 @@ only copies the state there; compression and I/O run on a writer thread.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import dataclasses
@@ -24,9 +25,11 @@ import os
 import re
 import reprlib
 import signal
+import site
 import socket
 import sqlite3
 import sys
+import sysconfig
 import textwrap
 import threading
 import time
@@ -1820,24 +1823,107 @@ def status() -> dict[str, Any]:
     return {"active": False} if session is None else {"active": True, **session.status()}
 
 
-_unnamed_sites: dict[str, dict[int, int]] = {}  # file -> line of an auto() call -> ordinal
+# (a frame's file, the source of the statement it runs or None where unread) -> the
+# statement's place (line, column) -> its ordinal among identical ones
+_unnamed_sites: dict[tuple[str, str | None], dict[tuple[int, int], int]] = {}
 
 
 def _unnamed_block(caller: FrameType) -> str:
-    """What tells an unnamed ``auto()`` block's runs from another's: in IPython, the
-    cell's code and the block's line in it (as ``%%ckpt_auto`` tells cells apart where
-    the front end sends no cell id); in a script, its file and the ordinal of its call
-    among the file's unnamed ones this process made ("auto#2 in /path/train.py"), which
-    a rerun in the same order gives it again, edits that shift lines too. Every block was
-    "auto": after a kill in the second, the first resumed the second's run, and one
-    cell's ``keep=`` deleted every other cell's checkpoints."""
-    if _in_ipython():
-        cell = "".join(linecache.getlines(caller.f_code.co_filename))  # (IPython keeps it)
-        return f"auto at line {caller.f_lineno} of\n{cell}"
-    path = os.path.abspath(caller.f_code.co_filename)
-    sites = _unnamed_sites.setdefault(path, {})
-    ordinal = sites.setdefault(caller.f_lineno, len(sites) + 1)  # (a call made again: its own)
-    return f"auto#{ordinal} in {path}"
+    """What tells an unnamed ``auto()`` block's runs from another's: the user code that
+    called it, from its outermost frame in to the block (``_user_frames``), each frame by
+    what it runs (``_frame_site``), which a rerun gives it again, edits that shift lines
+    too. Every block was "auto": after a kill in the second, the first resumed the
+    second's run, and one cell's ``keep=`` deleted every other cell's checkpoints. Then a
+    script's blocks were told apart by the order they ran (one skipped on a rerun gave
+    its identity to the next: no resume, and its ``keep=`` deleted the other's
+    checkpoints), and a helper's block was one block for every model it was called on
+    (a fresh kernel's call on the first model resumed the second's run into it)."""
+    return "\n".join(_frame_site(frame) for frame in reversed(_user_frames(caller)))
+
+
+def _user_frames(caller: FrameType) -> list[FrameType]:
+    """The frames of user code from ``caller`` out: not the standard library's, an
+    installed package's, ckpt_nb's, IPython's or ipykernel's; none past the IPython that
+    runs a cell (a kernel's loop, a test harness, which a rerun need not share).
+    ``caller`` alone where none is user code."""
+    library = _library_dirs()
+    shells = tuple(os.path.dirname(os.path.realpath(module.__file__)) + os.sep
+                   for module in map(sys.modules.get, ("IPython", "ipykernel"))
+                   if module is not None and getattr(module, "__file__", None))
+    frames: list[FrameType] = []
+    frame: FrameType | None = caller
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        path = "<frozen>" if filename.startswith("<frozen ") else os.path.realpath(filename)
+        if path == "<frozen>" or path.startswith(library + shells):
+            if frames and path.startswith(shells):
+                break
+        else:
+            frames.append(frame)
+        frame = frame.f_back
+    return frames or [caller]
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """The folders of code that is not the user's: the standard library, installed
+    packages and their scripts, ckpt_nb."""
+    paths = sysconfig.get_paths()
+    dirs = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib", "scripts")
+            if key in paths]
+    dirs += getattr(site, "getsitepackages", list)()
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    dirs.append(os.path.dirname(__file__))
+    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+
+
+def _frame_site(frame: FrameType) -> str:
+    """What one frame of a block's caller runs. An IPython cell (its code held in
+    ``linecache``, not read from a file) by its code and the frame's line, as
+    ``%%ckpt_auto`` tells cells apart where the front end sends no cell id: an edited
+    cell is another cell. A file by its path and the source of the innermost statement
+    running there (the ``with`` block, body included, or the call into the next frame),
+    and its ordinal among identical statements of the file in the order this process
+    first ran them (a call made again from one place: its own). Where the source cannot
+    be read (a ``.pyc`` alone, an ``exec``'d string), by the ordinal of its line among the
+    file's such lines instead, which a rerun that skips one of them shifts."""
+    filename = frame.f_code.co_filename
+    lines = linecache.getlines(filename, frame.f_globals)
+    held = linecache.cache.get(filename)
+    if lines and held is not None and len(held) == 4 and held[1] is None:  # (no file time)
+        return f"auto at line {frame.f_lineno} of\n{''.join(lines)}"
+    path = os.path.abspath(filename)
+    source = "".join(lines)
+    statement = _statement_running(frame, source) if source else None
+    text = None if statement is None else ast.get_source_segment(source, statement)
+    place = (frame.f_lineno, 0) if statement is None else \
+        (statement.lineno, statement.col_offset)
+    sites = _unnamed_sites.setdefault((path, text), {})
+    ordinal = sites.setdefault(place, len(sites) + 1)
+    return f"auto#{ordinal} in {path}" if text is None else f"#{ordinal} in {path}:\n{text}"
+
+
+def _statement_running(frame: FrameType, source: str) -> ast.stmt | None:
+    """The innermost statement of ``source`` around what ``frame`` runs now: by the
+    instruction's lines and columns where Python keeps them (3.11 on), else by its line
+    (a one-line ``with ...: train()`` is then taken for its body's statement)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # (the file changed since, or is not Python)
+        return None
+    positions = list(getattr(frame.f_code, "co_positions", list)())  # (one per 2 bytes)
+    line, end_line, column, end_column = positions[frame.f_lasti // 2] \
+        if 0 <= frame.f_lasti // 2 < len(positions) else (None,) * 4
+    if None in (line, end_line, column, end_column):  # (a line alone: any statement over it)
+        start, end = (frame.f_lineno, math.inf), (frame.f_lineno, 0)
+    else:
+        start, end = (line, column), (end_line, end_column)
+    found = None
+    for node in ast.walk(tree):  # (outer statements first)
+        if isinstance(node, ast.stmt) and (node.lineno, node.col_offset) <= start and \
+                end <= (node.end_lineno or node.lineno, node.end_col_offset or 0):
+            found = node
+    return found
 
 
 def _in_ipython() -> bool:
