@@ -1939,8 +1939,8 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     ``with ckpt_nb.auto("runs/x", every_steps=50, namespace=globals()): ...``
     resumes an unfinished run of the block called ``name`` and saves at its end. A
     ``name`` given is the block's as a notebook's cell id is a cell's: another name's
-    run is never resumed, even after a rollback to it. An unnamed block in a script is
-    told from the script's other unnamed blocks by its order (``_unnamed_block``).
+    run is never resumed, even after a rollback to it. An unnamed block is told from
+    others by the user code that calls it (``_unnamed_block``).
     """
     caller = sys._getframe(2)
     unseen: list[str] = []
