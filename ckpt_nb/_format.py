@@ -4,11 +4,13 @@
     packs/<hex>.pack             b"CKNBPAK1" | blobs ... | index JSON | u64 len | b"CKNBIDX1"
     manifests/<id>.json.zst      one checkpoint's tensors, chunks and JSON state
     labels/<id>.json             what changed after its save: pin, note, a parent deleted
+    runs/<run id>.json           where a notebook cell's run ended, and its checkpoints
+                                 on the path to each end (``_session``), a run at a time
 
 A checkpoint's new chunks go into one pack, written and fsynced once: one
 durable write per save, however many tensors. The packs' trailing indexes, the
 manifests and the labels make the catalog rebuildable from the store alone
-(``_rebuild``).
+(``_rebuild``); the run files are no part of the catalog, and outlive its rebuild.
 
 Format 2 adds CKB2 chunk blobs (they carry an xxh3 checksum, see ``_codec``);
 format 3 adds state nodes for module versions (``state_dict()._metadata``),
@@ -97,6 +99,21 @@ def manifest_key(checkpoint_id: str) -> str:
 
 def label_key(checkpoint_id: str) -> str:
     return f"labels/{_checked_id(checkpoint_id)}.json"
+
+
+def run_key(run_id: str) -> str:
+    """Where the ends of a run of ``%%ckpt_auto`` (``auto()``) are noted."""
+    if not _ID.fullmatch(run_id):
+        raise CorruptCheckpointError(f"invalid run id {run_id!r} in a checkpoint's run record")
+    return f"runs/{run_id}.json"
+
+
+def is_run_key(key: str) -> bool:
+    """Whether ``key`` is a name ``run_key`` makes: gc deletes no other file."""
+    return _RUN_KEY.fullmatch(key) is not None
+
+
+_RUN_KEY = re.compile(r"runs/[0-9a-f]{6,32}\.json")
 
 
 def id_of(key: str) -> str | None:

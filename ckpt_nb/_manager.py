@@ -39,8 +39,8 @@ from ._catalog import Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, StoreError, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
-                      encode_manifest, id_of, is_pack_key, label_key, manifest_key,
-                      read_pack_index, stamp_format, write_pack)
+                      encode_manifest, id_of, is_pack_key, is_run_key, label_key,
+                      manifest_key, read_pack_index, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, guessed_parents, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
@@ -1662,6 +1662,15 @@ class CheckpointManager:
             self._catch_up()
             report = self._gc_locked(compact_below, repair_indexes=True, partial=True,
                                      progress=progress)
+            # A run's ends (the notebook layer's runs/<id>.json) matter while a checkpoint
+            # it names is kept: one that does not read stays, as damage does.
+            kept = {row.id for row in self.catalog.checkpoints()}
+            for key in filter(is_run_key, self.store.list("runs")):
+                with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
+                    ends = json.loads(self.store.get(key))["ends"]
+                    if not kept & {cid for end in ends for cid in (end["end"], *end["before"])}:
+                        report.bytes_freed += self.store.size(key)
+                        self.store.delete(key)
             try:
                 self._label_rejoined(None)
             except OSError as exc:  # (StoreError too)

@@ -53,7 +53,7 @@ from ._discovery import (Discovery, assign_in_place, discover, from_storable, is
                          to_storable)
 from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, warn)
-from ._format import is_count
+from ._format import is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
 from ._store import canonical_url, file_url_path
@@ -978,23 +978,89 @@ class AutoSession:
                 self._report_background_error()
 
     def _note_end(self, end_id: str) -> None:
-        """Note in the catalog the checkpoint that ended this run: its earlier ones'
-        records say it had not ended, and once that one is deleted (the explorer's
-        Delete, ``ckpt-nb rm``) the run must not be resumed from them (``_ended``)."""
+        """Note in the store (``runs/<run id>.json``, which a rebuilt catalog leaves as it
+        is) that this run ended at ``end_id``, and its checkpoints on the path there:
+        their records say it had not ended, and once that end is deleted (the explorer's
+        Delete, ``ckpt-nb rm``) the run must not be resumed from them (``_ended``). A run
+        that ends again on another branch (run on after a rollback) adds an end; one
+        whose checkpoints are all gone is dropped."""
+        manager = self.manager
+        try:
+            path = self._path_to(end_id, self._run_ends(self._run_id))
+            key = run_key(self._run_id)
+            with manager._exclusive():  # (read and put again: gc's pruning waits)
+                self._ends_read.pop(self._run_id, None)
+                ends = self._run_ends(self._run_id)
+                if ends:
+                    kept = {row.id for row in manager.catalog.checkpoints()}
+                    ends = [end for end in ends if kept & {end["end"], *end["before"]}]
+                ends = [*ends, {"end": end_id, "before": path}]
+                manager.store.put(key, json.dumps({"ends": ends}).encode())
+                self._ends_read[self._run_id] = ends
+        except (OSError, CkptError, sqlite3.Error) as exc:  # (StoreError too)
+            warn(f"checkpoint {end_id} ended the cell's run, but noting so in the store "
+                 f"failed ({exc}): were {end_id} deleted, running the cell again would "
+                 "resume the run from its checkpoint before; pass --no-resume "
+                 "(auto(resume=False)) then", RuntimeWarning)
+
+    _PATH_KEPT = 256  # a run's checkpoints an end notes: the newest, those a resume takes
+
+    def _path_to(self, end_id: str, ends: list[dict[str, Any]]) -> list[str]:
+        """This run's checkpoints on the path to ``end_id`` (at most ``_PATH_KEPT``),
+        oldest first: its catalog ancestors while their records are this run's (the
+        manager keeps its newest saves' manifests), up to the first one on the path to an
+        earlier end of the run (a rollback's), whose own path before it is taken whole."""
         catalog = self.manager.catalog
-        with contextlib.suppress(OSError, sqlite3.Error), catalog.transaction():
-            catalog._set_meta(f"{_ENDED}{self._run_id}", end_id)
+        path: list[str] = []  # (newest first)
+        row = catalog.get(end_id)
+        at = row.parent if row is not None else None
+        while at is not None and len(path) < self._PATH_KEPT:
+            earlier = next((end["before"] for end in ends if at in end["before"]), None)
+            if earlier is not None:
+                path.extend(reversed(earlier[:earlier.index(at) + 1]))
+                break
+            run = self._run_record(at)
+            if run is None or run.get("run") != self._run_id:
+                break
+            path.append(at)
+            row = catalog.get(at)
+            at = row.parent if row is not None else None
+        return path[:self._PATH_KEPT][::-1]
+
+    @functools.cached_property
+    def _ends_read(self) -> dict[str, list[dict[str, Any]]]:
+        """The ends of each run this session read or noted (``_run_ends``): on an object
+        store each read is a round trip."""
+        return {}
+
+    def _run_ends(self, run_id: str) -> list[dict[str, Any]]:
+        """The ends ``_note_end`` noted of a run: none where its file is missing, or does
+        not read (hand-edited: it ends nothing). A store that cannot be read raises."""
+        if run_id not in self._ends_read:
+            try:
+                noted = json.loads(self.manager.store.get(run_key(run_id)))["ends"]
+                ends = [end for end in noted if isinstance(end, dict)
+                        and isinstance(end.get("end"), str) and isinstance(end.get("before"), list)
+                        and all(isinstance(cid, str) for cid in end["before"])]
+            except (FileNotFoundError, ValueError, KeyError, TypeError, RecursionError):
+                ends = []  # (CorruptCheckpointError too: a run id no save makes)
+            self._ends_read[run_id] = ends
+        return self._ends_read[run_id]
 
     def _ended(self, run: dict[str, Any], checkpoint_id: str) -> bool:
-        """Whether the run of ``checkpoint_id``'s record ended after it: its end, noted
-        by ``_note_end``, is deleted, and descended from it (a run resumed after a
-        rollback to an earlier checkpoint goes on past that one)."""
+        """Whether the run of ``checkpoint_id``'s record ended after it: an end of the run
+        that ``_note_end`` noted with it on the path there is deleted (a run resumed after
+        a rollback to an earlier checkpoint, gone on past it on a new branch, has not
+        ended at its new checkpoints)."""
         run_id = run.get("run")
         if not isinstance(run_id, str):
             return False  # (saved before runs had ids)
         catalog = self.manager.catalog
         try:
-            with catalog._lock:
+            if any(checkpoint_id in end["before"] and catalog.get(end["end"]) is None
+                   for end in self._run_ends(run_id)):
+                return True
+            with catalog._lock:  # (a store's note before run files: the catalog's, last end)
                 end = catalog._meta(f"{_ENDED}{run_id}")
             return end is not None and catalog.get(end) is None \
                 and catalog.heir_of(end) == checkpoint_id
