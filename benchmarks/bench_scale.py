@@ -8,16 +8,20 @@ of N incremental saves of a 4 MiB Linear, ``full_every`` above N (one delta chai
 chunk), for each N in ``--chains``, against torch.load of the N torch.save files; the
 time. export: a ``--mib`` MiB state exported to .safetensors and to .pt, against
 torch.load of its torch.save file and safetensors' save_file / torch.save; the peak
-above the start, each in a fresh process. Peaks include the pages of the files read
-(mapped packs; torch.load's mmap is off). No targets.
+above the start, each in a fresh process, ``--repeats`` times each way in turns (which
+goes first alternates: the first to write into fresh memory of a VM pays for it), the
+medians. Peaks include the pages of the files read (mapped packs; torch.load's mmap is
+off). No targets.
 
-Run: ``.venv/bin/python benchmarks/bench_scale.py [--mib M] [--chains 50,100,200]``
+Run: ``.venv/bin/python benchmarks/bench_scale.py [--mib M] [--chains 50,100,200]
+[--repeats N]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -74,6 +78,8 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=300, help="model size in MiB (default 300)")
     ap.add_argument("--chains", default="50,100,200",
                     help="saves in each verify store (default 50,100,200)")
+    ap.add_argument("--repeats", type=int, default=4,
+                    help="exports each way, in turns; medians (default 4)")
     args = ap.parse_args()
     if not w.ckpt_nb_available():
         print("ckpt_nb does not import", file=sys.stderr)
@@ -121,9 +127,16 @@ def main() -> int:
         (root / "state").mkdir()
         torch.save(state.state_dict(), root / "state" / "0.pt")
         for suffix in (".safetensors", ".pt"):
-            ours = measured(root / "export", "export", str(root / f"out{suffix}"))
-            theirs = measured(root / "state", "torch export", str(root / f"theirs{suffix}"))
-            print(f"export to {suffix}, {args.mib} MiB: +{ours['mib']:.0f} MiB peak "
+            ways = {"ours": (root / "export", "export", str(root / f"out{suffix}")),
+                    "theirs": (root / "state", "torch export", str(root / f"theirs{suffix}"))}
+            runs: dict[str, list[dict[str, float]]] = {"ours": [], "theirs": []}
+            for repeat in range(args.repeats):
+                for way in (("ours", "theirs") if repeat % 2 == 0 else ("theirs", "ours")):
+                    runs[way].append(measured(*ways[way]))
+            ours, theirs = ({key: statistics.median(run[key] for run in runs[way])
+                             for key in ("mib", "s")} for way in ("ours", "theirs"))
+            print(f"export to {suffix}, {args.mib} MiB, median of {args.repeats}: "
+                  f"+{ours['mib']:.0f} MiB peak "
                   f"({ours['mib'] / theirs['mib']:.2f}x torch.load + "
                   f"{'save_file' if suffix == '.safetensors' else 'torch.save'}: "
                   f"+{theirs['mib']:.0f} MiB), {ours['s']:.2f} s "
