@@ -1,0 +1,144 @@
+"""Exports as files: a .safetensors export is written by ckpt_nb from the loaded
+checkpoint's memory (the bytes safetensors' own writer makes, no view copied whole)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Holder
+
+from ckpt_nb import CheckpointManager
+from ckpt_nb._errors import FileFormatError
+from ckpt_nb._interop import read_file
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+from safetensors import safe_open  # noqa: E402
+
+
+def _held_dtypes() -> list[torch.dtype]:
+    """Every dtype safetensors' save_file writes, asked of it."""
+    held = []
+    for dtype in sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)},
+                        key=str):
+        try:
+            with warnings.catch_warnings():  # (torch calls complex32 experimental)
+                warnings.simplefilter("ignore")
+                safetensors_torch.save({"probe": torch.zeros(2, dtype=dtype)})
+        except Exception:  # noqa: BLE001 - any refusal
+            continue
+        held.append(dtype)
+    return held
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``'s values, in order."""
+    return t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _values(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Random values of ``dtype``: random bytes for one-byte dtypes (bools 0 or 1)."""
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    if dtype.itemsize == 1:
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen).view(dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(shape, generator=gen).to(dtype)
+    return torch.randint(0, 1000, shape, generator=gen).to(dtype)
+
+
+def test_a_safetensors_export_is_save_files_file_for_every_dtype_and_view(
+        tmp_path: Path) -> None:
+    """Written by ckpt_nb now, not by save_file: each dtype, a transposed view, views of one
+    storage, conjugate and negative bits, a strided view over the write block, an empty
+    and a 0-dim tensor, a pickle: the same bytes save_file writes of plain copies."""
+    gen = torch.Generator().manual_seed(0)
+    state = {str(d).removeprefix("torch."): _values(d, (5, 6), gen) for d in _held_dtypes()}
+    assert len(state) >= 15 and "float8_e4m3fn" in state and "bfloat16" in state
+    z, big = torch.randn(4, 3, dtype=torch.complex64, generator=gen), torch.randn(2400, 2400)
+    state.update({"t": state["float32"].t(), "tied": state["float32"], "z": z, "real": z.real,
+                  "conj": z.conj(), "neg": z.conj().imag, "slice": big[7:9, 100:300],
+                  "big_t": big.t(), "big_t1": big.t()[None], "big_cols": big[:, ::3],
+                  "empty": torch.zeros(0, 4), "scalar": torch.tensor(2.5),
+                  "f4_t": state["float4_e2m1fn_x2"].t()})
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(h=Holder(state), extra={"kind": Holder, "n": 3})
+        path = mgr.export(cid, tmp_path / "out.safetensors", trust_pickle=True)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        written = {name: f.get_tensor(name) for name in f.keys()}
+    for name, value in state.items():
+        assert (written[f"h/{name}"].dtype, written[f"h/{name}"].shape) == \
+            (value.dtype, value.shape), name
+        assert _raw(written[f"h/{name}"]).equal(_raw(value)), name
+    assert any(name.startswith("__pickle__/") for name in written)
+    save_file_copy = {name: t.contiguous().clone() for name, t in written.items()}
+    safetensors_torch.save_file(save_file_copy, tmp_path / "theirs.safetensors", metadata=meta)
+    assert path.read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    back = read_file(path, trust_pickle=True)
+    assert back.extra == {"kind": Holder, "n": 3}
+    assert all(_raw(back.state["h"][name]).equal(_raw(value)) for name, value in state.items())
+
+
+def _peak_mib(script: str) -> dict[str, float]:
+    """What ``script`` prints as JSON, run in a fresh process: there ``start()`` gives its
+    resident memory in MiB and ``peak()`` the most it held since (Linux's VmHWM)."""
+    prelude = textwrap.dedent("""\
+        import json, re
+        from ckpt_nb import CheckpointManager
+        def status(field):
+            with open("/proc/self/status") as status:
+                return int(re.search(field + r":\\s+(\\d+)", status.read()).group(1)) / 1024
+        def start():
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+            return status("VmRSS")
+        def peak():
+            return status("VmHWM")
+    """)
+    done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_safetensors_export_copies_no_view_whole(tmp_path: Path) -> None:
+    """Views of one storage were each cloned, and a transposed weight copied whole, before
+    safetensors wrote them: +128 MiB here, for 128 MiB of state."""
+    flat = (torch.arange(16 << 20) % 7).float()  # 64 MiB, compressible
+    state = {**{f"part{i}": flat[i << 22:(i + 1) << 22] for i in range(4)},
+             "weight_t": (torch.arange(16 << 20) % 5).float().view(4096, 4096).t()}
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(s=Holder(state))
+    found = _peak_mib(f"""
+        mgr = CheckpointManager({str(tmp_path)!r})
+        before = start()
+        mgr.load({cid!r})  # (its memory is kept, and the export's load takes it again)
+        load = peak() - before
+        before = start()
+        mgr.export({cid!r}, {str(tmp_path / "out.safetensors")!r})
+        print(json.dumps({{"load": load, "export": peak() - before}}))
+    """)
+    assert found["load"] > 100 and found["export"] < 48, found
+    back = safetensors_torch.load_file(tmp_path / "out.safetensors")
+    assert all(back[f"s/{name}"].equal(value) for name, value in state.items())
+
+
+def test_what_safetensors_cannot_name_or_shape_is_refused_by_name(tmp_path: Path) -> None:
+    """A lone surrogate in a name, a 0-dim float4 pair: safetensors' own errors, raw."""
+    with CheckpointManager(tmp_path / "s") as mgr:
+        odd = mgr.save(h=Holder({"a\udc80": torch.ones(2)}))
+        scalar = mgr.save(h=Holder({"q": torch.zeros((), dtype=torch.uint8).view(
+            torch.float4_e2m1fn_x2)}))
+        with pytest.raises(FileFormatError, match=r"'h/a\\udc80' cannot be.*to a \.pt path"):
+            mgr.export(odd, tmp_path / "odd.safetensors")
+        with pytest.raises(FileFormatError, match=r"0-dim float4_e2m1fn_x2 tensor \(h/q\)"):
+            mgr.export(scalar, tmp_path / "scalar.safetensors")
+        assert torch.equal(read_file(mgr.export(odd, tmp_path / "odd.pt")).state["h"][
+            "a\udc80"], torch.ones(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.pt", "s"]
