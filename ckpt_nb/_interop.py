@@ -8,6 +8,8 @@ the state as JSON metadata so that ckpt_nb can read it back whole.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -17,6 +19,7 @@ import re
 import reprlib
 import struct
 import tempfile
+import threading
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -110,13 +113,71 @@ def _registered_safe(kind: type) -> bool:
     return any((g[0] if isinstance(g, tuple) else g) is kind for g in registered)
 
 
+# An export's temporary beside its target: ``.NAME.ckpt_nb-PID-XXXXXXXX.tmp`` (mkstemp's
+# eight random characters), so that a later export can tell a killed one's leftover.
+_TEMPORARY = re.compile(r"\..+\.ckpt_nb-([1-9][0-9]*)-[a-z0-9_]{8}\.tmp", re.DOTALL)
+# Held while a temporary is made and locked, and while leftovers are looked for: a thread's
+# temporary is never taken for a leftover of this pid between the two.
+_TEMPORARIES = threading.Lock()
+
+
 def _atomic_target(path: Path) -> tuple[int, str]:
+    """A new temporary beside ``path``, open and locked until it is closed (a live writer's,
+    whatever its pid says in another pid namespace); leftovers of dead exports go first."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with _TEMPORARIES:
+        _remove_leftovers(path.parent)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.ckpt_nb-{os.getpid()}-",
+                                       suffix=".tmp", dir=path.parent)
+        except OSError as exc:
+            exc.filename = str(path)  # (not the temporary's name, which says nothing)
+            raise
+        with contextlib.suppress(OSError):  # (a file system without locks: the pid says it)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd, tmp
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Delete the temporaries that exports killed mid-write (SIGKILL, a dead kernel) left
+    in ``folder``, which nothing else would ever remove: only files of the exact name an
+    export gives them, whose process is gone (or is this one) and that no writer holds."""
     try:
-        return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as exc:
-        exc.filename = str(path)  # (not the temporary's name, which says nothing)
-        raise
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        found = _TEMPORARY.fullmatch(entry.name)
+        try:
+            if found is None or not entry.is_file(follow_symlinks=False):
+                continue
+        except OSError:
+            continue
+        pid = int(found.group(1))
+        if pid != os.getpid() and _alive(pid):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # (gone meanwhile, or another user's)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (a live writer holds it)
+            os.unlink(entry.path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this pid runs on this machine (another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except OSError:  # (not ours to signal: alive)
+        pass
+    return True
 
 
 def _umask() -> int:

@@ -1,12 +1,17 @@
 """Exports as files: a .safetensors export is written by ckpt_nb from the loaded
-checkpoint's memory (the bytes safetensors' own writer makes, no view copied whole)."""
+checkpoint's memory (the bytes safetensors' own writer makes, no view copied whole), and
+a killed export's temporary is removed by the next export into its folder."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -142,3 +147,74 @@ def test_what_safetensors_cannot_name_or_shape_is_refused_by_name(tmp_path: Path
         assert torch.equal(read_file(mgr.export(odd, tmp_path / "odd.pt")).state["h"][
             "a\udc80"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.pt", "s"]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    return done.pid
+
+
+EXPORT = textwrap.dedent("""\
+    import sys
+    from ckpt_nb import CheckpointManager
+    CheckpointManager(sys.argv[1]).export("latest", sys.argv[2])
+""")
+
+
+def test_an_export_killed_mid_write_leaves_a_temporary_the_next_export_removes(
+        tmp_path: Path) -> None:
+    """A SIGKILL while the file was written left ``.out.safetensors.XXXXXXXX`` for good."""
+    with CheckpointManager(tmp_path / "s") as mgr:  # (256 MiB exported, 2 MiB stored)
+        mgr.save(s=Holder({f"w{i}": (torch.arange(16 << 20) % 3).float() for i in range(4)}))
+    out = tmp_path / "out"
+    out.mkdir()
+    killed = None
+    for _ in range(5):  # (a try where the export ends before it is seen writing is retried)
+        child = subprocess.Popen([sys.executable, "-c", EXPORT, tmp_path / "s",
+                                  out / "model.safetensors"])
+        deadline = time.monotonic() + 60
+        while child.poll() is None and time.monotonic() < deadline:
+            growing = [p for p in out.iterdir() if p.name.startswith(".")
+                       and p.stat().st_size > 1 << 20]
+            if growing:
+                child.send_signal(signal.SIGKILL)
+                killed = growing[0]
+                break
+            time.sleep(0.001)
+        child.wait()
+        if killed is not None:
+            break
+        (out / "model.safetensors").unlink()
+    assert killed is not None, "the export was never seen writing"
+    assert killed.name.startswith(f".model.safetensors.ckpt_nb-{child.pid}-") and \
+        killed.name.endswith(".tmp"), killed.name
+    assert sorted(p.name for p in out.iterdir()) == [killed.name]  # (left, as SIGKILL does)
+    with CheckpointManager(tmp_path / "s") as mgr:
+        mgr.export("latest", out / "other.pt")
+    assert sorted(p.name for p in out.iterdir()) == ["other.pt"]
+
+
+def test_only_a_dead_exports_temporaries_are_removed(tmp_path: Path) -> None:
+    """Of the files named like an export's temporary, only a regular file of a process
+    that is gone, and that no writer holds locked, goes; near names and others' stay."""
+    dead, live = _dead_pid(), os.getppid()
+    leftover = f".a.pt.ckpt_nb-{dead}-k2x_9abc.tmp"
+    kept = [f".a.pt.ckpt_nb-{live}-k2x_9abc.tmp",  # (a live process's, writing now)
+            f".b.pt.ckpt_nb-{dead}-locked00.tmp",  # (a live writer in another pid namespace)
+            f".a.pt.ckpt_nb-{dead}-k2x_9abc.tmp.bak", f".a.pt.ckpt_nb-{dead}-k2x.tmp",
+            f"a.pt.ckpt_nb-{dead}-k2x_9abc.tmp", f".a.pt.{dead}-k2x_9abc.tmp",
+            f".a.pt.ckpt_nb-{dead}-K2X_9ABC.tmp", ".a.pt.k2x_9abc"]
+    for name in [leftover, *kept]:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / f".c.pt.ckpt_nb-{dead}-folder00.tmp").mkdir()
+    (tmp_path / f".d.pt.ckpt_nb-{dead}-symlink0.tmp").symlink_to(tmp_path / kept[-1])
+    with CheckpointManager(tmp_path / "s") as mgr:
+        mgr.save(torch.nn.Linear(2, 2))
+        with open(tmp_path / kept[1], "rb") as writer:
+            fcntl.flock(writer, fcntl.LOCK_EX)
+            mgr.export("latest", tmp_path / "model.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*kept, f".c.pt.ckpt_nb-{dead}-folder00.tmp", f".d.pt.ckpt_nb-{dead}-symlink0.tmp",
+         "model.safetensors", "s"])
