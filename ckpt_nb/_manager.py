@@ -131,6 +131,8 @@ class GCReport:
     chunks_rewritten: int = 0  # deltas stored whole, so that their deleted bases could go
 
 
+# The store format whose readers read CKB2 chunk blobs (what a gc's rewrite writes)
+_CKB2_FORMAT = 2
 LOCK_QUIET_SECONDS = 1.0  # a wait for another process's lock said after this long
 MANIFESTS_KEPT = 32  # decoded manifests a manager keeps (the newest saves', the last read)
 MAX_CHUNK_BYTES = 1 << 30  # the largest chunk_size
@@ -232,7 +234,7 @@ class CheckpointManager:
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
-        self._stale_format = check_format(self.store) < FORMAT
+        self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
         self.head: str | None = None
         """The checkpoint the live objects came from (last saved or restored): the next
@@ -337,6 +339,15 @@ class CheckpointManager:
         if root is not None and not root.is_dir():
             raise StoreError(f"the store at {self.store.url} is gone: its folder was removed "
                              "while this manager had it open")
+
+    def _stamp_format(self, needed: int = FORMAT) -> None:
+        """Stamp an older store with this ckpt_nb's format before writing what a reader
+        of its format (below ``needed``) would misread (a save's manifest; a gc's
+        rewritten chunk, a CKB2 blob): that reader then refuses the store by its
+        format, where it read the new files as damage."""
+        if self._format < needed:
+            stamp_format(self.store)
+            self._format = FORMAT
 
     def _catch_up(self) -> None:
         """A catalog of this process's own (a memory:// store's; an object store's, a
@@ -606,9 +617,7 @@ class CheckpointManager:
             )
             row.full_base = row.id if strategy == "full" else parent_row.full_base  # type: ignore[union-attr]
             base_chunks = self._base_chunks(base_id)
-            if self._stale_format:
-                stamp_format(self.store)
-                self._stale_format = False
+            self._stamp_format()
             manifest: dict[str, Any] = {}
             blob = b""
 
@@ -1825,6 +1834,7 @@ class CheckpointManager:
                 read[at] = chunks[at]
                 at = chunks[at].base
         views = self._pack_views(read)
+        self._stamp_format(_CKB2_FORMAT)
         with write_pack(self.store) as pack:
             for digest in doomed:
                 try:
