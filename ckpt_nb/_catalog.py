@@ -25,6 +25,9 @@ from ._errors import StoreError, StoreFormatError
 
 SCHEMA_VERSION = 1
 CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
+# The meta flag set once the store holds a label for every pin and note the catalog
+# holds (a store saved before labels held them in its catalog alone): see the manager.
+LABELS_WRITTEN = "labels_written"
 
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
@@ -302,6 +305,8 @@ class Catalog:
                         db.execute(statement)
                 self._set_meta("schema_version", str(SCHEMA_VERSION))
                 self._set_meta("created_at", str(time.time()))
+                # (a new catalog's pins and notes are all given after it, as labels)
+                self._set_meta(LABELS_WRITTEN, "1")
                 if seed is not None:
                     self._seed(db, seed())
             else:
@@ -377,6 +382,16 @@ class Catalog:
     def _set_meta(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
+    def flag(self, key: str) -> bool:
+        """Whether a one-off task recorded by ``set_flag`` was done on this catalog."""
+        with self._lock:
+            return self._meta(key) is not None
+
+    def set_flag(self, key: str) -> None:
+        """Record that a one-off task is done (after its work, so a crash redoes it)."""
+        with self.transaction():
+            self._set_meta(key, "1")
+
     # -- checkpoints --------------------------------------------------------
     def checkpoints(self) -> list[CheckpointRow]:
         """Every committed checkpoint, oldest first."""
@@ -389,6 +404,13 @@ class Catalog:
         with self._lock:
             return [r[0] for r in self._db.execute(
                 "SELECT id FROM checkpoints ORDER BY seq DESC LIMIT ?", (limit,))]
+
+    def pinned_or_noted(self) -> list[CheckpointRow]:
+        """The checkpoints with a pin or a note, oldest first: no other row is decoded."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM checkpoints WHERE pinned OR note != '' "
+                                    "ORDER BY seq").fetchall()
+        return [CheckpointRow.from_sql(r) for r in rows]
 
     def get(self, checkpoint_id: str) -> CheckpointRow | None:
         with self._lock:

@@ -18,8 +18,10 @@ quantized and sparse tensors, sets, bytes, complex numbers, generators, dict
 types, long lists of floats as float64 bytes, and the lazy conjugate / negative
 bits of a tensor record (see ``_capture``), which a format-2 reader would
 misread. Older stores are read as they are, and restamped by the first save
-into them. Labels came in format 3 too; a store without them reads as one
-whose checkpoints were never pinned or annotated. A manifest of format 4 holds
+into them. Labels came in format 3 too (after its first release): a store saved
+before them held its pins and notes in its catalog alone, and the manager writes
+them as labels the first time it opens that catalog to write, so that a catalog
+rebuilt later keeps them. A manifest of format 4 holds
 nested tensors' nodes; the store's own format stays 3 (see ``MANIFEST_FORMAT``).
 """
 

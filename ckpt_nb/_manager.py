@@ -35,7 +35,7 @@ from . import _codec as codec
 from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
                        has_pickle, load_all, rng_problem, trained_storages, unwrap)
-from ._catalog import Catalog, CheckpointRow, ChunkRow
+from ._catalog import LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, StoreError, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
@@ -247,6 +247,7 @@ class CheckpointManager:
         self._digest_memo: Memo = {}
         self._delta_bases: dict[str, np.ndarray] = {}  # raw bytes of the last save's deltas' ends
         self._saves = 0
+        self._write_missing_labels()
 
     # -- set-up -----------------------------------------------------------------
     def _catalog_path(self, catalog: str | os.PathLike[str] | None) -> str:
@@ -302,6 +303,28 @@ class CheckpointManager:
             warn(f"the catalog of {self.store.url} {why}, so it was rebuilt from "
                  f"the store: {found[0].summary()}", RuntimeWarning)
         return catalog
+
+    def _write_missing_labels(self) -> None:
+        """Write the labels of every pinned or annotated checkpoint, and of every one
+        joined to a new parent, that lack one, once per catalog (its flag set last, so
+        a crash only means doing it again): a ckpt_nb from before labels kept them in
+        the catalog alone, and a catalog rebuilt from the store then lost them
+        (retention deleted a checkpoint that had been pinned)."""
+        if self.catalog.read_only or self.catalog.flag(LABELS_WRITTEN):
+            return
+        try:
+            with self._exclusive():
+                self._catch_up()  # (an object store's labels, made elsewhere, first)
+                for row in self.catalog.pinned_or_noted():
+                    if not self.store.has(label_key(row.id)):
+                        self._label(row.id)
+                self._label_rejoined(None)
+                self.catalog.set_flag(LABELS_WRITTEN)
+        except OSError as exc:  # (StoreError too) a store this process may only read
+            warn(f"the pins and notes of {self.store.url} are in its catalog only, and "
+                 f"writing them into the store failed ({exc}): a catalog rebuilt from the "
+                 "store would lose them; they are written at the next open that can",
+                 RuntimeWarning)
 
     def _behind_the_store(self, catalog: Catalog) -> bool:
         """Whether the store holds checkpoints the catalog does not list, or lacks some it

@@ -10,14 +10,75 @@ catalog row's digest, as a newer save's commit writes them. Real files, real SQL
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import same
+from conftest import DigitsRun, same
 
 from ckpt_nb import CheckpointManager
+from ckpt_nb._catalog import LABELS_WRITTEN
 from ckpt_nb._format import FORMAT
+
+
+def lose_catalog(store: Path) -> None:
+    for path in store.glob("catalog.sqlite*"):
+        path.unlink()
+
+
+def as_before_labels(store: Path) -> None:
+    """Leave the store as a ckpt_nb from before labels left it: pins, notes and new
+    parents in the catalog alone, which has no flag saying they were written out."""
+    shutil.rmtree(store / "labels")
+    with sqlite3.connect(store / "catalog.sqlite") as db:
+        db.execute("DELETE FROM meta WHERE key=?", (LABELS_WRITTEN,))
+    db.close()
+
+
+def test_pins_notes_and_new_parents_of_a_store_saved_before_labels_survive_a_rebuild(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    with CheckpointManager(store) as mgr:
+        ids = []
+        for step in range(3):
+            digits.train_step()
+            ids.append(mgr.save(digits.model, digits.optimizer, step=step))
+        mgr.pin(ids[0])
+        mgr.annotate(ids[0], "the good one")
+        mgr.annotate(ids[2], "diverged")
+        mgr.restore(ids[1], model=digits.model, optimizer=digits.optimizer)
+        fork = mgr.save(digits.model, digits.optimizer, step=10)  # a branch from ids[1]
+        mgr.delete(ids[1])  # its fork point gone: the branch joins ids[0]
+    as_before_labels(store)
+
+    CheckpointManager(store).close()  # this ckpt_nb opens it: the labels are written
+    assert sorted(p.stem for p in (store / "labels").iterdir()) == sorted([ids[0], ids[2],
+                                                                           fork])
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match="3 checkpoints recovered") as caught:
+        mgr = CheckpointManager(store, max_to_keep=1)
+    assert "is a root" not in str(caught[0].message)
+    rows = mgr.list().set_index("id")
+    assert rows.loc[ids[0], ["pinned", "note"]].tolist() == [True, "the good one"]
+    assert rows.loc[ids[2], "note"] == "diverged" and rows.loc[fork, "parent"] == ids[0]
+    digits.train_step()
+    mgr.save(digits.model, digits.optimizer, step=11)
+    assert ids[0] in mgr.list()["id"].tolist()  # retention kept the pinned one
+
+
+def test_labels_are_written_once_per_catalog(tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    with CheckpointManager(store) as mgr:
+        pinned = mgr.pin(mgr.save(digits.model))
+    as_before_labels(store)
+    CheckpointManager(store).close()
+    label = store / "labels" / f"{pinned}.json"
+    assert json.loads(label.read_text())["pinned"] is True
+    label.unlink()  # (gone by hand): the next open reads one flag, and writes nothing
+    CheckpointManager(store).close()
+    assert not label.exists()
 
 
 class Chain(torch.nn.Module):
