@@ -31,7 +31,9 @@ Deleting a checkpoint joins its children to its parent in the catalog, while
 their manifests keep naming it: such a child is joined to the newest earlier
 checkpoint of its branch, which is that parent on a branch that retention
 thinned; where it is not (the first checkpoint of a branch whose fork point was
-deleted) the manager labelled the child with its new parent.
+deleted) the manager labelled the child with its new parent. Without such a label
+(a delete by a ckpt_nb from before labels, whose catalog was lost before a newer one
+opened it and wrote them) the child is a root, and the rebuild's summary says so.
 """
 
 from __future__ import annotations
@@ -66,10 +68,20 @@ class Rebuilt(Seed):
     def summary(self) -> str:
         n = len(self.checkpoints)
         text = f"{n} checkpoint{'' if n == 1 else 's'} recovered"
-        if self.rejoined:
-            text += (f"; {len(self.rejoined)} whose parent had been deleted "
-                     f"{'was' if len(self.rejoined) == 1 else 'were'} joined to "
-                     "their nearest kept ancestor")
+        rejoined = set(self.rejoined)
+        # (a branch's first checkpoint whose fork point was deleted, unlabelled, has no
+        # known ancestor: it is a root now, and is not said to be joined to one)
+        roots = [row.id for row in self.checkpoints if row.id in rejoined and row.parent is None]
+        joined = len(rejoined) - len(roots)
+        if joined:
+            text += (f"; {joined} whose parent had been deleted "
+                     f"{'was joined to its' if joined == 1 else 'were joined to their'} "
+                     "nearest kept ancestor")
+        if roots:
+            text += (f"; {len(roots)} whose parent had been deleted "
+                     f"{'is a root' if len(roots) == 1 else 'are roots'} now, the store "
+                     f"recording no kept ancestor of {'it' if len(roots) == 1 else 'them'}: "
+                     f"{', '.join(roots)}")
         if self.left_out:
             text += f"; left out: {'; '.join(self.left_out)}"
         if self.damaged:

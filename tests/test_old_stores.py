@@ -81,6 +81,31 @@ def test_labels_are_written_once_per_catalog(tmp_path: Path, digits: DigitsRun) 
     assert not label.exists()
 
 
+def test_a_rebuild_names_a_branch_whose_fork_point_went_unlabelled_as_a_root(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    with CheckpointManager(store) as mgr:
+        first = mgr.save(digits.model, step=0)
+        digits.train_step()
+        fork_point = mgr.save(digits.model, step=1)
+        digits.train_step()
+        third = mgr.save(digits.model, step=2)
+        mgr.restore(fork_point, model=digits.model)
+        digits.train_step()
+        branch = mgr.save(digits.model, step=10)
+        mgr.delete(fork_point)
+    # (deleted by a ckpt_nb from before labels, whose catalog was then lost)
+    shutil.rmtree(store / "labels")
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning) as caught:
+        rows = CheckpointManager(store).list().set_index("id")
+    message = str(caught[0].message)
+    assert f"1 whose parent had been deleted is a root now, the store recording no kept " \
+        f"ancestor of it: {branch}" in message
+    assert "was joined to its nearest kept ancestor" in message  # (the main line's third)
+    assert rows.loc[branch, "parent"] is None and rows.loc[third, "parent"] == first
+
+
 class Chain(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
