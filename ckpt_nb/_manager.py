@@ -37,12 +37,13 @@ from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflatten
                        has_pickle, load_all, rng_problem, trained_storages, unwrap)
 from ._catalog import LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, StateMismatchError, StoreError, warn)
+                      CorruptCheckpointError, StateMismatchError, StoreError, StoreFormatError,
+                      warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, id_of, is_pack_key, is_run_key, label_key,
                       manifest_key, read_pack_index, stamp_format, write_pack)
 from ._parallel import in_batches, share_work
-from ._rebuild import Rebuilt, guessed_parents, rebuild
+from ._rebuild import Rebuilt, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
 from ._store import Store, local_root, open_store
 
@@ -103,15 +104,18 @@ class Checkpoint:
 class VerifyReport:
     """What ``verify()`` found: ``bad`` maps each failing checkpoint id to its problems,
     ``packs`` each pack whose own index is damaged (its chunks read, through the
-    catalog, but a rebuilt catalog could not find them: ``gc()`` rewrites it)."""
+    catalog, but a rebuilt catalog could not find them: ``gc()`` rewrites it), ``newer``
+    each checkpoint written by a newer ckpt_nb, which this one cannot read, so did not
+    check (not corrupt, but not verified either: ``ok`` is False)."""
 
     checked: list[str]
     bad: dict[str, list[str]]
     packs: dict[str, str] = field(default_factory=dict)
+    newer: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not self.bad and not self.packs
+        return not self.bad and not self.packs and not self.newer
 
     def __bool__(self) -> bool:
         return self.ok
@@ -1027,6 +1031,8 @@ class CheckpointManager:
             return which
         elif which and not self.catalog.ids_with_prefix(which):
             for cid, why in _damaged_checkpoints(self.catalog).items():
+                if cid.startswith(which) and is_newer(why):
+                    raise StoreFormatError(f"checkpoint {cid} was {why}")
                 if cid.startswith(which):
                     raise CorruptCheckpointError(
                         f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}", cid)
@@ -1137,6 +1143,9 @@ class CheckpointManager:
                 except CorruptCheckpointError as exc:
                     warn(f"skipping checkpoint {cid}, which fails verification "
                          f"({exc}); trying the one before it")
+                except StoreFormatError as exc:
+                    warn(f"skipping checkpoint {cid}, written by a newer ckpt_nb ({exc}): "
+                         "trying the one before it")
         if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
@@ -1419,6 +1428,7 @@ class CheckpointManager:
         bad: dict[str, list[str]] = {}
         packs: set[str] = set()
         checked: list[str] = []
+        newer: dict[str, str] = {}
         known: dict[str, ChunkRow] = {}  # (rows read: the chains the checkpoints share)
 
         def check(rows: dict[str, ChunkRow]) -> list[str]:
@@ -1435,6 +1445,10 @@ class CheckpointManager:
             try:
                 self._manifests.pop(cid, None)
                 problems = self._reading_again_if_moved(self._manifest(cid), check, known)
+            except StoreFormatError:  # (not damage: this ckpt_nb cannot read it)
+                if self.catalog.get(cid) is not None:
+                    newer[cid] = _NOT_CHECKED
+                continue
             except CkptError as exc:
                 problems = [str(exc)]
             if self.catalog.get(cid) is None:
@@ -1449,12 +1463,16 @@ class CheckpointManager:
         bad = {cid: bad[cid] for cid in checked if cid in bad}
         if ids is None:  # (what a rebuild left out as damaged is in no catalog row)
             for cid, why in _damaged_checkpoints(self.catalog).items():
-                if self.store.has(manifest_key(cid)):
-                    checked.append(cid)
-                    bad[cid] = [f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}"]
+                if not self.store.has(manifest_key(cid)):
+                    continue
+                if is_newer(why):
+                    newer[cid] = _NOT_CHECKED
+                    continue
+                checked.append(cid)
+                bad[cid] = [f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}"]
         damaged_indexes = {key: problem for key in sorted(packs)
                            if (problem := self._index_problem(key)) is not None}
-        return VerifyReport(checked, bad, damaged_indexes)
+        return VerifyReport(checked, bad, damaged_indexes, newer)
 
     def _check_chunks(self, rows: Mapping[str, ChunkRow], good: set[str]) -> dict[str, str]:
         """Decode and check the chunks of ``rows`` not in ``good``, adding them there;
@@ -1591,8 +1609,9 @@ class CheckpointManager:
         ours = rows if among is None else [r for r in rows if r.id in among]
         best = set(self._best(ours, self.keep_best)) if self.keep_best else set()
         protected |= best
-        # A damaged manifest stops gc (its chunks may lie in any pack): checkpoints that
-        # retention deletes then free no room, and a byte budget would delete them all.
+        # A damaged manifest stops gc (its chunks may lie in any pack), as does one of a
+        # newer format: checkpoints that retention deletes then free no room, and a byte
+        # budget would delete them all.
         blocked = sorted(id_of(key) or key for key in self.catalog.damaged()
                          if key.startswith("manifests/"))
         if self.max_to_keep is not None or self.keep_best is not None:
@@ -1640,14 +1659,23 @@ class CheckpointManager:
 
     def _warn_blocked(self, damaged: list[str]) -> None:
         """Say once per manager that retention frees no room while the store holds a
-        damaged checkpoint (a byte budget then deletes none)."""
+        damaged checkpoint, or one of a newer format (a byte budget then deletes none)."""
         if self._told_blocked:
             return
         self._told_blocked = True
-        warn(f"the store at {self.store.url} holds damaged checkpoints ({', '.join(damaged)}"
-             "), so gc() frees no room and a byte budget deletes nothing: verify() says what "
-             "is wrong with them; put back what they miss, or delete their manifests by hand",
-             RuntimeWarning)
+        why = _damaged_checkpoints(self.catalog)
+        newer = [cid for cid in damaged if is_newer(why.get(cid, ""))]
+        broken = [cid for cid in damaged if cid not in newer]
+        if broken:
+            warn(f"the store at {self.store.url} holds damaged checkpoints ({', '.join(broken)}"
+                 "), so gc() frees no room and a byte budget deletes nothing: verify() says "
+                 "what is wrong with them; put back what they miss, or delete their manifests "
+                 "by hand", RuntimeWarning)
+        else:
+            warn(f"the store at {self.store.url} holds checkpoints written by a newer ckpt_nb "
+                 f"({', '.join(newer)}), whose chunks this one cannot tell, so gc() frees no "
+                 "room and a byte budget deletes nothing: upgrade ckpt_nb (pip install -U "
+                 "ckpt_nb)", RuntimeWarning)
 
     def _drop(self, ids: Sequence[str], **gc_options: Any) -> None:
         if ids:
@@ -1907,6 +1935,10 @@ class CheckpointManager:
 _DAMAGED_KEPT = ("its manifest stays in the store, and gc() leaves it: put back what is "
                  "missing (a backup, an earlier object version), or delete the manifest "
                  "by hand if the checkpoint is not wanted")
+
+
+_NOT_CHECKED = ("written by a newer ckpt_nb, not checked: upgrade ckpt_nb (pip install -U "
+                "ckpt_nb) to verify it")
 
 
 def _committed(catalog: Catalog) -> set[str]:

@@ -16,7 +16,9 @@ What is damaged (a pack whose index does not read, or that was cut short, a
 manifest that does not decode, a committed checkpoint whose pack is gone) is left
 out, named, and recorded in the catalog as damaged, so that ``gc()`` leaves it in the
 store (what is whole in it may yet be recovered, or copied back whole); ``verify()``
-names each such checkpoint, and restoring it says it is damaged. A save writes each
+names each such checkpoint, and restoring it says it is damaged. A manifest of a
+format newer than this ckpt_nb reads (a newer ckpt_nb's save into a shared store) is
+kept the same way, named as newer (``NEWER``), not as damaged: the rest opens. A save writes each
 file under a temporary name and renames it once whole, so a pack cut short is no
 save's leftover but a copy that stopped, or a disk's damage. A read that fails for
 another reason (a network error) fails the rebuild, so that nothing whole is
@@ -46,10 +48,19 @@ from typing import Any
 
 from . import _codec as codec
 from ._catalog import CheckpointRow, ChunkRow, Seed
-from ._errors import CorruptCheckpointError
+from ._errors import CorruptCheckpointError, StoreFormatError
 from ._format import (decode_manifest, id_of, is_checkpoint_id, is_count, is_int64,
                       is_pack_key, label_key, read_pack_index)
 from ._store import Store
+
+# Why a rebuild left out a checkpoint whose manifest is of a newer format: its chunks are
+# unknown (gc keeps every pack, as for a damaged one), but nothing in it is damaged.
+NEWER = "written by a newer ckpt_nb: upgrade ckpt_nb to read it"
+
+
+def is_newer(why: str) -> bool:
+    """Whether a damaged-list entry's reason is ``NEWER``: a checkpoint to keep, unread."""
+    return why == NEWER
 
 
 @dataclass
@@ -108,6 +119,9 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
             continue
         except CorruptCheckpointError as exc:
             found.leave_out(f"checkpoint {cid}", exc, damaged=key)
+            continue
+        except StoreFormatError:
+            found.leave_out(f"checkpoint {cid}", NEWER, damaged=key)
             continue
         decoded.append((key, cid, manifest, blob))
     parents = {manifest["parent"] for _, _, manifest, _ in decoded

@@ -12,15 +12,19 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import uuid
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import zstandard
 from conftest import DigitsRun, same
 
-from ckpt_nb import CheckpointManager
+from ckpt_nb import CheckpointManager, FsspecStore, StoreFormatError
+from ckpt_nb import _codec as codec
 from ckpt_nb._catalog import LABELS_WRITTEN
-from ckpt_nb._format import FORMAT
+from ckpt_nb._format import FORMAT, MANIFEST_FORMAT
 
 
 def lose_catalog(store: Path) -> None:
@@ -141,3 +145,92 @@ def test_a_gc_that_stores_chunks_whole_restamps_a_store_too_old_for_their_blobs(
     assert mgr.gc().chunks_rewritten == 0  # (the deletes rewrote the chain's end)
     assert json.loads(stamp.read_text())["format"] == after
     assert same(list(mgr.load(ids[-1]).state["model"].values()), [model.weight.detach()])
+
+
+def from_a_newer_ckpt_nb(store: Path, cid: str, catalog: Path | None = None) -> None:
+    """Make ``cid`` a checkpoint a newer ckpt_nb saved: its manifest of a newer format,
+    and its catalog row's digest of it, as that version's commit writes it."""
+    path = store / "manifests" / f"{cid}.json.zst"
+    manifest = json.loads(zstandard.ZstdDecompressor().decompress(path.read_bytes()))
+    manifest["format"] = MANIFEST_FORMAT + 1
+    blob = zstandard.ZstdCompressor().compress(json.dumps(manifest).encode())
+    path.write_bytes(blob)
+    with sqlite3.connect(catalog or store / "catalog.sqlite") as db:
+        db.execute("UPDATE checkpoints SET manifest_digest=? WHERE id=?",
+                   (codec.digest(blob), cid))
+    db.close()
+
+
+def saved_with_a_newer_last(store: Path, digits: DigitsRun,
+                            catalog: Path | None = None) -> list[str]:
+    with CheckpointManager(store, catalog=catalog) as mgr:
+        ids = []
+        for step in range(3):
+            digits.train_step()
+            ids.append(mgr.save(digits.model, step=step))
+    from_a_newer_ckpt_nb(store, ids[-1], catalog)
+    return ids
+
+
+def test_a_checkpoint_of_a_newer_format_is_skipped_by_latest_and_not_called_corrupt(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    ids = saved_with_a_newer_last(store, digits)
+    mgr = CheckpointManager(store)
+    report = mgr.verify()
+    assert report.bad == {} and report.checked == ids[:2] and not report.ok
+    assert report.newer == {ids[2]: "written by a newer ckpt_nb, not checked: upgrade "
+                                    "ckpt_nb (pip install -U ckpt_nb) to verify it"}
+    run = DigitsRun(seed=4)
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {ids[2]}, written by a newer "
+                                         "ckpt_nb .*has format 5: upgrade ckpt_nb"):
+        assert mgr.restore("latest", model=run.model).id == ids[1]
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {ids[2]}"):
+        assert mgr.load("latest").id == ids[1]
+    with pytest.raises(StoreFormatError, match="upgrade ckpt_nb"):
+        mgr.load(ids[2])
+
+
+def test_a_rebuild_leaves_out_a_checkpoint_of_a_newer_format_and_opens_the_rest(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    store = tmp_path / "exp"
+    ids = saved_with_a_newer_last(store, digits)
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match=f"2 checkpoints recovered; left out: checkpoint "
+                                            f"{ids[2]} \\(written by a newer ckpt_nb: "
+                                            "upgrade ckpt_nb to read it\\)"):
+        mgr = CheckpointManager(store, max_to_keep=1)
+    assert mgr.list()["id"].tolist() == ids[:2]
+    report = mgr.verify()
+    assert report.bad == {} and list(report.newer) == [ids[2]] and not report.ok
+    with pytest.raises(StoreFormatError, match=f"checkpoint {ids[2]} was written by a newer"):
+        mgr.load(ids[2][:6])
+    files = sorted(p.relative_to(store) for p in store.rglob("*") if p.is_file()
+                   and p.parent.name in ("packs", "manifests"))
+    with pytest.warns(RuntimeWarning, match=f"written by a newer ckpt_nb \\({ids[2]}\\)"):
+        mgr.save(digits.model, step=3)  # retention deletes, gc frees nothing
+    assert mgr.gc().damaged_kept == 1
+    assert all((store / path).exists() for path in files if ids[0] not in path.name)
+    assert mgr.load("latest").step == 3
+
+
+def test_an_object_store_with_a_newer_clients_checkpoint_opens_every_time(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    # The newer client saved into the store; this machine's cached catalog does not list
+    # that checkpoint, so each open reads the store again: it must open, and once in step
+    # with the store, open without reading it again.
+    url = f"memory://ckpt-nb-newer-{uuid.uuid4().hex}"
+    root = tmp_path / "bucket"
+    ids = saved_with_a_newer_last(root, digits, catalog=tmp_path / "newer.sqlite")
+    with CheckpointManager(FsspecStore(url), catalog=tmp_path / "here.sqlite") as mgr:
+        for path in root.rglob("*"):  # the bucket, as the newer client left it
+            if path.is_file():
+                mgr.store.put(str(path.relative_to(root)), path.read_bytes())
+    with pytest.warns(RuntimeWarning, match=f"left out: checkpoint {ids[2]} \\(written by"):
+        again = CheckpointManager(FsspecStore(url), catalog=tmp_path / "here.sqlite")
+    assert again.list()["id"].tolist() == ids[:2]
+    again.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in step with the store now: no rebuild
+        assert CheckpointManager(FsspecStore(url), catalog=tmp_path / "here.sqlite") \
+            .list()["id"].tolist() == ids[:2]
