@@ -337,14 +337,17 @@ def _as_restored(mgr: CheckpointManager, which: str) -> tuple[str, str | None]:
                 report = mgr.verify([cid], progress=progress)
             except CheckpointNotFoundError:
                 continue  # deleted meanwhile: the one before it, as restore does
+            if cid in report.newer:
+                skipped.append(f"{cid} (written by a newer ckpt_nb, which this one cannot "
+                               "read)")
+                continue
             if cid not in report.checked:
                 continue  # (deleted while it was read)
             problems = report.bad.get(cid)
             if not problems:
                 return cid, None if not skipped else (
-                    f"{'; '.join(skipped)}, newer, {'fails' if len(skipped) == 1 else 'fail'}"
-                    " verification: 'latest' is the newest checkpoint that verifies, as "
-                    "restore and export take it")
+                    f"{'; '.join(skipped)}, newer: 'latest' is the newest checkpoint that "
+                    "verifies, as restore and export take it")
             more = f", and {len(problems) - 1} more" if len(problems) > 1 else ""
             skipped.append(f"{cid} ({problems[0].removeprefix(f'checkpoint {cid}: ')}{more})")
     mgr.resolve("latest")  # (an empty store: says it has no checkpoints)
@@ -368,7 +371,13 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     for key, problem in report.packs.items():
         print(f"bad index: {key}")
         print(f"  {_printable(problem)}")
+    for cid, why in report.newer.items():
+        print(f"not checked: {cid}")
+        print(f"  {_printable(why)}")
     summary = f"{len(report.bad)} of {len(report.checked)} checkpoints fail verification"
+    if report.newer:  # (not 0, as a script's `verify && ...` must not take them for checked)
+        summary += (f"; {len(report.newer)} written by a newer ckpt_nb were not checked "
+                    "(upgrade ckpt_nb to verify them)")
     if report.packs:
         summary += (f"; {len(report.packs)} pack indexes are damaged (their chunks read, but "
                     "a rebuilt catalog would miss them: `ckpt-nb gc` rewrites them)")
@@ -386,8 +395,8 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
           f"{report.temporaries_deleted} temporaries deleted")
     if report.damaged_kept:
         print(f"kept {report.damaged_kept} damaged file{'' if report.damaged_kept == 1 else 's'}"
-              " (and, while a damaged checkpoint is there, every pack): `ckpt-nb verify` "
-              "names them")
+              " or files of a newer ckpt_nb (and, while such a checkpoint is there, every "
+              "pack): `ckpt-nb verify` names them")
     return 0
 
 

@@ -56,8 +56,8 @@ def test_show_latest_is_the_checkpoint_export_writes_and_names_the_corrupt_one_s
     lines = out.splitlines()
     assert lines[0] == f"id:        {ids[1]}"
     assert lines[1].startswith(f"skipped:   {ids[2]} (chunk ") and lines[1].endswith(
-        "fails its checksum), newer, fails verification: 'latest' is the newest checkpoint "
-        "that verifies, as restore and export take it")
+        "fails its checksum), newer: 'latest' is the newest checkpoint that verifies, as "
+        "restore and export take it")
     assert "step:      1" in lines
     code, out, _ = run(capsys, "show", tmp_path / "store", ids[2])  # by id: as it is
     assert code == 0 and out.startswith(f"id:        {ids[2]}\nparent:")

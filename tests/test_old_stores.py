@@ -234,3 +234,24 @@ def test_an_object_store_with_a_newer_clients_checkpoint_opens_every_time(
         warnings.simplefilter("error")  # in step with the store now: no rebuild
         assert CheckpointManager(FsspecStore(url), catalog=tmp_path / "here.sqlite") \
             .list()["id"].tolist() == ids[:2]
+
+
+def test_the_cli_says_a_checkpoint_of_a_newer_format_was_not_checked(
+        tmp_path: Path, digits: DigitsRun, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ckpt-nb verify` counted it as "0 of 2 checkpoints fail verification" and exited 1
+    with no line on it; `show latest` passed over it without a word."""
+    from ckpt_nb.cli import main
+
+    store = tmp_path / "exp"
+    ids = saved_with_a_newer_last(store, digits)
+    assert main(["verify", str(store)]) == 1  # (a script's `verify && ...` must stop)
+    out = capsys.readouterr().out
+    assert f"not checked: {ids[2]}\n  written by a newer ckpt_nb, not checked" in out, out
+    assert out.rstrip().endswith("0 of 2 checkpoints fail verification; 1 written by a newer "
+                                 "ckpt_nb were not checked (upgrade ckpt_nb to verify them)")
+    assert main(["show", str(store), "latest"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"id:        {ids[1]}"
+    assert lines[1] == (f"skipped:   {ids[2]} (written by a newer ckpt_nb, which this one "
+                        "cannot read), newer: 'latest' is the newest checkpoint that verifies, "
+                        "as restore and export take it")
