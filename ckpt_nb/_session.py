@@ -1281,13 +1281,15 @@ class AutoSession:
 
     def _newest_of_this_cell(self) -> str | None:
         """This cell's newest checkpoint, when that run is unfinished; else None, saying
-        so when the store's newest checkpoint is an unfinished run of other code."""
+        so when the store's newest cell run is an unfinished one of other code that this
+        cell could resume after a rollback: not the line form's (never resumed), nor one
+        that cell ids tell apart from this cell (it never resumes it)."""
         newest: tuple[str, dict[str, Any]] | None = None
         for row in reversed(self.manager.catalog.checkpoints()):
             run = self._run_record(row.id)
             if run is None:
                 continue
-            if newest is None:
+            if newest is None and run.get("cell") is not None and not self._told_apart(run):
                 newest = (row.id, run)
             if self._is_this_cell(run):
                 if run.get("finished"):

@@ -1,0 +1,101 @@
+"""What a cell says about runs it could resume, and what following it does: the hints of
+a finished cell run again, of another cell's unfinished run, and the resume's line after
+a rollback, in a real in-process IPython shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ckpt_nb
+from test_magics import run  # (the shell's helper)
+from test_session_rerun import TWO, new_kernel
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts like a new kernel."""
+    new_kernel(monkeypatch)
+    monkeypatch.delenv("STOP_A", raising=False)
+    monkeypatch.delenv("STOP_B", raising=False)
+
+
+# $STOP_A: an interrupt at that step (as a user's); $STOP_B: an error at that step, at a
+# consistent point (saved there). (Not variables: a resume would put them back.)
+CELL_A = """%%ckpt_auto --dir {dir} --every-steps 5 {options}
+import signal
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        if steps(optA) == int(os.environ.get("STOP_A") or -1):
+            os.kill(os.getpid(), signal.SIGINT)
+        optA.zero_grad(); torch.nn.functional.cross_entropy(modelA(xb), yb).backward()
+        optA.step()
+"""
+
+CELL_B = """%%ckpt_auto --dir {dir} --every-steps 5
+for ep in ckpt_nb.epochs(2):
+    for j, (xb, yb) in ckpt_nb.batches(loader):
+        if steps(optB) == int(os.environ.get("STOP_B") or -1): raise RuntimeError("B")
+        optB.zero_grad(); torch.nn.functional.cross_entropy(modelB(xb), yb).backward()
+        optB.step()
+"""
+
+ONE = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+X = torch.randn(300, 8); Y = torch.randint(0, 2, (300,))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=50,
+                                     shuffle=True)
+model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+TRAIN = """%%ckpt_auto --dir {dir} --every-steps 6
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
+"""
+
+PLAIN = "for s in range(3):\n    opt.zero_grad(); model(torch.ones(8)).sum().backward(); opt.step()"
+
+
+def test_the_other_codes_run_hint_is_not_given_where_following_it_cannot_resume(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell that cell ids tell apart from the stopped run's was told to roll back to
+    that run and run again, which never resumes it; without cell ids (this cell may be
+    that one edited) it still is."""
+    run(shell, TWO)
+    monkeypatch.setenv("STOP_B", "13")
+    assert not run(shell, CELL_B.format(dir=tmp_path / "ids"), "B").success
+    capsys.readouterr()
+    assert run(shell, CELL_A.format(dir=tmp_path / "ids", options=""), "A").success
+    assert "other code" not in capsys.readouterr().out
+
+    new_kernel(monkeypatch)
+    run(shell, TWO)
+    assert not run(shell, CELL_B.format(dir=tmp_path / "no-ids")).success
+    stop = ckpt_nb.CheckpointManager(tmp_path / "no-ids").list().iloc[-1]["id"]
+    capsys.readouterr()
+    assert run(shell, CELL_A.format(dir=tmp_path / "no-ids", options="")).success
+    assert f"checkpoint {stop} holds an unfinished run of other code" in \
+        capsys.readouterr().out
+
+
+def line_form_then_cell(shell, tmp_path: Path, capsys,
+                        monkeypatch: pytest.MonkeyPatch) -> str:
+    """What the line form (on the default store) and then a cell on that store say, after
+    the line form saved."""
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    run(shell, ONE)
+    run(shell, "%ckpt_auto --every-steps 2")
+    assert run(shell, PLAIN).success
+    assert run(shell, TRAIN.format(dir=tmp_path / "checkpoints" / "session")).success
+    return capsys.readouterr().out
+
+
+def test_the_line_forms_checkpoints_are_no_other_codes_run(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell after the line form's saves was told to roll back to one of them and run
+    again, but line-form runs are never resumed."""
+    out = line_form_then_cell(shell, tmp_path, capsys, monkeypatch)
+    assert "resumed" not in out and "other code" not in out, out
