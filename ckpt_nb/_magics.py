@@ -168,7 +168,8 @@ class CkptMagics(Magics):
     def _start_line_session(self, config: AutoConfig) -> None:
         self.stop_line_session()
         session = self._start(config, nested=False)
-        session.say(session.rediscover().summary() + f" -> {session.manager.store.url}")
+        store = getattr(session.manager.store, "root", None) or session.manager.store.url
+        session.say(session.rediscover().summary() + f" -> {store}")  # (a path, as a cell's)
         self._line_session = session
         self.shell.events.register("pre_run_cell", self._pre_run_cell)
         self.shell.events.register("post_run_cell", self._post_run_cell)

@@ -99,3 +99,10 @@ def test_the_line_forms_checkpoints_are_no_other_codes_run(
     again, but line-form runs are never resumed."""
     out = line_form_then_cell(shell, tmp_path, capsys, monkeypatch)
     assert "resumed" not in out and "other code" not in out, out
+
+
+def test_the_line_form_names_its_store_as_a_path_as_a_cell_does(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line form named its store as a file:// URL, where a cell names a path."""
+    out = line_form_then_cell(shell, tmp_path, capsys, monkeypatch)
+    assert "file://" not in out and f" -> {tmp_path / 'checkpoints' / 'session'}\n" in out, out
