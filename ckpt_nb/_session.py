@@ -1323,6 +1323,23 @@ class AutoSession:
             self._step_offset = self.step - max(self._steps_by_optimizer.values(), default=0)
         return targets, variables
 
+    def _rebaseline(self, objects: Mapping[str, Any]) -> None:
+        """``objects`` (by stored key) were just put back in place, which bumped their
+        version counters: what a resume tells changed since a stop, and what a run
+        trains, is counted from them as they are now (what the checkpoint put back holds
+        otherwise than a stop is read from the manifests, ``_trained_since``). A cell run
+        again after a rollback to its stop said it kept a model the rollback had put back,
+        and put back as saved what already was."""
+        versions = {key: _versions(obj) for key, obj in objects.items()}
+        for key in versions.keys() & self._start_versions.keys():
+            self._start_versions[key] = versions[key]
+        for cid, left in _left_saved.items():
+            if self.manager.catalog.get(cid) is None:
+                continue  # (another store's stop: this store's checkpoint changed its objects)
+            for key, entry in list(left.items()):
+                if key in versions and entry.ref() is objects[key]:
+                    left[key] = dataclasses.replace(entry, versions=versions[key])
+
     def _assignable(self, name: str, statefuls: dict[str, Any]) -> bool:
         """Whether a saved variable is put back under ``name``: never over a tracked
         object or code (a module, a function, a class), and, named like a builtin
@@ -1410,6 +1427,7 @@ class AutoSession:
         kept = [key for key in same if (key in since or key in touched)
                 and not left[key].trained]
         targets, variables = self._apply(ck, saved, keep=kept)
+        self._rebaseline(targets)
         if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
             self._run_id = run_id  # (the run goes on: its end ends it)
         self._moved_to(ck, "resume", targets.values())
@@ -1535,6 +1553,7 @@ class AutoSession:
         ck = self.manager.load(cid)
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
         targets, variables = self._apply(ck, saved)
+        self._rebaseline(targets)
         self._moved_to(ck, "rollback", targets.values())
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)

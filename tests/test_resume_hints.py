@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckpt_nb
 from test_magics import run  # (the shell's helper)
-from test_session_rerun import TWO, new_kernel
+from test_session_rerun import TWO, new_kernel, resumed_line, same, weights
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +58,15 @@ for epoch in ckpt_nb.epochs(2):
 """
 
 PLAIN = "for s in range(3):\n    opt.zero_grad(); model(torch.ones(8)).sum().backward(); opt.step()"
+
+
+def ends(shell, tmp_path: Path, options: str = "") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """What A's and B's models and optimizers hold after A, then B, run unstopped."""
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=tmp_path / "ref", options=options)).success
+    expected_a = weights(shell, "modelA", "optA")
+    assert run(shell, CELL_B.format(dir=tmp_path / "ref")).success
+    return expected_a, weights(shell, "modelB", "optB")
 
 
 def test_the_other_codes_run_hint_is_not_given_where_following_it_cannot_resume(
@@ -106,3 +116,47 @@ def test_the_line_form_names_its_store_as_a_path_as_a_cell_does(
     """The line form named its store as a file:// URL, where a cell names a path."""
     out = line_form_then_cell(shell, tmp_path, capsys, monkeypatch)
     assert "file://" not in out and f" -> {tmp_path / 'checkpoints' / 'session'}\n" in out, out
+
+
+def test_a_rerun_after_a_rollback_to_its_stop_says_nothing_changed(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B stopped, A trained on, the user rolled back to B's stop: B run again said it
+    kept modelA "as trained by another cell" and put back modelB and optB, which the
+    rollback had put back (its in-place copy counted as a change)."""
+    _, expected_b = ends(shell, tmp_path)
+    store = tmp_path / "two"
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=store, options=""), "A").success
+    monkeypatch.setenv("STOP_B", "13")
+    assert not run(shell, CELL_B.format(dir=store), "B").success
+    stop = ckpt_nb.CheckpointManager(store).list().iloc[-1]["id"]
+    assert run(shell, CELL_A.format(dir=store, options=""), "A").success
+    run(shell, f"%ckpt_rollback {stop}")
+    monkeypatch.setenv("STOP_B", "")
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store), "B").success
+    line = resumed_line(capsys.readouterr().out)
+    assert "kept as they are" not in line and "put back as saved" not in line, line
+    assert same(weights(shell, "modelB", "optB"), expected_b)
+    assert shell.user_ns["steps"](shell.user_ns["optA"]) == 20  # (as at B's stop)
+
+
+def test_a_run_stopped_again_after_its_resume_keeps_what_another_cell_trained_since(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B stopped, resumed, stopped again; A trained on: the second resume put modelA back
+    (A's training undone), for the first resume's put-back counted as B's training."""
+    store = tmp_path / "two"
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=store, options=""), "A").success
+    monkeypatch.setenv("STOP_B", "13")
+    assert not run(shell, CELL_B.format(dir=store), "B").success
+    monkeypatch.setenv("STOP_B", "17")
+    assert not run(shell, CELL_B.format(dir=store), "B").success  # (resumed, stopped again)
+    assert run(shell, CELL_A.format(dir=store, options=""), "A").success
+    trained_a = weights(shell, "modelA", "optA")
+    monkeypatch.setenv("STOP_B", "")
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store), "B").success
+    line = resumed_line(capsys.readouterr().out)
+    assert "kept as they are: modelA, optA (" in line, line
+    assert same(weights(shell, "modelA", "optA"), trained_a)
