@@ -1154,7 +1154,9 @@ class AutoSession:
         notebook's cell id where both have one, else by the cell's code. Another cell's
         run is not resumed (but after a rollback, where no cell ids tell the cells
         apart): this cell's loop would go on from that cell's position (the cells of a
-        notebook share its default store).
+        notebook share its default store). After a rollback to another cell's checkpoint
+        (a finished cell's end, as its "Run All" hint advises), this cell's own unfinished
+        run resumes where it went on from that checkpoint (``_own_run_after``).
         Without cell ids, an edited cell is another cell until the user rolls back to its
         run: nothing tells the two apart (a fine-tune cell is often the training cell's
         copy, and a fix may rewrite much of a cell), and a new cell taken for an edit
@@ -1171,12 +1173,19 @@ class AutoSession:
             # tell them apart: without ids, going on with another cell looks the same.
             if self._is_this_cell(run) or (rolled_back and not self._told_apart(run)):
                 candidate = position
-            elif rolled_back:
+        if candidate is None and not rolled_back:
+            candidate = self._newest_of_this_cell()
+        elif candidate is None and position is not None and \
+                (run is None or not self._is_this_cell(run)):
+            # Rolled back to another cell's checkpoint (the end of the cell before, as a
+            # finished cell's "Run All" hint advises): this cell's run that went on from
+            # it goes on; a rollback to the cell's own checkpoint means to start from there.
+            candidate = self._own_run_after(position)
+            if candidate is None and run is not None and not run.get("finished") and \
+                    self._told_apart(run):
                 self.say(f"checkpoint {position}, rolled back to, holds a run of another "
                          "cell: this cell's loops start from its state, not from that run's "
                          "position")
-        if candidate is None and not rolled_back:
-            candidate = self._newest_of_this_cell()
         if candidate is None:
             return
         try:
@@ -1279,17 +1288,18 @@ class AutoSession:
         return self.cell_id is not None and run.get("cell_id") is not None \
             and run["cell_id"] != self.cell_id
 
-    def _newest_of_this_cell(self) -> str | None:
+    def _newest_of_this_cell(self, *, tell: bool = True) -> str | None:
         """This cell's newest checkpoint, when that run is unfinished; else None, saying
-        so when the store's newest cell run is an unfinished one of other code that this
-        cell could resume after a rollback: not the line form's (never resumed), nor one
-        that cell ids tell apart from this cell (it never resumes it)."""
+        so (where ``tell``) when the store's newest cell run is an unfinished one of other
+        code that this cell could resume after a rollback: not the line form's (never
+        resumed), nor one that cell ids tell apart from this cell (it never resumes it)."""
         newest: tuple[str, dict[str, Any]] | None = None
         for row in reversed(self.manager.catalog.checkpoints()):
             run = self._run_record(row.id)
             if run is None:
                 continue
-            if newest is None and run.get("cell") is not None and not self._told_apart(run):
+            if newest is None and tell and run.get("cell") is not None \
+                    and not self._told_apart(run):
                 newest = (row.id, run)
             if self._is_this_cell(run):
                 if run.get("finished"):
@@ -1302,6 +1312,21 @@ class AutoSession:
             self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
                      "cell, or this one before an edit): not resuming it here; "
                      f"to resume it, `%ckpt_rollback {newest[0]}`, then run this cell again")
+        return None
+
+    def _own_run_after(self, checkpoint_id: str) -> str | None:
+        """This cell's newest unfinished run's newest checkpoint where it descends from
+        ``checkpoint_id``: that run went on from the state a rollback put back."""
+        newest = self._newest_of_this_cell(tell=False)
+        if newest is None or newest == checkpoint_id:
+            return None
+        seen: set[str] = set()
+        row = self.manager.catalog.get(newest)
+        while row is not None and row.parent is not None and row.parent not in seen:
+            if row.parent == checkpoint_id:
+                return newest
+            seen.add(row.parent)
+            row = self.manager.catalog.get(row.parent)
         return None
 
     def _apply(self, ck: Checkpoint, saved: _SavedRun,

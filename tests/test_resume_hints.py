@@ -4,6 +4,7 @@ a rollback, in a real in-process IPython shell."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,63 @@ def ends(shell, tmp_path: Path, options: str = "") -> tuple[list[torch.Tensor], 
     expected_a = weights(shell, "modelA", "optA")
     assert run(shell, CELL_B.format(dir=tmp_path / "ref")).success
     return expected_a, weights(shell, "modelB", "optB")
+
+
+def ids(cell: str, with_ids: bool) -> str | None:
+    return cell if with_ids else None
+
+
+@pytest.mark.parametrize(("options", "with_ids"), [("", False), ("", True)])
+def test_run_all_after_a_crash_following_the_finished_cells_hint_resumes_the_later_cell(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, options: str,
+        with_ids: bool) -> None:
+    """B stopped after A ran to its end; in a new kernel A says it ran to its end at R, and
+    to interrupt it and roll back to R. Done so, B started its loops over from R's state
+    (a rollback made no cell resume its own run)."""
+    expected_a, expected_b = ends(shell, tmp_path, options)
+    store = tmp_path / "two"
+    run(shell, TWO)
+    assert run(shell, CELL_A.format(dir=store, options=options), ids("A", with_ids)).success
+    monkeypatch.setenv("STOP_B", "13")
+    assert not run(shell, CELL_B.format(dir=store), ids("B", with_ids)).success
+    stop = ckpt_nb.CheckpointManager(store).list().iloc[-1]["id"]
+
+    new_kernel(monkeypatch)  # (the crash), then "Run All"
+    monkeypatch.setenv("STOP_A", "3")
+    monkeypatch.setenv("STOP_B", "")
+    run(shell, TWO)
+    capsys.readouterr()
+    stopped = run(shell, CELL_A.format(dir=store, options=options), ids("A", with_ids))
+    assert isinstance(stopped.error_in_exec, KeyboardInterrupt)
+    out = capsys.readouterr().out
+    end = re.search(r"ran to its end before, at checkpoint (\w+) .*`%ckpt_rollback (\w+)`", out)
+    assert end is not None and end[1] == end[2], out
+    assert "other code" not in out or not with_ids, out
+    assert run(shell, f"%ckpt_rollback {end[1]}").success
+    assert same(weights(shell, "modelA", "optA"), expected_a)  # (that run's end state)
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store), ids("B", with_ids)).success
+    assert f"resumed from {stop} " in resumed_line(capsys.readouterr().out)
+    assert same(weights(shell, "modelB", "optB"), expected_b)
+    assert same(weights(shell, "modelA", "optA"), expected_a)
+
+
+def test_after_a_rollback_to_its_own_end_a_cell_starts_from_there(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollback to the cell's own end is where the user wants it to start: its later run
+    that went on from there (stopped) is not resumed."""
+    store = tmp_path / "own"
+    run(shell, TWO)
+    assert run(shell, CELL_B.format(dir=store)).success
+    end = ckpt_nb.CheckpointManager(store).list().iloc[-1]["id"]
+    monkeypatch.setenv("STOP_B", "33")
+    assert not run(shell, CELL_B.format(dir=store)).success  # (on from the end, stopped)
+    run(shell, f"%ckpt_rollback {end}")
+    monkeypatch.setenv("STOP_B", "")
+    capsys.readouterr()
+    assert run(shell, CELL_B.format(dir=store)).success
+    assert "resumed" not in capsys.readouterr().out
+    assert shell.user_ns["steps"](shell.user_ns["optB"]) == 40
 
 
 def test_the_other_codes_run_hint_is_not_given_where_following_it_cannot_resume(
