@@ -573,12 +573,15 @@ class _RunsManager(CheckpointManager):
     one notebook's --keep 2 deleted another's checkpoints."""
 
     runs: Callable[[], AbstractSet[str]] | None = None
+    # Checkpoints the cell named to roll back to (``_tell_finished``): its own retention
+    # (an interrupt's save under --keep 1) deleted the one it had just named.
+    named: AbstractSet[str] = frozenset()
 
     def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
         limits = self.max_to_keep, self.keep_best, self.max_bytes
         if among is None and self.runs is not None and limits != (None, None, None):
             among = self.runs()  # (which reads the manifests it has not read yet)
-        super()._apply_retention(protect, among)
+        super()._apply_retention(protect | self.named, among)
 
 
 class AutoSession:
@@ -1241,6 +1244,7 @@ class AutoSession:
         row = finished.row
         at = ", ".join(f"{name} {value}" for name, value in
                        (("epoch", row.epoch), ("step", row.step)) if value is not None)
+        self.manager.named = {row.id}  # (kept while the cell runs, whatever --keep says)
         self.say(f"this cell ran to its end before, at checkpoint {row.id}"
                  f"{f' ({at})' if at else ''}: it trains again from the objects as they are "
                  f"now; to take that run's end state instead, interrupt it and run "

@@ -74,13 +74,14 @@ def ids(cell: str, with_ids: bool) -> str | None:
     return cell if with_ids else None
 
 
-@pytest.mark.parametrize(("options", "with_ids"), [("", False), ("", True)])
+@pytest.mark.parametrize(("options", "with_ids"), [("", False), ("", True), ("--keep 1", True)])
 def test_run_all_after_a_crash_following_the_finished_cells_hint_resumes_the_later_cell(
         shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, options: str,
         with_ids: bool) -> None:
     """B stopped after A ran to its end; in a new kernel A says it ran to its end at R, and
     to interrupt it and roll back to R. Done so, B started its loops over from R's state
-    (a rollback made no cell resume its own run)."""
+    (a rollback made no cell resume its own run), and under --keep 1 the interrupt's save
+    had deleted R, so the rollback failed."""
     expected_a, expected_b = ends(shell, tmp_path, options)
     store = tmp_path / "two"
     run(shell, TWO)
