@@ -1605,7 +1605,8 @@ class AutoSession:
             f"every {self.config.every_seconds:g} s" if self.config.every_seconds else None,
             f"when {self.config.on[0]} improves ({self.config.on[1]})" if self.config.on else None,
         ) if t]
-        return {"directory": str(self.manager.store.url),
+        store = self.manager.store  # (a path where it has one, as a cell's first line)
+        return {"directory": str(getattr(store, "root", None) or store.url),
                 "tracking": list(self.discovery.statefuls),
                 "variables": list(self.discovery.variables),
                 "skipped": dict(self.discovery.skipped),

@@ -288,7 +288,7 @@ def test_a_cell_resumes_its_own_run_by_cell_id_even_edited(shell, tmp_path: Path
     other = run(shell, crash, cell_id="copy")  # (the same code in another cell)
     assert other.success
     out = capsys.readouterr().out
-    assert "resumed" not in out and "holds an unfinished run of other code" in out
+    assert "resumed" not in out and "other code" not in out  # (ids: it never resumes it)
     run(shell, "STOP_AT = (0, 2)")
     assert isinstance(run(shell, crash, cell_id="train").error_in_exec, RuntimeError)
     run(shell, "STOP_AT = None")
@@ -1435,3 +1435,15 @@ def test_rollback_keeps_a_frames_axis_names_and_a_torch_size(tmp_path: Path) -> 
     assert ns["log"].equals(log) and (ns["losses"].name, ns["losses"].index.name) == \
         ("loss", "step")
     assert type(ns["shape"]) is torch.Size and ns["shape"] == (2, 3)
+
+
+def test_ckpt_status_in_a_session_names_its_store_as_a_path(shell, tmp_path: Path,
+                                                            capsys) -> None:
+    """The line form's status said file:///..., where the cells' first lines say a path."""
+    run(shell, SETUP)
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'line'}").success
+    capsys.readouterr()
+    run(shell, "%ckpt_status")
+    out = capsys.readouterr().out
+    assert str(tmp_path / "line") in out and "file://" not in out, out
+    run(shell, "%unload_ext ckpt_nb")
