@@ -22,6 +22,7 @@ import keyword
 import linecache
 import math
 import os
+import random
 import re
 import reprlib
 import signal
@@ -49,8 +50,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem
 from ._catalog import CheckpointRow, store_exists
-from ._discovery import (Discovery, assign_in_place, discover, from_storable, is_code,
-                         to_storable)
+from ._discovery import (Discovery, GeneratorState, RandomState, assign_in_place, discover,
+                         from_storable, is_code, to_storable)
 from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, warn)
 from ._format import is_count, run_key
@@ -1517,6 +1518,9 @@ class AutoSession:
         skip, rng_after = self._pending_skip or (0, None)
         loader_rng, self._pending_skip, self._pending_loader_rng = \
             self._pending_loader_rng, None, None
+        # A Dataset drawing from a notebook's generator draws again as the skipped batches
+        # are fetched: those go back as at the stop after it, as the global ones do.
+        held = _random_states(self.discovery.statefuls) if skip else []
         generators = self.loop.generators = _loader_generators(loader)
         if loader_rng is not None and len(loader_rng) == len(generators):
             for generator, state in zip(generators, loader_rng):
@@ -1530,6 +1534,7 @@ class AutoSession:
             next(iterator)
         if rng_after is not None:
             RNGState().load_state_dict(rng_after)
+        _put_random(held)
         index = skip
         self.loop.in_batches = True
         try:
@@ -1537,7 +1542,7 @@ class AutoSession:
                 # The consistent point is before the next batch is fetched: a Dataset that
                 # augments in this process draws from the generators, and a resume fetches
                 # that batch again, from the generators as they were here.
-                rng = RNGState.snapshot()
+                rng, before = RNGState.snapshot(), _random_states(self.discovery.statefuls)
                 try:
                     batch = next(iterator)
                 except StopIteration:
@@ -1545,7 +1550,14 @@ class AutoSession:
                 if index > skip:
                     self.loop.next_batch = index
                     self._consistent(rng)
-                    self.checkpoint_if_due()
+                    fetched: list[tuple[Any, Any]] = []
+                    if before and self.due() is not None:  # (saved as before the fetch too)
+                        fetched = _random_states(self.discovery.statefuls)
+                        _put_random(before)
+                    try:
+                        self.checkpoint_if_due()
+                    finally:
+                        _put_random(fetched)
                 yield index, batch
                 index += 1
             # Not a consistent point: a save using it would hold what the code after the loop
@@ -1849,6 +1861,34 @@ def _loader_generators(loader: Any) -> list[torch.Generator]:
         if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
             found.append(generator)
     return found
+
+
+def _random_states(statefuls: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """The notebook's tracked generators with their states now, as each keeps it (cheap:
+    taken before each batch). A Dataset that draws from one draws as a batch is fetched:
+    a resume, which fetches the skipped batches and the next one again, needs them as
+    they were before."""
+    states: list[tuple[Any, Any]] = []
+    for obj in statefuls.values():
+        if isinstance(obj, GeneratorState):
+            states.append((obj.generator, obj.generator.get_state()))
+        elif isinstance(obj, RandomState) and not isinstance(obj.rng, random.SystemRandom):
+            rng = obj.rng
+            states.append((rng, rng.getstate() if isinstance(rng, random.Random)
+                           else rng.bit_generator.state if isinstance(rng, np.random.Generator)
+                           else rng.get_state()))
+    return states
+
+
+def _put_random(states: list[tuple[Any, Any]]) -> None:
+    """Set generators back to states ``_random_states`` took."""
+    for rng, state in states:
+        if isinstance(rng, (torch.Generator, np.random.RandomState)):
+            rng.set_state(state)
+        elif isinstance(rng, random.Random):
+            rng.setstate(state)
+        else:
+            rng.bit_generator.state = state
 
 
 def epochs(n: int, start: int = 0) -> Iterator[int]:

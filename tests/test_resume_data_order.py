@@ -1,0 +1,130 @@
+"""A resume's data order and augmentation, bit-identical to a run never stopped: the
+notebook's own generators a Dataset draws from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ckpt_nb
+from test_magics import final_state, run, same  # (the shell's helpers)
+from test_session_jobs import script  # (a script in a fresh interpreter)
+
+# A script killed (DIE) mid-epoch, after a save at epoch 1, batch 6; it prints a digest of
+# its parameters. ``data`` defines ``loader``; ``wrap`` is what batches() is given.
+SCRIPT = """
+import hashlib, os, random, numpy as np, torch, ckpt_nb
+from tqdm import tqdm
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+{data}
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+with ckpt_nb.auto("store", every_steps=4):
+    for epoch in ckpt_nb.epochs(2):
+        for i, (xb, yb) in ckpt_nb.batches({wrap}):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if os.environ["DIE"] and epoch == 1 and i == 7:
+                os.kill(os.getpid(), 9)
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest())
+"""
+
+# A Dataset augmenting from a generator of the notebook's (``noise()``).
+AUGMENTED = """
+{rng}
+class Augmented(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, i):
+        return X[i] + 0.1 * noise(), Y[i]
+
+loader = torch.utils.data.DataLoader(Augmented(), batch_size=20, shuffle=True)
+"""
+
+NOTEBOOK_GENERATORS = {
+    "torch": "aug = torch.Generator().manual_seed(123)\n"
+             "def noise(): return torch.randn(8, generator=aug)",
+    "numpy": "aug = np.random.default_rng(5)\n"
+             "def noise(): return torch.from_numpy(aug.normal(size=8).astype('float32'))",
+    "legacy numpy": "aug = np.random.RandomState(5)\n"
+                    "def noise(): return torch.from_numpy(aug.normal(size=8).astype('float32'))",
+    "python": "aug = random.Random(5)\n"
+              "def noise(): return torch.tensor([aug.gauss(0, 1) for _ in range(8)])",
+}
+
+def killed_and_resumed(tmp_path: Path, data: str, wrap: str = "loader") -> tuple[str, str]:
+    """The parameters' digest of a run never stopped, and of a run killed and run again."""
+    code = SCRIPT.format(data=data, wrap=wrap)
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    reference = script(tmp_path / "ref", "train.py", code)
+    assert reference.returncode == 0, reference.stderr
+    script(tmp_path / "run", "train.py", code, die=True)
+    resumed = script(tmp_path / "run", "train.py", code)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    return reference.stdout.split()[-1], resumed.stdout.split()[-1]
+
+
+@pytest.mark.parametrize("kind", NOTEBOOK_GENERATORS)
+def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_a_kill(
+        tmp_path: Path, kind: str) -> None:
+    """The resume put the notebook's generator back as saved, then fetched the skipped
+    batches through the Dataset, which drew from it again; and the save held it as after
+    the next batch's fetch, which the resume fetches again."""
+    expected, resumed = killed_and_resumed(
+        tmp_path, AUGMENTED.format(rng=NOTEBOOK_GENERATORS[kind]))
+    assert resumed == expected
+
+
+# The same in a kernel: a cell interrupted mid-epoch, then run again.
+SETUP = """
+import os, signal, random, numpy as np, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+""" + AUGMENTED + """
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def stop_if(point):
+    if os.path.exists(point):
+        os.remove(point)
+        os.kill(os.getpid(), signal.SIGINT)
+"""
+
+TRAIN = """%%ckpt_auto --dir {dir} --every-steps 4
+for epoch in ckpt_nb.epochs(3):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        stop_if(f"after-{{epoch}}-{{i}}")
+"""
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_an_interrupt(
+        shell, tmp_path: Path, capsys, kind: str) -> None:
+    """The same kernel, the cell interrupted mid-epoch and run again: the skipped batches
+    drew from the notebook's generator after it was put back."""
+    setup = SETUP.format(rng=NOTEBOOK_GENERATORS[kind])
+    run(shell, setup)
+    assert run(shell, TRAIN.format(dir=tmp_path / "ref")).success
+    expected = final_state(shell)
+
+    run(shell, setup)
+    (tmp_path / "after-1-4").touch()
+    cell = TRAIN.format(dir=tmp_path / "run")
+    assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
+    capsys.readouterr()
+    assert run(shell, cell).success
+    assert "resumed from" in capsys.readouterr().out
+    assert same(final_state(shell), expected)
+    assert ckpt_nb.status() == {"active": False}
