@@ -1852,15 +1852,36 @@ def _live_name(key: str) -> str:
 
 def _loader_generators(loader: Any) -> list[torch.Generator]:
     """The generators a loader draws its order from, other than the global one: a
-    DataLoader's ``generator=``, and its sampler's where that has its own."""
+    DataLoader's ``generator=``, and its sampler's where that has its own, through
+    wrappers (``tqdm(loader)``) too."""
     found: list[torch.Generator] = []
-    sampler = getattr(loader, "sampler", None)
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for owner in (loader, sampler, getattr(batch_sampler, "sampler", None)):
-        generator = getattr(owner, "generator", None)
-        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
-            found.append(generator)
+    for layer in _wrapped(loader):
+        sampler = getattr(layer, "sampler", None)
+        batch_sampler = getattr(layer, "batch_sampler", None)
+        for owner in (layer, sampler, getattr(batch_sampler, "sampler", None)):
+            generator = getattr(owner, "generator", None)
+            if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+                found.append(generator)
     return found
+
+
+# Where wrappers of a loader keep it: tqdm's ``iterable``, accelerate's ``base_dataloader``
+# and ``_loader``, and the names of the like.
+_WRAPPED = ("iterable", "loader", "_loader", "dataloader", "_dataloader", "base_dataloader")
+_MAX_WRAPPERS = 4
+
+
+def _wrapped(loader: Any) -> list[Any]:
+    """The loader and what it wraps, outermost first (a few layers at most): a progress
+    bar around a DataLoader holds none of its generators."""
+    layers = [loader]
+    while len(layers) <= _MAX_WRAPPERS:
+        inner = next((value for name in _WRAPPED
+                      if (value := getattr(layers[-1], name, None)) is not None), None)
+        if inner is None or any(inner is layer for layer in layers):
+            break
+        layers.append(inner)
+    return layers
 
 
 def _random_states(statefuls: dict[str, Any]) -> list[tuple[Any, Any]]:

@@ -1,5 +1,5 @@
 """A resume's data order and augmentation, bit-identical to a run never stopped: the
-notebook's own generators a Dataset draws from."""
+notebook's own generators a Dataset draws from, and a loader wrapped in a progress bar."""
 
 from __future__ import annotations
 
@@ -58,6 +58,12 @@ NOTEBOOK_GENERATORS = {
               "def noise(): return torch.tensor([aug.gauss(0, 1) for _ in range(8)])",
 }
 
+OWN_GENERATOR = """
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
+                                     shuffle=True, generator=torch.Generator().manual_seed(42))
+"""
+
+
 def killed_and_resumed(tmp_path: Path, data: str, wrap: str = "loader") -> tuple[str, str]:
     """The parameters' digest of a run never stopped, and of a run killed and run again."""
     code = SCRIPT.format(data=data, wrap=wrap)
@@ -80,6 +86,13 @@ def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_a_kill(
     the next batch's fetch, which the resume fetches again."""
     expected, resumed = killed_and_resumed(
         tmp_path, AUGMENTED.format(rng=NOTEBOOK_GENERATORS[kind]))
+    assert resumed == expected
+
+
+def test_a_loader_in_a_progress_bar_resumes_its_own_generators_order(tmp_path: Path) -> None:
+    """batches(tqdm(loader)) looked for the loader's generator= on the progress bar."""
+    expected, resumed = killed_and_resumed(tmp_path, OWN_GENERATOR,
+                                           wrap="tqdm(loader, disable=True)")
     assert resumed == expected
 
 
