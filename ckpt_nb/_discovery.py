@@ -203,8 +203,51 @@ def _skip_reason(value: Any) -> str | None:
     if isinstance(value, types.LambdaType) and value.__name__ == "<lambda>":
         return "lambda"
     if isinstance(value, torch.utils.data.DataLoader):
-        return "DataLoader: ckpt_nb.batches() restores its order"
+        unheld = loader_random(value)[1]
+        return "DataLoader: ckpt_nb.batches() restores its order" + (
+            "" if not unheld else ", but not the draws from " + ", ".join(
+                f"{place} ({why})" for place, why in unheld.items())
+            + ": after a resume they differ from a run never stopped")
     return None
+
+
+# The generators a checkpoint holds the state of (``RandomState``: not a SystemRandom).
+_RANDOM_KINDS = (torch.Generator, np.random.Generator, np.random.RandomState, random.Random)
+
+
+def loader_random(loader: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The generators a DataLoader draws from besides the global ones, by where it holds
+    them: its own ``generator=`` and its samplers' first (the order of the checkpoints
+    that held torch's alone), then those its sampler, batch sampler and dataset hold as
+    attributes: a resume replays its order from them. Also those no checkpoint can hold,
+    with why and what to use instead."""
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    places = [(f"{name}.generator", getattr(owner, "generator", None)) for name, owner
+              in (("loader", loader), ("sampler", sampler), ("batch_sampler.sampler", inner))]
+    for name, owner in (("sampler", sampler), ("batch_sampler", batch_sampler),
+                        ("batch_sampler.sampler", inner),
+                        ("dataset", getattr(loader, "dataset", None))):
+        places += [(f"{name}.{attribute}", value)
+                   for attribute, value in getattr(owner, "__dict__", {}).items()]
+    held: dict[str, Any] = {}
+    unheld: dict[str, str] = {}
+    seen: set[int] = set()
+    for place, value in places:
+        if id(value) in seen:
+            continue
+        if isinstance(value, random.SystemRandom):
+            unheld[place] = "a SystemRandom, which has no state to save: use random.Random"
+        elif isinstance(value, np.random.BitGenerator):
+            unheld[place] = (f"a bare {type(value).__name__}: draw from "
+                             "np.random.Generator(it) instead")
+        elif isinstance(value, _RANDOM_KINDS):
+            held[place] = value
+        else:
+            continue
+        seen.add(id(value))
+    return held, unheld
 
 
 def _warn_persistent_workers(name: str, value: Any) -> None:

@@ -51,7 +51,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (Discovery, GeneratorState, RandomState, assign_in_place, discover,
-                         from_storable, is_code, to_storable)
+                         from_storable, is_code, loader_random, to_storable)
 from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, warn)
 from ._format import is_count, run_key
@@ -1522,7 +1522,8 @@ class AutoSession:
         # are fetched: those go back as at the stop after it, as the global ones do.
         held = _random_states(self.discovery.statefuls) if skip else []
         generators = self.loop.generators = _loader_generators(loader)
-        if loader_rng is not None and len(loader_rng) == len(generators):
+        if loader_rng is not None and len(loader_rng) == len(generators) and \
+                all(_fits(g, state) for g, state in zip(generators, loader_rng)):
             for generator, state in zip(generators, loader_rng):
                 generator.set_state(state)  # (as the epoch began, or as it was saved)
         if not skip:
@@ -1850,19 +1851,16 @@ def _live_name(key: str) -> str:
     return key[3:] if key.startswith("ns:") else key
 
 
-def _loader_generators(loader: Any) -> list[torch.Generator]:
-    """The generators a loader draws its order from, other than the global one: a
-    DataLoader's ``generator=``, and its sampler's where that has its own, through
-    wrappers (``tqdm(loader)``) too."""
-    found: list[torch.Generator] = []
+def _loader_generators(loader: Any) -> list[torch.Generator | _HeldRandom]:
+    """The generators a loader draws its order from, other than the global ones: a
+    DataLoader's ``generator=``, its samplers' and those its sampler, batch sampler and
+    dataset hold (``loader_random``), through wrappers (``tqdm(loader)``) too. NumPy's and
+    Python's as ``_HeldRandom``: a checkpoint holds each one's state as a tensor."""
+    found: dict[int, Any] = {}
     for layer in _wrapped(loader):
-        sampler = getattr(layer, "sampler", None)
-        batch_sampler = getattr(layer, "batch_sampler", None)
-        for owner in (layer, sampler, getattr(batch_sampler, "sampler", None)):
-            generator = getattr(owner, "generator", None)
-            if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
-                found.append(generator)
-    return found
+        found.update((id(rng), rng) for rng in loader_random(layer)[0].values())
+    return [rng if isinstance(rng, torch.Generator) else _HeldRandom(rng)
+            for rng in found.values()]
 
 
 # Where wrappers of a loader keep it: tqdm's ``iterable``, accelerate's ``base_dataloader``
@@ -1882,6 +1880,40 @@ def _wrapped(loader: Any) -> list[Any]:
             break
         layers.append(inner)
     return layers
+
+
+class _HeldRandom:
+    """A NumPy ``Generator`` / ``RandomState`` or a ``random.Random`` that a loader holds,
+    with a ``torch.Generator``'s ``get_state`` / ``set_state``: its state (``RandomState``'s
+    JSON) as a uint8 tensor, which is what a run record holds of a loader's generators."""
+
+    def __init__(self, rng: Any) -> None:
+        self.rng = rng
+
+    def get_state(self) -> torch.Tensor:
+        text = json.dumps(RandomState(self.rng).state_dict())
+        return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+
+    def set_state(self, state: torch.Tensor) -> None:
+        RandomState(self.rng).load_state_dict(json.loads(bytes(state.numpy()).decode()))
+
+
+def _fits(generator: torch.Generator | _HeldRandom, state: torch.Tensor) -> bool:
+    """Whether a saved state is one of this generator's kind: a loader changed since the
+    save may hold other kinds, in the same number, which a state of another would break."""
+    mine = generator.get_state()
+    if isinstance(generator, torch.Generator):
+        return state.numel() == mine.numel()
+    try:
+        return _random_kind(state) == _random_kind(mine)
+    except (ValueError, TypeError, AttributeError):  # (a torch.Generator's state, say)
+        return False
+
+
+def _random_kind(state: torch.Tensor) -> tuple[str, Any]:
+    """A ``_HeldRandom`` state's kind: Python's, or NumPy's of its bit generator."""
+    (key, text), = json.loads(bytes(state.numpy()).decode()).items()
+    return key, json.loads(text).get("bit_generator") if key == "numpy" else None
 
 
 def _random_states(statefuls: dict[str, Any]) -> list[tuple[Any, Any]]:

@@ -1,13 +1,16 @@
 """A resume's data order and augmentation, bit-identical to a run never stopped: the
-notebook's own generators a Dataset draws from, and a loader wrapped in a progress bar."""
+notebook's own generators a Dataset draws from, a loader wrapped in a progress bar, and
+generators a sampler or dataset holds."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckpt_nb
+from ckpt_nb._discovery import discover
 from test_magics import final_state, run, same  # (the shell's helpers)
 from test_session_jobs import script  # (a script in a fresh interpreter)
 
@@ -58,6 +61,28 @@ NOTEBOOK_GENERATORS = {
               "def noise(): return torch.tensor([aug.gauss(0, 1) for _ in range(8)])",
 }
 
+# A sampler drawing its order from a NumPy generator of its own, and a dataset augmenting
+# from a torch.Generator it holds (under names of their own).
+HELD = """
+class Shuffled(torch.utils.data.Sampler):
+    def __init__(self, n):
+        self.n, self.rng = n, np.random.default_rng(11)
+    def __len__(self):
+        return self.n
+    def __iter__(self):
+        return iter(self.rng.permutation(self.n).tolist())
+
+class Augmented(torch.utils.data.Dataset):
+    def __init__(self):
+        self.noise = torch.Generator().manual_seed(7)
+    def __len__(self):
+        return len(X)
+    def __getitem__(self, i):
+        return X[i] + 0.1 * torch.randn(8, generator=self.noise), Y[i]
+
+loader = torch.utils.data.DataLoader(Augmented(), batch_size=20, sampler=Shuffled(len(X)))
+"""
+
 OWN_GENERATOR = """
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
                                      shuffle=True, generator=torch.Generator().manual_seed(42))
@@ -94,6 +119,50 @@ def test_a_loader_in_a_progress_bar_resumes_its_own_generators_order(tmp_path: P
     expected, resumed = killed_and_resumed(tmp_path, OWN_GENERATOR,
                                            wrap="tqdm(loader, disable=True)")
     assert resumed == expected
+
+
+def test_generators_a_sampler_and_dataset_hold_resume_bit_exact(tmp_path: Path) -> None:
+    """Only a DataLoader's generator= and its samplers' ``generator`` were saved: a
+    sampler's own NumPy generator and a dataset's torch.Generator started the resumed
+    epoch elsewhere, while the start line said its order was restored."""
+    expected, resumed = killed_and_resumed(tmp_path, HELD)
+    assert resumed == expected
+
+
+def test_a_sampler_whose_generator_changed_kind_since_the_save_still_resumes(
+        tmp_path: Path) -> None:
+    """A saved state of a generator of another kind (the sampler's NumPy one, now a
+    random.Random) is not set on it (it would fail): the order is the new sampler's."""
+    (tmp_path / "run").mkdir()
+    script(tmp_path / "run", "train.py", SCRIPT.format(data=HELD, wrap="loader"), die=True)
+    changed = HELD.replace("np.random.default_rng(11)", "random.Random(11)").replace(
+        "self.rng.permutation(self.n).tolist()", "self.rng.sample(range(self.n), self.n)")
+    resumed = script(tmp_path / "run", "train.py", SCRIPT.format(data=changed, wrap="loader"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout + resumed.stderr
+
+
+def test_the_start_line_names_a_loaders_generator_that_no_checkpoint_holds() -> None:
+    """The start line said "ckpt_nb.batches() restores its order" of a loader whose
+    sampler draws from a SystemRandom, whose state nothing can save."""
+    class Shuffled(torch.utils.data.Sampler[int]):
+        def __init__(self) -> None:
+            import random
+            self.rng = random.SystemRandom()
+
+        def __len__(self) -> int:
+            return 4
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(self.rng.sample(range(4), 4))
+
+    loader = torch.utils.data.DataLoader(list(range(4)), sampler=Shuffled())
+    summary = discover({"loader": loader}).summary()
+    assert "ckpt_nb.batches() restores its order, but not the draws from sampler.rng (a " \
+        "SystemRandom, which has no state to save: use random.Random)" in summary, summary
+    plain = torch.utils.data.DataLoader(list(range(4)), shuffle=True)
+    assert discover({"loader": plain}).summary().endswith(
+        "(DataLoader: ckpt_nb.batches() restores its order)")
 
 
 # The same in a kernel: a cell interrupted mid-epoch, then run again.
