@@ -265,7 +265,7 @@ class _Loop:
     # The states of the loader's own generators (DataLoader(generator=g)) as the epoch
     # began: its order comes from them, not from the global generators.
     loader_rng: list[torch.Tensor] | None = None
-    generators: list[torch.Generator] = dataclasses.field(default_factory=list)
+    generators: list[torch.Generator | _HeldRandom] = dataclasses.field(default_factory=list)
     in_batches: bool = False
     tracked_loader: bool = False  # whether batches() has run in this epoch
 
