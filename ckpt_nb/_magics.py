@@ -73,6 +73,8 @@ class CkptMagics(Magics):
               help="do not resume the cell's unfinished run: train on from the objects as "
                    "they are (new objects start a new root)")
     @argument("--sync", action="store_true", help="save on the training thread")
+    @argument("--off", action="store_true", help="stop the line form's checkpointing of "
+              "the session (%%ckpt_auto --off), letting go of its buffers")
     @line_cell_magic
     def ckpt_auto(self, line: str, cell: str | None = None) -> Any:
         """Checkpoint training automatically: for one cell (%%) or the session (%)."""
@@ -80,8 +82,12 @@ class CkptMagics(Magics):
         # A negative value would be taken for an option ("expected one argument"): bind it
         # to its option, for the check that names it.
         line = _NEGATIVE_VALUE.sub(r"\1=\2", line)
+        args = _arguments(self.ckpt_auto, line)
+        if args.off:
+            self._stop_line_form(line, cell)
+            return None
         try:
-            config = self._config(_arguments(self.ckpt_auto, line))
+            config = self._config(args)
         except ValueError as exc:
             raise UsageError(f"%ckpt_auto: {exc}") from None
         if cell is None:
@@ -182,6 +188,20 @@ class CkptMagics(Magics):
         session = self._line_session
         if session is not None and session_mod.active() is session:
             session.end_cell(result.error_in_exec, final=False)
+
+    def _stop_line_form(self, line: str, cell: str | None) -> None:
+        __tracebackhide__ = True
+        if cell is not None or line.split() != ["--off"]:
+            raise UsageError("%ckpt_auto: --off takes no other option, and no cell: it stops "
+                             "the line form (%ckpt_auto --off)")
+        session = self._line_session
+        if session is None:
+            print("ckpt_nb: the session is not being checkpointed (%ckpt_auto starts it)")
+            return
+        self.stop_line_session()  # (waits for the write in flight)
+        last = session.writer.last_id
+        print("ckpt_nb: stopped checkpointing the session"
+              + (f"; its last checkpoint is {last}" if last else ""))
 
     def stop_line_session(self) -> None:
         if self._line_session is None:

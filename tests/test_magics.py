@@ -1447,3 +1447,23 @@ def test_ckpt_status_in_a_session_names_its_store_as_a_path(shell, tmp_path: Pat
     out = capsys.readouterr().out
     assert str(tmp_path / "line") in out and "file://" not in out, out
     run(shell, "%unload_ext ckpt_nb")
+
+
+def test_ckpt_auto_off_stops_the_line_form(shell, tmp_path: Path, capsys) -> None:
+    """The README said the line form's buffers are held "until %ckpt_auto is stopped",
+    and nothing but %unload_ext stopped it (`%ckpt_auto stop` was refused)."""
+    run(shell, SETUP)
+    step = "for s in range(3):\n    opt.zero_grad(); model(X[:40]).sum().backward(); opt.step()\n"
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'line'}").success
+    assert run(shell, step).success
+    saved = ckpt_nb.CheckpointManager(tmp_path / "line").list()["id"].tolist()
+    capsys.readouterr()
+    assert run(shell, "%ckpt_auto --off").success
+    assert capsys.readouterr().out == ("ckpt_nb: stopped checkpointing the session; its last "
+                                       f"checkpoint is {saved[-1]}\n")
+    assert run(shell, step).success  # (trained: no save now)
+    assert ckpt_nb.CheckpointManager(tmp_path / "line").list()["id"].tolist() == saved
+    assert run(shell, "%ckpt_auto --off").success
+    assert "the session is not being checkpointed" in capsys.readouterr().out
+    refused = run(shell, "%ckpt_auto --off --keep 2")
+    assert "--off takes no other option" in str(refused.error_in_exec)
