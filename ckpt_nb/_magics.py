@@ -23,6 +23,7 @@ from traitlets import Bool, Int, Unicode
 from . import _session as session_mod
 from ._errors import CaptureError, CheckpointNotFoundError, CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
+from ._store import why_no_store
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
 MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status", "ckpt_ui"),
@@ -253,7 +254,8 @@ class CkptMagics(Magics):
                              "first")
         try:
             if not store_exists(directory):
-                raise UsageError(f"%ckpt_list: no checkpoint store at {directory}")
+                raise UsageError(f"%ckpt_list: no checkpoint store at {directory}"
+                                 f"{why_no_store(directory)}")
             with session_mod.listing_manager(directory) as manager:  # (its metric: best)
                 return manager.list()
         except CkptError as exc:  # (a store that does not open, a backend that fails)

@@ -25,6 +25,7 @@ from . import _session
 from ._catalog import store_exists
 from ._errors import CheckpointNotFoundError, MetricNotFoundError
 from ._manager import CheckpointManager
+from ._store import why_no_store
 
 StoreLike = str | os.PathLike[str] | CheckpointManager
 P = ParamSpec("P")
@@ -71,9 +72,9 @@ def opened(store: StoreLike) -> Iterator[CheckpointManager]:
         return
     text = os.fspath(store)
     if not store_exists(text):
-        raise CheckpointNotFoundError(
-            f"no checkpoint store at {text}: give the directory a CheckpointManager or "
-            "%ckpt_auto --dir wrote to")
+        raise CheckpointNotFoundError(f"no checkpoint store at {text}" + (
+            why_no_store(text) or ": give the directory a CheckpointManager or %ckpt_auto "
+            "--dir wrote to"))
     manager = CheckpointManager(text)
     try:
         yield manager

@@ -57,7 +57,7 @@ from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptC
 from ._format import is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
-from ._store import canonical_url, file_url_path
+from ._store import canonical_url, file_url_path, why_no_store
 
 RUN_KEY = "ckpt_nb_run"
 _ENDED = "ckpt_nb_run_end:"  # + a run's id: the catalog's key of the checkpoint it ended at
@@ -2014,8 +2014,8 @@ def _session_for(directory: str | os.PathLike[str] | None,
     config, last_namespace = _last or (AutoConfig(), {})
     if directory is not None:
         if not store_exists(directory):
-            raise CheckpointNotFoundError(f"no checkpoint store at {directory}: give the --dir "
-                                          "of a %ckpt_auto run")
+            raise CheckpointNotFoundError(f"no checkpoint store at {directory}" + (
+                why_no_store(os.fspath(directory)) or ": give the --dir of a %ckpt_auto run"))
         config = dataclasses.replace(config, directory=os.fspath(directory))
     elif config.directory is None:
         config = dataclasses.replace(config, directory=default_directory(last_namespace))

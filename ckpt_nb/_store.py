@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import urllib.parse
+import urllib.request
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -873,3 +874,17 @@ def local_root(store: Store) -> Path | None:
     """The directory of a local store, where the catalog can live beside the data."""
     return store.root if isinstance(store, LocalStore) else None
 
+
+def why_no_store(location: str) -> str:
+    """Why ``location`` holds no store, where a path is a file or a URL's bucket is not
+    there (as a save says); "" otherwise. Every "no checkpoint store" error ends with it."""
+    if "://" not in location or location.startswith("file://"):
+        path = urllib.request.url2pathname(urllib.parse.urlsplit(location).path) \
+            if "://" in location else location
+        return ": it is a file; a store is the folder a CheckpointManager saves into" \
+            if os.path.isfile(path) else ""
+    if location == "memory://":
+        return ""
+    bucket = FsspecStore(location).missing_bucket()
+    return f": the bucket {bucket!r} does not exist (ckpt_nb creates no bucket: create " \
+        "it, or check its name)" if bucket else ""

@@ -16,8 +16,6 @@ import re
 import sqlite3
 import sys
 import unicodedata
-import urllib.parse
-import urllib.request
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -29,7 +27,7 @@ from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError)
 from ._interop import check_export_path, write_file
 from ._manager import CheckpointManager
-from ._store import FsspecStore, Store, open_store
+from ._store import Store, open_store, why_no_store
 from ._units import human_size
 
 ProgressFn = Callable[[int, int], None]
@@ -69,7 +67,7 @@ def _main(argv: list[str]) -> int:
     with _warnings_as_lines(own):
         try:
             if not store_exists(location):  # (asks an object store: inside the try)
-                say(f"no checkpoint store at {location}{_why_no_store(location)}")
+                say(f"no checkpoint store at {location}{why_no_store(location)}")
                 return 2
             store = open_store(location)
             with CheckpointManager(store, metric=args.metric, mode=args.mode) as mgr:
@@ -447,21 +445,6 @@ def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 # -- formatting ---------------------------------------------------------------------
-def _why_no_store(location: str) -> str:
-    """Where the path is a file, or the URL's bucket is not there, a hint that says so
-    (as a save says)."""
-    if "://" not in location or location.startswith("file://"):
-        path = urllib.request.url2pathname(urllib.parse.urlsplit(location).path) \
-            if "://" in location else location
-        return ": it is a file; a store is the folder a CheckpointManager saves into" \
-            if os.path.isfile(path) else ""
-    if location == "memory://":
-        return ""
-    bucket = FsspecStore(location).missing_bucket()
-    return f": the bucket {bucket!r} does not exist (ckpt_nb creates no bucket: create " \
-        "it, or check its name)" if bucket else ""
-
-
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
            right: frozenset[str] | set[str] = frozenset()) -> str:
     """Rows of strings in aligned columns; columns named in ``right`` align right."""

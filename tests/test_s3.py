@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,12 +20,14 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from conftest import Holder, s3_server
 
-from ckpt_nb import CheckpointManager, CorruptCheckpointError, FsspecStore, StoreError
+from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
+                     FsspecStore, StoreError)
 from ckpt_nb.cli import main as cli
 
 s3fs = pytest.importorskip("s3fs")
@@ -469,3 +472,19 @@ def test_an_upload_leaves_no_spool_file_to_outlive_a_killed_kernel(
         cid = mgr.save(h=Holder(weights(3)))
     assert torch.equal(CheckpointManager(f"s3://{bucket}/exp").load(cid).state["h"]["w"],
                        weights(3)["w"])
+
+
+def test_every_no_store_error_names_a_missing_bucket(
+        bucket: str, shell: Any) -> None:
+    """The CLI said the bucket did not exist; %ckpt_list, explore() and rollback() said
+    only "no checkpoint store at ..."."""
+    import ckpt_nb
+
+    url = f"s3://{bucket}x/exp"
+    said = f"the bucket '{bucket}x' does not exist (ckpt_nb creates no bucket"
+    with pytest.raises(CheckpointNotFoundError, match=re.escape(said)):
+        ckpt_nb.plot_metrics(url)
+    with pytest.raises(CheckpointNotFoundError, match=re.escape(said)):
+        ckpt_nb.rollback(directory=url, namespace={})
+    result = shell.run_cell(f"%ckpt_list {url}")
+    assert said in str(result.error_in_exec), result.error_in_exec
