@@ -294,7 +294,8 @@ class CheckpointManager:
         why = "was missing"
         if not found and local_root(self.store) is None and path != ":memory:" \
                 and self._behind_the_store(catalog):
-            why = "no longer matched the store (it was written from elsewhere)"
+            why = ("no longer matched the store (written from elsewhere, or a save here was "
+                   "cut short)")
             with self._exclusive():
                 catalog.reseed(read_store(_committed(catalog)))
         if self._read_only_rebuild:
