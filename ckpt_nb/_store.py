@@ -666,7 +666,14 @@ class FsspecStore(Store):
     def __init__(self, url: str, **storage_options: object) -> None:
         import fsspec
 
-        self.fs, root = fsspec.core.url_to_fs(url, **_with_timeouts(url, storage_options))
+        try:
+            self.fs, root = fsspec.core.url_to_fs(url, **_with_timeouts(url, storage_options))
+        except ValueError as exc:
+            if not str(exc).startswith("Protocol not known"):
+                raise
+            raise ValueError(f"{url}: no storage knows the scheme {url.split('://')[0]!r}: a "
+                             "store is a path, a file:// URL or an fsspec URL "
+                             "(s3://bucket/path, with pip install \"ckpt_nb[s3]\")") from exc
         if "//" in root.strip("/"):
             # An object store keeps the empty segment in its keys: s3://b//x is another
             # store than s3://b/x, whose listings (by folder) found nothing in it.

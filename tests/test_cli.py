@@ -706,3 +706,12 @@ def test_export_names_the_checkpoint_it_wrote(store: Store, tmp_path: Path) -> N
     assert done.stdout.startswith(f"{tmp_path / 'm.pt'} (") and \
         done.stdout.endswith(f", checkpoint {store.ids[1]})\n")
     assert torch.load(tmp_path / "m.pt", weights_only=True)["ckpt_nb"]["id"] == store.ids[1]
+
+
+def test_a_url_of_an_unknown_scheme_is_named_with_what_a_store_can_be(capsys) -> None:
+    """A typo in the scheme printed fsspec's bare "Protocol not known: s4"."""
+    assert main(["ls", "s4://b/x"]) == 1
+    err = capsys.readouterr().err
+    assert "s4://b/x: no storage knows the scheme 's4': a store is a path" in err, err
+    with pytest.raises(ValueError, match="no storage knows the scheme 's4'"):
+        CheckpointManager("s4://b/x")
