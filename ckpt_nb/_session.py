@@ -585,6 +585,49 @@ class _RunsManager(CheckpointManager):
         super()._apply_retention(protect | self.named, among)
 
 
+class _Gradients:
+    """The gradients of the optimizers' parameters as the last optimizer step left them.
+    One that changed since, or appeared, waits for a step to come (gradient
+    accumulation); no checkpoint holds gradients, so a resume would lose it."""
+
+    def __init__(self) -> None:
+        self.stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.marks: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self.waiting_since: int | None = None  # (the steps seen when a save began to wait)
+        self.said = False  # (that a save went ahead without them)
+
+    def parameters(self, objects: Iterable[Any]) -> list[torch.Tensor]:
+        """The parameters of the optimizers among ``objects`` and of those that stepped:
+        flat lists, where a model's parameters() walks its modules (five times the time)."""
+        optimizers = {id(o): o for o in (*self.stepped, *objects)
+                      if isinstance(o, torch.optim.Optimizer)}
+        return [p for o in optimizers.values() for group in o.param_groups
+                for p in group["params"]]
+
+    def mark(self, optimizer: torch.optim.Optimizer, objects: Iterable[Any]) -> None:
+        """After any optimizer step, every optimizer's parameters (a GAN's generator step
+        follows a backward pass into the discriminator's too): each gradient's tensor
+        (weakly: a zero_grad() frees it) and its version counter, which a backward pass
+        into it bumps."""
+        self.stepped.add(optimizer)
+        self.marks = {id(p): (weakref.ref(g), g._version) for p in self.parameters(objects)
+                      if (g := p.grad) is not None}
+
+    def accumulated(self, objects: Iterable[Any]) -> bool:
+        """Whether a gradient changed or appeared since the last step; one zeroed in place
+        since (``zero_grad(set_to_none=False)``) holds nothing to lose."""
+        for p in self.parameters(objects):
+            g = p.grad
+            if g is None:
+                continue
+            mark = self.marks.get(id(p))
+            if mark is not None and mark[0]() is g and mark[1] == g._version:
+                continue
+            if bool(_data_of(g)[-1].any()):
+                return True
+        return False
+
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -608,6 +651,7 @@ class AutoSession:
         self._buffers = SnapshotBuffers()
         self.step = 0
         self._steps_by_optimizer: dict[int, int] = {}
+        self._gradients = _Gradients()  # (as the last optimizer step left them)
         self.history = History()
         self.metrics: dict[str, float] = {}
         # A checkpoint carries a metric only for the state it was measured on: the count
@@ -854,12 +898,41 @@ class AutoSession:
               file=sys.stderr, flush=True)
 
     # -- triggers -------------------------------------------------------------------
-    def _consistent(self, rng: tuple[Any, ...] | None = None) -> None:
+    def _consistent(self, rng: tuple[Any, ...] | None = None) -> bool:
         """Mark a consistent point: the state here is one a resume can start from.
-        ``rng``: the generators' snapshot taken there, if the code since drew from them."""
+        ``rng``: the generators' snapshot taken there, if the code since drew from them.
+        Where a save is due and gradients wait for an optimizer step
+        (``_gradients_pending``), it is none: returns False, and the save waits."""
+        if self.due() is not None and self._gradients_pending():
+            self.last_consistent_step = None  # (the state changed since the last one)
+            return False
+        self._gradients.waiting_since = None
         self.last_consistent_step = self.step
         # raw: converted only if a save needs it
         self._consistent_rng = rng if rng is not None else RNGState.snapshot()
+        return True
+
+    def _gradients_pending(self) -> bool:
+        """Whether the optimizers' parameters hold gradients accumulated since the last
+        optimizer step (gradient accumulation): no checkpoint holds them, so a resume from
+        a save here would lose them, and the save waits for the step. A loop that
+        backpropagates after its step (the step first in its body) has no point without
+        them: after one step more, the save goes ahead without them, and says so once. It
+        walks every parameter: only where a save is due."""
+        gradients = self._gradients
+        if not gradients.accumulated(self.discovery.statefuls.values()):
+            return False
+        if gradients.waiting_since is None:
+            gradients.waiting_since = self._steps_seen
+        if gradients.waiting_since == self._steps_seen:
+            return True
+        if not gradients.said:
+            gradients.said = True
+            self.say("saving without the gradients accumulated since the last optimizer "
+                     "step: this loop backpropagates after its step, so no point comes "
+                     "between the two; a resume from such a checkpoint goes on without "
+                     "them")
+        return False
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if active() is not self:
@@ -869,6 +942,7 @@ class AutoSession:
         self._steps_seen += 1
         self._metric_due = False  # the state the metric was measured on is gone
         self.step = max(self._steps_by_optimizer.values()) + self._step_offset
+        self._gradients.mark(optimizer, self.discovery.statefuls.values())
         # With no loop helpers, right after the step is a consistent point. Not inside an
         # epoch of epochs() (a step outside its tracked batches() loop, or a plain loop
         # over the data): the position saved there, the epoch's start, would be replayed.
@@ -1550,15 +1624,15 @@ class AutoSession:
                     break
                 if index > skip:
                     self.loop.next_batch = index
-                    self._consistent(rng)
-                    fetched: list[tuple[Any, Any]] = []
-                    if before and self.due() is not None:  # (saved as before the fetch too)
-                        fetched = _random_states(self.discovery.statefuls)
-                        _put_random(before)
-                    try:
-                        self.checkpoint_if_due()
-                    finally:
-                        _put_random(fetched)
+                    if self._consistent(rng):
+                        fetched: list[tuple[Any, Any]] = []
+                        if before and self.due() is not None:  # (saved as before the fetch too)
+                            fetched = _random_states(self.discovery.statefuls)
+                            _put_random(before)
+                        try:
+                            self.checkpoint_if_due()
+                        finally:
+                            _put_random(fetched)
                 yield index, batch
                 index += 1
             # Not a consistent point: a save using it would hold what the code after the loop

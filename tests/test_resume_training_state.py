@@ -1,0 +1,127 @@
+"""What a resume must put back besides the state_dicts: gradients accumulated for an
+optimizer step to come (a save waits for the step), parameters' requires_grad, and a
+checkpoint that no longer fits the objects (a refusal that says the ways on). Scripts
+stopped (SIGINT, SIGKILL) and run again, their final parameters compared bit for bit with
+a run never stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckpt_nb
+from test_session_jobs import script  # (a script file run in a fresh interpreter)
+
+HEAD = """
+import hashlib, os, signal, sys, torch, ckpt_nb
+torch.set_num_threads(1)
+torch.manual_seed(0)
+X = torch.randn(180, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=10,
+                                     shuffle=True)
+
+AT = (1, 7)
+
+def stop_at(epoch, i, signum):
+    # The file "stop" there stops the script once (SIGINT), or kills it (DIE set).
+    if (epoch, i) == AT and (os.path.exists("stop") or os.environ["DIE"]):
+        if os.path.exists("stop"):
+            os.remove("stop")
+        os.kill(os.getpid(), signum)
+
+def digest(model):
+    return hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                 for p in model.parameters())).hexdigest()
+"""
+
+# Three backward passes a step: 18 batches an epoch, steps after batches 2, 5, 8, ...
+ACCUMULATE = HEAD + """
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+try:
+    with ckpt_nb.auto("store", every_steps=4, sync=True):
+        for epoch in ckpt_nb.epochs(2):
+            for i, (xb, yb) in ckpt_nb.batches(loader):
+                (torch.nn.functional.cross_entropy(model(xb), yb) / 3).backward()
+                if i % 3 == 2:
+                    opt.step()
+                    opt.zero_grad()
+                stop_at(epoch, i, signal.SIGINT)
+except KeyboardInterrupt as exc:
+    print("interrupted:", exc)
+    sys.exit(0)
+print("params", digest(model))
+"""
+
+
+def reference(tmp_path: Path, code: str) -> str:
+    """The final parameters' digest of a run never stopped (in a store of its own)."""
+    (tmp_path / "ref").mkdir()
+    done = script(tmp_path / "ref", "train.py", code)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("params ")[1].strip()
+
+
+@pytest.mark.parametrize("window, at, step, resumed_at", [
+    # (gradients of batches 6 and 7 pending: the save waits for the step after batch 8)
+    ("i % 3 == 2", (1, 7), 9, "(epoch 1, batch 9, step 9)"),
+])
+def test_an_interrupt_during_gradient_accumulation_saves_after_the_step_and_resumes_bit_exact(
+        tmp_path: Path, window: str, at: tuple[int, int], step: int, resumed_at: str) -> None:
+    """An interrupt after batch 7 saved before batch 8 with the gradients of batches 6 and
+    7 in .grad, which no checkpoint holds: the resume in a new process went on without
+    them, silently. The save now waits for the step."""
+    code = ACCUMULATE.replace("i % 3 == 2", window).replace("AT = (1, 7)", f"AT = {at}")
+    (tmp_path / "stop").touch()
+    stopped = script(tmp_path, "train.py", code)
+    assert f"interrupted: the cell stopped at step {step}:" in stopped.stdout, stopped.stdout
+    again = script(tmp_path, "train.py", code)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stdout and resumed_at in again.stdout, again.stdout
+    assert again.stdout.split("params ")[1].strip() == reference(tmp_path, code)
+
+
+def test_gradients_zeroed_in_place_after_the_step_do_not_hold_a_save_back(
+        tmp_path: Path, capsys) -> None:
+    """zero_grad(set_to_none=False) writes every gradient after the step: zeros are no
+    gradients to wait for, and the save due goes in at the next batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    data = [torch.randn(2, 4) for _ in range(12)]
+    with ckpt_nb.auto(str(tmp_path / "s"), namespace=ns, every_steps=2, sync=True):
+        for _ in ckpt_nb.epochs(1):
+            for i, x in ckpt_nb.batches(data):
+                model(x).sum().backward()
+                if i % 3 == 2:
+                    ns["opt"].step()
+                    ns["opt"].zero_grad(set_to_none=False)
+    assert "saving without" not in capsys.readouterr().out
+    manager = ckpt_nb.CheckpointManager(tmp_path / "s")
+    saved = manager.list()
+    assert list(saved["step"]) == [2, 4] and saved["batch_idx"].iloc[0] == 6, saved
+
+
+def test_a_loop_that_backpropagates_after_its_step_still_saves_and_says_so(
+        tmp_path: Path, capsys) -> None:
+    """With the step first in the loop body, every batch boundary holds the gradients of
+    the batch before: waiting for a point without them would never save. A save waits
+    one step, then goes in without them, and says so once."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    data = [torch.randn(2, 4) for _ in range(12)]
+    with ckpt_nb.auto(str(tmp_path / "s"), namespace=ns, every_steps=3, sync=True):
+        for _ in ckpt_nb.epochs(1):
+            for i, x in ckpt_nb.batches(data):
+                if i:
+                    ns["opt"].step()
+                    ns["opt"].zero_grad()
+                model(x).sum().backward()
+    out = capsys.readouterr().out
+    assert out.count("saving without the gradients accumulated since the last optimizer "
+                     "step: this loop backpropagates after its step") == 1, out
+    steps = sorted(ckpt_nb.CheckpointManager(tmp_path / "s").list()["step"])
+    assert steps == [4, 8, 11], steps  # (every 3 steps, a step late; and the cell's end)
