@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem
+from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem, unwrap
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (Discovery, GeneratorState, RandomState, assign_in_place, discover,
                          from_storable, is_code, loader_random, to_storable)
@@ -628,6 +628,42 @@ class _Gradients:
         return False
 
 
+def _frozen(statefuls: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The parameters of each tracked module whose requires_grad is off (a frozen
+    backbone), by stored key, where any: no state_dict holds the flag, so a resume puts
+    it back from the run record (``_put_back_frozen``)."""
+    frozen = {}
+    for name, obj in statefuls.items():
+        if isinstance(obj, torch.nn.Module):
+            off = [n for n, p in unwrap(obj).named_parameters() if not p.requires_grad]
+            if off:
+                frozen[_stored_key(name)] = off
+    return frozen
+
+
+def _put_back_frozen(objects: Mapping[str, Any], frozen: Any) -> list[str]:
+    """Set the requires_grad of the modules' parameters as the run record has them (off
+    for those ``_frozen`` names, on for the others): a backbone unfrozen in the loop came
+    back frozen. Returns what it changed, for the resume's line; a record saved before
+    the flags were (no ``frozen``) changes nothing."""
+    if not isinstance(frozen, dict):
+        return []
+    changed = []
+    for key, obj in objects.items():
+        off = frozen.get(key, [])
+        if not isinstance(obj, torch.nn.Module) or not isinstance(off, list):
+            continue
+        flipped: dict[bool, list[str]] = {True: [], False: []}
+        for name, p in unwrap(obj).named_parameters():
+            if p.requires_grad != (name not in off):
+                p.requires_grad_(name not in off)
+                flipped[name not in off].append(name)
+        changed += [f"requires_grad = {on} (was {not on}) for {_live_name(key)}'s "
+                    + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
+                    for on, names in flipped.items() if names]
+    return changed
+
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -1020,7 +1056,8 @@ class AutoSession:
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
                         "loader_rng_now": [g.get_state() for g in self.loop.generators]},
-               "variables": {n: to_storable(v) for n, v in found.variables.items()}}
+               "variables": {n: to_storable(v) for n, v in found.variables.items()},
+               "frozen": _frozen(found.statefuls)}
         if not self.config.sync:
             self._buffers.start()
         objects = {_stored_key(n): obj for n, obj in found.statefuls.items()}
@@ -1553,6 +1590,7 @@ class AutoSession:
             [n for n in saved.variables if n not in variables]
         changed = [_live_name(n) for n in dict.fromkeys([*since, *touched]) if n in targets] + \
             [text for name, text in changed.items() if name in variables]
+        changed += _put_back_frozen(targets, ck.extra[RUN_KEY].get("frozen"))
         self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
                  f"step {saved.step})"
                  + (f"; not restored (not defined now): {missing}" if missing else "")

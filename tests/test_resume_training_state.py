@@ -125,3 +125,35 @@ def test_a_loop_that_backpropagates_after_its_step_still_saves_and_says_so(
                      "step: this loop backpropagates after its step") == 1, out
     steps = sorted(ckpt_nb.CheckpointManager(tmp_path / "s").list()["step"])
     assert steps == [4, 8, 11], steps  # (every 3 steps, a step late; and the cell's end)
+
+
+UNFREEZE = HEAD + """
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+model[0].requires_grad_(False)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with ckpt_nb.auto("store", every_steps=5, sync=True):
+    for epoch in ckpt_nb.epochs(2):
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            if (epoch, i) == (1, 2):
+                model[0].requires_grad_(True)  # the backbone, trained from here on
+                model[2].bias.requires_grad_(False)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            stop_at(epoch, i, signal.SIGKILL)
+print("flags", [p.requires_grad for p in model.parameters()])
+print("params", digest(model))
+"""
+
+
+def test_a_resume_puts_back_requires_grad_as_the_run_left_it(tmp_path: Path) -> None:
+    """A backbone unfrozen in the loop came back frozen after a kill (no state_dict holds
+    requires_grad): the resumed run trained on without it, silently."""
+    script(tmp_path, "train.py", UNFREEZE, die=True)
+    again = script(tmp_path, "train.py", UNFREEZE)
+    assert again.returncode == 0, again.stderr
+    assert "put back as saved: requires_grad = True (was False) for model's 0.weight, " \
+        "0.bias, requires_grad = False (was True) for model's 2.bias" in again.stdout, \
+        again.stdout
+    assert "flags [True, True, True, False]" in again.stdout
+    assert again.stdout.split("params ")[1].strip() == reference(tmp_path, UNFREEZE)
