@@ -664,6 +664,20 @@ def _put_back_frozen(objects: Mapping[str, Any], frozen: Any) -> list[str]:
     return changed
 
 
+def _unfit(checkpoint_id: str, step: int | None, error: StateMismatchError
+           ) -> StateMismatchError:
+    """The refusal to resume a run whose checkpoint does not fit the objects as they are
+    now (a layer or a parameter group added since, or by the loop after its start), and
+    the ways on, where it was load_all's bare error, every time the cell ran."""
+    return StateMismatchError(
+        f"not resuming checkpoint {checkpoint_id} (step {step}): {error}\nthe tracked "
+        "objects are not as they were when it was saved (a layer or a parameter group added "
+        "since, or by the loop after the saved position): build them as they were, or run "
+        "with --no-resume (auto(resume=False)) not to resume it, or %ckpt_rollback ID "
+        "(ckpt_nb.rollback(ID)) to an earlier checkpoint of the run that fits them, then run "
+        "the cell again")
+
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -1567,7 +1581,10 @@ class AutoSession:
         # this cell's run: kept. What the run trains goes back, said where it had changed.
         kept = [key for key in same if (key in since or key in touched)
                 and not left[key].trained]
-        targets, variables = self._apply(ck, saved, keep=kept)
+        try:
+            targets, variables = self._apply(ck, saved, keep=kept)
+        except StateMismatchError as exc:  # (a layer or a parameter group added since)
+            raise _unfit(ck.id, saved.step, exc) from None
         self._rebaseline(targets)
         if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
             self._run_id = run_id  # (the run goes on: its end ends it)

@@ -157,3 +157,50 @@ def test_a_resume_puts_back_requires_grad_as_the_run_left_it(tmp_path: Path) -> 
         again.stdout
     assert "flags [True, True, True, False]" in again.stdout
     assert again.stdout.split("params ")[1].strip() == reference(tmp_path, UNFREEZE)
+
+
+# A parameter group added by the loop itself at epoch 1: a checkpoint saved after that
+# holds two groups, and the optimizer made again holds one.
+ADD_GROUP = HEAD + """
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+model[0].requires_grad_(False)
+opt = torch.optim.Adam(model[2].parameters(), lr=0.01)
+if os.environ.get("ROLLBACK"):
+    ckpt_nb.rollback(os.environ["ROLLBACK"], directory="store", namespace=globals())
+with ckpt_nb.auto("store", every_steps=5, sync=True):
+    for epoch in ckpt_nb.epochs(2):
+        if epoch == 1:
+            model[0].requires_grad_(True)
+            opt.add_param_group({"params": list(model[0].parameters()), "lr": 0.001})
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            stop_at(epoch, i, signal.SIGKILL)
+print("params", digest(model))
+"""
+
+
+def test_a_checkpoint_that_no_longer_fits_is_refused_naming_the_ways_on(
+        tmp_path: Path, monkeypatch) -> None:
+    """The run again died on load_all's bare StateMismatchError, every time, naming
+    neither the checkpoint nor a way on; the rollback it names resumes the run."""
+    script(tmp_path, "train.py", ADD_GROUP, die=True)
+    again = script(tmp_path, "train.py", ADD_GROUP)
+    assert again.returncode == 1, again.stdout
+    error = again.stderr[again.stderr.index("StateMismatchError: "):]
+    manager = ckpt_nb.CheckpointManager(tmp_path / "store")
+    rows = manager.list()
+    newest = rows.iloc[-1]
+    assert error.startswith(f"StateMismatchError: not resuming checkpoint {newest['id']} "
+                            f"(step {newest['step']}): checkpoint does not fit; nothing was "
+                            "changed:\n  opt: 2 parameter groups in the checkpoint, 1 live\n"
+                            "the tracked objects are not as they were"), error
+    assert "run with --no-resume (auto(resume=False)) not to resume it, or %ckpt_rollback " \
+        "ID (ckpt_nb.rollback(ID)) to an earlier checkpoint of the run that fits them" in error
+    # The way on that keeps the run: an epoch 0 checkpoint, rolled back to, resumes.
+    monkeypatch.setenv("ROLLBACK", rows[rows["epoch"] == 0].iloc[-1]["id"])
+    rolled = script(tmp_path, "train.py", ADD_GROUP)
+    assert rolled.returncode == 0 and "resumed from" in rolled.stdout, rolled.stderr
+    monkeypatch.delenv("ROLLBACK")
+    assert rolled.stdout.split("params ")[1].strip() == reference(tmp_path, ADD_GROUP)
