@@ -1631,8 +1631,8 @@ class AutoSession:
             yield epoch
             # The epoch's body is complete (its loader's generators are the next one's).
             self.loop = _Loop(epoch=epoch + 1, generators=self.loop.generators)
-            self._consistent()
-            self.checkpoint_if_due()
+            if self._consistent():
+                self.checkpoint_if_due()
             epoch += 1
 
     def batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:

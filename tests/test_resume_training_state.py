@@ -67,12 +67,14 @@ def reference(tmp_path: Path, code: str) -> str:
 @pytest.mark.parametrize("window, at, step, resumed_at", [
     # (gradients of batches 6 and 7 pending: the save waits for the step after batch 8)
     ("i % 3 == 2", (1, 7), 9, "(epoch 1, batch 9, step 9)"),
+    # (a window across the epoch's end: batches 16, 17 and 0-3 of epoch 1 make a step)
+    ("i % 4 == 3", (0, 16), 5, "(epoch 1, batch 4, step 5)"),
 ])
 def test_an_interrupt_during_gradient_accumulation_saves_after_the_step_and_resumes_bit_exact(
         tmp_path: Path, window: str, at: tuple[int, int], step: int, resumed_at: str) -> None:
     """An interrupt after batch 7 saved before batch 8 with the gradients of batches 6 and
     7 in .grad, which no checkpoint holds: the resume in a new process went on without
-    them, silently. The save now waits for the step."""
+    them, silently. The save now waits for the step, at the epoch's end too."""
     code = ACCUMULATE.replace("i % 3 == 2", window).replace("AT = (1, 7)", f"AT = {at}")
     (tmp_path / "stop").touch()
     stopped = script(tmp_path, "train.py", code)
