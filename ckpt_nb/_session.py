@@ -719,6 +719,8 @@ class AutoSession:
         self.last_save_time = time.monotonic()
         self.last_consistent_step: int | None = None
         self._consistent_rng: tuple[Any, ...] | None = None
+        # the notebook's generators there, where the loop fetched a batch from them since
+        self._consistent_random: list[tuple[Any, Any]] = []
         self._metric_due = False
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
         self._said_failures: set[str] = set()  # background save failures said (ids out)
@@ -864,8 +866,15 @@ class AutoSession:
             elif isinstance(error, KeyboardInterrupt) and self._interrupts:
                 pass  # saved at the consistent point before the interrupt was raised
             elif self.last_consistent_step == self.step and self.step > self.last_save_step:
-                self.save(reason=f"{type(error).__name__} in the cell", wait=True,
-                          rng=RNGState().state_dict(self._consistent_rng))
+                # (the notebook's generators as there too, not as the batch's fetch left them)
+                fetched = _random_states(self.discovery.statefuls) \
+                    if self._consistent_random else []
+                _put_random(self._consistent_random)
+                try:
+                    self.save(reason=f"{type(error).__name__} in the cell", wait=True,
+                              rng=RNGState().state_dict(self._consistent_rng))
+                finally:
+                    _put_random(fetched)
             elif self.step > self.last_save_step:
                 self.writer.wait()  # (a save in flight is the latest once in)
                 latest = self._position or "none"
@@ -960,6 +969,7 @@ class AutoSession:
         self.last_consistent_step = self.step
         # raw: converted only if a save needs it
         self._consistent_rng = rng if rng is not None else RNGState.snapshot()
+        self._consistent_random = []
         return True
 
     def _gradients_pending(self) -> bool:
@@ -1680,6 +1690,7 @@ class AutoSession:
                 if index > skip:
                     self.loop.next_batch = index
                     if self._consistent(rng):
+                        self._consistent_random = before  # (for a save on an error)
                         fetched: list[tuple[Any, Any]] = []
                         if before and self.due() is not None:  # (saved as before the fetch too)
                             fetched = _random_states(self.discovery.statefuls)

@@ -210,3 +210,32 @@ def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_an_inter
     assert "resumed from" in capsys.readouterr().out
     assert same(final_state(shell), expected)
     assert ckpt_nb.status() == {"active": False}
+
+
+FAILING = TRAIN.replace("        opt.zero_grad()\n", "        fail_if(f\"fail-{{epoch}}-{{i}}\")\n"
+                        "        opt.zero_grad()\n")
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_an_error(
+        shell, tmp_path: Path, capsys, kind: str) -> None:
+    """An error raised after a batch was fetched saved the consistent point before the
+    fetch with the notebook's generator as the fetch left it: the resume fetched that
+    batch again from there, and drew other augmentation."""
+    setup = SETUP.format(rng=NOTEBOOK_GENERATORS[kind]) + (
+        "def fail_if(point):\n    if os.path.exists(point):\n        os.remove(point)\n"
+        "        raise RuntimeError('boom')\n")
+    run(shell, setup)
+    assert run(shell, FAILING.format(dir=tmp_path / "ref")).success
+    expected = final_state(shell)
+
+    run(shell, setup)
+    (tmp_path / "fail-1-5").touch()
+    cell = FAILING.format(dir=tmp_path / "run")
+    assert isinstance(run(shell, cell).error_in_exec, RuntimeError)
+    assert "RuntimeError in the cell" in ckpt_nb.CheckpointManager(tmp_path / "run").list(
+        )["note"].iloc[-1]
+    capsys.readouterr()
+    assert run(shell, cell).success
+    assert "resumed from" in capsys.readouterr().out
+    assert same(final_state(shell), expected)
