@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from types import FrameType
@@ -525,9 +526,11 @@ class BackgroundWriter:
         self._future: Future[str] | None = None
         self.error: BaseException | None = None
         self.last_id: str | None = None
+        self.started = 0.0  # when the save in flight was handed over (time.monotonic())
 
     def submit(self, fn: Any) -> None:
         self.wait()
+        self.started = time.monotonic()
         self._future = self._pool.submit(fn)
         self._future.add_done_callback(self._done)
 
@@ -537,13 +540,18 @@ class BackgroundWriter:
         else:
             self.last_id = future.result()
 
-    def wait(self) -> None:
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the save in flight, at most ``timeout`` s: whether none is left."""
         if self._future is not None:
+            # (not result(timeout): a save that failed with a TimeoutError reads the same)
+            if not wait_for([self._future], timeout).done:
+                return False
             try:
                 self._future.result()
             except BaseException:  # noqa: BLE001 - kept in self.error, reported by take_error
                 pass
             self._future = None
+        return True
 
     @property
     def busy(self) -> bool:
@@ -725,6 +733,7 @@ class AutoSession:
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
         self._said_failures: set[str] = set()  # background save failures said (ids out)
         self._failure_repeats = 0  # and how many came again since
+        self._told_slow = False  # that due saves wait for a slow store's write (once a cell)
         self._sorted = False  # whether rediscover() ran: its first sort is the start line's
         self._start_versions: dict[str, tuple[tuple[int, int], ...]] = {}  # (begin_cell's)
         self._interrupts = 0
@@ -1032,6 +1041,8 @@ class AutoSession:
         if reason is None:
             return
         interrupted = reason == "interrupt"
+        if not interrupted and not self._metric_due and self._put_off(reason):
+            return
         self.save(reason=reason, wait=interrupted,
                   rng=RNGState().state_dict(self._consistent_rng))
         if interrupted:
@@ -1046,6 +1057,24 @@ class AutoSession:
                            "running the cell again starts over (resume needs "
                            "ckpt_nb.epochs()/batches() in a %%ckpt_auto cell); "
                            f"%ckpt_rollback {cid} puts it back")
+
+    _PUT_OFF_AFTER = 2.0  # s a due save waits for the one in flight before it is put off
+
+    def _put_off(self, reason: str) -> bool:
+        """Whether a due save waits for the write in flight while training goes on: taking
+        it meant waiting there, and a hung store stalled each trigger until its write timed
+        out. The trigger stays due; nothing is copied, so the buffers being written stay
+        as they are. A write in within ``_PUT_OFF_AFTER`` s is waited for, as before."""
+        if self.config.sync or self.writer.wait(
+                max(0.0, self.writer.started + self._PUT_OFF_AFTER - time.monotonic())):
+            return False
+        if not self._told_slow:
+            self._told_slow = True
+            where = file_url_path(self.url) if self.url.startswith("file://") else self.url
+            self.say(f"the store {where} is slow (writing a checkpoint has taken "
+                     f"{time.monotonic() - self.writer.started:.0f} s so far): saves due "
+                     f"{reason} are put off until the write is in, training goes on")
+        return True
 
     def log(self, **metrics: float) -> None:
         """Record metrics: they go into the next checkpoint and drive ``--on``."""
@@ -1279,6 +1308,7 @@ class AutoSession:
                   file=sys.stderr, flush=True)
         self._failure_repeats = 0
         self._said_failures.clear()
+        self._told_slow = False
 
     # -- resume -----------------------------------------------------------------------------
     def _find_resume(self, unseen: list[str]) -> None:

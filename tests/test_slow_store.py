@@ -1,0 +1,175 @@
+"""A slow object store under a training loop: an S3 server (moto's) on loopback, stopped
+with SIGSTOP as a hung or throttled server stops answering, and let go again.
+
+A save that falls due while the one before is still being written is put off instead of
+waited for: training goes on, the session says so once, and saving goes on once the
+write is in. The end of the cell's save still waits for the store.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckpt_nb
+from ckpt_nb import CheckpointManager, _session
+
+s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+STALL = 8.0  # s the server answers nothing for (ckpt_nb puts a due save off after 2 s)
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """An S3 server of the test's own, which it may stop: (its process, its endpoint)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise RuntimeError("the S3 server on loopback did not start") from None
+            time.sleep(0.1)
+    try:
+        yield process, f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGCONT)
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def bucket(server: tuple[subprocess.Popen[bytes], str], tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on the server; a read waits out a stall (as a slow store's upload does)."""
+    import fsspec.config
+
+    endpoint = server[1]
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "FSSPEC_S3_ENDPOINT_URL": endpoint,
+                        "HOME": str(tmp_path / "home")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {
+        "endpoint_url": endpoint, "config_kwargs": {"read_timeout": 60}})
+    for name in ("_last", "_positions", "_position_events", "_left_values",
+                 "_position_objects"):
+        monkeypatch.setattr(_session, name, {} if name != "_last" else None)
+    name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(name)
+    return name
+
+
+def stall(process: subprocess.Popen[bytes]) -> threading.Timer:
+    """Stop the server now and let it go on after ``STALL`` s."""
+    process.send_signal(signal.SIGSTOP)
+    timer = threading.Timer(STALL, process.send_signal, (signal.SIGCONT,))
+    timer.start()
+    return timer
+
+
+def test_a_slow_store_puts_due_saves_off_instead_of_stalling_training(
+        server: tuple[subprocess.Popen[bytes], str], bucket: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A store that stalls and comes back (a throttled upload): training goes on, one
+    line says so, the due save goes once the write is in, and the cell's end waits."""
+    url = f"s3://{bucket}/slow"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 64)
+
+    def step() -> float:
+        """One optimizer step (and its save, where one is due): its wall time."""
+        start = time.monotonic()
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        return time.monotonic() - start
+
+    with ckpt_nb.auto(url, every_steps=2, namespace={"model": model, "opt": opt},
+                      name="slow") as session:
+        for _ in range(4):
+            step()
+        session.writer.wait()  # (steps 2 and 4 saved while the server answered)
+        timer = stall(server[0])
+        slowest, steps = 0.0, 0
+        while timer.is_alive():  # (step 6's write waits the stall out)
+            slowest = max(slowest, step())
+            steps += 1
+            time.sleep(0.05)
+        assert steps > 20 and slowest < STALL / 2  # (it waited the stall out at step 8)
+        session.writer.wait()
+        stalled_at = session.step
+        step()  # (the save due since step 8, once the write is in)
+        session.writer.wait()
+        saved = {row.step for row in session.manager.catalog.checkpoints()}
+        assert {2, 4, 6, stalled_at + 1} <= saved and not saved & set(range(7, stalled_at))
+        # The end of the cell's save waits for the store, after the write in flight.
+        timer = stall(server[0])
+        step(), step()  # (the second one's save is in flight)
+        in_flight = {name: t.clone() for name, t in model.state_dict().items()}
+        step()
+        ended = time.monotonic()
+    assert time.monotonic() - ended > STALL / 2
+    timer.join()
+    said = capsys.readouterr().out
+    assert said.count("is slow") == 1, said
+    assert f"the store {url} is slow" in said and "saves due every 2 steps are put off" in said
+    rows = CheckpointManager(url).catalog.checkpoints()
+    assert [(row.step, row.note) for row in rows[-2:]] == \
+        [(stalled_at + 3, "every 2 steps"), (stalled_at + 4, "end of cell")]
+    for row, state in zip(rows[-2:], (in_flight, model.state_dict())):
+        held = CheckpointManager(url).load(row.id).state["model"]
+        assert all(torch.equal(held[name], state[name]) for name in state)
+
+
+def test_a_hung_store_fails_its_writes_in_turn_without_stalling_training_and_says_so_once(
+        server: tuple[subprocess.Popen[bytes], str], bucket: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tester's case: a server that answers nothing for minutes, each write timing out
+    in turn (here after 1 s): one slow line, one failure line and a count of the rest."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs", {"read_timeout": 1})
+    url = f"s3://{bucket}/hung"
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 64)
+    with ckpt_nb.auto(url, every_steps=2, namespace={"model": model, "opt": opt},
+                      name="hung") as session:
+        server[0].send_signal(signal.SIGSTOP)
+        start, steps = time.monotonic(), 0
+        while time.monotonic() - start < 12:  # (each write fails after about 6 s)
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            steps += 1
+            time.sleep(0.05)
+        session.writer.wait()
+        server[0].send_signal(signal.SIGCONT)  # (for the end of the cell's save)
+    said = capsys.readouterr()
+    assert steps > 80  # (12 s of 0.05 s steps; at most 2 s a write waited, not its 6 s)
+    assert said.out.count("is slow") == 1, said.out
+    assert said.err.count("a background save failed") == 1, said.err
+    assert "more background save" in said.err and "failed the same way" in said.err, said.err
+    rows = CheckpointManager(url).catalog.checkpoints()
+    assert [(row.step, row.note) for row in rows] == [(steps, "end of cell")]
