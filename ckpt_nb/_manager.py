@@ -1751,10 +1751,22 @@ class CheckpointManager:
         report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
         damaged = self.catalog.forget_damaged_gone(self.store.has)
         report.damaged_kept = len(damaged)
+        # What frees space without taking any goes first (on a full disk, a compaction
+        # fails): the deleted checkpoints' manifests and labels, then the dead packs.
+        # (only files of the names ckpt_nb makes: any other is no orphan of a save)
+        known = {r.id for r in self.catalog.checkpoints()}
+        for key in [*self.store.list("manifests"), *self.store.list("labels")]:
+            cid = id_of(key)
+            if cid is not None and cid not in known and key not in damaged:
+                report.bytes_freed += self.store.size(key)
+                self.store.delete(key)
+                report.manifests_deleted += key.startswith("manifests/")
         if any(key.startswith("manifests/") for key in damaged):
             # A damaged manifest's chunks are unknown, and may lie in any pack: none is
             # collected until it is dealt with (deleted by hand, once nothing in it is
-            # wanted), so that what is whole of that checkpoint stays in the store.
+            # wanted), so that what is whole of that checkpoint stays in the store. (The
+            # deleted checkpoints' manifests went above: left, a catalog read again from
+            # the store would bring them back, and retention would keep none.)
             return report
         chunks = {c.digest: c for c in self.catalog.all_chunks()}
         live = self.catalog.refs() & set(chunks)
@@ -1771,16 +1783,6 @@ class CheckpointManager:
             if base and base not in live and base in chunks:
                 live.add(base)
                 frontier.append(base)
-        # What frees space without taking any goes first (on a full disk, a compaction
-        # fails): the deleted checkpoints' manifests and labels, then the dead packs.
-        # (only files of the names ckpt_nb makes: any other is no orphan of a save)
-        known = {r.id for r in self.catalog.checkpoints()}
-        for key in [*self.store.list("manifests"), *self.store.list("labels")]:
-            cid = id_of(key)
-            if cid is not None and cid not in known and key not in damaged:
-                report.bytes_freed += self.store.size(key)
-                self.store.delete(key)
-                report.manifests_deleted += key.startswith("manifests/")
         dead = set(chunks) - live
         if dead:
             try:  # (before their packs go: a save must never find a chunk whose pack is gone)

@@ -1,0 +1,80 @@
+"""Two machines on one S3 store (moto's, on loopback), with no lock across them: one's
+gc and retention never take the other's save in flight for a killed save's leftover,
+and a damaged checkpoint does not stop retention.
+
+"Another machine" is another catalog (another cache folder, so another lock).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Holder, s3_server
+
+from ckpt_nb import CheckpointManager, FsspecStore
+
+s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    yield from s3_server()
+
+
+@pytest.fixture
+def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket; this process talks to the server on loopback."""
+    import fsspec.config
+
+    for name, value in {**CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL": endpoint,
+                        "HOME": str(tmp_path / "home")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
+    name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(name)
+    return name
+
+
+def machine(url: str | FsspecStore, tmp_path: Path, n: int, **options: object
+            ) -> CheckpointManager:
+    """A manager on machine ``n``: a catalog cache (and lock) of its own."""
+    return CheckpointManager(url, catalog=tmp_path / f"machine-{n}" / "catalog.sqlite",
+                             **options)
+
+
+def files(bucket: str, folder: str) -> dict[str, bytes]:
+    """The objects under ``exp/<folder>`` of a store, by key."""
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    root = f"{bucket}/{folder}"
+    return {path[len(bucket) + 1:]: fs.cat_file(path) for path in fs.find(root)}
+
+
+def test_a_damaged_checkpoint_does_not_stop_keep_n(bucket: str, tmp_path: Path) -> None:
+    """A kept checkpoint's pack left the bucket: gc could free nothing, so it left the
+    deleted checkpoints' manifests too, the next save's catalog read them back from the
+    store, and max_to_keep=2 kept every checkpoint saved after (25 and growing)."""
+    url = f"s3://{bucket}/exp"
+    mgr = machine(url, tmp_path, 1, max_to_keep=2)
+    ids = [mgr.save(h=Holder({"w": torch.randn(50_000)}), rng=False)]
+    lost = set(files(bucket, "exp/packs"))  # (the first checkpoint's)
+    ids.append(mgr.save(h=Holder({"w": torch.randn(50_000)}), rng=False))
+    s3fs.S3FileSystem().rm([f"{bucket}/{key}" for key in lost])
+    with pytest.warns(RuntimeWarning) as said:
+        for _ in range(6):
+            ids.append(mgr.save(h=Holder({"w": torch.randn(50_000)}), rng=False))
+    damaged = ids[:1]
+    assert mgr.list()["id"].tolist() == ids[-2:]
+    assert sum("frees no room" in str(w.message) for w in said) == 1
+    manifests = {key.rsplit("/", 1)[-1].split(".")[0] for key in files(bucket, "exp/manifests")}
+    assert manifests == {*damaged, *ids[-2:]}
+    assert list(mgr.verify().bad) == damaged
