@@ -45,7 +45,7 @@ from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
-from ._store import Store, local_root, open_store
+from ._store import Store, local_root, open_store, young
 
 STRATEGIES = ("full", "incremental", "differential")
 # Names that are not keywords for Statefuls: checkpoint fields, and restore()'s options
@@ -1754,10 +1754,16 @@ class CheckpointManager:
         # What frees space without taking any goes first (on a full disk, a compaction
         # fails): the deleted checkpoints' manifests and labels, then the dead packs.
         # (only files of the names ckpt_nb makes: any other is no orphan of a save)
+        # Where other machines write with no lock across them, a young one that this
+        # catalog never had may be a save in flight there (``GRACE_SECONDS``).
         known = {r.id for r in self.catalog.checkpoints()}
-        for key in [*self.store.list("manifests"), *self.store.list("labels")]:
+        times = {**(self.store.modified("manifests") or {}),
+                 **(self.store.modified("labels") or {})}
+        recent = young(times)
+        for key in times or [*self.store.list("manifests"), *self.store.list("labels")]:
             cid = id_of(key)
-            if cid is not None and cid not in known and key not in damaged:
+            if cid is not None and cid not in known and key not in damaged and \
+                    (key not in recent or self.catalog.was_deleted(cid)):
                 report.bytes_freed += self.store.size(key)
                 self.store.delete(key)
                 report.manifests_deleted += key.startswith("manifests/")
@@ -1769,6 +1775,7 @@ class CheckpointManager:
             # the store would bring them back, and retention would keep none.)
             return report
         chunks = {c.digest: c for c in self.catalog.all_chunks()}
+        named = self.catalog.packs()
         live = self.catalog.refs() & set(chunks)
         try:
             report.chunks_rewritten = self._rewrite_whole(chunks, live, whole_over)
@@ -1798,10 +1805,14 @@ class CheckpointManager:
         by_pack: dict[str, list[ChunkRow]] = {}
         for digest in live:
             by_pack.setdefault(chunks[digest].pack, []).append(chunks[digest])
-        packs = [key for key in self.store.list("packs")
+        # (a young pack the catalog does not name may be a save in flight elsewhere: a
+        # rebuild leaves such packs out of it)
+        pack_times = self.store.modified("packs")
+        recent = young(pack_times) - named
+        packs = [key for key in (self.store.list("packs") if pack_times is None else pack_times)
                  if is_pack_key(key) and key not in damaged]
         for key in packs:
-            if key not in by_pack:
+            if key not in by_pack and key not in recent:
                 report.bytes_freed += self.store.size(key)
                 self.store.delete(key)
                 report.packs_deleted += 1

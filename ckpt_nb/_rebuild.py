@@ -27,7 +27,13 @@ the leftover of a save that was killed (it writes its manifest while its last pa
 is on its way) only where nothing shows the checkpoint was committed: a catalog
 that listed it, a later save built on it, a pin or note given to it. Otherwise its
 pack was deleted behind ckpt_nb's back (an object store's lifecycle rule, a hand),
-and the checkpoint is damaged, not a leftover for ``gc()`` to delete.
+and the checkpoint is damaged, not a leftover for ``gc()`` to delete. In a store that
+other machines write with no lock across them (an object store), a manifest or pack
+younger than ``GRACE_SECONDS`` that no kept checkpoint needs may be another machine's
+save in flight: such a manifest is left out as in flight, never marked damaged, and
+read in by a later rebuild once its packs are there; such a pack is left out of the
+catalog, so that ``gc()``, which collects a young pack only where its catalog names it,
+leaves it.
 
 Deleting a checkpoint joins its children to its parent in the catalog, while
 their manifests keep naming it: such a child is joined to the newest earlier
@@ -51,7 +57,7 @@ from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError, StoreFormatError
 from ._format import (decode_manifest, id_of, is_checkpoint_id, is_count, is_int64,
                       is_pack_key, label_key, read_pack_index)
-from ._store import Store
+from ._store import Store, young
 
 # Why a rebuild left out a checkpoint whose manifest is of a newer format: its chunks are
 # unknown (gc keeps every pack, as for a damaged one), but nothing in it is damaged.
@@ -105,9 +111,12 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
     """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows;
     ``committed``, the ids a catalog listed (one a pack of is gone is then damaged)."""
     found = Rebuilt()
-    chunks, unusable = _chunks(store, found)
+    pack_times, manifest_times = store.modified("packs"), store.modified("manifests")
+    copies = _copies(store, found, pack_times)
+    chunks, unusable = _usable(copies)
+    young_manifests = young(manifest_times)
     decoded = []
-    for key in sorted(store.list("manifests")):
+    for key in sorted(store.list("manifests") if manifest_times is None else manifest_times):
         cid = id_of(key)
         if cid is None:
             continue
@@ -133,9 +142,14 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
             manifests.append((manifest, blob))
         else:
             # (a chunk in no pack: a killed save's leftover, unless a damaged pack may
-            # hold it or the checkpoint was committed)
-            damaged = not flaw.startswith("its chunk") or cid in committed or \
-                cid in parents or store.has(label_key(cid)) or \
+            # hold it or the checkpoint was committed; young, a save in flight, which a
+            # later rebuild reads in once its last pack is there)
+            unpacked = flaw.startswith("its chunk")
+            committed_here = unpacked and (cid in committed or cid in parents or
+                                           store.has(label_key(cid)))
+            if unpacked and not committed_here and key in young_manifests:
+                continue
+            damaged = not unpacked or committed_here or \
                 any(k.startswith("packs/") for k in found.damaged)
             found.leave_out(f"checkpoint {cid}", flaw, damaged=key if damaged else None)
     manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))
@@ -166,10 +180,45 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
             manifest_digest=codec.digest(blob))
         found.checkpoints.append(row)
         found.refs[cid] = refs
+    chunks, unusable = _without_flying(copies, chunks, unusable, found, young(pack_times))
     # (a chunk whose bases are gone is left out: a save finding it in the catalog
     # would refer to it instead of storing its bytes)
     found.chunks = [row for digest, row in chunks.items() if digest not in unusable]
     return found
+
+
+def _without_flying(copies: dict[str, list[ChunkRow]], chunks: dict[str, ChunkRow],
+                    unusable: set[str], found: Rebuilt, recent: set[str]
+                    ) -> tuple[dict[str, ChunkRow], set[str]]:
+    """``chunks`` and ``unusable`` (``_usable``'s) without the packs younger than the grace
+    time that hold a chunk no kept checkpoint needs: one may be a save in flight on
+    another machine, which gc must not take for dead, nor compact away (gc collects a
+    young pack only where its catalog names it). Unchanged where a kept checkpoint would
+    then miss a chunk (a young pack holds the only copy: it is no save in flight's)."""
+    needed = _with_bases({d for refs in found.refs.values() for d in refs}, chunks)
+    flying = {row.pack for rows in copies.values() for row in rows
+              if row.pack in recent and row.digest not in needed}
+    if not flying:
+        return chunks, unusable
+    kept = {digest: [row for row in rows if row.pack not in flying]
+            for digest, rows in copies.items()}
+    fewer, fewer_unusable = _usable({d: rows for d, rows in kept.items() if rows})
+    if any(digest not in fewer or digest in fewer_unusable for digest in needed):
+        return chunks, unusable
+    return fewer, fewer_unusable
+
+
+def _with_bases(digests: set[str], chunks: dict[str, ChunkRow]) -> set[str]:
+    """``digests`` and every delta base under them that ``chunks`` holds."""
+    out, frontier = set(), list(digests)
+    while frontier:
+        digest = frontier.pop()
+        if digest in out or digest not in chunks:
+            continue
+        out.add(digest)
+        if chunks[digest].base is not None:
+            frontier.append(chunks[digest].base)
+    return out
 
 
 def guessed_parents(checkpoints: Iterable[tuple[str, str]]) -> dict[str, str | None]:
@@ -184,11 +233,12 @@ def guessed_parents(checkpoints: Iterable[tuple[str, str]]) -> dict[str, str | N
     return guesses
 
 
-def _chunks(store: Store, found: Rebuilt) -> tuple[dict[str, ChunkRow], set[str]]:
-    """Every chunk in a whole pack, by digest (one copy of each: ``_usable``), and
-    those whose delta bases are not all stored."""
+def _copies(store: Store, found: Rebuilt, times: dict[str, float] | None = None
+            ) -> dict[str, list[ChunkRow]]:
+    """Every chunk in a whole pack, by digest, each copy of it; ``times``, the packs
+    listed with their times (``Store.modified``), where the store gives them."""
     copies: dict[str, list[ChunkRow]] = {}
-    for key in sorted(store.list("packs")):
+    for key in sorted(store.list("packs") if times is None else times):
         if not is_pack_key(key):
             continue
         try:
@@ -201,7 +251,7 @@ def _chunks(store: Store, found: Rebuilt) -> tuple[dict[str, ChunkRow], set[str]
             continue
         for row in rows:
             copies.setdefault(row.digest, []).append(row)
-    return _usable(copies)
+    return copies
 
 
 def _usable(copies: dict[str, list[ChunkRow]]) -> tuple[dict[str, ChunkRow], set[str]]:

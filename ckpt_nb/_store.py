@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import errno
 import io
 import mmap
@@ -20,6 +21,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -60,6 +62,9 @@ class Store(ABC):
     """A flat namespace of immutable byte values with atomic puts."""
 
     url: str
+    # Whether this machine's lock covers every writer of the store (a local folder, a
+    # store in this process's memory); not so an object store's, written from anywhere.
+    locked_everywhere: bool = True
 
     @abstractmethod
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -123,6 +128,13 @@ class Store(ABC):
     def sweep_temporaries(self) -> int:
         """Remove half-written values a crash left behind; returns how many."""
         return 0
+
+    def modified(self, prefix: str) -> dict[str, float] | None:
+        """Keys under ``prefix`` with the time each was written (seconds since the
+        epoch), where other machines may write this store (not ``locked_everywhere``):
+        there a file that no catalog names yet may be a save in flight
+        (``GRACE_SECONDS``). None where this machine's lock covers every writer."""
+        return None
 
     @property
     def identity(self) -> str:
@@ -687,6 +699,7 @@ class FsspecStore(Store):
         # AWS, a misspelt one in whatever account and region are configured): a write
         # to a bucket that is not there fails instead, naming it.
         self._makes_folders = not protocols & _BUCKETED
+        self.locked_everywhere = "memory" in protocols  # (this process's: one lock)
 
     @property
     def identity(self) -> str:
@@ -800,14 +813,25 @@ class FsspecStore(Store):
             self.fs.rm_file(path)
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        yield from self._found(prefix)
+
+    def modified(self, prefix: str) -> dict[str, float] | None:
+        # (one listing with details: S3 gives each object's LastModified in it)
+        if self.locked_everywhere:
+            return None
+        return {key: _written_at(info) for key, info in self._found(prefix, detail=True)}
+
+    def _found(self, prefix: str, detail: bool = False) -> Iterator[Any]:
+        """The keys under ``prefix`` (with ``detail``, each with its info, as pairs)."""
         base = self._path(prefix) if prefix else self.root
         with self._asking(f"listing {prefix or 'the store'}", base):
-            found = self.fs.find(base) if self.fs.isdir(base) else []
+            found = (self.fs.find(base, detail=True) if detail else
+                     dict.fromkeys(self.fs.find(base))) if self.fs.isdir(base) else {}
         cut = len(self.root.lstrip("/")) + 1
-        for path in found:
+        for path, info in found.items():
             key = path.lstrip("/")[cut:]
             if _is_key(key):  # (a name ckpt_nb could have written)
-                yield key
+                yield (key, info) if detail else key
 
 
 # Object stores whose first path part is a bucket, which a write would create.
@@ -820,11 +844,44 @@ _DENIED = re.compile(r"Forbidden|AccessDenied|InvalidAccessKeyId|SignatureDoesNo
 UPLOAD_SECONDS = 120.0
 UPLOAD_MIN_RATE = 1 << 20
 
+# How long (seconds) a pack, manifest or label that no catalog names is left alone in a
+# store that several machines may write at once (``Store.modified``): it may be another
+# machine's save in flight, whose manifest is written before its last pack is uploaded
+# and which commits only after. An hour is well over a save's time at the slowest upload
+# a save accepts (UPLOAD_MIN_RATE: 3.5 GB in an hour), while a killed save's leftovers
+# wait no longer than that for gc.
+GRACE_SECONDS = 3600.0
+
 # How long an S3 store waits (seconds) before it calls a server down. s3fs retries a
 # timeout five times itself, so botocore makes one attempt: a server that takes
 # connections but never answers fails a request in about 30 s, not minutes.
 S3_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
                                "retries": {"total_max_attempts": 1}}
+
+
+def _written_at(info: dict[str, Any]) -> float:
+    """When a listed object was written, from the details its file system gives (S3's
+    LastModified, a local or memory file's mtime or creation); 0 (long ago) where it
+    gives none, so that gc collects there as before."""
+    for name in ("LastModified", "last_modified", "updated", "mtime", "created"):
+        value = info.get(name)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+def young(times: dict[str, float] | None, now: float | None = None) -> set[str]:
+    """The keys of ``times`` (``Store.modified``'s) written under ``GRACE_SECONDS`` ago:
+    none where the store gave no times (its lock covers every writer)."""
+    if not times:
+        return set()
+    now = time.time() if now is None else now
+    return {key for key, at in times.items() if now - at < GRACE_SECONDS}
 
 
 def _protocols(fs: Any) -> set[str]:

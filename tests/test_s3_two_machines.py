@@ -8,6 +8,7 @@ and a damaged checkpoint does not stop retention.
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,66 @@ def files(bucket: str, folder: str) -> dict[str, bytes]:
     fs.invalidate_cache()
     root = f"{bucket}/{folder}"
     return {path[len(bucket) + 1:]: fs.cat_file(path) for path in fs.find(root)}
+
+
+def a_save_elsewhere(bucket: str, tmp_path: Path
+                     ) -> tuple[CheckpointManager, str, dict[str, bytes], tuple[str, bytes]]:
+    """The files a save on a third machine writes into ``exp`` (its packs by key, its
+    manifest's key and bytes), for a test to write one by one, as the save does; that
+    machine's manager (of another store) and the checkpoint's id."""
+    elsewhere = machine(f"s3://{bucket}/scratch", tmp_path, 3)
+    flying = elsewhere.save(h=Holder({"w": torch.randn(100_000)}))
+    packs = {f"exp/{key[len('scratch/'):]}": data
+             for key, data in files(bucket, "scratch/packs").items()}
+    manifest = (f"exp/manifests/{flying}.json.zst",
+                s3fs.S3FileSystem().cat_file(f"{bucket}/scratch/manifests/{flying}.json.zst"))
+    return elsewhere, flying, packs, manifest
+
+
+def test_a_save_in_flight_survives_another_machines_gc(bucket: str, tmp_path: Path) -> None:
+    """A save uploads its packs, then its manifest while its last pack is on its way, and
+    commits after: another machine's gc in between took the pack for a killed save's
+    orphan, then the manifest for its leftover, and deleted both; the save returned its
+    id all the same."""
+    url = f"s3://{bucket}/exp"
+    first = machine(url, tmp_path, 1).save(h=Holder({"w": torch.randn(100_000)}))
+    second = machine(url, tmp_path, 2)
+    elsewhere, flying, packs, manifest = a_save_elsewhere(bucket, tmp_path)
+    fs = s3fs.S3FileSystem()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (nothing said damaged, nor left out)
+        for key, data in packs.items():  # its packs are up, its manifest not yet
+            fs.pipe_file(f"{bucket}/{key}", data)
+        assert second.gc().packs_deleted == 0
+        assert set(packs) <= set(files(bucket, "exp/packs"))
+        fs.rm([f"{bucket}/{key}" for key in packs])  # its manifest is up, its pack not yet
+        fs.pipe_file(f"{bucket}/{manifest[0]}", manifest[1])
+        report = second.gc()
+        assert report.manifests_deleted == report.damaged_kept == 0
+        assert manifest[0] in files(bucket, "exp/manifests")
+        assert second.list()["id"].tolist() == [first] and second.verify().ok
+        for key, data in packs.items():  # the last pack is up: the save is whole
+            fs.pipe_file(f"{bucket}/{key}", data)
+        assert second.list()["id"].tolist() == [first, flying]
+        assert second.verify().ok and second.gc().packs_deleted == 0
+        back = second.load(flying).state["h"]["w"]
+    assert torch.equal(back, elsewhere.load(flying).state["h"]["w"])
+
+
+def test_a_save_in_flight_is_not_called_damaged_beside_a_damaged_pack(
+        bucket: str, tmp_path: Path) -> None:
+    """Where a damaged pack might hold its chunk, a rebuild marked a young manifest whose
+    pack was not up yet damaged, not a save in flight."""
+    url = f"s3://{bucket}/exp"
+    machine(url, tmp_path, 1).save(h=Holder({"w": torch.randn(1000)}))
+    _, flying, _, manifest = a_save_elsewhere(bucket, tmp_path)
+    fs = s3fs.S3FileSystem()
+    fs.pipe_file(f"{bucket}/exp/packs/{'0' * 32}.pack", b"not a pack")
+    fs.pipe_file(f"{bucket}/{manifest[0]}", manifest[1])
+    with pytest.warns(RuntimeWarning, match="kept in the store") as said:
+        second = machine(url, tmp_path, 2)
+    assert flying not in str(said[0].message)
+    assert list(second.catalog.damaged()) == [f"packs/{'0' * 32}.pack"]
 
 
 def test_a_damaged_checkpoint_does_not_stop_keep_n(bucket: str, tmp_path: Path) -> None:
