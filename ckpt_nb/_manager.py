@@ -671,6 +671,7 @@ class CheckpointManager:
                     with contextlib.suppress(Exception):
                         self.store.delete(manifest_key(row.id))
                 raise
+            self._check_still_there(row.id, {r.pack for r in new_rows})
             self._keep_manifest(row.id, manifest)
             if parent is ...:
                 self.head = row.id
@@ -681,6 +682,21 @@ class CheckpointManager:
                      "it runs again at the next save, or call gc()", RuntimeWarning)
         self._notify("save", row.id)
         return row.id
+
+    def _check_still_there(self, cid: str, packs: AbstractSet[str]) -> None:
+        """Refuse a save whose manifest or new packs left the store before its commit, in
+        a store other machines write with no lock across them: a gc there may have taken
+        them for a killed save's leftovers (one HEAD each; an id returned is a checkpoint
+        that exists). The catalog then forgets it again."""
+        if self.store.locked_everywhere:
+            return
+        gone = [key for key in (manifest_key(cid), *sorted(packs)) if not self.store.has(key)]
+        if gone:
+            self.catalog.delete_checkpoints([cid])
+            raise StoreError(
+                f"checkpoint {cid} was written, but {', '.join(gone)} left the store before "
+                "its commit (another machine's gc may have taken them for a killed save's "
+                "leftovers): it is not saved; save again")
 
     def _plan(self, strategy: str, parent: CheckpointRow | None) -> tuple[str, str | None, int]:
         """The strategy this save really uses, its delta base, and its chain length."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import Holder, s3_server
 
-from ckpt_nb import CheckpointManager, FsspecStore
+from ckpt_nb import CheckpointManager, FsspecStore, StoreError
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -118,6 +118,37 @@ def test_a_save_in_flight_is_not_called_damaged_beside_a_damaged_pack(
         second = machine(url, tmp_path, 2)
     assert flying not in str(said[0].message)
     assert list(second.catalog.damaged()) == [f"packs/{'0' * 32}.pack"]
+
+
+class _ThenAfterManifests(FsspecStore):
+    """An S3 store that runs ``then`` as soon as a manifest is uploaded: another machine
+    acting in a save's window between its manifest and its commit."""
+
+    def __init__(self, url: str, then: Callable[[str], None]) -> None:
+        super().__init__(url)
+        self.then = then
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        super().put(key, data)
+        if key.startswith("manifests/"):
+            self.then(key)
+
+
+def test_a_save_whose_files_were_collected_before_its_commit_fails(
+        bucket: str, tmp_path: Path) -> None:
+    """Another machine's gc (one from before the grace time, or a hand) deleted a save's
+    manifest before its commit: save() returned the id of a checkpoint that was gone."""
+    url = f"s3://{bucket}/exp"
+    fs = s3fs.S3FileSystem()
+    first = machine(url, tmp_path, 1).save(h=Holder({"w": torch.randn(1000)}))
+    mgr = machine(_ThenAfterManifests(url, lambda key: fs.rm_file(f"{bucket}/exp/{key}")),
+                  tmp_path, 2)
+    with pytest.raises(StoreError, match=r"checkpoint \w+ was written, but manifests/.* left "
+                                         "the store before its commit.*not saved; save again"):
+        mgr.save(h=Holder({"w": torch.randn(1000)}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (its leftover pack, read again)
+        assert mgr.list()["id"].tolist() == [first] and mgr.head is None
 
 
 def test_a_damaged_checkpoint_does_not_stop_keep_n(bucket: str, tmp_path: Path) -> None:
