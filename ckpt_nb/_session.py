@@ -601,6 +601,9 @@ class _Gradients:
     def __init__(self) -> None:
         self.stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.marks: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self.marked_at: int | None = None  # (the optimizer steps seen when they were taken)
+        # (at every step, cheaply: one gradient of each optimizer, as marks are taken)
+        self.samples: dict[int, tuple[weakref.ref[torch.Tensor], int] | None] = {}
         self.waiting_since: int | None = None  # (the steps seen when a save began to wait)
         self.said = False  # (that a save went ahead without them)
 
@@ -612,14 +615,36 @@ class _Gradients:
         return [p for o in optimizers.values() for group in o.param_groups
                 for p in group["params"]]
 
-    def mark(self, optimizer: torch.optim.Optimizer, objects: Iterable[Any]) -> None:
-        """After any optimizer step, every optimizer's parameters (a GAN's generator step
-        follows a backward pass into the discriminator's too): each gradient's tensor
-        (weakly: a zero_grad() frees it) and its version counter, which a backward pass
-        into it bumps."""
-        self.stepped.add(optimizer)
+    def mark(self, objects: Iterable[Any], steps_seen: int) -> None:
+        """After an optimizer step where a save is due, every optimizer's parameters (a
+        GAN's generator step follows a backward pass into the discriminator's too): each
+        gradient's tensor (weakly: a zero_grad() frees it) and its version counter, which a
+        backward pass into it bumps. Not at every step: it walks every parameter."""
         self.marks = {id(p): (weakref.ref(g), g._version) for p in self.parameters(objects)
                       if (g := p.grad) is not None}
+        self.marked_at = steps_seen
+
+    def sample(self, optimizer: torch.optim.Optimizer) -> None:
+        """At every optimizer step: the first gradient of its parameters, as ``mark``
+        takes them all (a backward pass reaches every parameter of a dense model)."""
+        self.stepped.add(optimizer)
+        first = next((g for group in optimizer.param_groups for p in group["params"]
+                      if (g := p.grad) is not None), None)
+        self.samples[id(optimizer)] = None if first is None else \
+            (weakref.ref(first), first._version)
+
+    def sampled_changed(self) -> bool:
+        """Whether a sampled gradient changed or appeared since its optimizer's last step:
+        without marks from the last step, what says gradients may be accumulating."""
+        for optimizer in self.stepped:
+            sample = self.samples.get(id(optimizer))
+            first = next((g for group in optimizer.param_groups for p in group["params"]
+                          if (g := p.grad) is not None), None)
+            if first is None:
+                continue
+            if sample is None or sample[0]() is not first or sample[1] != first._version:
+                return True
+        return False
 
     def accumulated(self, objects: Iterable[Any]) -> bool:
         """Whether a gradient changed or appeared since the last step; one zeroed in place
@@ -874,6 +899,13 @@ class AutoSession:
                              "feeds it)")
             elif isinstance(error, KeyboardInterrupt) and self._interrupts:
                 pass  # saved at the consistent point before the interrupt was raised
+            elif self.last_consistent_step == self.step and self.step > self.last_save_step \
+                    and self._gradients_held():
+                self.writer.wait()
+                self.say(f"not saving after {type(error).__name__}: the gradients changed since "
+                         "the last optimizer step (no checkpoint holds them: with gradient "
+                         "accumulation a resume would go on without them); the latest "
+                         f"checkpoint is {self._position or 'none'}")
             elif self.last_consistent_step == self.step and self.step > self.last_save_step:
                 # (the notebook's generators as there too, not as the batch's fetch left them)
                 fetched = _random_states(self.discovery.statefuls) \
@@ -987,9 +1019,13 @@ class AutoSession:
         a save here would lose them, and the save waits for the step. A loop that
         backpropagates after its step (the step first in its body) has no point without
         them: after one step more, the save goes ahead without them, and says so once. It
-        walks every parameter: only where a save is due."""
+        walks every parameter: only where a save is due (one that fell due after the last
+        step, which took no marks then, goes by each optimizer's sampled gradient)."""
         gradients = self._gradients
-        if not gradients.accumulated(self.discovery.statefuls.values()):
+        if gradients.marked_at != self._steps_seen:  # (fell due since the last step)
+            if not gradients.sampled_changed():
+                return False
+        elif not gradients.accumulated(self.discovery.statefuls.values()):
             return False
         if gradients.waiting_since is None:
             gradients.waiting_since = self._steps_seen
@@ -1003,6 +1039,15 @@ class AutoSession:
                      "them")
         return False
 
+    def _gradients_held(self) -> bool:
+        """At an error: whether gradients changed since the last optimizer step, so that
+        the consistent point before may have had them accumulating (as an interrupt's save
+        waits for the step, an error's is not made): by the marks where the last step took
+        them, else by each optimizer's sampled gradient."""
+        if self._gradients.marked_at == self._steps_seen:
+            return self._gradients.accumulated(self.discovery.statefuls.values())
+        return self._gradients.sampled_changed()
+
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if active() is not self:
             return
@@ -1011,7 +1056,9 @@ class AutoSession:
         self._steps_seen += 1
         self._metric_due = False  # the state the metric was measured on is gone
         self.step = max(self._steps_by_optimizer.values()) + self._step_offset
-        self._gradients.mark(optimizer, self.discovery.statefuls.values())
+        self._gradients.sample(optimizer)
+        if self.due() is not None:  # (what a save due at the next point compares against)
+            self._gradients.mark(self.discovery.statefuls.values(), self._steps_seen)
         # With no loop helpers, right after the step is a consistent point. Not inside an
         # epoch of epochs() (a step outside its tracked batches() loop, or a plain loop
         # over the data): the position saved there, the epoch's start, would be replayed.

@@ -206,3 +206,47 @@ def test_a_checkpoint_that_no_longer_fits_is_refused_naming_the_ways_on(
     assert rolled.returncode == 0 and "resumed from" in rolled.stdout, rolled.stderr
     monkeypatch.delenv("ROLLBACK")
     assert rolled.stdout.split("params ")[1].strip() == reference(tmp_path, ADD_GROUP)
+
+
+ERROR_IN_WINDOW = ACCUMULATE.replace("every_steps=4", "every_steps=100").replace(
+    "                stop_at(epoch, i, signal.SIGINT)\n",
+    "                if (epoch, i) == AT and os.path.exists('stop'):\n"
+    "                    os.remove('stop'); raise RuntimeError('out of memory (simulated)')\n"
+).replace("except KeyboardInterrupt as exc:", "except RuntimeError as exc:")
+
+
+def test_an_error_during_gradient_accumulation_saves_nothing_and_the_rerun_is_exact(
+        tmp_path: Path) -> None:
+    """An error after batch 7's backward saved the consistent point before it, where the
+    gradients of batches 6 and 7 were accumulating: the rerun resumed there without them,
+    and trained to other parameters, silently. It now says why it does not save."""
+    (tmp_path / "stop").touch()
+    stopped = script(tmp_path, "train.py", ERROR_IN_WINDOW)
+    assert "not saving after RuntimeError: the gradients changed since the last optimizer " \
+        "step" in stopped.stdout, stopped.stdout
+    again = script(tmp_path, "train.py", ERROR_IN_WINDOW)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split("params ")[1].strip() == reference(tmp_path, ERROR_IN_WINDOW)
+
+
+def test_an_error_before_the_backward_pass_still_saves_where_it_stood(tmp_path: Path) -> None:
+    """A loop that zeroes its gradients first has none changed since the step where its
+    forward pass fails (out of memory): that error's save is made, and resumes exactly."""
+    code = ERROR_IN_WINDOW.replace(
+        "                (torch.nn.functional.cross_entropy(model(xb), yb) / 3).backward()\n"
+        "                if i % 3 == 2:\n                    opt.step()\n"
+        "                    opt.zero_grad()\n",
+        "                opt.zero_grad()\n"
+        "                if (epoch, i) == AT and os.path.exists('stop'):\n"
+        "                    os.remove('stop'); raise RuntimeError('out of memory (simulated)')\n"
+        "                torch.nn.functional.cross_entropy(model(xb), yb).backward()\n"
+        "                opt.step()\n")
+    assert "opt.zero_grad()\n                if (epoch, i)" in code
+    (tmp_path / "stop").touch()
+    stopped = script(tmp_path, "train.py", code)
+    assert "not saving" not in stopped.stdout, stopped.stdout
+    saved = ckpt_nb.CheckpointManager(tmp_path / "store").list()
+    assert "RuntimeError in the cell" in saved["note"].iloc[-1], saved
+    again = script(tmp_path, "train.py", code)
+    assert "resumed from" in again.stdout and "(epoch 1, batch 7," in again.stdout, again.stdout
+    assert again.stdout.split("params ")[1].strip() == reference(tmp_path, code)
