@@ -1738,10 +1738,15 @@ class AutoSession:
         # are fetched: those go back as at the stop after it, as the global ones do.
         held = _random_states(self.discovery.statefuls) if skip else []
         generators = self.loop.generators = _loader_generators(loader)
-        if loader_rng is not None and len(loader_rng) == len(generators) and \
-                all(_fits(g, state) for g, state in zip(generators, loader_rng)):
-            for generator, state in zip(generators, loader_rng):
+        if loader_rng is not None:
+            # (an earlier ckpt_nb saved the loader's own generators alone, first in the list)
+            fitting = [(g, state) for g, state in zip(generators, loader_rng) if _fits(g, state)]
+            for generator, state in fitting:
                 generator.set_state(state)  # (as the epoch began, or as it was saved)
+            if len(fitting) != len(generators):
+                self.say(f"the checkpoint holds the state of {len(fitting)} of this loader's "
+                         f"{len(generators)} generators (saved by an earlier ckpt_nb, or the "
+                         "loader changed since): the draws of the others are not replayed")
         if not skip:
             self.loop.epoch_rng = RNGState().state_dict()
             self.loop.loader_rng = [g.get_state() for g in generators]

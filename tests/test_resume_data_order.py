@@ -239,3 +239,39 @@ def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_an_error
     assert run(shell, cell).success
     assert "resumed from" in capsys.readouterr().out
     assert same(final_state(shell), expected)
+
+
+OWN_ONLY = """
+class Plain(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, i):
+        return X[i], Y[i]
+
+loader = torch.utils.data.DataLoader(Plain(), batch_size=20, shuffle=True,
+                                     generator=torch.Generator().manual_seed(3))
+"""
+
+
+def test_a_checkpoint_holding_fewer_loader_generators_puts_back_those_it_holds(
+        tmp_path: Path) -> None:
+    """A run saved by an earlier ckpt_nb holds its loader's generator= alone; resumed by one
+    that also counts a generator its Dataset holds, no state was put back (the lists
+    differed in length): the epoch replayed another order, silently."""
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    before = SCRIPT.format(data=OWN_ONLY, wrap="loader")
+    reference = script(tmp_path / "ref", "train.py", before)
+    script(tmp_path / "run", "train.py", before, die=True)
+    now = SCRIPT.format(data=OWN_ONLY.replace(
+        "class Plain(torch.utils.data.Dataset):\n",
+        "class Plain(torch.utils.data.Dataset):\n"
+        "    def __init__(self):\n        self.rng = np.random.default_rng(1)  # (unused)\n\n"),
+        wrap="loader")
+    resumed = script(tmp_path / "run", "train.py", now)
+    assert resumed.returncode == 0, resumed.stderr
+    out = resumed.stdout + resumed.stderr
+    assert "resumed from" in out and "the checkpoint holds the state of 1 of this loader's 2 " \
+        "generators" in out, out
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
