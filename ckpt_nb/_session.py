@@ -1528,7 +1528,7 @@ class AutoSession:
                 not self._ended(newest[1], newest[0]):
             self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
                      "cell, or this one before an edit): not resuming it here; "
-                     f"to resume it, `%ckpt_rollback {newest[0]}`, then run this cell again")
+                     f"to resume it, {_rollback_advice(newest[0])}")
         return None
 
     def _own_run_after(self, checkpoint_id: str) -> str | None:
@@ -2313,8 +2313,9 @@ def _frame_site(frame: FrameType) -> str:
     """What one frame of a block's caller runs. An IPython cell (its code held in
     ``linecache``, not read from a file) by its code and the frame's line, as
     ``%%ckpt_auto`` tells cells apart where the front end sends no cell id: an edited
-    cell is another cell. A file by its path and the source of the innermost statement
-    running there (the ``with`` block, body included, or the call into the next frame),
+    cell is another cell. A file by its path and the code of the innermost statement
+    running there (the ``with`` block, body included, or the call into the next frame,
+    as ``ast.unparse`` gives it back: without comments or layout),
     and its ordinal among identical statements of the file in the order this process
     first ran them (a call made again from one place: its own). Where the source cannot
     be read (a ``.pyc`` alone, an ``exec``'d string), by the ordinal of its line among the
@@ -2327,7 +2328,8 @@ def _frame_site(frame: FrameType) -> str:
     path = os.path.abspath(filename)
     source = "".join(lines)
     statement = _statement_running(frame, source) if source else None
-    text = None if statement is None else ast.get_source_segment(source, statement)
+    # (as Python reads it: a comment or a line break edited inside makes no other block)
+    text = None if statement is None else ast.unparse(statement)
     place = (frame.f_lineno, 0) if statement is None else \
         (statement.lineno, statement.col_offset)
     sites = _unnamed_sites.setdefault((path, text), {})
@@ -2356,6 +2358,15 @@ def _statement_running(frame: FrameType, source: str) -> ast.stmt | None:
                 end <= (node.end_lineno or node.lineno, node.end_col_offset or 0):
             found = node
     return found
+
+
+def _rollback_advice(checkpoint_id: str) -> str:
+    """How to take a run over where ckpt_nb runs: the magic in IPython, the function in a
+    script (which has no cell to run again)."""
+    if _in_ipython():
+        return f"`%ckpt_rollback {checkpoint_id}`, then run this cell again"
+    return (f"call `ckpt_nb.rollback({checkpoint_id!r}, directory=..., namespace=globals())` "
+            "before the block, or give the block a name= of its own")
 
 
 def _in_ipython() -> bool:

@@ -75,7 +75,11 @@ def test_a_block_skipped_on_a_rerun_leaves_the_next_block_its_own_run(tmp_path: 
     not resume its killed run and its keep=2 deleted the pretraining's checkpoints."""
     killed = script(tmp_path, "train.py", SKIPPED, die=True)
     pretrained = set(killed.stdout.split("pretrained ")[1].split()[:2])
-    again = script(tmp_path, "train.py", SKIPPED)
+    # (a comment and a line break added inside the block: the same code to Python)
+    edited = SKIPPED.replace("    train(model, opt, 3, die_at=25)\n",
+                             "    # three epochs\n    train(model, opt, 3,\n          die_at=25)\n")
+    assert edited != SKIPPED
+    again = script(tmp_path, "train.py", edited)
     assert again.returncode == 0, again.stderr
     assert "pretrained" not in again.stdout, again.stdout  # (skipped)
     assert "resumed from" in again.stdout, again.stdout
@@ -158,3 +162,13 @@ def test_a_helper_cells_block_called_from_two_cells_is_two_blocks(
     assert run(shell, "fit(modelB, optB, 3)").success
     assert "resumed from" in capsys.readouterr().out
     assert shell.user_ns["steps"](shell.user_ns["optB"]) == 30
+
+
+def test_a_scripts_edited_block_is_told_how_a_script_takes_its_run_over(tmp_path: Path) -> None:
+    """The hint said `%ckpt_rollback ID`, then run this cell again: a script has neither."""
+    script(tmp_path, "train.py", SKIPPED, die=True)
+    changed = SKIPPED.replace("train(model, opt, 3, die_at=25)", "train(model, opt, 4)")
+    again = script(tmp_path, "train.py", changed)
+    assert "holds an unfinished run of other code" in again.stdout, again.stdout
+    assert "to resume it, call `ckpt_nb.rollback(" in again.stdout, again.stdout
+    assert "%ckpt_rollback" not in again.stdout
