@@ -726,6 +726,7 @@ class AutoSession:
             metric=metric, mode=mode, strategy=config.strategy)
         self._run_of: dict[str, dict[str, Any] | None] = {}  # id -> whose run it holds
         self._finished: _FinishedRun | None = None  # this cell's last run, ended (begin_cell)
+        self._written: dict[str, set[str]] = {}  # run id -> the checkpoints this session saved
         self.manager.runs = self._own_checkpoints
         self.url = self.manager.store.url
         self._follow_position()
@@ -1178,6 +1179,7 @@ class AutoSession:
         def write() -> str:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
             cid = self.manager.save_state(state, **fields)
+            self._written.setdefault(run["run"], set()).add(cid)  # (_path_to's)
             if finished:
                 self._note_end(cid)
             _position_objects[self.url] = (fields["step"], trained)
@@ -1234,9 +1236,10 @@ class AutoSession:
             if earlier is not None:
                 path.extend(reversed(earlier[:earlier.index(at) + 1]))
                 break
-            run = self._run_record(at)
-            if run is None or run.get("run") != self._run_id:
-                break
+            if at not in self._written.get(self._run_id, ()):  # (else: read its record)
+                run = self._run_record(at)
+                if run is None or run.get("run") != self._run_id:
+                    break
             path.append(at)
             row = catalog.get(at)
             at = row.parent if row is not None else None

@@ -179,3 +179,30 @@ def test_an_object_stores_run_stays_finished_on_a_new_machine_and_gc_prunes_it(
         manager.gc()
         assert manager.verify().ok
     assert list(FsspecStore(url).list("runs")) == []
+
+
+def test_a_long_runs_end_reads_no_manifest_of_its_own_saves_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Noting where a run ended read the manifest of each of its checkpoints back (up to
+    256: seconds of round trips on an object store at each finished cell)."""
+    from ckpt_nb import _session
+
+    reads: list[str] = []
+    note_end = _session.AutoSession._note_end
+
+    def counted(self: Any, end_id: str) -> None:
+        get = self.manager.store.get
+        self.manager.store.get = lambda key: reads.append(key) or get(key)
+        try:
+            note_end(self, end_id)
+        finally:
+            self.manager.store.get = get
+
+    monkeypatch.setattr(_session.AutoSession, "_note_end", counted)
+    ns = objects()
+    ns["loader"] = torch.utils.data.DataLoader(ns["loader"].dataset, batch_size=10)
+    train(ns, tmp_path / "s", every=1)  # (60 saves: more than the manager keeps read)
+    assert len(CheckpointManager(tmp_path / "s").list()) == 60
+    assert not [key for key in reads if key.startswith("manifests/")], reads
+    ends = json.loads(next((tmp_path / "s" / "runs").iterdir()).read_text())["ends"]
+    assert len(ends[0]["before"]) >= 59  # (the whole run: none of it read back)
