@@ -23,7 +23,7 @@ from traitlets import Bool, Int, Unicode
 from . import _session as session_mod
 from ._errors import CaptureError, CheckpointNotFoundError, CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
-from ._store import why_no_store
+from ._store import location, why_no_store
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
 MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status", "ckpt_ui"),
@@ -175,7 +175,7 @@ class CkptMagics(Magics):
     def _start_line_session(self, config: AutoConfig) -> None:
         self.stop_line_session()
         session = self._start(config, nested=False)
-        store = getattr(session.manager.store, "root", None) or session.manager.store.url
+        store = location(session.manager.store)
         session.say(session.rediscover().summary() + f" -> {store}")  # (a path, as a cell's)
         self._line_session = session
         self.shell.events.register("pre_run_cell", self._pre_run_cell)
@@ -234,7 +234,7 @@ class CkptMagics(Magics):
                 " session: for a checkpoint of another store, "
                 f"%ckpt_rollback {args.which} --dir PATH")
             raise UsageError(f"%ckpt_rollback: {exc}{other}") from None
-        except CkptError as exc:
+        except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage knows)
             raise UsageError(f"%ckpt_rollback: {exc}") from None
 
     @line_magic
@@ -258,8 +258,8 @@ class CkptMagics(Magics):
                                  f"{why_no_store(directory)}")
             with session_mod.listing_manager(directory) as manager:  # (its metric: best)
                 return manager.list()
-        except CkptError as exc:  # (a store that does not open, a backend that fails)
-            raise UsageError(f"%ckpt_list: {exc}") from None
+        except (CkptError, ValueError) as exc:  # (a store that does not open, a backend
+            raise UsageError(f"%ckpt_list: {exc}") from None  # that fails, a bad URL)
 
     @line_magic
     def ckpt_ui(self, line: str) -> Any:

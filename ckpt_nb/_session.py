@@ -58,7 +58,7 @@ from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptC
 from ._format import is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
-from ._store import canonical_url, file_url_path, why_no_store
+from ._store import canonical_url, file_url_path, location, why_no_store
 
 RUN_KEY = "ckpt_nb_run"
 _ENDED = "ckpt_nb_run_end:"  # + a run's id: the catalog's key of the checkpoint it ended at
@@ -853,7 +853,7 @@ class AutoSession:
                             f"{'is' if len(undefined) == 1 else 'are'} not defined: nothing "
                             "ran; fix the name or define it first")
         default = "" if self.config.directory else \
-            f" -> {getattr(self.manager.store, 'root', None) or self.url} (the default store)"
+            f" -> {location(self.manager.store)} (the default store)"
         self.say(found.summary() + default)
         unseen = list(unseen)
         if not found.statefuls or unseen:
@@ -1843,8 +1843,7 @@ class AutoSession:
             f"every {self.config.every_seconds:g} s" if self.config.every_seconds else None,
             f"when {self.config.on[0]} improves ({self.config.on[1]})" if self.config.on else None,
         ) if t]
-        store = self.manager.store  # (a path where it has one, as a cell's first line)
-        return {"directory": str(getattr(store, "root", None) or store.url),
+        return {"directory": location(self.manager.store),  # (as a cell's first line)
                 "tracking": list(self.discovery.statefuls),
                 "variables": list(self.discovery.variables),
                 "skipped": dict(self.discovery.skipped),
@@ -1979,8 +1978,7 @@ def last_directory() -> str | None:
     """The store of the active session, else of the last one in this process."""
     session = active()
     if session is not None:
-        root = getattr(session.manager.store, "root", None)
-        return str(root) if root is not None else session.manager.store.url
+        return location(session.manager.store)
     if _last is None:
         return None
     config, namespace = _last

@@ -939,6 +939,13 @@ def local_root(store: Store) -> Path | None:
     return store.root if isinstance(store, LocalStore) else None
 
 
+def location(store: Store) -> str:
+    """How the user names a store: a local one's folder, any other's URL (an object
+    store's root is its bucket path, without the scheme that opens it again)."""
+    root = local_root(store)
+    return str(root) if root is not None else store.url
+
+
 def why_no_store(location: str) -> str:
     """Why ``location`` holds no store, where a path is a file or a URL's bucket is not
     there (as a save says); "" otherwise. Every "no checkpoint store" error ends with it."""

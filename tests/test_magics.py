@@ -1467,3 +1467,11 @@ def test_ckpt_auto_off_stops_the_line_form(shell, tmp_path: Path, capsys) -> Non
     assert "the session is not being checkpointed" in capsys.readouterr().out
     refused = run(shell, "%ckpt_auto --off --keep 2")
     assert "--off takes no other option" in str(refused.error_in_exec)
+
+
+def test_a_store_url_no_storage_knows_is_a_usage_error(shell) -> None:
+    """%ckpt_list s4://b/x gave fsspec's ValueError as a raw traceback."""
+    for line in ("%ckpt_list s4://b/x", "%ckpt_rollback latest --dir s4://b/x"):
+        result = run(shell, line)
+        assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+        assert "no storage knows the scheme 's4'" in str(result.error_in_exec)

@@ -488,3 +488,19 @@ def test_every_no_store_error_names_a_missing_bucket(
         ckpt_nb.rollback(directory=url, namespace={})
     result = shell.run_cell(f"%ckpt_list {url}")
     assert said in str(result.error_in_exec), result.error_in_exec
+
+
+def test_the_magics_name_an_s3_store_by_its_url(bucket: str, shell: Any, capsys) -> None:
+    """The line form's first line and %ckpt_status named it 'bucket/line' (its root, not
+    its URL), which %ckpt_list then took for a folder here."""
+    url = f"s3://{bucket}/line"
+    shell.run_cell("import torch\nmodel = torch.nn.Linear(2, 1)\n"
+                   "opt = torch.optim.SGD(model.parameters(), lr=0.1)")
+    assert shell.run_cell(f"%ckpt_auto --dir {url}").success
+    assert shell.run_cell("model(torch.ones(1, 2)).sum().backward(); opt.step()").success
+    assert f"-> {url}\n" in capsys.readouterr().out
+    shell.run_cell("%ckpt_status")
+    assert f"directory: {url}" in capsys.readouterr().out
+    listed = shell.run_cell("%ckpt_list")
+    assert listed.success and len(listed.result) == 1, listed.error_in_exec
+    shell.run_cell("%ckpt_auto --off")
