@@ -519,12 +519,13 @@ def _variable_names(checkpoint_id: str, variables: Any, *, resume: bool = False)
 
 
 class BackgroundWriter:
-    """One save in flight at a time; a failure is kept until someone looks."""
+    """One save in flight at a time; failures are kept until someone looks (each one:
+    the one before a cell's end save failed too, and was not said)."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt_nb-writer")
         self._future: Future[str] | None = None
-        self.error: BaseException | None = None
+        self.errors: list[BaseException] = []
         self.last_id: str | None = None
         self.started = 0.0  # when the save in flight was handed over (time.monotonic())
 
@@ -535,8 +536,8 @@ class BackgroundWriter:
         self._future.add_done_callback(self._done)
 
     def _done(self, future: Future[str]) -> None:
-        if future.exception() is not None:
-            self.error = future.exception()
+        if (error := future.exception()) is not None:
+            self.errors.append(error)
         else:
             self.last_id = future.result()
 
@@ -548,7 +549,7 @@ class BackgroundWriter:
                 return False
             try:
                 self._future.result()
-            except BaseException:  # noqa: BLE001 - kept in self.error, reported by take_error
+            except BaseException:  # noqa: BLE001 - kept in self.errors, said by take_errors
                 pass
             self._future = None
         return True
@@ -557,9 +558,9 @@ class BackgroundWriter:
     def busy(self) -> bool:
         return self._future is not None and not self._future.done()
 
-    def take_error(self) -> BaseException | None:
-        error, self.error = self.error, None
-        return error
+    def take_errors(self) -> list[BaseException]:
+        errors, self.errors = self.errors, []
+        return errors
 
     def close(self) -> None:
         self.wait()
@@ -1192,7 +1193,7 @@ class AutoSession:
             self.writer.submit(write)
             if wait:
                 self.writer.wait()
-                self._report_background_error()
+                self._report_background_error(end=reason == "end of cell")
 
     def _note_end(self, end_id: str) -> None:
         """Note in the store (``runs/<run id>.json``, which a rebuilt catalog leaves as it
@@ -1300,6 +1301,7 @@ class AutoSession:
         this one is in: a run ends with one checkpoint per state, not an "every N steps"
         one and an "end of cell" one. Retention counts the two as one meanwhile."""
         self.writer.wait()
+        self._report_background_error()  # (the save in flight's, said apart)
         prior = self._last_write
         if prior is None or prior.id != self._position or prior.steps_seen != self._steps_seen:
             self.save(reason="end of cell", finished=finished, wait=True)
@@ -1338,18 +1340,25 @@ class AutoSession:
         except (CkptError, KeyError, IndexError, TypeError):
             return False  # (unreadable: keep both)
 
-    def _report_background_error(self) -> None:
+    def _report_background_error(self, end: bool = False) -> None:
         """Say that a background save failed. The same failure again (a full disk, at
-        every trigger after) is counted, not said: the count comes when the cell ends."""
-        error = self.writer.take_error()
-        if error is None:
-            return
-        line = f"{type(error).__name__}: {error}"
-        if _FILE_ID.sub("", line) in self._said_failures:
-            self._failure_repeats += 1
-            return
-        self._said_failures.add(_FILE_ID.sub("", line))
-        print(f"ckpt_nb: a background save failed: {line}", file=sys.stderr, flush=True)
+        every trigger after) is counted, not said: the count comes when the cell ends.
+        ``end``: the last one is the cell's end save, which the cell must not pass over."""
+        errors = self.writer.take_errors()
+        for i, error in enumerate(errors):
+            line = f"{type(error).__name__}: {error}"
+            if end and i == len(errors) - 1:
+                row = self.manager.catalog.get(self._position) if self._position else None
+                at = "none" if row is None else \
+                    f"{row.id}" + (f" (step {row.step})" if row.step is not None else "")
+                print(f"ckpt_nb: the cell's end was NOT saved: {line}; the latest checkpoint "
+                      f"is {at}", file=sys.stderr, flush=True)
+            elif _FILE_ID.sub("", line) in self._said_failures:
+                self._failure_repeats += 1
+            else:
+                self._said_failures.add(_FILE_ID.sub("", line))
+                print(f"ckpt_nb: a background save failed: {line}", file=sys.stderr,
+                      flush=True)
 
     def _report_repeats(self) -> None:
         if self._failure_repeats:

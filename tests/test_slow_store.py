@@ -173,3 +173,37 @@ def test_a_hung_store_fails_its_writes_in_turn_without_stalling_training_and_say
     assert "more background save" in said.err and "failed the same way" in said.err, said.err
     rows = CheckpointManager(url).catalog.checkpoints()
     assert [(row.step, row.note) for row in rows] == [(steps, "end of cell")]
+
+
+def test_an_end_save_that_fails_says_the_cell_was_not_saved_and_the_one_before_too(
+        server: tuple[subprocess.Popen[bytes], str], bucket: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The server hung with a save in flight at the cell's end: the writer kept only the
+    last failure, and the cell said only "a background save failed", as of any save."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs", {"read_timeout": 1})
+    url = f"s3://{bucket}/end"
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 64)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    with ckpt_nb.auto(url, every_steps=2, namespace={"model": model, "opt": opt},
+                      name="end") as session:
+        step(), step()
+        session.writer.wait()  # (step 2 saved while the server answered)
+        server[0].send_signal(signal.SIGSTOP)
+        step(), step()  # (step 4's save in flight, then the end's)
+        step()
+    said = capsys.readouterr().err
+    server[0].send_signal(signal.SIGCONT)
+    kept = CheckpointManager(url).catalog.checkpoints()
+    assert [row.step for row in kept] == [2], kept
+    assert said.count("a background save failed") == 1, said  # (step 4's)
+    assert "the cell's end was NOT saved: StoreError: " in said, said
+    assert said.rstrip().endswith(f"the latest checkpoint is {kept[0].id} (step 2)"), said
