@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -122,3 +123,29 @@ def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.terminate()
     server.wait(timeout=30)
+
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    yield from s3_server()
+
+
+@pytest.fixture
+def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on the module's S3 server; this process (and any it starts) talks to
+    it on loopback."""
+    import fsspec.config
+    import s3fs
+
+    for name, value in {**CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL": endpoint,
+                        "HOME": str(tmp_path / "home")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
+    name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(name)
+    return name

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from test_s3 import bucket, endpoint  # noqa: F401 (the S3 server's fixtures)
 from test_session_rerun import new_kernel
 
 import ckpt_nb
@@ -157,7 +156,7 @@ def test_gc_removes_a_run_file_once_the_runs_checkpoints_are_all_deleted(
 
 
 def test_an_object_stores_run_stays_finished_on_a_new_machine_and_gc_prunes_it(
-        bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On S3 the catalog is a cache of this machine's: another machine's is rebuilt, and
     the end the run file notes is read from the store."""

@@ -16,15 +16,13 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import Holder, s3_server
+from conftest import CREDENTIALS, Holder, s3_server
 
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
                      FsspecStore, StoreError)
@@ -32,30 +30,6 @@ from ckpt_nb.cli import main as cli
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto")
-
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    yield from s3_server()
-
-
-@pytest.fixture
-def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A new bucket; this process (and any it starts) talks to the server on loopback."""
-    import fsspec.config
-
-    for name, value in {**CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL": endpoint,
-                        "HOME": str(tmp_path / "home")}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
-    name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(name)
-    return name
-
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)

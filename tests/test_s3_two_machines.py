@@ -7,43 +7,18 @@ and a damaged checkpoint does not stop retention.
 
 from __future__ import annotations
 
-import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import Holder, s3_server
+from conftest import Holder
 
 from ckpt_nb import CheckpointManager, FsspecStore, StoreError
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto")
-
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    yield from s3_server()
-
-
-@pytest.fixture
-def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A new bucket; this process talks to the server on loopback."""
-    import fsspec.config
-
-    for name, value in {**CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL": endpoint,
-                        "HOME": str(tmp_path / "home")}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
-    name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(name)
-    return name
-
 
 def machine(url: str | FsspecStore, tmp_path: Path, n: int, **options: object
             ) -> CheckpointManager:
