@@ -5,7 +5,6 @@ a killed export's temporary is removed by the next export into its folder."""
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import Holder
+from test_scale import _peak_mib  # (a script run in a fresh process: its memory)
 
 from ckpt_nb import CheckpointManager
 from ckpt_nb._errors import FileFormatError
@@ -89,27 +89,6 @@ def test_a_safetensors_export_is_save_files_file_for_every_dtype_and_view(
     back = read_file(path, trust_pickle=True)
     assert back.extra == {"kind": Holder, "n": 3}
     assert all(_raw(back.state["h"][name]).equal(_raw(value)) for name, value in state.items())
-
-
-def _peak_mib(script: str) -> dict[str, float]:
-    """What ``script`` prints as JSON, run in a fresh process: there ``start()`` gives its
-    resident memory in MiB and ``peak()`` the most it held since (Linux's VmHWM)."""
-    prelude = textwrap.dedent("""\
-        import json, re
-        from ckpt_nb import CheckpointManager
-        def status(field):
-            with open("/proc/self/status") as status:
-                return int(re.search(field + r":\\s+(\\d+)", status.read()).group(1)) / 1024
-        def start():
-            with open("/proc/self/clear_refs", "w") as clear:
-                clear.write("5")
-            return status("VmRSS")
-        def peak():
-            return status("VmHWM")
-    """)
-    done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script)],
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
 
 
 def test_a_safetensors_export_copies_no_view_whole(tmp_path: Path) -> None:
