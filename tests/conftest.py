@@ -102,8 +102,9 @@ def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
     sh.run_cell("%unload_ext ckpt_nb", store_history=False)
 
 
-def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
-    """An S3 server on loopback (``env``, moto's settings) for as long as it is iterated."""
+def start_s3_server(env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """An S3 server on loopback (``env``, moto's settings), answering: its process (a test
+    may stop it) and its endpoint."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -120,7 +121,13 @@ def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
                 server.kill()
                 raise RuntimeError("the S3 server on loopback did not start") from None
             time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
+    return server, f"http://127.0.0.1:{port}"
+
+
+def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
+    """An S3 server on loopback (``env``, moto's settings) for as long as it is iterated."""
+    server, endpoint = start_s3_server(env)
+    yield endpoint
     server.terminate()
     server.wait(timeout=30)
 

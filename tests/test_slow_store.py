@@ -9,9 +9,7 @@ write is in. The end of the cell's save still waits for the store.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -20,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import start_s3_server
 
 import ckpt_nb
 from ckpt_nb import CheckpointManager, _session
@@ -33,23 +32,9 @@ STALL = 8.0  # s the server answers nothing for (ckpt_nb puts a due save off aft
 @pytest.fixture
 def server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """An S3 server of the test's own, which it may stop: (its process, its endpoint)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                                str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                raise RuntimeError("the S3 server on loopback did not start") from None
-            time.sleep(0.1)
+    process, endpoint = start_s3_server()
     try:
-        yield process, f"http://127.0.0.1:{port}"
+        yield process, endpoint
     finally:
         process.send_signal(signal.SIGCONT)
         process.terminate()
