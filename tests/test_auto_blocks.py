@@ -11,7 +11,7 @@ import pytest
 import ckpt_nb
 from test_magics import run  # (the shell's helper)
 from test_session_jobs import LOOP, script
-from test_session_rerun import new_kernel
+from test_session_rerun import TWO, new_kernel
 
 
 @pytest.fixture(autouse=True)
@@ -112,19 +112,7 @@ def test_identical_blocks_are_two_blocks_and_a_block_run_again_in_a_loop_is_one(
     assert len(ids(tmp_path / "store2")) == 2
 
 
-SETUP = """
-import torch, ckpt_nb
-torch.manual_seed(0)
-X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
-                                     shuffle=True)
-modelA = torch.nn.Linear(8, 2); optA = torch.optim.Adam(modelA.parameters(), lr=0.05)
-modelB = torch.nn.Linear(8, 2); optB = torch.optim.Adam(modelB.parameters(), lr=0.01)
-def steps(opt):
-    state = opt.state_dict()["state"]
-    return int(state[0]["step"]) if state else 0
-stop_at = None
-"""
+SETUP = TWO + "stop_at = None\n"
 
 FIT = """def fit(model, opt, epochs):
     with ckpt_nb.auto({store!r}, every_steps=5, keep=2, namespace=locals()):

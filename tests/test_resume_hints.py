@@ -12,7 +12,7 @@ import torch
 
 import ckpt_nb
 from test_magics import run  # (the shell's helper)
-from test_session_rerun import TWO, new_kernel, resumed_line, same, weights
+from test_session_rerun import ONE, TRAIN, TWO, new_kernel, resumed_line, same, weights
 
 
 @pytest.fixture(autouse=True)
@@ -41,21 +41,6 @@ for ep in ckpt_nb.epochs(2):
         if steps(optB) == int(os.environ.get("STOP_B") or -1): raise RuntimeError("B")
         optB.zero_grad(); torch.nn.functional.cross_entropy(modelB(xb), yb).backward()
         optB.step()
-"""
-
-ONE = """
-import torch, ckpt_nb
-torch.manual_seed(0)
-X = torch.randn(300, 8); Y = torch.randint(0, 2, (300,))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=50,
-                                     shuffle=True)
-model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
-"""
-
-TRAIN = """%%ckpt_auto --dir {dir} --every-steps 6
-for epoch in ckpt_nb.epochs(2):
-    for i, (xb, yb) in ckpt_nb.batches(loader):
-        opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
 """
 
 PLAIN = "for s in range(3):\n    opt.zero_grad(); model(torch.ones(8)).sum().backward(); opt.step()"
@@ -158,7 +143,7 @@ def line_form_then_cell(shell, tmp_path: Path, capsys,
     run(shell, ONE)
     run(shell, "%ckpt_auto --every-steps 2")
     assert run(shell, PLAIN).success
-    assert run(shell, TRAIN.format(dir=tmp_path / "checkpoints" / "session")).success
+    assert run(shell, TRAIN.format(dir=tmp_path / "checkpoints" / "session", options="")).success
     return capsys.readouterr().out
 
 
