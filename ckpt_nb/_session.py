@@ -629,8 +629,7 @@ class _Gradients:
         """At every optimizer step: the first gradient of its parameters, as ``mark``
         takes them all (a backward pass reaches every parameter of a dense model)."""
         self.stepped.add(optimizer)
-        first = next((g for group in optimizer.param_groups for p in group["params"]
-                      if (g := p.grad) is not None), None)
+        first = _first_gradient(optimizer)
         self.samples[id(optimizer)] = None if first is None else \
             (weakref.ref(first), first._version)
 
@@ -639,8 +638,7 @@ class _Gradients:
         without marks from the last step, what says gradients may be accumulating."""
         for optimizer in self.stepped:
             sample = self.samples.get(id(optimizer))
-            first = next((g for group in optimizer.param_groups for p in group["params"]
-                          if (g := p.grad) is not None), None)
+            first = _first_gradient(optimizer)
             if first is None:
                 continue
             if sample is None or sample[0]() is not first or sample[1] != first._version:
@@ -660,6 +658,13 @@ class _Gradients:
             if bool(_data_of(g)[-1].any()):
                 return True
         return False
+
+
+def _first_gradient(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """The gradient of an optimizer's first parameter that has one (``_Gradients``'
+    sample)."""
+    return next((g for group in optimizer.param_groups for p in group["params"]
+                 if (g := p.grad) is not None), None)
 
 
 def _frozen(statefuls: Mapping[str, Any]) -> dict[str, list[str]]:
