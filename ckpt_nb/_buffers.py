@@ -3,7 +3,7 @@
 Fresh memory costs a page fault per 4 KiB on first touch, which halved the
 speed of decoding into new ``bytes``: the codec and the chunk reader work in
 buffers that each thread keeps and reuses instead, and restores decode into
-memory that the last restore let go (``RESTORE_ARENA``).
+memory that an earlier restore let go (``RESTORE_ARENA``).
 """
 
 from __future__ import annotations
@@ -47,37 +47,49 @@ def fill(source: ReadInto, out: memoryview) -> int:
 
 
 class ReusedArena:
-    """One allocation handed out again once nothing refers to it any more.
+    """Allocations handed out again once nothing refers to them any more.
 
     A restore decodes every storage into fresh memory, then copies most of them
     into live tensors and drops them. Faulting that memory in cost as much as
     decoding it (45 MB: 4-60 ms here, the most when the kernel compacts memory
     for huge pages), while ``torch.load`` gets warm pages back from malloc for
-    tensors under its 32 MiB threshold. So the arena is kept and reused, but
-    only when no array or tensor views it: each view of it holds a reference,
-    which ``sys.getrefcount`` counts. At most ``limit`` bytes are kept.
+    tensors under its 32 MiB threshold. So arenas are kept and reused, but only
+    when no array or tensor views them: each view holds a reference, which
+    ``sys.getrefcount`` counts.
+
+    Two are kept: an optimizer's ``load_state_dict`` takes the tensors it is given
+    as they are, so after a restore its state views that restore's arena, and the
+    next restore can only take the one before (which the optimizer let go of as
+    it loaded). At most ``limit`` bytes are kept in all.
     """
+
+    SLOTS = 2
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._kept: np.ndarray | None = None
+        self._kept: list[np.ndarray] = []  # the most recently handed out last
 
     def take(self, nbytes: int) -> np.ndarray:
-        """``nbytes`` of uint8 memory, warm when the last one handed out is free."""
+        """``nbytes`` of uint8 memory, warm when one handed out before is free."""
         with self._lock:  # the view is made under the lock, so two takers never share
-            kept = self._kept
-            # References: self._kept, ``kept``, getrefcount's argument; any more are views.
-            if kept is not None and len(kept) >= nbytes and sys.getrefcount(kept) == 3:
-                return kept[:nbytes]
+            for kept in reversed(self._kept):  # (the most recently used first: warmest)
+                # References: the list, ``kept``, getrefcount's argument; any more are views.
+                if len(kept) >= nbytes and sys.getrefcount(kept) == 3:
+                    self._kept = [k for k in self._kept if k is not kept] + [kept]
+                    return kept[:nbytes]
             arena = np.empty(nbytes, dtype=np.uint8)
-            self._kept = arena if nbytes <= self.limit else None
+            if nbytes <= self.limit:
+                self._kept.append(arena)
+                while len(self._kept) > self.SLOTS or \
+                        sum(len(k) for k in self._kept) > self.limit:
+                    del self._kept[0]
             return arena[:nbytes]
 
     def release(self) -> None:
-        """Forget the kept memory (it is freed once its last view goes)."""
+        """Forget the kept memory (each arena is freed once its last view goes)."""
         with self._lock:
-            self._kept = None
+            self._kept = []
 
 
 # Shared by a process's managers: restores into a model of up to 512 MiB reuse memory.

@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 from pathlib import Path
@@ -92,9 +93,33 @@ def test_a_restore_never_decodes_into_memory_an_earlier_one_handed_out(tmp_path:
     assert same([t for st in opt.state.values() for t in st.values()], want_opt)
     from ckpt_nb._buffers import RESTORE_ARENA
 
-    assert RESTORE_ARENA._kept is not None
+    assert RESTORE_ARENA._kept
     mgr.close()  # lets go of the memory kept for the next restore
-    assert RESTORE_ARENA._kept is None
+    assert not RESTORE_ARENA._kept
+
+
+def test_restores_of_a_model_and_its_optimizer_take_warm_memory_again(tmp_path: Path) -> None:
+    """The optimizer keeps the state tensors a restore gives it, so the next restore
+    cannot take that restore's memory; it takes the one before, which the optimizer
+    let go of as it loaded."""
+    from ckpt_nb._buffers import RESTORE_ARENA
+
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(8, 256)).square().mean().backward()
+    opt.step()
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(model, opt)
+    want = [t.clone() for st in opt.state.values() for t in st.values()]
+    taken = []  # the arena each restore decoded into (weakly: a freed one dies)
+    for _ in range(4):
+        mgr.restore(cid, model=model, optimizer=opt)
+        taken.append(weakref.ref(RESTORE_ARENA._kept[-1]))
+    first, second = taken[0](), taken[1]()
+    assert first is not None and second is not None and first is not second
+    assert taken[2]() is first and taken[3]() is second  # no third was allocated
+    assert same([t for st in opt.state.values() for t in st.values()], want)
+    mgr.close()
 
 
 def test_rng_states_restored_unless_asked(tmp_path: Path) -> None:

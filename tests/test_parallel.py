@@ -82,10 +82,14 @@ def test_the_arena_is_handed_out_again_only_once_nothing_views_it() -> None:
     assert third.__array_interface__["data"][0] == address  # warm memory, reused
 
 
-def test_the_arena_keeps_nothing_over_its_limit() -> None:
+def test_the_arena_keeps_two_and_nothing_over_its_limit() -> None:
     arena = ReusedArena(limit=1000)
     small = arena.take(800)
-    assert arena._kept is not None
-    del small
+    assert len(arena._kept) == 1
+    arena.take(100)  # (``small`` is still held: a second one)
+    assert len(arena._kept) == 2
     arena.take(5000)
-    assert arena._kept is None
+    assert len(arena._kept) == 2  # over the limit: not kept
+    arena.take(900)  # a third, within the limit: the oldest is forgotten
+    assert [len(k) for k in arena._kept] == [100, 900]
+    del small
