@@ -15,12 +15,14 @@ import builtins
 import contextlib
 import dataclasses
 import datetime
+import difflib
 import functools
 import hashlib
 import json
 import keyword
 import linecache
 import math
+import numbers
 import os
 import random
 import re
@@ -120,6 +122,10 @@ class History:
         return cls(records)
 
 
+# auto() keywords spelt as the magic's options, and what auto() takes for them
+_MAGIC_SPELLINGS = {"dir": "directory", "no_resume": "resume=False"}
+
+
 @dataclass
 class AutoConfig:
     """The options of ``%ckpt_auto``; None means "not used"."""
@@ -136,16 +142,41 @@ class AutoConfig:
     sync: bool = False
     max_variable_bytes: int = 100 << 20
 
+    @classmethod
+    def from_keywords(cls, directory: Any, options: dict[str, Any]) -> AutoConfig:
+        """``auto()``'s options as a config: ``every=`` is the magic's ``--every``, and a
+        keyword it does not take is named with those it does (the dataclass's own
+        TypeError named ``AutoConfig.__init__``, which no user calls)."""
+        options = dict(options)
+        every = options.pop("every", None)
+        if every is not None:
+            if options.get("every_seconds") is not None:
+                raise ValueError("every (--every) and every_seconds (--every-seconds) say the "
+                                 "same: give one of them")
+            options["every_seconds"] = every
+        fields = [f.name for f in dataclasses.fields(cls) if f.name != "directory"]
+        for name in options:
+            if name not in fields:
+                valid = ["directory", "namespace", "name", "every", *fields]
+                hint = _MAGIC_SPELLINGS.get(name) or next(
+                    iter(difflib.get_close_matches(name, valid, n=1)), None)
+                raise TypeError(f"auto() got an unexpected keyword argument {name!r}"
+                                + (f": did you mean {hint}?" if hint else "")
+                                + f" It takes {', '.join(valid)}")
+        return cls(directory=directory, **options)
+
     def __post_init__(self) -> None:
         """Refuse what would never fire or cannot work, naming the option both ways
         (``auto(every_steps=...)`` and the magic's ``--every-steps``)."""
         self._take_the_magics_forms()
-        for name, value in (("every_steps", self.every_steps), ("keep", self.keep),
-                            ("keep_best", self.keep_best)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
+        for name in ("every_steps", "keep", "keep_best"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a positive "
                                  f"integer, not {value!r}")
+            setattr(self, name, int(value))  # (a NumPy integer, say)
         if self.every_seconds is not None and not 0 < self.every_seconds < math.inf:
             raise ValueError("every_seconds (--every-seconds) must be positive and finite, "
                              f"not {self.every_seconds!r}")  # (nan and inf never fire)
@@ -154,6 +185,9 @@ class AutoConfig:
                              "'min'|'max') (--on METRIC:min|max) too")
         if self.on is not None and (len(self.on) != 2 or self.on[1] not in ("min", "max")):
             raise ValueError(f"on (--on) must be (METRIC, 'min' or 'max'), not {self.on!r}")
+        if self.on is not None and (not isinstance(self.on[0], str) or not self.on[0].strip()):
+            raise ValueError("on (--on) names its metric as ckpt_nb.log() does, by a non-empty "
+                             f"string, not {self.on[0]!r}")  # (it would never fire)
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy (--strategy) must be {', '.join(STRATEGIES)}, not "
                              f"{self.strategy!r}")
@@ -172,11 +206,13 @@ class AutoConfig:
                 self.every_seconds = parse_duration(self.every_seconds)
             except ValueError as exc:
                 raise ValueError(f"every_seconds (--every): {exc}") from None
-        elif self.every_seconds is not None and (isinstance(self.every_seconds, bool) or
-                                                 not isinstance(self.every_seconds, (int, float))):
-            raise TypeError("every_seconds (--every-seconds) takes a number of seconds or a "
-                            f"duration such as '30s', '10m', '1h' or '1d', not "
-                            f"{self.every_seconds!r}")
+        elif self.every_seconds is not None:
+            if isinstance(self.every_seconds, bool) or \
+                    not isinstance(self.every_seconds, numbers.Real):
+                raise TypeError("every_seconds (--every-seconds) takes a number of seconds or "
+                                "a duration such as '30s', '10m', '1h' or '1d', not "
+                                f"{self.every_seconds!r}")
+            self.every_seconds = float(self.every_seconds)  # (a NumPy float, say)
         if isinstance(self.on, str):
             self.on = parse_metric_trigger(self.on)
         elif isinstance(self.on, list):
@@ -201,9 +237,11 @@ class AutoConfig:
                 raise TypeError(f"{name} ({flag}) takes True or False, not "
                                 f"{getattr(self, name)!r}")
         if isinstance(self.max_variable_bytes, bool) or \
-                not isinstance(self.max_variable_bytes, int) or self.max_variable_bytes < 0:
+                not isinstance(self.max_variable_bytes, numbers.Integral) or \
+                self.max_variable_bytes < 0:
             raise ValueError("max_variable_bytes must be a number of bytes (an integer, 0 or "
                              f"more), not {self.max_variable_bytes!r}")
+        self.max_variable_bytes = int(self.max_variable_bytes)
 
 
 def parse_duration(text: str) -> float:
@@ -2412,7 +2450,7 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
                         f"{type(namespace).__name__}")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name takes a string, not {name!r}")
-    session = start(AutoConfig(directory=directory, **options), namespace, nested=True)
+    session = start(AutoConfig.from_keywords(directory, options), namespace, nested=True)
     # ("auto:" is in no notebook's cell id, which are letters, digits, - and _)
     try:
         session.begin_cell(name or _unnamed_block(caller),

@@ -1,0 +1,88 @@
+"""auto()'s options: the magic's spellings, a keyword it does not take, NumPy numbers and
+the metric's name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckpt_nb
+from test_magics import fresh_process_state  # noqa: F401 - (autouse: each test a new kernel)
+
+
+def objects() -> dict[str, object]:
+    model = torch.nn.Linear(2, 1)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+
+
+def test_every_is_the_magics_every(tmp_path: Path) -> None:
+    """every="10m" (the README's "the magic's forms too") was a TypeError naming
+    AutoConfig.__init__."""
+    for every, seconds in (("10m", 600.0), (90, 90.0), ("90", 90.0)):
+        with ckpt_nb.auto(str(tmp_path / str(every)), namespace=objects(), every=every) as s:
+            assert s.config.every_seconds == seconds
+    with pytest.raises(ValueError, match=r"every \(--every\) and every_seconds "
+                                         r"\(--every-seconds\) say the same: give one"):
+        with ckpt_nb.auto(str(tmp_path), namespace={}, every="10m", every_seconds=5):
+            pass
+    assert ckpt_nb.status() == {"active": False}
+
+
+@pytest.mark.parametrize(("keyword", "hint"), [
+    ("every_stepz", "every_steps"), ("namespce", "namespace"), ("dir", "directory"),
+    ("no_resume", "resume=False"),
+])
+def test_a_keyword_auto_does_not_take_names_auto_and_its_options(
+        tmp_path: Path, keyword: str, hint: str) -> None:
+    with pytest.raises(TypeError) as raised:
+        with ckpt_nb.auto(str(tmp_path), namespace={}, **{keyword: 1}):
+            pass
+    message = str(raised.value)
+    assert message.startswith(f"auto() got an unexpected keyword argument {keyword!r}: "
+                              f"did you mean {hint}? It takes directory, namespace, name, "
+                              "every, every_steps, every_seconds, on, keep, keep_best")
+    assert "AutoConfig" not in message
+    assert ckpt_nb.status() == {"active": False}
+
+
+def test_numpy_numbers_are_numbers(tmp_path: Path) -> None:
+    """every_steps=np.int64(10) was "not a positive integer"; np.float32 seconds a
+    TypeError."""
+    with ckpt_nb.auto(str(tmp_path), namespace=objects(), every_steps=np.int64(10),
+                      every_seconds=np.float32(5), keep=np.uint8(3),
+                      keep_best=np.int32(1), on="loss:min") as session:
+        config = session.config
+    assert (config.every_steps, config.every_seconds, config.keep, config.keep_best) == \
+        (10, 5.0, 3, 1)
+    assert [type(v) for v in (config.every_steps, config.keep, config.keep_best)] == [int] * 3
+    assert type(config.every_seconds) is float
+
+
+@pytest.mark.parametrize(("options", "error", "problem"), [
+    ({"every_steps": np.int64(0)}, ValueError, "must be a positive integer"),
+    ({"every_steps": np.bool_(True)}, ValueError, "must be a positive integer"),
+    ({"every_steps": True}, ValueError, "must be a positive integer"),
+    ({"every_seconds": np.float64("inf")}, ValueError, "positive and finite"),
+    ({"every_seconds": np.float32("nan")}, ValueError, "positive and finite"),
+    ({"every_seconds": True}, TypeError, "takes a number of seconds"),
+])
+def test_numbers_that_cannot_work_are_still_refused(tmp_path: Path, options: dict,
+                                                    error: type, problem: str) -> None:
+    with pytest.raises(error, match=problem):
+        with ckpt_nb.auto(str(tmp_path), namespace={}, **options):
+            pass
+
+
+@pytest.mark.parametrize("name", ["", "  ", 5, None])
+def test_on_names_its_metric_by_a_non_empty_string(tmp_path: Path, name: object) -> None:
+    """on=("", "min") and on=(5, "min") were taken, and never fired (the magic refuses an
+    empty --on)."""
+    with pytest.raises(ValueError, match=r"on \(--on\) names its metric as ckpt_nb.log\(\) "
+                                         f"does, by a non-empty string, not {name!r}"):
+        with ckpt_nb.auto(str(tmp_path), namespace={}, on=(name, "min")):
+            pass
+    assert ckpt_nb.status() == {"active": False}
+
