@@ -57,10 +57,12 @@ class CkptMagics(Magics):
               "CkptMagics.default_dir, else ./checkpoints/<notebook name>, or "
               "./checkpoints/session where the notebook is unknown, as in nbconvert or "
               "papermill jobs)")
-    @argument("--every-steps", type=int, default=None, help="save every N optimizer steps")
-    @argument("--every-seconds", type=float, default=None, help="save every S seconds")
-    @argument("--every", default=None, help="save every duration: 90s, 10m, 2h, 1d, or a "
-              "number of seconds (90)")
+    @argument("--every-steps", type=int, default=None,
+              help="save N optimizer steps after the last save")
+    @argument("--every-seconds", type=float, default=None,
+              help="save S seconds after the last save")
+    @argument("--every", default=None, help="save a duration after the last save: 90s, 10m, "
+              "2h, 1d, or a number of seconds (90)")
     @argument("--on", default=None, help="save when METRIC (as ckpt_nb.log() names it) "
               "improves: METRIC:min or METRIC:max, or a bare name that says which way is "
               "better: --on val_loss (lower), --on accuracy (higher)")
@@ -78,7 +80,11 @@ class CkptMagics(Magics):
               "the session (%%ckpt_auto --off), letting go of its buffers")
     @line_cell_magic
     def ckpt_auto(self, line: str, cell: str | None = None) -> Any:
-        """Checkpoint training automatically: for one cell (%%) or the session (%)."""
+        """Checkpoint training automatically: for one cell (%%) or the session (%).
+
+        Any save, whichever trigger or the cell's end takes it, restarts the count of
+        --every-steps and the clock of --every / --every-seconds.
+        """
         __tracebackhide__ = True
         # A negative value would be taken for an option ("expected one argument"): bind it
         # to its option, for the check that names it.

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ckpt_nb
+from ckpt_nb._magics import CkptMagics
 from test_magics import fresh_process_state  # noqa: F401 - (autouse: each test a new kernel)
 
 
@@ -86,3 +87,25 @@ def test_on_names_its_metric_by_a_non_empty_string(tmp_path: Path, name: object)
             pass
     assert ckpt_nb.status() == {"active": False}
 
+
+def test_any_save_restarts_the_step_count_as_the_docs_say(tmp_path: Path) -> None:
+    """--every-steps counts from the last save of any kind: an --on save every 7 steps
+    keeps a 10-step trigger from firing. The help and README said "every N steps"."""
+    ns = objects()
+    model, opt = ns["model"], ns["opt"]
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, every_steps=10, on="val_loss:min",
+                      sync=True):
+        for epoch in ckpt_nb.epochs(3):
+            for _ in ckpt_nb.batches(range(7)):
+                opt.zero_grad()
+                model(torch.ones(2)).sum().backward()
+                opt.step()
+            ckpt_nb.log(val_loss=1.0 / (epoch + 1))
+    table = ckpt_nb.CheckpointManager(tmp_path).list()
+    assert list(table["step"]) == [7, 14, 21]
+    help_text = " ".join(CkptMagics.ckpt_auto.__doc__.split())
+    assert "Any save, whichever trigger or the cell's end takes it, restarts the count of " \
+           "--every-steps and the clock of --every / --every-seconds" in help_text
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert "Any save restarts each count: `--every-steps 10` saves 10 steps after the last " \
+           "save of any kind" in readme
