@@ -18,7 +18,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Int, Unicode
+from traitlets import Bool, Int, TraitError, Unicode, validate
 
 from . import _session as session_mod
 from ._errors import CaptureError, CheckpointNotFoundError, CkptError
@@ -40,6 +40,23 @@ class CkptMagics(Magics):
                                    "papermill jobs)").tag(config=True)
     sync = Bool(False, help="Write checkpoints on the training thread").tag(config=True)
     max_variable_mb = Int(100, help="Largest plain variable captured, in MiB").tag(config=True)
+
+    @validate("max_variable_mb")
+    def _max_variable_mb(self, proposal: Any) -> int:
+        """Refused where it is set: a bad cap failed every later %ckpt_auto, in bytes."""
+        if proposal["value"] < 0:
+            raise TraitError("CkptMagics.max_variable_mb is the largest plain variable "
+                             "captured, in MiB: 0 or more, not "
+                             f"{proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("default_dir")
+    def _default_dir(self, proposal: Any) -> str:
+        """A blank one would name a folder of spaces; "" is the default store."""
+        if proposal["value"] and not proposal["value"].strip():
+            raise TraitError("CkptMagics.default_dir is blank: give a directory, or \"\" for "
+                             "the default (./checkpoints/<notebook name>)")
+        return proposal["value"]
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
@@ -301,7 +318,14 @@ class CkptMagics(Magics):
 
 
 def load(shell: Any) -> CkptMagics:
-    magics = CkptMagics(shell)
+    __tracebackhide__ = True
+    try:
+        magics = CkptMagics(shell)
+    except TraitError as exc:  # (the shell keeps a %config value refused before, to reload)
+        # (the instance put itself in the shell's configurables before it failed)
+        shell.configurables[:] = [c for c in shell.configurables if not isinstance(c, CkptMagics)]
+        raise UsageError(f"%load_ext ckpt_nb: {exc}: set it again, %config "
+                         "CkptMagics.NAME = VALUE, then %load_ext ckpt_nb") from None
     shell.register_magics(magics)
     shell.events.register("pre_run_cell", magics.note_cell)
     return magics
@@ -310,6 +334,8 @@ def load(shell: Any) -> CkptMagics:
 def unload(shell: Any, magics: CkptMagics) -> None:
     with contextlib.suppress(ValueError):
         shell.events.unregister("pre_run_cell", magics.note_cell)
+    with contextlib.suppress(ValueError):  # (%config set each unloaded one, and said each
+        shell.configurables.remove(magics)  # refusal once per %load_ext)
     magics.stop_line_session()
     session_mod.stop()
     table = shell.magics_manager.magics

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from traitlets import TraitError
 
 import ckpt_nb
 from ckpt_nb._magics import CkptMagics
@@ -128,3 +129,44 @@ def test_a_metric_name_no_keyword_can_spell_is_still_watched(shell, tmp_path: Pa
     assert run(shell, cell).success
     table = ckpt_nb.CheckpointManager(tmp_path).list()
     assert 0.3 in set(table["val loss"])
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("max_variable_mb", -1, "CkptMagics.max_variable_mb is the largest plain variable "
+                            "captured, in MiB: 0 or more, not -1"),
+    ("default_dir", "  ", "CkptMagics.default_dir is blank: give a directory"),
+])
+def test_a_bad_config_value_is_refused_where_it_is_set(
+        shell, tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, value: object,
+        message: str) -> None:
+    """max_variable_mb = -1 was taken, and every later %%ckpt_auto failed, naming
+    max_variable_bytes and -1048576. (Said once: each unloaded instance said it too.)"""
+    run(shell, "%unload_ext ckpt_nb")
+    run(shell, "%load_ext ckpt_nb")
+    magics = shell.magics_manager.registry["CkptMagics"]
+    try:
+        run(shell, f"%config CkptMagics.{name} = {value!r}")
+        assert caplog.text.count(message) == 1
+        assert (magics.max_variable_mb, magics.default_dir) == (100, "")
+        with pytest.raises(TraitError, match=message):
+            setattr(magics, name, value)
+        run(shell, SMALL)
+        assert run(shell, f"%%ckpt_auto --dir {tmp_path}\nopt.step()").success
+        # (the shell's config keeps the refused value: a reload says which, and how to fix)
+        run(shell, "%unload_ext ckpt_nb")
+        assert usage_error(shell, "%load_ext ckpt_nb").startswith(
+            f"%load_ext ckpt_nb: {message}")
+        run(shell, f"%config CkptMagics.{name} = {magics.trait_defaults(name)!r}")
+        assert run(shell, "%load_ext ckpt_nb").success
+    finally:
+        shell.config.pop("CkptMagics", None)  # (the next test's shell loads afresh)
+
+
+def test_zero_mib_is_a_cap(shell) -> None:
+    magics = shell.magics_manager.registry["CkptMagics"]
+    try:
+        assert run(shell, "%config CkptMagics.max_variable_mb = 0").success
+        assert magics.max_variable_mb == 0
+    finally:
+        shell.config.pop("CkptMagics", None)
+
