@@ -196,6 +196,13 @@ class CkptMagics(Magics):
         return None
 
     def _start_line_session(self, config: AutoConfig) -> None:
+        earlier = self._line_session
+        if earlier is not None:  # (its triggers and retention went without a word)
+            status = earlier.status()
+            kept = [f"{label} {value}" for label, value in (
+                ("keep", earlier.config.keep), ("keep best", earlier.config.keep_best)) if value]
+            print(f"ckpt_nb: this %ckpt_auto replaces the session's earlier one, which stops "
+                  f"({status['directory']}: {', '.join(status['triggers'] + kept)})")
         self.stop_line_session()
         session = self._start(config, nested=False)
         store = location(session.manager.store)

@@ -170,3 +170,16 @@ def test_zero_mib_is_a_cap(shell) -> None:
     finally:
         shell.config.pop("CkptMagics", None)
 
+
+def test_a_second_line_form_says_what_it_replaces(shell, tmp_path: Path, capsys) -> None:
+    """A second %ckpt_auto dropped the first one's store, triggers and retention unsaid."""
+    run(shell, SMALL)
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'a'} --every-steps 5 --keep 3").success
+    assert "replaces" not in capsys.readouterr().out
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'b'} --on val_loss").success
+    out = capsys.readouterr().out
+    assert "ckpt_nb: this %ckpt_auto replaces the session's earlier one, which stops " \
+           f"({tmp_path / 'a'}: every 5 steps, keep 3)\n" in out
+    assert ckpt_nb.status()["triggers"] == ["when val_loss improves (min)"]
+    assert run(shell, "%ckpt_auto --off").success
+
