@@ -18,6 +18,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.utils.process import arg_split
 from traitlets import Bool, Int, TraitError, Unicode, validate
 
 from . import _session as session_mod
@@ -110,6 +111,9 @@ class CkptMagics(Magics):
         if args.off:
             self._stop_line_form(line, cell)
             return None
+        if cell is None and args.no_resume:  # (an ignored one would look obeyed)
+            raise UsageError("%ckpt_auto: --no-resume is a %%ckpt_auto cell's (it resumes the "
+                             "cell's unfinished run); the line form resumes no run")
         try:
             config = self._config(args)
         except ValueError as exc:
@@ -356,9 +360,33 @@ def _arguments(magic: Any, line: str) -> Any:
     named with the magic, as the magic's own errors are."""
     __tracebackhide__ = True
     try:
-        return parse_argstring(magic, line)
+        args = parse_argstring(magic, line)
     except (UsageError, ValueError) as exc:
         raise UsageError(f"%{magic.__name__}: {exc}") from None
+    _refuse_repeats(magic, line)
+    return args
+
+
+def _refuse_repeats(magic: Any, line: str) -> None:
+    """An option given twice: argparse keeps the last, silently (``--every-steps 5
+    --every-steps 10``), which may not be the one meant."""
+    __tracebackhide__ = True
+    actions = magic.parser._option_string_actions  # (option string -> its action)
+    seen: set[str] = set()
+    for token in arg_split(line):
+        option = token.split("=", 1)[0]
+        if not option.startswith("--"):
+            continue
+        action = actions.get(option)
+        if action is None:  # (argparse takes a prefix of one option for it: --every-s)
+            found = {action for string, action in actions.items() if string.startswith(option)}
+            action = found.pop() if len(found) == 1 else None
+        if action is None:
+            continue
+        if action.dest in seen:
+            raise UsageError(f"%{magic.__name__}: {action.option_strings[0]} is given twice: "
+                             "give it once")
+        seen.add(action.dest)
 
 
 def _directory(magic: str, line: str) -> str | None:

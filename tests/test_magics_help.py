@@ -183,3 +183,25 @@ def test_a_second_line_form_says_what_it_replaces(shell, tmp_path: Path, capsys)
     assert ckpt_nb.status()["triggers"] == ["when val_loss improves (min)"]
     assert run(shell, "%ckpt_auto --off").success
 
+
+@pytest.mark.parametrize(("line", "option"), [
+    ("%ckpt_auto --every-steps 5 --every-steps 10", "--every-steps"),
+    ("%ckpt_auto --every-steps=5 --every-steps 10", "--every-steps"),
+    ("%ckpt_auto --every 5 --every-seconds 10 --every 10m", "--every"),
+    ("%ckpt_auto --keep-b 1 --on loss --keep-best 2", "--keep-best"),
+    ("%%ckpt_auto --sync --sync\nran = True", "--sync"),
+    ("%ckpt_rollback --dir a --dir b", "--dir"),
+])
+def test_an_option_given_twice_is_refused(shell, line: str, option: str) -> None:
+    """argparse kept the last silently: --every-steps 5 --every-steps 10 saved every 10."""
+    assert usage_error(shell, line).endswith(f": {option} is given twice: give it once")
+    assert "ran" not in shell.user_ns
+    assert ckpt_nb.status() == {"active": False}
+
+
+def test_the_line_form_refuses_no_resume(shell) -> None:
+    """The line form resumes no run: --no-resume there was taken, and meant nothing."""
+    assert usage_error(shell, "%ckpt_auto --no-resume") == (
+        "%ckpt_auto: --no-resume is a %%ckpt_auto cell's (it resumes the cell's unfinished "
+        "run); the line form resumes no run")
+    assert ckpt_nb.status() == {"active": False}
