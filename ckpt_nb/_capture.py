@@ -886,18 +886,44 @@ def _fits_parameter(state: torch.Tensor, param: torch.Tensor) -> bool:
     return all(s in (p, 1) for s, p in zip(state.shape, param.shape))
 
 
-def _other_kind(name: str, obj: Any, saved: str | None) -> str | None:
+def _other_kind(name: str, obj: Any, saved: str | None, state: Any) -> str | None:
     """Why an optimizer or scheduler cannot take the state of another class: torch's
     load_state_dict does, then SGD given Adam's state fails at its next step (its
     groups have no momentum), AdamW given Adam's runs Adam (no decoupled decay)."""
-    if saved is None or "." not in saved or not isinstance(obj, _CHECKED_KINDS):
-        return None  # (not known: a file imported from elsewhere)
+    if not isinstance(obj, _CHECKED_KINDS):
+        return None
+    if saved is None or "." not in saved:  # (not known: a file imported from elsewhere)
+        return _other_hyperparameters(name, obj, state)
     saved_class, live_class = saved.rsplit(".", 1)[-1], type(obj).__name__
     if saved_class == live_class:
         return None
     return (f"{name}: its state in the checkpoint is {saved_class}'s, the live object is "
             f"{live_class}: restore into {saved_class}, or take the state from load() and "
             "convert it")
+
+
+def _other_hyperparameters(name: str, obj: Any, state: Any) -> str | None:
+    """For a state whose class is not recorded (a torch.save file's): why an optimizer
+    cannot take it, as far as its parameter groups tell. A group has every hyper-parameter
+    of its optimizer's class, so one that lacks a number the live class has (SGD's
+    momentum in AdamW's groups) is another class's; flags (foreach, fused, ...) are left
+    aside, as torch versions add them, and a value of another size is no other class."""
+    if not isinstance(obj, torch.optim.Optimizer) or not isinstance(state, Mapping):
+        return None
+    groups = state.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        return None  # (check_optimizer names what is wrong with it)
+    numbers = [key for key, value in obj.defaults.items()
+               if isinstance(value, (int, float, tuple, torch.Tensor))
+               and not isinstance(value, bool)]
+    missing = [key for key in numbers if any(key not in g for g in groups)]
+    if not missing:
+        return None
+    live_class = type(obj).__name__
+    return (f"{name}: the checkpoint's optimizer state has no {', '.join(missing)} in its "
+            f"parameter groups, which {live_class} has: it is another optimizer's state (the "
+            "file does not say which); restore into that class, or take the state from "
+            "load() and convert it")
 
 
 _CHECKED_KINDS = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
@@ -1117,7 +1143,8 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
             problems.append(f"{name}: not in the checkpoint (it holds {sorted(states)})")
         elif not isinstance(obj, Stateful):
             problems.append(f"{name}: {type(obj).__name__} has no load_state_dict()")
-        elif (other := _other_kind(name, obj, (kinds or {}).get(name))) is not None:
+        elif (other := _other_kind(name, obj, (kinds or {}).get(name),
+                                   states[name])) is not None:
             problems.append(other)
         elif isinstance(obj, torch.nn.Module):
             found = check_module(name, obj, states[name], strict)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CkptError,
-                     CorruptCheckpointError, UntrustedPickleError)
+                     CorruptCheckpointError, StateMismatchError, UntrustedPickleError)
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -296,3 +296,30 @@ def test_two_keys_for_one_object_keep_their_own_names(tmp_path: Path) -> None:
     assert state == {"scheduler_state_dict": {"a": 1}, "lr_scheduler_state_dict": {"b": 2},
                      "state_dict": {"w": torch.ones(1)},
                      "model_state_dict": {"v": torch.ones(1)}}
+
+
+def test_a_files_optimizer_state_of_another_class_is_refused(tmp_path: Path) -> None:
+    """A file records no class: AdamW's state loaded into SGD(momentum=0.9), whose next step
+    failed with KeyError 'momentum'. The same class with other values still loads."""
+    model = torch.nn.Linear(2, 2)
+    adamw = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2)).sum().backward()
+    adamw.step()
+    torch.save({"model_state_dict": model.state_dict(),
+                "optimizer_state_dict": adamw.state_dict(), "epoch": 1}, tmp_path / "a.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.import_file(tmp_path / "a.pt")
+    for which in (tmp_path / "a.pt", cid):
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        with pytest.raises(StateMismatchError, match="optimizer: the checkpoint's optimizer "
+                                                     "state has no momentum, dampening"):
+            mgr.restore(which, model=model, optimizer=sgd)
+        assert "betas" not in sgd.param_groups[0]
+    other = torch.optim.AdamW(model.parameters(), lr=0.5, weight_decay=0.0, amsgrad=True)
+    mgr.restore(cid, model=model, optimizer=other)
+    assert other.param_groups[0]["lr"] == adamw.param_groups[0]["lr"]
+    sgd_state = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.save({"optimizer": sgd_state.state_dict()}, tmp_path / "sgd.pt")
+    plain = torch.optim.SGD(model.parameters(), lr=0.3)  # (no momentum: a value, not a class)
+    mgr.restore(tmp_path / "sgd.pt", optimizer=plain)
+    assert plain.param_groups[0]["momentum"] == 0.9
