@@ -442,6 +442,10 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
             meta = (f.metadata() or {}).get("ckpt_nb")
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except SafetensorError as exc:
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if _sniffed(head) == "torch":
+            raise _misnamed(path, head, "safetensors") from exc
         raise CorruptCheckpointError(f"{path} cannot be read as a safetensors file: "
                                      f"{exc}") from exc
     if meta is None:
@@ -541,24 +545,98 @@ def _plain(exc: BaseException) -> str:
     return _ANSI_ESCAPE.sub("", str(exc))
 
 
+def _sniffed(head: bytes) -> str | None:
+    """The format a file's first bytes say it is: "torch" (a zip archive, a pickle: protocol
+    2 and up start with PROTO, a legacy file of protocol 0 or 1 with its magic number as a
+    LONG), "safetensors" (its header's length, then the JSON header), or None."""
+    if head[:2] == b"PK" or head[:1] in (b"\x80", b"L"):
+        return "torch"
+    if len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] < _HEADER_LIMIT:
+        return "safetensors"
+    return None
+
+
+def _misnamed(path: Path, head: bytes, expected: str) -> CorruptCheckpointError:
+    """The refusal of a file that is not of its suffix's format, naming the one it is."""
+    found = _sniffed(head)
+    if found is not None and found != expected:
+        right = ".safetensors" if found == "safetensors" else ".pt"
+        return CorruptCheckpointError(f"{path} is a {_FORMATS[found]} file, not a "
+                                      f"{_FORMATS[expected]} one as its suffix says: rename "
+                                      f"it to {path.stem}{right}")
+    what = "neither a zip archive nor a pickle" if expected == "torch" else \
+        "no header length, then JSON"
+    return CorruptCheckpointError(f"{path} is not a {_FORMATS[expected]} file ({what})")
+
+
+_FORMATS = {"torch": "torch.save", "safetensors": "safetensors"}
+
+
+def _pickle_protocol(path: Path) -> int | None:
+    """The pickle protocol a torch file was saved with (0 for 0 or 1, which write no
+    PROTO), or None where its pickle cannot be found."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+                with archive.open(name) as pkl:
+                    head = pkl.read(2)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(2)
+    except (OSError, StopIteration, zipfile.BadZipFile, RuntimeError, ValueError):
+        return None
+    if not head:
+        return None
+    return head[1] if head[:1] == b"\x80" and len(head) == 2 else 0
+
+
+# The class torch.load(weights_only=True) refused, in its message
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+_UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")
+
+
+def _untrusted(path: Path, exc: pickle.UnpicklingError) -> UntrustedPickleError:
+    """The refusal of a file that torch.load(weights_only=True) does not read, its cause
+    first: a protocol that loader does not parse, or the class it refused (torch's own
+    message, ~900 characters, buries it)."""
+    text = _plain(exc)
+    protocol = _pickle_protocol(path)
+    if "Unsupported operand" in text and protocol is not None and protocol not in (2, 3):
+        saved, trusted = ("0 or 1", "(protocol 1 loads that way; 0 not at all)") \
+            if protocol == 0 else (str(protocol), "(a full unpickling can run code)")
+        return UntrustedPickleError(
+            f"{path} was saved with pickle protocol {saved}, which torch.load(weights_only="
+            "True) does not read (it reads 2 and 3): re-save it with torch.save's default "
+            f"protocol, or pass trust_pickle=True if you trust the file {trusted}")
+    refused = _REFUSED_GLOBAL.search(text)
+    if refused is not None:
+        cls = refused.group(1)
+        return UntrustedPickleError(
+            f"{path} holds {cls}, which torch.load(weights_only=True) does not build "
+            "(loading it could run code): pass trust_pickle=True if you trust the file, or "
+            f"allow it with torch.serialization.add_safe_globals([{cls}])")
+    detail = _UNPICKLER_ERROR.search(text)
+    return UntrustedPickleError(
+        f"{path} holds objects other than tensors and plain data, and loading them could "
+        "run code: pass trust_pickle=True if you trust the file ("
+        f"{detail.group(1).strip() if detail else reprlib.repr(text)})")
+
+
 def _read_torch(path: Path, trust_pickle: bool) -> Any:
     with open(path, "rb") as f:
-        head = f.read(2)
+        head = f.read(16)
     # torch.save writes a zip archive (or, before torch 1.6, a pickle): anything else
     # is not one, whatever torch.load's refusal would suggest (trusting it).
-    if head != b"PK" and head[:1] != b"\x80":
-        raise CorruptCheckpointError(f"{path} is not a torch.save file (neither a zip "
-                                     "archive nor a pickle)")
+    if _sniffed(head) != "torch":
+        raise _misnamed(path, head, "torch")
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as exc:
         if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE) or \
                 _pickle_is_damaged(path):
             raise CorruptCheckpointError(f"{path} does not unpickle: {_plain(exc)}") from exc
-        raise UntrustedPickleError(
-            f"{path} holds objects other than tensors and plain data, and loading them "
-            f"could run code: pass trust_pickle=True if you trust the file ({_plain(exc)})"
-        ) from exc
+        raise _untrusted(path, exc) from exc
     except PermissionError:
         raise
     except Exception as exc:  # (a damaged file fails in torch's readers in many ways)
@@ -579,21 +657,35 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
 
     source = Path(path)
     if source.is_dir():
-        raise CheckpointNotFoundError(f"{source} is a directory, not a checkpoint file (a "
-                                      "store? open it with "
-                                      f"CheckpointManager({os.fspath(source)!r}))")
+        files = _model_files(source)
+        raise CheckpointNotFoundError(
+            f"{source} is a directory, not a checkpoint file: " +
+            (f"give the file to read ({_some(files)})" if files else
+             f"a store? open it with CheckpointManager({os.fspath(source)!r})"))
     if not source.is_file():
         raise CheckpointNotFoundError(f"no file {source}")
-    if _suffix(source) not in SUFFIXES:
-        raise FileFormatError(f"{source}: unknown suffix, {_SUFFIX_HINT}")
-    if _suffix(source) == ".safetensors":
-        data = _read_safetensors(source, trust_pickle)
+    if source.name.lower().endswith(_INDEX):
+        data = _read_shards(source, trust_pickle)
+    elif _suffix(source) not in SUFFIXES:
+        raise FileFormatError(f"{source}: unknown suffix, {_SUFFIX_HINT} (or a sharded "
+                              f"model's {_INDEX})")
     else:
-        data = _read_torch(source, trust_pickle)
+        if (shard := _SHARD.fullmatch(source.name)) and int(shard.group(2)) > 1:
+            indices = [n for n in _model_files(source.parent) if n.lower().endswith(_INDEX)]
+            warn(f"{source.name} is one shard of {int(shard.group(2))}, a part of the model "
+                 f"only: give {indices[0] if indices else 'the index (.index.json)'} beside "
+                 "it to read them all")
+        data = _read_safetensors(source, trust_pickle) if _suffix(source) == ".safetensors" \
+            else _read_torch(source, trust_pickle)
     if not isinstance(data, Mapping):
         raise FileFormatError(f"{source} holds a {type(data).__name__}, not a dict of state: "
                               "save a dict ({\"model\": model.state_dict(), ...}) to import it")
-    state, meta = _split_state(dict(data))
+    if isinstance(getattr(data, "_metadata", None), Mapping):
+        # torch.save(model.state_dict()): a module's, whatever its values (a quantized
+        # layer's dtype and packed parameters, a get_extra_state()'s dict), versions kept
+        state, meta = {"model": uncompiled_keys(data)}, {}
+    else:
+        state, meta = _split_state(dict(data))
     _check_meta(source, meta)
     return Checkpoint(
         id=str(source), parent=None, branch="", created=source.stat().st_mtime,
@@ -601,6 +693,65 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
         metrics=meta.get("metrics", {}), extra=meta.get("extra", {}), strategy="file",
         note=(meta.get("ckpt_nb") or {}).get("note", ""), pinned=False, state=state,
         rng=meta.get("rng"))
+
+
+# A sharded model's index (Hugging Face's model.safetensors.index.json), and a shard's name
+_INDEX = ".index.json"
+_SHARD = re.compile(r".+-([0-9]+)-of-([0-9]+)\.(?:safetensors|bin|pt|pth)", re.IGNORECASE)
+
+
+def _model_files(folder: Path) -> list[str]:
+    """The files in ``folder`` to give read_file: a sharded model's indices, else its
+    checkpoint files (sorted)."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.is_file())
+    except OSError:
+        return []
+    indices = [n for n in names if n.lower().endswith(_INDEX)]
+    return indices or [n for n in names if _suffix(n) in SUFFIXES]
+
+
+def _read_shards(index: Path, trust_pickle: bool) -> dict[str, Any]:
+    """A sharded model (an index whose ``weight_map`` gives each tensor's file) as one
+    model state: every shard read, each checked to hold the tensors the index puts in
+    it. Shards are file names beside the index, never paths elsewhere."""
+    try:
+        spec = json.loads(index.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
+        raise CorruptCheckpointError(f"{index} is not a sharded model's index (not JSON: "
+                                     f"{exc})") from exc
+    weight_map = spec.get("weight_map") if isinstance(spec, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or \
+            not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptCheckpointError(f"{index} has no \"weight_map\" of tensor names to shard "
+                                     "files, as a sharded model's index has")
+    model: dict[str, Any] = {}
+    missing: list[str] = []
+    for name in dict.fromkeys(weight_map.values()):
+        if Path(name).name != name or name in (".", "..") or "\\" in name or \
+                _suffix(name) not in SUFFIXES:
+            raise CorruptCheckpointError(f"{index}: shard {name!r} is not the name of a "
+                                         f"{'/'.join(SUFFIXES)} file beside the index")
+        shard = index.parent / name
+        if not shard.is_file():
+            raise CheckpointNotFoundError(f"{index}: its shard {name} is not in {index.parent}")
+        if _suffix(name) == ".safetensors":
+            data = _read_safetensors(shard, trust_pickle)
+            tensors = data["model"] if set(data) == {"model"} else None
+        else:
+            tensors = _read_torch(shard, trust_pickle)
+        if not isinstance(tensors, Mapping) or \
+                not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise FileFormatError(f"{shard} is not a shard of a model (tensors by name)")
+        missing += [k for k, v in weight_map.items() if v == name and k not in tensors]
+        twice = [k for k in tensors if k in model]
+        if twice:
+            raise CorruptCheckpointError(f"{index}: shard {name} repeats {_some(twice)}, of "
+                                         "an earlier shard: which to take is not known")
+        model.update(tensors)
+    if missing:  # (a tied weight saved once, say: a restore names it if the model needs it)
+        warn(f"{index} names tensors its shards do not hold: {_some(missing)}")
+    return {"model": model}
 
 
 def _number(value: Any) -> bool:
@@ -640,13 +791,17 @@ def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     state: dict[str, Any] = {}
     meta: dict[str, Any] = {"metrics": {}, "extra": {}}
     names = _object_names(data)
+    lightning = _lightning_objects(data, set(names.values()))
     for key, value in data.items():
         if key in names:
             state[names[key]] = uncompiled_keys(value)
+        elif key in lightning:
+            state.update(lightning[key])
         elif not isinstance(key, str):  # (a dict keyed by numbers: not a convention's)
             meta["extra"][key] = value
-        elif key in ("epoch", "step", "batch_idx", "global_step") and is_int64(value):
-            meta["step" if key == "global_step" else key] = value
+        elif key in ("epoch", "step", "batch_idx", "global_step") and \
+                (position := _integer(value)) is not None:
+            meta["step" if key == "global_step" else key] = position
         elif key == "metrics" and isinstance(value, Mapping) and \
                 all(isinstance(k, str) and _number(v) for k, v in value.items()):
             meta["metrics"].update({k: float(v) for k, v in value.items()})
@@ -672,7 +827,11 @@ def _object_names(data: Mapping[Any, Any]) -> dict[str, str]:
     model, ``X_state_dict`` or a bare ``model``, ``optimizer``, ``scheduler``, ``scaler``
     X, and an LR scheduler's (``lr_scheduler[_state_dict]``) the scheduler, as
     restore(scheduler=...) names it. Keys that would be one object keep their own
-    names (nothing of a file is dropped)."""
+    names (nothing of a file is dropped), as do those whose X names a checkpoint field
+    or one of restore()'s options (``rng_state_dict`` is an object "rng_state_dict",
+    not the RNG state: the file does not say that it holds ckpt_nb's)."""
+    from ._manager import RESERVED
+
     names: dict[str, str] = {}
     for key, value in data.items():
         if not isinstance(key, str) or not isinstance(value, Mapping):
@@ -685,7 +844,46 @@ def _object_names(data: Mapping[Any, Any]) -> dict[str, str]:
             continue
         names[key] = _OBJECT_ALIASES.get(name, name)
     taken = list(names.values())
-    return {key: name if taken.count(name) == 1 else key for key, name in names.items()}
+    return {key: name if taken.count(name) == 1 and name not in RESERVED else key
+            for key, name in names.items()}
+
+
+def _lightning_objects(data: Mapping[Any, Any], taken: set[str]) -> dict[str, dict[str, Any]]:
+    """A PyTorch Lightning checkpoint's optimizer and LR scheduler states, by the key of
+    their list: ``optimizer_states`` [a, b] are the objects "optimizer", "optimizer_1",
+    and ``lr_schedulers`` "scheduler", "scheduler_1" (restore(optimizer=...,
+    optimizer_1=...)). Only in a file laid out as Lightning's (a ``state_dict``, a position
+    and both lists, of state dicts), and not over a name another key took: else the lists
+    stay in extra."""
+    if "state_dict" not in data or not ("epoch" in data or "global_step" in data):
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    for key, name in (("optimizer_states", "optimizer"), ("lr_schedulers", "scheduler")):
+        states = data.get(key)
+        if not isinstance(states, list) or \
+                not all(isinstance(s, Mapping) for s in states):
+            return {}
+        if states:  # (an empty list stays in extra, as it was)
+            found[key] = {name if i == 0 else f"{name}_{i}": s for i, s in enumerate(states)}
+    if any(taken & set(objects) for objects in found.values()):
+        return {}
+    return found
+
+
+def _integer(value: Any) -> int | None:
+    """A position (epoch, step) as a whole number: a Python or NumPy integer, or a 0-dim
+    integer tensor (``torch.tensor(7)``, as a loop's counter often is); None else."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.is_quantized or value.layout is not torch.strided or \
+                value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
+            return None
+        try:
+            value = value.item()
+        except (RuntimeError, NotImplementedError):  # (a meta tensor has no value)
+            return None
+    elif isinstance(value, np.integer):
+        value = int(value)
+    return value if is_int64(value) else None
 
 
 def _scalar(value: Any) -> float | None:

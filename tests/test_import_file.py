@@ -248,7 +248,7 @@ def test_a_whole_file_of_pickle_protocol_4_asks_for_trust_not_called_damaged(
     which was taken for damage."""
     state = {"w": torch.arange(4.0)}
     torch.save(state, tmp_path / "p4.pt", pickle_protocol=4)
-    with pytest.raises(UntrustedPickleError, match="trust_pickle=True"):
+    with pytest.raises(UntrustedPickleError, match="pickle protocol 4.*trust_pickle=True"):
         CheckpointManager(tmp_path / "s").import_file(tmp_path / "p4.pt")
     cid = CheckpointManager(tmp_path / "s").import_file(tmp_path / "p4.pt", trust_pickle=True)
     assert torch.equal(CheckpointManager(tmp_path / "s").load(cid).state["model"]["w"],
@@ -275,7 +275,7 @@ def test_the_pytorch_tutorial_layout_imports_its_scheduler_and_numbers_by_name(
     mgr = CheckpointManager(tmp_path / "s")
     with pytest.raises(UntrustedPickleError) as refused:
         mgr.import_file(tmp_path / "t.pt")
-    assert "\x1b" not in str(refused.value) and "do those steps only" in str(refused.value)
+    assert "\x1b" not in str(refused.value) and "holds numpy." in str(refused.value)
     cid = mgr.import_file(tmp_path / "t.pt", trust_pickle=True)
     fresh_opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
     fresh = torch.optim.lr_scheduler.StepLR(fresh_opt, 3)
@@ -296,6 +296,50 @@ def test_two_keys_for_one_object_keep_their_own_names(tmp_path: Path) -> None:
     assert state == {"scheduler_state_dict": {"a": 1}, "lr_scheduler_state_dict": {"b": 2},
                      "state_dict": {"w": torch.ones(1)},
                      "model_state_dict": {"v": torch.ones(1)}}
+
+
+class WithExtra(torch.nn.Linear):
+    """A module whose state dict holds a plain dict besides its tensors."""
+
+    calls = 0
+
+    def get_extra_state(self) -> dict[str, int]:
+        return {"calls": 3}
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        self.calls = state["calls"]
+
+
+def test_a_saved_module_state_dict_with_other_values_is_the_model(tmp_path: Path) -> None:
+    """torch.save(model.state_dict()) of a module with extra state (or a quantized layer's
+    dtype and packed parameters) put every key in extra: "model: not in the checkpoint"."""
+    torch.save(WithExtra(2, 2).state_dict(), tmp_path / "m.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    live = WithExtra(2, 2)
+    ck = mgr.restore(tmp_path / "m.pt", model=live)
+    assert live.calls == 3 and ck.extra == {}
+    quantized = torch.ao.quantization.quantize_dynamic(
+        torch.nn.Sequential(torch.nn.Linear(4, 4)), {torch.nn.Linear}, dtype=torch.qint8)
+    torch.save(quantized.state_dict(), tmp_path / "q.pt")
+    assert list(mgr.load(tmp_path / "q.pt").state) == ["model"]
+    cid = mgr.import_file(tmp_path / "q.pt")
+    fresh = torch.ao.quantization.quantize_dynamic(
+        torch.nn.Sequential(torch.nn.Linear(4, 4)), {torch.nn.Linear}, dtype=torch.qint8)
+    mgr.restore(cid, model=fresh, rng=False)
+    assert torch.equal(fresh(torch.ones(1, 4)), quantized(torch.ones(1, 4)))
+
+
+def test_a_saved_module_state_dict_keeps_its_module_versions(tmp_path: Path) -> None:
+    """The dict() copy of the file's state dict dropped its _metadata (BatchNorm's version),
+    in load(path), import_file and export alike."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    versions = model.state_dict()._metadata  # type: ignore[attr-defined]
+    mgr = CheckpointManager(tmp_path / "s")
+    assert mgr.load(tmp_path / "m.pt").state["model"]._metadata == versions
+    cid = mgr.import_file(tmp_path / "m.pt")
+    exported = torch.load(mgr.export(cid, tmp_path / "out.pt"), weights_only=True)
+    assert exported["model"]._metadata == versions
 
 
 def test_a_files_optimizer_state_of_another_class_is_refused(tmp_path: Path) -> None:
@@ -323,3 +367,127 @@ def test_a_files_optimizer_state_of_another_class_is_refused(tmp_path: Path) -> 
     plain = torch.optim.SGD(model.parameters(), lr=0.3)  # (no momentum: a value, not a class)
     mgr.restore(tmp_path / "sgd.pt", optimizer=plain)
     assert plain.param_groups[0]["momentum"] == 0.9
+
+
+def test_a_files_keys_that_name_checkpoint_fields_are_objects_of_their_own_name(
+        tmp_path: Path) -> None:
+    """``rng_state_dict`` was an object "rng", which import_file refused, telling the
+    caller to "rename the keyword"."""
+    torch.save({"model_state_dict": {"w": torch.ones(2)},
+                "rng_state_dict": {"cpu": torch.get_rng_state()},
+                "metrics_state_dict": {"n": 1}}, tmp_path / "f.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    assert set(mgr.load(tmp_path / "f.pt").state) == \
+        {"model", "rng_state_dict", "metrics_state_dict"}
+    ck = mgr.load(mgr.import_file(tmp_path / "f.pt"))
+    assert ck.state["metrics_state_dict"] == {"n": 1} and ck.rng is None
+    assert torch.equal(ck.state["rng_state_dict"]["cpu"], torch.get_rng_state())
+
+
+def test_a_lightning_checkpoint_holds_its_optimizers_and_schedulers(tmp_path: Path) -> None:
+    """optimizer_states[0] and lr_schedulers[0] went to extra: "optimizer: not in the
+    checkpoint"."""
+    model = torch.nn.Linear(2, 2)
+    opts = [torch.optim.AdamW(model.parameters()), torch.optim.SGD(model.parameters(), lr=1)]
+    scheduler = torch.optim.lr_scheduler.StepLR(opts[0], 3)
+    model(torch.ones(2)).sum().backward()
+    opts[0].step()
+    scheduler.step()
+    torch.save({"epoch": 3, "global_step": 120, "pytorch-lightning_version": "2.4.0",
+                "state_dict": model.state_dict(),
+                "optimizer_states": [o.state_dict() for o in opts],
+                "lr_schedulers": [scheduler.state_dict()], "hyper_parameters": {"lr": 1e-3}},
+               tmp_path / "l.ckpt")
+    mgr = CheckpointManager(tmp_path / "s")
+    live = [torch.optim.AdamW(model.parameters()), torch.optim.SGD(model.parameters(), lr=1)]
+    live_scheduler = torch.optim.lr_scheduler.StepLR(live[0], 3)
+    ck = mgr.restore(tmp_path / "l.ckpt", model=model, optimizer=live[0], optimizer_1=live[1],
+                     scheduler=live_scheduler)
+    assert live_scheduler.last_epoch == 1 and len(live[0].state) == 2
+    assert (ck.epoch, ck.step) == (3, 120)
+    assert list(ck.extra) == ["pytorch-lightning_version", "hyper_parameters"]
+
+
+@pytest.mark.parametrize("make", [torch.tensor, np.int64], ids=["a 0-dim tensor", "np.int64"])
+def test_a_position_saved_as_a_tensor_or_numpy_integer_is_the_position(
+        tmp_path: Path, make: Any) -> None:
+    """``"epoch": torch.tensor(7)`` went to extra, and ls showed no epoch."""
+    torch.save({"model": {"w": torch.ones(1)}, "epoch": make(7), "step": make(700)},
+               tmp_path / "f.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    ck = mgr.load(mgr.import_file(tmp_path / "f.pt", trust_pickle=True))
+    assert (ck.epoch, ck.step, ck.extra) == (7, 700, {})
+    assert type(ck.epoch) is int
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 4, 5])
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+def test_a_pickle_protocol_weights_only_loading_does_not_read_is_named(
+        tmp_path: Path, protocol: int, zipped: bool) -> None:
+    """Such a plain {"w": tensor} was said to hold "objects other than tensors", or (a
+    legacy file of protocol 0 or 1) to be "not a torch.save file"."""
+    torch.save({"w": torch.ones(2)}, tmp_path / "p.pt", pickle_protocol=protocol,
+               _use_new_zipfile_serialization=zipped)
+    saved = "0 or 1" if protocol < 2 else str(protocol)
+    with pytest.raises(UntrustedPickleError, match=f"saved with pickle protocol {saved}, "
+                                                   r"which torch.load\(weights_only=True\) "
+                                                   "does not read.*re-save it"):
+        CheckpointManager(tmp_path / "s").load(tmp_path / "p.pt")
+
+
+def test_an_untrusted_class_is_named_first_in_a_short_message(tmp_path: Path) -> None:
+    torch.save({"model": {"w": torch.ones(1)}, "best": np.float32(1)}, tmp_path / "f.pt")
+    with pytest.raises(UntrustedPickleError) as refused:
+        CheckpointManager(tmp_path / "s").load(tmp_path / "f.pt")
+    assert str(refused.value).startswith(f"{tmp_path / 'f.pt'} holds numpy.")
+    assert len(str(refused.value)) < 400
+
+
+def test_a_file_of_the_other_format_is_named_so(tmp_path: Path) -> None:
+    """A .safetensors file named .pt was "neither a zip archive nor a pickle", a .pt named
+    .safetensors had a "header too large"."""
+    safetensors_torch.save_file({"w": torch.ones(2)}, tmp_path / "st.pt")
+    torch.save({"w": torch.ones(2)}, tmp_path / "pt.safetensors")
+    mgr = CheckpointManager(tmp_path / "s")
+    with pytest.raises(CorruptCheckpointError, match="st.pt is a safetensors file, not a "
+                                                     "torch.save one.*rename it to "
+                                                     "st.safetensors"):
+        mgr.load(tmp_path / "st.pt")
+    with pytest.raises(CorruptCheckpointError, match="is a torch.save file, not a safetensors "
+                                                     "one.*rename it to pt.pt"):
+        mgr.load(tmp_path / "pt.safetensors")
+
+
+def sharded(folder: Path, weight_map: dict[str, str] | None = None) -> Path:
+    """A sharded model as Hugging Face writes one: two shards and their index."""
+    folder.mkdir()
+    safetensors_torch.save_file({"a": torch.ones(2)}, folder / "model-00001-of-00002.safetensors")
+    safetensors_torch.save_file({"b": torch.zeros(3)}, folder / "model-00002-of-00002.safetensors")
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map or {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    return index
+
+
+def test_a_sharded_model_reads_through_its_index(tmp_path: Path) -> None:
+    """The index was an "unknown suffix", the folder "a store?", and one shard was
+    imported as the whole model without a word."""
+    index = sharded(tmp_path / "hf")
+    mgr = CheckpointManager(tmp_path / "s")
+    assert set(mgr.load(mgr.import_file(index)).state["model"]) == {"a", "b"}
+    with pytest.raises(CheckpointNotFoundError, match="is a directory.*give the file to read "
+                                                      r"\(model.safetensors.index.json\)"):
+        mgr.load(tmp_path / "hf")
+    with pytest.warns(UserWarning, match="model-00001-of-00002.safetensors is one shard of 2.*"
+                                         "give model.safetensors.index.json"):
+        mgr.load(tmp_path / "hf" / "model-00001-of-00002.safetensors")
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd.safetensors",
+                                   "sub/x.safetensors", "notes.txt"])
+def test_a_shard_index_naming_a_file_elsewhere_is_refused(tmp_path: Path, shard: str) -> None:
+    safetensors_torch.save_file({"x": torch.ones(1)}, tmp_path / "outside.safetensors")
+    index = sharded(tmp_path / "hf", {"a": "model-00001-of-00002.safetensors", "x": shard})
+    with pytest.raises(CorruptCheckpointError, match="is not the name of a .* file beside "
+                                                     "the index"):
+        CheckpointManager(tmp_path / "s").load(index)
