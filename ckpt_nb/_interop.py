@@ -682,8 +682,18 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
                               "save a dict ({\"model\": model.state_dict(), ...}) to import it")
     if isinstance(getattr(data, "_metadata", None), Mapping):
         # torch.save(model.state_dict()): a module's, whatever its values (a quantized
-        # layer's dtype and packed parameters, a get_extra_state()'s dict), versions kept
-        state, meta = {"model": uncompiled_keys(data)}, {}
+        # layer's dtype and packed parameters, a get_extra_state()'s dict), versions kept;
+        # but for values added to it by hand (sd["epoch"] = 3): top-level, not tensors
+        added = {k: v for k, v in data.items() if isinstance(k, str) and "." not in k
+                 and k != "_extra_state" and not isinstance(v, torch.Tensor)}
+        model = data
+        if added:
+            model = OrderedDict((k, v) for k, v in data.items() if k not in added)
+            model._metadata = data._metadata  # type: ignore[attr-defined]
+        state, meta = _split_state(added) if added else ({}, {})
+        if "model" in state:  # (sd["model"] = ...: kept, where it cannot be the model)
+            meta.setdefault("extra", {})["model"] = state.pop("model")
+        state["model"] = uncompiled_keys(model)
     else:
         state, meta = _split_state(dict(data))
     _check_meta(source, meta)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import same
 
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CkptError,
                      CorruptCheckpointError, StateMismatchError, UntrustedPickleError)
@@ -340,6 +341,28 @@ def test_a_saved_module_state_dict_keeps_its_module_versions(tmp_path: Path) -> 
     cid = mgr.import_file(tmp_path / "m.pt")
     exported = torch.load(mgr.export(cid, tmp_path / "out.pt"), weights_only=True)
     assert exported["model"]._metadata == versions
+
+
+def test_values_added_by_hand_to_a_saved_state_dict_are_fields_not_model_keys(
+        tmp_path: Path) -> None:
+    """sd = model.state_dict(); sd["epoch"] = 3: the epoch, metric, optimizer and note are
+    what they would be in a dict beside the state dict, not keys the model refuses."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    saved = model.state_dict()
+    saved.update(epoch=3, val_loss=0.5, optimizer=opt.state_dict(), note="hi")
+    torch.save(saved, tmp_path / "m.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    live = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    live_opt = torch.optim.AdamW(live.parameters())
+    ck = mgr.restore(tmp_path / "m.pt", model=live, optimizer=live_opt)
+    assert (ck.epoch, ck.metrics, ck.extra) == (3, {"val_loss": 0.5}, {"note": "hi"})
+    assert same(list(live.state_dict().values()), list(model.state_dict().values()))
+    assert same([t for st in live_opt.state.values() for t in st.values()],
+                [t for st in opt.state.values() for t in st.values()])
+    assert mgr.load(tmp_path / "m.pt").state["model"]._metadata == saved._metadata
 
 
 def test_a_files_optimizer_state_of_another_class_is_refused(tmp_path: Path) -> None:
