@@ -20,6 +20,7 @@ import reprlib
 import struct
 import tempfile
 import threading
+import types
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -94,11 +95,15 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
         return value.get_state()
     if type(value) in stdlib_values.TYPES:
         return stdlib_values.portable(value)
-    if isinstance(value, _WEIGHTS_ONLY_LEAVES) or _registered_safe(type(value)):
+    if isinstance(value, _WEIGHTS_ONLY_LEAVES) or _registered_safe(type(value)) or \
+            _registered_safe(value):  # (a class or function kept as a value: nn.ReLU)
         return value
-    dropped.append(f"{name} (a {type(value).__name__}, which torch.load(weights_only=True) "
-                   "refuses: export to .safetensors, or register its type with "
-                   "torch.serialization.add_safe_globals)")
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        what, advice = value.__qualname__, "pass it"
+    else:
+        what, advice = f"a {type(value).__name__}", f"pass its class, {type(value).__qualname__},"
+    dropped.append(f"{name} ({what}, which torch.load(weights_only=True) refuses: export to "
+                   f".safetensors, or {advice} to torch.serialization.add_safe_globals)")
     return None
 
 
@@ -107,8 +112,9 @@ _WEIGHTS_ONLY_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytea
                         torch.Tensor, torch.dtype, torch.device)
 
 
-def _registered_safe(kind: type) -> bool:
-    """Whether the user let ``torch.load(weights_only=True)`` build this type."""
+def _registered_safe(kind: Any) -> bool:
+    """Whether the user let ``torch.load(weights_only=True)`` build this type, or find
+    this class or function (``add_safe_globals`` takes both)."""
     registered = getattr(torch.serialization, "get_safe_globals", lambda: [])()
     return any((g[0] if isinstance(g, tuple) else g) is kind for g in registered)
 

@@ -198,3 +198,22 @@ def test_only_a_dead_exports_temporaries_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [*kept, f".c.pt.ckpt_nb-{dead}-folder00.tmp", f".d.pt.ckpt_nb-{dead}-symlink0.tmp",
          "model.safetensors", "s"])
+
+
+def _my_loss(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def test_a_registered_class_or_function_kept_as_a_value_stays_in_a_pt_export(
+        tmp_path: Path) -> None:
+    """Lightning-style hparams ``{"act": nn.ReLU, "loss": fn}``: torch.load reads them once
+    they are registered, yet the export wrote None, and told to register "its type"."""
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(1, 1), extra={"act": torch.nn.ReLU, "loss": _my_loss})
+        with torch.serialization.safe_globals([torch.nn.ReLU, _my_loss]):
+            path = mgr.export(cid, tmp_path / "reg.pt", trust_pickle=True)
+            back = torch.load(path, weights_only=True)["extra"]
+        assert back == {"act": torch.nn.ReLU, "loss": _my_loss}
+        with pytest.warns(UserWarning, match=r"extra/act \(ReLU, .*pass it to torch\."
+                                             r"serialization\.add_safe_globals"):
+            mgr.export(cid, tmp_path / "unreg.pt", trust_pickle=True)
