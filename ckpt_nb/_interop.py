@@ -122,6 +122,9 @@ def _registered_safe(kind: Any) -> bool:
 # An export's temporary beside its target: ``.NAME.ckpt_nb-PID-XXXXXXXX.tmp`` (mkstemp's
 # eight random characters), so that a later export can tell a killed one's leftover.
 _TEMPORARY = re.compile(r"\..+\.ckpt_nb-([1-9][0-9]*)-[a-z0-9_]{8}\.tmp", re.DOTALL)
+# The most of the target's name a temporary's takes, in bytes: a name near the file
+# system's 255-byte limit would leave no room for the ~30 the temporary adds.
+_TEMPORARY_NAME = 64
 # Held while a temporary is made and locked, and while leftovers are looked for: a thread's
 # temporary is never taken for a leftover of this pid between the two.
 _TEMPORARIES = threading.Lock()
@@ -131,10 +134,13 @@ def _atomic_target(path: Path) -> tuple[int, str]:
     """A new temporary beside ``path``, open and locked until it is closed (a live writer's,
     whatever its pid says in another pid namespace); leftovers of dead exports go first."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # (cut at a byte count: a cut character's bytes come back as surrogates, and mkstemp
+    # gives them back as the same bytes)
+    name = os.fsdecode(os.fsencode(path.name)[:_TEMPORARY_NAME])
     with _TEMPORARIES:
         _remove_leftovers(path.parent)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.ckpt_nb-{os.getpid()}-",
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.ckpt_nb-{os.getpid()}-",
                                        suffix=".tmp", dir=path.parent)
         except OSError as exc:
             exc.filename = str(path)  # (not the temporary's name, which says nothing)

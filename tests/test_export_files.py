@@ -217,3 +217,23 @@ def test_a_registered_class_or_function_kept_as_a_value_stays_in_a_pt_export(
         with pytest.warns(UserWarning, match=r"extra/act \(ReLU, .*pass it to torch\."
                                              r"serialization\.add_safe_globals"):
             mgr.export(cid, tmp_path / "unreg.pt", trust_pickle=True)
+
+
+def test_a_name_near_the_file_systems_limit_exports(tmp_path: Path) -> None:
+    """A legal 240-character name failed with ENAMETOOLONG: the temporary's name was ~30
+    characters longer. Its temporary (a cut name) is still one a later export removes."""
+    from ckpt_nb._interop import _TEMPORARY, _atomic_target
+
+    names = ["m" * 237 + ".pt", "é" * 120 + ".safetensors", "x" + "é" * 120 + ".pt"]
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+        for name in names:
+            assert read_file(mgr.export(cid, tmp_path / name)).state["model"]["weight"].shape \
+                == (2, 2)
+    for name in names:
+        fd, tmp = _atomic_target(tmp_path / name)
+        os.close(fd)
+        assert _TEMPORARY.fullmatch(Path(tmp).name) and Path(tmp).exists(), tmp
+    with CheckpointManager(tmp_path / "s") as mgr:  # (this pid's, unlocked: leftovers)
+        mgr.export("latest", tmp_path / "other.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names, "other.pt", "s"])
