@@ -3,12 +3,14 @@
 Exports are plain: a .pt file is a dict that ``torch.load(weights_only=True)``
 opens (``{"model": ..., "optimizer": ..., "epoch": ..., ...}``), and a
 .safetensors file holds the tensors under their state names, with the rest of
-the state as JSON metadata so that ckpt_nb can read it back whole.
+the state as JSON metadata so that ckpt_nb can read it back whole. One object's state
+can also go alone, under its own keys, as its ``load_state_dict`` takes them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import json
@@ -17,6 +19,7 @@ import pickle
 import pickletools
 import re
 import reprlib
+import stat
 import struct
 import tempfile
 import threading
@@ -25,6 +28,7 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,62 +210,126 @@ def _umask() -> int:
     return mask
 
 
-def check_export_path(path: str | os.PathLike[str]) -> None:
+def check_export_path(path: str | bytes | os.PathLike[Any]) -> None:
     """Refuse a suffix no exporter handles, or a URL, before any work is done."""
-    if "://" in os.fspath(path):  # (it would be made a local folder named "s3:")
-        raise FileFormatError(f"cannot export to {os.fspath(path)!r}: an export is a local "
+    path = os.fsdecode(path)
+    if "://" in path:  # (it would be made a local folder named "s3:")
+        raise FileFormatError(f"cannot export to {path!r}: an export is a local "
                               "file; give a path, then copy the file where it should go")
     if _suffix(path) not in SUFFIXES:
-        raise FileFormatError(f"cannot export to {os.fspath(path)!r}: unknown suffix, use a "
+        raise FileFormatError(f"cannot export to {path!r}: unknown suffix, use a "
                               ".pt or .safetensors path (or .pth, .bin, .ckpt: torch.save's "
                               "too)")
 
 
-def write_file(ck: Checkpoint, path: str | os.PathLike[str]) -> Path:
-    """Write ``ck`` to ``path``; the suffix picks the format."""
+def write_file(ck: Checkpoint, path: str | bytes | os.PathLike[Any], *,
+               only: str | None = None) -> Path:
+    """Write ``ck`` to ``path``; the suffix picks the format. ``only`` names one object,
+    written alone under its own keys, as its ``load_state_dict`` takes them; else each
+    tensor of a .safetensors file is named by its path (``model/weight``,
+    ``optimizer/state/0/exp_avg``). An existing file at ``path`` (or a link) is replaced
+    atomically; a read-only one is refused."""
+    path = os.fsdecode(path)
     check_export_path(path)
     target = Path(path)
     dropped: list[str] = []
-    weights_only = _suffix(target) != ".safetensors"
-    payload = {**_portable(ck.state, "", dropped, weights_only=weights_only),
-               "epoch": ck.epoch, "step": ck.step, "batch_idx": ck.batch_idx,
-               "metrics": dict(ck.metrics),
-               "extra": _portable(ck.extra, "extra", dropped, weights_only=weights_only),
-               "rng": ck.rng, "ckpt_nb": {"id": ck.id, "branch": ck.branch, "note": ck.note}}
-    fd, tmp = _atomic_target(target)
+    safetensors = _suffix(target) == ".safetensors"
+    if only is not None:
+        if only not in ck.state:
+            raise FileFormatError(f"cannot export {only!r} alone: checkpoint {ck.id} holds no "
+                                  f"object of that name, only {', '.join(map(repr, ck.state))}")
+        payload = _portable(ck.state[only], only, dropped, weights_only=not safetensors)
+    else:
+        if "ckpt_nb" in ck.state:  # (the file's own entry of that name would replace it)
+            raise FileFormatError(f"cannot export checkpoint {ck.id} whole: its object named "
+                                  "'ckpt_nb' has the name of the file's own entry (its id, "
+                                  "branch and note), which would replace it; export each "
+                                  "object alone (only='ckpt_nb', or --only ckpt_nb), and "
+                                  "save it under another keyword (ema=...) from now on")
+        payload = {**_portable(ck.state, "", dropped, weights_only=not safetensors),
+                   "epoch": ck.epoch, "step": ck.step, "batch_idx": ck.batch_idx,
+                   "metrics": dict(ck.metrics),
+                   "extra": _portable(ck.extra, "extra", dropped, weights_only=not safetensors),
+                   "rng": ck.rng, "ckpt_nb": {"id": ck.id, "branch": ck.branch,
+                                              "note": ck.note}}
+    # (what safetensors cannot hold is refused before any folder or file is made)
+    layout = _safetensors_layout(payload, only) if safetensors else None
+    _check_replaceable(target)
+    created = _new_folders(target.parent)
     try:
-        if _suffix(target) == ".safetensors":
-            _write_safetensors(payload, fd, target)
-        else:
-            with open(fd, "wb", closefd=False) as raw:
-                sink = _WriteErrors(raw)
-                try:
-                    torch.save(payload, sink)
-                    raw.flush()
-                except RuntimeError as exc:
-                    if sink.error is not None:  # (a full disk: torch says "unexpected pos")
-                        raise _naming(sink.error, target) from exc
-                    # e.g. one storage viewed as two dtypes (z, z.real)
-                    raise FileFormatError(f"torch.save cannot write checkpoint {ck.id} "
-                                          f"({exc}): export it to a .safetensors path, which "
-                                          "holds each tensor's values apart") from exc
-                except OSError as exc:
-                    raise _naming(exc, target) from exc
+        fd, tmp = _atomic_target(target)
         try:
-            os.fsync(fd)  # (on the disk before its name is the target's)
-        except OSError as exc:
-            raise _naming(exc, target) from exc
-        # The mode a plain new file gets: mkstemp's is 0600, for a secret, and an
-        # export is a file to share.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, target)
-    finally:
-        os.close(fd)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+            if layout is not None:
+                _write_safetensors(layout, fd, target)
+            else:
+                with open(fd, "wb", closefd=False) as raw:
+                    sink = _WriteErrors(raw)
+                    try:
+                        torch.save(payload, sink)
+                        raw.flush()
+                    except RuntimeError as exc:
+                        if sink.error is not None:  # (a full disk: torch says "unexpected pos")
+                            raise _naming(sink.error, target) from exc
+                        # e.g. one storage viewed as two dtypes (z, z.real)
+                        raise FileFormatError(f"torch.save cannot write checkpoint {ck.id} "
+                                              f"({exc}): export it to a .safetensors path, "
+                                              "which holds each tensor's values apart") from exc
+                    except OSError as exc:
+                        raise _naming(exc, target) from exc
+            try:
+                os.fsync(fd)  # (on the disk before its name is the target's)
+            except OSError as exc:
+                raise _naming(exc, target) from exc
+            # The mode a plain new file gets: mkstemp's is 0600, for a secret, and an
+            # export is a file to share.
+            os.chmod(tmp, 0o666 & ~_umask())
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:  # (a folder made there meanwhile: named, not the temporary)
+                raise _naming(exc, target) from exc
+        finally:
+            os.close(fd)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except BaseException:
+        _remove_folders(created)
+        raise
     if dropped:
         warn(f"left out of {target.name}: {'; '.join(dropped)}")
     return target
+
+
+def _check_replaceable(target: Path) -> None:
+    """Refuse a target that is a folder, or a file made read-only (torch.save and cp would
+    fail to write it; an atomic replace would not), before any work."""
+    try:
+        found = os.lstat(target)
+    except OSError:
+        return
+    if stat.S_ISDIR(found.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+    if stat.S_ISREG(found.st_mode) and not found.st_mode & 0o222:
+        raise FileFormatError(f"cannot export to {target}: it exists and is read-only; make "
+                              "it writable (chmod u+w) or delete it to have it replaced")
+
+
+def _new_folders(folder: Path) -> list[Path]:
+    """The folders of ``folder``'s path that do not exist yet, deepest first: an export
+    that fails removes the ones it made."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_folders(folders: list[Path]) -> None:
+    """Remove the folders a failed export made, deepest first, while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # (something else was put in it meanwhile, or it is gone)
+            return
 
 
 class _WriteErrors:
@@ -294,41 +362,71 @@ _WRITE_BLOCK = 16 << 20
 _HEADER_LIMIT = 100_000_000
 
 
-def _write_safetensors(payload: dict[str, Any], fd: int, target: Path) -> None:
-    """Write ``payload`` as safetensors to ``fd``: the file safetensors' ``save_file`` writes
-    of the plain values, its bytes taken straight from the loaded checkpoint's memory with
-    direct I/O (save_file wanted a contiguous copy of each view and a clone of views of one
-    storage, and wrote through the page cache: 4x the time of torch.load + save_file)."""
-    flat = flatten(payload)
+@dataclass
+class _Layout:
+    """A safetensors file, all but its bytes: what ``_write_safetensors`` writes."""
+
+    header: bytes
+    order: list[str]
+    tensors: dict[str, torch.Tensor | np.ndarray]
+
+
+def _safetensors_layout(payload: Any, only: str | None) -> _Layout:
+    """The file safetensors' ``save_file`` writes of ``payload``'s plain values, refused
+    here, before any file is made, where safetensors cannot hold it. Each tensor is
+    named by its path in the state (``model/weight``); with ``only``, in that object's
+    state (``weight``)."""
+    flat = flatten({only: payload} if only is not None else payload)
     # (torch wants writable memory: a read-only array is copied; a pickle's bytes are
     # written as they are)
     storages = [torch.from_numpy(s.data if s.data.flags.writeable else s.data.copy())
                 if s.kind == "tensor" else torch.empty(0, dtype=torch.uint8)
                 for s in flat.storages]
     decoder = Unflattener([t.to_json() for t in flat.tensors], storages)
-    tensors: dict[str, torch.Tensor | np.ndarray] = {}
+    tensors: dict[str, torch.Tensor | np.ndarray] = {
+        f"__pickle__/{i}": s.data for i, s in enumerate(flat.storages) if s.kind == "pickle"}
+    names: list[str] = []
+    clashes: list[str] = []
     for i, rec in enumerate(flat.tensors):  # (the file holds plain values)
-        tensors[rec.name] = decoder.tensor(i).detach()
-    tensors.update({f"__pickle__/{i}": s.data for i, s in enumerate(flat.storages)
-                    if s.kind == "pickle"})
-    meta = {"skeleton": flat.skeleton, "names": [rec.name for rec in flat.tensors]}
+        name = rec.name if only is None else rec.name.removeprefix(f"{only}/")
+        if name in tensors or name.startswith("__pickle__/"):
+            clashes.append(name)
+        names.append(name)
+        tensors[name] = decoder.tensor(i).detach()
+    if clashes:
+        raise FileFormatError(
+            f"safetensors names each tensor by its path in the state, and "
+            f"{_some(sorted(set(clashes)))} would name two values (a key with '/' in it beside "
+            "nested keys, keys 1 and '1', bytes keys, or a __pickle__/N name, which ckpt_nb "
+            "gives its pickles): rename the keys, or export to a .pt path instead")
+    meta = {"skeleton": flat.skeleton[only] if only is not None else flat.skeleton,
+            "names": names}
     dtypes = {name: t.dtype if isinstance(t, torch.Tensor) else torch.uint8
               for name, t in tensors.items()}
     refused = _refused_dtypes(dtypes)
     if refused:
-        listed = " or ".join(f"{str(dtype).removeprefix('torch.')} tensors ({_some(names)})"
-                             for dtype, names in refused.items())
+        listed = " or ".join(f"{str(dtype).removeprefix('torch.')} tensors ({_some(which)})"
+                             for dtype, which in refused.items())
         raise FileFormatError(f"safetensors cannot hold {listed}: export to a .pt path "
                               "instead")
     order = _safetensors_order(dtypes)
-    header = _safetensors_header(tensors, order, {"ckpt_nb": json.dumps(meta)})
+    # ("format": "pt", as save_file's callers write it: Hugging Face's loaders check it)
+    metadata = {"format": "pt", "ckpt_nb": json.dumps(meta)}
+    return _Layout(_safetensors_header(tensors, order, metadata), order, tensors)
+
+
+def _write_safetensors(layout: _Layout, fd: int, target: Path) -> None:
+    """Write ``layout`` to ``fd``, its bytes taken straight from the loaded checkpoint's
+    memory with direct I/O (save_file wanted a contiguous copy of each view and a clone of
+    views of one storage, and wrote through the page cache: 4x the time of torch.load +
+    save_file)."""
     try:
         # (direct I/O: no page cache to fill first, on the CPU, and to write back on fsync)
         with (_DirectWriter(fd) if _DirectWriter.available else
               open(fd, "wb", buffering=_WRITE_BLOCK, closefd=False)) as out:
-            out.write(struct.pack("<Q", len(header)) + header)
-            for name in order:
-                for piece in _pieces(tensors[name]):
+            out.write(struct.pack("<Q", len(layout.header)) + layout.header)
+            for name in layout.order:
+                for piece in _pieces(layout.tensors[name]):
                     out.write(piece)
     except OSError as exc:
         raise _naming(exc, target) from exc

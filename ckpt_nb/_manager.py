@@ -1932,14 +1932,23 @@ class CheckpointManager:
         return len(pack.rows)
 
     # -- interop ---------------------------------------------------------------------------
-    def export(self, which: str, path: str | os.PathLike[str], *,
-               trust_pickle: bool = False, progress: ProgressFn | None = None) -> Path:
+    def export(self, which: str, path: str | bytes | os.PathLike[Any], *,
+               trust_pickle: bool = False, progress: ProgressFn | None = None,
+               only: str | None = None) -> Path:
         """Write a checkpoint as a .pt (``torch.load(weights_only=True)``) or .safetensors
-        file; ``progress(done, total)`` follows the reading of its chunks."""
+        file; ``progress(done, total)`` follows the reading of its chunks.
+
+        A .safetensors file names each tensor by its path (``model/weight``,
+        ``optimizer/state/0/exp_avg``); ``only="model"`` writes that object's state alone,
+        under its own keys, so that ``model.load_state_dict(load_file(path))`` (or
+        ``torch.load``) takes it. An existing file (or link) at ``path`` is replaced
+        atomically; a read-only one is refused.
+        """
         from ._interop import check_export_path, write_file
 
         check_export_path(path)
-        return write_file(self.load(which, trust_pickle=trust_pickle, progress=progress), path)
+        return write_file(self.load(which, trust_pickle=trust_pickle, progress=progress), path,
+                          only=only)
 
     def import_file(self, path: str | os.PathLike[str], *, trust_pickle: bool = False,
                     note: str | None = None) -> str:

@@ -214,8 +214,16 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="the checkpoints to check (default: all)")
     command("gc", _gc, "reclaim space no checkpoint needs")
     export = command("export", _export, "write a checkpoint as a .pt or .safetensors file")
-    export.add_argument("id", metavar="ID")
-    export.add_argument("out", metavar="OUT", help="a path ending .pt or .safetensors")
+    export.add_argument("id", metavar="ID", help="the checkpoint: 'latest', 'best' (with "
+                        "--metric), '-N' or an id prefix")
+    export.add_argument("out", metavar="OUT",
+                        help="the file to write, ending .pt (or .pth, .bin, .ckpt: "
+                             "torch.load's) or .safetensors; if it exists it is replaced "
+                             "atomically (a link at OUT is replaced, not followed; a "
+                             "read-only file is refused)")
+    export.add_argument("--only", metavar="NAME",
+                        help="write this object's state alone (e.g. model), under its own "
+                             "keys, as its load_state_dict takes them")
     export.add_argument("--trust-pickle", action="store_true",
                         help="also write values stored as pickles (objects of your own "
                              "classes), unpickling them: only for a store you trust")
@@ -406,7 +414,7 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         with _progress("export", "chunk") as progress:
             ck = mgr.load(args.id, trust_pickle=args.trust_pickle, progress=progress)
         with _progress(f"export: writing {args.out}", bar_format="{desc}"):
-            path = write_file(ck, args.out)
+            path = write_file(ck, args.out, only=args.only)
     except CkptError:
         raise
     except OSError as exc:  # the file system's own error: say which file was asked for

@@ -5,8 +5,10 @@ a killed export's temporary is removed by the next export into its folder."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -58,6 +60,20 @@ def _values(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) ->
     return torch.randint(0, 1000, shape, generator=gen).to(dtype)
 
 
+def _header(data: bytes) -> tuple[int, dict]:
+    """A safetensors file's header length and header."""
+    size = struct.unpack("<Q", data[:8])[0]
+    return size, json.loads(data[8:8 + size])
+
+
+def _same_file(ours: Path, theirs: Path) -> bool:
+    """Whether two safetensors files are the same but for the order of their metadata's
+    entries (save_file writes them in a hash map's order, which changes from run to run)."""
+    a, b = ours.read_bytes(), theirs.read_bytes()
+    (size, header), (their_size, their_header) = _header(a), _header(b)
+    return (size, header) == (their_size, their_header) and a[8 + size:] == b[8 + size:]
+
+
 def test_a_safetensors_export_is_save_files_file_for_every_dtype_and_view(
         tmp_path: Path) -> None:
     """Written by ckpt_nb now, not by save_file: each dtype, a transposed view, views of one
@@ -85,7 +101,7 @@ def test_a_safetensors_export_is_save_files_file_for_every_dtype_and_view(
     assert any(name.startswith("__pickle__/") for name in written)
     save_file_copy = {name: t.contiguous().clone() for name, t in written.items()}
     safetensors_torch.save_file(save_file_copy, tmp_path / "theirs.safetensors", metadata=meta)
-    assert path.read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert _same_file(path, tmp_path / "theirs.safetensors")
     back = read_file(path, trust_pickle=True)
     assert back.extra == {"kind": Holder, "n": 3}
     assert all(_raw(back.state["h"][name]).equal(_raw(value)) for name, value in state.items())
@@ -198,6 +214,131 @@ def test_only_a_dead_exports_temporaries_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [*kept, f".c.pt.ckpt_nb-{dead}-folder00.tmp", f".d.pt.ckpt_nb-{dead}-symlink0.tmp",
          "model.safetensors", "s"])
+
+
+def test_safetensors_names_that_would_clash_are_refused_not_one_value_written_for_two(
+        tmp_path: Path) -> None:
+    """``{"a/b": x, "a": {"b": y}}``, keys 1 and "1", bytes keys: both read back as one
+    value, silently. Refused, naming them; a .pt export and the store keep every value."""
+    extra = {"a/b": torch.tensor([1.0]), "a": {"b": torch.tensor([2.0])},
+             "ids": {1: torch.tensor([5.0]), "1": torch.tensor([6.0])},
+             "raw": {b"x": 1, b"y": 2}}
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(1, 1), extra=extra)
+        with pytest.raises(FileFormatError, match=r"extra/a/b, extra/ids/1, extra/raw/key "
+                                                  r"would name two values.*\.pt path"):
+            mgr.export(cid, tmp_path / "out" / "x.safetensors")
+        for back in (mgr.load(cid).extra, read_file(mgr.export(cid, tmp_path / "x.pt")).extra):
+            assert back["a/b"].item() == 1 and back["a"]["b"].item() == 2
+            assert back["ids"][1].item() == 5 and back["ids"]["1"].item() == 6
+            assert back["raw"] == {b"x": 1, b"y": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s", "x.pt"]
+
+
+def test_an_object_saved_as_ckpt_nb_is_refused_whole_and_exports_alone(
+        tmp_path: Path) -> None:
+    """``save(model, ckpt_nb=ema)``: the file's own ``ckpt_nb`` entry took its place in
+    either format, and the export dropped it without a word."""
+    ema = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2), ckpt_nb=ema)
+        for suffix in (".pt", ".safetensors"):
+            with pytest.raises(FileFormatError, match=r"object named 'ckpt_nb'.*only='ckpt_nb'"):
+                mgr.export(cid, tmp_path / f"all{suffix}")
+            alone = mgr.export(cid, tmp_path / f"ema{suffix}", only="ckpt_nb")
+            other = torch.nn.Linear(2, 2)
+            other.load_state_dict(safetensors_torch.load_file(alone) if suffix == ".safetensors"
+                                  else torch.load(alone, weights_only=True))
+            assert other.weight.equal(ema.weight) and other.bias.equal(ema.bias)
+    assert not any(p.name.startswith("all") for p in tmp_path.iterdir())
+
+
+def test_a_safetensors_export_says_format_pt_and_one_object_exports_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hugging Face's loaders check ``{"format": "pt"}``; ``model/weight`` keys did not
+    load into a model, and there was no way to export the model alone."""
+    from ckpt_nb.cli import main
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(3)).sum().backward()
+    opt.step()
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(model, opt, 1)
+        whole = mgr.export(cid, tmp_path / "all.safetensors")
+        with safe_open(whole, "pt") as f:
+            assert f.metadata()["format"] == "pt" and "ckpt_nb" in f.metadata()
+            assert {"model/weight", "optimizer/state/0/exp_avg"} <= set(f.keys())
+        with pytest.raises(FileFormatError, match=r"holds no object of that name, only "
+                                                  r"'model', 'optimizer'"):
+            mgr.export(cid, tmp_path / "x.pt", only="ema")
+        alone = [mgr.export(cid, tmp_path / "model.safetensors", only="model"),
+                 mgr.export(cid, tmp_path / "model.pt", only="model")]
+        assert main(["export", str(tmp_path / "s"), cid, str(tmp_path / "cli.safetensors"),
+                     "--only", "model"]) == 0
+        alone.append(tmp_path / "cli.safetensors")
+        for path in alone:
+            other = torch.nn.Linear(3, 2)
+            other.load_state_dict(safetensors_torch.load_file(path) if path.suffix ==
+                                  ".safetensors" else torch.load(path, weights_only=True))
+            assert other.weight.equal(model.weight) and other.bias.equal(model.bias)
+            restored = torch.nn.Linear(3, 2)
+            mgr.restore(path, model=restored)  # (ckpt_nb reads it back too)
+            assert restored.weight.equal(model.weight)
+    assert "cli.safetensors" in capsys.readouterr().out
+
+
+def test_a_read_only_file_is_refused_and_a_link_is_replaced_not_followed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 0444 file was replaced without a word; what happens to a link is now told."""
+    from ckpt_nb.cli import main
+
+    shared, frozen = tmp_path / "shared.pt", tmp_path / "frozen.pt"
+    shared.write_text("old")
+    (tmp_path / "best.pt").symlink_to(shared)
+    frozen.write_text("keep me")
+    frozen.chmod(0o444)
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+        with pytest.raises(FileFormatError, match=r"frozen\.pt: it exists and is read-only"):
+            mgr.export(cid, frozen)
+        mgr.export(cid, tmp_path / "best.pt")
+    assert frozen.read_text() == "keep me" and shared.read_text() == "old"
+    assert not (tmp_path / "best.pt").is_symlink()
+    assert main(["export", "--help"]) == 0
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "replaced atomically (a link at OUT is replaced, not followed" in usage
+    assert ".pth, .bin, .ckpt" in usage and "--only NAME" in usage and "id prefix" in usage
+
+
+def test_a_failed_export_leaves_no_folder_it_made_and_a_folder_target_is_named(
+        tmp_path: Path) -> None:
+    """Refused complex32 (before any write) and a torch.save failure (during one) left
+    ``typo/deep/``; a folder at the target was named by the export's temporary."""
+    z = torch.randn(3, dtype=torch.complex64)
+    with CheckpointManager(tmp_path / "s") as mgr:
+        half = mgr.save(Holder({"c": torch.zeros(2, dtype=torch.complex32)}))
+        views = mgr.save(Holder({"z": z, "real": z.real}))
+        with pytest.raises(FileFormatError, match="complex32"):
+            mgr.export(half, tmp_path / "typo" / "deep" / "x.safetensors")
+        with pytest.raises(FileFormatError, match="torch.save cannot write"):
+            mgr.export(views, tmp_path / "typo" / "deep" / "x.pt")
+        (tmp_path / "model.pt").mkdir()
+        with pytest.raises(IsADirectoryError) as found:
+            mgr.export(views, tmp_path / "model.pt")
+    assert found.value.filename == str(tmp_path / "model.pt")
+    assert ".ckpt_nb-" not in str(found.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "s"]
+    assert list((tmp_path / "model.pt").iterdir()) == []
+
+
+def test_a_bytes_path_exports(tmp_path: Path) -> None:
+    """``os.fsencode(path)``, as os.listdir(bytes) gives names, was a TypeError."""
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+        for name in ("b.pt", "b.safetensors"):
+            path = mgr.export(cid, os.fsencode(tmp_path / name))
+            assert path == tmp_path / name and read_file(path).state["model"]
 
 
 def _my_loss(x: torch.Tensor) -> torch.Tensor:
