@@ -3,9 +3,11 @@ an IPython shell with ckpt_nb's magics loaded."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -58,6 +60,15 @@ class DigitsRun:
 def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(
         x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+def same_safetensors_file(ours: Path, theirs: Path) -> bool:
+    """Whether two safetensors files are the same but for the order of their metadata's
+    entries (save_file writes them in a hash map's order, which changes from run to run)."""
+    a, b = ours.read_bytes(), theirs.read_bytes()
+    size, their_size = (struct.unpack("<Q", data[:8])[0] for data in (a, b))
+    return size == their_size and json.loads(a[8:8 + size]) == json.loads(b[8:8 + size]) \
+        and a[8 + size:] == b[8 + size:]
 
 
 @pytest.fixture

@@ -5,10 +5,8 @@ a killed export's temporary is removed by the next export into its folder."""
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Holder
+from conftest import Holder, same_safetensors_file
 from test_scale import _peak_mib  # (a script run in a fresh process: its memory)
 
 from ckpt_nb import CheckpointManager
@@ -60,20 +58,6 @@ def _values(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) ->
     return torch.randint(0, 1000, shape, generator=gen).to(dtype)
 
 
-def _header(data: bytes) -> tuple[int, dict]:
-    """A safetensors file's header length and header."""
-    size = struct.unpack("<Q", data[:8])[0]
-    return size, json.loads(data[8:8 + size])
-
-
-def _same_file(ours: Path, theirs: Path) -> bool:
-    """Whether two safetensors files are the same but for the order of their metadata's
-    entries (save_file writes them in a hash map's order, which changes from run to run)."""
-    a, b = ours.read_bytes(), theirs.read_bytes()
-    (size, header), (their_size, their_header) = _header(a), _header(b)
-    return (size, header) == (their_size, their_header) and a[8 + size:] == b[8 + size:]
-
-
 def test_a_safetensors_export_is_save_files_file_for_every_dtype_and_view(
         tmp_path: Path) -> None:
     """Written by ckpt_nb now, not by save_file: each dtype, a transposed view, views of one
@@ -101,7 +85,7 @@ def test_a_safetensors_export_is_save_files_file_for_every_dtype_and_view(
     assert any(name.startswith("__pickle__/") for name in written)
     save_file_copy = {name: t.contiguous().clone() for name, t in written.items()}
     safetensors_torch.save_file(save_file_copy, tmp_path / "theirs.safetensors", metadata=meta)
-    assert _same_file(path, tmp_path / "theirs.safetensors")
+    assert same_safetensors_file(path, tmp_path / "theirs.safetensors")
     back = read_file(path, trust_pickle=True)
     assert back.extra == {"kind": Holder, "n": 3}
     assert all(_raw(back.state["h"][name]).equal(_raw(value)) for name, value in state.items())
