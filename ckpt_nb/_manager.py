@@ -51,7 +51,8 @@ STRATEGIES = ("full", "incremental", "differential")
 # Names that are not keywords for Statefuls: checkpoint fields, and restore()'s options
 # (an object saved as strict= could never be given back to restore).
 RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "strategy",
-                      "note", "branch", "strict", "trust_pickle", "which", "progress"})
+                      "note", "branch", "strict", "trust_pickle", "which", "progress",
+                      "ckpt_nb"})  # (the last marks an exported file's fields)
 ProgressFn = Callable[[int, int], None]
 # What makes two tensor records the same view of their storage's bytes (diff)
 _VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
@@ -580,8 +581,9 @@ class CheckpointManager:
         """
         clash = RESERVED & set(objects)
         if clash:
-            raise ValueError(f"{sorted(clash)} name checkpoint fields or restore()'s options, "
-                             "not objects: rename the keyword (e.g. ema=...)")
+            raise ValueError(f"{sorted(clash)} name checkpoint fields, restore()'s options or "
+                             "(ckpt_nb) an exported file's, not objects: rename the keyword "
+                             "(e.g. ema=...)")
         if extra is not None and not isinstance(extra, Mapping):
             raise CaptureError(f"extra must be a dict of values by name (extra={{'losses': "
                                f"losses}}), not a {type(extra).__name__}")

@@ -220,12 +220,20 @@ def test_safetensors_names_that_would_clash_are_refused_not_one_value_written_fo
 
 
 def test_an_object_saved_as_ckpt_nb_is_refused_whole_and_exports_alone(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``save(model, ckpt_nb=ema)``: the file's own ``ckpt_nb`` entry took its place in
-    either format, and the export dropped it without a word."""
+    either format, and the export dropped it without a word. A save now refuses the name;
+    a store an earlier ckpt_nb wrote with it exports the object alone."""
+    import ckpt_nb._manager
+
     ema = torch.nn.Linear(2, 2)
     with CheckpointManager(tmp_path / "s") as mgr:
-        cid = mgr.save(torch.nn.Linear(2, 2), ckpt_nb=ema)
+        with pytest.raises(ValueError, match=r"\['ckpt_nb'\] name checkpoint fields"):
+            mgr.save(torch.nn.Linear(2, 2), ckpt_nb=ema)
+        with monkeypatch.context() as earlier:  # (the name was free before)
+            earlier.setattr(ckpt_nb._manager, "RESERVED",
+                            ckpt_nb._manager.RESERVED - {"ckpt_nb"})
+            cid = mgr.save(torch.nn.Linear(2, 2), ckpt_nb=ema)
         for suffix in (".pt", ".safetensors"):
             with pytest.raises(FileFormatError, match=r"object named 'ckpt_nb'.*only='ckpt_nb'"):
                 mgr.export(cid, tmp_path / f"all{suffix}")
