@@ -30,7 +30,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 
 from . import _stdlib_values as stdlib_values
 from ._errors import (CaptureError, CorruptCheckpointError, StateMismatchError,
-                      UntrustedPickleError)
+                      UntrustedPickleError, warn)
 
 
 @runtime_checkable
@@ -270,6 +270,7 @@ class _Flattener:
         self._copy = copy_tensors
         self._trained = trained
         self._open: set[int] = set()  # ids of the containers on the path being encoded
+        self.subclassed: list[str] = []  # tensors of a subclass, stored as plain tensors
 
     def encode(self, value: Any, name: str) -> Any:
         """A value as JSON that names its tensors' records (and pickles, if it must)."""
@@ -404,6 +405,8 @@ class _Flattener:
             raise CaptureError(f"{name} is not initialized yet (a lazy module that has not "
                                "run): run one forward pass before saving")
         if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                self.subclassed.append(name)
             return self.tensor(value.detach(), name, requires_grad=value.requires_grad,
                                parameter=isinstance(value, torch.nn.Parameter))
         # (a subclass, np.ma.MaskedArray or np.matrix, would come back a plain array
@@ -555,6 +558,11 @@ def flatten(tree: Mapping[str, Any], *, copy_tensors: bool | SnapshotBuffers = F
     ``trained`` (``trained_storages``) marks the storages that train."""
     flattener = _Flattener(copy_tensors, trained or set())
     flattener.flat.skeleton = {k: flattener.encode(v, k) for k, v in tree.items()}
+    if flattener.subclassed:  # (a subclass's type, and what it holds beside its data, is code)
+        names = flattener.subclassed
+        warn(f"{names[:3]}{f' and {len(names) - 3} more' if len(names) > 3 else ''} are "
+             "tensor subclasses, stored as plain tensors: they come back as torch.Tensor "
+             "(restored in place, a live tensor keeps its own type)")
     return flattener.flat
 
 

@@ -1971,8 +1971,6 @@ class CheckpointManager:
                                note=note if note is not None else f"imported from {path}")
 
 
-
-
 _DAMAGED_KEPT = ("its manifest stays in the store, and gc() leaves it: put back what is "
                  "missing (a backup, an earlier object version), or delete the manifest "
                  "by hand if the checkpoint is not wanted")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import Holder
 
 import ckpt_nb
 from ckpt_nb import CaptureError, CheckpointManager, PickledValue, StateMismatchError
@@ -163,3 +164,26 @@ def test_a_torch_size_comes_back_a_torch_size_in_every_form(tmp_path: Path) -> N
                  mgr.restore(mgr.export(cid, tmp_path / "e.safetensors")).extra):
         assert type(back["shape"]) is torch.Size and back["shape"] == shape
         assert [type(s) for s in back["shapes"]] == [torch.Size, tuple]
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass, as a library (DTensor, torchvision's tv_tensors) makes them."""
+
+
+def test_a_tensor_subclass_is_named_where_it_is_stored_as_a_plain_tensor(
+        tmp_path: Path) -> None:
+    """Its type came back torch.Tensor from a save or an import, without a word."""
+    holder = Holder({"plain": torch.ones(2), "param": torch.nn.Parameter(torch.ones(2)),
+                     "tagged": torch.ones(3).as_subclass(_Tagged)})
+    mgr = CheckpointManager(tmp_path / "s")
+    with pytest.warns(UserWarning, match=r"\['objects/model/tagged'\] are tensor subclasses, "
+                                         r"stored as plain tensors"):
+        cid = mgr.save(model=holder)
+    assert type(mgr.load(cid).state["model"]["tagged"]) is torch.Tensor
+    torch.save({"model": {"w": torch.ones(2).as_subclass(_Tagged)}}, tmp_path / "f.pt")
+    with pytest.warns(UserWarning, match=r"objects/model/w'\] are tensor subclasses"):
+        mgr.import_file(tmp_path / "f.pt", trust_pickle=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mgr.save(model=Holder({"plain": torch.ones(2),
+                               "param": torch.nn.Parameter(torch.ones(2))}))
