@@ -405,8 +405,8 @@ class _Flattener:
             raise CaptureError(f"{name} is not initialized yet (a lazy module that has not "
                                "run): run one forward pass before saving")
         if isinstance(value, torch.Tensor):
-            if type(value) not in (torch.Tensor, torch.nn.Parameter):
-                self.subclassed.append(name)
+            if type(value) not in (torch.Tensor, torch.nn.Parameter) and not value.is_nested:
+                self.subclassed.append(name)  # (a jagged nested tensor's comes back itself)
             return self.tensor(value.detach(), name, requires_grad=value.requires_grad,
                                parameter=isinstance(value, torch.nn.Parameter))
         # (a subclass, np.ma.MaskedArray or np.matrix, would come back a plain array

@@ -186,4 +186,6 @@ def test_a_tensor_subclass_is_named_where_it_is_stored_as_a_plain_tensor(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mgr.save(model=Holder({"plain": torch.ones(2),
-                               "param": torch.nn.Parameter(torch.ones(2))}))
+                               "param": torch.nn.Parameter(torch.ones(2)),
+                               "jagged": torch.nested.nested_tensor(  # (comes back nested)
+                                   [torch.ones(2), torch.ones(3)], layout=torch.jagged)}))
