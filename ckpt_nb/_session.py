@@ -804,6 +804,7 @@ class AutoSession:
         self._said_failures: set[str] = set()  # background save failures said (ids out)
         self._failure_repeats = 0  # and how many came again since
         self._told_slow = False  # that due saves wait for a slow store's write (once a cell)
+        self._told_dropped = False  # that an --on improvement went unsaved (once)
         self._sorted = False  # whether rediscover() ran: its first sort is the start line's
         self._start_versions: dict[str, tuple[tuple[int, int], ...]] = {}  # (begin_cell's)
         self._interrupts = 0
@@ -1099,6 +1100,13 @@ class AutoSession:
         key = id(optimizer)
         self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
         self._steps_seen += 1
+        if self._metric_due and self.config.on and not self._told_dropped:
+            self._told_dropped = True
+            self.say(f"{self.config.on[0]} improved at step {self.step} but was not saved: "
+                     "the optimizer stepped before any point where the state it measured "
+                     "could be saved (it was logged inside the batches() loop, or as an "
+                     "epoch began); log the --on metric after an epoch's batches() loop, "
+                     "where the epoch's end saves it")
         self._metric_due = False  # the state the metric was measured on is gone
         self.step = max(self._steps_by_optimizer.values()) + self._step_offset
         self._gradients.sample(optimizer)
