@@ -659,10 +659,11 @@ def _sniffed(head: bytes) -> str | None:
     """The format a file's first bytes say it is: "torch" (a zip archive, a pickle: protocol
     2 and up start with PROTO, a legacy file of protocol 0 or 1 with its magic number as a
     LONG), "safetensors" (its header's length, then the JSON header), or None."""
-    if head[:2] == b"PK" or head[:1] in (b"\x80", b"L"):
-        return "torch"
+    # (safetensors first: its header's length may begin with a pickle's first byte)
     if len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] < _HEADER_LIMIT:
         return "safetensors"
+    if head[:2] == b"PK" or head[:1] in (b"\x80", b"L"):
+        return "torch"
     return None
 
 

@@ -479,6 +479,13 @@ def test_a_file_of_the_other_format_is_named_so(tmp_path: Path) -> None:
     with pytest.raises(CorruptCheckpointError, match="is a torch.save file, not a safetensors "
                                                      "one.*rename it to pt.pt"):
         mgr.load(tmp_path / "pt.safetensors")
+    for pad in range(64):  # (a header 128 bytes long begins as a pickle does, with 0x80)
+        safetensors_torch.save_file({"w": torch.ones(2)}, tmp_path / "odd.pt",
+                                    metadata={"pad": "x" * pad})
+        if (tmp_path / "odd.pt").read_bytes()[:1] == b"\x80":
+            break
+    with pytest.raises(CorruptCheckpointError, match="odd.pt is a safetensors file"):
+        mgr.load(tmp_path / "odd.pt")
 
 
 def sharded(folder: Path, weight_map: dict[str, str] | None = None) -> Path:
