@@ -805,6 +805,8 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
         if "model" in state:  # (sd["model"] = ...: kept, where it cannot be the model)
             meta.setdefault("extra", {})["model"] = state.pop("model")
         state["model"] = uncompiled_keys(model)
+    elif data.keys() == {"state", "param_groups"}:  # (an optimizer's alone: export only=)
+        state, meta = {"optimizer": data}, {}
     else:
         state, meta = _split_state(dict(data))
     _check_meta(source, meta)
@@ -836,6 +838,9 @@ def _read_shards(index: Path, trust_pickle: bool) -> dict[str, Any]:
     """A sharded model (an index whose ``weight_map`` gives each tensor's file) as one
     model state: every shard read, each checked to hold the tensors the index puts in
     it. Shards are file names beside the index, never paths elsewhere."""
+    if index.stat().st_size > _HEADER_LIMIT:  # (Hugging Face's are kilobytes)
+        raise CorruptCheckpointError(f"{index} is {index.stat().st_size} bytes, too large "
+                                     "for a sharded model's index")
     try:
         spec = json.loads(index.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)

@@ -521,3 +521,32 @@ def test_a_shard_index_naming_a_file_elsewhere_is_refused(tmp_path: Path, shard:
     with pytest.raises(CorruptCheckpointError, match="is not the name of a .* file beside "
                                                      "the index"):
         CheckpointManager(tmp_path / "s").load(index)
+
+
+def test_an_optimizers_state_saved_alone_is_the_optimizer(tmp_path: Path) -> None:
+    """torch.save(opt.state_dict()), or export(only="optimizer"), read back with its state
+    and param_groups in extra, and restore(path, optimizer=...) found no optimizer."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2)).sum().backward()
+    opt.step()
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.save(model, opt)
+    torch.save(opt.state_dict(), tmp_path / "plain.pt")
+    for path in (tmp_path / "plain.pt", mgr.export(cid, tmp_path / "opt.pt", only="optimizer"),
+                 mgr.export(cid, tmp_path / "opt.safetensors", only="optimizer")):
+        assert list(mgr.load(path).state) == ["optimizer"] and not mgr.load(path).extra
+        live = torch.optim.AdamW(model.parameters())
+        mgr.restore(path, optimizer=live)
+        assert same(list(live.state[model.weight].values()),
+                    list(opt.state[model.weight].values()))
+
+
+def test_a_shard_index_too_large_for_one_is_refused_unread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckpt_nb._interop
+
+    index = sharded(tmp_path / "m")
+    monkeypatch.setattr(ckpt_nb._interop, "_HEADER_LIMIT", index.stat().st_size - 1)
+    with pytest.raises(CorruptCheckpointError, match="too large for a sharded model's index"):
+        CheckpointManager(tmp_path / "s").load(index)
