@@ -1038,14 +1038,19 @@ class CheckpointManager:
                     f"only {len(ids)} checkpoint{'' if len(ids) == 1 else 's'}: {which} is "
                     "too far back")
         elif which == "best":
-            best = self._best(self.catalog.checkpoints(), 1)
+            rows = self.catalog.checkpoints()
+            best = self._best(rows, 1)
             if best:
                 return best[0]
-            if self.catalog.newest_ids(1):
+            if rows and self.metric is None:
                 raise CheckpointNotFoundError(
-                    f"no checkpoint has the metric {self.metric!r}" if self.metric else
                     "'best' needs a metric to rank by: CheckpointManager(..., "
                     "metric='val_loss'), or in a notebook %%ckpt_auto --on val_loss:min")
+            if any(self.metric in r.metrics for r in rows):  # (a diverged run's, all)
+                raise CheckpointNotFoundError(f"no checkpoint has a finite {self.metric!r} "
+                                              "(NaN and ±inf are never best)")
+            if rows:
+                raise CheckpointNotFoundError(f"no checkpoint has the metric {self.metric!r}")
         elif self.catalog.get(which) is not None:
             return which
         elif which and not self.catalog.ids_with_prefix(which):

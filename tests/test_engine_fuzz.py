@@ -1,0 +1,26 @@
+"""CheckpointManager's engine where its state is unusual: a metric logged only as NaN or
+±inf."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError
+
+
+def test_best_where_every_metric_is_nan_or_inf_says_none_is_finite(tmp_path: Path) -> None:
+    """The metric is logged, only never finite (a diverged run): "no checkpoint has the
+    metric" sent users looking for a typo in its name."""
+    model = torch.nn.Linear(2, 2)
+    mgr = CheckpointManager(tmp_path, metric="val_loss")
+    mgr.save(model, metrics={"val_loss": math.nan})
+    mgr.save(model, metrics={"val_loss": math.inf})
+    with pytest.raises(CheckpointNotFoundError, match=r"no checkpoint has a finite 'val_loss' "
+                                                      r"\(NaN and ±inf are never best\)"):
+        mgr.restore("best", model=model)
+    with pytest.raises(CheckpointNotFoundError, match="no checkpoint has the metric 'val_acc'"):
+        CheckpointManager(tmp_path, metric="val_acc").restore("best", model=model)
