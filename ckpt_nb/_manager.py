@@ -1282,12 +1282,15 @@ class CheckpointManager:
                 label = f"metric:{label}"
             columns[m] = label
         best = set(self._best(rows, self.keep_best or 1))
+        head = self.head
+        if head is not None and self.catalog.get(head) is None:  # deleted by another manager
+            head = self.catalog.heir_of(head)  # (where the next save descends from)
         table = pd.DataFrame(
             [{"id": r.id, "parent": r.parent, "branch": r.branch,
               "created": pd.Timestamp(r.created_at, unit="s", tz="UTC"), "step": r.step,
               "epoch": r.epoch, "batch_idx": r.batch_idx, "strategy": r.strategy,
               "stored_bytes": r.stored_bytes, "logical_bytes": r.logical_bytes,
-              "pinned": r.pinned, "best": r.id in best, "head": r.id == self.head,
+              "pinned": r.pinned, "best": r.id in best, "head": r.id == head,
               "note": r.note, **{columns[m]: r.metrics.get(m, math.nan) for m in names}}
              for r in rows],
             columns=[*_LIST_COLUMNS, *columns.values()])
