@@ -30,7 +30,7 @@ from ckpt_nb.cli import _time
 from ckpt_nb._plots import dag_layout
 from ckpt_nb._store import FsspecStore
 
-from conftest import DigitsRun, Holder, s3_server, same
+from conftest import DigitsRun, Holder, same
 
 
 def poll(condition: Callable[[], bool], seconds: float = 20) -> None:
@@ -830,39 +830,20 @@ class Relay:
         threading.Thread(target=self._serve, args=(self.listener,), daemon=True).start()
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """An S3-compatible server on loopback (moto's), as tests/test_s3.py runs it."""
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto")
-    yield from s3_server()
-
-
 @pytest.fixture
-def s3_url(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A store's URL in a new bucket of that server; this machine's HOME is its own."""
-    import fsspec.config
-    import s3fs
-
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "FSSPEC_S3_ENDPOINT_URL": s3_endpoint,
-                        "HOME": str(tmp_path / "home-1")}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_endpoint})
-    bucket = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(endpoint_url=s3_endpoint).mkdir(bucket)
+def s3_url(bucket: str) -> str:
+    """A store's URL in a new bucket of the module's S3 server on loopback (conftest's)."""
     return f"s3://{bucket}/exp"
 
 
 def test_a_server_down_shows_in_the_status_line_and_goes_when_it_is_back(
-        s3_endpoint: str, s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        endpoint: str, s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The follower swallowed the failure (the status line kept "pinned ..." in green);
     refresh() and select() raised the StoreError; a pin from another machine waited for
     a refresh by hand."""
     model = torch.nn.Linear(2, 2)
     a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
-    relay = Relay(s3_endpoint)
+    relay = Relay(endpoint)
     mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
                                                 config_kwargs={"retries": {"max_attempts": 1}}))
     ui = ckpt_nb.explore(mgr, poll_seconds=0.2)
