@@ -4,6 +4,7 @@ generators a sampler or dataset holds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -191,24 +192,35 @@ for epoch in ckpt_nb.epochs(3):
 """
 
 
+def stopped_then_resumed(shell, capsys, tmp_path: Path, setup: str, cell: str, stop_at: str,
+                         stopped_by: type[BaseException],
+                         when_stopped: Callable[[], None] = lambda: None) -> None:
+    """A reference run of ``cell`` (a template of ``dir``), then one stopped by
+    ``stopped_by`` where the file ``stop_at`` is (``tmp_path / "run"``'s store; then
+    ``when_stopped`` checks it), run again: it resumes, and ends bit-exact where the
+    reference did."""
+    run(shell, setup)
+    assert run(shell, cell.format(dir=tmp_path / "ref")).success
+    expected = final_state(shell)
+
+    run(shell, setup)
+    (tmp_path / stop_at).touch()
+    cell = cell.format(dir=tmp_path / "run")
+    assert isinstance(run(shell, cell).error_in_exec, stopped_by)
+    when_stopped()
+    capsys.readouterr()
+    assert run(shell, cell).success
+    assert "resumed from" in capsys.readouterr().out
+    assert same(final_state(shell), expected)
+
+
 @pytest.mark.parametrize("kind", ["torch", "numpy"])
 def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_an_interrupt(
         shell, tmp_path: Path, capsys, kind: str) -> None:
     """The same kernel, the cell interrupted mid-epoch and run again: the skipped batches
     drew from the notebook's generator after it was put back."""
-    setup = SETUP.format(rng=NOTEBOOK_GENERATORS[kind])
-    run(shell, setup)
-    assert run(shell, TRAIN.format(dir=tmp_path / "ref")).success
-    expected = final_state(shell)
-
-    run(shell, setup)
-    (tmp_path / "after-1-4").touch()
-    cell = TRAIN.format(dir=tmp_path / "run")
-    assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
-    capsys.readouterr()
-    assert run(shell, cell).success
-    assert "resumed from" in capsys.readouterr().out
-    assert same(final_state(shell), expected)
+    stopped_then_resumed(shell, capsys, tmp_path, SETUP.format(rng=NOTEBOOK_GENERATORS[kind]),
+                         TRAIN, "after-1-4", KeyboardInterrupt)
     assert ckpt_nb.status() == {"active": False}
 
 
@@ -225,20 +237,13 @@ def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_an_error
     setup = SETUP.format(rng=NOTEBOOK_GENERATORS[kind]) + (
         "def fail_if(point):\n    if os.path.exists(point):\n        os.remove(point)\n"
         "        raise RuntimeError('boom')\n")
-    run(shell, setup)
-    assert run(shell, FAILING.format(dir=tmp_path / "ref")).success
-    expected = final_state(shell)
 
-    run(shell, setup)
-    (tmp_path / "fail-1-5").touch()
-    cell = FAILING.format(dir=tmp_path / "run")
-    assert isinstance(run(shell, cell).error_in_exec, RuntimeError)
-    assert "RuntimeError in the cell" in ckpt_nb.CheckpointManager(tmp_path / "run").list(
-        )["note"].iloc[-1]
-    capsys.readouterr()
-    assert run(shell, cell).success
-    assert "resumed from" in capsys.readouterr().out
-    assert same(final_state(shell), expected)
+    def error_saved() -> None:
+        assert "RuntimeError in the cell" in ckpt_nb.CheckpointManager(tmp_path / "run").list(
+            )["note"].iloc[-1]
+
+    stopped_then_resumed(shell, capsys, tmp_path, setup, FAILING, "fail-1-5", RuntimeError,
+                         error_saved)
 
 
 OWN_ONLY = """
