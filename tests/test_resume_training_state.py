@@ -7,6 +7,7 @@ a run never stopped."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -85,14 +86,19 @@ def test_an_interrupt_during_gradient_accumulation_saves_after_the_step_and_resu
     assert again.stdout.split("params ")[1].strip() == reference(tmp_path, code)
 
 
+def linear_sgd() -> tuple[torch.nn.Module, dict[str, Any], list[torch.Tensor]]:
+    """A seeded linear model, the notebook namespace of it and its SGD, and 12 batches."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    return model, {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}, \
+        [torch.randn(2, 4) for _ in range(12)]
+
+
 def test_gradients_zeroed_in_place_after_the_step_do_not_hold_a_save_back(
         tmp_path: Path, capsys) -> None:
     """zero_grad(set_to_none=False) writes every gradient after the step: zeros are no
     gradients to wait for, and the save due goes in at the next batch."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
-    data = [torch.randn(2, 4) for _ in range(12)]
+    model, ns, data = linear_sgd()
     with ckpt_nb.auto(str(tmp_path / "s"), namespace=ns, every_steps=2, sync=True):
         for _ in ckpt_nb.epochs(1):
             for i, x in ckpt_nb.batches(data):
@@ -111,10 +117,7 @@ def test_a_loop_that_backpropagates_after_its_step_still_saves_and_says_so(
     """With the step first in the loop body, every batch boundary holds the gradients of
     the batch before: waiting for a point without them would never save. A save waits
     one step, then goes in without them, and says so once."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
-    data = [torch.randn(2, 4) for _ in range(12)]
+    model, ns, data = linear_sgd()
     with ckpt_nb.auto(str(tmp_path / "s"), namespace=ns, every_steps=3, sync=True):
         for _ in ckpt_nb.epochs(1):
             for i, x in ckpt_nb.batches(data):
