@@ -163,7 +163,13 @@ class AutoConfig:
                 raise TypeError(f"auto() got an unexpected keyword argument {name!r}"
                                 + (f": did you mean {hint}?" if hint else "")
                                 + f" It takes {', '.join(valid)}")
-        return cls(directory=directory, **options)
+        try:
+            return cls(directory=directory, **options)
+        except (TypeError, ValueError) as exc:
+            if every is None:
+                raise
+            message = re.sub(r"every_seconds \(--every(-seconds)?\)", "every (--every)", str(exc))
+            raise type(exc)(message) from None  # (named as the caller spelt it)
 
     def __post_init__(self) -> None:
         """Refuse what would never fire or cannot work, naming the option both ways

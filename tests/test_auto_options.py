@@ -32,6 +32,16 @@ def test_every_is_the_magics_every(tmp_path: Path) -> None:
     assert ckpt_nb.status() == {"active": False}
 
 
+@pytest.mark.parametrize("every", [0, -1, "0s", "soon", [1]])
+def test_a_bad_every_is_named_every(tmp_path: Path, every: object) -> None:
+    """auto(every=0) was refused as "every_seconds (--every-seconds)", a keyword the
+    caller never wrote."""
+    with pytest.raises((TypeError, ValueError), match=r"^every \(--every\)"):
+        with ckpt_nb.auto(str(tmp_path), namespace=objects(), every=every):
+            pass
+    assert ckpt_nb.status() == {"active": False}
+
+
 @pytest.mark.parametrize(("keyword", "hint"), [
     ("every_stepz", "every_steps"), ("namespce", "namespace"), ("dir", "directory"),
     ("no_resume", "resume=False"),
