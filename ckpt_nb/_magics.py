@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import re
 import sys
 import traceback
@@ -201,7 +202,11 @@ class CkptMagics(Magics):
 
     def _start_line_session(self, config: AutoConfig) -> None:
         earlier = self._line_session
-        if earlier is not None:  # (its triggers and retention went without a word)
+        if earlier is not None and config.directory in (None, earlier.config.directory) and \
+                dataclasses.replace(config, directory=earlier.config.directory) == earlier.config:
+            print("ckpt_nb: %ckpt_auto again with the same options: checkpointing restarts, "
+                  "and each trigger's count with it")  # (a cell run again, most often)
+        elif earlier is not None:  # (its triggers and retention went without a word)
             status = earlier.status()
             kept = [f"{label} {value}" for label, value in (
                 ("keep", earlier.config.keep), ("keep best", earlier.config.keep_best)) if value]

@@ -184,6 +184,23 @@ def test_a_second_line_form_says_what_it_replaces(shell, tmp_path: Path, capsys)
     assert run(shell, "%ckpt_auto --off").success
 
 
+@pytest.mark.parametrize("directory", [True, False])
+def test_the_same_line_again_says_it_restarts(shell, tmp_path: Path, capsys,
+                                               directory: bool) -> None:
+    """A cell run again with the same line said it "replaces" an earlier session that
+    stops, as if something had been dropped."""
+    run(shell, SMALL)
+    line = "%ckpt_auto --every-steps 5 --keep 3" + (f" --dir {tmp_path}" if directory else "")
+    assert run(shell, line).success
+    capsys.readouterr()
+    assert run(shell, line).success
+    out = capsys.readouterr().out
+    assert "ckpt_nb: %ckpt_auto again with the same options: checkpointing restarts, and " \
+           "each trigger's count with it\n" in out
+    assert "replaces" not in out
+    assert run(shell, "%ckpt_auto --off").success
+
+
 @pytest.mark.parametrize(("line", "option"), [
     ("%ckpt_auto --every-steps 5 --every-steps 10", "--every-steps"),
     ("%ckpt_auto --every-steps=5 --every-steps 10", "--every-steps"),
