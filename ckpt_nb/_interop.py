@@ -137,7 +137,14 @@ _TEMPORARIES = threading.Lock()
 def _atomic_target(path: Path) -> tuple[int, str]:
     """A new temporary beside ``path``, open and locked until it is closed (a live writer's,
     whatever its pid says in another pid namespace); leftovers of dead exports go first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # (said "File exists: PARENT")
+        in_the_way = next((folder for folder in (path.parent, *path.parent.parents)
+                           if folder.exists() and not folder.is_dir()), path.parent)
+        raise NotADirectoryError(errno.ENOTDIR, "a file is in the way, where the export "
+                                 "needs a folder: choose another path, or move the file",
+                                 str(in_the_way)) from None
     # (cut at a byte count: a cut character's bytes come back as surrogates, and mkstemp
     # gives them back as the same bytes)
     name = os.fsdecode(os.fsencode(path.name)[:_TEMPORARY_NAME])

@@ -324,6 +324,19 @@ def test_a_failed_export_leaves_no_folder_it_made_and_a_folder_target_is_named(
     assert list((tmp_path / "model.pt").iterdir()) == []
 
 
+@pytest.mark.parametrize("under", ["x.pt", "sub/x.safetensors"])
+def test_a_file_where_the_export_needs_a_folder_is_named(tmp_path: Path, under: str) -> None:
+    """An export under a file said "File exists", naming the file but not the problem."""
+    (tmp_path / "notes.txt").write_text("kept")
+    with CheckpointManager(tmp_path / "s") as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+        with pytest.raises(NotADirectoryError, match="a file is in the way, where the "
+                                                     "export needs a folder") as found:
+            mgr.export(cid, tmp_path / "notes.txt" / under)
+    assert found.value.filename == str(tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "kept"
+
+
 def test_a_bytes_path_exports(tmp_path: Path) -> None:
     """``os.fsencode(path)``, as os.listdir(bytes) gives names, was a TypeError."""
     with CheckpointManager(tmp_path / "s") as mgr:
