@@ -774,6 +774,7 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
     from ._manager import Checkpoint
 
     source = Path(path)
+    skeleton = False  # (the file's dict is what ckpt_nb's safetensors metadata describes)
     if source.is_dir():
         files = _model_files(source)
         raise CheckpointNotFoundError(
@@ -793,7 +794,8 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
             warn(f"{source.name} is one shard of {int(shard.group(2))}, a part of the model "
                  f"only: give {indices[0] if indices else 'the index (.index.json)'} beside "
                  "it to read them all")
-        data = _read_safetensors(source, trust_pickle) if _suffix(source) == ".safetensors" \
+        skeleton = _suffix(source) == ".safetensors"
+        data = _read_safetensors(source, trust_pickle) if skeleton \
             else _read_torch(source, trust_pickle)
     if not isinstance(data, Mapping):
         raise FileFormatError(f"{source} holds a {type(data).__name__}, not a dict of state: "
@@ -808,14 +810,15 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
         if added:
             model = OrderedDict((k, v) for k, v in data.items() if k not in added)
             model._metadata = data._metadata  # type: ignore[attr-defined]
-        state, meta = _split_state(added) if added else ({}, {})
+        state, meta = _split_state(added, export=False) if added else ({}, {})
         if "model" in state:  # (sd["model"] = ...: kept, where it cannot be the model)
             meta.setdefault("extra", {})["model"] = state.pop("model")
         state["model"] = uncompiled_keys(model)
     elif data.keys() == {"state", "param_groups"}:  # (an optimizer's alone: export only=)
         state, meta = {"optimizer": data}, {}
     else:
-        state, meta = _split_state(dict(data))
+        export = "ckpt_nb" in data if skeleton else _is_a_ckpt_nb_export(data)
+        state, meta = _split_state(dict(data), export=export)
     _check_meta(source, meta)
     return Checkpoint(
         id=str(source), parent=None, branch="", created=source.stat().st_mtime,
@@ -915,10 +918,10 @@ def _check_meta(source: Path, meta: Mapping[str, Any]) -> None:
                                      "or not a ckpt_nb export")
 
 
-def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split_state(data: dict[str, Any], export: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     if all(isinstance(v, torch.Tensor) for v in data.values()):
         return {"model": uncompiled_keys(data)}, {}
-    if "ckpt_nb" in data:
+    if export:
         meta = {k: data.pop(k) for k in _META_KEYS if k in data}
         return data, meta
     state: dict[str, Any] = {}
@@ -944,6 +947,15 @@ def _split_state(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         else:  # (what does not fit a field stays, as it was, in extra)
             meta["extra"][key] = value
     return state, meta
+
+
+def _is_a_ckpt_nb_export(data: Mapping[Any, Any]) -> bool:
+    """Whether a torch file is an export of ckpt_nb's, by its entry of that name (the
+    checkpoint's id, branch and note), not by the key alone: another tool's file may have
+    a "ckpt_nb" value of its own, which then stays in extra."""
+    entry = data.get("ckpt_nb")
+    return isinstance(entry, Mapping) and isinstance(entry.get("id"), str) and \
+        entry.keys() <= {"id", "branch", "note"}
 
 
 # Words that make a top-level number of a torch.save dict a metric (val_loss, best_acc),

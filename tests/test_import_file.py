@@ -550,3 +550,15 @@ def test_a_shard_index_too_large_for_one_is_refused_unread(
     monkeypatch.setattr(ckpt_nb._interop, "_HEADER_LIMIT", index.stat().st_size - 1)
     with pytest.raises(CorruptCheckpointError, match="too large for a sharded model's index"):
         CheckpointManager(tmp_path / "s").load(index)
+
+
+@pytest.mark.parametrize("entry", [{"version": 3}, "v3", 3])
+def test_another_tools_ckpt_nb_key_stays_in_extra(tmp_path: Path, entry: Any) -> None:
+    """A file's own top-level "ckpt_nb" value made it a ckpt_nb export: the value was
+    dropped (or the file refused as damaged) and its other keys read by the export's rules."""
+    torch.save({"model": {"w": torch.ones(2)}, "ckpt_nb": entry, "epoch": 2,
+                "val_loss": 0.5}, tmp_path / "theirs.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    ck = mgr.restore(mgr.import_file(tmp_path / "theirs.pt"), rng=False)
+    assert ck.extra == {"ckpt_nb": entry} and ck.epoch == 2
+    assert ck.metrics == {"val_loss": 0.5} and list(ck.state) == ["model"]
