@@ -17,7 +17,7 @@ import html
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -350,8 +350,14 @@ class Explorer(w.VBox):
         self.diff_a = w.Dropdown(description="from",
                                  layout=w.Layout(width="340px", max_width="100%"))
         self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="340px", max_width="100%"))
-        self.diff_a.observe(lambda _: self._draw(self._draw_diff), names="value")
-        self.diff_b.observe(lambda _: self._draw(self._draw_diff), names="value")
+        # While the explorer itself sets from/to (a refresh, a selection), their observers
+        # hold off: it draws once after (each of its four changes drew the diff again).
+        self._choosing_diff = False
+        # The last diff drawn: its pair, its table and its bars (a refresh while the Diff
+        # tab is open, after each save of a training run, would compute it again).
+        self._drawn_diff: tuple[str, str, Any, bytes] | None = None
+        self.diff_a.observe(self._on_diff_choice, names="value")
+        self.diff_b.observe(self._on_diff_choice, names="value")
         self.diff_plot = w.Image(format="png")
         self.diff_table = w.HTML()
         self.tabs = w.Tab(children=[
@@ -434,10 +440,11 @@ class Explorer(w.VBox):
         if metrics and self.metric.value not in metrics:
             self.metric.value = _plots.ranked_metric(metrics, self.manager.metric)
         choices = [(_diff_label(r), r["id"]) for r in frame.to_dict("records")]
-        for dropdown in (self.diff_a, self.diff_b):
-            value = dropdown.value
-            dropdown.options = choices
-            dropdown.value = value if value in ids else None
+        with self._choosing():
+            for dropdown in (self.diff_a, self.diff_b):
+                value = dropdown.value
+                dropdown.options = choices
+                dropdown.value = value if value in ids else None
         self.table.columns = list(TABLE_COLUMNS) + list(labels.values())
         self._fill_table()
         self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
@@ -568,12 +575,27 @@ class Explorer(w.VBox):
         self.table.selected = list(self.selected)
         self.dag.selected = list(self.selected)
         ids = list(self.table_frame["id"])
-        if len(self.selected) >= 2:  # from the older to the newer, whichever was clicked first
-            self.diff_a.value, self.diff_b.value = sorted(self.selected[:2], key=ids.index)
-        elif len(self.selected) == 1 and self.diff_b.options:
-            parent = self._parent(self.selected[0])
-            self.diff_a.value = parent if parent in ids else None
-            self.diff_b.value = self.selected[0]
+        with self._choosing():  # (the caller draws)
+            if len(self.selected) >= 2:  # from the older to the newer, whichever came first
+                self.diff_a.value, self.diff_b.value = sorted(self.selected[:2], key=ids.index)
+            elif len(self.selected) == 1 and self.diff_b.options:
+                parent = self._parent(self.selected[0])
+                self.diff_a.value = parent if parent in ids else None
+                self.diff_b.value = self.selected[0]
+
+    @contextlib.contextmanager
+    def _choosing(self) -> Iterator[None]:
+        """Set from/to without a draw at each change (the caller draws once after)."""
+        held, self._choosing_diff = self._choosing_diff, True
+        try:
+            yield
+        finally:
+            self._choosing_diff = held
+
+    def _on_diff_choice(self, _: Any) -> None:
+        """A from or to the user picked: draw that diff."""
+        if not self._choosing_diff:
+            self._draw(self._draw_diff)
 
     def _parent(self, cid: str) -> str | None:
         rows = self.table_frame[self.table_frame["id"] == cid]
@@ -665,8 +687,11 @@ class Explorer(w.VBox):
         self._render_diff(self._resolve(a), self._resolve(b))
 
     def _render_diff(self, a: str, b: str) -> None:
-        diff = self.manager.diff(a, b)
-        self.diff_plot.value = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
+        if self._drawn_diff is None or self._drawn_diff[:2] != (a, b):
+            diff = self.manager.diff(a, b)  # (checkpoints never change: a pair's diff stays)
+            png = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
+            self._drawn_diff = (a, b, diff, png)
+        diff, self.diff_plot.value = self._drawn_diff[2:]
         self.diff_plot.layout.display = None
         frame = self.table_frame.set_index("id")
         deltas = []

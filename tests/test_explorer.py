@@ -1049,3 +1049,41 @@ def test_deleting_the_kernels_checkpoint_marks_the_kernel_at_its_heir(
             assert (ui.dag.current, ui.dag.current_deleted) == (heir, current)
         finally:
             ui.close()
+
+
+def test_the_diff_tab_computes_each_diff_once(tmp_path: Path) -> None:
+    """A refresh or a selection with the Diff tab open diffs once, and a refresh that
+    leaves from/to as they were not again (each change of from/to drew it again: a
+    refresh after a save diffed five times, on the follower thread while training ran)."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(4, 4)
+    ids = []
+    for step in range(4):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ids.append(mgr.save(model, step=step, metrics={"loss": float(step)}))
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    diffed: list[tuple[str, str]] = []
+    real_diff = ui.manager.diff
+
+    def counted_diff(a: str, b: str) -> Any:
+        diffed.append((a, b))
+        return real_diff(a, b)
+
+    ui.manager.diff = counted_diff
+    try:
+        ui.tabs.selected_index = 3
+        ui.select([ids[1]])  # one row: against its parent
+        assert diffed == [(ids[0], ids[1])]
+        ui.select([ids[3], ids[1]])  # two rows, the newer first
+        assert diffed[1:] == [(ids[1], ids[3])]
+        mgr.save(model, step=4)
+        assert ui.refresh()
+        assert diffed[2:] == []  # (the same pair: drawn as it was)
+        assert "loss: 1 → 3" in ui.diff_table.value
+        ui.diff_b.value = ids[2]  # the user picks another "to"
+        assert diffed[2:] == [(ids[1], ids[2])]
+        assert "loss: 1 → 2" in ui.diff_table.value
+    finally:
+        ui.close()
+        mgr.close()
