@@ -684,10 +684,15 @@ class Explorer(w.VBox):
                 why = "choose from and to above, or select two checkpoints (ctrl-click rows)"
             self.diff_table.value = f"<i>{why}</i>"
             return
-        self._render_diff(self._resolve(a), self._resolve(b))
+        self._render_diff(a, b)
 
     def _render_diff(self, a: str, b: str) -> None:
         if self._drawn_diff is None or self._drawn_diff[:2] != (a, b):
+            # (a pair that fails to draw, one deleted included, must not leave the last
+            # pair's bars and table under from/to that name another)
+            self.diff_plot.layout.display = "none"
+            self.diff_table.value = ""
+            a, b = self._resolve(a), self._resolve(b)
             diff = self.manager.diff(a, b)  # (checkpoints never change: a pair's diff stays)
             png = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
             self._drawn_diff = (a, b, diff, png)

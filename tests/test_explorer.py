@@ -1087,3 +1087,30 @@ def test_the_diff_tab_computes_each_diff_once(tmp_path: Path) -> None:
     finally:
         ui.close()
         mgr.close()
+
+
+def test_a_diff_that_fails_leaves_no_other_pairs_table(tmp_path: Path) -> None:
+    """A pair whose diff fails (a damaged pack) shows no diff: the last pair's bars and
+    table under from/to that name the new pair read as its."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s", strategy="full")
+    model = torch.nn.Linear(64, 64)
+    ids = []
+    for step in range(3):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ids.append(mgr.save(model, step=step, metrics={"loss": float(step)}))
+    mgr.close()
+    newest = max((tmp_path / "s" / "packs").glob("*.pack"), key=lambda f: f.stat().st_mtime)
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # the third checkpoint's chunks no longer match
+    newest.write_bytes(bytes(data))
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 3
+        ui.select([ids[0], ids[1]])
+        assert "loss: 0 → 1" in ui.diff_table.value
+        ui.diff_b.value = ids[2]
+        assert "cannot draw this tab" in ui.status.value
+        assert ui.diff_table.value == "" and ui.diff_plot.layout.display == "none"
+    finally:
+        ui.close()
