@@ -542,15 +542,15 @@ class Explorer(w.VBox):
         return [r["id"] for r in self.table.rows]
 
     # -- selection --------------------------------------------------------------------
-    def select(self, ids: Iterable[str]) -> list[str]:
-        """Select checkpoints by id, prefix or alias ("latest", "best", "-2"); each once,
-        however many names it was given by. A new selection withdraws a question awaiting
-        Confirm. A store that cannot be read (its server down) is said in the status line,
-        and the selection stays."""
+    def select(self, ids: str | Iterable[str]) -> list[str]:
+        """Select checkpoints by id, prefix or alias ("latest", "best", "-2"), one (a
+        string) or several; each once, however many names it was given by. A new selection
+        withdraws a question awaiting Confirm. A store that cannot be read (its server down)
+        is said in the status line, and the selection stays."""
         with self._lock:
             self._check_store()
             try:
-                selected = list(dict.fromkeys(self._resolve(i) for i in ids))
+                selected = list(dict.fromkeys(self._resolve(i) for i in _plots.id_list(ids)))
             except StoreError as exc:
                 self._say_stale(exc)
                 return self.selected

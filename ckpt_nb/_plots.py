@@ -82,6 +82,12 @@ def opened(store: StoreLike) -> Iterator[CheckpointManager]:
         manager.close()
 
 
+def id_list(ids: str | Iterable[str]) -> list[str]:
+    """Checkpoint ids as a list: a single id (or alias, or prefix) given as a string is one
+    id, not its characters (each of which may be a prefix of an id)."""
+    return [ids] if isinstance(ids, str) else list(ids)
+
+
 def metric_columns(table: Any) -> list[str]:
     """The metric columns of ``CheckpointManager.list()``: those after the fixed ones."""
     return [c for c in table.columns if c not in COLUMNS]
@@ -222,7 +228,7 @@ def _x_axis(table: Any, plotted: Any) -> tuple[Any, str]:
 
 @_literal_text
 def plot_metrics(store: StoreLike, metric: str | None = None, *,
-                 selected: Iterable[str] = (), table: Any = None) -> Figure:
+                 selected: str | Iterable[str] = (), table: Any = None) -> Figure:
     """A metric against step (or epoch, where the checkpoints have no step): one line
     per branch, a marker per checkpoint, the ``selected`` checkpoints ringed. A metric
     the store has not logged is refused, not replaced by another."""
@@ -261,7 +267,7 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
     unnamed = drawn["branch"].nunique() - len(newest)
     if unnamed > 0:
         ax.plot([], [], color="none", label=f"+{unnamed} older branches")
-    chosen = drawn[drawn["id"].isin(list(selected)) & x_of[drawn.index].notna()]
+    chosen = drawn[drawn["id"].isin(id_list(selected)) & x_of[drawn.index].notna()]
     if len(chosen):
         ax.scatter(x_of[chosen.index], chosen[metric].astype("float64"), s=140,
                    facecolors="none", edgecolors="black", linewidths=1.8, zorder=5,
@@ -274,7 +280,8 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
 
 
 @_literal_text
-def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable[str] = (),
+def plot_dag(store: StoreLike, *, current: str | None = None,
+             selected: str | Iterable[str] = (),
              metric: str | None = None, mode: str = "min", table: Any = None) -> Figure:
     """The checkpoint graph: branches as lanes, parent edges, strategy as marker
     (full ●, incremental ○, differential ◇), pinned ★, best ringed in gold, the
@@ -305,7 +312,7 @@ def plot_dag(store: StoreLike, *, current: str | None = None, selected: Iterable
         if parent is not None:
             ax.plot([parent.lane, node.lane], [parent.row, node.row],
                     color=_lane_color(node.lane), linewidth=1.6, zorder=1)
-    chosen = set(selected)
+    chosen = set(id_list(selected))
     labels = len(nodes) <= 80
     groups: dict[tuple[str, int], list[DagNode]] = {}
     for node in nodes:  # one scatter per strategy and lane: hundreds of nodes stay fast
@@ -413,12 +420,13 @@ def _short(name: str, width: int = 28, most: int = 56) -> str:
 
 
 @_literal_text
-def plot_compare(store: StoreLike, ids: Sequence[str], metrics: Sequence[str] | None = None,
-                 *, table: Any = None) -> Figure:
+def plot_compare(store: StoreLike, ids: str | Iterable[str],
+                 metrics: Sequence[str] | None = None, *, table: Any = None) -> Figure:
     """The metrics of 2+ checkpoints side by side: a panel per metric, each with its own
     y scale (a loss of 0.3 beside a perplexity of 300 would be a flat line), a bar per
     checkpoint named under it (no legend to outgrow the figure). A value missing or
     infinite has no bar (a 0.0 bar would read as a real 0) but a mark: "n/a", "inf"."""
+    ids = id_list(ids)
     if table is None:
         with opened(store) as manager:
             table = manager.list()

@@ -1114,3 +1114,31 @@ def test_a_diff_that_fails_leaves_no_other_pairs_table(tmp_path: Path) -> None:
         assert ui.diff_table.value == "" and ui.diff_plot.layout.display == "none"
     finally:
         ui.close()
+
+
+def test_a_single_id_given_as_a_string_is_one_id(tmp_path: Path) -> None:
+    """``select("07")``, ``plot_compare(store, "latest")``: one id, not its characters
+    (each a prefix of some id, they selected other checkpoints)."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    ids = [mgr.save(torch.nn.Linear(2, 2), step=i, metrics={"loss": 1 / (i + 1)})
+           for i in range(2)]
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        assert ui.select(ids[0]) == [ids[0]]
+        assert ui.select("latest") == [ids[1]]
+        two = ids[1][0] + ids[0][0]  # two characters, each a prefix of an id
+        prefixed = [i for i in ids if i.startswith(two)]
+        if prefixed:
+            assert ui.select(two) == prefixed
+        else:
+            with pytest.raises(ckpt_nb.CheckpointNotFoundError):
+                ui.select(two)
+    finally:
+        ui.close()
+    fig = ckpt_nb.plot_compare(tmp_path / "s", "latest")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [ids[1]]
+    ringed = ckpt_nb.plot_metrics(tmp_path / "s", "loss", selected=ids[0]).axes[0]
+    assert [c.get_label() for c in ringed.collections] == ["selected"]
+    dag = ckpt_nb.plot_dag(tmp_path / "s", selected=ids[0]).axes[0]
+    assert [len(c.get_offsets()) for c in dag.collections if c.get_gid() == "selected"] == [1]
