@@ -231,12 +231,14 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
                  selected: str | Iterable[str] = (), table: Any = None) -> Figure:
     """A metric against step (or epoch, where the checkpoints have no step): one line
     per branch, a marker per checkpoint, the ``selected`` checkpoints ringed. A metric
-    the store has not logged is refused, not replaced by another."""
+    the store has not logged is refused, not replaced by another; so is a checkpoint
+    (``selected`` takes ids, prefixes and aliases, as ``CheckpointManager.resolve``)."""
     asked = metric
     if table is None:
         with opened(store) as manager:
             table = manager.list()
             metric = metric or manager.metric
+            selected = [manager.resolve(i) for i in id_list(selected)]
     import pandas as pd
 
     names = metric_columns(table)
@@ -288,13 +290,17 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
     kernel's position (``current``, by default this process's) arrowed, or marked
     ``kernel ⇢`` on its nearest kept ancestor where that checkpoint was deleted since, as
     the explorer marks it. ``metric`` and ``mode`` say what "best" ranks by (default:
-    the store's loss-like metric)."""
+    the store's loss-like metric). ``current`` and ``selected`` take ids, prefixes and
+    aliases, as ``CheckpointManager.resolve``; one it does not know is refused."""
     if table is None:
         with opened(store) as manager:
             table = manager.list()
             metric, mode = metric or manager.metric, manager.mode
             if current is None:
                 current = _session.kernel_position(manager)
+            elif not manager.catalog.was_deleted(current):  # (deleted: marked at its heir)
+                current = manager.resolve(current)
+            selected = [manager.resolve(i) for i in id_list(selected)]
     gone = None
     if current is not None and current not in set(table["id"]):
         with opened(store) as manager:  # (its catalog knows what was deleted, and the heir)

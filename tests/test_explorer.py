@@ -1142,3 +1142,28 @@ def test_a_single_id_given_as_a_string_is_one_id(tmp_path: Path) -> None:
     assert [c.get_label() for c in ringed.collections] == ["selected"]
     dag = ckpt_nb.plot_dag(tmp_path / "s", selected=ids[0]).axes[0]
     assert [len(c.get_offsets()) for c in dag.collections if c.get_gid() == "selected"] == [1]
+
+
+def test_plot_metrics_and_plot_dag_take_aliases_and_refuse_unknown_ids(tmp_path: Path) -> None:
+    """``selected=["latest"]``, a prefix, ``current="-1"`` ring and mark what they name,
+    as plot_compare and plot_diff take them; a typo is refused by name, not drawn as
+    nothing selected."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s", metric="loss")
+    ids = [mgr.save(torch.nn.Linear(2, 2), step=i, metrics={"loss": 1 / (i + 1)})
+           for i in range(3)]
+    mgr.close()
+    path = tmp_path / "s"
+    for selected in (["latest"], [ids[-1][:6]], ["-0"]):
+        ax = ckpt_nb.plot_metrics(path, "loss", selected=selected).axes[0]
+        rings = [c for c in ax.collections if c.get_label() == "selected"]
+        assert [tuple(p) for p in rings[0].get_offsets()] == [(2.0, 1 / 3)]
+        ax = ckpt_nb.plot_dag(path, selected=selected, current="-1").axes[0]
+        rings = [c for c in ax.collections if c.get_gid() == "selected"]
+        assert [tuple(p) for p in rings[0].get_offsets()] == [(0.0, 2.0)]
+        assert any(t.get_text() == "kernel" and t.xy == (0, 1) for t in ax.texts)
+    with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="zzzz"):
+        ckpt_nb.plot_metrics(path, "loss", selected=["zzzz"])
+    with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="zzzz"):
+        ckpt_nb.plot_dag(path, selected=["zzzz"])
+    with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="bogus"):
+        ckpt_nb.plot_dag(path, current="bogus")
