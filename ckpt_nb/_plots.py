@@ -376,7 +376,8 @@ def _branch_of_lane(nodes: Sequence[DagNode], lane: int) -> str:
 @_literal_text
 def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     """Per-tensor relative change ``|b - a| / |a|`` as bars; byte-identical tensors
-    (shared chunks) are marked."""
+    (shared chunks) are marked. A change from all zeros (infinite) is the longest bar,
+    written "inf (from zero)"."""
     if table is None:
         with opened(store) as manager:
             table = manager.diff(a, b)
@@ -397,7 +398,13 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     # A change too small for its bar to show (an RNG state's few bytes) is written out:
     # no bar and no word read as a row missing.
     visible = (top if top > 0 else 1.0) * SMALLEST_BAR
-    for row, (status, value, change) in enumerate(zip(table["status"], values, rel)):
+    for row, (status, value, change, l2) in enumerate(zip(table["status"], values, rel,
+                                                           table["l2"])):
+        if status == "changed" and math.isinf(change):  # (its bar is cut at the longest)
+            ax.annotate("inf (from zero)" if math.isfinite(l2) else "inf", (value, row),
+                        xytext=(-4, 0), textcoords="offset points", ha="right", va="center",
+                        fontsize=7, color="white")
+            continue
         if status == "changed" and value >= visible:
             continue
         text = status if status != "changed" else \

@@ -1167,3 +1167,23 @@ def test_plot_metrics_and_plot_dag_take_aliases_and_refuse_unknown_ids(tmp_path:
         ckpt_nb.plot_dag(path, selected=["zzzz"])
     with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="bogus"):
         ckpt_nb.plot_dag(path, current="bogus")
+
+
+def test_a_change_from_zero_is_written_inf(tmp_path: Path) -> None:
+    """A tensor that was all zeros changes infinitely: its bar (cut at the longest) says
+    so, not a plain bar read as the largest finite change."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(8, 4)
+    torch.nn.init.zeros_(model.bias)
+    a = mgr.save(model)
+    with torch.no_grad():
+        model.weight.mul_(1.5)
+        model.bias.add_(100.0)
+    b = mgr.save(model)
+    diff = mgr.diff(a, b)
+    mgr.close()
+    assert math.isinf(diff.set_index("tensor").loc["objects/model/bias", "rel_change"])
+    ax = ckpt_nb.plot_diff(tmp_path / "s", a, b).axes[0]
+    row = list(diff["tensor"]).index("objects/model/bias")
+    assert [(t.get_text(), t.xy[1]) for t in ax.texts if "inf" in t.get_text()] == \
+        [("inf (from zero)", row)]
