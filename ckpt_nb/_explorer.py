@@ -602,6 +602,15 @@ class Explorer(w.VBox):
         parent = rows["parent"].iloc[0] if len(rows) else None
         return parent if isinstance(parent, str) else None
 
+    def _deleted_parent(self, cid: str) -> str | None:
+        """The parent a checkpoint was saved from where that was deleted since (retention
+        took it: the catalog then gives the checkpoint none); None for a first save."""
+        with contextlib.suppress(CkptError, OSError):  # (only for a message)
+            parent = self.manager._manifest(cid).get("parent")
+            if isinstance(parent, str) and self.manager.catalog.get(parent) is None:
+                return parent
+        return None
+
     def _resolve(self, which: str) -> str:
         """``manager.resolve``, but a checkpoint this view shows that the store no longer
         has is named as deleted (not as a typo to look up in list())."""
@@ -678,8 +687,11 @@ class Explorer(w.VBox):
             if not len(self.table_frame):
                 why = "no checkpoints yet: nothing to diff"
             elif len(self.selected) == 1 and not self._parent(self.selected[0]):
-                why = (f"{html.escape(self.selected[0])} has no parent: nothing to diff it "
-                       "against. Ctrl-click a second row to diff two")
+                cid = self.selected[0]
+                lost = self._deleted_parent(cid)
+                why = html.escape(
+                    (f"{cid}'s parent {lost} was deleted" if lost else f"{cid} has no parent")
+                    + ": nothing to diff it against. Ctrl-click a second row to diff two")
             else:
                 why = "choose from and to above, or select two checkpoints (ctrl-click rows)"
             self.diff_table.value = f"<i>{why}</i>"

@@ -1187,3 +1187,18 @@ def test_a_change_from_zero_is_written_inf(tmp_path: Path) -> None:
     row = list(diff["tensor"]).index("objects/model/bias")
     assert [(t.get_text(), t.xy[1]) for t in ax.texts if "inf" in t.get_text()] == \
         [("inf (from zero)", row)]
+
+
+def test_the_diff_tab_says_a_parent_was_deleted_not_that_there_is_none(tmp_path: Path) -> None:
+    """The oldest checkpoint retention kept had a parent: the Diff tab names it deleted."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s", max_to_keep=2)
+    ids = [mgr.save(torch.nn.Linear(3, 2), step=i) for i in range(3)]
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 3
+        ui.select([ids[1]])
+        assert f"{ids[1]}'s parent {ids[0]} was deleted: nothing to diff it against" in \
+            html.unescape(ui.diff_table.value)
+    finally:
+        ui.close()
