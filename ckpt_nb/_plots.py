@@ -38,6 +38,9 @@ LANE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 # Past this many branches a legend of them all would cover the lines: the newest
 # are named, and one entry counts the rest.
 LEGEND_BRANCHES = 8
+# Past this many tensors plot_diff's names would overlap (its height is capped): the most
+# changed are drawn, and the axis label counts the others.
+DIFF_BARS = 45
 # A changed tensor whose bar is shorter than this part of the longest gets its value
 # written beside it.
 SMALLEST_BAR = 0.01
@@ -377,10 +380,17 @@ def _branch_of_lane(nodes: Sequence[DagNode], lane: int) -> str:
 def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     """Per-tensor relative change ``|b - a| / |a|`` as bars; byte-identical tensors
     (shared chunks) are marked. A change from all zeros (infinite) is the longest bar,
-    written "inf (from zero)"."""
+    written "inf (from zero)". Past ``DIFF_BARS`` tensors the most changed are drawn (the
+    axis label counts the others)."""
     if table is None:
         with opened(store) as manager:
             table = manager.diff(a, b)
+    total = len(table)
+    if total > DIFF_BARS:  # (in the diff's order; an added or removed tensor ranks first)
+        rank = table["rel_change"].astype("float64").fillna(math.inf)
+        rank = rank.where(table["status"] != "identical", -1.0)
+        table = table.loc[sorted(rank.nlargest(DIFF_BARS, keep="first").index)]
+        table = table.reset_index(drop=True)
     fig = Figure(figsize=(7, min(12.0, 1.2 + 0.24 * max(len(table), 3))), layout="constrained")
     if not len(table):
         return _empty(fig, "no tensors")
@@ -411,7 +421,10 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
             f"{change:.2g}" if math.isfinite(change) else "changed"
         ax.annotate(text, (value, row), xytext=(4, 0), textcoords="offset points",
                     va="center", fontsize=7, color="0.35")
-    ax.set_xlabel(f"relative L2 change, {a} → {b}")
+    left_out = total - len(table)
+    ax.set_xlabel(f"relative L2 change, {a} → {b}" + (
+        f"\nthe {len(table)} most changed of {total} tensors (the other {left_out}: "
+        "CheckpointManager.diff)" if left_out else ""))
     ax.grid(axis="x", alpha=0.3)
     return fig
 

@@ -1202,3 +1202,24 @@ def test_the_diff_tab_says_a_parent_was_deleted_not_that_there_is_none(tmp_path:
             html.unescape(ui.diff_table.value)
     finally:
         ui.close()
+
+
+def test_a_diff_of_many_tensors_draws_the_most_changed_and_counts_the_rest(
+        tmp_path: Path) -> None:
+    """Two hundred names on one axis overlap: the most changed are drawn, the rest counted."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(100)])
+    a = mgr.save(model)
+    with torch.no_grad():
+        for k, param in enumerate(model.parameters()):
+            param.add_(0.001 * k)
+    b = mgr.save(model)
+    diff = mgr.diff(a, b)
+    mgr.close()
+    ax = ckpt_nb.plot_diff(tmp_path / "s", a, b).axes[0]
+    drawn = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(drawn) == len(ax.patches) == _plots.DIFF_BARS
+    change = diff.set_index("tensor")["rel_change"]
+    assert change[drawn].min() >= change.drop(drawn).max()
+    assert drawn == [t for t in diff["tensor"] if t in drawn]  # (in the diff's order)
+    assert f"the {_plots.DIFF_BARS} most changed of {len(diff)} tensors" in ax.get_xlabel()
