@@ -41,6 +41,13 @@ LEGEND_BRANCHES = 8
 # Past this many tensors plot_diff's names would overlap (its height is capped): the most
 # changed are drawn, and the axis label counts the others.
 DIFF_BARS = 45
+# plot_dag's widest figure (inches; its height is capped at 14): past the branches that
+# fit at their width, the lanes narrow and go unnamed (their names would overlap).
+DAG_WIDTH = 16.0
+DAG_LANES_NAMED = 12
+# plot_compare's most checkpoints: more would make a figure thousands of pixels wide (300
+# took 4 s to draw); the first this many are drawn, and its title counts the others.
+COMPARE_MOST = 40
 # A changed tensor whose bar is shorter than this part of the longest gets its value
 # written beside it.
 SMALLEST_BAR = 0.01
@@ -294,7 +301,8 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
     ``kernel ⇢`` on its nearest kept ancestor where that checkpoint was deleted since, as
     the explorer marks it. ``metric`` and ``mode`` say what "best" ranks by (default:
     the store's loss-like metric). ``current`` and ``selected`` take ids, prefixes and
-    aliases, as ``CheckpointManager.resolve``; one it does not know is refused."""
+    aliases, as ``CheckpointManager.resolve``; one it does not know is refused. Past
+    ``DAG_LANES_NAMED`` branches the lanes narrow to fit ``DAG_WIDTH`` and go unnamed."""
     if table is None:
         with opened(store) as manager:
             table = manager.list()
@@ -310,8 +318,8 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
             current, gone = kernel_mark(manager, current, set(table["id"]))
     nodes = dag_layout(table, metric, mode)
     lanes = max((n.lane for n in nodes), default=0) + 1
-    fig = Figure(figsize=(2.2 + 1.1 * lanes, min(14.0, 1.0 + 0.32 * max(len(nodes), 3))),
-                 layout="constrained")
+    fig = Figure(figsize=(min(DAG_WIDTH, 2.2 + 1.1 * lanes),
+                          min(14.0, 1.0 + 0.32 * max(len(nodes), 3))), layout="constrained")
     if not nodes:
         return _empty(fig, "no checkpoints yet")
     ax = fig.add_subplot()
@@ -364,7 +372,13 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
                        "no ancestor\nof it is kept"), fontsize=7, color="crimson", loc="left")
     ax.set_xlim(-0.8, lanes - 0.2 + (1.6 if labels else 0.4))
     ax.set_ylim(len(nodes) - 0.4, -0.6)  # newest at the bottom, like a log read downwards
-    ax.set_xticks(range(lanes), [_branch_of_lane(nodes, i) for i in range(lanes)], fontsize=8)
+    if lanes <= DAG_LANES_NAMED:
+        ax.set_xticks(range(lanes), [_branch_of_lane(nodes, i) for i in range(lanes)],
+                      fontsize=8)
+    else:
+        ax.set_xticks(range(lanes), [])
+        ax.set_title(f"{lanes} branches, too many to name here (list() gives each "
+                     "checkpoint's)", fontsize=8)
     ax.xaxis.tick_top()
     ax.set_yticks([])
     for side in ("right", "bottom", "left"):
@@ -451,13 +465,16 @@ def plot_compare(store: StoreLike, ids: str | Iterable[str],
     """The metrics of 2+ checkpoints side by side: a panel per metric, each with its own
     y scale (a loss of 0.3 beside a perplexity of 300 would be a flat line), a bar per
     checkpoint named under it (no legend to outgrow the figure). A value missing or
-    infinite has no bar (a 0.0 bar would read as a real 0) but a mark: "n/a", "inf"."""
+    infinite has no bar (a 0.0 bar would read as a real 0) but a mark: "n/a", "inf". Of
+    more than ``COMPARE_MOST`` checkpoints the first are drawn (the title counts the rest)."""
     ids = id_list(ids)
     if table is None:
         with opened(store) as manager:
             table = manager.list()
             ids = [manager.resolve(i) for i in ids]
     ids = list(dict.fromkeys(ids))  # (a checkpoint chosen twice is one bar)
+    left_out = len(ids) - COMPARE_MOST
+    ids = ids[:COMPARE_MOST]
     if metrics:
         _check_metrics(metrics, metric_columns(table))
     names = list(dict.fromkeys(metrics)) if metrics else metric_columns(table)
@@ -473,6 +490,9 @@ def plot_compare(store: StoreLike, ids: str | Iterable[str],
     rows = math.ceil(len(names) / columns)
     fig = Figure(figsize=(max(5.0, columns * panel), rows * 2.8),
                  layout="constrained")
+    if left_out > 0:
+        fig.suptitle(f"the first {COMPARE_MOST} checkpoints asked for: the other {left_out} "
+                     "are not drawn", fontsize=9)
     colors = _id_colors(len(ids))
     for k, name in enumerate(names):
         ax = fig.add_subplot(rows, columns, k + 1)

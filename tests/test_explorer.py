@@ -1223,3 +1223,31 @@ def test_a_diff_of_many_tensors_draws_the_most_changed_and_counts_the_rest(
     assert change[drawn].min() >= change.drop(drawn).max()
     assert drawn == [t for t in diff["tensor"] if t in drawn]  # (in the diff's order)
     assert f"the {_plots.DIFF_BARS} most changed of {len(diff)} tensors" in ax.get_xlabel()
+
+
+def test_a_dag_of_many_branches_and_a_compare_of_many_stay_in_bounds(tmp_path: Path) -> None:
+    """plot_dag of many branches was as wide as they were many (150: 16,051 px); plot_compare
+    of 300 checkpoints 6,660 px and 4 s: the DAG's width is capped (its lanes unnamed past
+    what fits), the compare draws the first checkpoints and says how many it left out."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    root = mgr.save(model, metrics={"loss": 1.0}, step=0)
+    for k in range(_plots.DAG_LANES_NAMED + 4):  # a new branch per save after the first
+        mgr.restore(root, model=model)
+        mgr.save(model, metrics={"loss": 1.0 / (k + 2)}, step=1)
+    lanes = mgr.list()["branch"].nunique()
+    assert lanes > _plots.DAG_LANES_NAMED
+    fig = ckpt_nb.plot_dag(mgr)
+    assert fig.get_size_inches()[0] == _plots.DAG_WIDTH
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [""] * lanes
+    assert ax.get_title() == f"{lanes} branches, too many to name here (list() gives each " \
+        "checkpoint's)"
+    ids = list(mgr.list()["id"])
+    for _ in range(_plots.COMPARE_MOST + 3 - len(ids)):
+        ids.append(mgr.save(model, metrics={"loss": 0.1}))
+    fig = ckpt_nb.plot_compare(mgr, ids)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ids[:_plots.COMPARE_MOST]
+    assert fig.get_suptitle() == f"the first {_plots.COMPARE_MOST} checkpoints asked for: " \
+        "the other 3 are not drawn"
+    mgr.close()
