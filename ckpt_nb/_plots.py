@@ -284,8 +284,11 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
         ax.scatter(x_of[chosen.index], chosen[metric].astype("float64"), s=140,
                    facecolors="none", edgecolors="black", linewidths=1.8, zorder=5,
                    label="selected")
+    infinite = int((table[metric].astype("float64").abs() == math.inf).sum())
+    if infinite:  # (a diverged run's: no point to draw, but not nothing logged either)
+        x_label += f"\n{infinite} point{'s' * (infinite > 1)} at ±inf not shown"
     ax.set_xlabel(x_label)
-    ax.set_ylabel(metric)
+    ax.set_ylabel(_short(metric))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     return fig

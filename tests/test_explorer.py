@@ -1251,3 +1251,17 @@ def test_a_dag_of_many_branches_and_a_compare_of_many_stay_in_bounds(tmp_path: P
     assert fig.get_suptitle() == f"the first {_plots.COMPARE_MOST} checkpoints asked for: " \
         "the other 3 are not drawn"
     mgr.close()
+
+
+def test_plot_metrics_shortens_a_long_name_and_counts_infinite_points(tmp_path: Path) -> None:
+    """A long metric name was cut off as the y label; a ±inf value left out said nothing."""
+    name = "validation/" + "very_long_metric_name_" * 4 + "loss"
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    for step, value in enumerate([1.0, math.inf, 0.5, -math.inf, 0.25]):
+        mgr.save(torch.nn.Linear(2, 2), step=step, metrics={name: value})
+    ax = ckpt_nb.plot_metrics(mgr, name).axes[0]
+    mgr.close()
+    assert ax.get_ylabel() == _plots._short(name)
+    assert max(map(len, ax.get_ylabel().splitlines())) <= 28
+    assert ax.get_xlabel() == "step\n2 points at ±inf not shown"
+    assert sum(len(line.get_xdata()) for line in ax.get_lines()) == 3
