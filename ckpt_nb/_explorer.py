@@ -792,7 +792,7 @@ class Explorer(w.VBox):
 
     def _ask_rollback(self) -> None:
         self._check_store()
-        cid = self._one()
+        cid = self._resolve(self._one())
         restored, missing = self._restorable(cid, self._namespace())
         self._ask("rollback", cid, f"Roll the kernel's tracked objects and variables back to "
                                    f"{cid}? It restores {', '.join(restored)}"

@@ -1265,3 +1265,22 @@ def test_plot_metrics_shortens_a_long_name_and_counts_infinite_points(tmp_path: 
     assert max(map(len, ax.get_ylabel().splitlines())) <= 28
     assert ax.get_xlabel() == "step\n2 points at ±inf not shown"
     assert sum(len(line.get_xdata()) for line in ax.get_lines()) == 3
+
+
+def test_roll_back_names_a_checkpoint_deleted_underneath_as_pin_does(tmp_path: Path) -> None:
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    x, y = (mgr.save(model, step=s) for s in (1, 2))
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={"model": model}, poll_seconds=0)
+    try:
+        ui.select([y])
+        mgr.delete(y)  # another notebook's manager, before the table is read again
+        deleted = f"checkpoint {y} was deleted (by another process or notebook) since the " \
+            "table was read"
+        for button in (ui.pin_button, ui.rollback_button):
+            ui.status.value = ""
+            button.click()
+            assert deleted in html.unescape(ui.status.value), button.description
+    finally:
+        ui.close()
+        mgr.close()
