@@ -885,7 +885,12 @@ class Explorer(w.VBox):
     def unpin(self, which: str) -> str:
         self._drop_pending()
         self._check_store()
-        cid = self.manager.unpin(self._resolve(which))
+        cid = self._resolve(which)
+        row = self.manager.catalog.get(cid)
+        if row is not None and not row.pinned:
+            self._say(f"{cid} was not pinned: nothing to unpin")
+            return cid
+        self.manager.unpin(cid)
         self.refresh()
         self._say(f"unpinned {cid}")
         return cid

@@ -1284,3 +1284,19 @@ def test_roll_back_names_a_checkpoint_deleted_underneath_as_pin_does(tmp_path: P
     finally:
         ui.close()
         mgr.close()
+
+
+def test_unpin_of_a_checkpoint_not_pinned_says_so(tmp_path: Path) -> None:
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    cid = mgr.save(torch.nn.Linear(2, 2))
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        assert ui.unpin(cid) == cid
+        assert f"{cid} was not pinned: nothing to unpin" in ui.status.value
+        ui.pin(cid)
+        ui.unpin(cid)
+        assert f"unpinned {cid}" in ui.status.value
+        assert not ui.table_frame.set_index("id").loc[cid, "pinned"]
+    finally:
+        ui.close()
