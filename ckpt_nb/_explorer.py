@@ -29,7 +29,7 @@ import traitlets
 from . import _plots, _session
 from ._catalog import store_exists
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      StateMismatchError, StoreError)
+                      FileFormatError, MetricNotFoundError, StateMismatchError, StoreError)
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
 from ._store import FsspecStore
@@ -535,7 +535,8 @@ class Explorer(w.VBox):
     def sort(self, column: str, ascending: bool = True) -> list[str]:
         """Sort the table by a column; returns the ids in their new order."""
         if column not in self.table.columns:
-            raise CkptError(f"cannot sort by {column!r}: columns are {self.table.columns}")
+            raise MetricNotFoundError(f"cannot sort by {column!r}: columns are "
+                                      f"{self.table.columns}")
         self.table.ascending = ascending
         self.table.sort_by = column
         self._fill_table()
@@ -642,8 +643,8 @@ class Explorer(w.VBox):
 
     def _one(self) -> str:
         if len(self.selected) != 1:
-            raise CkptError("select one checkpoint first (click a row in Checkpoints or a "
-                            "node in DAG)")
+            raise CheckpointNotFoundError("select one checkpoint first (click a row in "
+                                          "Checkpoints or a node in DAG)")
         return self.selected[0]
 
     # -- drawing -------------------------------------------------------------------------
@@ -740,9 +741,9 @@ class Explorer(w.VBox):
                                    table=frame)
         if kind == "diff":
             if self.diff_a.value is None or self.diff_b.value is None:
-                raise CkptError("choose two checkpoints to diff (from and to)")
+                raise CheckpointNotFoundError("choose two checkpoints to diff (from and to)")
             return _plots.plot_diff(self.manager, self.diff_a.value, self.diff_b.value)
-        raise CkptError(f"no figure {kind!r}: use metrics, compare, dag or diff")
+        raise ValueError(f"no figure {kind!r}: use metrics, compare, dag or diff")
 
     # -- actions ---------------------------------------------------------------------------
     def _guard(self, action: Any, name: str | None = None) -> Any:
@@ -809,12 +810,13 @@ class Explorer(w.VBox):
         pending, self._pending_action = self._pending_action, None
         self.confirm_box.layout.display = "none"
         if pending is None:
-            raise CkptError("nothing awaits confirmation: press Roll back or Delete first")
+            raise CheckpointNotFoundError("nothing awaits confirmation: press Roll back or "
+                                          "Delete first")
         action, cid = pending
         name = "Roll back" if action == "rollback" else "Delete"
         if self.selected != [cid]:  # (the views and the buttons act on the selection)
-            raise CkptError(f"{cid} is no longer selected: nothing done; select it and press "
-                            f"{name} again")
+            raise CheckpointNotFoundError(f"{cid} is no longer selected: nothing done; select "
+                                          f"it and press {name} again")
         self._guard(lambda: self.rollback(cid) if action == "rollback" else self.delete(cid),
                     f"{name} of {cid}")
 
@@ -848,7 +850,7 @@ class Explorer(w.VBox):
             shell = get_ipython()
             if shell is not None:
                 return shell.user_ns
-        raise CkptError("no kernel namespace to roll back: outside IPython, pass "
+        raise StateMismatchError("no kernel namespace to roll back: outside IPython, pass "
                         "explore(store, namespace=globals())")
 
     def _restorable(self, cid: str, namespace: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -925,7 +927,7 @@ class Explorer(w.VBox):
         self._drop_pending()
         self._check_store()
         if not path:
-            raise CkptError("type a file name ending in .pt or .safetensors first")
+            raise FileFormatError("type a file name ending in .pt or .safetensors first")
         from ._interop import check_export_path, write_file
 
         target = os.path.expanduser(path)

@@ -1300,3 +1300,33 @@ def test_unpin_of_a_checkpoint_not_pinned_says_so(tmp_path: Path) -> None:
         assert not ui.table_frame.set_index("id").loc[cid, "pinned"]
     finally:
         ui.close()
+
+
+def test_the_explorers_refusals_are_also_the_matching_built_in(tmp_path: Path) -> None:
+    """Every refusal is a CkptError and the built-in a caller would catch without knowing
+    ckpt_nb (the README's promise; these were bare CkptErrors); a figure of no such kind is
+    a bad argument, a ValueError, as the manager's strategy= is."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    cid = mgr.save(torch.nn.Linear(2, 2))
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        with pytest.raises(ckpt_nb.MetricNotFoundError, match="cannot sort by 'loss'"):
+            ui.sort("loss")
+        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="select one checkpoint"):
+            ui._one()  # (what Pin, Unpin and Export act on)
+        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="choose two checkpoints"):
+            ui.figure("diff")
+        with pytest.raises(ValueError, match="no figure 'bogus'"):
+            ui.figure("bogus")
+        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="nothing awaits"):
+            ui._confirm()
+        with pytest.raises(ckpt_nb.FileFormatError, match="type a file name"):
+            ui.export(cid, "")
+        ui.select([cid])
+        ui._ask_delete()
+        ui.selected = []  # (a selection changed without withdrawing the question)
+        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="no longer selected"):
+            ui._confirm()
+    finally:
+        ui.close()
