@@ -851,7 +851,7 @@ class Explorer(w.VBox):
             if shell is not None:
                 return shell.user_ns
         raise StateMismatchError("no kernel namespace to roll back: outside IPython, pass "
-                        "explore(store, namespace=globals())")
+                                 "explore(store, namespace=globals())")
 
     def _restorable(self, cid: str, namespace: dict[str, Any]) -> tuple[list[str], list[str]]:
         """What a rollback to ``cid`` would restore and the objects it would not, asked
