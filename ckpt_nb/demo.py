@@ -6,7 +6,10 @@ Run it with ``python -m ckpt_nb.demo [DIR]``; it needs scikit-learn.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -75,8 +78,32 @@ def main(argv: list[str] | None = None) -> int:
     report = mgr.verify()
     print(f"verify: {len(report.checked)} checkpoints, "
           f"{'all good' if report.ok else f'bad: {list(report.bad)}'}")
-    print(f"\nTry: ckpt-nb ls {directory}    ckpt-nb diff {directory} -1 latest")
+    store = shlex.quote(str(directory))
+    cli = cli_command()
+    print(f"\nTry: {cli} ls {store}    {cli} diff {store} -1 latest")
     return 0
+
+
+def cli_command() -> str:
+    """How the user can run this interpreter's ``ckpt-nb`` from a shell: plain where
+    PATH finds that script (an active venv), else by its path (the README's setup leaves
+    the venv inactive, where a plain ``ckpt-nb`` is not found, or is another install's)."""
+    script = shutil.which("ckpt-nb", path=os.path.dirname(sys.executable))
+    if script is None:  # (ckpt_nb not installed here, only on the path: run as a module)
+        return f"{shlex.quote(shortest_path(sys.executable))} -m ckpt_nb"
+    found = shutil.which("ckpt-nb")
+    if found is not None and os.path.samefile(found, script):
+        return "ckpt-nb"
+    return shlex.quote(shortest_path(script))
+
+
+def shortest_path(path: str) -> str:
+    """``path`` relative to the working folder where that is shorter (.venv/bin/ckpt-nb)."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # (another drive, on Windows)
+        return path
+    return relative if len(relative) < len(path) else path
 
 
 if __name__ == "__main__":

@@ -4,8 +4,14 @@ columns, every command of the CLI, and a demo whose last line runs as printed.""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from ckpt_nb import CheckpointManager, MemoryStore
 from ckpt_nb.cli import _parser
@@ -45,3 +51,29 @@ def test_the_readme_and_the_storage_notebook_name_every_cli_command() -> None:
                    if cell["cell_type"] == "markdown"
                    and "".join(cell["source"]).startswith("## The command line"))
     assert [c for c in commands if f"`{c}`" not in listing] == []
+
+
+@pytest.mark.parametrize("venv_active", [False, True])
+def test_the_demos_last_line_runs_as_printed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        venv_active: bool) -> None:
+    """It said "Try: ckpt-nb ls runs/demo", which the README's one command, leaving the
+    venv inactive, does not find: it names the venv's ckpt-nb by its path then."""
+    from ckpt_nb import demo
+
+    scripts = os.path.dirname(sys.executable)
+    others = [p for p in os.environ["PATH"].split(os.pathsep)
+              if p and os.path.realpath(p) != os.path.realpath(scripts)]
+    monkeypatch.setenv("PATH", os.pathsep.join([scripts, *others] if venv_active else others))
+    monkeypatch.chdir(tmp_path)
+    assert demo.main(["runs/my demo"]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("Try: "), last
+    ls, diff = (shlex.split(command) for command in last[len("Try: "):].split("    "))
+    assert ls[0] == "ckpt-nb" if venv_active else os.path.isfile(ls[0]), ls
+    assert ls[1:] == ["ls", "runs/my demo"] and diff[1:] == ["diff", "runs/my demo", "-1",
+                                                            "latest"]
+    for command in (ls, diff):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    assert "val_loss" in done.stdout or "model/" in done.stdout, done.stdout
