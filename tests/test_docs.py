@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import ckpt_nb
 from ckpt_nb import CheckpointManager, MemoryStore
 from ckpt_nb.cli import _parser
 
@@ -20,9 +21,29 @@ ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
 
 
+def readme_code() -> str:
+    """The README's code: its fenced blocks and its inline code spans."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", README, flags=re.M | re.S)
+    prose = re.sub(r"^```[^\n]*\n.*?^```", "", README, flags=re.M | re.S)
+    return "\n".join([*blocks, *re.findall(r"`([^`]+)`", prose)])
+
+
 def section(title: str) -> str:
     """The README's section of that title, up to the next one."""
     return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_names_every_public_name_and_every_manager_method() -> None:
+    """Fourteen names of __all__ and eight of CheckpointManager's methods (load, which an
+    error message suggests, among them) were in no line of it."""
+    code = readme_code()
+    missing = [name for name in ckpt_nb.__all__ if not re.search(rf"\b{name}\b", code)]
+    methods = [name for name, value in vars(CheckpointManager).items()
+               if callable(value) and not name.startswith("_")]
+    missing += [f"CheckpointManager.{name}()" for name in methods  # (not torch.load())
+                if not re.search(rf"(?<![\w.]){name}\(|(mgr|CheckpointManager)\.{name}\b",
+                                 code)]
+    assert not missing, f"the README's code never names {missing}"
 
 
 def test_the_readme_names_each_column_of_list() -> None:
