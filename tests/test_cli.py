@@ -262,7 +262,9 @@ def test_file_system_errors_are_one_line(store: Store, tmp_path: Path, make: str
     if make == "file":  # the export's folder is a file
         (tmp_path / "afile").touch()
         argv: list[object] = ["export", store.directory, "latest", tmp_path / "afile" / "x.pt"]
-        expected = f"ckpt-nb: cannot export to {tmp_path / 'afile' / 'x.pt'}: File exists: "
+        expected = (f"ckpt-nb: cannot export to {tmp_path / 'afile' / 'x.pt'}: a file is in "
+                    "the way, where the export needs a folder: choose another path, or move "
+                    "the file: ")
         named = tmp_path / "afile"
     elif make == "directory":  # the export's target is a folder
         (tmp_path / "d.pt").mkdir()
