@@ -11,7 +11,7 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
     ├── FileFormatError (+ ValueError)              a file ckpt_nb cannot read or write
     ├── UntrustedPickleError (+ PermissionError)    pickled data without trust_pickle=True
     ├── StoreFormatError (+ RuntimeError)           store written by a newer ckpt_nb
-    ├── CheckpointInUseError (+ PermissionError)    pinned, or needed by another
+    ├── CheckpointInUseError (+ PermissionError)    delete() of a pinned checkpoint
     ├── StoreError (+ OSError)                      the storage backend failed
     └── CaptureError (+ TypeError)                  a value cannot be checkpointed
 """
@@ -74,7 +74,7 @@ class StoreFormatError(CkptError, RuntimeError):
 
 
 class CheckpointInUseError(CkptError, PermissionError):
-    """The checkpoint is pinned, or another checkpoint still needs it."""
+    """The checkpoint is pinned: unpin it (or delete with force=True) first."""
 
 
 class StoreError(CkptError, OSError):
