@@ -1896,7 +1896,9 @@ class AutoSession:
             f"{'it' if len(missing) == 1 else 'them'})" if missing else ""
         where = ", ".join(f"{label} {value}" for label, value in
                           (("epoch", ck.epoch), ("step", ck.step)) if value is not None)
-        self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}: restored "
+        best = f", best by {self.manager.metric} ({self.manager.mode})" \
+            if str(which) == "best" else ""
+        self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}{best}: restored "
                  f"{', '.join(restored)}{left}{saved.unread()}; the next save starts a branch "
                  "from it")
         return ck.id
@@ -2057,21 +2059,30 @@ def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
     position as head. A plain manager knows no metric: every row's best was False."""
     manager = CheckpointManager(directory)
     try:
-        for row in reversed(manager.catalog.checkpoints()):
-            with contextlib.suppress(CkptError, KeyError, TypeError):
-                run = manager._saved_extra(row.id).get(RUN_KEY)
-                if isinstance(run, dict):
-                    on, keep_best = run.get("on"), run.get("keep_best")
-                    if isinstance(on, (list, tuple)) and len(on) == 2 and \
-                            isinstance(on[0], str) and on[1] in ("min", "max"):
-                        manager.metric, manager.mode = on
-                        manager.keep_best = keep_best if is_count(keep_best) else None
-                    break
+        ranking = _written_ranking(manager)
+        if ranking is not None:
+            (manager.metric, manager.mode), manager.keep_best = ranking
         manager.head = kernel_position(manager)
     except BaseException:
         manager.close()
         raise
     return manager
+
+
+def _written_ranking(manager: CheckpointManager) -> tuple[tuple[str, str], int | None] | None:
+    """The ``--on`` metric and ``--keep-best`` of the session that wrote the store's newest
+    run record, or None where it ranked by none: a store is ranked (its best, listed or
+    rolled back to) as it was written, not by another session's options."""
+    for row in reversed(manager.catalog.checkpoints()):
+        with contextlib.suppress(CkptError, KeyError, TypeError):
+            run = manager._saved_extra(row.id).get(RUN_KEY)
+            if isinstance(run, dict):
+                on, keep_best = run.get("on"), run.get("keep_best")
+                if isinstance(on, (list, tuple)) and len(on) == 2 and \
+                        isinstance(on[0], str) and on[1] in ("min", "max"):
+                    return (on[0], on[1]), keep_best if is_count(keep_best) else None
+                return None
+    return None
 
 
 def kernel_position(store: str | os.PathLike[str] | CheckpointManager) -> str | None:
@@ -2301,15 +2312,26 @@ def _session_for(directory: str | os.PathLike[str] | None,
             "nothing to roll back: no ckpt_nb session has run in this process; run "
             "%ckpt_auto first, or pass directory= and namespace=")
     config, last_namespace = _last or (AutoConfig(), {})
+    last_store = config.directory or default_directory(last_namespace)
+    config = dataclasses.replace(config, directory=last_store)
+    another_store = directory is not None and (
+        _last is None or store_url(directory) != store_url(last_store))
     if directory is not None:
         if not store_exists(directory):
             raise CheckpointNotFoundError(f"no checkpoint store at {directory}" + (
                 why_no_store(os.fspath(directory)) or ": give the --dir of a %ckpt_auto run"))
-        config = dataclasses.replace(config, directory=os.fspath(directory))
-    elif config.directory is None:
-        config = dataclasses.replace(config, directory=default_directory(last_namespace))
+        # Another store's own settings, not the last session's: its --on ranked a "best"
+        # of this store by a metric it never had, and its --track left out what this
+        # store's checkpoints hold.
+        config = AutoConfig(directory=os.fspath(directory),
+                            max_variable_bytes=config.max_variable_bytes) if another_store \
+            else dataclasses.replace(config, directory=os.fspath(directory))
     temporary = AutoSession(config, namespace if namespace is not None else last_namespace)
     try:
+        ranking = _written_ranking(temporary.manager) if another_store else None
+        if ranking is not None:
+            temporary.manager.metric, temporary.manager.mode = ranking[0]
+            temporary.config = dataclasses.replace(config, on=ranking[0])
         yield temporary
     finally:
         temporary.close()

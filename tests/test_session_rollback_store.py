@@ -1,0 +1,93 @@
+"""A rollback to a store other than the last session's: ranked and restored by that
+store's own settings, not the last session's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+import ckpt_nb
+from ckpt_nb import _session
+
+SETUP = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+VL = [0.5, 0.1, 0.9]; ACC = [0.9, 0.2, 0.5]   # val_loss's best is epoch 1, acc's epoch 0
+"""
+
+LOOP = """
+for epoch in ckpt_nb.epochs(3):
+    for i in ckpt_nb.batches(range(2)):
+        opt.zero_grad(); model(torch.ones(2)).sum().backward(); opt.step()
+    ckpt_nb.log(val_loss=VL[epoch], acc=ACC[epoch])
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts like a new kernel: no last session, no kernel position."""
+    monkeypatch.setattr(_session, "_last", None)
+    monkeypatch.setattr(_session, "_positions", {})
+    monkeypatch.setattr(_session, "_position_events", {})
+    monkeypatch.setattr(_session, "_left_values", {})
+
+
+def run(sh: InteractiveShell, code: str) -> None:
+    result = sh.run_cell(code, store_history=False)
+    assert result.success, result.error_in_exec or result.error_before_exec
+
+
+def best_by(store: Path, metric: str, mode: str) -> str:
+    table = ckpt_nb.CheckpointManager(store).list()
+    pick = table[metric].idxmin() if mode == "min" else table[metric].idxmax()
+    return str(table["id"][pick])
+
+
+def test_best_of_another_store_is_ranked_by_that_stores_metric(shell, tmp_path: Path,
+                                                                capsys) -> None:
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --on val_loss:min --every-steps 2" + LOOP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'b'} --on acc:max --every-steps 2" + LOOP)
+    capsys.readouterr()
+    run(shell, f"%ckpt_rollback --dir {tmp_path / 'a'} best")
+    wanted = best_by(tmp_path / "a", "val_loss", "min")
+    assert wanted != best_by(tmp_path / "a", "acc", "max")
+    assert f"rolled back to {wanted} " in capsys.readouterr().out
+    assert _session.kernel_position(tmp_path / "a") == wanted
+
+
+def test_best_of_a_store_in_a_fresh_kernel_is_ranked_by_its_metric(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README: rollback to best works after a cell has ended, on --dir DIR too."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --on val_loss:min --every-steps 2" + LOOP)
+    monkeypatch.setattr(_session, "_last", None)  # (a new kernel)
+    monkeypatch.setattr(_session, "_positions", {})
+    wanted = best_by(tmp_path / "a", "val_loss", "min")
+    capsys.readouterr()
+    run(shell, f"%ckpt_rollback --dir {tmp_path / 'a'} best")
+    assert f"rolled back to {wanted} (epoch 2, step 4), best by val_loss (min): " \
+        in capsys.readouterr().out
+    assert ckpt_nb.rollback("best", directory=tmp_path / "a", namespace=shell.user_ns) == wanted
+
+
+def test_another_store_restores_what_it_holds_not_what_the_last_session_tracked(
+        shell, tmp_path: Path, capsys) -> None:
+    """The last session tracked the model alone: a rollback to a store that holds the
+    optimizer too puts its momentum back, not the later training's."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'}" + LOOP)
+    saved = ckpt_nb.CheckpointManager(tmp_path / "a").load("latest").state["opt"]
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'b'} --track model" + LOOP)
+    capsys.readouterr()
+    run(shell, f"%ckpt_rollback --dir {tmp_path / 'a'} latest")
+    out = capsys.readouterr().out
+    assert "restored model, opt" in out and "not opt" not in out
+    live = shell.user_ns["opt"].state_dict()["state"]
+    assert all(torch.equal(live[k]["momentum_buffer"], saved["state"][k]["momentum_buffer"])
+               for k in saved["state"])
