@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -702,6 +703,65 @@ class _Gradients:
             if bool(_data_of(g)[-1].any()):
                 return True
         return False
+
+
+def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a variable: itself, or those in its dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+
+
+def _storage(tensor: torch.Tensor) -> int | None:
+    """The address of a tensor's storage (its detached copies and views share it), or
+    None where it has no plain one: sparse, nested, meta, empty."""
+    if tensor.layout is not torch.strided or tensor.is_nested or tensor.is_meta or \
+            not tensor.numel():
+        return None
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # (a tensor subclass without one)
+        return None
+
+
+def _orphaned_optimizers(names: Iterable[str], found: Discovery) -> list[str]:
+    """Why each optimizer of ``names`` drives the parameters of a module that is gone:
+    none of the tensors of the tracked objects (their state) or variables, but tensors
+    shaped as a tracked module's parameters. The module's cell was run again
+    (``model = ...``) and the optimizer's was not: restoring both put the model back while
+    the optimizer went on stepping the old one's parameters, and the model never trained
+    again."""
+    modules = {n: m for n, m in found.statefuls.items() if isinstance(m, torch.nn.Module)}
+    tensors = [p for m in modules.values() for p in m.parameters()]
+    tensors += [t for value in found.variables.values() for t in _tensors_in(value)]
+    for obj in found.statefuls.values():
+        if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
+            try:  # (another object holding the module: a wrapper of the user's own)
+                tensors += _tensors_in(obj.state_dict())
+            except Exception:  # noqa: BLE001 - its own save or load names its failure
+                continue
+    held = {_storage(t) for t in tensors} - {None}
+    orphaned = []
+    for name in names:
+        optimizer = found.statefuls.get(name)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            continue
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        storages = {_storage(p) for p in params} - {None}
+        if not storages or storages & held:
+            continue
+        shapes = Counter(tuple(p.shape) for p in params)
+        like = next((n for n, m in modules.items()
+                     if not shapes - Counter(tuple(p.shape) for p in m.parameters())), None)
+        if like is not None:
+            orphaned.append(f"{name} drives parameters of no tracked module (was `{like}` "
+                            f"re-created after it?)")
+    return orphaned
 
 
 def _first_gradient(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
@@ -1492,6 +1552,11 @@ class AutoSession:
                 f"its module's globals, not {', '.join(unseen)} among the function's locals, "
                 "and the loop would go on from the saved position with them as they are now; "
                 "pass namespace=locals() (or auto(resume=False) not to resume)")
+        orphaned = _orphaned_optimizers([_live_name(key) for key in ck.state], self.discovery)
+        if orphaned:  # (the loop would step them, and the model would never train)
+            raise StateMismatchError(
+                f"not resuming checkpoint {ck.id} (step {ck.step}): {'; '.join(orphaned)}: "
+                "re-create the optimizer (run its cell again), then run this cell again")
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
@@ -1867,8 +1932,14 @@ class AutoSession:
         extra = state.get("extra") if isinstance(state, dict) else None
         run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
         names = _variable_names(cid, run.get("variables")) if isinstance(run, dict) else []
-        live = self.rediscover().statefuls
+        found = self.rediscover()
+        live = found.statefuls
         objects = [_live_name(key) for key in state.get("types") or {}]
+        orphaned = _orphaned_optimizers([n for n in objects if n in live], found)
+        if orphaned:  # (refused before anything changes: a rollback is all or nothing)
+            raise StateMismatchError(
+                f"not rolling back to {cid}: {'; '.join(orphaned)}: re-create the optimizer "
+                "(run its cell again), then roll back")
         variables = [n for n in names if self._assignable(n, live)]
         return RollbackPlan(cid, [n for n in objects if n in live] + variables,
                             [n for n in objects if n not in live]

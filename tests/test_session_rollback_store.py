@@ -91,3 +91,82 @@ def test_another_store_restores_what_it_holds_not_what_the_last_session_tracked(
     live = shell.user_ns["opt"].state_dict()["state"]
     assert all(torch.equal(live[k]["momentum_buffer"], saved["state"][k]["momentum_buffer"])
                for k in saved["state"])
+
+
+REBIND_SETUP = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+_FAIL_AT = None
+"""
+
+REBIND_TRAIN = """%%ckpt_auto --dir {dir} --every-steps 3
+for epoch in ckpt_nb.epochs(2):
+    for i, _ in ckpt_nb.batches(range(3)):
+        opt.zero_grad(); model(torch.ones(1, 4)).sum().backward(); opt.step()
+        if _FAIL_AT == (epoch, i):
+            raise RuntimeError("stop")
+"""
+
+
+def test_a_rollback_into_a_model_re_created_after_its_optimizer_is_refused(
+        shell, tmp_path: Path) -> None:
+    """The model cell run again, the optimizer cell not: the optimizer steps the old
+    model's parameters. A rollback said it restored both; the cell run again after it
+    trained nothing."""
+    run(shell, REBIND_SETUP)
+    run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    run(shell, "model = torch.nn.Linear(4, 2)")
+    before = shell.user_ns["model"].weight.detach().clone()
+    result = shell.run_cell("%ckpt_rollback -1", store_history=False)
+    message = str(result.error_in_exec)
+    assert "opt drives parameters of no tracked module (was `model` re-created after it?)" \
+        in message and "re-create the optimizer" in message
+    assert torch.equal(shell.user_ns["model"].weight, before)  # (nothing changed)
+    assert _session.kernel_position(tmp_path / "s") != \
+        ckpt_nb.CheckpointManager(tmp_path / "s").resolve("-1")
+    run(shell, "opt = torch.optim.SGD(model.parameters(), lr=0.1)")
+    run(shell, "%ckpt_rollback -1")
+    after = shell.user_ns["model"].weight.detach().clone()
+    run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    assert not torch.equal(shell.user_ns["model"].weight, after)
+
+
+def test_a_resume_into_a_model_re_created_after_its_optimizer_is_refused(
+        shell, tmp_path: Path) -> None:
+    run(shell, REBIND_SETUP)
+    run(shell, "_FAIL_AT = (1, 1)")
+    assert not shell.run_cell(REBIND_TRAIN.format(dir=tmp_path / "s"),
+                              store_history=False).success
+    run(shell, "model = torch.nn.Linear(4, 2); _FAIL_AT = None")
+    before = shell.user_ns["model"].weight.detach().clone()
+    result = shell.run_cell(REBIND_TRAIN.format(dir=tmp_path / "s"), store_history=False)
+    assert "not resuming checkpoint" in str(result.error_in_exec)
+    assert "opt drives parameters of no tracked module" in str(result.error_in_exec)
+    assert torch.equal(shell.user_ns["model"].weight, before)
+    run(shell, "opt = torch.optim.SGD(model.parameters(), lr=0.1)")
+    run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    assert not torch.equal(shell.user_ns["model"].weight, before)
+
+
+def test_an_optimizer_of_a_tensor_variable_or_another_shape_is_not_taken_for_orphaned(
+        shell, tmp_path: Path) -> None:
+    """Only parameters shaped as a tracked module's, in none of the tracked objects or
+    variables, are a re-created module's: a tensor trained directly, or a module an
+    object of the user's own holds, is not."""
+    run(shell, "import torch, ckpt_nb\nmodel = torch.nn.Linear(4, 2)\n"
+               "w = torch.zeros(2, 4, requires_grad=True)\n"
+               "opt = torch.optim.SGD([w], lr=0.1)\n"
+               "class Holder:\n"
+               "    def __init__(self): self.net = torch.nn.Linear(4, 2)\n"
+               "    def state_dict(self): return self.net.state_dict()\n"
+               "    def load_state_dict(self, state): self.net.load_state_dict(state)\n"
+               "holder = Holder()\n"
+               "opt2 = torch.optim.SGD(holder.net.parameters(), lr=0.1)")
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 's'}\n"
+               "for step in ckpt_nb.batches(range(3)):\n"
+               "    opt.zero_grad(); (w.sum() + model(torch.ones(4)).sum()).backward()\n"
+               "    opt.step(); opt2.zero_grad(); holder.net(torch.ones(4)).sum().backward()\n"
+               "    opt2.step()")
+    run(shell, "%ckpt_rollback latest")
