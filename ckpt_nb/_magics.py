@@ -78,8 +78,8 @@ class CkptMagics(Magics):
               "papermill jobs)")
     @argument("--every-steps", type=int, default=None,
               help="save N optimizer steps after the last save")
-    @argument("--every-seconds", type=float, default=None,
-              help="save S seconds after the last save")
+    @argument("--every-seconds", default=None, help="save S seconds after the last save: "
+              "a number of seconds (90), or a duration as --every takes (10m)")
     @argument("--every", default=None, help="save a duration after the last save: 90s, 10m, "
               "2h, 1d, or a number of seconds (90)")
     @argument("--on", default=None, help="save when METRIC (as ckpt_nb.log() names it) "
@@ -89,7 +89,10 @@ class CkptMagics(Magics):
               help="keep the newest N checkpoints of this cell's run")
     @argument("--keep-best", type=int, default=None,
               help="keep the best K checkpoints of this cell's run by the --on metric")
-    @argument("--strategy", default="full", choices=("full", "incremental", "differential"))
+    @argument("--strategy", default="full", choices=("full", "incremental", "differential"),
+              help="how a checkpoint stores its chunks: full (the default: every chunk, "
+              "deduplicated), incremental (a changed chunk as its XOR against the parent's) "
+              "or differential (XOR against the branch's last full checkpoint)")
     @argument("--track", default=None, help="comma-separated names to track (else discovery)")
     @argument("--no-resume", action="store_true",
               help="do not resume the cell's unfinished run: train on from the objects as "
@@ -125,7 +128,8 @@ class CkptMagics(Magics):
         session = self._start(config, nested=True)
         try:
             try:
-                session.begin_cell(cell, cell_id=self._cell_id)
+                session.begin_cell(cell, cell_id=self._cell_id, store_from=None if args.dir
+                                   else "CkptMagics.default_dir" if self.default_dir else None)
             except CaptureError as exc:  # (a --track name not defined: nothing ran)
                 raise UsageError(f"%ckpt_auto: {exc}") from None
             try:
@@ -139,7 +143,7 @@ class CkptMagics(Magics):
         return value
 
     def _config(self, args: Any) -> AutoConfig:
-        for name in ("dir", "every", "on", "track"):
+        for name in ("dir", "every", "every_seconds", "on", "track"):
             setattr(args, name, _unquoted(getattr(args, name)))
         if args.every is not None and args.every_seconds is not None:
             raise ValueError("--every and --every-seconds say the same: give one of them")
@@ -147,9 +151,8 @@ class CkptMagics(Magics):
             if getattr(args, name) is not None and not getattr(args, name).strip(" ,"):
                 raise ValueError(f"--{name} is empty: name what it should "
                                  + ("watch (METRIC:min)" if name == "on" else "track (a,b)"))
-        every_seconds = args.every_seconds
-        if args.every is not None:
-            every_seconds = parse_duration(args.every)
+        every = args.every if args.every is not None else args.every_seconds
+        every_seconds = parse_duration(every) if every is not None else None
         on = parse_metric_trigger(args.on) if args.on else None
         return AutoConfig(  # (which checks the values)
             directory=args.dir or self.default_dir or None, every_steps=args.every_steps,

@@ -942,11 +942,13 @@ class AutoSession:
         return self.discovery
 
     def begin_cell(self, source: str | None = None, cell_id: str | None = None,
-                   *, unseen: Iterable[str] = ()) -> None:
+                   *, unseen: Iterable[str] = (), store_from: str | None = None) -> None:
         """Start of a training cell: report what is tracked, find a run to resume.
         ``cell_id`` is the notebook's id of the cell, where the front end sends one;
         ``unseen``, the stateful objects of a function that called ``auto()`` without
-        ``namespace=locals()``, which the session does not see."""
+        ``namespace=locals()``, which the session does not see; ``store_from``, the
+        setting the store came from where the cell named none (the start line names the
+        store then, as it does the default one)."""
         self.cell_hash = hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
         self.cell_id = cell_id
         self._finished = None
@@ -963,8 +965,8 @@ class AutoSession:
             raise CaptureError(f"--track (track=) names {', '.join(undefined)}, which "
                             f"{'is' if len(undefined) == 1 else 'are'} not defined: nothing "
                             "ran; fix the name or define it first")
-        default = "" if self.config.directory else \
-            f" -> {location(self.manager.store)} (the default store)"
+        store_from = store_from or (None if self.config.directory else "the default store")
+        default = f" -> {location(self.manager.store)} ({store_from})" if store_from else ""
         self.say(found.summary() + default)
         unseen = list(unseen)
         if not found.statefuls or unseen:
@@ -1662,7 +1664,9 @@ class AutoSession:
                 not self._ended(newest[1], newest[0]):
             self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
                      "cell, or this one before an edit): not resuming it here; "
-                     f"to resume it, {_rollback_advice(newest[0])}")
+                     "to resume it, "
+                     + _rollback_advice(newest[0], self.config.directory
+                                        or location(self.manager.store)))
         return None
 
     def _own_run_after(self, checkpoint_id: str) -> str | None:
@@ -2520,13 +2524,13 @@ def _statement_running(frame: FrameType, source: str) -> ast.stmt | None:
     return found
 
 
-def _rollback_advice(checkpoint_id: str) -> str:
+def _rollback_advice(checkpoint_id: str, directory: str) -> str:
     """How to take a run over where ckpt_nb runs: the magic in IPython, the function in a
-    script (which has no cell to run again)."""
+    script (which has no cell to run again) with the store's ``directory`` written out."""
     if _in_ipython():
         return f"`%ckpt_rollback {checkpoint_id}`, then run this cell again"
-    return (f"call `ckpt_nb.rollback({checkpoint_id!r}, directory=..., namespace=globals())` "
-            "before the block, or give the block a name= of its own")
+    return (f"call `ckpt_nb.rollback({checkpoint_id!r}, directory={directory!r}, "
+            "namespace=globals())` before the block, or give the block a name= of its own")
 
 
 def _in_ipython() -> bool:

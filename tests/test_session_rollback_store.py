@@ -170,3 +170,53 @@ def test_an_optimizer_of_a_tensor_variable_or_another_shape_is_not_taken_for_orp
                "    opt.step(); opt2.zero_grad(); holder.net(torch.ones(4)).sum().backward()\n"
                "    opt2.step()")
     run(shell, "%ckpt_rollback latest")
+
+
+def test_every_seconds_takes_a_duration_as_every_and_auto_do(shell, tmp_path: Path) -> None:
+    """auto(every_seconds="10m") was taken; %%ckpt_auto --every-seconds 10m was argparse's
+    "invalid float value"."""
+    run(shell, f"%ckpt_auto --dir {tmp_path / 's'} --every-seconds 10m")
+    assert _session.active().config.every_seconds == 600
+    run(shell, "%ckpt_auto --off")
+    run(shell, f"%ckpt_auto --dir {tmp_path / 's'} --every-seconds 90")
+    assert _session.active().config.every_seconds == 90
+    run(shell, "%ckpt_auto --off")
+    bad = shell.run_cell("%ckpt_auto --every-seconds 10x", store_history=False)
+    assert "cannot read '10x' as a duration" in str(bad.error_in_exec)
+
+
+def test_every_option_of_ckpt_auto_has_help_and_strategy_names_its_default() -> None:
+    from ckpt_nb._magics import CkptMagics
+
+    parser = CkptMagics.ckpt_auto.parser
+    assert all(action.help for action in parser._actions if action.dest != "help")
+    strategy = next(a for a in parser._actions if a.dest == "strategy")
+    assert "full (the default" in strategy.help
+
+
+def test_a_cell_on_the_configured_default_dir_says_where_it_writes(
+        shell, tmp_path: Path, capsys) -> None:
+    """The line form said "-> .../runs"; a cell on CkptMagics.default_dir said nothing."""
+    run(shell, "import torch, ckpt_nb\nmodel = torch.nn.Linear(2, 2)")
+    run(shell, f'%config CkptMagics.default_dir = "{tmp_path / "runs"}"')
+    try:
+        capsys.readouterr()
+        run(shell, "%%ckpt_auto\nx = 1")
+        assert f"-> {tmp_path / 'runs'} (CkptMagics.default_dir)\n" in capsys.readouterr().out
+        run(shell, f"%%ckpt_auto --dir {tmp_path / 'other'}\nx = 1")
+        assert " -> " not in capsys.readouterr().out
+    finally:
+        run(shell, '%config CkptMagics.default_dir = ""')
+
+
+def test_a_scripts_edited_block_is_told_the_rollback_with_its_directory(
+        tmp_path: Path) -> None:
+    """The hint said `directory=...` where the store was known."""
+    from test_auto_blocks import SKIPPED
+    from test_session_jobs import script
+
+    script(tmp_path, "train.py", SKIPPED, die=True)
+    again = script(tmp_path, "train.py", SKIPPED.replace("train(model, opt, 3, die_at=25)",
+                                                         "train(model, opt, 4)"))
+    assert "directory='store', namespace=globals())` before the block" in again.stdout, \
+        again.stdout
