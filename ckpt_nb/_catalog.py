@@ -175,6 +175,18 @@ class DamagedCatalog(StoreError):
         self.what = what
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``; None where there is none (an
+    in-memory catalog, or a file deleted meanwhile)."""
+    if str(path) == ":memory:":
+        return None
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 class _Closed:
     """Stands in for a closed database, so that using it says what happened (sqlite3's
     own "Cannot operate on a closed database" names no file and no way out)."""
@@ -256,6 +268,7 @@ class Catalog:
             raise self._unopenable(exc) from exc
         try:
             self._open(seed)
+            self.file_id = _file_id(self.path)
         except BaseException as exc:
             self._db.close()
             if isinstance(exc, sqlite3.OperationalError):
@@ -320,6 +333,12 @@ class Catalog:
                 f"catalog {self.path} has format {found}, newer than this ckpt_nb "
                 f"reads ({SCHEMA_VERSION}): upgrade ckpt_nb to open it"
             )
+
+    def replaced(self) -> bool:
+        """Whether the file at ``path`` is no longer the one this catalog opened (it was
+        deleted, or deleted and made again by another manager's rebuild): writes here
+        would go into a file no other process reads."""
+        return self.file_id is not None and _file_id(self.path) != self.file_id
 
     def close(self) -> None:
         """Close the database; any later use raises a StoreError that says so."""

@@ -483,11 +483,12 @@ class CheckpointManager:
         handle.flush()
 
     def _reopen_if_removed(self) -> None:
-        """Open the catalog again where its cache was removed, rebuilt from the store
-        (saves would go on into the removed file, for no other process to see)."""
+        """Open the catalog again where its file was removed (an object store's cache
+        cleaned; a local store's catalog deleted to be rebuilt), or replaced by another
+        manager's rebuild: saves would go on into the removed file, for no other
+        process to see, and a gc from it deleted the other manager's checkpoints."""
         catalog = getattr(self, "catalog", None)  # (None while it is first opened)
-        if catalog is not None and local_root(self.store) is None and \
-                not catalog.path.exists():
+        if catalog is not None and catalog.replaced():
             # (the old one is left open: another thread may be reading it)
             self.catalog = self._open_catalog(str(catalog.path))
 

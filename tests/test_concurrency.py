@@ -1,0 +1,64 @@
+"""Several processes on one local store: a catalog deleted or kept elsewhere, a lock file
+deleted, retention in one process under a restore in another, close() under a save. Each
+test runs the other side as a real process (or thread) against real SQLite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import torch
+
+from ckpt_nb import CheckpointManager
+
+
+def python(code: str, *, stdin: int | None = None) -> subprocess.Popen[str]:
+    """``code`` run by another Python process, its output piped."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def ids_saved_by(code: str) -> list[str]:
+    """The ids another process prints, one a line, once it has run ``code``."""
+    out, err = python(code).communicate(timeout=120)
+    assert err.count("Error") == 0, err
+    return out.split()
+
+
+def every_one_loads(store: Path, ids: list[str]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a rebuild's warning)
+        with CheckpointManager(store) as fresh:
+            for cid in ids:
+                fresh.load(cid)
+
+
+def test_a_catalog_deleted_under_a_manager_is_opened_again_rebuilt(tmp_path: Path) -> None:
+    """The README fixes a bad catalog by deleting it: a manager that had it open went on
+    saving into the deleted file, and its gc deleted what a manager on the rebuilt
+    catalog saved."""
+    store = tmp_path / "store"
+    model = torch.nn.Linear(64, 64)
+    first = CheckpointManager(store)
+    ids = [first.save(model, epoch=epoch) for epoch in range(2)]
+    for path in store.glob("catalog.sqlite*"):
+        if path.suffix != ".lock":
+            path.unlink()
+    ids += ids_saved_by(f"""
+        import torch, warnings
+        from ckpt_nb import CheckpointManager
+        warnings.simplefilter("ignore")  # (the rebuild's)
+        with CheckpointManager({str(store)!r}) as mgr:
+            model = torch.nn.Linear(64, 64)
+            print(mgr.save(model, epoch=0), mgr.save(model, epoch=1))
+        """)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ids.append(first.save(model, epoch=2))
+        report = first.gc()
+    first.close()
+    assert report.manifests_deleted == report.packs_deleted == 0
+    every_one_loads(store, ids)
