@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 # The meta flag set once the store holds a label for every pin and note the catalog
 # holds (a store saved before labels held them in its catalog alone): see the manager.
 LABELS_WRITTEN = "labels_written"
+CATALOG_ID = "catalog_id"  # (meta) the random id that tells this catalog from another
 
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
@@ -339,6 +341,17 @@ class Catalog:
         deleted, or deleted and made again by another manager's rebuild): writes here
         would go into a file no other process reads."""
         return self.file_id is not None and _file_id(self.path) != self.file_id
+
+    def uid(self) -> str:
+        """This catalog's own random id, made the first time it is asked for (a store's
+        lock file names the catalog that last wrote the store, to tell another apart)."""
+        with self._lock:
+            found = self._meta(CATALOG_ID)
+        if found is None:
+            with self.transaction():
+                found = self._meta(CATALOG_ID) or uuid.uuid4().hex
+                self._set_meta(CATALOG_ID, found)
+        return found
 
     def close(self) -> None:
         """Close the database; any later use raises a StoreError that says so."""

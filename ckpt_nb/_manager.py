@@ -35,7 +35,7 @@ from . import _codec as codec
 from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
                        has_pickle, load_all, rng_problem, trained_storages, unwrap)
-from ._catalog import LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
+from ._catalog import CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, StoreError, StoreFormatError,
                       warn)
@@ -150,6 +150,10 @@ _LARGEST_CHUNK_READ = 1 << 40
 # the index and the header are never live, and are a few percent of a small pack.
 BUDGET_COMPACT_BELOW = 0.9
 
+# A local store's lock file, in its folder whatever catalog a manager uses: one lock
+# for all of the store's writers (one beside each catalog let two writers in).
+STORE_LOCK_FILE = CATALOG_FILE + ".lock"
+
 _MEMORY_LOCKS: dict[str, threading.RLock] = {}
 _MEMORY_LOCKS_GUARD = threading.Lock()
 
@@ -181,7 +185,12 @@ class CheckpointManager:
     (4 KiB to 1 GiB), the unit of deduplication. ``durable=False`` skips fsync (for
     throwaway stores: a crash may then lose a committed checkpoint). ``catalog`` puts
     the SQLite catalog elsewhere (default: beside a local store, or in
-    ``$XDG_CACHE_HOME/ckpt_nb`` for an object store).
+    ``$XDG_CACHE_HOME/ckpt_nb`` for an object store). A local store with a catalog
+    elsewhere is still locked in its own folder, and other managers (``ckpt-nb gc DIR``
+    among them) use the catalog beside it: each writer whose catalog is not the one that
+    wrote the store last lists the store first, and reads it again where it is behind (a
+    gc from the other catalog deleted what this one saved), which costs time on a large
+    store each time the two alternate.
     """
 
     def __init__(
@@ -271,7 +280,10 @@ class CheckpointManager:
             cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
             path = Path(cache) / "ckpt_nb" / key / "catalog.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_path = path.with_name(path.name + ".lock")
+        # (a local store's own, wherever its catalog is: the managers of one store, each
+        # with its catalog, lock one file)
+        self._lock_path = path.with_name(path.name + ".lock") if root is None else \
+            root / STORE_LOCK_FILE
         return str(path)
 
     def _open_catalog(self, path: str) -> Catalog:
@@ -384,10 +396,16 @@ class CheckpointManager:
         or noted: read the store again where it has moved on, before anything is written
         or collected (a gc from a stale catalog deleted the other manager's new
         checkpoints; retention, a checkpoint pinned elsewhere). A local store's catalog
-        is the store's own: only checked to be there still."""
+        is the store's own: only checked to be there still (``_exclusive`` reads the
+        store again where another catalog wrote it last)."""
         if local_root(self.store) is not None:
             self._check_there()
             return
+        self._read_store_again()
+
+    def _read_store_again(self) -> None:
+        """Bring the catalog up to the store where it is behind (rebuilt from the
+        store), and its pins and notes up to the store's labels."""
         if self._behind_the_store(self.catalog):
             found = rebuild(self.store, _committed(self.catalog))
             self.catalog.reseed(found)
@@ -415,7 +433,11 @@ class CheckpointManager:
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         """One writer at a time: saves, deletes and gc (across processes through a lock
-        file beside the catalog; a memory:// store's managers, in one process)."""
+        file in a local store's folder, or beside an object store's catalog cache; a
+        memory:// store's managers, in one process). Under it,
+        a catalog another manager replaced is opened again, and a local store that
+        another catalog wrote last is read again: a gc or retention from a catalog that
+        missed those saves deleted them."""
         if getattr(self._holding, "lock", False):  # (this thread has it already)
             yield
             return
@@ -430,9 +452,13 @@ class CheckpointManager:
                     yield
                 return
             with self._open_lock() as handle:
-                self._take_lock(handle)
+                self._wait_for(handle)
                 try:
                     self._reopen_if_removed()
+                    last_writer = self._note_holder(handle)
+                    if local_root(self.store) is not None and \
+                            last_writer != self.catalog.uid():
+                        self._read_store_again()
                     yield
                 finally:
                     fcntl.flock(handle, fcntl.LOCK_UN)
@@ -454,10 +480,10 @@ class CheckpointManager:
                              "object store's catalog cache, XDG_CACHE_HOME may name "
                              "another folder), then try again; nothing was changed") from exc
 
-    def _take_lock(self, handle: IO[str]) -> None:
+    def _wait_for(self, handle: IO[str]) -> None:
         """Take the store's lock. Where another process keeps it past a second (a long
         save, a gc, a kernel stopped at a breakpoint), say so and whose it is, once,
-        rather than wait without a word; the holder's pid is left in the file."""
+        rather than wait without a word."""
         assert self._lock_path is not None
         deadline = time.monotonic() + LOCK_QUIET_SECONDS
         while True:
@@ -469,7 +495,7 @@ class CheckpointManager:
                     time.sleep(0.01)
                     continue
             try:
-                holder = self._lock_path.read_text().strip()
+                holder = next(iter(self._lock_path.read_text().split()), "")
             except OSError:  # (a cache cleaner took it)
                 holder = ""
             who = "another manager in this process" if holder == str(os.getpid()) else \
@@ -478,9 +504,20 @@ class CheckpointManager:
                   f"collecting it (lock file {self._lock_path})", file=sys.stderr, flush=True)
             fcntl.flock(handle, fcntl.LOCK_EX)
             break
+
+    def _note_holder(self, handle: IO[str]) -> str:
+        """Leave this process's pid and its catalog's id in the lock file, held; return
+        the catalog id the last holder left ("" where none: a ckpt_nb before ids)."""
+        assert self._lock_path is not None
+        try:
+            last = self._lock_path.read_text().split()
+        except OSError:  # (deleted meanwhile: no catalog is known to have written last)
+            last = []
+        catalog = getattr(self, "catalog", None)  # (None while it is first opened)
         handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")
+        handle.write(f"{os.getpid()} {'' if catalog is None else catalog.uid()}\n")
         handle.flush()
+        return last[1] if len(last) > 1 else ""
 
     def _reopen_if_removed(self) -> None:
         """Open the catalog again where its file was removed (an object store's cache

@@ -62,3 +62,22 @@ def test_a_catalog_deleted_under_a_manager_is_opened_again_rebuilt(tmp_path: Pat
     first.close()
     assert report.manifests_deleted == report.packs_deleted == 0
     every_one_loads(store, ids)
+
+
+def test_gc_beside_the_store_keeps_what_a_catalog_elsewhere_saved(tmp_path: Path) -> None:
+    """A run with ``catalog=`` elsewhere and ``ckpt-nb gc DIR``, whose catalog is the one
+    beside the store: two locks, and the second gc deleted the run's newer checkpoints."""
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere" / "catalog.sqlite"
+    model = torch.nn.Linear(64, 64)
+    gc = [sys.executable, "-m", "ckpt_nb", "gc", str(store)]
+    with CheckpointManager(store, catalog=elsewhere) as run:
+        ids = [run.save(model, epoch=0)]
+        subprocess.run(gc, check=True, capture_output=True)
+        for epoch in (1, 2):
+            with torch.no_grad():
+                model.weight.add_(1)
+            ids.append(run.save(model, epoch=epoch))
+        done = subprocess.run(gc, check=True, capture_output=True, text=True)
+        assert "0 packs deleted" in done.stdout and "0 manifests deleted" in done.stdout
+        assert torch.equal(run.load(ids[-1]).state["model"]["weight"], model.weight)
+    every_one_loads(store, ids)
