@@ -433,8 +433,8 @@ class CheckpointManager:
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         """One writer at a time: saves, deletes and gc (across processes through a lock
-        file in a local store's folder, or beside an object store's catalog cache; a
-        memory:// store's managers, in one process). Under it,
+        on a local store's folder and its lock file, or on a lock file beside an object
+        store's catalog cache; a memory:// store's managers, in one process). Under it,
         a catalog another manager replaced is opened again, and a local store that
         another catalog wrote last is read again: a gc or retention from a catalog that
         missed those saves deleted them."""
@@ -451,7 +451,7 @@ class CheckpointManager:
                 with _memory_store_lock(self.store.url):
                     yield
                 return
-            with self._open_lock() as handle:
+            with self._folder_locked(), self._open_lock() as handle:
                 self._wait_for(handle)
                 try:
                     self._reopen_if_removed()
@@ -464,6 +464,25 @@ class CheckpointManager:
                     fcntl.flock(handle, fcntl.LOCK_UN)
         finally:
             self._holding.lock = False
+
+    @contextlib.contextmanager
+    def _folder_locked(self) -> Iterator[None]:
+        """A local store's folder locked (flock on the folder itself, which cannot be
+        deleted under a live store as its lock file can: a second writer then got in).
+        Where the filesystem locks no folders (NFS), the lock file alone."""
+        root = local_root(self.store)
+        folder = None
+        if root is not None:
+            with contextlib.suppress(OSError):  # (gone: _check_there says so)
+                folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if folder is not None:
+                with contextlib.suppress(OSError):  # (not BlockingIOError: it waits)
+                    self._wait_for(folder)
+            yield
+        finally:
+            if folder is not None:
+                os.close(folder)  # (which lets go of its lock)
 
     def _open_lock(self) -> IO[str]:
         """The lock file; an object store's catalog cache removed meanwhile (a cache
@@ -480,10 +499,10 @@ class CheckpointManager:
                              "object store's catalog cache, XDG_CACHE_HOME may name "
                              "another folder), then try again; nothing was changed") from exc
 
-    def _wait_for(self, handle: IO[str]) -> None:
-        """Take the store's lock. Where another process keeps it past a second (a long
-        save, a gc, a kernel stopped at a breakpoint), say so and whose it is, once,
-        rather than wait without a word."""
+    def _wait_for(self, handle: IO[str] | int) -> None:
+        """Take a lock (of the lock file or the store's folder). Where another process
+        keeps it past a second (a long save, a gc, a kernel stopped at a breakpoint),
+        say so and whose it is, once, rather than wait without a word."""
         assert self._lock_path is not None
         deadline = time.monotonic() + LOCK_QUIET_SECONDS
         while True:

@@ -81,3 +81,44 @@ def test_gc_beside_the_store_keeps_what_a_catalog_elsewhere_saved(tmp_path: Path
         assert "0 packs deleted" in done.stdout and "0 manifests deleted" in done.stdout
         assert torch.equal(run.load(ids[-1]).state["model"]["weight"], model.weight)
     every_one_loads(store, ids)
+
+
+def test_a_deleted_lock_file_lets_no_second_writer_in(tmp_path: Path) -> None:
+    """Deleting catalog.sqlite.lock (a cleanup of stray lock files) while a gc held it
+    let another process's save in at once: the store's folder is locked too."""
+    store = tmp_path / "store"
+    CheckpointManager(store).save(torch.nn.Linear(8, 8))
+    holder = python(f"""
+        import sys
+        from ckpt_nb import CheckpointManager
+        def hold(done, total):
+            if done == 0:
+                print("holding", flush=True)
+                sys.stdin.readline()
+        with CheckpointManager({str(store)!r}) as mgr:
+            mgr.gc(progress=hold)
+        """, stdin=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdin is not None
+    assert holder.stdout.readline().strip() == "holding"
+    (store / "catalog.sqlite.lock").unlink()
+    writer = python(f"""
+        import torch
+        from ckpt_nb import CheckpointManager
+        with CheckpointManager({str(store)!r}) as mgr:
+            print(mgr.save(torch.nn.Linear(8, 8)))
+        """)
+    assert writer.stderr is not None
+    try:
+        said = ""
+        while "waiting for" not in said:  # (it says so once it has waited a second)
+            line = writer.stderr.readline()
+            assert line, "the second writer got in while the gc held the lock"
+            said += line
+        assert writer.poll() is None
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(60)
+    out, err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, err
+    every_one_loads(store, out.split())
