@@ -247,6 +247,7 @@ class CheckpointManager:
         self._told_blocked = False  # retention said gc is stopped by a damaged checkpoint
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
+        self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
@@ -448,10 +449,10 @@ class CheckpointManager:
         self._holding.lock = True
         try:
             if self._lock_path is None:
-                with _memory_store_lock(self.store.url):
+                with self._busy, _memory_store_lock(self.store.url):
                     yield
                 return
-            with self._folder_locked(), self._open_lock() as handle:
+            with self._busy, self._folder_locked(), self._open_lock() as handle:
                 self._wait_for(handle)
                 try:
                     self._reopen_if_removed()
@@ -562,14 +563,17 @@ class CheckpointManager:
     def close(self) -> None:
         """Stop the thread pool, close the catalog, and let go of the memory kept for the
         next save's deltas and the next restore (the latter shared by the process's
-        managers: one closing only costs the next restore its warm pages)."""
-        for pool in (self._pool, self._pack_writer):
-            if pool is not None:
-                pool.shutdown()
-        self._pool = self._pack_writer = None
-        self.catalog.close()
-        self._delta_bases = {}
-        self._manifests = {}
+        managers: one closing only costs the next restore its warm pages). A save, delete
+        or gc running in another thread is waited for (closed under it, its pools refused
+        it work)."""
+        with self._busy:
+            for pool in (self._pool, self._pack_writer):
+                if pool is not None:
+                    pool.shutdown()
+            self._pool = self._pack_writer = None
+            self.catalog.close()
+            self._delta_bases = {}
+            self._manifests = {}
         RESTORE_ARENA.release()
 
     def __enter__(self) -> CheckpointManager:

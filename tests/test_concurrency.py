@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -122,3 +124,30 @@ def test_a_deleted_lock_file_lets_no_second_writer_in(tmp_path: Path) -> None:
     out, err = writer.communicate(timeout=60)
     assert writer.returncode == 0, err
     every_one_loads(store, out.split())
+
+
+def test_close_waits_for_a_save_in_another_thread(tmp_path: Path) -> None:
+    """close() shut the save's thread pools under it: "cannot schedule new futures after
+    shutdown" from the saving thread."""
+    model = torch.nn.ParameterDict({f"p{i}": torch.nn.Parameter(torch.randn(1 << 20))
+                                    for i in range(8)})
+    mgr = CheckpointManager(tmp_path, chunk_size=1 << 16)
+    started, outcome = threading.Event(), []
+
+    def slowly(done: int, total: int) -> None:
+        started.set()
+        time.sleep(0.01)
+
+    def save() -> None:
+        try:
+            outcome.append(mgr.save(model, progress=slowly))
+        except Exception as exc:  # (the thread's, said by the assert below)
+            outcome.append(exc)
+
+    saving = threading.Thread(target=save)
+    saving.start()
+    assert started.wait(60)
+    mgr.close()
+    saving.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], str), outcome
+    every_one_loads(tmp_path, outcome)
