@@ -1217,20 +1217,27 @@ class CheckpointManager:
                               needed=needed)
         self._catch_up()  # (once: the ids below are known ones)
         tried: set[str] = set()
-        for _ in range(3):  # (again where all those tried were deleted meanwhile)
-            for cid in [cid for cid in self.catalog.newest_ids() if cid not in tried]:
-                tried.add(cid)
-                try:
-                    return self._load(cid, trust_pickle=trust_pickle, progress=progress,
-                                      needed=needed)
-                except CheckpointNotFoundError:
-                    continue  # deleted meanwhile: the one before it
-                except CorruptCheckpointError as exc:
-                    warn(f"skipping checkpoint {cid}, which fails verification "
-                         f"({exc}); trying the one before it")
-                except StoreFormatError as exc:
-                    warn(f"skipping checkpoint {cid}, written by a newer ckpt_nb ({exc}): "
-                         "trying the one before it")
+        passed_over: set[str] = set()  # (damaged, or a newer ckpt_nb's)
+        for attempt in range(4):  # (again where all those tried were deleted meanwhile)
+            # Overtaken each time (another process's retention deleted each checkpoint
+            # while it was read): read under the store's lock, where none is deleted.
+            last = attempt == 3 and not self.catalog.read_only
+            with self._exclusive() if last else contextlib.nullcontext():
+                for cid in [cid for cid in self.catalog.newest_ids()
+                            if cid not in (passed_over if last else tried)]:
+                    tried.add(cid)
+                    try:
+                        return self._load(cid, trust_pickle=trust_pickle,
+                                          progress=progress, needed=needed)
+                    except CheckpointNotFoundError:
+                        continue  # deleted meanwhile: the one before it
+                    except CorruptCheckpointError as exc:
+                        warn(f"skipping checkpoint {cid}, which fails verification "
+                             f"({exc}); trying the one before it")
+                    except StoreFormatError as exc:
+                        warn(f"skipping checkpoint {cid}, written by a newer ckpt_nb "
+                             f"({exc}): trying the one before it")
+                    passed_over.add(cid)
         if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")

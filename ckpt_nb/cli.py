@@ -357,6 +357,8 @@ def _as_restored(mgr: CheckpointManager, which: str) -> tuple[str, str | None]:
             more = f", and {len(problems) - 1} more" if len(problems) > 1 else ""
             skipped.append(f"{cid} ({problems[0].removeprefix(f'checkpoint {cid}: ')}{more})")
     mgr.resolve("latest")  # (an empty store: says it has no checkpoints)
+    if not skipped:  # each deleted while it was read (another process's retention): the
+        return mgr.load("latest").id, None  # load's last try reads under the store's lock
     raise CorruptCheckpointError(
         f"no checkpoint in {mgr.store.url} passes verification: `ckpt-nb verify` names "
         "what is damaged; `ckpt-nb show` with an id shows that checkpoint as it is")

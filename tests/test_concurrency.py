@@ -4,17 +4,22 @@ test runs the other side as a real process (or thread) against real SQLite."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
 from ckpt_nb import CheckpointManager
+from ckpt_nb.cli import main
 
 
 def python(code: str, *, stdin: int | None = None) -> subprocess.Popen[str]:
@@ -124,6 +129,69 @@ def test_a_deleted_lock_file_lets_no_second_writer_in(tmp_path: Path) -> None:
     out, err = writer.communicate(timeout=60)
     assert writer.returncode == 0, err
     every_one_loads(store, out.split())
+
+
+@contextlib.contextmanager
+def another_process_keeping_one(store: Path) -> Iterator[None]:
+    """Another process saving to ``store`` over and over with max_to_keep=1, each save's
+    retention deleting the checkpoint before it (its pack too: the weights change)."""
+    CheckpointManager(store).save(torch.nn.Linear(64, 64))
+    saver = python(f"""
+        import time, torch
+        from ckpt_nb import CheckpointManager
+        model = torch.nn.Linear(64, 64)
+        with CheckpointManager({str(store)!r}, max_to_keep=1) as mgr:
+            for epoch in range(1000):
+                with torch.no_grad():
+                    model.weight.add_(1)
+                mgr.save(model, epoch=epoch)
+                print("saved", flush=True)
+                time.sleep(0.05)
+        """)
+    assert saver.stdout is not None
+    try:
+        assert saver.stdout.readline().strip() == "saved"
+        yield
+    finally:
+        saver.kill()
+        saver.wait()
+
+
+def slowed(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The manager's real method ``name``, run half a second late, as a large model's
+    or a slow disk's read is: long enough for the other process to delete what it reads."""
+    method = getattr(CheckpointManager, name)
+
+    def late(self: CheckpointManager, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        return method(self, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointManager, name, late)
+
+
+def test_latest_outrun_by_another_process_retention_is_read_under_the_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's retention deleted each checkpoint a slow restore("latest")
+    picked, three rounds over: a healthy store was called corrupt."""
+    slowed(monkeypatch, "_decode_rows")
+    store = tmp_path / "store"
+    with another_process_keeping_one(store), CheckpointManager(store) as reader, \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no checkpoint is skipped as damaged)
+        restored = reader.restore("latest", model=torch.nn.Linear(64, 64))
+    assert restored.epoch is not None
+
+
+def test_show_latest_outrun_by_another_process_retention_shows_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`ckpt-nb show latest` verified each checkpoint in turn, each deleted meanwhile,
+    and said no checkpoint passes verification."""
+    slowed(monkeypatch, "verify")
+    store = tmp_path / "store"
+    with another_process_keeping_one(store):
+        assert main(["show", str(store), "latest"]) == 0
+    assert "epoch" in capsys.readouterr().out
 
 
 def test_close_waits_for_a_save_in_another_thread(tmp_path: Path) -> None:
