@@ -30,6 +30,9 @@ CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 # holds (a store saved before labels held them in its catalog alone): see the manager.
 LABELS_WRITTEN = "labels_written"
 CATALOG_ID = "catalog_id"  # (meta) the random id that tells this catalog from another
+# The meta key of the metric and mode ("min" or "max") the store's checkpoints are ranked
+# by: recorded by a manager given metric= when it saves, the default of one opened without.
+RANKING = "ranking"
 
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
@@ -423,6 +426,25 @@ class Catalog:
         """Record that a one-off task is done (after its work, so a crash redoes it)."""
         with self.transaction():
             self._set_meta(key, "1")
+
+    def ranking(self) -> tuple[str, str] | None:
+        """The metric and mode ("min" or "max") recorded by ``set_ranking``, or None
+        where none was (a catalog rebuilt from the store, or one unreadable: ranking
+        then falls back to what the metric's name says)."""
+        with self._lock:
+            found = self._meta(RANKING)
+        try:
+            metric, mode = json.loads(found) if found else (None, None)
+        except (ValueError, TypeError):
+            return None
+        if isinstance(metric, str) and mode in ("min", "max"):
+            return metric, mode
+        return None
+
+    def set_ranking(self, metric: str, mode: str) -> None:
+        """Record the metric and mode the store's checkpoints are ranked by ("best")."""
+        with self.transaction():
+            self._set_meta(RANKING, json.dumps([metric, mode]))
 
     # -- checkpoints --------------------------------------------------------
     def checkpoints(self) -> list[CheckpointRow]:

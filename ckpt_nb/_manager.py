@@ -173,6 +173,9 @@ class CheckpointManager:
 
     ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``
     (``mode`` "min" or "max"); pinned checkpoints and the newest are always kept.
+    A manager's saves record its ``metric`` and ``mode`` in the catalog; one opened without
+    ``metric=`` ranks by those ("best", ``list()``'s best column), but retention by
+    ``keep_best`` still needs ``metric=`` given.
     ``keep_best`` without ``max_to_keep`` keeps only those (as Lightning's ``save_top_k``
     and Orbax do): the best K, the pinned, the newest and the head, the others deleted.
     ``strategy`` is "full", "incremental" (deltas against the parent) or
@@ -251,6 +254,12 @@ class CheckpointManager:
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
+        # The ranking the last save with a metric recorded, taken where none is given
+        # (this manager's saves then record nothing: it ranks as another's did).
+        self._ranking_taken: tuple[str, str] | None = (
+            None if metric is not None else self.catalog.ranking())
+        if self._ranking_taken is not None:
+            self.metric, self.mode = self._ranking_taken
         self.head: str | None = None
         """The checkpoint the live objects came from (last saved or restored): the next
         save's parent."""
@@ -709,6 +718,7 @@ class CheckpointManager:
             row.full_base = row.id if strategy == "full" else parent_row.full_base  # type: ignore[union-attr]
             base_chunks = self._base_chunks(base_id)
             self._stamp_format()
+            self._record_ranking()
             manifest: dict[str, Any] = {}
             blob = b""
 
@@ -1105,7 +1115,8 @@ class CheckpointManager:
                 return best[0]
             if rows and self.metric is None:
                 raise CheckpointNotFoundError(
-                    "'best' needs a metric to rank by: CheckpointManager(..., "
+                    "'best' needs a metric to rank by, and no save to this store recorded "
+                    "one: CheckpointManager(..., "
                     "metric='val_loss'), or in a notebook %%ckpt_auto --on val_loss:min")
             if any(self.metric in r.metrics for r in rows):  # (a diverged run's, all)
                 raise CheckpointNotFoundError(f"no checkpoint has a finite {self.metric!r} "
@@ -1135,6 +1146,16 @@ class CheckpointManager:
         raise CheckpointNotFoundError(
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
+
+    def _record_ranking(self) -> None:
+        """Record the metric and mode this manager was given in the catalog, where it
+        holds others: the default of a manager opened later without ``metric=`` (the
+        explorer's, the CLI's), which would otherwise guess from the metric's name. Only
+        a save records it: a reader ranking by another metric changes nothing."""
+        if self.metric is None or (self.metric, self.mode) == self._ranking_taken:
+            return
+        if self.catalog.ranking() != (self.metric, self.mode):
+            self.catalog.set_ranking(self.metric, self.mode)
 
     def _best(self, rows: list[CheckpointRow], k: int) -> list[str]:
         if self.metric is None:

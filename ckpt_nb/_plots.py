@@ -138,10 +138,11 @@ def metric_mode(name: str, metric: str | None = None, mode: str = "min") -> str:
 
 
 def best_by_metric(table: Any, metric: str | None = None, mode: str = "min") -> dict[str, str]:
-    """The best checkpoint's id for each metric column of ``CheckpointManager.list()``."""
+    """The best checkpoint's id for each metric column of ``CheckpointManager.list()``
+    (oldest first); of equal values the newest, as ``restore("best")`` takes it."""
     best = {}
     for name in metric_columns(table):
-        values = table[name].astype("float64")
+        values = table[name].astype("float64")[::-1]  # (newest first: idxmin takes the first)
         values = values.where(values.abs() < math.inf)  # (±inf, a diverged run, is no best)
         if values.notna().any():
             at = values.idxmax() if metric_mode(name, metric, mode) == "max" else values.idxmin()

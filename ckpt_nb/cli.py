@@ -3,7 +3,8 @@
 Every subcommand takes the store first: a directory, or a URL as ``CheckpointManager``
 takes it (``file:///runs/x``, ``memory://...``, ``s3://...``); checkpoint ids accept what
 ``CheckpointManager.resolve`` does ("latest", "best", "-N", an id prefix).
-"best" needs ``--metric`` (and ``--mode max`` where higher is better).
+"best" ranks by ``--metric`` (and ``--mode max`` where higher is better), by default by the
+metric and mode the store's saves recorded (``CheckpointManager(metric=...)``, ``--on``).
 """
 
 from __future__ import annotations
@@ -61,9 +62,6 @@ def _main(argv: list[str]) -> int:
         print(f"ckpt-nb: {own(message)}", file=sys.stderr)
 
     named = [getattr(args, k, None) for k in ("id", "a", "b")] + getattr(args, "ids", [])
-    if "best" in named and args.metric is None:
-        say("'best' needs --metric NAME (and --mode max if higher is better)")
-        return 1
     with _warnings_as_lines(own):
         try:
             if not store_exists(location):  # (asks an object store: inside the try)
@@ -71,6 +69,10 @@ def _main(argv: list[str]) -> int:
                 return 2
             store = open_store(location)
             with CheckpointManager(store, metric=args.metric, mode=args.mode) as mgr:
+                if "best" in named and mgr.metric is None:  # (none given, and none recorded)
+                    say("'best' needs --metric NAME (and --mode max if higher is better): "
+                        "no save to this store recorded a metric to rank by")
+                    return 1
                 try:
                     return args.run(mgr, args)
                 except CheckpointNotFoundError as exc:
@@ -186,12 +188,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     """The top parser and each subcommand's."""
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument("directory", metavar="DIR", help="the checkpoint store")
-    store.add_argument("--metric", help="the metric that ranks checkpoints (for 'best')")
+    store.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
+                       "default: the one the store's saves were ranked by, where recorded)")
     store.add_argument("--mode", choices=("min", "max"), default="min",
-                       help="whether a lower or higher --metric is better (default: min)")
+                       help="whether a lower or higher --metric is better (default: min; "
+                       "without --metric, the recorded metric's)")
     parser = argparse.ArgumentParser(
         prog="ckpt-nb", description="Look into, check and tidy a checkpoint store.",
-        epilog="IDs: 'latest', 'best' (with --metric), '-N' (N back from latest) or an id prefix.")
+        epilog="IDs: 'latest', 'best' (by --metric, or the store's recorded metric), '-N' "
+               "(N back from latest) or an id prefix.")
     parser.add_argument("--version", action="version", version=f"ckpt-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -214,8 +219,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="the checkpoints to check (default: all)")
     command("gc", _gc, "reclaim space no checkpoint needs")
     export = command("export", _export, "write a checkpoint as a .pt or .safetensors file")
-    export.add_argument("id", metavar="ID", help="the checkpoint: 'latest', 'best' (with "
-                        "--metric), '-N' or an id prefix")
+    export.add_argument("id", metavar="ID", help="the checkpoint: 'latest', 'best' (by "
+                        "--metric, or the store's recorded metric), '-N' or an id prefix")
     export.add_argument("out", metavar="OUT",
                         help="the file to write, ending .pt (or .pth, .bin, .ckpt: "
                              "torch.load's) or .safetensors; if it exists it is replaced "

@@ -92,7 +92,9 @@ def test_plots_are_figures_with_what_they_show(store) -> None:
     assert len(marks["node:incremental"]) + len(marks.get("node:full", [])) == 6
     assert marks["selected"] == [(0.0, 0.0)]  # main[0]: lane 0, row 0
     table = ckpt_nb.CheckpointManager(path).list()
-    lowest = dag_layout(table)[int(table["loss"].idxmin())]
+    best = ckpt_nb.CheckpointManager(path).resolve("best")  # (of two equal losses, the newer)
+    assert table.loc[table["id"] == best, "loss"].item() == table["loss"].min()
+    lowest = next(n for n in dag_layout(table) if n.id == best)
     assert marks["best"] == [(lowest.lane, lowest.row)] and "pinned" not in marks
 
     diff = ckpt_nb.plot_diff(path, main[0], main[1])
@@ -115,11 +117,15 @@ def test_explorer_table_sorting_selection_and_diff(store) -> None:
     ui = ckpt_nb.explore(path, poll_seconds=0)
     try:
         assert len(ui.table.rows) == 6 and "loss" in ui.table.columns
-        best_loss = min(ui.table.rows, key=lambda r: r["cells"]["loss"])
-        assert "loss" in best_loss["best"]
+        lowest = min(ui.table.rows, key=lambda r: r["cells"]["loss"])
+        # (bold: of equal losses, main[3]'s and branch[1]'s, the newer, as "best" takes it)
+        best = ckpt_nb.CheckpointManager(path).resolve("best")
+        assert [r["id"] for r in ui.table.rows if "loss" in r["best"]] == [best]
+        assert [r["cells"]["loss"] for r in ui.table.rows if r["id"] == best] == \
+            [lowest["cells"]["loss"]]
         by_loss = ui.sort("loss", ascending=True)
         losses = [r["cells"]["loss"] for r in ui.table.rows]
-        assert losses == sorted(losses) and by_loss[0] == best_loss["id"]
+        assert losses == sorted(losses) and by_loss[0] == lowest["id"]
         ui.table.sort_by, ui.table.ascending = "step", False  # as a header click does
         steps = [r["cells"]["step"] for r in ui.table.rows]
         assert steps == sorted(steps, reverse=True)

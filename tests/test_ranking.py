@@ -1,0 +1,140 @@
+"""A store remembers the metric and mode its checkpoints are ranked by: a manager opened
+without ``metric=`` (the explorer's, the CLI's, a fresh kernel's) ranks as its writer did.
+Real SQLite catalogs, real stores, a real in-process IPython shell."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+import ckpt_nb
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError, _plots, _session
+from ckpt_nb.cli import main
+
+
+def bleu_store(directory: Path, scores: tuple[float, ...] = (0.1, 0.9, 0.5),
+               **ranking: str) -> list[str]:
+    """Checkpoints of an nn.Linear logging ``bleu`` (higher is better), saved by a
+    manager given ``ranking`` (metric=, mode=) or none."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(directory, **ranking) as mgr:  # type: ignore[arg-type]
+        return [mgr.save(model, step=i, metrics={"bleu": s}) for i, s in enumerate(scores)]
+
+
+def explorer_best(directory: Path) -> tuple[dict[str, list[str]], list[str]]:
+    """What the explorer marks best: the table's bold metrics per row, the DAG's gold."""
+    ui = ckpt_nb.explore(directory, namespace={}, poll_seconds=0)
+    try:
+        return ({r["id"]: r["best"] for r in ui.table.rows},
+                [n["id"] for n in ui.dag.nodes if n["best"]])
+    finally:
+        ui.close()
+
+
+def test_a_manager_without_metric_ranks_as_the_stores_saves_did(tmp_path: Path) -> None:
+    """CheckpointManager(metric="bleu", mode="max") saved; the explorer, a plain manager
+    and the CLI took bleu for a loss and marked the worst checkpoint best."""
+    ids = bleu_store(tmp_path, metric="bleu", mode="max")
+    with CheckpointManager(tmp_path) as mgr:
+        assert (mgr.metric, mgr.mode) == ("bleu", "max")
+        assert mgr.resolve("best") == ids[1]
+        assert list(mgr.list().query("best")["id"]) == [ids[1]]
+    bold, gold = explorer_best(tmp_path)
+    assert bold == {ids[0]: [], ids[1]: ["bleu"], ids[2]: []} and gold == [ids[1]]
+    assert _plots.plot_dag(tmp_path) is not None  # (opens its own manager: no error)
+    assert main(["show", str(tmp_path), "best"]) == 0
+
+
+def test_an_explicit_metric_wins_and_a_reader_records_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = bleu_store(tmp_path, metric="bleu", mode="max")
+    with CheckpointManager(tmp_path, metric="bleu", mode="min") as reader:
+        assert reader.resolve("best") == ids[0]
+        reader.list()
+    capsys.readouterr()
+    assert main(["show", str(tmp_path), "best", "--metric", "bleu"]) == 0  # (--mode min)
+    assert ids[0] in capsys.readouterr().out
+    with CheckpointManager(tmp_path) as mgr:
+        assert (mgr.metric, mgr.mode) == ("bleu", "max")  # (only a save records)
+
+
+def test_the_last_save_given_a_metric_sets_the_ranking(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+
+    def recorded() -> tuple[str | None, str]:
+        with CheckpointManager(tmp_path) as mgr:
+            return mgr.metric, mgr.mode
+
+    translate = CheckpointManager(tmp_path, metric="bleu", mode="max")
+    translate.save(model, metrics={"bleu": 0.4})
+    with CheckpointManager(tmp_path) as plain:
+        assert (plain.metric, plain.mode) == ("bleu", "max")
+        with CheckpointManager(tmp_path, metric="wer") as asr:
+            asr.save(model, metrics={"wer": 0.1})
+        assert recorded() == ("wer", "min")
+        plain.save(model, metrics={"bleu": 0.0})  # (it was given no metric: records none)
+        assert recorded() == ("wer", "min")
+    translate.save(model, metrics={"bleu": 0.5})
+    assert recorded() == ("bleu", "max")
+    translate.close()
+
+
+def test_a_recorded_ranking_turns_no_retention_on(tmp_path: Path) -> None:
+    """keep_best still needs metric= given; max_to_keep alone keeps the newest, the
+    recorded best among them or not."""
+    ids = bleu_store(tmp_path, (0.9, 0.1), metric="bleu", mode="max")
+    with pytest.raises(ValueError, match="keep_best needs metric="):
+        CheckpointManager(tmp_path, keep_best=1)
+    with CheckpointManager(tmp_path, max_to_keep=2) as mgr:
+        newer = [mgr.save(torch.nn.Linear(2, 2), metrics={"bleu": 0.2}) for _ in range(2)]
+        assert set(mgr.list()["id"]) == set(newer) and ids[0] not in set(mgr.list()["id"])
+
+
+def test_a_rebuilt_catalog_forgets_the_ranking(tmp_path: Path) -> None:
+    bleu_store(tmp_path, metric="bleu", mode="max")
+    (tmp_path / "catalog.sqlite").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the catalog was rebuilt)
+        with CheckpointManager(tmp_path) as mgr:
+            assert mgr.metric is None
+            with pytest.raises(CheckpointNotFoundError, match="no save to this store recorded"):
+                mgr.resolve("best")
+
+
+def test_a_sessions_on_metric_ranks_a_fresh_kernels_best(
+        tmp_path: Path, shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    """%%ckpt_auto --on bleu:max saved; %ckpt_ui and rollback("best") in a fresh kernel
+    ranked bleu as a loss, or refused "best" for want of a metric."""
+    store = tmp_path / "store"
+    shell.run_cell("import torch, ckpt_nb\nmodel = torch.nn.Linear(4, 2)\n"
+                   "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                   "scores = [0.2, 0.9, 0.5]", store_history=False)
+    result = shell.run_cell(f"""%%ckpt_auto --dir {store} --on bleu:max
+for epoch in ckpt_nb.epochs(3):
+    opt.zero_grad(); model(torch.ones(1, 4)).sum().backward(); opt.step()
+    ckpt_nb.log(bleu=scores[epoch])
+""", store_history=False)
+    assert result.success
+    for name, fresh in (("_last", None), ("_positions", {}), ("_position_events", {})):
+        monkeypatch.setattr(_session, name, fresh)  # (a new kernel's)
+    frame = CheckpointManager(store).list()
+    best = frame.loc[frame["bleu"] == 0.9, "id"].item()
+    assert list(frame.query("best")["id"]) == [best]
+    assert explorer_best(store)[1] == [best]
+    assert ckpt_nb.rollback("best", directory=store, namespace=shell.user_ns) == best
+
+
+def test_of_equal_values_the_table_and_the_dag_mark_the_one_best_restores(
+        tmp_path: Path) -> None:
+    """The table's bold took the oldest of equal losses, restore("best") the newest."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path, metric="loss") as mgr:
+        ids = [mgr.save(model, metrics={"loss": v}) for v in (1.0, 0.5, 0.5)]
+        assert mgr.resolve("best") == ids[2]
+        assert _plots.best_by_metric(mgr.list()) == {"loss": ids[2]}
+    bold, gold = explorer_best(tmp_path)
+    assert bold[ids[2]] == ["loss"] and not bold[ids[1]] and gold == [ids[2]]
