@@ -129,30 +129,35 @@ class DagNode:
     step: int | None
 
 
-def metric_mode(name: str, metric: str | None = None, mode: str = "min") -> str:
-    """Whether lower or higher is better for a metric: the manager's ``mode`` for its own
-    ``metric``, else guessed from the name (accuracy-like: max, anything else: min)."""
+def metric_mode(name: str, metric: str | None = None, mode: str = "min") -> str | None:
+    """Whether lower ("min") or higher ("max") is better for a metric: the manager's
+    ``mode`` for its own ``metric`` (given, or the store's recorded one), else what the
+    name says (a loss: min, an accuracy: max), else None: a guess (bleu taken for a
+    loss) would mark the worst checkpoint as the best."""
     if name == metric:
         return mode
-    return "max" if any(k in name.lower() for k in _session.HIGHER_BETTER) else "min"
+    return _session.metric_mode_from_name(name)
 
 
 def best_by_metric(table: Any, metric: str | None = None, mode: str = "min") -> dict[str, str]:
     """The best checkpoint's id for each metric column of ``CheckpointManager.list()``
-    (oldest first); of equal values the newest, as ``restore("best")`` takes it."""
+    (oldest first) whose better direction is known (``metric_mode``); the others have
+    none. Of equal values the newest, as ``restore("best")`` takes it."""
     best = {}
     for name in metric_columns(table):
+        better = metric_mode(name, metric, mode)
         values = table[name].astype("float64")[::-1]  # (newest first: idxmin takes the first)
         values = values.where(values.abs() < math.inf)  # (±inf, a diverged run, is no best)
-        if values.notna().any():
-            at = values.idxmax() if metric_mode(name, metric, mode) == "max" else values.idxmin()
+        if better is not None and values.notna().any():
+            at = values.idxmax() if better == "max" else values.idxmin()
             best[name] = str(table.loc[at, "id"])
     return best
 
 
 def ranked_metric(names: Sequence[str], metric: str | None = None) -> str | None:
     """The metric "best" ranks by, and the one shown first: the manager's ``metric``, else
-    the first loss-like one, else the first."""
+    the first loss-like one, else the first (which marks no best where its name does not
+    say which way is better: ``best_by_metric``)."""
     if metric in names:
         return metric
     return next((n for n in names if "loss" in n.lower()), names[0] if names else None)

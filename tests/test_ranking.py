@@ -1,6 +1,7 @@
 """A store remembers the metric and mode its checkpoints are ranked by: a manager opened
-without ``metric=`` (the explorer's, the CLI's, a fresh kernel's) ranks as its writer did.
-Real SQLite catalogs, real stores, a real in-process IPython shell."""
+without ``metric=`` (the explorer's, the CLI's, a fresh kernel's) ranks as its writer did,
+and a metric whose direction nobody said and whose name does not say is marked best
+nowhere. Real SQLite catalogs, real stores, a real in-process IPython shell."""
 
 from __future__ import annotations
 
@@ -103,6 +104,24 @@ def test_a_rebuilt_catalog_forgets_the_ranking(tmp_path: Path) -> None:
             assert mgr.metric is None
             with pytest.raises(CheckpointNotFoundError, match="no save to this store recorded"):
                 mgr.resolve("best")
+
+
+def test_a_metric_whose_direction_is_unknown_is_best_nowhere(tmp_path: Path) -> None:
+    """No ranking recorded, and "bleu" says neither lower nor higher: the explorer and the
+    plots guessed "min" and marked the worst checkpoint best."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path) as mgr:
+        ids = [mgr.save(model, metrics={"bleu": b, "val_acc": a, "loss": loss})
+               for b, a, loss in ((0.1, 0.5, 2.0), (0.9, 0.7, 1.0), (0.5, 0.6, 3.0))]
+        table = mgr.list()
+    assert _plots.metric_mode("bleu") is None and _plots.metric_mode("bleu", "bleu", "max") \
+        == "max"
+    assert _plots.best_by_metric(table) == {"val_acc": ids[1], "loss": ids[1]}
+    only_bleu = table.drop(columns=["val_acc", "loss"])
+    assert _plots.best_by_metric(only_bleu) == {}
+    assert not any(n.best for n in _plots.dag_layout(only_bleu))
+    bold, _ = explorer_best(tmp_path)
+    assert all("bleu" not in marked for marked in bold.values())
 
 
 def test_a_sessions_on_metric_ranks_a_fresh_kernels_best(
