@@ -12,7 +12,9 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 import uuid
@@ -306,6 +308,11 @@ class Catalog:
     def _open(self, seed: Callable[[], Seed] | None) -> None:
         self._db.row_factory = sqlite3.Row
         if self.read_only:
+            try:
+                self._db.execute("SELECT 1 FROM sqlite_master").fetchone()  # (reads the WAL)
+            except sqlite3.OperationalError:
+                self._db.close()
+                self._db = self._copied_into_memory()
             found = self._meta("schema_version")
             if found is None:
                 raise StoreError(f"the catalog {self.path} is empty, and its folder "
@@ -406,6 +413,33 @@ class Catalog:
                     self._db.execute("COMMIT")
                 except sqlite3.Error as exc:
                     raise self._failed(exc) from exc
+
+    def _copied_into_memory(self) -> sqlite3.Connection:
+        """The read-only catalog and its WAL, read through a copy in a temporary folder
+        into memory: SQLite reads a WAL only through its shared-memory file, which it
+        cannot create in a folder it cannot write (a store copied without its -shm after
+        its trainer was killed read as empty)."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            with tempfile.TemporaryDirectory(prefix="ckpt_nb-catalog-") as folder:
+                copy = Path(folder) / self.path.name
+                shutil.copyfile(self.path, copy)
+                with contextlib.suppress(FileNotFoundError):  # (checkpointed meanwhile)
+                    shutil.copyfile(wal, copy.with_name(wal.name))
+                source = sqlite3.connect(copy)
+                memory = sqlite3.connect(":memory:", check_same_thread=False,
+                                         isolation_level=None)
+                try:
+                    source.backup(memory)
+                finally:
+                    source.close()
+        except OSError as exc:
+            raise StoreError(f"cannot read the catalog {self.path}: its folder is read-only, "
+                             "so SQLite reads its journal from a copy, and copying it to a "
+                             f"temporary folder failed ({exc}): copy the store somewhere "
+                             "writable to open it") from exc
+        memory.row_factory = sqlite3.Row
+        return memory
 
     def _meta(self, key: str) -> str | None:
         try:

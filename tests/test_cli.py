@@ -717,3 +717,35 @@ def test_a_url_of_an_unknown_scheme_is_named_with_what_a_store_can_be(capsys) ->
     assert "s4://b/x: no storage knows the scheme 's4': a store is a path" in err, err
     with pytest.raises(ValueError, match="no storage knows the scheme 's4'"):
         CheckpointManager("s4://b/x")
+
+
+def test_a_read_only_store_whose_catalog_has_a_journal_but_no_shm_is_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A store copied without its -shm after its trainer was killed read as "empty":
+    SQLite reads a WAL only through a -shm, which it cannot make in a read-only folder."""
+    directory = tmp_path / "store"
+    killed = ("import os, sys, torch; from ckpt_nb import CheckpointManager\n"
+              "m = CheckpointManager(sys.argv[1]); lin = torch.nn.Linear(4, 4)\n"
+              "print(*(m.save(lin, epoch=i) for i in range(3)))\n"
+              "os._exit(0)  # (killed: the catalog's WAL is left as it was)")
+    ids = subprocess.run([sys.executable, "-c", killed, str(directory)], check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert (directory / "catalog.sqlite-wal").stat().st_size > 0
+    (directory / "catalog.sqlite-shm").unlink()
+    view = tmp_path / "read-only"
+    view.mkdir()
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(directory), str(view)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("mounting read-only needs root: " + mounted.stderr.decode().strip())
+    try:
+        assert main(["ls", str(view)]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert all(cid in out for cid in ids) and "3 checkpoints" in out, out
+        assert main(["export", str(view), "latest", str(tmp_path / "out.pt")]) == 0
+        assert ids[-1] in capsys.readouterr().out
+        assert main(["rm", str(view), "latest"]) == 1
+        assert "is open to read only" in capsys.readouterr().err
+    finally:
+        subprocess.run(["umount", "--lazy", str(view)], check=True)
+    assert not (directory / "catalog.sqlite-shm").exists()
