@@ -196,7 +196,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     parser = argparse.ArgumentParser(
         prog="ckpt-nb", description="Look into, check and tidy a checkpoint store.",
         epilog="IDs: 'latest', 'best' (by --metric, or the store's recorded metric), '-N' "
-               "(N back from latest) or an id prefix.")
+               "(N back from latest) or an id prefix. In show, diff and export, 'latest' is "
+               "the newest checkpoint that verifies, as a restore takes it, and '-N' counts "
+               "back from that one.")
     parser.add_argument("--version", action="version", version=f"ckpt-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -281,7 +283,7 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    cid, skipped = _as_restored(mgr, args.id)
+    cid, skipped, _ = _as_restored_back(mgr, args.id)
     info = mgr.info(cid)
     # (retention deletes a full base its deltas no longer need: they were rewritten)
     gone = ", deleted" if info["full_base"] and info["full_base"] not in \
@@ -310,12 +312,14 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    a, skipped = _as_restored(mgr, args.a)
-    b, skipped_b = (a, None) if args.b == args.a else _as_restored(mgr, args.b)
-    skipped = skipped or skipped_b
+    a, skipped, latest = _as_restored_back(mgr, args.a)
+    b, skipped_b, latest_b = (a, skipped, latest) if args.b == args.a else \
+        _as_restored_back(mgr, args.b)
+    skipped, latest = skipped or skipped_b, latest or latest_b
     frame = mgr.diff(a, b)
-    said = f"\nlatest is {a if args.a == 'latest' else b}: skipped {skipped}" if skipped \
-        else ""
+    said = f"\nlatest is {latest}: skipped {skipped}" if skipped else ""
+    if a == b:
+        said += f"\n{args.a} and {args.b} are the same checkpoint, {a}"
     if frame.empty:
         print("no tensors in either checkpoint" + said)
         return 0
@@ -331,6 +335,28 @@ def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     print(f"\n{len(frame)} tensors: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)
           + said)
     return 0
+
+
+def _as_restored_back(mgr: CheckpointManager,
+                      which: str) -> tuple[str, str | None, str | None]:
+    """``_as_restored``, with "-N" counted back from the checkpoint "latest" names there,
+    and the id "latest" is where ``which`` is "latest" or "-N" (else None): where the
+    newest checkpoint failed verification, ``diff DIR -1 latest`` compared one checkpoint
+    with itself, "-1" counting from that newest and "latest" skipping it."""
+    back = int(which[1:]) if re.fullmatch(r"-\d+", which) else None
+    if back is None:
+        cid, skipped = _as_restored(mgr, which)
+        return cid, skipped, cid if which == "latest" else None
+    latest, skipped = _as_restored(mgr, "latest")
+    newest = list(reversed(mgr.list()["id"]))
+    if latest not in newest:  # (deleted meanwhile)
+        return mgr.resolve(which), skipped, latest
+    older = newest[newest.index(latest):]
+    if back >= len(older):
+        raise CheckpointNotFoundError(
+            f"only {len(older)} checkpoint{'' if len(older) == 1 else 's'} from latest "
+            f"({latest}) back: {which} is too far back")
+    return older[back], skipped, latest
 
 
 def _as_restored(mgr: CheckpointManager, which: str) -> tuple[str, str | None]:
@@ -417,9 +443,10 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     """``mgr.export`` in its two steps: the checkpoint read names the id written ("latest"
     skips a newest that fails verification), and the write gets a line of its own."""
     check_export_path(args.out)
+    which = args.id if args.id == "latest" else _as_restored_back(mgr, args.id)[0]
     try:
         with _progress("export", "chunk") as progress:
-            ck = mgr.load(args.id, trust_pickle=args.trust_pickle, progress=progress)
+            ck = mgr.load(which, trust_pickle=args.trust_pickle, progress=progress)
         with _progress(f"export: writing {args.out}", bar_format="{desc}"):
             path = write_file(ck, args.out, only=args.only)
     except CkptError:

@@ -133,8 +133,10 @@ def test_diff(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     assert summary == (f"{len(statuses)} tensors: {statuses.count('identical')} identical, "
                        f"{statuses.count('changed')} changed")
     code, out, _ = run(capsys, "diff", store.directory, "latest", store.ids[2])
-    n = out.splitlines()[-1].split()[0]
-    assert code == 0 and out.splitlines()[-1] == f"{n} tensors: {n} identical, 0 changed"
+    *_, summary, same = out.splitlines()
+    n = summary.split()[0]
+    assert code == 0 and summary == f"{n} tensors: {n} identical, 0 changed"
+    assert same == f"latest and {store.ids[2]} are the same checkpoint, {store.ids[2]}"
 
 
 def test_verify_ok(store: Store, capsys: pytest.CaptureFixture[str]) -> None:

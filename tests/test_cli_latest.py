@@ -78,9 +78,10 @@ def test_diff_latest_compares_the_newest_that_verifies(
     flip_byte_in_blobs(packs[2])
     code, out, err = run(capsys, "diff", tmp_path, ids[1], "latest")
     assert (code, err) == (0, "")
-    *_, summary, note = out.splitlines()
+    *_, summary, note, same = out.splitlines()
     assert summary.endswith(" identical, 0 changed")  # ids[1] against itself
     assert note.startswith(f"latest is {ids[1]}: skipped {ids[2]} (chunk ")
+    assert same == f"{ids[1]} and latest are the same checkpoint, {ids[1]}"
     code, out, _ = run(capsys, "diff", tmp_path, "latest", ids[0])
     assert code == 0 and out.splitlines()[-1].startswith(f"latest is {ids[1]}: skipped")
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line}
@@ -97,3 +98,28 @@ def test_show_latest_where_none_verifies_says_so(
         assert (code, out) == (1, "") and err == (
             f"ckpt-nb: no checkpoint in {tmp_path} passes verification: `ckpt-nb verify` "
             "names what is damaged; `ckpt-nb show` with an id shows that checkpoint as it is\n")
+
+
+def test_minus_n_counts_back_from_the_latest_that_verifies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's ``diff DIR -1 latest`` compared a checkpoint with itself where the
+    newest failed verification: "latest" skipped it, and "-1" counted back from it."""
+    ids, packs = saved(tmp_path, 3)
+    flip_byte_in_blobs(packs[2])
+    code, out, err = run(capsys, "diff", tmp_path, "-1", "latest")
+    assert (code, err) == (0, "")
+    *_, summary, note = out.splitlines()
+    assert " 0 changed" not in summary, out  # ids[0] against ids[1]
+    assert note.startswith(f"latest is {ids[1]}: skipped {ids[2]} (chunk ")
+    code, out, _ = run(capsys, "show", tmp_path, "-1")
+    assert code == 0 and out.startswith(f"id:        {ids[0]}\nskipped:   {ids[2]} (chunk ")
+    code, out, _ = run(capsys, "export", tmp_path, "-1", tmp_path / "m.pt")
+    assert code == 0 and out.endswith(f", checkpoint {ids[0]})\n")
+    code, out, err = run(capsys, "show", tmp_path, "-2")
+    assert (code, out) == (1, "") and err == (
+        f"ckpt-nb: only 2 checkpoints from latest ({ids[1]}) back: -2 is too far back\n")
+    code, out, _ = run(capsys, "diff", tmp_path, "-0", "latest")
+    assert code == 0 and out.splitlines()[-1] == (
+        f"-0 and latest are the same checkpoint, {ids[1]}")
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "and '-N' counts back from that one" in " ".join(out.split())
