@@ -444,9 +444,9 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     skips a newest that fails verification), and the write gets a line of its own."""
     check_export_path(args.out)
     which = args.id if args.id == "latest" else _as_restored_back(mgr, args.id)[0]
+    with _progress("export", "chunk") as progress:  # (the store's errors: "export failed")
+        ck = mgr.load(which, trust_pickle=args.trust_pickle, progress=progress)
     try:
-        with _progress("export", "chunk") as progress:
-            ck = mgr.load(which, trust_pickle=args.trust_pickle, progress=progress)
         with _progress(f"export: writing {args.out}", bar_format="{desc}"):
             path = write_file(ck, args.out, only=args.only)
     except CkptError:

@@ -751,3 +751,23 @@ def test_a_read_only_store_whose_catalog_has_a_journal_but_no_shm_is_read(
     finally:
         subprocess.run(["umount", "--lazy", str(view)], check=True)
     assert not (directory / "catalog.sqlite-shm").exists()
+
+
+def test_export_blames_the_store_not_out_for_a_pack_it_cannot_read(
+        store: Store, tmp_path: Path) -> None:
+    """An unreadable pack was reported as "cannot export to OUT: Permission denied: PACK"."""
+    store.packs[2].chmod(0)
+    # (root reads a file of mode 0: run without the capability that lets it)
+    as_user = ["setpriv", "--inh-caps=-all",
+               "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"] \
+        if os.geteuid() == 0 else []
+    out = tmp_path / "out.pt"
+    try:
+        done = subprocess.run([*as_user, sys.executable, "-m", "ckpt_nb", "export",
+                               str(store.directory), store.ids[2], str(out)],
+                              capture_output=True, text=True)
+    finally:
+        store.packs[2].chmod(0o644)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"ckpt-nb: export failed: Permission denied: {store.packs[2]}\n"
+    assert not out.exists()
