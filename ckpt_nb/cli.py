@@ -417,9 +417,22 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     if report.newer:  # (not 0, as a script's `verify && ...` must not take them for checked)
         summary += (f"; {len(report.newer)} written by a newer ckpt_nb were not checked "
                     "(upgrade ckpt_nb to verify them)")
-    if report.packs:
-        summary += (f"; {len(report.packs)} pack indexes are damaged (their chunks read, but "
-                    "a rebuilt catalog would miss them: `ckpt-nb gc` rewrites them)")
+    # (a pack that a failed checkpoint's chunks lie in was cut short or is damaged: gc
+    # leaves it as it is; one whose chunks all read has only its index to rewrite)
+    unreadable = {key for key in report.packs
+                  if any(key in p for problems in report.bad.values() for p in problems)}
+    if len(report.packs) > len(unreadable):
+        indexes = len(report.packs) - len(unreadable)
+        summary += (f"; {_count(indexes, 'pack index', 'pack indexes')} "
+                    f"{'is' if indexes == 1 else 'are'} damaged (the chunks read, but a "
+                    "rebuilt catalog would miss them: `ckpt-nb gc` rewrites them)")
+    if unreadable:
+        needing = [cid for cid, problems in report.bad.items()
+                   if any(key in p for key in unreadable for p in problems)]
+        summary += (f"; {_count(len(unreadable), 'pack')} cut short or damaged "
+                    f"{'holds' if len(unreadable) == 1 else 'hold'} chunks of "
+                    f"{', '.join(needing)}, which cannot be restored: `ckpt-nb rm ID` "
+                    "deletes one")
     print(summary)
     return 1
 
@@ -519,6 +532,11 @@ def _os_reason(exc: OSError) -> str:
     name = exc.filename2 if exc.filename2 is not None else exc.filename
     reason = exc.strerror or str(exc)
     return reason if name is None else f"{reason}: {name}"
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun, plural where ``n`` is not 1: "1 checkpoint", "2 checkpoints"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _missing(value: Any) -> bool:

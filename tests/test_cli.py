@@ -771,3 +771,22 @@ def test_export_blames_the_store_not_out_for_a_pack_it_cannot_read(
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"ckpt-nb: export failed: Permission denied: {store.packs[2]}\n"
     assert not out.exists()
+
+
+def test_verify_advises_gc_for_a_damaged_index_and_rm_for_a_pack_cut_short(
+        store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pack cut short inside its chunks got "their chunks read ...: `ckpt-nb gc` rewrites
+    them", though they did not, and gc leaves such a pack as it is."""
+    data = store.packs[0].read_bytes()
+    (index_len,) = struct.unpack("<Q", data[-16:-8])
+    store.packs[0].write_bytes(data[:len(data) - 16 - index_len])  # its chunks whole
+    with store.packs[2].open("r+b") as pack:
+        pack.truncate(100)  # inside its first chunk
+    code, out, _ = run(capsys, "verify", store.directory)
+    bad = [line.split()[1] for line in out.splitlines() if line.startswith("bad: ")]
+    assert code == 1 and bad and store.ids[0] not in bad, out
+    assert out.splitlines()[-1] == (
+        f"{len(bad)} of 3 checkpoints fail verification; 1 pack index is damaged (the chunks "
+        "read, but a rebuilt catalog would miss them: `ckpt-nb gc` rewrites them); 1 pack "
+        f"cut short or damaged holds chunks of {', '.join(bad)}, which cannot be restored: "
+        "`ckpt-nb rm ID` deletes one")
