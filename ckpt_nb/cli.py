@@ -55,7 +55,7 @@ def _main(argv: list[str]) -> int:
         """The message on one line, naming the store as the user did (its URL is
         percent-encoded: file:///sp%20ace), and options as this command line spells
         them; what a store holds may be anything."""
-        text = str(message).replace("trust_pickle=True", "--trust-pickle")
+        text = _cli_wording(str(message))
         return _printable(text if store is None else text.replace(store.url, location))
 
     def say(message: object) -> None:
@@ -90,6 +90,26 @@ def _main(argv: list[str]) -> int:
             say(f"{args.command} interrupted")
             return 130
     return 1
+
+
+# The API's words for what a shell user does otherwise: a class to define in the process,
+# a list() to call, a safe global to register (the CLI's .pt export takes none).
+_CLI_WORDS = {
+    "trust_pickle=True": "--trust-pickle",
+    "import or define the class first (one defined in a notebook is in that notebook's "
+    "kernel only)": "make its module importable (PYTHONPATH=FOLDER ckpt-nb ..., where "
+    "FOLDER holds it; a class defined in a notebook cannot be found outside it)",
+    "list() (ckpt-nb ls)": "`ckpt-nb ls`",
+}
+_SAFE_GLOBALS_ADVICE = re.compile(
+    r", or pass (?:its class, [^,]+,|it) to torch\.serialization\.add_safe_globals")
+
+
+def _cli_wording(text: str) -> str:
+    """An error or warning of the Python API in the command line's words."""
+    for api, cli in _CLI_WORDS.items():
+        text = text.replace(api, cli)
+    return _SAFE_GLOBALS_ADVICE.sub("", text)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -232,8 +252,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                         help="write this object's state alone (e.g. model), under its own "
                              "keys, as its load_state_dict takes them")
     export.add_argument("--trust-pickle", action="store_true",
-                        help="also write values stored as pickles (objects of your own "
-                             "classes), unpickling them: only for a store you trust")
+                        help="unpickle values stored as pickles (objects of your own "
+                             "classes; their modules must be importable: PYTHONPATH), "
+                             "only for a store you trust: a .safetensors OUT keeps them, "
+                             "a .pt leaves them out, as torch.load(weights_only=True) "
+                             "refuses them")
     command("pin", _pin, "protect a checkpoint from retention").add_argument("id", metavar="ID")
     command("unpin", _unpin, "release a pinned checkpoint").add_argument("id", metavar="ID")
     rm = command("rm", _rm, "delete a checkpoint")

@@ -790,3 +790,43 @@ def test_verify_advises_gc_for_a_damaged_index_and_rm_for_a_pack_cut_short(
         "read, but a rebuilt catalog would miss them: `ckpt-nb gc` rewrites them); 1 pack "
         f"cut short or damaged holds chunks of {', '.join(bad)}, which cannot be restored: "
         "`ckpt-nb rm ID` deletes one")
+
+
+def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> None:
+    """``--trust-pickle`` to a .pt "also wrote" pickles it left out, with advice to call
+    torch.serialization.add_safe_globals; a class not found said to define it first."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "mycfg.py").write_text("class Cfg:\n    lr = 0.1\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "mods"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    subprocess.run([sys.executable, "-c", (
+        "import sys, torch, mycfg; from ckpt_nb import CheckpointManager\n"
+        "CheckpointManager(sys.argv[1]).save(torch.nn.Linear(2, 2), extra={'cfg': "
+        "mycfg.Cfg()})"), str(tmp_path / "store")], check=True, env=env)
+
+    def export(out: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ckpt_nb", "export", str(tmp_path / "store"),
+                               "latest", str(tmp_path / out), "--trust-pickle"],
+                              capture_output=True, text=True, env=environ)
+
+    done = export("a.pt", dict(os.environ))
+    assert done.returncode == 1 and done.stderr == (
+        "ckpt-nb: extra/cfg is an object whose class this process cannot find (No module "
+        "named 'mycfg'): make its module importable (PYTHONPATH=FOLDER ckpt-nb ..., where "
+        "FOLDER holds it; a class defined in a notebook cannot be found outside it)\n")
+    done = export("a.pt", env)
+    assert done.returncode == 0 and done.stderr == (
+        "ckpt-nb: warning: left out of a.pt: extra/cfg (a Cfg, which "
+        "torch.load(weights_only=True) refuses: export to .safetensors)\n")
+    done = export("a.safetensors", env)
+    assert (done.returncode, done.stderr) == (0, "")
+    kept = subprocess.run([sys.executable, "-c", (
+        "import sys; from ckpt_nb import CheckpointManager\n"
+        "m = CheckpointManager(sys.argv[2]); cid = m.import_file(sys.argv[1], trust_pickle=True)\n"
+        "print(type(m.load(cid, trust_pickle=True).extra['cfg']).__name__)"),
+        str(tmp_path / "a.safetensors"), str(tmp_path / "again")],
+        capture_output=True, text=True, env=env)
+    assert kept.stdout == "Cfg\n", kept.stderr
+    help_text = " ".join(subprocess.run([sys.executable, "-m", "ckpt_nb", "export", "--help"],
+                                        capture_output=True, text=True).stdout.split())
+    assert "a .safetensors OUT keeps them, a .pt leaves them out" in help_text
