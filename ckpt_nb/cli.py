@@ -282,6 +282,7 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     metrics = every if args.all_metrics else every[:_LS_METRICS]
     if args.metric in every and args.metric not in metrics:  # (the one ranked by: shown)
         metrics.append(args.metric)
+    nan_logged = _nan_logged(mgr, frame, fixed)
     with_note = bool(frame["note"].astype(bool).any())
     columns = ["id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
                "stored", "logical", "marks"]
@@ -293,7 +294,8 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
              _cell(r["batch_idx"]), _cell(r["strategy"]), human_size(r["stored_bytes"]),
              human_size(r["logical_bytes"]),
              ",".join(m for m in ("pinned", "best") if r[m]) or "-",
-             *(_cell(r[m]) for m in metrics), *([_cell(r["note"])] if with_note else [])]
+             *("nan" if (r["id"], m) in nan_logged else _cell(r[m]) for m in metrics),
+             *([_cell(r["note"])] if with_note else [])]
             for _, r in frame.iterrows()]
     print(_table(headers, rows, right=_NUMERIC | set(labels)))
     # (a row's stored bytes are what its save added: a deleted base's chunks that its
@@ -303,6 +305,21 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     if len(metrics) < len(every):
         print(f"{len(every) - len(metrics)} more metrics not shown (--all-metrics shows them)")
     return 0
+
+
+def _nan_logged(mgr: CheckpointManager, frame: Any, fixed: set[str]) -> set[tuple[str, str]]:
+    """(id, column) of each NaN metric a checkpoint logged (a diverged run's loss): in
+    ``list()``, a metric never logged is NaN too, and both showed as "-"."""
+    logged = {row.id: row.metrics for row in mgr.catalog.checkpoints()}
+    rows = [logged.get(cid, {}) for cid in frame["id"]]
+    # (list()'s metric columns, after its own, are the metrics' names in sorted order)
+    names = sorted({name for metrics in rows for name in metrics})
+    columns = [c for c in frame.columns if c not in fixed]
+    if len(names) != len(columns):  # (a checkpoint deleted meanwhile: "-" as before)
+        return set()
+    return {(cid, column) for cid, metrics in zip(frame["id"], rows)
+            for name, column in zip(names, columns)
+            if _is_nan(metrics.get(name))}
 
 
 def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
@@ -321,7 +338,7 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
             f"restore decodes up to {info['depth']} deltas a chunk)" if info["chain"] else ""),
         "stored": human_size(info["stored_bytes"]), "logical": human_size(info["logical_bytes"]),
         "pinned": "yes" if info["pinned"] else "no",
-        "metrics": ", ".join(f"{k}={_cell(v)}" for k, v in sorted(info["metrics"].items())),
+        "metrics": ", ".join(f"{k}={_metric_cell(v)}" for k, v in sorted(info["metrics"].items())),
         "objects": ", ".join(f"{k} ({v})" for k, v in info["objects"].items()),
         "pickles": "yes" if info["pickles"] else "no", "note": info["note"],
     }
@@ -555,6 +572,15 @@ def _os_reason(exc: OSError) -> str:
     name = exc.filename2 if exc.filename2 is not None else exc.filename
     reason = exc.strerror or str(exc)
     return reason if name is None else f"{reason}: {name}"
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _metric_cell(value: Any) -> str:
+    """A logged metric's cell: "nan" for a NaN (a diverged run's), not "-" (never logged)."""
+    return "nan" if _is_nan(value) else _cell(value)
 
 
 def _count(n: int, noun: str, plural: str | None = None) -> str:

@@ -830,3 +830,17 @@ def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> No
     help_text = " ".join(subprocess.run([sys.executable, "-m", "ckpt_nb", "export", "--help"],
                                         capture_output=True, text=True).stdout.split())
     assert "a .safetensors OUT keeps them, a .pt leaves them out" in help_text
+
+
+def test_a_nan_metric_is_shown_as_nan_not_as_never_logged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A diverged run's NaN loss was "-" in ls and show, as a metric never logged is."""
+    with CheckpointManager(tmp_path) as mgr:
+        model = torch.nn.Linear(2, 2)
+        nan_id = mgr.save(model, metrics={"loss": float("nan")})
+        other_id = mgr.save(model, metrics={"acc": 1.0})
+    code, out, _ = run(capsys, "ls", tmp_path)
+    rows = {line.split()[0]: line.split()[-2:] for line in out.splitlines()[1:3]}
+    assert code == 0 and rows == {nan_id: ["-", "nan"], other_id: ["1", "-"]}, out
+    code, out, _ = run(capsys, "show", tmp_path, nan_id)
+    assert code == 0 and "metrics:   loss=nan\n" in out
