@@ -1551,7 +1551,7 @@ class CheckpointManager:
             failed = self._check_chunks(rows, good)
             problems = [failed[digest] for digest in sorted(failed)]
             if problems and any(not self.store.has(row.pack) for row in rows.values()):
-                raise CorruptCheckpointError("; ".join(problems))  # moved meanwhile? again
+                raise CorruptCheckpointError("; ".join(dict.fromkeys(problems)))  # moved? again
             packs.update(row.pack for row in rows.values())
             return problems
 

@@ -844,3 +844,11 @@ def test_a_nan_metric_is_shown_as_nan_not_as_never_logged(
     assert code == 0 and rows == {nan_id: ["-", "nan"], other_id: ["1", "-"]}, out
     code, out, _ = run(capsys, "show", tmp_path, nan_id)
     assert code == 0 and "metrics:   loss=nan\n" in out
+
+
+def test_verify_says_a_missing_pack_once_not_once_per_chunk(
+        store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    store.packs[2].unlink()
+    code, out, _ = run(capsys, "verify", store.directory)
+    pack = f"packs/{store.packs[2].name}"
+    assert code == 1 and f"bad: {store.ids[2]}\n  pack {pack} is missing from the store\n" in out
