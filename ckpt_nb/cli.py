@@ -229,7 +229,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         return sub
 
     ls = command("ls", _ls, "list the checkpoints")
-    ls.add_argument("--branch", help="only this branch's checkpoints")
+    ls.add_argument("--branch", help="only this branch's checkpoints (a branch the store "
+                    "does not have is an error)")
     ls.add_argument("--all-metrics", action="store_true",
                     help=f"a column for every metric (by default the first {_LS_METRICS})")
     command("show", _show, "one checkpoint's fields and tensors").add_argument("id", metavar="ID")
@@ -268,6 +269,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 # -- subcommands ------------------------------------------------------------------
 def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     frame = mgr.list(branch=args.branch)
+    if frame.empty and args.branch is not None:
+        branches = sorted(set(mgr.list()["branch"]), key=_natural)
+        if branches:  # (a mistyped branch was "no checkpoints", and a success)
+            raise CheckpointNotFoundError(
+                f"no branch {args.branch!r} in {mgr.store.url}: its branches are "
+                f"{', '.join(branches)}")
     if frame.empty:
         print("no checkpoints" + (f" on branch {args.branch!r}" if args.branch else ""))
         return 0

@@ -94,8 +94,9 @@ def test_ls_lists_every_checkpoint(store: Store, capsys: pytest.CaptureFixture[s
 
 
 def test_ls_branch_and_best(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "ls", store.directory, "--branch", "nope")
-    assert code == 0 and out.strip() == "no checkpoints on branch 'nope'"
+    # (a mistyped branch was "no checkpoints on branch 'nope'", and exit 0)
+    assert run(capsys, "ls", store.directory, "--branch", "nope") == (
+        1, "", f"ckpt-nb: no branch 'nope' in {store.directory}: its branches are main\n")
     code, out, _ = run(capsys, "ls", store.directory, "--metric", "acc", "--mode", "max")
     best = [line for line in out.splitlines() if " best " in line]
     assert code == 0 and len(best) == 1 and best[0].startswith(store.ids[2])
@@ -852,3 +853,4 @@ def test_verify_says_a_missing_pack_once_not_once_per_chunk(
     code, out, _ = run(capsys, "verify", store.directory)
     pack = f"packs/{store.packs[2].name}"
     assert code == 1 and f"bad: {store.ids[2]}\n  pack {pack} is missing from the store\n" in out
+
