@@ -64,18 +64,33 @@ def check_format(store: Store) -> int:
         stamp_format(store)
         return FORMAT
     try:
-        found = json.loads(store.get(FORMAT_KEY))["format"]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise StoreFormatError(f"{store.url}/{FORMAT_KEY} is unreadable: {exc}") from exc
-    if not isinstance(found, int) or isinstance(found, bool):
-        raise StoreFormatError(f"{store.url}/{FORMAT_KEY} is unreadable: its format is "
-                               f"{found!r}, not a whole number")
+        stamp = json.loads(store.get(FORMAT_KEY))
+    except (ValueError, RecursionError) as exc:
+        raise _unreadable_stamp(store, f"it is not JSON: {exc}") from exc
+    found = stamp.get("format") if isinstance(stamp, dict) else None
+    if not isinstance(found, int) or isinstance(found, bool) or found < 1:
+        try:
+            shown = json.dumps(stamp)
+        except RecursionError:  # (nested too deep to write out)
+            shown = "a nested value"
+        raise _unreadable_stamp(store, "it reads " + (
+            shown if len(shown) <= 60 else shown[:57] + "..."))
     if found > FORMAT:
         raise StoreFormatError(
             f"the store at {store.url} has format {found}; this ckpt_nb reads up to "
             f"format {FORMAT}: upgrade ckpt_nb (pip install -U ckpt_nb) to open it"
         )
     return found
+
+
+def _unreadable_stamp(store: Store, why: str) -> StoreFormatError:
+    """A damaged ``ckpt_nb.json``, said with what it should hold (it said Python's
+    ``'format'`` for a missing key)."""
+    return StoreFormatError(
+        f"{store.url}/{FORMAT_KEY} is unreadable ({why}): it should read {{\"format\": N}}, "
+        f"N the store's format, a whole number from 1 (this ckpt_nb writes {FORMAT}); "
+        f"restore the file, or write {{\"format\": {FORMAT}}} where this ckpt_nb wrote the "
+        "store")
 
 
 def stamp_format(store: Store) -> None:

@@ -854,3 +854,16 @@ def test_verify_says_a_missing_pack_once_not_once_per_chunk(
     pack = f"packs/{store.packs[2].name}"
     assert code == 1 and f"bad: {store.ids[2]}\n  pack {pack} is missing from the store\n" in out
 
+
+
+@pytest.mark.parametrize("stamp", ["{}", "[3]", '{"format": -1}', '{"format": 3'])
+def test_a_damaged_format_stamp_says_what_it_should_read(
+        store: Store, stamp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said Python's words ("unreadable: 'format'"), and took a format of -1."""
+    (store.directory / "ckpt_nb.json").write_text(stamp)
+    code, out, err = run(capsys, "ls", store.directory)
+    assert (code, out) == (1, "") and err.startswith(
+        f"ckpt-nb: {store.directory}/ckpt_nb.json is unreadable (it ")
+    assert err.endswith(': it should read {"format": N}, N the store\'s format, a whole '
+                        'number from 1 (this ckpt_nb writes 3); restore the file, or write '
+                        '{"format": 3} where this ckpt_nb wrote the store\n'), err
