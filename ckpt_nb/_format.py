@@ -28,6 +28,7 @@ nested tensors' nodes; the store's own format stays 3 (see ``MANIFEST_FORMAT``).
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import uuid
@@ -40,7 +41,7 @@ import zstandard
 
 from ._catalog import ChunkRow
 from ._errors import CaptureError, CorruptCheckpointError, StoreFormatError
-from ._store import Store, Writer
+from ._store import Store, Writer, local_root
 
 FORMAT = 3
 # The newest manifest this reader takes. A manifest is written at the lowest format its
@@ -58,10 +59,14 @@ def check_format(store: Store) -> int:
     """Stamp a new store with the format; refuse one written by a newer ckpt_nb.
 
     Returns the format found, so that an older store is restamped only when
-    something new is written to it (``stamp_format``): opening never writes.
+    something new is written to it (``stamp_format``): opening never writes. A
+    store in a folder this process cannot write is read without a stamp (it opens
+    to read only: stamping it failed the open).
     """
     if not store.has(FORMAT_KEY):
-        stamp_format(store)
+        root = local_root(store)
+        if root is None or not root.is_dir() or os.access(root, os.W_OK):
+            stamp_format(store)
         return FORMAT
     try:
         stamp = json.loads(store.get(FORMAT_KEY))

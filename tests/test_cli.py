@@ -867,3 +867,12 @@ def test_a_damaged_format_stamp_says_what_it_should_read(
     assert err.endswith(': it should read {"format": N}, N the store\'s format, a whole '
                         'number from 1 (this ckpt_nb writes 3); restore the file, or write '
                         '{"format": 3} where this ckpt_nb wrote the store\n'), err
+
+
+def test_a_read_only_store_without_its_format_stamp_is_read(
+        read_only_store: Path, store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """Opening it stamped it, and failed: "cannot write ckpt_nb.json"."""
+    (store.directory / "ckpt_nb.json").unlink()  # (through the writable side of the mount)
+    code, out, err = run(capsys, "ls", read_only_store)
+    assert (code, err) == (0, "") and all(cid in out for cid in store.ids), out
+    assert not (store.directory / "ckpt_nb.json").exists()
