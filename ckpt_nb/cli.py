@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import math
 import os
 import re
@@ -178,13 +179,22 @@ class _Stdout:
 @contextlib.contextmanager
 def _reader_may_leave() -> Iterator[None]:
     """Print through ``_Stdout``, flushed before the end (a last flush at exit would meet
-    a broken pipe with no one to catch it)."""
-    out = _Stdout(sys.stdout)
-    with contextlib.redirect_stdout(out):  # type: ignore[type-var]
-        try:
-            yield
-        finally:
-            out.flush()
+    a broken pipe with no one to catch it). A closed standard output (``>&-``: Python's
+    is None) is /dev/null; a character it cannot encode (a CJK note to a Latin-1 one) is
+    written escaped, ``\\u4e2d``, where it failed the whole command."""
+    with contextlib.ExitStack() as stack:
+        stream = sys.stdout if sys.stdout is not None else \
+            stack.enter_context(open(os.devnull, "w"))
+        if isinstance(stream, io.TextIOWrapper) and \
+                stream.errors in ("strict", "surrogateescape"):
+            stack.callback(stream.reconfigure, errors=stream.errors)
+            stream.reconfigure(errors="backslashreplace")
+        out = _Stdout(stream)
+        with contextlib.redirect_stdout(out):  # type: ignore[type-var]
+            try:
+                yield
+            finally:
+                out.flush()
 
 
 @contextlib.contextmanager

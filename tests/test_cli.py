@@ -876,3 +876,17 @@ def test_a_read_only_store_without_its_format_stamp_is_read(
     code, out, err = run(capsys, "ls", read_only_store)
     assert (code, err) == (0, "") and all(cid in out for cid in store.ids), out
     assert not (store.directory / "ckpt_nb.json").exists()
+
+
+def test_ls_writes_to_a_latin_1_or_closed_standard_output(tmp_path: Path) -> None:
+    """A CJK note failed the whole ls where stdout was Latin-1 ("'latin-1' codec can't
+    encode"), and a closed stdout (``>&-``) gave an AttributeError traceback."""
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(torch.nn.Linear(2, 2), note="日本語 run")
+    latin = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(tmp_path)],
+                           capture_output=True, env={**os.environ, "PYTHONIOENCODING": "latin-1"})
+    assert (latin.returncode, latin.stderr) == (0, b"")
+    assert b"\\u65e5\\u672c\\u8a9e run" in latin.stdout
+    closed = subprocess.run(["sh", "-c", 'exec "$0" -m ckpt_nb ls "$1" >&-', sys.executable,
+                             str(tmp_path)], capture_output=True, text=True)
+    assert (closed.returncode, closed.stderr) == (0, "")
