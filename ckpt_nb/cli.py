@@ -140,8 +140,9 @@ def _ambiguous(mgr: CheckpointManager, named: list[str]) -> str | None:
     store's names five, and not that there are more); None where none does."""
     ids = list(mgr.list()["id"])
     for which in named:
-        matches = [cid for cid in ids if cid.startswith(which)]
-        if len(matches) > 1 and which not in matches:
+        prefix = which.lower()  # (ids are lowercase hex; resolve takes "F0" as "f0")
+        matches = [cid for cid in ids if cid.startswith(prefix)]
+        if len(matches) > 1 and prefix not in matches:
             more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
             return (f"{which!r} is ambiguous: {len(matches)} checkpoints start with it "
                     f"({', '.join(matches[:5])}{more}): give more of the id")

@@ -890,3 +890,19 @@ def test_ls_writes_to_a_latin_1_or_closed_standard_output(tmp_path: Path) -> Non
     closed = subprocess.run(["sh", "-c", 'exec "$0" -m ckpt_nb ls "$1" >&-', sys.executable,
                              str(tmp_path)], capture_output=True, text=True)
     assert (closed.returncode, closed.stderr) == (0, "")
+
+
+def test_an_ambiguous_prefix_in_capitals_says_how_many_it_matches(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's own check was case-sensitive, so "F" got the API's terse message."""
+    starts: dict[str, list[str]] = {}
+    with CheckpointManager(tmp_path) as mgr:
+        while not any(len(ids) > 1 for ids in starts.values()):
+            cid = mgr.save(torch.nn.Linear(1, 1), rng=False)
+            if cid[0] in "abcdef":
+                starts.setdefault(cid[0], []).append(cid)
+    letter, ids = next((k, v) for k, v in starts.items() if len(v) > 1)
+    code, out, err = run(capsys, "show", tmp_path, letter.upper())
+    assert (code, out) == (1, "") and err == (
+        f"ckpt-nb: {letter.upper()!r} is ambiguous: 2 checkpoints start with it "
+        f"({', '.join(ids)}): give more of the id\n")
