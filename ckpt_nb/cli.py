@@ -352,8 +352,9 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         "branch": info["branch"], "created": _time(info["created_at"]),
         "step": info["step"], "epoch": info["epoch"], "batch_idx": info["batch_idx"],
         "strategy": info["strategy"] + (
-            f" ({info['chain']} saves since its full base {info['full_base']}{gone}; a "
-            f"restore decodes up to {info['depth']} deltas a chunk)" if info["chain"] else ""),
+            f" ({_count(info['chain'], 'save')} since its full base {info['full_base']}{gone}; "
+            + (f"a restore decodes up to {_count(info['depth'], 'delta')} a chunk)"
+               if info["depth"] else "every chunk stored whole)") if info["chain"] else ""),
         "stored": human_size(info["stored_bytes"]), "logical": human_size(info["logical_bytes"]),
         "pinned": "yes" if info["pinned"] else "no",
         "metrics": ", ".join(f"{k}={_metric_cell(v)}" for k, v in sorted(info["metrics"].items())),
@@ -458,7 +459,7 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     with _progress("verify") as progress:
         report = mgr.verify(ids or None, progress=progress)
     if report.ok:
-        print(f"ok: {len(report.checked)} checkpoints verified")
+        print(f"ok: {_count(len(report.checked), 'checkpoint')} verified")
         return 0
     for cid, problems in report.bad.items():
         print(f"bad: {cid}")
@@ -471,7 +472,8 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     for cid, why in report.newer.items():
         print(f"not checked: {cid}")
         print(f"  {_printable(why)}")
-    summary = f"{len(report.bad)} of {len(report.checked)} checkpoints fail verification"
+    summary = f"{len(report.bad)} of {len(report.checked)} checkpoints fail verification" \
+        if report.checked else "no checkpoint was checked"
     if report.newer:  # (not 0, as a script's `verify && ...` must not take them for checked)
         summary += (f"; {len(report.newer)} written by a newer ckpt_nb were not checked "
                     "(upgrade ckpt_nb to verify them)")
@@ -498,11 +500,13 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     with _progress("gc", "pack") as progress:
         report = mgr.gc(progress=progress)
-    print(f"freed {human_size(report.bytes_freed)}: {report.chunks_dropped} chunks dropped, "
-          f"{report.packs_deleted} packs deleted, {report.packs_compacted} packs compacted, "
-          f"{report.chunks_rewritten} deltas stored whole, "
-          f"{report.manifests_deleted} manifests deleted, "
-          f"{report.temporaries_deleted} temporaries deleted")
+    print(f"freed {human_size(report.bytes_freed)}: "
+          f"{_count(report.chunks_dropped, 'chunk')} dropped, "
+          f"{_count(report.packs_deleted, 'pack')} deleted, "
+          f"{_count(report.packs_compacted, 'pack')} compacted, "
+          f"{_count(report.chunks_rewritten, 'delta')} stored whole, "
+          f"{_count(report.manifests_deleted, 'manifest')} deleted, "
+          f"{_count(report.temporaries_deleted, 'temporary', 'temporaries')} deleted")
     if report.damaged_kept:
         print(f"kept {report.damaged_kept} damaged file{'' if report.damaged_kept == 1 else 's'}"
               " or files of a newer ckpt_nb (and, while such a checkpoint is there, every "

@@ -179,7 +179,7 @@ def test_gc_reports_what_it_reclaimed(store: Store, capsys: pytest.CaptureFixtur
     orphan = manifests / "0123456789.json.zst"  # as left by a save that crashed
     orphan.write_bytes((manifests / f"{store.ids[0]}.json.zst").read_bytes())
     code, out, _ = run(capsys, "gc", store.directory)
-    assert code == 0 and out.startswith("freed ") and "1 manifests deleted" in out
+    assert code == 0 and out.startswith("freed ") and "1 manifest deleted" in out
     assert not orphan.exists()
     assert run(capsys, "verify", store.directory)[0] == 0
     store.packs[1].unlink()  # (by hand: the second checkpoint is damaged, and kept)
@@ -219,7 +219,7 @@ def test_pin_unpin_rm(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "rm", store.directory, store.ids[0], "--force")[0] == 0
     _, out, _ = run(capsys, "ls", store.directory)
     assert store.ids[0] not in out and store.ids[1] not in out and store.ids[2] in out
-    assert run(capsys, "verify", store.directory)[:2] == (0, "ok: 1 checkpoints verified\n")
+    assert run(capsys, "verify", store.directory)[:2] == (0, "ok: 1 checkpoint verified\n")
 
 
 @pytest.mark.parametrize("argv", [
@@ -314,7 +314,7 @@ def test_url_stores(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[
             cid = mgr.save(torch.nn.Linear(2, 2), None, step=1, rng=False)
         code, out, _ = run(capsys, "ls", url)
         assert code == 0 and out.splitlines()[1].startswith(cid)
-        assert run(capsys, "verify", url)[:2] == (0, "ok: 1 checkpoints verified\n")
+        assert run(capsys, "verify", url)[:2] == (0, "ok: 1 checkpoint verified\n")
     finally:
         fs, root = fsspec.core.url_to_fs(url)
         fs.rm(root, recursive=True)
@@ -332,13 +332,13 @@ def test_verify_options_between_ids(store: Store, capsys: pytest.CaptureFixture[
     for argv, count in ((["--metric", "loss", "best"], 1), (["best", "--metric", "loss"], 1),
                         ([store.ids[0], "--metric", "loss", "best", "-1"], 3)):
         assert run(capsys, "verify", store.directory, *argv) == (
-            0, f"ok: {count} checkpoints verified\n", "")
+            0, f"ok: {count} checkpoint{'s' if count > 1 else ''} verified\n", "")
 
 
 def test_verify_counts_each_checkpoint_once(store: Store,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "verify", store.directory, "latest", "latest", "-0", store.ids[2][:5]) == (
-        0, "ok: 1 checkpoints verified\n", "")
+        0, "ok: 1 checkpoint verified\n", "")
 
 
 def test_notes_cannot_break_the_table_or_reach_the_terminal(
@@ -481,8 +481,9 @@ def test_show_says_a_deleted_full_base_is_deleted_and_version(
                 model.weight[0] += 1
             mgr.save(model)
     assert main(["show", str(tmp_path), "latest"]) == 0
-    assert re.search(r"incremental \(3 saves since its full base \w+, deleted; a restore "
-                     r"decodes up to \d+ deltas a chunk\)", capsys.readouterr().out)
+    assert re.search(r"incremental \(3 saves since its full base \w+, deleted; (a restore "
+                     r"decodes up to \d+ deltas? a chunk|every chunk stored whole)\)",
+                     capsys.readouterr().out)
     assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("ckpt-nb 0.")
 
 
@@ -639,7 +640,7 @@ def test_store_options_before_the_command_are_taken(
     code, out, _ = run(capsys, "--metric", "loss", "show", store.directory, "best")
     assert code == 0 and out.startswith(f"id:        {store.ids[2]}")
     assert run(capsys, "--mode=max", "--metric", "acc", "verify", store.directory, "best") == (
-        0, "ok: 1 checkpoints verified\n", "")
+        0, "ok: 1 checkpoint verified\n", "")
     assert run(capsys, "--metric", "loss")[0] == 2  # (no command: a usage error still)
 
 
@@ -906,3 +907,16 @@ def test_an_ambiguous_prefix_in_capitals_says_how_many_it_matches(
     assert (code, out) == (1, "") and err == (
         f"ckpt-nb: {letter.upper()!r} is ambiguous: 2 checkpoints start with it "
         f"({', '.join(ids)}): give more of the id\n")
+
+
+def test_counts_of_one_are_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ "1 checkpoints verified", "1 saves since", "up to 0 deltas a chunk" (gc's "1
+    manifests deleted": test_gc_reports_what_it_reclaimed)."""
+    model = torch.nn.Linear(4, 4)
+    with CheckpointManager(tmp_path, strategy="incremental") as mgr:
+        first = mgr.save(model)
+        mgr.save(model)  # (nothing changed: no delta)
+    assert run(capsys, "verify", tmp_path, "latest")[:2] == (0, "ok: 1 checkpoint verified\n")
+    code, out, _ = run(capsys, "show", tmp_path, "latest")
+    assert code == 0 and (f"strategy:  incremental (1 save since its full base {first}; "
+                          "every chunk stored whole)\n") in out
