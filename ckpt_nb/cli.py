@@ -244,17 +244,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                     "does not have is an error)")
     ls.add_argument("--all-metrics", action="store_true",
                     help=f"a column for every metric (by default the first {_LS_METRICS})")
-    command("show", _show, "one checkpoint's fields and tensors").add_argument("id", metavar="ID")
+    which = ("'latest', 'best' (by --metric, or the store's recorded metric), '-N' or an id "
+             "prefix")
+    command("show", _show, "one checkpoint's fields and tensors").add_argument(
+        "id", metavar="ID", help=f"the checkpoint: {which}")
     diff = command("diff", _diff, "per-tensor change from checkpoint A to B")
-    diff.add_argument("a", metavar="A")
-    diff.add_argument("b", metavar="B")
+    diff.add_argument("a", metavar="A", help=f"the checkpoint to compare from: {which}")
+    diff.add_argument("b", metavar="B", help=f"the checkpoint to compare to: {which}")
     command("verify", _verify, "re-read checkpoints and check their checksums").add_argument(
         "ids", metavar="ID", nargs="*", default=[],  # (a default, or argparse calls ID required)
         help="the checkpoints to check (default: all)")
     command("gc", _gc, "reclaim space no checkpoint needs")
     export = command("export", _export, "write a checkpoint as a .pt or .safetensors file")
-    export.add_argument("id", metavar="ID", help="the checkpoint: 'latest', 'best' (by "
-                        "--metric, or the store's recorded metric), '-N' or an id prefix")
+    export.add_argument("id", metavar="ID", help=f"the checkpoint: {which}")
     export.add_argument("out", metavar="OUT",
                         help="the file to write, ending .pt (or .pth, .bin, .ckpt: "
                              "torch.load's) or .safetensors; if it exists it is replaced "
@@ -269,10 +271,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                              "only for a store you trust: a .safetensors OUT keeps them, "
                              "a .pt leaves them out, as torch.load(weights_only=True) "
                              "refuses them")
-    command("pin", _pin, "protect a checkpoint from retention").add_argument("id", metavar="ID")
-    command("unpin", _unpin, "release a pinned checkpoint").add_argument("id", metavar="ID")
+    command("pin", _pin, "protect a checkpoint from retention").add_argument(
+        "id", metavar="ID", help=f"the checkpoint to pin: {which}")
+    command("unpin", _unpin, "release a pinned checkpoint").add_argument(
+        "id", metavar="ID", help=f"the checkpoint to unpin: {which}")
     rm = command("rm", _rm, "delete a checkpoint")
-    rm.add_argument("id", metavar="ID")
+    rm.add_argument("id", metavar="ID", help=f"the checkpoint to delete: {which}")
     rm.add_argument("--force", action="store_true", help="delete it even if pinned")
     return parser, commands.choices
 

@@ -920,3 +920,14 @@ def test_counts_of_one_are_singular(tmp_path: Path, capsys: pytest.CaptureFixtur
     code, out, _ = run(capsys, "show", tmp_path, "latest")
     assert code == 0 and (f"strategy:  incremental (1 save since its full base {first}; "
                           "every chunk stored whole)\n") in out
+
+
+@pytest.mark.parametrize("command", ["show", "diff", "pin", "unpin", "rm", "export"])
+def test_every_id_argument_says_what_it_takes(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """show, diff, pin, unpin and rm listed ID (or A and B) with no help at all."""
+    assert main([command, "--help"]) == 0
+    positional = " ".join(capsys.readouterr().out.split("positional arguments:")[1]
+                          .split("options:")[0].split())
+    ids = positional.count("'latest', 'best' (with --metric), '-N' or an id prefix")
+    assert ids == (2 if command == "diff" else 1), positional
