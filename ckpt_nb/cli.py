@@ -82,7 +82,7 @@ def _main(argv: list[str]) -> int:
                         raise
                     raise CheckpointNotFoundError(ambiguous) from exc
         except (CkptError, ValueError, ImportError) as exc:  # ImportError: s3:// sans s3fs
-            say(exc)
+            say(_advised(exc))
         except OSError as exc:
             say(f"{args.command} failed: {_os_reason(exc)}")
         except sqlite3.Error as exc:
@@ -111,6 +111,17 @@ def _cli_wording(text: str) -> str:
     for api, cli in _CLI_WORDS.items():
         text = text.replace(api, cli)
     return _SAFE_GLOBALS_ADVICE.sub("", text)
+
+
+def _advised(exc: Exception) -> str:
+    """The error, with what to do where it is a checkpoint's damage and says nothing
+    (``checkpoint ID: chunk ... fails its checksum``)."""
+    text = str(exc)
+    damaged = re.match(r"checkpoint ([0-9a-f]{6,32}): ", text)
+    if not isinstance(exc, CorruptCheckpointError) or damaged is None or "ckpt-nb " in text:
+        return text
+    return (f"{text} (`ckpt-nb verify` names every damaged checkpoint; `ckpt-nb rm "
+            f"{damaged.group(1)}` deletes this one, or give another id)")
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -931,3 +931,15 @@ def test_every_id_argument_says_what_it_takes(
                           .split("options:")[0].split())
     ids = positional.count("'latest', 'best' (with --metric), '-N' or an id prefix")
     assert ids == (2 if command == "diff" else 1), positional
+
+
+def test_a_damaged_checkpoint_error_says_what_to_do(
+        store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"checkpoint ID: chunk ... fails its checksum", and nothing more."""
+    flip_byte_in_blobs(store.packs[2])
+    code, out, err = run(capsys, "export", store.directory, store.ids[2], tmp_path / "o.pt")
+    assert (code, out) == (1, "") and err.startswith(f"ckpt-nb: checkpoint {store.ids[2]}: ")
+    assert err.endswith(f"fails its checksum (`ckpt-nb verify` names every damaged checkpoint; "
+                        f"`ckpt-nb rm {store.ids[2]}` deletes this one, or give another id)\n")
+    assert run(capsys, "rm", store.directory, store.ids[2])[0] == 0
+    assert run(capsys, "verify", store.directory)[0] == 0
