@@ -929,7 +929,8 @@ def test_every_id_argument_says_what_it_takes(
     assert main([command, "--help"]) == 0
     positional = " ".join(capsys.readouterr().out.split("positional arguments:")[1]
                           .split("options:")[0].split())
-    ids = positional.count("'latest', 'best' (with --metric), '-N' or an id prefix")
+    ids = positional.count("'latest', 'best' (by --metric, or the store's recorded metric), "
+                           "'-N' or an id prefix")
     assert ids == (2 if command == "diff" else 1), positional
 
 
