@@ -185,11 +185,11 @@ class CheckpointManager:
 
     ``codec="none"`` stores raw bytes; ``level`` is zstd's, ``threads`` the encoding
     and decoding threads (default: the cores, up to 4), ``chunk_size`` the bytes a chunk holds
-    (4 KiB to 1 GiB), the unit of deduplication. ``durable=False`` skips fsync (for
-    throwaway stores: a crash may then lose a committed checkpoint). ``catalog`` puts
-    the SQLite catalog elsewhere (default: beside a local store, or in
-    ``$XDG_CACHE_HOME/ckpt_nb`` for an object store). A local store with a catalog
-    elsewhere is still locked in its own folder, and other managers (``ckpt-nb gc DIR``
+    (a multiple of 64 bytes from 4 KiB to 1 GiB; default 1 MiB), the unit of deduplication.
+    ``durable=False`` skips fsync (for throwaway stores: a crash may then lose a committed
+    checkpoint). ``catalog`` puts the SQLite catalog elsewhere (default: beside a local
+    store, or in ``$XDG_CACHE_HOME/ckpt_nb`` for an object store). A local store with a
+    catalog elsewhere is still locked in its own folder, and other managers (``ckpt-nb gc DIR``
     among them) use the catalog beside it: each writer whose catalog is not the one that
     wrote the store last lists the store first, and reads it again where it is behind (a
     gc from the other catalog deleted what this one saved), which costs time on a large
@@ -593,13 +593,15 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         try:
-            count = f"{len(self.catalog.checkpoints())} checkpoints"
+            found = len(self.catalog.checkpoints())
+            count = f"{found} checkpoint{'' if found == 1 else 's'}"
         except StoreError:
             count = "closed"
         return f"CheckpointManager({self.store.url!r}, {count})"
 
     def add_listener(self, callback: Callable[[str, str], None]) -> None:
-        """Call ``callback(event, checkpoint_id)`` after each save, delete or restore."""
+        """Call ``callback(event, checkpoint_id)`` after each save, restore, delete, pin
+        and unpin (both the event "pin")."""
         self._listeners.append(callback)
 
     def _notify(self, event: str, checkpoint_id: str) -> None:

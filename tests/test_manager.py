@@ -1813,6 +1813,7 @@ def test_an_optimizer_or_scheduler_of_another_class_is_refused(tmp_path: Path,
 def test_a_closed_manager_says_so(tmp_path: Path) -> None:
     with CheckpointManager(tmp_path / "exp") as mgr:
         cid = mgr.save(torch.nn.Linear(2, 2))
+        assert repr(mgr).endswith(", 1 checkpoint)")  # (it said "1 checkpoints")
     mgr.close()  # (twice is fine)
     assert repr(mgr).endswith(", closed)")
     for use in (mgr.list, lambda: mgr.save(torch.nn.Linear(2, 2)), lambda: mgr.load(cid)):
