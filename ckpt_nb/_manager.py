@@ -260,6 +260,7 @@ class CheckpointManager:
             None if metric is not None else self.catalog.ranking())
         if self._ranking_taken is not None:
             self.metric, self.mode = self._ranking_taken
+        self._ranking_said = False  # (that "best" came from the record: said once)
         self.head: str | None = None
         """The checkpoint the live objects came from (last saved or restored): the next
         save's parent."""
@@ -1113,6 +1114,12 @@ class CheckpointManager:
         elif which == "best":
             rows = self.catalog.checkpoints()
             best = self._best(rows, 1)
+            if best and self._ranking_taken == (self.metric, self.mode) and \
+                    not self._ranking_said:
+                self._ranking_said = True  # (another run's save in this store may have)
+                warn(f"'best' is by {self.metric} ({self.mode}), the ranking an earlier "
+                     "save recorded in this store: give a metric (metric=, --metric) to "
+                     "rank by another")
             if best:
                 return best[0]
             if rows and self.metric is None:
@@ -1120,11 +1127,15 @@ class CheckpointManager:
                     "'best' needs a metric to rank by, and no save to this store recorded "
                     "one: CheckpointManager(..., "
                     "metric='val_loss'), or in a notebook %%ckpt_auto --on val_loss:min")
+            recorded = ("" if self._ranking_taken != (self.metric, self.mode) else
+                        ", the metric an earlier save recorded in this store: give a metric "
+                        "(metric=, --metric) to rank by another")
             if any(self.metric in r.metrics for r in rows):  # (a diverged run's, all)
                 raise CheckpointNotFoundError(f"no checkpoint has a finite {self.metric!r} "
-                                              "(NaN and ±inf are never best)")
+                                              f"(NaN and ±inf are never best){recorded}")
             if rows:
-                raise CheckpointNotFoundError(f"no checkpoint has the metric {self.metric!r}")
+                raise CheckpointNotFoundError(f"no checkpoint has the metric "
+                                              f"{self.metric!r}{recorded}")
         elif self.catalog.get(which) is not None:
             return which
         elif which and not self.catalog.ids_with_prefix(which):

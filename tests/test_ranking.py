@@ -42,12 +42,42 @@ def test_a_manager_without_metric_ranks_as_the_stores_saves_did(tmp_path: Path) 
     ids = bleu_store(tmp_path, metric="bleu", mode="max")
     with CheckpointManager(tmp_path) as mgr:
         assert (mgr.metric, mgr.mode) == ("bleu", "max")
-        assert mgr.resolve("best") == ids[1]
+        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\), the ranking an "
+                                             "earlier save recorded in this store"):
+            assert mgr.resolve("best") == ids[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (said once a manager)
+            assert mgr.resolve("best") == ids[1]
         assert list(mgr.list().query("best")["id"]) == [ids[1]]
     bold, gold = explorer_best(tmp_path)
     assert bold == {ids[0]: [], ids[1]: ["bleu"], ids[2]: []} and gold == [ids[1]]
     assert _plots.plot_dag(tmp_path) is not None  # (opens its own manager: no error)
     assert main(["show", str(tmp_path), "best"]) == 0
+
+
+def test_another_runs_recorded_metric_is_named_where_best_uses_it(tmp_path: Path) -> None:
+    """Yesterday's run saved with metric="val_loss"; today's plain manager, logging acc
+    alone, restored yesterday's best into today's model without a word."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path, metric="val_loss") as yesterday:
+        old = yesterday.save(model, metrics={"val_loss": 0.1})
+    with CheckpointManager(tmp_path) as today:
+        for acc in (0.5, 0.9):
+            today.save(model, metrics={"acc": acc})
+        with pytest.warns(UserWarning, match="'best' is by val_loss .min., the ranking an "
+                                             "earlier save recorded"):
+            assert today.restore("best", model=model, rng=False).id == old
+    with CheckpointManager(tmp_path / "acc_only", metric="val_loss") as ranked:
+        ranked.save(model, metrics={"acc": 0.5})
+        with pytest.raises(CheckpointNotFoundError) as given:
+            ranked.resolve("best")
+    assert str(given.value) == "no checkpoint has the metric 'val_loss'"
+    with CheckpointManager(tmp_path / "acc_only") as plain:
+        with pytest.raises(CheckpointNotFoundError) as taken:
+            plain.resolve("best")
+    assert str(taken.value) == ("no checkpoint has the metric 'val_loss', the metric an "
+                                "earlier save recorded in this store: give a metric "
+                                "(metric=, --metric) to rank by another")
 
 
 def test_an_explicit_metric_wins_and_a_reader_records_nothing(
