@@ -266,16 +266,22 @@ def parse_duration(text: str) -> float:
 
 # Parts of a metric's name that say which way is better (the explorer's plots rank
 # metrics by the same higher-is-better words).
-HIGHER_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "reward")
+HIGHER_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "reward", "bleu",
+                 "rouge", "psnr", "ssim", "ndcg")
 _LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "nll", "cost")
+# Short names, as words only: "iou" is in "previous_loss", "wer" in "power", "fid" in
+# "confidence" (map50 and val_wer are words here: a digit or "_" may follow or lead).
+_HIGHER_WORDS = re.compile(r"(?<![a-z])(iou|miou|map|dice)(?![a-z])")
+_LOWER_WORDS = re.compile(r"(?<![a-z])(wer|cer|fid)(?![a-z])")
 
 
 def metric_mode_from_name(name: str) -> str | None:
     """"min" or "max" where the name says which way is better (a loss, an accuracy),
     else None: a wrong guess would keep the worst checkpoints as the best."""
     lower = name.lower()
-    higher = any(part in lower for part in HIGHER_BETTER)
-    if higher == any(part in lower for part in _LOWER_BETTER):
+    higher = any(part in lower for part in HIGHER_BETTER) or bool(_HIGHER_WORDS.search(lower))
+    if higher == (any(part in lower for part in _LOWER_BETTER) or
+                  bool(_LOWER_WORDS.search(lower))):
         return None  # (neither, or both: "score_loss")
     return "max" if higher else "min"
 
