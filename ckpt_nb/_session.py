@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,8 +54,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem, unwrap
 from ._catalog import CheckpointRow, store_exists
-from ._discovery import (Discovery, GeneratorState, RandomState, assign_in_place, discover,
-                         from_storable, is_code, loader_random, to_storable)
+from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
+                         assign_in_place, discover, from_storable, is_code, loader_random,
+                         to_storable)
 from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, warn)
 from ._format import is_count, run_key
@@ -711,18 +712,6 @@ class _Gradients:
         return False
 
 
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a variable: itself, or those in its dicts, lists and tuples."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from _tensors_in(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors_in(item)
-
-
 def _storage(tensor: torch.Tensor) -> int | None:
     """The address of a tensor's storage (its detached copies and views share it), or
     None where it has no plain one: sparse, nested, meta, empty."""
@@ -735,39 +724,69 @@ def _storage(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def _orphaned_optimizers(names: Iterable[str], found: Discovery) -> list[str]:
-    """Why each optimizer of ``names`` drives the parameters of a module that is gone:
-    none of the tensors of the tracked objects (their state) or variables, but tensors
-    shaped as a tracked module's parameters. The module's cell was run again
-    (``model = ...``) and the optimizer's was not: restoring both put the model back while
-    the optimizer went on stepping the old one's parameters, and the model never trained
-    again."""
+def _orphaned_optimizers(names: Iterable[str], found: Discovery,
+                         namespace: Mapping[str, Any]) -> list[str]:
+    """A notice for each optimizer of ``names`` that may drive the parameters of a module
+    that is gone: tensors shaped as a tracked module's parameters, held by nothing else
+    the namespace reaches. The module's cell was run again (``model = ...``) and the
+    optimizer's was not: the optimizer steps the old model's parameters and the model
+    never trains. It is said, not refused: an optimizer left from an earlier experiment
+    looks the same, and restoring it does no harm."""
     modules = {n: m for n, m in found.statefuls.items() if isinstance(m, torch.nn.Module)}
-    tensors = [p for m in modules.values() for p in m.parameters()]
-    tensors += [t for value in found.variables.values() for t in _tensors_in(value)]
-    for obj in found.statefuls.values():
-        if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
-            try:  # (another object holding the module: a wrapper of the user's own)
-                tensors += _tensors_in(obj.state_dict())
-            except Exception:  # noqa: BLE001 - its own save or load names its failure
-                continue
-    held = {_storage(t) for t in tensors} - {None}
-    orphaned = []
+    if not modules:
+        return []
+    tracked = {_storage(p) for m in modules.values() for p in m.parameters()}
+    suspects: dict[str, tuple[str, set[int]]] = {}
     for name in names:
         optimizer = found.statefuls.get(name)
         if not isinstance(optimizer, torch.optim.Optimizer):
             continue
         params = [p for group in optimizer.param_groups for p in group["params"]]
         storages = {_storage(p) for p in params} - {None}
-        if not storages or storages & held:
+        if not storages or storages & tracked:
             continue
         shapes = Counter(tuple(p.shape) for p in params)
         like = next((n for n, m in modules.items()
                      if not shapes - Counter(tuple(p.shape) for p in m.parameters())), None)
         if like is not None:
-            orphaned.append(f"{name} drives parameters of no tracked module (was `{like}` "
-                            f"re-created after it?)")
-    return orphaned
+            suspects[name] = like, storages
+    if not suspects:  # (the walk only then: most optimizers drive a tracked module)
+        return []
+    held = _held_storages(namespace, set().union(*(s for _, s in suspects.values())))
+    return [f"{name} drives parameters no tracked module holds: if the training uses it, "
+            f"re-create it after `{module}` (run its cell again); if it's left from earlier, "
+            f"`del {name}` or leave it out with --track (track=)"
+            for name, (module, storages) in suspects.items() if not storages & held]
+
+
+def _held_storages(namespace: Mapping[str, Any], wanted: set[int]) -> set[int]:
+    """Which of the ``wanted`` tensor storages a public name of the namespace reaches,
+    tracked or not (a variable over the size cap, a module in a dict, an object's
+    attribute), other than through an optimizer: those are held, not orphaned. Stops
+    once all are found; modules give their parameters and buffers, not a state_dict."""
+    held: set[int] = set()
+    seen: set[int] = set()
+    queue = deque((value, 0) for name, value in namespace.items()
+                  if not name.startswith("_") and name not in _HIDDEN)
+    while queue and held != wanted:  # (breadth first: each value at its shallowest)
+        value, depth = queue.popleft()
+        if id(value) in seen or depth > _MAX_DEPTH or is_code(value) or \
+                isinstance(value, (torch.optim.Optimizer, str, bytes, int, float)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            held.update(s for s in (_storage(value),) if s in wanted)
+        elif isinstance(value, torch.nn.Module):
+            held.update(s for t in (*value.parameters(), *value.buffers())
+                        if (s := _storage(t)) in wanted)
+        elif isinstance(value, Mapping):
+            queue.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            queue.extend((item, depth + 1) for item in value)
+        else:  # (an object of the user's own: a trainer, an EMA, a wrapper)
+            with contextlib.suppress(TypeError):  # (one without a __dict__)
+                queue.extend((item, depth + 1) for item in vars(value).values())
+    return held
 
 
 def _first_gradient(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
@@ -1560,11 +1579,9 @@ class AutoSession:
                 f"its module's globals, not {', '.join(unseen)} among the function's locals, "
                 "and the loop would go on from the saved position with them as they are now; "
                 "pass namespace=locals() (or auto(resume=False) not to resume)")
-        orphaned = _orphaned_optimizers([_live_name(key) for key in ck.state], self.discovery)
-        if orphaned:  # (the loop would step them, and the model would never train)
-            raise StateMismatchError(
-                f"not resuming checkpoint {ck.id} (step {ck.step}): {'; '.join(orphaned)}: "
-                "re-create the optimizer (run its cell again), then run this cell again")
+        for notice in _orphaned_optimizers([_live_name(key) for key in ck.state],
+                                           self.discovery, self.namespace):
+            warn(f"resuming checkpoint {ck.id}: {notice}", RuntimeWarning)
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
@@ -1945,11 +1962,6 @@ class AutoSession:
         found = self.rediscover()
         live = found.statefuls
         objects = [_live_name(key) for key in state.get("types") or {}]
-        orphaned = _orphaned_optimizers([n for n in objects if n in live], found)
-        if orphaned:  # (refused before anything changes: a rollback is all or nothing)
-            raise StateMismatchError(
-                f"not rolling back to {cid}: {'; '.join(orphaned)}: re-create the optimizer "
-                "(run its cell again), then roll back")
         variables = [n for n in names if self._assignable(n, live)]
         return RollbackPlan(cid, [n for n in objects if n in live] + variables,
                             [n for n in objects if n not in live]
@@ -1964,6 +1976,7 @@ class AutoSession:
         if not plan.restored:
             raise StateMismatchError(plan.refusal())
         cid, missing = plan.id, plan.not_restored
+        orphaned = _orphaned_optimizers(plan.restored, self.discovery, self.namespace)
         ck = self.manager.load(cid)
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
         targets, variables = self._apply(ck, saved)
@@ -1982,6 +1995,8 @@ class AutoSession:
         self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}{best}: restored "
                  f"{', '.join(restored)}{left}{saved.unread()}; the next save starts a branch "
                  "from it")
+        for notice in orphaned:  # (after the line: what was restored, then what to check)
+            warn(f"rolled back to {ck.id}: {notice}", RuntimeWarning)
         return ck.id
 
     def status(self) -> dict[str, Any]:
