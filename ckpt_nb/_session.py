@@ -2167,8 +2167,10 @@ def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
 
 def _written_ranking(manager: CheckpointManager) -> tuple[tuple[str, str], int | None] | None:
     """The ``--on`` metric and ``--keep-best`` of the session that wrote the store's newest
-    run record, or None where it ranked by none: a store is ranked (its best, listed or
-    rolled back to) as it was written, not by another session's options."""
+    run record: a store is ranked (its best, listed or rolled back to) as it was written,
+    not by another session's options. None where that run ranked by none, or no run
+    record is found: the caller then keeps the manager's own ranking, the one the store's
+    last save with a metric recorded (an older run's ``--on``), if any."""
     for row in reversed(manager.catalog.checkpoints()):
         with contextlib.suppress(CkptError, KeyError, TypeError):
             run = manager._saved_extra(row.id).get(RUN_KEY)
