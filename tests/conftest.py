@@ -21,6 +21,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 from sklearn.datasets import load_digits
 
+from ckpt_nb import _session
+
 
 class DigitsRun:
     """A model, optimizer and scheduler with a deterministic training step on digits."""
@@ -111,6 +113,16 @@ def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
     yield sh
     os.chdir(old)
     sh.run_cell("%unload_ext ckpt_nb", store_history=False)
+
+
+@pytest.fixture
+def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts like a new kernel: no last session, no kernel position (a test
+    module takes it for all its tests: pytestmark = usefixtures("fresh_process_state"))."""
+    monkeypatch.setattr(_session, "_last", None)
+    monkeypatch.setattr(_session, "_positions", {})
+    monkeypatch.setattr(_session, "_position_events", {})
+    monkeypatch.setattr(_session, "_left_values", {})
 
 
 def start_s3_server(env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:

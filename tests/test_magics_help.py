@@ -11,7 +11,8 @@ from traitlets import TraitError
 
 import ckpt_nb
 from ckpt_nb._magics import CkptMagics
-from test_magics import fresh_process_state  # noqa: F401 - (autouse: each test a new kernel)
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
 
 SMALL = """
 import torch, ckpt_nb

@@ -29,13 +29,7 @@ for epoch in ckpt_nb.epochs(3):
 """
 
 
-@pytest.fixture(autouse=True)
-def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts like a new kernel: no last session, no kernel position."""
-    monkeypatch.setattr(_session, "_last", None)
-    monkeypatch.setattr(_session, "_positions", {})
-    monkeypatch.setattr(_session, "_position_events", {})
-    monkeypatch.setattr(_session, "_left_values", {})
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
 
 
 def run(sh: InteractiveShell, code: str) -> None:
