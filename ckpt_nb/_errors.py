@@ -27,7 +27,8 @@ import warnings
 _SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
 # Modules that run ckpt_nb's code for it (a notebook's magics and hooks, a background
 # save's thread): a warning met there has no line of the user's to point at.
-_HOSTS = ("IPython.", "ipykernel.", "concurrent.futures.", "threading")
+_HOSTS = ("IPython.", "ipykernel.", "ipywidgets.", "traitlets.", "concurrent.futures.",
+          "threading")
 
 
 class CkptError(Exception):

@@ -228,3 +228,17 @@ def test_an_export_to_a_url_is_a_file_format_error(tmp_path: Path) -> None:
     cid = mgr.save(torch.nn.Linear(2, 2))
     with pytest.raises(FileFormatError, match="an export is a local file"):
         mgr.export(cid, "s3://bucket/model.pt")
+
+
+@pytest.mark.parametrize("host", ["ipywidgets.widgets.widget", "traitlets.traitlets",
+                                  "IPython.core.magic"])
+def test_a_warning_met_under_a_host_is_ckpt_nbs_own(host: str) -> None:
+    """A rollback from an explorer button warned at a line of ipywidgets' (its click
+    handler's), which says nothing to the user."""
+    from ckpt_nb._errors import warn
+
+    code = compile("warn('the message')", f"/site-packages/{host.replace('.', '/')}.py", "exec")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(code, {"__name__": host, "warn": warn})  # noqa: S102 - a frame of that module
+    assert [(w.filename, str(w.message)) for w in caught] == [("ckpt_nb", "the message")]
