@@ -951,11 +951,11 @@ def _split_state(data: dict[str, Any], export: bool) -> tuple[dict[str, Any], di
 
 def _is_a_ckpt_nb_export(data: Mapping[Any, Any]) -> bool:
     """Whether a torch file is an export of ckpt_nb's, by its entry of that name (the
-    checkpoint's id, branch and note), not by the key alone: another tool's file may have
-    a "ckpt_nb" value of its own, which then stays in extra."""
+    checkpoint's id, branch and note: a later version may add to them), not by the key
+    alone: another tool's file may have a "ckpt_nb" value of its own, which then stays in
+    extra."""
     entry = data.get("ckpt_nb")
-    return isinstance(entry, Mapping) and isinstance(entry.get("id"), str) and \
-        entry.keys() <= {"id", "branch", "note"}
+    return isinstance(entry, Mapping) and isinstance(entry.get("id"), str)
 
 
 # Words that make a top-level number of a torch.save dict a metric (val_loss, best_acc),

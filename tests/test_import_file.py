@@ -552,7 +552,7 @@ def test_a_shard_index_too_large_for_one_is_refused_unread(
         CheckpointManager(tmp_path / "s").load(index)
 
 
-@pytest.mark.parametrize("entry", [{"version": 3}, "v3", 3])
+@pytest.mark.parametrize("entry", [{"version": 3}, {"id": 3}, "v3", 3])
 def test_another_tools_ckpt_nb_key_stays_in_extra(tmp_path: Path, entry: Any) -> None:
     """A file's own top-level "ckpt_nb" value made it a ckpt_nb export: the value was
     dropped (or the file refused as damaged) and its other keys read by the export's rules."""
@@ -562,3 +562,14 @@ def test_another_tools_ckpt_nb_key_stays_in_extra(tmp_path: Path, entry: Any) ->
     ck = mgr.restore(mgr.import_file(tmp_path / "theirs.pt"), rng=False)
     assert ck.extra == {"ckpt_nb": entry} and ck.epoch == 2
     assert ck.metrics == {"val_loss": 0.5} and list(ck.state) == ["model"]
+
+
+def test_an_export_of_a_later_version_with_more_in_its_entry_is_read_as_an_export(
+        tmp_path: Path) -> None:
+    torch.save({"model": {"w": torch.ones(2)}, "epoch": 2, "metrics": {"loss": 0.5},
+                "extra": {}, "step": None, "batch_idx": None, "rng": None,
+                "ckpt_nb": {"id": "abc", "branch": "main", "note": "n", "format": 9}},
+               tmp_path / "later.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    ck = mgr.restore(mgr.import_file(tmp_path / "later.pt"), rng=False)
+    assert (ck.epoch, ck.metrics, ck.extra) == (2, {"loss": 0.5}, {})  # (no "ckpt_nb" in it)
