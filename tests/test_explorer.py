@@ -1057,17 +1057,23 @@ def test_deleting_the_kernels_checkpoint_marks_the_kernel_at_its_heir(
             ui.close()
 
 
+def stepped_saves(mgr: ckpt_nb.CheckpointManager, model: torch.nn.Linear, n: int) -> list[str]:
+    """``n`` saves, the weight one higher and the loss ``float(step)`` at each."""
+    ids = []
+    for step in range(n):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ids.append(mgr.save(model, step=step, metrics={"loss": float(step)}))
+    return ids
+
+
 def test_the_diff_tab_computes_each_diff_once(tmp_path: Path) -> None:
     """A refresh or a selection with the Diff tab open diffs once, and a refresh that
     leaves from/to as they were not again (each change of from/to drew it again: a
     refresh after a save diffed five times, on the follower thread while training ran)."""
     mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
     model = torch.nn.Linear(4, 4)
-    ids = []
-    for step in range(4):
-        with torch.no_grad():
-            model.weight.add_(1.0)
-        ids.append(mgr.save(model, step=step, metrics={"loss": float(step)}))
+    ids = stepped_saves(mgr, model, 4)
     ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
     diffed: list[tuple[str, str]] = []
     real_diff = ui.manager.diff
@@ -1099,12 +1105,7 @@ def test_a_diff_that_fails_leaves_no_other_pairs_table(tmp_path: Path) -> None:
     """A pair whose diff fails (a damaged pack) shows no diff: the last pair's bars and
     table under from/to that name the new pair read as its."""
     mgr = ckpt_nb.CheckpointManager(tmp_path / "s", strategy="full")
-    model = torch.nn.Linear(64, 64)
-    ids = []
-    for step in range(3):
-        with torch.no_grad():
-            model.weight.add_(1.0)
-        ids.append(mgr.save(model, step=step, metrics={"loss": float(step)}))
+    ids = stepped_saves(mgr, torch.nn.Linear(64, 64), 3)
     mgr.close()
     newest = max((tmp_path / "s" / "packs").glob("*.pack"), key=lambda f: f.stat().st_mtime)
     data = bytearray(newest.read_bytes())
