@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
@@ -164,6 +165,23 @@ def _memory_store_lock(url: str) -> threading.RLock:
         return _MEMORY_LOCKS.setdefault(url, threading.RLock())
 
 
+_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while a manager saved (a DataLoader's workers, forked as an epoch
+    starts under a background save) has that manager's ``_busy`` held by a thread it does
+    not have, and pools whose threads it does not have: give it fresh ones, or its first
+    save or close() waits forever. (Its forking thread's own hold, if any, stays.)"""
+    for manager in list(_MANAGERS):
+        if not manager._busy._is_owned():  # type: ignore[attr-defined]
+            manager._busy = threading.RLock()
+            manager._pool = manager._pack_writer = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex[:10]
 
@@ -251,6 +269,7 @@ class CheckpointManager:
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
+        _MANAGERS.add(self)  # (a forked child's copy gets a fresh _busy)
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
@@ -493,7 +512,11 @@ class CheckpointManager:
             yield
         finally:
             if folder is not None:
-                os.close(folder)  # (which lets go of its lock)
+                # (unlocked, not only closed: a child forked meanwhile shares the lock,
+                # and kept the folder locked after this close)
+                with contextlib.suppress(OSError):
+                    fcntl.flock(folder, fcntl.LOCK_UN)
+                os.close(folder)
 
     def _open_lock(self) -> IO[str]:
         """The lock file; an object store's catalog cache removed meanwhile (a cache

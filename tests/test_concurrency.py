@@ -5,6 +5,7 @@ test runs the other side as a real process (or thread) against real SQLite."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import subprocess
 import sys
 import textwrap
@@ -219,3 +220,71 @@ def test_close_waits_for_a_save_in_another_thread(tmp_path: Path) -> None:
     saving.join(60)
     assert len(outcome) == 1 and isinstance(outcome[0], str), outcome
     every_one_loads(tmp_path, outcome)
+
+
+@contextlib.contextmanager
+def a_save_in_another_thread(mgr: CheckpointManager) -> Iterator[None]:
+    """A save running in another thread (a notebook session's background writer) for as
+    long as the ``with`` block runs: it holds the store's locks meanwhile."""
+    started, release = threading.Event(), threading.Event()
+    model = torch.nn.Linear(64, 64)
+
+    def held(done: int, total: int) -> None:
+        started.set()
+        release.wait(60)
+
+    saving = threading.Thread(target=lambda: mgr.save(model, progress=held))
+    saving.start()
+    assert started.wait(60)
+    try:
+        yield
+    finally:
+        release.set()
+        saving.join(60)
+
+
+def saves_within(mgr: CheckpointManager, seconds: float) -> bool:
+    """Whether a save finishes within ``seconds`` (in a thread left to finish after)."""
+    done = threading.Event()
+    model = torch.nn.Linear(64, 64)
+    threading.Thread(target=lambda: (mgr.save(model), done.set()), daemon=True).start()
+    return done.wait(seconds)
+
+
+def test_dataloader_workers_forked_under_a_save_keep_no_lock(tmp_path: Path) -> None:
+    """A DataLoader's workers, forked as an epoch started while a background save held
+    the store's folder lock, shared that lock and kept it after the save: every later
+    save waited for the workers to exit (half of a session's checkpoints were missing)."""
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4, num_workers=2,
+        multiprocessing_context="fork")
+    with CheckpointManager(tmp_path / "store") as mgr:
+        with a_save_in_another_thread(mgr):
+            batches = iter(loader)  # (the workers are forked here, the save under way)
+            next(batches)
+        saved = saves_within(mgr, 30)
+        del batches  # (its workers stop, before the assert, which would keep them)
+    assert saved, "the next save waited for the forked workers"
+
+
+def test_a_process_forked_under_a_save_can_close_its_copy(tmp_path: Path) -> None:
+    """A child forked while another thread saved got the manager's lock held by a thread
+    it does not have: its close() (or save) waited forever."""
+    fork = multiprocessing.get_context("fork")
+    closed = fork.Event()
+
+    def child(mgr: CheckpointManager) -> None:
+        mgr.close()
+        closed.set()
+        time.sleep(60)  # (alive while the parent saves again)
+
+    with CheckpointManager(tmp_path / "store") as mgr:
+        with a_save_in_another_thread(mgr):
+            process = fork.Process(target=child, args=(mgr,))
+            process.start()
+        copy_closed = closed.wait(30)
+        saved = saves_within(mgr, 30)
+        process.kill()  # (lets go of what it holds, before the asserts)
+        process.join(60)
+    assert copy_closed, "the forked copy's close() waited for a thread it does not have"
+    assert saved, "the next save waited for the forked process"
