@@ -32,6 +32,7 @@ CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 # holds (a store saved before labels held them in its catalog alone): see the manager.
 LABELS_WRITTEN = "labels_written"
 CATALOG_ID = "catalog_id"  # (meta) the random id that tells this catalog from another
+CATALOG_ID_FILE = "catalog_id_file"  # (meta) the "device:inode" of the file it was made in
 # The meta key of the metric and mode ("min" or "max") the store's checkpoints are ranked
 # by: recorded by a manager given metric= when it saves, the default of one opened without.
 RANKING = "ranking"
@@ -354,13 +355,21 @@ class Catalog:
 
     def uid(self) -> str:
         """This catalog's own random id, made the first time it is asked for (a store's
-        lock file names the catalog that last wrote the store, to tell another apart)."""
+        lock file names the catalog that last wrote the store, to tell another apart).
+        It is tied to the file (its device and inode, kept beside it): a copy of the
+        catalog (moved to a local disk, a backup put back) gets an id of its own, as
+        the same id said the copy had seen the original's saves, and gc from the
+        original deleted what was saved through the copy."""
+        file = "" if self.file_id is None else "%d:%d" % self.file_id
         with self._lock:
-            found = self._meta(CATALOG_ID)
-        if found is None:
+            found, made_in = self._meta(CATALOG_ID), self._meta(CATALOG_ID_FILE)
+        if found is None or made_in != file:
             with self.transaction():
-                found = self._meta(CATALOG_ID) or uuid.uuid4().hex
-                self._set_meta(CATALOG_ID, found)
+                found = self._meta(CATALOG_ID)
+                if found is None or self._meta(CATALOG_ID_FILE) != file:
+                    found = uuid.uuid4().hex
+                    self._set_meta(CATALOG_ID, found)
+                    self._set_meta(CATALOG_ID_FILE, file)
         return found
 
     def close(self) -> None:

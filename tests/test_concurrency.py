@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -288,3 +289,23 @@ def test_a_process_forked_under_a_save_can_close_its_copy(tmp_path: Path) -> Non
         process.join(60)
     assert copy_closed, "the forked copy's close() waited for a thread it does not have"
     assert saved, "the next save waited for the forked process"
+
+
+def test_gc_beside_the_store_keeps_what_a_copy_of_its_catalog_saved(tmp_path: Path) -> None:
+    """The catalog copied to a local disk and used with ``catalog=``: the copy kept the
+    original's id, so a gc from the original took the store as unchanged since it last
+    wrote it, and deleted both checkpoints saved through the copy."""
+    store, copy = tmp_path / "store", tmp_path / "local.sqlite"
+    model = torch.nn.Linear(64, 64)
+    with CheckpointManager(store) as first:
+        ids = [first.save(model, epoch=0)]
+    shutil.copy(store / "catalog.sqlite", copy)
+    with CheckpointManager(store, catalog=copy) as run:
+        for epoch in (1, 2):
+            with torch.no_grad():
+                model.weight.add_(1)
+            ids.append(run.save(model, epoch=epoch))
+        gc = subprocess.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)],
+                            capture_output=True, text=True, timeout=120)
+        assert gc.returncode == 0, gc.stderr
+    every_one_loads(store, ids)
