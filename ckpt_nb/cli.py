@@ -356,8 +356,13 @@ def _nan_logged(mgr: CheckpointManager, frame: Any, fixed: set[str]) -> set[tupl
 
 
 def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    cid, skipped, _ = _as_restored_back(mgr, args.id)
-    info = mgr.info(cid)
+    try:
+        cid, skipped, _ = _as_restored_back(mgr, args.id)
+        info = mgr.info(cid)
+    except CheckpointNotFoundError:  # ("latest" deleted meanwhile by another process's
+        with _store_locked(mgr):  # retention: again, where none is deleted)
+            cid, skipped, _ = _as_restored_back(mgr, args.id)
+            info = mgr.info(cid)
     # (retention deletes a full base its deltas no longer need: they were rewritten)
     gone = ", deleted" if info["full_base"] and info["full_base"] not in \
         mgr.list()["id"].values else ""
@@ -386,6 +391,14 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
+    try:
+        return _diff_resolved(mgr, args)
+    except CheckpointNotFoundError:  # ("latest" deleted meanwhile by another process's
+        with _store_locked(mgr):  # retention: again, where none is deleted)
+            return _diff_resolved(mgr, args)
+
+
+def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     a, skipped, latest = _as_restored_back(mgr, args.a)
     b, skipped_b, latest_b = (a, skipped, latest) if args.b == args.a else \
         _as_restored_back(mgr, args.b)
@@ -443,30 +456,48 @@ def _as_restored(mgr: CheckpointManager, which: str) -> tuple[str, str | None]:
         return mgr.resolve(which), None
     skipped: list[str] = []
     with _progress("verify") as progress:
-        for cid in reversed(list(mgr.list()["id"])):
-            try:
-                report = mgr.verify([cid], progress=progress)
-            except CheckpointNotFoundError:
-                continue  # deleted meanwhile: the one before it, as restore does
-            if cid in report.newer:
-                skipped.append(f"{cid} (written by a newer ckpt_nb, which this one cannot "
-                               "read)")
-                continue
-            if cid not in report.checked:
-                continue  # (deleted while it was read)
-            problems = report.bad.get(cid)
-            if not problems:
-                return cid, None if not skipped else (
-                    f"{'; '.join(skipped)}, newer: 'latest' is the newest checkpoint that "
-                    "verifies, as restore and export take it")
-            more = f", and {len(problems) - 1} more" if len(problems) > 1 else ""
-            skipped.append(f"{cid} ({problems[0].removeprefix(f'checkpoint {cid}: ')}{more})")
+        found = _newest_verifying(mgr, progress, skipped)
+        if found is None and not skipped:  # each deleted while it was read (another
+            mgr.resolve("latest")  # process's retention; an empty store says so here):
+            with _store_locked(mgr):  # again, where none is deleted
+                found = _newest_verifying(mgr, progress, skipped)
+    if found is not None:
+        return found, None if not skipped else (
+            f"{'; '.join(skipped)}, newer: 'latest' is the newest checkpoint that "
+            "verifies, as restore and export take it")
     mgr.resolve("latest")  # (an empty store: says it has no checkpoints)
-    if not skipped:  # each deleted while it was read (another process's retention): the
-        return mgr.load("latest").id, None  # load's last try reads under the store's lock
     raise CorruptCheckpointError(
         f"no checkpoint in {mgr.store.url} passes verification: `ckpt-nb verify` names "
         "what is damaged; `ckpt-nb show` with an id shows that checkpoint as it is")
+
+
+def _newest_verifying(mgr: CheckpointManager, progress: Any,
+                      skipped: list[str]) -> str | None:
+    """The newest checkpoint that verifies (None where none does, or each was deleted
+    while it was read), adding each newer one passed over, with why, to ``skipped``."""
+    for cid in reversed(list(mgr.list()["id"])):
+        try:
+            report = mgr.verify([cid], progress=progress)
+        except CheckpointNotFoundError:
+            continue  # deleted meanwhile: the one before it, as restore does
+        if cid in report.newer:
+            skipped.append(f"{cid} (written by a newer ckpt_nb, which this one cannot read)")
+            continue
+        if cid not in report.checked:
+            continue  # (deleted while it was read)
+        problems = report.bad.get(cid)
+        if not problems:
+            return cid
+        more = f", and {len(problems) - 1} more" if len(problems) > 1 else ""
+        skipped.append(f"{cid} ({problems[0].removeprefix(f'checkpoint {cid}: ')}{more})")
+    return None
+
+
+def _store_locked(mgr: CheckpointManager) -> contextlib.AbstractContextManager[None]:
+    """The store's writers' lock, under which no checkpoint is deleted (none to take
+    where the store is open to read only)."""
+    return contextlib.nullcontext() if mgr.catalog.read_only else mgr._exclusive()
+
 
 
 def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:

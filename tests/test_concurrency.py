@@ -188,8 +188,10 @@ def test_show_latest_outrun_by_another_process_retention_shows_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """`ckpt-nb show latest` verified each checkpoint in turn, each deleted meanwhile,
-    and said no checkpoint passes verification."""
+    and said no checkpoint passes verification; then the one it found was deleted before
+    its info was read (with info slowed too, every time)."""
     slowed(monkeypatch, "verify")
+    slowed(monkeypatch, "info")
     store = tmp_path / "store"
     with another_process_keeping_one(store):
         assert main(["show", str(store), "latest"]) == 0
