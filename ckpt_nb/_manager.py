@@ -205,9 +205,10 @@ class CheckpointManager:
     and decoding threads (default: the cores, up to 4), ``chunk_size`` the bytes a chunk holds
     (a multiple of 64 bytes from 4 KiB to 1 GiB; default 1 MiB), the unit of deduplication.
     ``durable=False`` skips fsync (for throwaway stores: a crash may then lose a committed
-    checkpoint). ``catalog`` puts the SQLite catalog elsewhere (default: beside a local
-    store, or in ``$XDG_CACHE_HOME/ckpt_nb`` for an object store). A local store with a
-    catalog elsewhere is still locked in its own folder, and other managers (``ckpt-nb gc DIR``
+    checkpoint). ``catalog`` puts the SQLite catalog elsewhere (a relative path from the
+    working directory at open; default: beside a local store, or in
+    ``$XDG_CACHE_HOME/ckpt_nb`` for an object store). A local store with a catalog
+    elsewhere is still locked in its own folder, and other managers (``ckpt-nb gc DIR``
     among them) use the catalog beside it: each writer whose catalog is not the one that
     wrote the store last lists the store first, and reads it again where it is behind (a
     gc from the other catalog deleted what this one saved), which costs time on a large
@@ -297,7 +298,7 @@ class CheckpointManager:
     def _catalog_path(self, catalog: str | os.PathLike[str] | None) -> str:
         root = local_root(self.store)
         if catalog is not None:
-            path = Path(catalog)
+            path = Path(catalog).absolute()  # (not another after a chdir, a notebook's %cd)
         elif root is not None:
             path = root / "catalog.sqlite"
             if not path.exists() and root.is_dir() and not os.access(root, os.W_OK):

@@ -311,3 +311,21 @@ def test_gc_beside_the_store_keeps_what_a_copy_of_its_catalog_saved(tmp_path: Pa
                             capture_output=True, text=True, timeout=120)
         assert gc.returncode == 0, gc.stderr
     every_one_loads(store, ids)
+
+
+def test_a_relative_catalog_stays_the_one_opened_after_a_chdir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``catalog="cat.sqlite"``, then a notebook's ``%cd``: the next save took the catalog
+    for deleted (its path named another file) and built a new one in the new folder."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    model = torch.nn.Linear(4, 4)
+    with CheckpointManager(tmp_path / "store", catalog="cat.sqlite") as mgr:
+        mgr.save(model, epoch=0)
+        monkeypatch.chdir(tmp_path / "b")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no rebuild)
+            mgr.save(model, epoch=1)
+        assert len(mgr.list()) == 2
+    assert list((tmp_path / "b").iterdir()) == []
