@@ -270,6 +270,7 @@ class CheckpointManager:
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
+        self._replaced_catalogs: list[Catalog] = []  # opened again: closed by close()
         _MANAGERS.add(self)  # (a forked child's copy gets a fresh _busy)
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
@@ -580,7 +581,9 @@ class CheckpointManager:
         process to see, and a gc from it deleted the other manager's checkpoints."""
         catalog = getattr(self, "catalog", None)  # (None while it is first opened)
         if catalog is not None and catalog.replaced():
-            # (the old one is left open: another thread may be reading it)
+            # (the old one is closed with the manager, not now: another thread may be
+            # reading it)
+            self._replaced_catalogs.append(catalog)
             self.catalog = self._open_catalog(str(catalog.path))
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -599,13 +602,16 @@ class CheckpointManager:
         next save's deltas and the next restore (the latter shared by the process's
         managers: one closing only costs the next restore its warm pages). A save, delete
         or gc running in another thread is waited for (closed under it, its pools refused
-        it work)."""
+        it work); a load, restore, verify or diff is not (it may fail, its catalog or its
+        pool closed under it): close the manager after them."""
         with self._busy:
             for pool in (self._pool, self._pack_writer):
                 if pool is not None:
                     pool.shutdown()
             self._pool = self._pack_writer = None
-            self.catalog.close()
+            for catalog in (*self._replaced_catalogs, self.catalog):
+                catalog.close()
+            self._replaced_catalogs = []
             self._delta_bases = {}
             self._manifests = {}
         RESTORE_ARENA.release()

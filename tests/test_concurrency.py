@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckpt_nb import CheckpointManager
+from ckpt_nb import CheckpointManager, StoreError
 from ckpt_nb.cli import main
 
 
@@ -53,6 +53,7 @@ def test_a_catalog_deleted_under_a_manager_is_opened_again_rebuilt(tmp_path: Pat
     model = torch.nn.Linear(64, 64)
     first = CheckpointManager(store)
     ids = [first.save(model, epoch=epoch) for epoch in range(2)]
+    deleted = first.catalog
     for path in store.glob("catalog.sqlite*"):
         if path.suffix != ".lock":
             path.unlink()
@@ -68,7 +69,10 @@ def test_a_catalog_deleted_under_a_manager_is_opened_again_rebuilt(tmp_path: Pat
         warnings.simplefilter("ignore")
         ids.append(first.save(model, epoch=2))
         report = first.gc()
+    assert first.catalog is not deleted
     first.close()
+    with pytest.raises(StoreError, match="closed"):  # (with its manager, not left open)
+        deleted.checkpoints()
     assert report.manifests_deleted == report.packs_deleted == 0
     every_one_loads(store, ids)
 
