@@ -463,13 +463,14 @@ class CheckpointManager:
                 self.catalog.update(row.id, **change)
 
     @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
+    def _exclusive(self, reading: bool = False) -> Iterator[None]:
         """One writer at a time: saves, deletes and gc (across processes through a lock
         on a local store's folder and its lock file, or on a lock file beside an object
         store's catalog cache; a memory:// store's managers, in one process). Under it,
         a catalog another manager replaced is opened again, and a local store that
         another catalog wrote last is read again: a gc or retention from a catalog that
-        missed those saves deleted them."""
+        missed those saves deleted them. ``reading``: held only so that nothing is
+        deleted under a read (the lock file says so to those who wait)."""
         if getattr(self._holding, "lock", False):  # (this thread has it already)
             yield
             return
@@ -487,7 +488,7 @@ class CheckpointManager:
                 self._wait_for(handle)
                 try:
                     self._reopen_if_removed()
-                    last_writer = self._note_holder(handle)
+                    last_writer = self._note_holder(handle, reading)
                     if local_root(self.store) is not None and \
                             last_writer != self.catalog.uid():
                         self._read_store_again()
@@ -550,19 +551,23 @@ class CheckpointManager:
                     time.sleep(0.01)
                     continue
             try:
-                holder = next(iter(self._lock_path.read_text().split()), "")
+                note = self._lock_path.read_text().split()
             except OSError:  # (a cache cleaner took it)
-                holder = ""
+                note = []
+            holder = next(iter(note), "")
             who = "another manager in this process" if holder == str(os.getpid()) else \
                 f"process {holder}" if holder.isdigit() else "another process"
-            print(f"ckpt_nb: waiting for {self.store.url}: {who} is saving to it or "
-                  f"collecting it (lock file {self._lock_path})", file=sys.stderr, flush=True)
+            doing = "reading it" if note[2:] == ["reading"] else \
+                "saving to it or collecting it"
+            print(f"ckpt_nb: waiting for {self.store.url}: {who} is {doing} (lock file "
+                  f"{self._lock_path})", file=sys.stderr, flush=True)
             fcntl.flock(handle, fcntl.LOCK_EX)
             break
 
-    def _note_holder(self, handle: IO[str]) -> str:
-        """Leave this process's pid and its catalog's id in the lock file, held; return
-        the catalog id the last holder left ("" where none: a ckpt_nb before ids)."""
+    def _note_holder(self, handle: IO[str], reading: bool = False) -> str:
+        """Leave this process's pid and its catalog's id in the lock file, held, and
+        "reading" after them where it is held for a read; return the catalog id the last
+        holder left ("" where none: a ckpt_nb before ids)."""
         assert self._lock_path is not None
         try:
             last = self._lock_path.read_text().split()
@@ -570,7 +575,8 @@ class CheckpointManager:
             last = []
         catalog = getattr(self, "catalog", None)  # (None while it is first opened)
         handle.truncate(0)
-        handle.write(f"{os.getpid()} {'' if catalog is None else catalog.uid()}\n")
+        handle.write(f"{os.getpid()} {'' if catalog is None else catalog.uid()}"
+                     f"{' reading' if reading and catalog is not None else ''}\n")
         handle.flush()
         return last[1] if len(last) > 1 else ""
 
@@ -1286,7 +1292,7 @@ class CheckpointManager:
             # Overtaken each time (another process's retention deleted each checkpoint
             # while it was read): read under the store's lock, where none is deleted.
             last = attempt == 3 and not self.catalog.read_only
-            with self._exclusive() if last else contextlib.nullcontext():
+            with self._exclusive(reading=True) if last else contextlib.nullcontext():
                 for cid in [cid for cid in self.catalog.newest_ids()
                             if cid not in (passed_over if last else tried)]:
                     tried.add(cid)

@@ -496,7 +496,7 @@ def _newest_verifying(mgr: CheckpointManager, progress: Any,
 def _store_locked(mgr: CheckpointManager) -> contextlib.AbstractContextManager[None]:
     """The store's writers' lock, under which no checkpoint is deleted (none to take
     where the store is open to read only)."""
-    return contextlib.nullcontext() if mgr.catalog.read_only else mgr._exclusive()
+    return contextlib.nullcontext() if mgr.catalog.read_only else mgr._exclusive(reading=True)
 
 
 

@@ -333,3 +333,24 @@ def test_a_relative_catalog_stays_the_one_opened_after_a_chdir(
             mgr.save(model, epoch=1)
         assert len(mgr.list()) == 2
     assert list((tmp_path / "b").iterdir()) == []
+
+
+def test_a_wait_for_a_read_under_the_lock_says_reading(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A restore("latest") outrun three times reads under the store's lock: a writer
+    waiting for it was told the reader was saving to the store or collecting it."""
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(torch.nn.Linear(2, 2))
+        reader = python(f"""
+            import time
+            from ckpt_nb import CheckpointManager
+            with CheckpointManager({str(tmp_path)!r}) as mgr:
+                with mgr._exclusive(reading=True):  # (as the fourth try of "latest")
+                    print("held", flush=True)
+                    time.sleep(1.5)
+            """)
+        assert reader.stdout is not None and reader.stdout.readline() == "held\n"
+        mgr.pin(cid)  # (waits for it)
+        reader.wait(timeout=60)
+    err = capsys.readouterr().err
+    assert f"waiting for {mgr.store.url}: process {reader.pid} is reading it" in err, err
