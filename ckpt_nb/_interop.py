@@ -295,6 +295,8 @@ def write_file(ck: Checkpoint, path: str | bytes | os.PathLike[Any], *,
             except OSError as exc:  # (a folder made there meanwhile: named, not the temporary)
                 raise _naming(exc, target) from exc
         finally:
+            with contextlib.suppress(OSError):  # (a child forked meanwhile shares the lock)
+                fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             if os.path.exists(tmp):
                 os.unlink(tmp)
