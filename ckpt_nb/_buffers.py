@@ -8,6 +8,7 @@ memory that an earlier restore let go (``RESTORE_ARENA``).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Protocol
@@ -94,3 +95,11 @@ class ReusedArena:
 
 # Shared by a process's managers: restores into a model of up to 512 MiB reuse memory.
 RESTORE_ARENA = ReusedArena(512 << 20)
+
+
+def _fresh_arena_lock() -> None:
+    """A child forked during a restore has the arena's lock held by a thread it lacks."""
+    RESTORE_ARENA._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_arena_lock)

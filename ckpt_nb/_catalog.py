@@ -372,6 +372,12 @@ class Catalog:
                     self._set_meta(CATALOG_ID_FILE, file)
         return found
 
+    def after_fork(self) -> None:
+        """In a child forked while another thread held this catalog's lock (a save's
+        commit): a fresh lock, or the child's first use of it waits forever."""
+        if not self._lock._is_owned():  # type: ignore[attr-defined]
+            self._lock = threading.RLock()
+
     def close(self) -> None:
         """Close the database; any later use raises a StoreError that says so."""
         with self._lock:

@@ -170,13 +170,22 @@ _MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     """A child forked while a manager saved (a DataLoader's workers, forked as an epoch
-    starts under a background save) has that manager's ``_busy`` held by a thread it does
-    not have, and pools whose threads it does not have: give it fresh ones, or its first
-    save or close() waits forever. (Its forking thread's own hold, if any, stays.)"""
+    starts under a background save) has that manager's locks (its ``_busy``, its
+    catalog's, a memory:// store's) held by threads it does not have, and pools whose
+    threads it does not have: give it fresh ones, or its first save or close() waits
+    forever. (Its forking thread's own holds, if any, stay.)"""
+    global _MEMORY_LOCKS_GUARD
     for manager in list(_MANAGERS):
         if not manager._busy._is_owned():  # type: ignore[attr-defined]
             manager._busy = threading.RLock()
             manager._pool = manager._pack_writer = None
+            for catalog in (*manager._replaced_catalogs, getattr(manager, "catalog", None)):
+                if catalog is not None:
+                    catalog.after_fork()
+    _MEMORY_LOCKS_GUARD = threading.Lock()
+    for url, lock in list(_MEMORY_LOCKS.items()):
+        if not lock._is_owned():  # type: ignore[attr-defined]
+            _MEMORY_LOCKS[url] = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckpt_nb import CheckpointManager, StoreError
+from ckpt_nb import CheckpointManager, MemoryStore, StoreError
 from ckpt_nb.cli import main
 
 
@@ -295,6 +295,51 @@ def test_a_process_forked_under_a_save_can_close_its_copy(tmp_path: Path) -> Non
         process.join(60)
     assert copy_closed, "the forked copy's close() waited for a thread it does not have"
     assert saved, "the next save waited for the forked process"
+
+
+@pytest.mark.parametrize("held", ["catalog", "arena", "memory store"])
+def test_a_process_forked_while_a_thread_holds_a_lock_can_use_its_copy(
+        tmp_path: Path, held: str) -> None:
+    """The fork hook gave a child a fresh save lock only: a catalog transaction, a
+    restore's arena or a memory:// store's lock held by another thread at the fork left
+    the child's close(), restore or save waiting forever."""
+    from ckpt_nb._buffers import RESTORE_ARENA
+    from ckpt_nb._manager import _memory_store_lock
+
+    fork = multiprocessing.get_context("fork")
+    done = fork.Event()
+    mgr = CheckpointManager(MemoryStore() if held == "memory store" else tmp_path / "s")
+    cid = mgr.save(torch.nn.Linear(4, 4))
+    lock = {"catalog": mgr.catalog._lock, "arena": RESTORE_ARENA._lock,
+            "memory store": _memory_store_lock(mgr.store.url)}[held]
+
+    def child() -> None:
+        mgr.restore(cid, model=torch.nn.Linear(4, 4), rng=False)
+        mgr.save(torch.nn.Linear(4, 4))
+        mgr.close()
+        done.set()
+
+    taken, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            taken.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert taken.wait(30)
+        process = fork.Process(target=child)
+        process.start()
+        finished = done.wait(30)
+    finally:
+        release.set()
+        thread.join(60)
+    process.kill()
+    process.join(60)
+    mgr.close()
+    assert finished, f"the forked child waited for the {held} lock of a thread it lacks"
 
 
 def test_gc_beside_the_store_keeps_what_a_copy_of_its_catalog_saved(tmp_path: Path) -> None:
