@@ -280,9 +280,12 @@ def metric_mode_from_name(name: str) -> str | None:
     """"min" or "max" where the name says which way is better (a loss, an accuracy),
     else None: a wrong guess would keep the worst checkpoints as the best."""
     lower = name.lower()
-    higher = any(part in lower for part in HIGHER_BETTER) or bool(_HIGHER_WORDS.search(lower))
-    if higher == (any(part in lower for part in _LOWER_BETTER) or
-                  bool(_LOWER_WORDS.search(lower))):
+    higher = any(part in lower for part in HIGHER_BETTER)
+    lower_better = any(part in lower for part in _LOWER_BETTER)
+    if not higher and not lower_better:  # (a short word alone: dice_loss is a loss)
+        higher = bool(_HIGHER_WORDS.search(lower))
+        lower_better = bool(_LOWER_WORDS.search(lower))
+    if higher == lower_better:
         return None  # (neither, or both: "score_loss")
     return "max" if higher else "min"
 
@@ -763,30 +766,47 @@ def _held_storages(namespace: Mapping[str, Any], wanted: set[int]) -> set[int]:
     """Which of the ``wanted`` tensor storages a public name of the namespace reaches,
     tracked or not (a variable over the size cap, a module in a dict, an object's
     attribute), other than through an optimizer: those are held, not orphaned. Stops
-    once all are found; modules give their parameters and buffers, not a state_dict."""
+    once all are found; modules give their parameters and buffers, not a state_dict.
+    Only plain dicts, lists, tuples, sets and instance ``__dict__``s are walked, read
+    without the object's own hooks (a lazy proxy's ``__getattr__``, a shelf's unpickling);
+    a walk past ``_HELD_WALK_MOST`` values, or one that fails, takes all as held: the
+    warning it serves is not worth a slow or failed rollback."""
     held: set[int] = set()
     seen: set[int] = set()
     queue = deque((value, 0) for name, value in namespace.items()
                   if not name.startswith("_") and name not in _HIDDEN)
-    while queue and held != wanted:  # (breadth first: each value at its shallowest)
-        value, depth = queue.popleft()
-        if id(value) in seen or depth > _MAX_DEPTH or is_code(value) or \
-                isinstance(value, (torch.optim.Optimizer, str, bytes, int, float)):
-            continue
-        seen.add(id(value))
-        if isinstance(value, torch.Tensor):
-            held.update(s for s in (_storage(value),) if s in wanted)
-        elif isinstance(value, torch.nn.Module):
-            held.update(s for t in (*value.parameters(), *value.buffers())
-                        if (s := _storage(t)) in wanted)
-        elif isinstance(value, Mapping):
-            queue.extend((item, depth + 1) for item in value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            queue.extend((item, depth + 1) for item in value)
-        else:  # (an object of the user's own: a trainer, an EMA, a wrapper)
-            with contextlib.suppress(TypeError):  # (one without a __dict__)
-                queue.extend((item, depth + 1) for item in vars(value).values())
+    try:
+        while queue and held != wanted:  # (breadth first: each value at its shallowest)
+            value, depth = queue.popleft()
+            if id(value) in seen or depth > _MAX_DEPTH or is_code(value) or \
+                    isinstance(value, (torch.optim.Optimizer, str, bytes, int, float)):
+                continue
+            seen.add(id(value))
+            if len(seen) > _HELD_WALK_MOST:
+                return wanted
+            if isinstance(value, torch.Tensor):
+                held.update(s for s in (_storage(value),) if s in wanted)
+            elif isinstance(value, torch.nn.Module):
+                held.update(s for t in (*value.parameters(), *value.buffers())
+                            if (s := _storage(t)) in wanted)
+            elif isinstance(value, dict):
+                queue.extend((item, depth + 1) for item in value.values())
+            elif isinstance(value, (list, tuple, set, frozenset)):
+                queue.extend((item, depth + 1) for item in value)
+            else:  # (an object of the user's own: a trainer, an EMA, a wrapper)
+                try:
+                    attributes = object.__getattribute__(value, "__dict__")
+                except Exception:  # noqa: BLE001 - (none: __slots__, a C type)
+                    continue
+                if type(attributes) is dict:
+                    queue.extend((item, depth + 1) for item in attributes.values())
+    except Exception:  # noqa: BLE001 - (a value's own failure: nothing to warn of)
+        return wanted
     return held
+
+
+# The most values the walk for an orphaned optimizer's holders visits (~0.1 s here).
+_HELD_WALK_MOST = 100_000
 
 
 def _first_gradient(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:

@@ -157,6 +157,7 @@ def test_a_metric_whose_direction_is_unknown_is_best_nowhere(tmp_path: Path) -> 
 @pytest.mark.parametrize(("name", "mode"), [
     ("bleu", "max"), ("val_wer", "min"), ("FID", "min"), ("mAP50", "max"), ("miou", "max"),
     ("rougeL", "max"), ("previous_loss", "min"), ("center_loss", "min"), ("power", None),
+    ("dice_loss", "min"), ("bce_dice_loss", "min"), ("map_loss", "min"), ("wer_acc", "max"),
     ("confidence", None)])
 def test_a_metric_name_says_its_direction_by_its_words(name: str, mode: str | None) -> None:
     """bleu, wer, fid, map and iou said nothing (wer and cer were once guessed right as

@@ -3,8 +3,11 @@ store's own settings, not the last session's."""
 
 from __future__ import annotations
 
+import collections.abc
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -268,3 +271,38 @@ def test_a_scripts_edited_block_is_told_the_rollback_with_its_directory(
                                                          "train(model, opt, 4)"))
     assert "directory='store', namespace=globals())` before the block" in again.stdout, \
         again.stdout
+
+
+class _LazyProxy:
+    """A lazy proxy's shape (wrapt, lazy_object_proxy): slots, and attribute reads that
+    run the user's code."""
+
+    __slots__ = ("factory",)
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"the proxy's factory ran for {name}")
+
+
+class _Shelf(collections.abc.Mapping):
+    """A mapping whose values unpickle a database (shelve, sqlitedict)."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise RuntimeError("the shelf was read")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["a"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_the_walk_for_an_optimizers_holders_runs_no_users_code() -> None:
+    """vars() on a slots proxy called its __getattr__ (a RuntimeError ended the rollback),
+    and a Mapping's values() read a shelf; a huge namespace is taken as holding all."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    wanted = {_session._storage(weight)}
+    space = {"proxy": _LazyProxy(), "shelf": _Shelf(), "kept": {"w": weight}}
+    assert _session._held_storages(space, wanted) == wanted
+    assert _session._held_storages({"proxy": _LazyProxy(), "shelf": _Shelf()}, wanted) == set()
+    many = {"many": [[i] for i in range(_session._HELD_WALK_MOST + 1)]}
+    assert _session._held_storages(many, wanted) == wanted
