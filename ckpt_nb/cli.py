@@ -355,12 +355,36 @@ def _nan_logged(mgr: CheckpointManager, frame: Any, fixed: set[str]) -> set[tupl
             if _is_nan(metrics.get(name))}
 
 
+def _moves(*names: str) -> bool:
+    """Whether an ID names a checkpoint by where it stands ("latest", "best", "-N"), which
+    another process's retention may delete between its resolving and its reading: such
+    a read is tried again under the store's lock. An id or a prefix is not, and is
+    resolved first (``_known``): a typo waited for a training's save only to be told it
+    is unknown."""
+    return any(_moving(n) for n in names)
+
+
+def _moving(name: str) -> bool:
+    return name in ("latest", "best") or name.startswith("-") and name[1:].isdigit()
+
+
+def _known(mgr: CheckpointManager, *names: str) -> None:
+    """Resolve each ID that names a checkpoint itself (an id, a prefix): an unknown one is
+    said at once, before any read that another process's lock may hold up."""
+    for name in names:
+        if not _moving(name):
+            mgr.resolve(name)
+
+
 def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
+    _known(mgr, args.id)
     try:
         cid, skipped, _ = _as_restored_back(mgr, args.id)
         info = mgr.info(cid)
     except CheckpointNotFoundError:  # ("latest" deleted meanwhile by another process's
-        with _store_locked(mgr):  # retention: again, where none is deleted)
+        if not _moves(args.id):  # retention: again, where none is deleted)
+            raise
+        with _store_locked(mgr):
             cid, skipped, _ = _as_restored_back(mgr, args.id)
             info = mgr.info(cid)
     # (retention deletes a full base its deltas no longer need: they were rewritten)
@@ -391,10 +415,13 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
+    _known(mgr, args.a, args.b)
     try:
         return _diff_resolved(mgr, args)
     except CheckpointNotFoundError:  # ("latest" deleted meanwhile by another process's
-        with _store_locked(mgr):  # retention: again, where none is deleted)
+        if not _moves(args.a, args.b):  # retention: again, where none is deleted)
+            raise
+        with _store_locked(mgr):
             return _diff_resolved(mgr, args)
 
 

@@ -202,6 +202,25 @@ def test_show_latest_outrun_by_another_process_retention_shows_one(
     assert "epoch" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv", [["show", "abcdef12"], ["diff", "abcdef12", "latest"]])
+def test_an_unknown_id_is_said_without_waiting_for_a_save(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """show and diff tried every CheckpointNotFoundError again under the store's lock: a
+    typo waited for a training's save, and only then was said to be unknown."""
+    store = tmp_path / "store"
+    with CheckpointManager(store) as mgr:
+        mgr.save(torch.nn.Linear(2, 2))
+        with mgr._exclusive():  # (as a save in another process would hold it)
+            held = threading.Thread(target=lambda: main([argv[0], str(store), *argv[1:]]))
+            held.start()
+            held.join(3)
+            waited = held.is_alive()
+        held.join(60)
+    err = capsys.readouterr().err
+    assert not waited and "waiting for" not in err, err
+    assert "no checkpoint 'abcdef12'" in err
+
+
 def test_close_waits_for_a_save_in_another_thread(tmp_path: Path) -> None:
     """close() shut the save's thread pools under it: "cannot schedule new futures after
     shutdown" from the saving thread."""
