@@ -406,15 +406,23 @@ def test_a_wait_for_a_read_under_the_lock_says_reading(
     with CheckpointManager(tmp_path) as mgr:
         cid = mgr.save(torch.nn.Linear(2, 2))
         reader = python(f"""
-            import time
+            import sys
             from ckpt_nb import CheckpointManager
             with CheckpointManager({str(tmp_path)!r}) as mgr:
                 with mgr._exclusive(reading=True):  # (as the fourth try of "latest")
                     print("held", flush=True)
-                    time.sleep(1.5)
-            """)
+                    sys.stdin.readline()  # (held until the writer has said it waits)
+            """, stdin=subprocess.PIPE)
         assert reader.stdout is not None and reader.stdout.readline() == "held\n"
-        mgr.pin(cid)  # (waits for it)
+        pinning = threading.Thread(target=mgr.pin, args=(cid,))  # (waits for it)
+        pinning.start()
+        err, deadline = "", time.monotonic() + 60
+        while "waiting for" not in err and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        assert reader.stdin is not None
+        reader.stdin.write("go\n")
+        reader.stdin.flush()
+        pinning.join(60)
         reader.wait(timeout=60)
-    err = capsys.readouterr().err
     assert f"waiting for {mgr.store.url}: process {reader.pid} is reading it" in err, err
