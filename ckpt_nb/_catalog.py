@@ -357,7 +357,8 @@ class Catalog:
         """This catalog's own random id, made the first time it is asked for (a store's
         lock file names the catalog that last wrote the store, to tell another apart).
         It is tied to the file (its device and inode, kept beside it): a copy of the
-        catalog (moved to a local disk, a backup put back) gets an id of its own, as
+        catalog made as a new file (moved to a local disk, used with ``catalog=``) gets an
+        id of its own (not a copy written over the catalog file, which keeps its inode), as
         the same id said the copy had seen the original's saves, and gc from the
         original deleted what was saved through the copy."""
         file = "" if self.file_id is None else "%d:%d" % self.file_id
