@@ -1159,12 +1159,13 @@ class CheckpointManager:
         elif which == "best":
             rows = self.catalog.checkpoints()
             best = self._best(rows, 1)
-            if best and self._ranking_taken == (self.metric, self.mode) and \
-                    not self._ranking_said:
-                self._ranking_said = True  # (another run's save in this store may have)
-                warn(f"'best' is by {self.metric} ({self.mode}), the ranking an earlier "
-                     "save recorded in this store: give a metric (metric=, --metric) to "
-                     "rank by another")
+            # (the record may be another run's in this store: said once where it is used)
+            recorded = "" if self._ranking_taken != (self.metric, self.mode) else \
+                ("an earlier save recorded in this store: give a metric (metric=, --metric) "
+                 "to rank by another")
+            if best and recorded and not self._ranking_said:
+                self._ranking_said = True
+                warn(f"'best' is by {self.metric} ({self.mode}), the ranking {recorded}")
             if best:
                 return best[0]
             if rows and self.metric is None:
@@ -1172,9 +1173,7 @@ class CheckpointManager:
                     "'best' needs a metric to rank by, and no save to this store recorded "
                     "one: CheckpointManager(..., "
                     "metric='val_loss'), or in a notebook %%ckpt_auto --on val_loss:min")
-            recorded = ("" if self._ranking_taken != (self.metric, self.mode) else
-                        ", the metric an earlier save recorded in this store: give a metric "
-                        "(metric=, --metric) to rank by another")
+            recorded = recorded and f", the metric {recorded}"
             if any(self.metric in r.metrics for r in rows):  # (a diverged run's, all)
                 raise CheckpointNotFoundError(f"no checkpoint has a finite {self.metric!r} "
                                               f"(NaN and ±inf are never best){recorded}")
