@@ -355,16 +355,12 @@ def _nan_logged(mgr: CheckpointManager, frame: Any, fixed: set[str]) -> set[tupl
             if _is_nan(metrics.get(name))}
 
 
-def _moves(*names: str) -> bool:
+def _moving(name: str) -> bool:
     """Whether an ID names a checkpoint by where it stands ("latest", "best", "-N"), which
     another process's retention may delete between its resolving and its reading: such
     a read is tried again under the store's lock. An id or a prefix is not, and is
     resolved first (``_known``): a typo waited for a training's save only to be told it
     is unknown."""
-    return any(_moving(n) for n in names)
-
-
-def _moving(name: str) -> bool:
     return name in ("latest", "best") or name.startswith("-") and name[1:].isdigit()
 
 
@@ -382,7 +378,7 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         cid, skipped, _ = _as_restored_back(mgr, args.id)
         info = mgr.info(cid)
     except CheckpointNotFoundError:  # ("latest" deleted meanwhile by another process's
-        if not _moves(args.id):  # retention: again, where none is deleted)
+        if not _moving(args.id):  # retention: again, where none is deleted)
             raise
         with _store_locked(mgr):
             cid, skipped, _ = _as_restored_back(mgr, args.id)
@@ -419,8 +415,8 @@ def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     try:
         return _diff_resolved(mgr, args)
     except CheckpointNotFoundError:  # ("latest" deleted meanwhile by another process's
-        if not _moves(args.a, args.b):  # retention: again, where none is deleted)
-            raise
+        if not (_moving(args.a) or _moving(args.b)):  # retention: again, where none is
+            raise  # deleted)
         with _store_locked(mgr):
             return _diff_resolved(mgr, args)
 
