@@ -497,9 +497,10 @@ class CheckpointManager:
                 self._wait_for(handle)
                 try:
                     self._reopen_if_removed()
-                    last_writer = self._note_holder(handle, reading)
-                    if local_root(self.store) is not None and \
-                            last_writer != self.catalog.uid():
+                    catalog = getattr(self, "catalog", None)  # (None while first opened)
+                    mine = "" if catalog is None else catalog.uid()
+                    if self._note_holder(handle, mine, reading and catalog is not None) \
+                            != mine and local_root(self.store) is not None:
                         self._read_store_again()
                     yield
                 finally:
@@ -573,7 +574,7 @@ class CheckpointManager:
             fcntl.flock(handle, fcntl.LOCK_EX)
             break
 
-    def _note_holder(self, handle: IO[str], reading: bool = False) -> str:
+    def _note_holder(self, handle: IO[str], catalog_id: str, reading: bool = False) -> str:
         """Leave this process's pid and its catalog's id in the lock file, held, and
         "reading" after them where it is held for a read; return the catalog id the last
         holder left ("" where none: a ckpt_nb before ids)."""
@@ -582,10 +583,8 @@ class CheckpointManager:
             last = self._lock_path.read_text().split()
         except OSError:  # (deleted meanwhile: no catalog is known to have written last)
             last = []
-        catalog = getattr(self, "catalog", None)  # (None while it is first opened)
         handle.truncate(0)
-        handle.write(f"{os.getpid()} {'' if catalog is None else catalog.uid()}"
-                     f"{' reading' if reading and catalog is not None else ''}\n")
+        handle.write(f"{os.getpid()} {catalog_id}{' reading' if reading else ''}\n")
         handle.flush()
         return last[1] if len(last) > 1 else ""
 
