@@ -4,33 +4,67 @@ The public API is what ``__all__`` names; modules with a leading underscore are
 private and may change.
 """
 
-from ._capture import RNGState, Stateful
-from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, FileFormatError, MetricNotFoundError,
-                      StateMismatchError, StoreError, StoreFormatError, UntrustedPickleError)
-from ._manager import Checkpoint, CheckpointManager, GCReport, PickledValue, VerifyReport
-from ._session import AutoConfig, AutoSession, auto, batches, epochs, log, rollback, status
-from ._store import FsspecStore, LocalStore, MemoryStore, Store, open_store
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_LAZY = {"explore": "_explorer", "Explorer": "_explorer", "plot_metrics": "_plots",
-         "plot_dag": "_plots", "plot_diff": "_plots", "plot_compare": "_plots",
-         "dag_layout": "_plots"}
+# Each public name and its module. They load on first use, so that ``ckpt-nb --help`` and
+# a CLI usage error answer before torch has loaded (a second), and Ctrl-C meanwhile is
+# the command's to handle. The explorer and the plots need the ``notebook`` extra.
+_PUBLIC = {
+    **dict.fromkeys(["RNGState", "Stateful"], "_capture"),
+    **dict.fromkeys(["CaptureError", "CheckpointInUseError", "CheckpointNotFoundError",
+                     "CkptError", "CorruptCheckpointError", "FileFormatError",
+                     "MetricNotFoundError", "StateMismatchError", "StoreError",
+                     "StoreFormatError", "UntrustedPickleError"], "_errors"),
+    **dict.fromkeys(["Checkpoint", "CheckpointManager", "GCReport", "PickledValue",
+                     "VerifyReport"], "_manager"),
+    **dict.fromkeys(["AutoConfig", "AutoSession", "auto", "batches", "epochs", "log",
+                     "rollback", "status"], "_session"),
+    **dict.fromkeys(["FsspecStore", "LocalStore", "MemoryStore", "Store", "open_store"],
+                    "_store"),
+    **dict.fromkeys(["explore", "Explorer"], "_explorer"),
+    **dict.fromkeys(["plot_metrics", "plot_dag", "plot_diff", "plot_compare", "dag_layout"],
+                    "_plots"),
+}
+_NOTEBOOK_EXTRA = frozenset({"_explorer", "_plots"})
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads these
+    from ._capture import RNGState, Stateful
+    from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError,
+                          CkptError, CorruptCheckpointError, FileFormatError,
+                          MetricNotFoundError, StateMismatchError, StoreError,
+                          StoreFormatError, UntrustedPickleError)
+    from ._explorer import Explorer, explore
+    from ._manager import Checkpoint, CheckpointManager, GCReport, PickledValue, VerifyReport
+    from ._plots import dag_layout, plot_compare, plot_dag, plot_diff, plot_metrics
+    from ._session import (AutoConfig, AutoSession, auto, batches, epochs, log, rollback,
+                           status)
+    from ._store import FsspecStore, LocalStore, MemoryStore, Store, open_store
 
 
-def __getattr__(name: str):  # noqa: ANN202 - the explorer and plots load on first use
-    """The explorer and the plots need the ``notebook`` extra; import them lazily."""
-    if name in _LAZY:
-        import importlib
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562: a public name loads on first use
+    """Import the module of a public name, and keep the name here from then on."""
+    module_name = _PUBLIC.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ckpt_nb' has no attribute {name!r}")
+    import importlib
 
-        try:
-            module = importlib.import_module(f".{_LAZY[name]}", __name__)
-        except ImportError as exc:
-            raise ImportError(f"ckpt_nb.{name} needs the notebook extra: "
-                              f"pip install 'ckpt_nb[notebook]' ({exc})") from exc
-        return getattr(module, name)
-    raise AttributeError(f"module 'ckpt_nb' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f".{module_name}", __name__)
+    except ImportError as exc:
+        if module_name not in _NOTEBOOK_EXTRA:
+            raise
+        raise ImportError(f"ckpt_nb.{name} needs the notebook extra: "
+                          f"pip install 'ckpt_nb[notebook]' ({exc})") from exc
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
 
 _registered = None  # the CkptMagics instance while the extension is loaded
 

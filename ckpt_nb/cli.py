@@ -21,16 +21,17 @@ import unicodedata
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
 from ._catalog import store_exists
 from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError)
-from ._interop import check_export_path, write_file
-from ._manager import CheckpointManager
-from ._store import Store, open_store, why_no_store
 from ._units import human_size
+
+if TYPE_CHECKING:  # loaded by the commands that need them: they bring torch (a second)
+    from ._manager import CheckpointManager
+    from ._store import Store
 
 ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "l2", "rel_change"})
@@ -65,6 +66,9 @@ def _main(argv: list[str]) -> int:
     named = [getattr(args, k, None) for k in ("id", "a", "b")] + getattr(args, "ids", [])
     with _warnings_as_lines(own):
         try:
+            from ._manager import CheckpointManager
+            from ._store import open_store, why_no_store
+
             if not store_exists(location):  # (asks an object store: inside the try)
                 say(f"no checkpoint store at {location}{why_no_store(location)}")
                 return 2
@@ -586,6 +590,8 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     """``mgr.export`` in its two steps: the checkpoint read names the id written ("latest"
     skips a newest that fails verification), and the write gets a line of its own."""
+    from ._interop import check_export_path, write_file
+
     check_export_path(args.out)
     which = args.id if args.id == "latest" else _as_restored_back(mgr, args.id)[0]
     with _progress("export", "chunk") as progress:  # (the store's errors: "export failed")

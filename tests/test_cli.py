@@ -944,3 +944,18 @@ def test_a_damaged_checkpoint_error_says_what_to_do(
                         f"`ckpt-nb rm {store.ids[2]}` deletes this one, or give another id)\n")
     assert run(capsys, "rm", store.directory, store.ids[2])[0] == 0
     assert run(capsys, "verify", store.directory)[0] == 0
+
+
+def test_help_and_usage_errors_answer_before_torch_loads() -> None:
+    """``ckpt-nb --help`` took a second, torch's import, and Ctrl-C in it printed a
+    traceback: the package's public names load on first use."""
+    code = ("import sys\nfrom ckpt_nb.cli import main\n"
+            "codes = [main(['--help']), main(['ls'])]\n"
+            "print(codes, 'torch' in sys.modules)\n"
+            "import ckpt_nb\n"
+            "assert sorted(ckpt_nb._PUBLIC) == sorted(ckpt_nb.__all__)\n"
+            "loaded = [getattr(ckpt_nb, name) for name in ckpt_nb.__all__]\n"
+            "print(len(loaded), set(ckpt_nb.__all__) <= set(dir(ckpt_nb)))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert run.stdout.splitlines()[-2:] == ["[0, 2] False", "38 True"], run.stdout
