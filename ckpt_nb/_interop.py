@@ -318,8 +318,8 @@ def _check_replaceable(target: Path) -> None:
     if stat.S_ISDIR(found.st_mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
     if stat.S_ISREG(found.st_mode) and not found.st_mode & 0o222:
-        raise FileFormatError(f"cannot export to {target}: it exists and is read-only; make "
-                              "it writable (chmod u+w) or delete it to have it replaced")
+        raise PermissionError(errno.EACCES, "it exists and is read-only; make it writable "
+                              "(chmod u+w) or delete it to have it replaced", str(target))
 
 
 def _new_folders(folder: Path) -> list[Path]:

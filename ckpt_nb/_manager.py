@@ -2097,7 +2097,7 @@ class CheckpointManager:
         ``optimizer/state/0/exp_avg``); ``only="model"`` writes that object's state alone,
         under its own keys, so that ``model.load_state_dict(load_file(path))`` (or
         ``torch.load``) takes it. An existing file (or link) at ``path`` is replaced
-        atomically; a read-only one is refused.
+        atomically; a read-only one is refused (PermissionError).
         """
         from ._interop import check_export_path, write_file
 
