@@ -217,6 +217,7 @@ class Seed:
     refs: dict[str, list[str]] = field(default_factory=dict)
     chunks: list[ChunkRow] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)  # store key -> what is wrong
+    ranking: tuple[str, str] | None = None  # the metric and mode the newest save ranked by
 
 
 @dataclass(frozen=True)
@@ -479,7 +480,8 @@ class Catalog:
 
     def ranking(self) -> tuple[str, str] | None:
         """The metric and mode ("min" or "max") recorded by ``set_ranking``, or None
-        where none was (a catalog rebuilt from the store, or one unreadable: ranking
+        where none was (no save ranked by a metric, or the catalog was rebuilt from a
+        store whose saves were made before ckpt_nb kept it in their manifests too: ranking
         then falls back to what the metric's name says)."""
         with self._lock:
             found = self._meta(RANKING)
@@ -550,6 +552,8 @@ class Catalog:
         for row in start.checkpoints:
             self._insert(db, row, (), start.refs.get(row.id, ()))
         self._set_meta("damaged", json.dumps(start.damaged))
+        if start.ranking is not None:
+            self._set_meta(RANKING, json.dumps(list(start.ranking)))
 
     def damaged(self) -> dict[str, str]:
         """The packs and manifests a rebuild found damaged (key -> what is wrong): kept

@@ -777,6 +777,8 @@ class CheckpointManager:
                                 epoch=row.epoch, batch_idx=row.batch_idx, metrics=metrics,
                                 strategy=strategy, chain=chain, full_base=row.full_base,
                                 note=note, state=state.skeleton)
+                if self._ranks_its_saves():  # (what a rebuilt catalog's record is read from)
+                    manifest["ranked_by"] = [self.metric, self.mode]
                 blob = encode_manifest(manifest)
                 self.store.put(manifest_key(row.id), blob)
 
@@ -1203,12 +1205,17 @@ class CheckpointManager:
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
 
+    def _ranks_its_saves(self) -> bool:
+        """Whether this manager's saves record its ranking: it was given a metric (one
+        taken from the record, or none, leaves the record as it is)."""
+        return self.metric is not None and (self.metric, self.mode) != self._ranking_taken
+
     def _record_ranking(self) -> None:
         """Record the metric and mode this manager was given in the catalog, where it
         holds others: the default of a manager opened later without ``metric=`` (the
         explorer's, the CLI's), which would otherwise guess from the metric's name. Only
         a save records it: a reader ranking by another metric changes nothing."""
-        if self.metric is None or (self.metric, self.mode) == self._ranking_taken:
+        if not self._ranks_its_saves():
             return
         if self.catalog.ranking() != (self.metric, self.mode):
             self.catalog.set_ranking(self.metric, self.mode)

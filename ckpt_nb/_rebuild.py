@@ -180,6 +180,10 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
             manifest_digest=codec.digest(blob))
         found.checkpoints.append(row)
         found.refs[cid] = refs
+        ranked_by = manifest.get("ranked_by")
+        if isinstance(ranked_by, list) and len(ranked_by) == 2 and \
+                isinstance(ranked_by[0], str) and ranked_by[1] in ("min", "max"):
+            found.ranking = (ranked_by[0], ranked_by[1])  # (the newest save's stands)
     chunks, unusable = _without_flying(copies, chunks, unusable, found, young(pack_times))
     # (a chunk whose bases are gone is left out: a save finding it in the catalog
     # would refer to it instead of storing its bytes)

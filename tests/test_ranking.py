@@ -125,8 +125,33 @@ def test_a_recorded_ranking_turns_no_retention_on(tmp_path: Path) -> None:
         assert set(mgr.list()["id"]) == set(newer) and ids[0] not in set(mgr.list()["id"])
 
 
-def test_a_rebuilt_catalog_forgets_the_ranking(tmp_path: Path) -> None:
-    bleu_store(tmp_path, metric="bleu", mode="max")
+def test_a_rebuilt_catalog_keeps_the_ranking_of_the_last_save_given_a_metric(
+        tmp_path: Path) -> None:
+    """The manifests hold the record too: a lost catalog, a memory:// store's (read from
+    the store at each open) and an object store's cache on another machine rank as the
+    last save given a metric did, not as a later save that took the record."""
+    model = torch.nn.Linear(2, 2)
+    for url in (tmp_path / "local", f"memory://ranking-{tmp_path.name}"):
+        with CheckpointManager(url, metric="wer") as asr:
+            first = asr.save(model, metrics={"wer": 0.1})
+        with CheckpointManager(url, metric="bleu", mode="max") as translate:
+            translate.save(model, metrics={"bleu": 0.2})
+            best = translate.save(model, metrics={"bleu": 0.9})
+        with CheckpointManager(url) as plain:  # (it took bleu, max: it records nothing)
+            plain.save(model, metrics={"bleu": 0.5})
+        if isinstance(url, Path):
+            (url / "catalog.sqlite").unlink()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # (the catalog was rebuilt)
+            with CheckpointManager(url) as mgr, pytest.warns(UserWarning, match="'best'"):
+                assert (mgr.metric, mgr.mode) == ("bleu", "max")
+                assert mgr.resolve("best") == best != first
+
+
+def test_a_store_whose_saves_recorded_no_ranking_has_no_best(tmp_path: Path) -> None:
+    """A rebuilt catalog of saves made without a metric (or by a ckpt_nb from before
+    manifests held the ranking) ranks by none: "best" needs metric=."""
+    bleu_store(tmp_path)
     (tmp_path / "catalog.sqlite").unlink()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # (the catalog was rebuilt)
