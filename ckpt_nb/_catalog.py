@@ -374,6 +374,24 @@ class Catalog:
                     self._set_meta(CATALOG_ID_FILE, file)
         return found
 
+    def known_uid(self) -> str | None:
+        """``uid()`` where one was made for this file, without making one (a write)."""
+        file = "" if self.file_id is None else "%d:%d" % self.file_id
+        with self._lock:
+            found, made_in = self._meta(CATALOG_ID), self._meta(CATALOG_ID_FILE)
+        return found if made_in == file else None
+
+    def counts(self) -> tuple[int, int]:
+        """How many checkpoint rows were ever inserted (SQLite's AUTOINCREMENT counter,
+        which deletes do not lower), and how many there are: a store's lock file notes
+        them after each write, and a catalog that has seen fewer saves, or as many and
+        fewer deletes, was put back from a copy made before that write."""
+        with self._lock:
+            found = self._db.execute(
+                "SELECT (SELECT seq FROM sqlite_sequence WHERE name = 'checkpoints'), "
+                "(SELECT count(*) FROM checkpoints)").fetchone()
+        return int(found[0] or 0), int(found[1])
+
     def after_fork(self) -> None:
         """In a child forked while another thread held this catalog's lock (a save's
         commit): a fresh lock, or the child's first use of it waits forever."""

@@ -16,7 +16,9 @@ import json
 import math
 import numbers
 import os
+import re
 import reprlib
+import sqlite3
 import sys
 import threading
 import time
@@ -284,6 +286,7 @@ class CheckpointManager:
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
+        self._catch_up_with_a_copy_put_back()
         # The ranking the last save with a metric recorded, taken where none is given
         # (this manager's saves then record nothing: it ranks as another's did).
         self._ranking_taken: tuple[str, str] | None = (
@@ -498,12 +501,16 @@ class CheckpointManager:
                 try:
                     self._reopen_if_removed()
                     catalog = getattr(self, "catalog", None)  # (None while first opened)
-                    mine = "" if catalog is None else catalog.uid()
-                    if self._note_holder(handle, mine, reading and catalog is not None) \
-                            != mine and local_root(self.store) is not None:
+                    mine = "" if catalog is None else self._catalog_mark()
+                    last = self._note_holder(handle, mine, reading and catalog is not None)
+                    if _missed_writes(last, mine) and local_root(self.store) is not None:
                         self._read_store_again()
                     yield
                 finally:
+                    if getattr(self, "catalog", None) is not None:
+                        # (what this holder wrote counted: its next take reads nothing again)
+                        with contextlib.suppress(CkptError, OSError, sqlite3.Error):
+                            self._note_holder(handle, self._catalog_mark())
                     fcntl.flock(handle, fcntl.LOCK_UN)
         finally:
             self._holding.lock = False
@@ -530,6 +537,34 @@ class CheckpointManager:
                 with contextlib.suppress(OSError):
                     fcntl.flock(folder, fcntl.LOCK_UN)
                 os.close(folder)
+
+    def _catch_up_with_a_copy_put_back(self) -> None:
+        """A copy of the catalog put back over it (a backup) misses the saves made since
+        and lists checkpoints deleted since: its "latest" was old, and its gc deleted the
+        newer checkpoints' packs. The lock file notes how many checkpoints the catalog
+        that wrote the store last had ever listed; where this same catalog counts fewer,
+        the store is read again now (a writer's lock take does so too)."""
+        if local_root(self.store) is None or self._lock_path is None or self.catalog.read_only:
+            return
+        try:
+            last = self._lock_path.read_text().split()
+        except OSError:
+            return
+        mine = self.catalog.known_uid()
+        if len(last) < 2 or mine is None or last[1].partition("@")[0] != mine or \
+                not _missed_writes(last[1], f"{mine}@{self._counts()}"):
+            return  # (another catalog's mark: a writer reads the store again at its take)
+        why = (f"the catalog of {self.store.url} is older than the store's last write (a copy "
+               "of it was put back?)")
+        try:
+            with self._exclusive(reading=True):  # (it reads the store again)
+                pass
+        except CkptError as exc:
+            warn(f"{why}, and reading the store again failed ({exc}): its 'latest' may be "
+                 f"old; move {self.catalog.path} aside, and the store opens rebuilt",
+                 RuntimeWarning)
+            return
+        warn(f"{why}, so it was brought up to the store", RuntimeWarning)
 
     def _open_lock(self) -> IO[str]:
         """The lock file; an object store's catalog cache removed meanwhile (a cache
@@ -574,17 +609,25 @@ class CheckpointManager:
             fcntl.flock(handle, fcntl.LOCK_EX)
             break
 
-    def _note_holder(self, handle: IO[str], catalog_id: str, reading: bool = False) -> str:
-        """Leave this process's pid and its catalog's id in the lock file, held, and
-        "reading" after them where it is held for a read; return the catalog id the last
-        holder left ("" where none: a ckpt_nb before ids)."""
+    def _catalog_mark(self) -> str:
+        """The catalog's id, how many checkpoints it ever listed and how many it lists,
+        ``ID@EVER:NOW``: what the lock file notes of the catalog that wrote last."""
+        return f"{self.catalog.uid()}@{self._counts()}"
+
+    def _counts(self) -> str:
+        return "%d:%d" % self.catalog.counts()
+
+    def _note_holder(self, handle: IO[str], mark: str, reading: bool = False) -> str:
+        """Leave this process's pid and its catalog's mark (``_catalog_mark``) in the lock
+        file, held, and "reading" after them where it is held for a read; return the mark
+        the last holder left ("" where none: a ckpt_nb before ids)."""
         assert self._lock_path is not None
         try:
             last = self._lock_path.read_text().split()
         except OSError:  # (deleted meanwhile: no catalog is known to have written last)
             last = []
         handle.truncate(0)
-        handle.write(f"{os.getpid()} {catalog_id}{' reading' if reading else ''}\n")
+        handle.write(f"{os.getpid()} {mark}{' reading' if reading else ''}\n")
         handle.flush()
         return last[1] if len(last) > 1 else ""
 
@@ -2138,6 +2181,22 @@ _DAMAGED_KEPT = ("its manifest stays in the store, and gc() leaves it: put back 
 
 _NOT_CHECKED = ("written by a newer ckpt_nb, not checked: upgrade ckpt_nb (pip install -U "
                 "ckpt_nb) to verify it")
+
+
+def _missed_writes(last: str, mine: str) -> bool:
+    """Whether the store may hold writes that the catalog marked ``mine`` has not seen,
+    by the mark the lock file's last holder left (``_catalog_mark``): another catalog's,
+    or this one's as it was after saves or deletes that it no longer shows (a copy of it
+    put back since). A write in flight only moves the catalog on from the mark."""
+    last_id, _, last_counts = last.partition("@")
+    my_id, _, my_counts = mine.partition("@")
+    if last_id != my_id:
+        return True
+    counts = re.fullmatch(r"(\d+):(\d+)", last_counts), re.fullmatch(r"(\d+):(\d+)", my_counts)
+    if counts[0] is None or counts[1] is None:  # (a ckpt_nb before counts noted none)
+        return False
+    (last_ever, last_now), (my_ever, my_now) = (map(int, c.groups()) for c in counts)
+    return last_ever > my_ever or (last_ever == my_ever and last_now < my_now)
 
 
 def _committed(catalog: Catalog) -> set[str]:

@@ -381,6 +381,37 @@ def test_gc_beside_the_store_keeps_what_a_copy_of_its_catalog_saved(tmp_path: Pa
     every_one_loads(store, ids)
 
 
+@pytest.mark.parametrize("later", ["saves", "deletes"])
+def test_a_backup_of_the_catalog_put_back_is_brought_up_to_the_store(
+        tmp_path: Path, later: str) -> None:
+    """A copy of the catalog written back over it keeps its id: its "latest" was the
+    backup's, and a gc from it deleted the checkpoints saved since as a crashed save's
+    leftovers. The lock file's note of what the last writer's catalog had seen tells it."""
+    store, backup = tmp_path / "store", tmp_path / "backup.sqlite"
+    model = torch.nn.Linear(64, 64)
+    with CheckpointManager(store) as first:
+        ids = [first.save(model, epoch=epoch) for epoch in range(3)]
+    shutil.copy(store / "catalog.sqlite", backup)
+    with CheckpointManager(store) as second:
+        if later == "saves":
+            for epoch in (3, 4):
+                with torch.no_grad():
+                    model.weight.add_(1)
+                ids.append(second.save(model, epoch=epoch))
+        for gone in (ids.pop(0), ids.pop(1)):
+            second.delete(gone)
+    shutil.copyfile(backup, store / "catalog.sqlite")  # (in place: the same inode)
+    gc = subprocess.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)],
+                        capture_output=True, text=True, timeout=120)
+    assert gc.returncode == 0 and "(a copy of it was put back?)" in gc.stderr, gc.stderr
+    assert "0 packs deleted" in gc.stdout, gc.stdout
+    with CheckpointManager(store) as reopened:
+        assert list(reopened.list()["id"]) == ids
+        assert reopened.verify().bad == {}
+        assert torch.equal(reopened.restore("latest").state["model"]["weight"], model.weight)
+    every_one_loads(store, ids)
+
+
 def test_a_relative_catalog_stays_the_one_opened_after_a_chdir(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``catalog="cat.sqlite"``, then a notebook's ``%cd``: the next save took the catalog
