@@ -201,6 +201,7 @@ class FlatState:
     tensors: list[TensorRecord] = field(default_factory=list)
     storages: list[StorageBytes] = field(default_factory=list)
     format: int = 3  # the manifest format its skeleton needs (_format.MANIFEST_FORMAT)
+    metrics: dict[str, float] = field(default_factory=dict)  # capture()'s, for save_state
 
     @property
     def logical_bytes(self) -> int:

@@ -756,8 +756,7 @@ class CheckpointManager:
             if not isinstance(obj, Stateful):
                 raise TypeError(f"{name}: {type(obj).__name__} has no state_dict() / "
                                 "load_state_dict(); pass it in extra= if it is plain data")
-        for key, value in (metrics or {}).items():
-            as_metric(key, value)
+        measured = {key: as_metric(key, value) for key, value in (metrics or {}).items()}
         with collector_paused():
             for name, obj in objects.items():
                 tree[name] = obj.state_dict()
@@ -768,6 +767,7 @@ class CheckpointManager:
                            copy_tensors=copy_tensors,
                            trained=trained_storages(objects.values()))
         flat.skeleton["types"] = kinds
+        flat.metrics = measured
         return flat
 
     def save_state(
@@ -783,10 +783,12 @@ class CheckpointManager:
         parent: str | None | type[Ellipsis] = ...,
         progress: ProgressFn | None = None,
     ) -> str:
-        """Write captured state as a checkpoint (the second half of ``save``)."""
+        """Write captured state as a checkpoint (the second half of ``save``); its metrics
+        are ``capture``'s unless ``metrics`` are given here."""
         strategy = strategy or self.strategy
         _check_choice("strategy", strategy, STRATEGIES)
-        metrics = {k: as_metric(k, v) for k, v in (metrics or {}).items()}
+        metrics = {k: as_metric(k, v)
+                   for k, v in (state.metrics if metrics is None else metrics).items()}
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
         with self._saving(), self._exclusive(), collector_paused():

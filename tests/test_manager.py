@@ -1132,6 +1132,19 @@ def test_values_a_snapshot_copies_keep_apart(tmp_path: Path, copy: str) -> None:
     assert back["x"] == extra["x"] and back["y"] == extra["y"]
 
 
+def test_metrics_given_to_capture_are_the_checkpoints(tmp_path: Path) -> None:
+    """capture(metrics=) checked them and dropped them: save_state saved none, and
+    keep_best ranked without them (deleting the best)."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path, keep_best=1, max_to_keep=1, metric="val_loss") as mgr:
+        best = mgr.save_state(mgr.capture({"model": model}, metrics={"val_loss": 0.1}))
+        mgr.save_state(mgr.capture({"model": model}, metrics={"val_loss": 0.9}))
+        given = mgr.save_state(mgr.capture({"model": model}, metrics={"val_loss": 0.9}),
+                               metrics={"val_loss": 0.5})  # (save_state's win)
+        assert mgr.resolve("best") == best and mgr.load(best).metrics == {"val_loss": 0.1}
+        assert mgr.load(given).metrics == {"val_loss": 0.5}
+
+
 def test_parameters_and_grad_flags_in_plain_state_come_back(tmp_path: Path) -> None:
     """Outside a state dict (whose tensors are detached), a tensor keeps being an
     nn.Parameter, and wanting grads, as with torch.save."""
