@@ -345,7 +345,9 @@ class Catalog:
         if int(found) > SCHEMA_VERSION:
             raise StoreFormatError(
                 f"catalog {self.path} has format {found}, newer than this ckpt_nb "
-                f"reads ({SCHEMA_VERSION}): upgrade ckpt_nb to open it"
+                f"reads ({SCHEMA_VERSION}): upgrade ckpt_nb to open it, or move the catalog "
+                "aside (it is an index of the store) and the store opens rebuilt from its "
+                "files"
             )
 
     def replaced(self) -> bool:

@@ -551,9 +551,11 @@ class CheckpointManager:
         except OSError:
             return
         mine = self.catalog.known_uid()
-        if len(last) < 2 or mine is None or last[1].partition("@")[0] != mine or \
+        if len(last) < 2 or mine is None or not last[1].startswith(f"{mine}@") or \
                 not _missed_writes(last[1], f"{mine}@{self._counts()}"):
-            return  # (another catalog's mark: a writer reads the store again at its take)
+            # (another catalog's mark, or one without counts, an older ckpt_nb's: a
+            # writer's lock take reads the store again)
+            return
         why = (f"the catalog of {self.store.url} is older than the store's last write (a copy "
                "of it was put back?)")
         try:
@@ -2195,7 +2197,9 @@ def _missed_writes(last: str, mine: str) -> bool:
     if last_id != my_id:
         return True
     counts = re.fullmatch(r"(\d+):(\d+)", last_counts), re.fullmatch(r"(\d+):(\d+)", my_counts)
-    if counts[0] is None or counts[1] is None:  # (a ckpt_nb before counts noted none)
+    if counts[0] is None:  # (a ckpt_nb before counts wrote last: what it saw is unknown)
+        return True
+    if counts[1] is None:
         return False
     (last_ever, last_now), (my_ever, my_now) = (map(int, c.groups()) for c in counts)
     return last_ever > my_ever or (last_ever == my_ever and last_now < my_now)
