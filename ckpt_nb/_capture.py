@@ -642,9 +642,9 @@ class Unflattener:
                 ) from exc
             return generator
         if "__set__" in value:
-            return {self.decode(v, name) for v in value["__set__"]}
+            return set(self._members(value["__set__"], name))
         if "__frozenset__" in value:
-            return frozenset(self.decode(v, name) for v in value["__frozenset__"])
+            return frozenset(self._members(value["__frozenset__"], name))
         if "__dtype__" in value:
             return dtype_from_name(value["__dtype__"])
         if "__device__" in value:
@@ -658,7 +658,7 @@ class Unflattener:
         if "__tuple__" in value:
             return tuple(self.decode(v, name) for v in value["__tuple__"])
         if "__dict__" in value:
-            pairs = {self.decode(k, name): self.decode(v, name) for k, v in value["__dict__"]}
+            pairs = self._pairs(value["__dict__"], name)
             kind = value.get("type")
             if kind is None:
                 return pairs
@@ -692,6 +692,21 @@ class Unflattener:
                     f"({exc}): import or define the class first (one defined in a notebook "
                     "is in that notebook's kernel only)") from exc
         return {k: self.decode(v, f"{name}/{k}" if name else k) for k, v in value.items()}
+
+    def _members(self, members: list[Any], name: str) -> list[Any]:
+        """A set's members, each pickled one named apart (``name/<member 0>``)."""
+        return [self.decode(v, f"{name}/<member {i}>") for i, v in enumerate(members)]
+
+    def _pairs(self, pairs: list[list[Any]], name: str) -> dict[Any, Any]:
+        """A dict stored as its pairs (keys that are not plain strings). A pickled key
+        is named ``name/<key 0>``, and a value by its key, or ``name/<value 0>`` where
+        that key is no string or number."""
+        decoded = {}
+        for i, (k, v) in enumerate(pairs):
+            key = self.decode(k, f"{name}/<key {i}>")
+            label = key if type(key) in (str, int, float, bool) else f"<value {i}>"
+            decoded[key] = self.decode(v, f"{name}/{label}")
+        return decoded
 
     def quantized(self, node: Mapping[str, Any], name: str) -> torch.Tensor:
         ints = self.tensor(node["__quantized__"])

@@ -10,6 +10,7 @@ can also go alone, under its own keys, as its ``load_state_dict`` takes them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import fcntl
 import functools
@@ -79,7 +80,17 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
     if isinstance(value, np.generic) and value.dtype.type not in (np.longdouble, np.clongdouble):
         return value.item()
     if isinstance(value, Mapping):
-        plain = {k: portable(v, f"{name}/{k}" if name else str(k)) for k, v in value.items()}
+        plain = {}
+        for i, (k, v) in enumerate(value.items()):
+            where = f"{name}/{k}" if name else str(k)
+            key = k if type(k) in (str, int) else _portable_key(
+                k, _key_name(k, name, f"<key {i}>",
+                             where if type(k) is tuple else f"{where}, by its key"), dropped,
+                weights_only=weights_only)
+            if isinstance(k, PickledValue):
+                where = k.name
+            if key is not _LEFT_OUT:
+                plain[key] = portable(v, where)
         metadata = getattr(value, "_metadata", None)
         if metadata is None:
             return plain
@@ -89,10 +100,14 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
     if type(value) in (list, tuple, torch.Size):
         return type(value)(portable(v, f"{name}/{i}" if name else str(i))
                            for i, v in enumerate(value))
+    if type(value) in (set, frozenset):
+        members = [m for i, v in enumerate(value) if (m := _portable_key(
+            v, _key_name(v, name, f"<member {i}>", f"{name}/{v}"), dropped,
+            weights_only=weights_only)) is not _LEFT_OUT]
+        # (weights_only loads sets, not frozensets)
+        return set(members) if weights_only or type(value) is set else frozenset(members)
     if not weights_only:
         return value
-    if isinstance(value, (set, frozenset)):  # (weights_only loads sets, not frozensets)
-        return {portable(v, name) for v in value}
     if type(value) is bytes and not value:  # (nor an empty bytes, pickled as bytes())
         return bytearray()
     if isinstance(value, torch.Generator):  # (nor a generator)
@@ -109,6 +124,40 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
     dropped.append(f"{name} ({what}, which torch.load(weights_only=True) refuses: export to "
                    f".safetensors, or {advice} to torch.serialization.add_safe_globals)")
     return None
+
+
+_LEFT_OUT = object()  # (a key or set member left out of an export)
+
+
+def _key_name(key: Any, name: str, place: str, text: str) -> str:
+    """How a warning names a dict key or set member: ``text`` (``extra/counts/Split.TRAIN,
+    by its key``), a placeholder's own name (``extra/counts/<key 0>``), or its ``place``
+    under ``name`` for a tuple that holds placeholders (their text is a long repr)."""
+    from ._manager import PickledValue
+
+    if isinstance(key, PickledValue):
+        return key.name
+    if type(key) is tuple and any(isinstance(k, PickledValue) for k in key):
+        return f"{name}/{place}"
+    return text
+
+
+def _portable_key(key: Any, name: str, dropped: list[str], *, weights_only: bool) -> Any:
+    """A dict key or set member as ``_portable`` makes values, or ``_LEFT_OUT`` where
+    it (or a part of it) is left out: not as None, where two such keys would become one
+    and take one value."""
+    before = len(dropped)
+    plain = _portable(key, name, dropped, weights_only=weights_only)
+    if len(dropped) > before:
+        return _LEFT_OUT
+    try:
+        hash(plain)
+    except TypeError:  # (a frozenset made a set for weights_only, in a tuple key)
+        dropped.append(f"{name} (a {type(key).__name__} key, which torch.load("
+                       "weights_only=True) reads back only as a set, which no key can be: "
+                       "export to .safetensors)")
+        return _LEFT_OUT
+    return plain
 
 
 # What torch.load(weights_only=True) reads back, besides the containers above.
@@ -581,7 +630,7 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
                                      "one of ours")
     left_out: list[str] = []
 
-    def unloaded(name: str) -> None:
+    def unloaded(name: str) -> _Unloaded:
         """A pickle without trust: one in extra is left out, as an export leaves one out;
         one in an object's state or in the RNG's refuses the file, as a restore needs it."""
         if name != "extra" and not name.startswith("extra/"):
@@ -589,6 +638,7 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
                 f"{path}: {name or 'a value'} is stored as a pickle, which can run code when "
                 "loaded: pass trust_pickle=True if you trust this file")
         left_out.append(name)
+        return _Unloaded()
 
     class _Decoder(Unflattener):
         def tensor(self, index: int) -> torch.Tensor:
@@ -607,9 +657,40 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
         raise CorruptCheckpointError(f"{path}: its ckpt_nb metadata does not describe a "
                                      f"state ({type(exc).__name__}: {exc})") from exc
     if left_out:
+        if isinstance(data, dict) and "extra" in data:
+            data["extra"] = _unloaded_as_none(data["extra"])
         warn(f"left out of {path}: {', '.join(left_out)} (pickled, not loaded: pass "
              "trust_pickle=True if you trust the file)")
     return data
+
+
+class _Unloaded:
+    """A pickle of an imported file's extra, left out: its place while the file is read
+    (each its own, so that two such dict keys stay two keys until they go)."""
+
+
+def _unloaded_as_none(value: Any) -> Any:
+    """``value`` with each pickle left out as None in its place, and a dict entry whose
+    key holds one, or a set member that does, left out whole (as None, two such keys
+    would become one, with one of their values)."""
+    if isinstance(value, _Unloaded):
+        return None
+    if isinstance(value, dict):  # (an OrderedDict's, a defaultdict's type and attributes kept)
+        kept = copy.copy(value)
+        kept.clear()
+        kept.update((k, _unloaded_as_none(v)) for k, v in value.items()
+                    if not _holds_unloaded(k))
+        return kept
+    if type(value) in (list, tuple):
+        return type(value)(_unloaded_as_none(v) for v in value)
+    if type(value) in (set, frozenset):
+        return type(value)(v for v in value if not _holds_unloaded(v))
+    return value
+
+
+def _holds_unloaded(key: Any) -> bool:
+    return isinstance(key, _Unloaded) or \
+        type(key) in (tuple, frozenset) and any(_holds_unloaded(k) for k in key)
 
 
 def _pickle_storages(path: Path, tensors: Mapping[str, torch.Tensor]

@@ -66,9 +66,11 @@ _LIST_COLUMNS = ("id", "parent", "branch", "created", "step", "epoch", "batch_id
                  "stored_bytes", "logical_bytes", "pinned", "best", "head", "note")
 
 
-@dataclass
+@dataclass(eq=False)
 class PickledValue:
-    """A value stored as a pickle, left unloaded because trust_pickle was not given."""
+    """A value stored as a pickle, left unloaded because trust_pickle was not given.
+    Equal only to itself, and so hashable: it can stand for a dict key or a set member
+    (an Enum), and two of them stay two keys."""
 
     name: str
 

@@ -450,8 +450,8 @@ def _holds_pickle(value: Any) -> bool:
     back in place of the value (as a DataFrame's cell, say) without a word."""
     if isinstance(value, PickledValue):
         return True
-    if isinstance(value, dict):
-        return any(_holds_pickle(v) for v in value.values())
+    if isinstance(value, dict):  # (its keys too: an Enum key is pickled)
+        return any(_holds_pickle(k) or _holds_pickle(v) for k, v in value.items())
     if isinstance(value, (list, tuple, set, frozenset)):
         return any(_holds_pickle(v) for v in value)
     return False

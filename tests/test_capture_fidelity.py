@@ -1,0 +1,119 @@
+"""A value comes back as the type it was saved as, or as a placeholder for a pickle, or
+is refused by name at save: never as its base type without a word, nor as a checkpoint
+read as damaged."""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from http import HTTPStatus
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Holder
+
+import ckpt_nb
+from ckpt_nb import (CheckpointManager, PickledValue, UntrustedPickleError)
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (a rollback test below)
+
+
+class Split(enum.Enum):
+    TRAIN = "train"
+    VAL = "val"
+
+
+def linear(fill: float) -> torch.nn.Linear:
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight.fill_(fill)
+    return model
+
+
+def test_a_pickled_dict_key_or_set_member_is_a_placeholder_not_a_damaged_checkpoint(
+        tmp_path: Path) -> None:
+    """An Enum key made the checkpoint 'not describe a state' (a placeholder was
+    unhashable), and restore('latest') fell back to the checkpoint before it."""
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(linear(1.0), epoch=0)
+    extra = {"counts": {Split.TRAIN: 100, Split.VAL: 10, "all": 110}, "seen": {Split.TRAIN, 3}}
+    cid = mgr.save(linear(2.0), epoch=1, extra=extra)
+    model = linear(0.0)
+    with pytest.warns(UserWarning, match=r"\['extra/counts/<key 0>', 'extra/counts/<key 1>', "
+                                         r"'extra/seen/<member \d>'\] are pickles"):
+        ck = mgr.restore("latest", model=model)
+    assert ck.id == cid and model.weight[0, 0].item() == 2.0
+    counts = ck.extra["counts"]
+    keys = [k for k in counts if k != "all"]
+    assert len(counts) == 3 and counts["all"] == 110  # (the two placeholders are two keys)
+    assert all(isinstance(k, PickledValue) for k in keys)
+    assert sorted(counts[k] for k in keys) == [10, 100]
+    assert [k.name for k in keys] == ["extra/counts/<key 0>", "extra/counts/<key 1>"]
+    assert 3 in ck.extra["seen"] and len(ck.extra["seen"]) == 2
+    assert mgr.load(cid, trust_pickle=True).extra == extra
+
+
+def test_a_pickled_key_in_an_objects_state_needs_trust_as_any_pickle_there(
+        tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(holder=Holder({"by_split": {Split.VAL: torch.ones(2)}}))
+    with pytest.raises(UntrustedPickleError, match=r"holder/by_split/<key 0> is stored as a "
+                                                   "pickle"):
+        mgr.restore(cid, holder=Holder({}))
+    target = Holder({})
+    mgr.restore(cid, holder=target, trust_pickle=True)
+    assert torch.equal(target.state["by_split"][Split.VAL], torch.ones(2))
+
+
+def test_an_export_leaves_out_an_entry_whose_key_it_cannot_write_not_the_whole_file(
+        tmp_path: Path) -> None:
+    """A placeholder or an Enum as a key went into the .pt file as it was, and
+    torch.load(weights_only=True) refused the whole file for it."""
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.save(extra={"counts": {Split.TRAIN: 1, Split.VAL: 2, "all": 3},
+                          "seen": {Split.TRAIN, 3}, "pairs": {(Split.VAL, 1): 4, (0, 1): 5}})
+    for trust in (False, True):
+        what = r"<key 0> \(pickled, not loaded" if not trust else \
+            r"Split.TRAIN, by its key \(a Split, which torch.load"
+        with pytest.warns(UserWarning, match=rf"left out of x{trust}.pt: extra/counts/{what}"):
+            path = mgr.export(cid, tmp_path / f"x{trust}.pt", trust_pickle=trust)
+        assert torch.load(path, weights_only=True)["extra"] == {
+            "counts": {"all": 3}, "seen": {3}, "pairs": {(0, 1): 5}}
+
+
+def test_an_import_without_trust_leaves_out_entries_with_pickled_keys_not_merged(
+        tmp_path: Path) -> None:
+    """Each pickled key was left out as None: two of them became one key None, holding
+    one of their values."""
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.save(extra={"counts": {Split.TRAIN: 1, Split.VAL: 2, "all": 3},
+                          "seen": {Split.TRAIN, 3}, "best": Split.VAL})
+    path = mgr.export(cid, tmp_path / "x.safetensors", trust_pickle=True)
+    with pytest.warns(UserWarning, match=r"left out of .*x.safetensors: extra/counts/<key 0>, "
+                                         r"extra/counts/<key 1>, .*extra/best"):
+        ck = mgr.restore(path)
+    assert ck.extra == {"counts": {"all": 3}, "seen": {3}, "best": None}
+    assert mgr.restore(path, trust_pickle=True).extra == mgr.load(cid, trust_pickle=True).extra
+
+
+def test_a_notebook_variable_with_a_pickled_key_is_left_out_of_a_rollback(
+        tmp_path: Path, capsys) -> None:
+    """An IntEnum key (HTTPStatus.OK) is pickled: the variable held placeholders for keys."""
+    model = torch.nn.Linear(2, 2)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+          "codes": {HTTPStatus.OK: 3}, "lr": 0.25}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell", every_steps=1):
+        for _, x in ckpt_nb.batches([torch.ones(1, 2)] * 2):
+            ns["opt"].zero_grad()
+            model(x).sum().backward()
+            ns["opt"].step()
+    fresh = torch.nn.Linear(2, 2)
+    back = {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1), "lr": 0.5}
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the store's own, of the pickles it left out)
+        ckpt_nb.rollback("latest", directory=tmp_path, namespace=back)
+    assert back["lr"] == 0.25 and "codes" not in back
+    assert "left out (they do not read back): codes (it holds values stored as pickles" \
+        in capsys.readouterr().out
