@@ -419,11 +419,14 @@ class _Flattener:
             native = value if value.dtype.isnative else value.view(value.dtype.newbyteorder("="))
             t = torch.from_numpy(native)
             return {"__ndarray__": self.tensor(t, name)["__tensor__"], "dtype": value.dtype.str}
-        if isinstance(value, (bytes, bytearray)):
+        # Containers and bytes of their exact types too: a subclass (a dict with methods of
+        # its own, a defaultdict's factory that is code, np.bytes_) is pickled, where it
+        # would come back as its base type without a word.
+        if type(value) in (bytes, bytearray):
             raw = torch.from_numpy(np.frombuffer(value, dtype=np.uint8).copy())
             return {"__bytes__": self.tensor(raw, name)["__tensor__"],
                     "type": type(value).__name__}
-        if isinstance(value, (set, frozenset)):
+        if type(value) in (set, frozenset):
             return {f"__{type(value).__name__}__":
                     [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
         if isinstance(value, torch.Generator) and value.device.type == "cpu":
@@ -436,9 +439,9 @@ class _Flattener:
         if type(value) is torch.Size:  # (a tensor's shape kept in extra: back as a Size;
             # a reader from before reads the tuple in it, as it always had)
             return {"__tuple__": list(value), "size": True}
-        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        if type(value) is tuple:
             return {"__tuple__": [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
-        if isinstance(value, list):
+        if type(value) is list:
             return [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]
         metadata = getattr(value, "_metadata", None)
         if isinstance(value, dict) and isinstance(metadata, dict):
@@ -454,10 +457,18 @@ class _Flattener:
             if kind == "defaultdict":
                 node["factory"] = value.default_factory.__name__
             return node
-        if isinstance(value, dict) and _plain_keys(value):
+        if type(value) is dict and _plain_keys(value):
             return {k: self.encode(v, f"{name}/{k}") for k, v in value.items()}
-        if isinstance(value, dict):
+        if type(value) is dict:
             return {"__dict__": self._pairs(value, name)}
+        if type(value) is defaultdict and not _picklable(value.default_factory):
+            # (a notebook's defaultdict(lambda: 0): a CaptureError would fail every save)
+            warn(f"{name} is a defaultdict whose default factory, "
+                 f"{getattr(value.default_factory, '__qualname__', value.default_factory)}, "
+                 "cannot be pickled (a lambda or a local function): it is stored as a dict, "
+                 "and comes back one, without its default; a function defined at a "
+                 "module's top level would keep it")
+            return self.encode(dict(value), name)
         node = stdlib_values.encode(value) if type(value) in stdlib_values.TYPES else None
         return node if node is not None else self.pickled(value, name)
 
@@ -469,8 +480,9 @@ class _Flattener:
 _PLAIN = {int, str, bool, type(None)}  # JSON as they are (floats may be nan or inf)
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 MAX_NESTING = 100  # containers within containers a value may hold
-# The dict types that come back as themselves (other subclasses come back dicts); a
-# defaultdict only with a built-in factory (another one is code, which is not stored).
+# The dict types stored as JSON and back as themselves (other subclasses are pickled); a
+# defaultdict only with a built-in factory (another one is code, so is pickled with it, or
+# stored as a dict, with a warning, where it cannot be).
 _DICT_KINDS: dict[type, str] = {OrderedDict: "OrderedDict", Counter: "Counter",
                                 defaultdict: "defaultdict"}
 _DICT_TYPES = {kind: t for t, kind in _DICT_KINDS.items()}
@@ -532,8 +544,18 @@ def _flat_records(rows: list[Any]) -> list[dict[str, Any]] | None:
     return out
 
 
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - whatever its reducer raises
+        return False
+    return True
+
+
 def _plain_keys(d: dict[Any, Any]) -> bool:
-    return all(isinstance(k, str) and not k.startswith("__") for k in d)
+    """Whether a dict's keys are JSON's: strings (of that exact type: a StrEnum key
+    is pickled) that no tag can be taken for."""
+    return all(type(k) is str and not k.startswith("__") for k in d)
 
 
 def trained_storages(objects: Iterable[Any]) -> set[tuple[str, int]]:

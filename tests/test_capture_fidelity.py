@@ -4,11 +4,15 @@ read as damaged."""
 
 from __future__ import annotations
 
+import collections
 import enum
+import functools
 import warnings
 from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import Holder
@@ -22,6 +26,31 @@ pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (a rollback test 
 class Split(enum.Enum):
     TRAIN = "train"
     VAL = "val"
+
+
+class Word(enum.StrEnum):
+    LOSS = "loss"
+
+
+def zero() -> int:
+    return 0
+
+
+class Histogram(dict):
+    def total(self) -> int:
+        return sum(self.values())
+
+
+class Steps(list):
+    pass
+
+
+class Pair(tuple):
+    pass
+
+
+class Tags(set):
+    pass
 
 
 def linear(fill: float) -> torch.nn.Linear:
@@ -117,3 +146,62 @@ def test_a_notebook_variable_with_a_pickled_key_is_left_out_of_a_rollback(
     assert back["lr"] == 0.25 and "codes" not in back
     assert "left out (they do not read back): codes (it holds values stored as pickles" \
         in capsys.readouterr().out
+
+
+SUBCLASSES = [
+    pytest.param(collections.defaultdict(zero, {"a": 1}), id="defaultdict(function)"),
+    pytest.param(collections.defaultdict(functools.partial(int, 0), {"a": 1}),
+                 id="defaultdict(partial)"),
+    pytest.param(Histogram(a=1), id="dict subclass"),
+    pytest.param(Steps([1, 2]), id="list subclass"),
+    pytest.param(Pair((1, 2)), id="tuple subclass"),
+    pytest.param(Tags({1}), id="set subclass"),
+    pytest.param(np.bytes_(b"ab"), id="np.bytes_"),
+]
+
+
+@pytest.mark.parametrize("value", SUBCLASSES)
+def test_a_subclass_of_a_stored_type_is_pickled_and_comes_back_as_itself(
+        tmp_path: Path, value: Any) -> None:
+    """They came back as their base type (a defaultdict(zero) a dict, raising KeyError
+    where it gave 0), with no warning, even with trust_pickle=True."""
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(extra={"v": value})
+    back = mgr.load(cid, trust_pickle=True).extra["v"]
+    assert type(back) is type(value) and back == value
+    if isinstance(value, collections.defaultdict):
+        assert back["missing"] == 0
+    with pytest.warns(UserWarning, match=r"\['extra/v'\] are pickles"):
+        assert isinstance(mgr.load(cid).extra["v"], PickledValue)
+
+
+def test_a_str_enum_key_is_pickled_not_made_a_str(tmp_path: Path) -> None:
+    """It was stored as its text, and came back a str (a StrEnum value is pickled)."""
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(extra={"v": {Word.LOSS: 1.5}})
+    assert type(next(iter(mgr.load(cid, trust_pickle=True).extra["v"]))) is Word
+    with pytest.warns(UserWarning, match=r"\['extra/v/<key 0>'\] are pickles"):
+        assert isinstance(next(iter(mgr.load(cid).extra["v"])), PickledValue)
+
+
+def test_the_types_stored_as_json_still_come_back_as_themselves_without_trust(
+        tmp_path: Path) -> None:
+    value = {"od": collections.OrderedDict(b=1, a=2), "c": collections.Counter("aab"),
+             "dd": collections.defaultdict(list, {"a": [1]}), "size": torch.Size([2, 3]),
+             "t": (1, [2.0]), "s": {1, 2}, "b": b"x", "ba": bytearray(b"y"), 5: "five"}
+    mgr = CheckpointManager(tmp_path)
+    back = mgr.load(mgr.save(extra={"v": value})).extra["v"]
+    assert back == value and [type(v) for v in back.values()] == [type(v) for v in
+                                                                  value.values()]
+
+
+def test_a_defaultdict_whose_factory_cannot_be_pickled_is_a_dict_with_a_warning(
+        tmp_path: Path) -> None:
+    """It became a dict without a word. Refused, it would fail every save of a notebook
+    that has one (a lambda there cannot be pickled)."""
+    mgr = CheckpointManager(tmp_path)
+    with pytest.warns(UserWarning, match=r"extra/v is a defaultdict whose default factory, "
+                                         r".*<lambda>, cannot be pickled .* stored as a dict"):
+        cid = mgr.save(extra={"v": collections.defaultdict(lambda: [], {"a": [1]})})
+    back = mgr.load(cid).extra["v"]
+    assert type(back) is dict and back == {"a": [1]}
