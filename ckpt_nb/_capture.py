@@ -297,11 +297,14 @@ class _Flattener:
             return self.quantized(t, name)
         if t.layout in _SPARSE:
             return self.sparse(t, name)
-        if t.is_nested and (parts := _nested_parts(t)):
+        if t.is_nested and (parts := _nested_parts(t)) is not None:
             self.flat.format = max(self.flat.format, 4)  # (a format-3 reader would misread it)
-            return {"__nested__": str(t.layout).removeprefix("torch."),
+            node = {"__nested__": str(t.layout).removeprefix("torch."),
                     "requires_grad": requires_grad,
                     "parts": [self.tensor(p, f"{name}/{i}") for i, p in enumerate(parts)]}
+            if not parts:  # (its dtype, which no part carries)
+                node["dtype"] = _DTYPE_NAMES[t.dtype]
+            return node
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
             return self.pickled(t, name)
         device = _device_name(t.device)
@@ -777,29 +780,33 @@ class Unflattener:
             raise CorruptCheckpointError(f"{name or 'a tensor'} has an unknown nested layout "
                                          f"{node['__nested__']!r}")
         parts = [self.decode(p) for p in node["parts"]]
+        dtype = dtype_from_name(node["dtype"]) if "dtype" in node else None
         try:
             with warnings.catch_warnings():  # (torch calls the strided layout a prototype)
                 warnings.simplefilter("ignore", UserWarning)
-                return torch.nested.nested_tensor(parts, layout=layout,
+                return torch.nested.nested_tensor(parts, layout=layout, dtype=dtype,
                                                   requires_grad=bool(node["requires_grad"]))
         except (RuntimeError, TypeError, ValueError) as exc:
             raise CorruptCheckpointError(f"{name or 'a tensor'}: its nested parts do not "
                                          f"make a nested tensor ({exc})") from exc
 
 
-def _nested_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _nested_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     """A nested tensor's components (views of its buffer, so stored once), where
-    ``torch.nested.nested_tensor`` rebuilds it from them: not an empty one, nor a jagged
-    one ragged in a later dimension (those stay pickles)."""
+    ``torch.nested.nested_tensor`` rebuilds it from them, none for an empty strided one
+    (``nested_tensor([])``, which torch cannot unpickle); None for a jagged one ragged in
+    a later dimension, or empty (torch builds neither from parts: those stay pickles)."""
     if t.layout not in _NESTED_LAYOUTS.values():
-        return ()
+        return None
     try:
         parts = t.detach().unbind()
     except RuntimeError:
-        return ()
+        return None
+    if not parts:
+        return parts if t.layout is torch.strided and t.dim() == 1 else None
     if t.layout is torch.jagged and (getattr(t, "_ragged_idx", 1) != 1
                                      or len({p.shape[1:] for p in parts}) > 1):
-        return ()
+        return None
     return parts
 
 

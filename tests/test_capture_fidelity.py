@@ -205,3 +205,20 @@ def test_a_defaultdict_whose_factory_cannot_be_pickled_is_a_dict_with_a_warning(
         cid = mgr.save(extra={"v": collections.defaultdict(lambda: [], {"a": [1]})})
     back = mgr.load(cid).extra["v"]
     assert type(back) is dict and back == {"a": [1]}
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # (torch's own)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int64])
+def test_an_empty_nested_tensor_comes_back_with_its_dtype(tmp_path: Path,
+                                                          dtype: torch.dtype) -> None:
+    """It was pickled, and torch cannot unpickle its own empty nested tensor: no restore
+    read the checkpoint, with trust_pickle=True or without."""
+    empty = torch.nested.nested_tensor([], dtype=dtype)
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(holder=Holder({"nt": empty, "w": torch.ones(2)}), extra={"nt": empty})
+    target = Holder({})
+    ck = mgr.restore(cid, holder=target)
+    for back in (target.state["nt"], ck.extra["nt"]):
+        assert back.is_nested and back.dtype == dtype and back.unbind() == ()
+        assert back.dim() == empty.dim() and back.layout is torch.strided
+    assert torch.equal(target.state["w"], torch.ones(2))
