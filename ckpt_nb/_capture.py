@@ -305,6 +305,9 @@ class _Flattener:
             if not parts:  # (its dtype, which no part carries)
                 node["dtype"] = _DTYPE_NAMES[t.dtype]
             return node
+        if t.layout == torch._mkldnn:  # (torch cannot pickle one either)
+            raise CaptureError(f"{name} is an MKL-DNN tensor, which torch cannot save: save "
+                               "its .to_dense() (and .to_mkldnn() it again after a restore)")
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
             return self.pickled(t, name)
         device = _device_name(t.device)

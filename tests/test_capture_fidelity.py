@@ -18,7 +18,7 @@ import torch
 from conftest import Holder
 
 import ckpt_nb
-from ckpt_nb import (CheckpointManager, PickledValue, UntrustedPickleError)
+from ckpt_nb import (CaptureError, CheckpointManager, PickledValue, UntrustedPickleError)
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (a rollback test below)
 
@@ -222,3 +222,10 @@ def test_an_empty_nested_tensor_comes_back_with_its_dtype(tmp_path: Path,
         assert back.is_nested and back.dtype == dtype and back.unbind() == ()
         assert back.dim() == empty.dim() and back.layout is torch.strided
     assert torch.equal(target.state["w"], torch.ones(2))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without MKL-DNN")
+def test_an_mkldnn_tensor_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    """It was 'neither JSON, a tensor nor picklable'."""
+    with pytest.raises(CaptureError, match=r"extra/x is an MKL-DNN tensor.*\.to_dense\(\)"):
+        CheckpointManager(tmp_path).save(extra={"x": torch.ones(2, 2).to_mkldnn()})
