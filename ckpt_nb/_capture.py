@@ -394,6 +394,7 @@ class _Flattener:
             # (a loss history: raw float64 bytes encode 20x faster than JSON, and long
             # ones share their unchanged head's chunks with the checkpoint before)
             floats = torch.from_numpy(np.array(value, dtype=np.float64))
+            self.flat.format = max(self.flat.format, 4)  # (as for stdlib values, below)
             return {"__floats__": self.tensor(floats, name)["__tensor__"],
                     "tuple": type(value) is tuple}
         # Scalars of their exact types only: a subclass (an IntEnum, a StrEnum) would come
@@ -476,7 +477,11 @@ class _Flattener:
                  "module's top level would keep it")
             return self.encode(dict(value), name)
         node = stdlib_values.encode(value) if type(value) in stdlib_values.TYPES else None
-        return node if node is not None else self.pickled(value, name)
+        if node is None:
+            return self.pickled(value, name)
+        # (came within format 3: a reader from before read such a node as a plain dict)
+        self.flat.format = max(self.flat.format, 4)
+        return node
 
     def _pairs(self, value: dict[Any, Any], name: str) -> list[list[Any]]:
         return [[self.encode(k, f"{name}/key"), self.encode(v, f"{name}/{k}")]

@@ -21,8 +21,10 @@ misread. Older stores are read as they are, and restamped by the first save
 into them. Labels came in format 3 too (after its first release): a store saved
 before them held its pins and notes in its catalog alone, and the manager writes
 them as labels the first time it opens that catalog to write, so that a catalog
-rebuilt later keeps them. A manifest of format 4 holds
-nested tensors' nodes; the store's own format stays 3 (see ``MANIFEST_FORMAT``).
+rebuilt later keeps them. A manifest of format 4 holds nodes that a format-3
+reader from before them would misread as plain dicts: nested tensors, long lists
+of floats as bytes, and paths, dates, decimals, UUIDs and the like
+(``_stdlib_values``); the store's own format stays 3 (see ``MANIFEST_FORMAT``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import json
 import time
 import warnings
 from collections.abc import Callable
-from datetime import datetime
+from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,19 @@ def test_only_a_checkpoint_holding_a_nested_tensor_needs_a_reader_of_format_4(
     assert torch.equal(earlier.load(plain).state["h"]["w"], torch.ones(3))
     with pytest.raises(StoreFormatError, match=f"checkpoint {nested} has format 4: upgrade"):
         earlier.load(nested)
+
+
+@pytest.mark.parametrize("value", [date(2026, 12, 5), Decimal("1.10"),
+                                   Path("/runs/a"), [0.5] * 300])
+def test_values_a_format_3_reader_would_read_as_dicts_need_format_4(
+        tmp_path: Path, value: object) -> None:
+    """Dates, decimals, paths (_stdlib_values) and long lists of floats came within
+    format 3: a reader from before them loaded ``{'__decimal__': '1.10'}`` and put it in
+    a notebook's variables. Their checkpoints are format 4, which such a reader refuses."""
+    with CheckpointManager(tmp_path) as mgr:
+        plain, holding = mgr.save(extra={"x": [0.5] * 3}), mgr.save(extra={"x": value})
+        assert (mgr._manifest(plain)["format"], mgr._manifest(holding)["format"]) == (3, 4)
+        assert mgr.load(holding).extra["x"] == value
 
 
 def test_keep_best_alone_keeps_the_best_and_the_newest(tmp_path: Path) -> None:
