@@ -408,8 +408,16 @@ class Catalog:
                 self._db = _Closed(self.path)  # type: ignore[assignment]
 
     def reseed(self, start: Seed) -> None:
-        """Replace every checkpoint and chunk row with ``start``, in one transaction."""
+        """Replace every checkpoint and chunk row with ``start``, in one transaction. Each
+        checkpoint it no longer holds (deleted elsewhere) gets its parent as its heir, as
+        a delete here records (``heir_of``), so that a manager whose live objects came
+        from it saves under its nearest kept ancestor, not as a new root."""
         with self.transaction() as db:
+            kept = {row.id for row in start.checkpoints}
+            for cid, parent in db.execute("SELECT id, parent FROM checkpoints").fetchall():
+                if cid not in kept:
+                    self._set_meta(f"heir:{cid}", parent or "")
+            self._forget_oldest_heirs(db)
             for table in ("refs", "chunks", "checkpoints", "branches"):
                 db.execute(f"DELETE FROM {table}")
             self._seed(db, start)
@@ -629,10 +637,15 @@ class Catalog:
                 db.execute("DELETE FROM checkpoints WHERE id=?", (cid,))
                 self._set_meta(f"heir:{cid}", parent[0] or "")
             db.execute("DELETE FROM branches WHERE tip IS NULL")
-            # (a rowid range, not a scan of every heir at each retention's delete: a
-            # replaced row takes the next rowid, so the oldest heirs have the lowest)
-            db.execute("DELETE FROM meta WHERE rowid <= (SELECT max(rowid) FROM meta) - ? "
-                       "AND key LIKE 'heir:%'", (HEIRS_KEPT,))
+            self._forget_oldest_heirs(db)
+
+    @staticmethod
+    def _forget_oldest_heirs(db: sqlite3.Connection) -> None:
+        """Keep the heirs of the last ``HEIRS_KEPT`` deleted checkpoints only."""
+        # (a rowid range, not a scan of every heir at each retention's delete: a replaced
+        # row takes the next rowid, so the oldest heirs have the lowest)
+        db.execute("DELETE FROM meta WHERE rowid <= (SELECT max(rowid) FROM meta) - ? "
+                   "AND key LIKE 'heir:%'", (HEIRS_KEPT,))
 
     def heir_of(self, checkpoint_id: str) -> str | None:
         """The nearest kept ancestor of a deleted checkpoint (None for a root, or one
