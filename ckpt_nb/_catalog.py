@@ -36,6 +36,9 @@ CATALOG_ID_FILE = "catalog_id_file"  # (meta) the "device:inode" of the file it 
 # The meta key of the metric and mode ("min" or "max") the store's checkpoints are ranked
 # by: recorded by a manager given metric= when it saves, the default of one opened without.
 RANKING = "ranking"
+# The meta key of the store keys the last rebuild listed and left out, not as damaged: see
+# ``Seed.left_out_keys``.
+LEFT_OUT_KEYS = "left_out_keys"
 
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
@@ -218,6 +221,10 @@ class Seed:
     chunks: list[ChunkRow] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)  # store key -> what is wrong
     ranking: tuple[str, str] | None = None  # the metric and mode the newest save ranked by
+    # The manifests and packs listed and left out, not as damaged (a save in flight, a
+    # killed save's leftovers, a pack whose chunks lie in others too), each with when it
+    # grows older than the grace time, and a rebuild reads it otherwise (None: never).
+    left_out_keys: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -582,6 +589,7 @@ class Catalog:
         self._set_meta("damaged", json.dumps(start.damaged))
         if start.ranking is not None:
             self._set_meta(RANKING, json.dumps(list(start.ranking)))
+        self._set_meta(LEFT_OUT_KEYS, json.dumps(start.left_out_keys))
 
     def damaged(self) -> dict[str, str]:
         """The packs and manifests a rebuild found damaged (key -> what is wrong): kept
@@ -595,6 +603,19 @@ class Catalog:
         if not isinstance(damaged, dict):
             raise DamagedCatalog("its list of damaged files")
         return damaged
+
+    def left_out_keys(self) -> dict[str, float | None]:
+        """The store keys the last rebuild left out, not as damaged (``Seed.left_out_keys``);
+        none where it did not say (a catalog of an older ckpt_nb): the store is then read
+        again where it holds any."""
+        with self._lock:
+            found = self._meta(LEFT_OUT_KEYS)
+        with contextlib.suppress(ValueError, RecursionError):
+            keys = json.loads(found) if found else {}
+            if isinstance(keys, dict) and all(
+                    when is None or isinstance(when, (int, float)) for when in keys.values()):
+                return keys
+        return {}
 
     @staticmethod
     def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow]) -> None:

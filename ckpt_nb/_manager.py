@@ -286,6 +286,7 @@ class CheckpointManager:
         self._replaced_catalogs: list[Catalog] = []  # opened again: closed by close()
         _MANAGERS.add(self)  # (a forked child's copy gets a fresh _busy)
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
+        self._failed_saves: set[str] = set()  # ids whose manifest a failed save left behind
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
         self._catch_up_with_a_copy_put_back()
@@ -394,13 +395,21 @@ class CheckpointManager:
         """Whether the store holds checkpoints the catalog does not list, or lacks some it
         does, or its chunks lie in other packs (another machine's gc compacted them: a
         gc from here would delete the new pack as an orphan); what a rebuild found
-        damaged aside."""
-        damaged = set(catalog.damaged())
-        stored = {id_of(key) for key in self.store.list("manifests")} - {None} - \
-            {id_of(key) for key in damaged}
-        if stored != {row.id for row in catalog.checkpoints()}:
+        damaged aside, and what the last one left out (a save in flight, a killed save's
+        leftover: the whole store was read again at every call until gc deleted it)
+        while a rebuild would read it as that one did: none of it grown older than the
+        grace time, none of its checkpoints given a label."""
+        left_out = catalog.left_out_keys()
+        if any(when is not None and when <= time.time() for when in left_out.values()):
             return True
-        return set(self.store.list("packs")) - damaged != catalog.packs()
+        aside = set(catalog.damaged()) | set(left_out)
+        stored = {id_of(key) for key in self.store.list("manifests") if key not in aside}
+        if stored - {None} != {row.id for row in catalog.checkpoints()}:
+            return True
+        if set(self.store.list("packs")) - aside != catalog.packs():
+            return True
+        unread = {id_of(key) for key in left_out} - {None}
+        return bool(unread) and any(id_of(key) in unread for key in self.store.list("labels"))
 
     @contextlib.contextmanager
     def _saving(self) -> Iterator[None]:
@@ -458,8 +467,7 @@ class CheckpointManager:
             new = [line for line in found.left_out if line not in self._left_out_named]
             if new:  # (once each: a killed save's leftover stays until gc)
                 self._left_out_named.update(new)
-                warn(f"the store at {self.store.url} changed elsewhere and was read again: "
-                     f"{found.summary()}", RuntimeWarning)
+                warn(self._read_again_said(found, new), RuntimeWarning)
             return
         for key in self.store.list("labels"):  # pins and notes changed elsewhere
             row = self.catalog.get(id_of(key) or "")
@@ -475,6 +483,21 @@ class CheckpointManager:
                       if value != getattr(row, name)}
             if change:
                 self.catalog.update(row.id, **change)
+
+    def _read_again_said(self, found: Rebuilt, new: list[str]) -> str:
+        """The warning of a catch-up whose rebuild left ``new`` out: a leftover of this
+        manager's own failed save (its manifest, which could not be deleted then) is
+        said to be that, not a change made elsewhere."""
+        mine = sorted(cid for cid in found.leftovers if cid in self._failed_saves)
+        one = len(mine) == 1
+        own = (f"checkpoint{'' if one else 's'} {', '.join(mine)}, which a save here that "
+               f"failed left in the store (its manifest could not be deleted then), "
+               f"{'is no checkpoint' if one else 'are no checkpoints'}: gc() deletes "
+               f"{'it' if one else 'them'}")
+        if mine and set(new) <= {found.leftovers[cid] for cid in mine}:
+            return f"the store at {self.store.url} was read again: {own}"
+        return (f"the store at {self.store.url} changed elsewhere and was read again: "
+                f"{found.summary()}{f'; {own}' if mine else ''}")
 
     @contextlib.contextmanager
     def _exclusive(self, reading: bool = False) -> Iterator[None]:
@@ -839,8 +862,10 @@ class CheckpointManager:
                 self.catalog.commit_checkpoint(row, new_rows, refs)
             except BaseException:
                 if blob:  # not committed: nothing refers to it (gc would remove it too)
-                    with contextlib.suppress(Exception):
+                    try:
                         self.store.delete(manifest_key(row.id))
+                    except Exception:  # noqa: BLE001 - left for gc (a catch-up names it)
+                        self._failed_saves.add(row.id)
                 raise
             self._check_still_there(row.id, {r.pack for r in new_rows})
             self._keep_manifest(row.id, manifest)

@@ -33,7 +33,10 @@ younger than ``GRACE_SECONDS`` that no kept checkpoint needs may be another mach
 save in flight: such a manifest is left out as in flight, never marked damaged, and
 read in by a later rebuild once its packs are there; such a pack is left out of the
 catalog, so that ``gc()``, which collects a young pack only where its catalog names it,
-leaves it.
+leaves it. The manifests and packs a rebuild left out, not as damaged, are recorded in
+the catalog (``Seed.left_out_keys``), with when each young one grows old: the manager
+reads the store again only where something else changed there, or one of them grew old
+(a whole store read again at every call, while a killed save's leftover waited for gc).
 
 Deleting a checkpoint joins its children to its parent in the catalog, while
 their manifests keep naming it: such a child is joined to the newest earlier
@@ -53,10 +56,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _codec as codec
+from . import _store
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError, StoreFormatError
 from ._format import (decode_manifest, id_of, is_checkpoint_id, is_count, is_int64,
-                      is_pack_key, label_key, read_pack_index)
+                      is_pack_key, label_key, manifest_key, read_pack_index)
 from ._store import Store, young
 
 # Why a rebuild left out a checkpoint whose manifest is of a newer format: its chunks are
@@ -75,6 +79,8 @@ class Rebuilt(Seed):
 
     left_out: list[str] = field(default_factory=list)  # why, one line each
     rejoined: list[str] = field(default_factory=list)  # ids whose parent was gone
+    # the checkpoints left out as a killed or failed save's leftovers, each with its line
+    leftovers: dict[str, str] = field(default_factory=dict)
 
     def leave_out(self, what: str, why: object, damaged: str | None = None) -> None:
         """Name something left out, and why; ``damaged``, its key: kept from ``gc()``."""
@@ -112,11 +118,13 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
     ``committed``, the ids a catalog listed (one a pack of is gone is then damaged)."""
     found = Rebuilt()
     pack_times, manifest_times = store.modified("packs"), store.modified("manifests")
-    copies = _copies(store, found, pack_times)
+    pack_keys = sorted(store.list("packs") if pack_times is None else pack_times)
+    manifest_keys = sorted(store.list("manifests") if manifest_times is None else manifest_times)
+    copies = _copies(store, found, pack_keys)
     chunks, unusable = _usable(copies)
-    young_manifests = young(manifest_times)
+    young_manifests, young_packs = young(manifest_times), young(pack_times)
     decoded = []
-    for key in sorted(store.list("manifests") if manifest_times is None else manifest_times):
+    for key in manifest_keys:
         cid = id_of(key)
         if cid is None:
             continue
@@ -151,7 +159,12 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
                 continue
             damaged = not unpacked or committed_here or \
                 any(k.startswith("packs/") for k in found.damaged)
-            found.leave_out(f"checkpoint {cid}", flaw, damaged=key if damaged else None)
+            if damaged:
+                found.leave_out(f"checkpoint {cid}", flaw, damaged=key)
+            else:
+                found.leave_out(f"checkpoint {cid}", f"{flaw}: a killed or failed save's "
+                                "leftover, which gc() deletes")
+                found.leftovers[cid] = found.left_out[-1]
     manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))
 
     guesses = guessed_parents((manifest["id"], manifest["branch"]) for manifest, _ in manifests)
@@ -184,10 +197,15 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
         if isinstance(ranked_by, list) and len(ranked_by) == 2 and \
                 isinstance(ranked_by[0], str) and ranked_by[1] in ("min", "max"):
             found.ranking = (ranked_by[0], ranked_by[1])  # (the newest save's stands)
-    chunks, unusable = _without_flying(copies, chunks, unusable, found, young(pack_times))
+    chunks, unusable = _without_flying(copies, chunks, unusable, found, young_packs)
     # (a chunk whose bases are gone is left out: a save finding it in the catalog
     # would refer to it instead of storing its bytes)
     found.chunks = [row for digest, row in chunks.items() if digest not in unusable]
+    held = {manifest_key(row.id) for row in found.checkpoints} | {row.pack for row in found.chunks}
+    times, flying = {**(pack_times or {}), **(manifest_times or {})}, young_manifests | young_packs
+    found.left_out_keys = {
+        key: times[key] + _store.GRACE_SECONDS if key in flying else None
+        for key in [*pack_keys, *manifest_keys] if key not in held and key not in found.damaged}
     return found
 
 
@@ -237,12 +255,11 @@ def guessed_parents(checkpoints: Iterable[tuple[str, str]]) -> dict[str, str | N
     return guesses
 
 
-def _copies(store: Store, found: Rebuilt, times: dict[str, float] | None = None
-            ) -> dict[str, list[ChunkRow]]:
-    """Every chunk in a whole pack, by digest, each copy of it; ``times``, the packs
-    listed with their times (``Store.modified``), where the store gives them."""
+def _copies(store: Store, found: Rebuilt, keys: Iterable[str]) -> dict[str, list[ChunkRow]]:
+    """Every chunk in a whole pack (of ``keys``, those the store lists), by digest, each
+    copy of it."""
     copies: dict[str, list[ChunkRow]] = {}
-    for key in sorted(store.list("packs") if times is None else times):
+    for key in keys:
         if not is_pack_key(key):
             continue
         try:

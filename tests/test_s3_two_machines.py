@@ -7,7 +7,9 @@ and a damaged checkpoint does not stop retention.
 
 from __future__ import annotations
 
+import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 import torch
 from conftest import Holder
 
-from ckpt_nb import CheckpointManager, FsspecStore, StoreError
+from ckpt_nb import CheckpointManager, FsspecStore, StoreError, _store
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -145,3 +147,127 @@ def test_a_damaged_checkpoint_does_not_stop_keep_n(bucket: str, tmp_path: Path) 
     manifests = {key.rsplit("/", 1)[-1].split(".")[0] for key in files(bucket, "exp/manifests")}
     assert manifests == {*damaged, *ids[-2:]}
     assert list(mgr.verify().bad) == damaged
+
+
+class _Counting(FsspecStore):
+    """An S3 store that counts the reads of each key: a catalog read again from the store
+    reads every manifest, so the reads of one that no catalog holds count those."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.reads: Counter[str] = Counter()
+
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        self.reads[key] += 1
+        return super().get(key, start, end)
+
+
+def test_a_save_in_flight_is_read_again_once_its_pack_is_up_not_at_every_call(
+        bucket: str, tmp_path: Path) -> None:
+    """A manifest whose pack is not up (another machine's save in flight, or a killed
+    save's leftover) is in no catalog: every list(), verify() and save() read the whole
+    store again (on 40 checkpoints, 5 of each took 17 s where they took 5), until gc() or
+    retention removed it."""
+    url = f"s3://{bucket}/exp"
+    store = _Counting(url)
+    mgr = machine(store, tmp_path, 1)
+    ids = [mgr.save(h=Holder({"w": torch.randn(1000)})) for _ in range(2)]
+    elsewhere, flying, packs, manifest = a_save_elsewhere(bucket, tmp_path)
+    fs = s3fs.S3FileSystem()
+    fs.pipe_file(f"{bucket}/{manifest[0]}", manifest[1])  # its manifest is up, its pack not
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a save in flight is not named)
+        assert mgr.list()["id"].tolist() == ids  # (read again: the new manifest)
+        store.reads.clear()
+        for _ in range(3):
+            mgr.list()
+            assert mgr.verify().ok
+        ids.append(mgr.save(h=Holder({"w": torch.randn(1000)})))
+        assert store.reads[manifest[0][len("exp/"):]] == 0  # (not read again)
+        for key, data in packs.items():  # its last pack is up: the save is whole
+            fs.pipe_file(f"{bucket}/{key}", data)
+        assert mgr.list()["id"].tolist() == [*ids[:2], flying, ids[2]]
+    assert torch.equal(mgr.load(flying).state["h"]["w"], elsewhere.load(flying).state["h"]["w"])
+
+
+def test_a_leftover_is_read_again_once_as_it_grows_old_and_named_for_gc(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A young manifest whose pack is not up is left out as a save in flight; once older
+    than the grace time, a catalog read again names it as a leftover (which gc()
+    deletes): it is read again once then, not at every call."""
+    monkeypatch.setattr(_store, "GRACE_SECONDS", 5.0)
+    url = f"s3://{bucket}/exp"
+    store = _Counting(url)
+    mgr = machine(store, tmp_path, 1)
+    first = mgr.save(h=Holder({"w": torch.randn(1000)}))
+    _, flying, _, manifest = a_save_elsewhere(bucket, tmp_path)
+    s3fs.S3FileSystem().pipe_file(f"{bucket}/{manifest[0]}", manifest[1])
+    written = time.time()
+    key = manifest[0][len("exp/"):]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (young: a save in flight, not named)
+        assert mgr.list()["id"].tolist() == [first]
+        reads = store.reads[key]
+        mgr.list()
+        assert store.reads[key] == reads
+    time.sleep(max(0.0, written + 6.5 - time.time()))  # (S3 keeps whole seconds)
+    with pytest.warns(RuntimeWarning, match=f"left out: checkpoint {flying} \\(its chunk "
+                                            "\\w+ is in no pack: a killed or failed save's "
+                                            "leftover, which gc\\(\\) deletes\\)"):
+        assert mgr.list()["id"].tolist() == [first]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (named once)
+        reads = store.reads[key]
+        mgr.list()
+        assert store.reads[key] == reads
+        assert mgr.gc().manifests_deleted == 1
+
+
+class _NetworkGoneForPacks(_Counting):
+    """An S3 store whose network goes (``gone``) for packs and deletes: a save's
+    manifest is up, its pack's upload fails, and so does the save's cleanup."""
+
+    gone = False
+
+    def _put(self, local: str, path: str, size: int) -> None:
+        if self.gone and "/packs/" in path:
+            raise ConnectionError("the network is gone")
+        super()._put(local, path, size)
+
+    def delete(self, key: str) -> None:
+        if self.gone:
+            raise StoreError(f"deleting {key} at {self.url} failed: the network is gone")
+        super().delete(key)
+
+
+def test_a_failed_saves_leftover_is_named_as_this_managers_not_as_a_change_elsewhere(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save whose pack upload failed, and whose manifest could not be deleted then,
+    left it in the store: the catalog was read again at every call after, and the
+    warning said that the store "changed elsewhere", not that it was this manager's
+    failed save, nor that gc() deletes it."""
+    monkeypatch.setattr(_store, "GRACE_SECONDS", 0.0)  # (old at once: named at once)
+    url = f"s3://{bucket}/exp"
+    store = _NetworkGoneForPacks(url)
+    mgr = machine(store, tmp_path, 1)
+    first = mgr.save(h=Holder({"w": torch.randn(1000)}))
+    store.gone = True
+    with pytest.raises(StoreError, match="saving a checkpoint failed"):
+        mgr.save(h=Holder({"w": torch.randn(1000)}))
+    store.gone = False
+    left = [key for key in files(bucket, "exp/manifests") if first not in key]
+    assert len(left) == 1
+    failed = left[0].rsplit("/", 1)[-1].split(".")[0]
+    with pytest.warns(RuntimeWarning) as said:
+        assert mgr.list()["id"].tolist() == [first]
+    assert len(said) == 1
+    message = str(said[0].message)
+    assert f"checkpoint {failed}, which a save here that failed left in the store" in message
+    assert "gc() deletes it" in message and "changed elsewhere" not in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (named once, and not read again)
+        reads = store.reads[left[0][len("exp/"):]]
+        mgr.list()
+        mgr.save(h=Holder({"w": torch.randn(1000)}))
+        assert store.reads[left[0][len("exp/"):]] == reads
+        assert mgr.gc().manifests_deleted == 1
