@@ -29,7 +29,7 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin
 
 from . import _stdlib_values as stdlib_values
-from ._errors import (CaptureError, CorruptCheckpointError, StateMismatchError,
+from ._errors import (CaptureError, CorruptCheckpointError, StateMismatchError, StoreFormatError,
                       UntrustedPickleError, warn)
 
 
@@ -214,12 +214,15 @@ _DTYPE_NAMES = {d: name for name, d in _DTYPES.items()}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
+    """The dtype a manifest names; one this torch lacks (a newer torch's) is the
+    checkpoint's format, not damage: ``restore("latest")`` passes over it, and
+    ``verify()`` reports it not checked rather than bad."""
     try:
         return _DTYPES[name]
     except KeyError:
-        raise CaptureError(
+        raise StoreFormatError(
             f"this torch ({torch.__version__}) has no dtype {name!r}: "
-            "restore with the torch version that wrote the checkpoint"
+            "restore with the torch version that wrote the checkpoint, or a newer one"
         ) from None
 
 

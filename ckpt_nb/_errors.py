@@ -71,7 +71,8 @@ class UntrustedPickleError(CkptError, PermissionError):
 
 
 class StoreFormatError(CkptError, RuntimeError):
-    """The store was written in a format this version of ckpt_nb cannot read."""
+    """The store, or a checkpoint, was written in a format this version of ckpt_nb (or
+    a dtype this version of torch) cannot read."""
 
 
 class CheckpointInUseError(CkptError, PermissionError):

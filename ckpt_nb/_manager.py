@@ -1392,8 +1392,8 @@ class CheckpointManager:
                     except CorruptCheckpointError as exc:
                         warn(f"skipping checkpoint {cid}, which fails verification "
                              f"({exc}); trying the one before it")
-                    except StoreFormatError as exc:
-                        warn(f"skipping checkpoint {cid}, written by a newer ckpt_nb "
+                    except StoreFormatError as exc:  # (a newer ckpt_nb's, or torch's)
+                        warn(f"skipping checkpoint {cid}, which this ckpt_nb cannot read "
                              f"({exc}): trying the one before it")
                     passed_over.add(cid)
         if not self.catalog.newest_ids(1):

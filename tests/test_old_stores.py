@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import zstandard
-from conftest import DigitsRun, same
+from conftest import DigitsRun, Holder, same
 
 from ckpt_nb import CheckpointManager, FsspecStore, StoreFormatError
 from ckpt_nb import _codec as codec
@@ -182,8 +182,8 @@ def test_a_checkpoint_of_a_newer_format_is_skipped_by_latest_and_not_called_corr
     assert report.newer == {ids[2]: "written by a newer ckpt_nb, not checked: upgrade "
                                     "ckpt_nb (pip install -U ckpt_nb) to verify it"}
     run = DigitsRun(seed=4)
-    with pytest.warns(UserWarning, match=f"skipping checkpoint {ids[2]}, written by a newer "
-                                         "ckpt_nb .*has format 5: upgrade ckpt_nb"):
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {ids[2]}, which this ckpt_nb "
+                                         "cannot read .*has format 5: upgrade ckpt_nb"):
         assert mgr.restore("latest", model=run.model).id == ids[1]
     with pytest.warns(UserWarning, match=f"skipping checkpoint {ids[2]}"):
         assert mgr.load("latest").id == ids[1]
@@ -259,3 +259,20 @@ def test_the_cli_says_a_checkpoint_of_a_newer_format_was_not_checked(
     assert lines[1] == (f"skipped:   {ids[2]} (written by a newer ckpt_nb, which this one "
                         "cannot read), newer: 'latest' is the newest checkpoint that verifies, "
                         "as restore and export take it")
+
+
+def test_a_checkpoint_of_a_dtype_this_torch_lacks_is_passed_over_not_called_corrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newer torch's dtype (an older torch cannot run here: its dtype table stands in)
+    was reported as corruption by restore and load."""
+    from ckpt_nb import _capture
+    with CheckpointManager(tmp_path) as mgr:
+        old = mgr.save(h=Holder({"w": torch.ones(2)}))
+        new = mgr.save(h=Holder({"w": torch.ones(2, dtype=torch.float8_e5m2)}))
+    monkeypatch.delitem(_capture._DTYPES, "float8_e5m2")
+    with CheckpointManager(tmp_path) as mgr:
+        with pytest.raises(StoreFormatError, match="has no dtype 'float8_e5m2': restore with"):
+            mgr.load(new)
+        with pytest.warns(UserWarning, match=f"skipping checkpoint {new}, which this ckpt_nb "
+                                             "cannot read .*has no dtype"):
+            assert mgr.load("latest").id == old
