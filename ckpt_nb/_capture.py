@@ -14,10 +14,13 @@ import contextlib
 import copy
 import ctypes
 import functools
+import inspect
 import math
 import pickle
 import random
+import signal
 import sys
+import threading
 import warnings
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -1185,6 +1188,72 @@ def _wrapper_hint(name: str, state: Mapping[str, Any]) -> list[str]:
     return []
 
 
+class RestoreInterrupts:
+    """Ctrl-C and a restore, all or nothing. Before ``commit()`` (reading, decoding and
+    checking: what takes long) an interrupt stops the restore at once, its message saying
+    that nothing was changed. From ``commit()`` on (putting state into the live objects)
+    the main thread holds SIGINT until the block ends, says so at the first, and delivers
+    it then to the handler it held it from: every interrupt, a second or a third too, so
+    that no Ctrl-C leaves half the objects as they were. A restore inside another's commit
+    holds nothing of its own; off the main thread no signal comes."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.committing = False
+        self.held = 0
+        self._previous: Any = None  # (the SIGINT handler while this one holds it)
+
+    def __enter__(self) -> RestoreInterrupts:
+        return self
+
+    def commit(self, what: str | None = None) -> None:
+        """From here on, hold interrupts; ``what`` names the restore in the messages after."""
+        self.what = what or self.what
+        self.committing = True
+        if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGINT)
+        if current is None or isinstance(getattr(current, "__self__", None), RestoreInterrupts):
+            return  # (set outside Python, so not put back; or a restore outside holds them)
+        self._previous = current
+        signal.signal(signal.SIGINT, self._hold)
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        if not self.held:
+            print(f"ckpt_nb: interrupt received: the {self.what} finishes first (it puts "
+                  "back all or nothing), then the interrupt is taken", file=sys.stderr,
+                  flush=True)
+        self.held += 1
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: Any) -> None:
+        if not self.committing:
+            if isinstance(error, KeyboardInterrupt) and not error.args:
+                error.args = (f"{self.what} interrupted before anything was put back: "
+                              "nothing was changed",)
+            return
+        previous, self._previous = self._previous, None
+        if previous is None:
+            return
+        signal.signal(signal.SIGINT, previous)
+        if not self.held or previous is signal.SIG_IGN or \
+                (error is not None and not isinstance(error, Exception)):
+            return  # (an exit, say, stops it already)
+        if previous is signal.default_int_handler:
+            message = f"interrupted during the {self.what}, which " + (
+                "finished first: all of it was put back" if error is None
+                else f"failed first: {error}")
+            interrupt = KeyboardInterrupt(message)
+            # (IPython shows this line alone, not the frames of ckpt_nb that raised it)
+            interrupt._render_traceback_ = (  # type: ignore[attr-defined]
+                lambda: [f"KeyboardInterrupt: {message}"])
+            raise interrupt from error
+        if previous is signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
+        else:  # (a handler of its own: a %%ckpt_auto cell's, which saves, then stops)
+            previous(signal.SIGINT, inspect.currentframe())
+
+
 def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True,
              kinds: Mapping[str, str] | None = None) -> None:
     """Validate every target against its state, then load them all or none.
@@ -1194,7 +1263,8 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     (``kinds``, where known). What runs code of its own as it loads (other
     Statefuls; modules with extra state, load hooks or a load method from outside
     torch) can still refuse: those load first, each but the last backed up, and are
-    put back if one of them refuses.
+    put back if one of them refuses. A Ctrl-C during the loads waits for them to end
+    (``RestoreInterrupts``).
     """
     targets = {name: unwrap(obj) for name, obj in targets.items()}
     states = {name: _unprefixed(targets[name], state)
@@ -1225,13 +1295,22 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     order = risky + [n for n, obj in targets.items() if n not in risky
                      and isinstance(obj, torch.optim.Optimizer)] \
         + [n for n, obj in targets.items() if n not in risky and isinstance(obj, torch.nn.Module)]
+    with RestoreInterrupts("restore") as interrupts:
+        interrupts.commit()
+        _load_in_order(targets, states, order, risky[:-1], strict)
+
+
+def _load_in_order(targets: Mapping[str, Any], states: Mapping[str, Any], order: list[str],
+                   backed_up: list[str], strict: bool) -> None:
+    """load_all's commit: each target in ``order``, those of ``backed_up`` copied first
+    and put back if a later one refuses."""
     backups: dict[str, Any] = {}
     done: list[str] = []
     for name in order:
         obj = targets[name]
         # The last of them is not copied (it may hold a whole model: a copy would cost a
         # restore as much again): should it refuse, it alone may be half loaded, and says so.
-        if name in risky[:-1]:
+        if name in backed_up:
             with contextlib.suppress(_NoBackup, RuntimeError, TypeError, MemoryError):
                 backups[name] = _backup(obj)  # (else it loads, as torch would, without)
         try:

@@ -36,8 +36,9 @@ import torch
 
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, scratch
-from ._capture import (FlatState, RNGState, SnapshotBuffers, Stateful, Unflattener, flatten,
-                       has_pickle, load_all, rng_problem, trained_storages, unwrap)
+from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
+                       Unflattener, flatten, has_pickle, load_all, rng_problem,
+                       trained_storages, unwrap)
 from ._catalog import CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, StoreError, StoreFormatError,
@@ -1328,7 +1329,8 @@ class CheckpointManager:
         (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit.
         ``trust_pickle=True`` unpickles values stored as pickles (only for a store you
         trust: a pickle can run code). Raises ``StateMismatchError`` naming what does
-        not fit, with nothing changed.
+        not fit, with nothing changed. A Ctrl-C while it reads changes nothing; one while
+        it puts the state in is taken once that is done (``RestoreInterrupts``).
         """
         targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
@@ -1336,36 +1338,38 @@ class CheckpointManager:
         if not isinstance(which, (str, os.PathLike)):
             raise TypeError(f"which must be \"latest\", \"best\", \"-N\", a checkpoint id or the "
                             f"path of a .pt / .safetensors file, not {which!r}")
-        path = os.fspath(which)
-        from_file = self._names_a_file(path)
-        if from_file:
-            from ._interop import read_file
+        with RestoreInterrupts("restore") as interrupts:  # (Ctrl-C: all or nothing)
+            path = os.fspath(which)
+            from_file = self._names_a_file(path)
+            if from_file:
+                from ._interop import read_file
 
-            ck = read_file(path, trust_pickle=trust_pickle)
-        else:
-            ck = self._load_verified(path, trust_pickle, progress, targets)
-        put_back = None
-        if rng and ck.rng is not None:  # first, so that a state that does not load is
-            put_back = RNGState().state_dict()  # refused before anything changes
-            problem = rng_problem(ck.rng)
-            if problem is not None:
-                raise StateMismatchError(f"rng: the checkpoint's random generator states do "
-                                         f"not load ({problem}); nothing was changed (rng=False "
-                                         "restores the rest)")
-            RNGState().load_state_dict(ck.rng)
-        try:
-            load_all(targets, ck.state, strict=strict, kinds=ck.kinds)
-        except BaseException:
-            if put_back is not None:
-                RNGState().load_state_dict(put_back)
-            raise
-        for name in targets:
-            ck.state.pop(name)
-        if from_file:  # (the live objects now descend from no checkpoint: a new root next)
-            self.head = None
-        elif self.catalog.get(ck.id) is not None:
-            self.head = ck.id
-            self._notify("restore", ck.id)
+                ck = read_file(path, trust_pickle=trust_pickle)
+            else:
+                ck = self._load_verified(path, trust_pickle, progress, targets)
+            interrupts.commit(f"restore of {ck.id}")
+            put_back = None
+            if rng and ck.rng is not None:  # first, so that a state that does not load is
+                put_back = RNGState().state_dict()  # refused before anything changes
+                problem = rng_problem(ck.rng)
+                if problem is not None:
+                    raise StateMismatchError(
+                        f"rng: the checkpoint's random generator states do not load "
+                        f"({problem}); nothing was changed (rng=False restores the rest)")
+                RNGState().load_state_dict(ck.rng)
+            try:
+                load_all(targets, ck.state, strict=strict, kinds=ck.kinds)
+            except BaseException:
+                if put_back is not None:
+                    RNGState().load_state_dict(put_back)
+                raise
+            for name in targets:
+                ck.state.pop(name)
+            if from_file:  # (the live objects now descend from no checkpoint: a new root next)
+                self.head = None
+            elif self.catalog.get(ck.id) is not None:
+                self.head = ck.id
+                self._notify("restore", ck.id)
         return ck
 
     def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,

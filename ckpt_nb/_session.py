@@ -52,7 +52,8 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._capture import RNGState, SnapshotBuffers, Stateful, load_all, rng_problem, unwrap
+from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, load_all,
+                       rng_problem, unwrap)
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
                          assign_in_place, discover, from_storable, is_code, loader_random,
@@ -1989,7 +1990,13 @@ class AutoSession:
 
     def rollback(self, which: str = "latest") -> str:
         """Put tracked objects and variables back to a checkpoint, in place. One that
-        would restore nothing is refused, and the kernel's position stays."""
+        would restore nothing is refused, and the kernel's position stays. A Ctrl-C
+        while it reads changes nothing; one while it puts the state in is taken once that
+        is done (``RestoreInterrupts``)."""
+        with RestoreInterrupts("rollback") as interrupts:
+            return self._rollback(which, interrupts)
+
+    def _rollback(self, which: str, interrupts: RestoreInterrupts) -> str:
         self.writer.wait()
         self._report_background_error()
         plan = self.rollback_plan(which)
@@ -1999,6 +2006,7 @@ class AutoSession:
         orphaned = _orphaned_optimizers(plan.restored, self.discovery, self.namespace)
         ck = self.manager.load(cid)
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
+        interrupts.commit(f"rollback to {ck.id}")
         targets, variables = self._apply(ck, saved)
         self._rebaseline(targets)
         self._moved_to(ck, "rollback", targets.values())
