@@ -125,6 +125,16 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_session, "_left_values", {})
 
 
+@pytest.fixture(autouse=True)
+def torch_determinism_as_it_was() -> Iterator[None]:
+    """Cells run in this process's shell turn torch's deterministic algorithms on (for a
+    resume to be bit-exact); left on, a later test's Int4 tensor could not be filled."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 def start_s3_server(env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """An S3 server on loopback (``env``, moto's settings), answering: its process (a test
     may stop it) and its endpoint."""
