@@ -144,6 +144,65 @@ class RNGState:
             torch.cuda.set_rng_state_all(saved)
 
 
+class GeneratorState:
+    """A generator of its own passed by keyword (a DataLoader's ``generator=``, a NumPy
+    ``Generator``, a ``random.Random``) as a Stateful: its state is saved, and restored
+    into it in place, so the next epoch shuffles as an uninterrupted run would (taken
+    through ``extra=``, it came back a new object that the DataLoader does not use)."""
+
+    KINDS = {"torch": "torch.Generator", "numpy": "numpy.random.Generator",
+             "python": "random.Random"}
+
+    def __init__(self, generator: torch.Generator | np.random.Generator | random.Random
+                 ) -> None:
+        self.generator = generator
+
+    @staticmethod
+    def wraps(obj: object) -> bool:
+        return isinstance(obj, (torch.Generator, np.random.Generator, random.Random))
+
+    def _kind(self) -> str:
+        return "torch" if isinstance(self.generator, torch.Generator) else \
+            "numpy" if isinstance(self.generator, np.random.Generator) else "python"
+
+    def state_dict(self) -> dict[str, Any]:
+        g = self.generator
+        if isinstance(g, torch.Generator):
+            return {"torch": g.get_state()}
+        if isinstance(g, np.random.Generator):
+            return {"numpy": g.bit_generator.state}
+        return {"python": g.getstate()}
+
+    def problem(self, state: Any) -> str | None:
+        """Why ``state`` is not this kind of generator's, or None (``load_all`` asks
+        before it loads anything)."""
+        kind = self._kind()
+        if isinstance(state, Mapping) and kind in state:
+            return None
+        saved = next((f"a {self.KINDS[k]}'s state" for k in self.KINDS
+                      if isinstance(state, Mapping) and k in state), "no generator's state")
+        return (f"the checkpoint holds {saved} here, not a {self.KINDS[kind]}'s: restore it "
+                "into the kind of generator it was saved from")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        problem = self.problem(state)
+        if problem is not None:
+            raise StateMismatchError(problem)
+        g, found = self.generator, state[self._kind()]
+        if isinstance(g, torch.Generator):
+            g.set_state(found)
+        elif isinstance(g, np.random.Generator):
+            g.bit_generator.state = found
+        else:
+            g.setstate(found)
+
+
+def as_stateful(obj: Any) -> Any:
+    """What a keyword's object is saved and restored through: the module a wrapper runs
+    (``unwrap``), a generator's ``GeneratorState``, else the object itself."""
+    return GeneratorState(obj) if GeneratorState.wraps(obj) else unwrap(obj)
+
+
 def rng_problem(state: Any) -> str | None:
     """Why ``RNGState().load_state_dict(state)`` would fail, or None: tried, and the
     generators put back as they were either way."""
@@ -857,6 +916,7 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     if strict and unexpected:
         problems.append(f"{name}: unexpected keys {unexpected[:10]}"
                         + (" ..." if len(unexpected) > 10 else ""))
+    on_meta: list[str] = []  # (torch would load nothing into them, and say only a warning)
     for key, saved in state.items():
         live = current.get(key)
         if isinstance(live, UninitializedTensorMixin):
@@ -868,6 +928,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
             elif not _copies_in_place(live.dtype):
                 problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
                                 "into in place: take it from load() instead")
+            elif live.is_meta:
+                on_meta.append(key)
             elif live.is_inference():
                 problems.append(f"{name}: {key} was made under torch.inference_mode(), and "
                                 "torch cannot copy into it outside: build the module outside "
@@ -876,6 +938,11 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                 problems.append(f"{name}: {key} is an expanded view (its elements share "
                                 "memory), which torch cannot copy into: make it a tensor of "
                                 "its own (.clone()), or take it from load() instead")
+    if on_meta:
+        problems.append(f"{name}: {on_meta[:10]}{' ...' if len(on_meta) > 10 else ''} "
+                        f"{'is' if len(on_meta) == 1 else 'are'} on the meta device (built "
+                        "under torch.device('meta')), with no memory to load into: give "
+                        f"{name} memory first ({name}.to_empty(device='cpu')), then restore")
     return problems
 
 
@@ -1266,7 +1333,7 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     put back if one of them refuses. A Ctrl-C during the loads waits for them to end
     (``RestoreInterrupts``).
     """
-    targets = {name: unwrap(obj) for name, obj in targets.items()}
+    targets = {name: as_stateful(obj) for name, obj in targets.items()}
     states = {name: _unprefixed(targets[name], state)
               if isinstance(targets.get(name), torch.nn.Module) and isinstance(state, Mapping)
               and all(isinstance(k, str) for k in state) else state
@@ -1280,6 +1347,9 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
         elif (other := _other_kind(name, obj, (kinds or {}).get(name),
                                    states[name])) is not None:
             problems.append(other)
+        elif isinstance(obj, GeneratorState) and \
+                (other := obj.problem(states[name])) is not None:
+            problems.append(f"{name}: {other}")
         elif isinstance(obj, torch.nn.Module):
             found = check_module(name, obj, states[name], strict)
             problems += found + (_wrapper_hint(name, states[name]) if found else [])

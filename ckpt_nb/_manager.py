@@ -37,8 +37,8 @@ import torch
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
-                       Unflattener, flatten, has_pickle, load_all, rng_problem,
-                       trained_storages, unwrap)
+                       Unflattener, as_stateful, flatten, has_pickle, load_all, rng_problem,
+                       trained_storages)
 from ._catalog import CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
 from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, StoreError, StoreFormatError,
@@ -776,8 +776,8 @@ class CheckpointManager:
             raise CaptureError(f"extra must be a dict of values by name (extra={{'losses': "
                                f"losses}}), not a {type(extra).__name__}")
         # (a torch.compile / DataParallel wrapper by the module it runs: its keys then
-        # load into the module with the wrapper or without)
-        objects = {name: unwrap(obj) for name, obj in objects.items()}
+        # load into the module with the wrapper or without; a generator by its state)
+        objects = {name: as_stateful(obj) for name, obj in objects.items()}
         tree: dict[str, Any] = {}
         kinds: dict[str, str] = {}
         for name, obj in objects.items():

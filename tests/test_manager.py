@@ -2586,3 +2586,38 @@ def test_head_column_shows_the_heir_of_a_head_another_manager_deleted(tmp_path: 
     table = mine.list()
     assert list(table["id"][table["head"]]) == [third]
     assert table["parent"].tolist() == [None, first]
+
+
+def test_generators_by_keyword_are_restored_in_place(tmp_path: Path) -> None:
+    """A DataLoader's generator passed by keyword was refused ("pass it in extra="), and
+    through extra= it came back a new object the DataLoader does not use."""
+    gen, numpy_gen, python_gen = (torch.Generator().manual_seed(3), np.random.default_rng(5),
+                                  random.Random(7))
+    loader = torch.utils.data.DataLoader(range(10), shuffle=True, generator=gen)
+    list(loader), numpy_gen.random(), python_gen.random()
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(loader_gen=gen, numpy_gen=numpy_gen, python_gen=python_gen)
+        drawn = [int(x) for x in loader], numpy_gen.random(), python_gen.random()
+        mgr.restore("latest", loader_gen=gen, numpy_gen=numpy_gen, python_gen=python_gen)
+        assert ([int(x) for x in loader], numpy_gen.random(), python_gen.random()) == drawn
+        before = gen.get_state()
+        with pytest.raises(StateMismatchError, match="loader_gen: the checkpoint holds a "
+                           "torch.Generator's state here, not a random.Random's"):
+            mgr.restore("latest", loader_gen=random.Random(), numpy_gen=numpy_gen)
+        assert torch.equal(gen.get_state(), before)
+
+
+def test_a_model_on_the_meta_device_is_refused_naming_to_empty(tmp_path: Path) -> None:
+    """torch loads nothing into meta tensors, with only a warning: the restore said it
+    succeeded, and the model stayed without data."""
+    with CheckpointManager(tmp_path) as mgr:
+        trained = torch.nn.Linear(3, 3)
+        mgr.save(trained)
+        with torch.device("meta"):
+            model = torch.nn.Linear(3, 3)
+        with pytest.raises(StateMismatchError, match=r"model: \['weight', 'bias'\] are on the "
+                           r"meta device .*model\.to_empty\(device='cpu'\)"):
+            mgr.restore("latest", model=model)
+        model.to_empty(device="cpu")
+        mgr.restore("latest", model=model)
+        assert torch.equal(model.weight, trained.weight)
