@@ -584,14 +584,24 @@ class BackgroundWriter:
         self.errors: list[BaseException] = []
         self.last_id: str | None = None
         self.started = 0.0  # when the save in flight was handed over (time.monotonic())
+        self._noted: weakref.WeakSet[Future[str]] = weakref.WeakSet()  # (by _done)
+        self._noting = threading.Lock()
 
-    def submit(self, fn: Any) -> None:
+    def submit(self, fn: Any) -> Future[str]:
+        """Hand ``fn`` (a save) over; its future says whether that save went in."""
         self.wait()
         self.started = time.monotonic()
         self._future = self._pool.submit(fn)
         self._future.add_done_callback(self._done)
+        return self._future
 
     def _done(self, future: Future[str]) -> None:
+        """Note a save's outcome, once: as it completes, and at wait(), whose waiter wakes
+        before the future's callbacks run (a failure must be in ``errors`` by then)."""
+        with self._noting:
+            if future in self._noted:
+                return
+            self._noted.add(future)
         if (error := future.exception()) is not None:
             self.errors.append(error)
         else:
@@ -603,10 +613,7 @@ class BackgroundWriter:
             # (not result(timeout): a save that failed with a TimeoutError reads the same)
             if not wait_for([self._future], timeout).done:
                 return False
-            try:
-                self._future.result()
-            except BaseException:  # noqa: BLE001 - kept in self.errors, said by take_errors
-                pass
+            self._done(self._future)  # (kept in self.errors, said by take_errors)
             self._future = None
         return True
 
@@ -1042,15 +1049,17 @@ class AutoSession:
         # The handler stays for the save: one interrupt now lets it finish (and stops the
         # cell after it), a second stops it (a failed save leaves earlier ones intact).
         self._ending = True
+        end_id = self._position  # (where no end save is due, the latest holds the end)
         try:
             if error is None:
                 # (a metric that improved on a state saved without it: a cell that evaluated)
                 if final or self.step > self.last_save_step or self._metric_due:
-                    self._save_end(final)
+                    end_id = self._save_end(final)
                 if interrupted:
                     self.say("interrupted, but no consistent point came before the cell "
-                             f"ended: it ran to its end (latest checkpoint "
-                             f"{self.writer.last_id or 'none'})")
+                             "ended: it ran to its end (" +
+                             (f"latest checkpoint {end_id or 'none'})" if end_id or not final
+                              else "NOT saved, said above)"))
                 if final and self.config.on and self.config.on[0] not in self.metrics:
                     name = self.config.on[0]
                     logged = ", ".join(sorted(self.metrics)) or "nothing"
@@ -1073,6 +1082,7 @@ class AutoSession:
                 _put_random(self._consistent_random)
                 try:
                     self.save(reason=f"{type(error).__name__} in the cell", wait=True,
+                              unsaved=f"the state before the {type(error).__name__}",
                               rng=RNGState().state_dict(self._consistent_rng))
                 finally:
                     _put_random(fetched)
@@ -1097,12 +1107,14 @@ class AutoSession:
                                                          self._start_versions)
             self._report_background_error()
             self._report_repeats()
-        if during_save:
+        if during_save and end_id is not None:
             self.say(f"interrupted while saving the cell's end: the save finished "
-                     f"(checkpoint {self.writer.last_id or 'none'})")
+                     f"(checkpoint {end_id})")
         if (interrupted or during_save) and final:
-            raise _stopped(f"the cell ran to its end, saved as checkpoint "
-                           f"{self.writer.last_id or 'none'}")
+            raise _stopped(f"the cell ran to its end, saved as checkpoint {end_id}"
+                           if end_id is not None else
+                           "the cell ran to its end, NOT saved (its save failed); the latest "
+                           f"checkpoint is {self._latest()}")
 
     def close(self) -> None:
         """Flush pending saves and remove every hook."""
@@ -1257,20 +1269,31 @@ class AutoSession:
         interrupted = reason == "interrupt"
         if not interrupted and not self._metric_due and self._put_off(reason):
             return
-        self.save(reason=reason, wait=interrupted,
-                  rng=RNGState().state_dict(self._consistent_rng))
-        if interrupted:
-            cid = self.writer.last_id
-            self.say(f"saved {cid} on interrupt")
-            # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
-            if self.cell_hash is not None and (self.loop.epoch is not None
-                                               or self.loop.in_batches):
-                raise _stopped(f"the cell stopped at step {self.step}: run it again to go "
-                               f"on from checkpoint {cid}")
-            raise _stopped(f"the cell stopped at step {self.step}; checkpoint {cid} holds it: "
-                           "running the cell again starts over (resume needs "
-                           "ckpt_nb.epochs()/batches() in a %%ckpt_auto cell); "
-                           f"%ckpt_rollback {cid} puts it back")
+        cid = self.save(reason=reason, wait=interrupted, unsaved="the state at the interrupt",
+                        rng=RNGState().state_dict(self._consistent_rng))
+        if not interrupted:
+            return
+        # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
+        resumable = self.cell_hash is not None and (self.loop.epoch is not None
+                                                    or self.loop.in_batches)
+        if cid is None:  # (the save failed, said: an older checkpoint does not hold it)
+            latest = self._position
+            if latest is None:
+                raise _stopped(f"the cell stopped at step {self.step}, NOT saved (its save "
+                               "failed) and no checkpoint holds its run: running the cell "
+                               "again starts over from the objects as they are")
+            raise _stopped(f"the cell stopped at step {self.step}, NOT saved (its save "
+                           f"failed); the latest checkpoint is {self._latest()}: "
+                           + ("run the cell again to go on from it" if resumable else
+                              f"%ckpt_rollback {latest} puts it back"))
+        self.say(f"saved {cid} on interrupt")
+        if resumable:
+            raise _stopped(f"the cell stopped at step {self.step}: run it again to go "
+                           f"on from checkpoint {cid}")
+        raise _stopped(f"the cell stopped at step {self.step}; checkpoint {cid} holds it: "
+                       "running the cell again starts over (resume needs "
+                       "ckpt_nb.epochs()/batches() in a %%ckpt_auto cell); "
+                       f"%ckpt_rollback {cid} puts it back")
 
     _PUT_OFF_AFTER = 2.0  # s a due save waits for the one in flight before it is put off
 
@@ -1311,8 +1334,12 @@ class AutoSession:
 
     # -- saving -------------------------------------------------------------------------
     def save(self, *, reason: str = "manual", finished: bool = False, wait: bool = False,
-             rng: dict[str, Any] | None = None) -> None:
-        """Snapshot tracked state now and write it (behind the training thread)."""
+             rng: dict[str, Any] | None = None, unsaved: str | None = None) -> str | None:
+        """Snapshot tracked state now and write it (behind the training thread). Where
+        ``wait`` (or --sync): the new checkpoint's id, or None where this save failed,
+        which is said as ``unsaved`` (what was lost: "the cell's end") NOT saved, with
+        the latest checkpoint; a message of the caller's must not name the last save of
+        the writer, an older one. Not waited for: None."""
         found = self.rediscover()
         self._tell_skipped(found)
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
@@ -1354,11 +1381,15 @@ class AutoSession:
 
         if self.config.sync:
             self.writer.last_id = write()
-        else:
-            self.writer.submit(write)
-            if wait:
-                self.writer.wait()
-                self._report_background_error(end=reason == "end of cell")
+            return self.writer.last_id
+        written = self.writer.submit(write)
+        if not wait:
+            return None
+        self.writer.wait()
+        failed = written.exception()
+        self._report_background_error(
+            unsaved=None if failed is None else (unsaved or f"the save ({reason})"))
+        return None if failed is not None else written.result()
 
     def _note_end(self, end_id: str) -> None:
         """Note in the store (``runs/<run id>.json``, which a rebuilt catalog leaves as it
@@ -1460,27 +1491,29 @@ class AutoSession:
             self._told_skipped.update(new.items())
             self.say("not saving " + ", ".join(f"{n} ({why})" for n, why in new.items()))
 
-    def _save_end(self, finished: bool) -> None:
-        """The cell's end save. Where this run's last save holds the same state (no
-        optimizer step since, the same metrics, the same objects), that one goes once
-        this one is in: a run ends with one checkpoint per state, not an "every N steps"
-        one and an "end of cell" one. Retention counts the two as one meanwhile."""
+    def _save_end(self, finished: bool) -> str | None:
+        """The cell's end save: its id, or None where it failed (said). Where this run's
+        last save holds the same state (no optimizer step since, the same metrics, the
+        same objects), that one goes once this one is in: a run ends with one checkpoint
+        per state, not an "every N steps" one and an "end of cell" one. Retention counts
+        the two as one meanwhile."""
         self.writer.wait()
         self._report_background_error()  # (the save in flight's, said apart)
         prior = self._last_write
         if prior is None or prior.id != self._position or prior.steps_seen != self._steps_seen:
-            self.save(reason="end of cell", finished=finished, wait=True)
-            return
+            return self.save(reason="end of cell", finished=finished, wait=True,
+                             unsaved="the cell's end")
         manager = self.manager
         limits = manager.max_to_keep, manager.keep_best
         manager.max_to_keep, manager.keep_best = (None if n is None else n + 1 for n in limits)
         try:
-            self.save(reason="end of cell", finished=finished, wait=True)
+            end_id = self.save(reason="end of cell", finished=finished, wait=True,
+                               unsaved="the cell's end")
         finally:
             manager.max_to_keep, manager.keep_best = limits
         end = self._last_write
-        if end is None or end.id == prior.id:
-            return  # (the save failed: the prior one stays)
+        if end_id is None or end is None:
+            return None  # (the save failed: the prior one stays)
         # Under the store's lock: no other process pins, notes or saves a child of the
         # prior one between the look and the delete. One a user marked (pinned, noted,
         # tagged) stays.
@@ -1491,11 +1524,12 @@ class AutoSession:
                     and manager.catalog.children(prior.id) == [end.id] \
                     and self._same_objects(prior.id, end.id):
                 manager.delete(prior.id)
-                return
+                return end_id
         if limits != (None, None):  # two states after all: retention as the user set it
             with manager._exclusive(), contextlib.suppress(OSError):  # (next save's, else)
                 manager._catch_up()
                 manager._apply_retention(protect={end.id})
+        return end_id
 
     def _same_objects(self, first: str, second: str) -> bool:
         """Whether two checkpoints hold the same tracked objects (``_held_objects``)."""
@@ -1505,25 +1539,31 @@ class AutoSession:
         except (CkptError, KeyError, IndexError, TypeError):
             return False  # (unreadable: keep both)
 
-    def _report_background_error(self, end: bool = False) -> None:
+    def _report_background_error(self, unsaved: str | None = None) -> None:
         """Say that a background save failed. The same failure again (a full disk, at
         every trigger after) is counted, not said: the count comes when the cell ends.
-        ``end``: the last one is the cell's end save, which the cell must not pass over."""
+        ``unsaved``: the last one is a save waited for, which the cell must not pass over
+        (the cell's end, the state at an interrupt): what it lost, said NOT saved."""
         errors = self.writer.take_errors()
         for i, error in enumerate(errors):
             line = f"{type(error).__name__}: {error}"
-            if end and i == len(errors) - 1:
-                row = self.manager.catalog.get(self._position) if self._position else None
-                at = "none" if row is None else \
-                    f"{row.id}" + (f" (step {row.step})" if row.step is not None else "")
-                print(f"ckpt_nb: the cell's end was NOT saved: {line}; the latest checkpoint "
-                      f"is {at}", file=sys.stderr, flush=True)
+            if unsaved is not None and i == len(errors) - 1:
+                print(f"ckpt_nb: {unsaved} was NOT saved: {line}; the latest checkpoint "
+                      f"is {self._latest()}", file=sys.stderr, flush=True)
             elif _FILE_ID.sub("", line) in self._said_failures:
                 self._failure_repeats += 1
             else:
                 self._said_failures.add(_FILE_ID.sub("", line))
                 print(f"ckpt_nb: a background save failed: {line}", file=sys.stderr,
                       flush=True)
+
+    def _latest(self) -> str:
+        """The latest checkpoint of this session's (its last save that went in, or the
+        one it resumed or rolled back to) and its step, in words; "none" where none."""
+        row = self.manager.catalog.get(self._position) if self._position else None
+        if row is None:
+            return "none"
+        return row.id + (f" (step {row.step})" if row.step is not None else "")
 
     def _report_repeats(self) -> None:
         if self._failure_repeats:

@@ -1,0 +1,130 @@
+"""What a cell says when an interrupt stops it: where the interrupt's save, or the cell's
+end save, fails (a real write refused past a file size, as on a full disk), and where a
+second interrupt stops it at once. In a real in-process IPython shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ckpt_nb
+from test_magics import run  # (the shell's helper)
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
+
+SETUP = """
+import os, signal, time, torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(1024, 1024)  # (4 MiB: its pack is refused past a 1 MiB limit)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(4, 1024)
+STOP, FAIL_FROM, HOLD = None, None, None
+
+def step(i):
+    if i == FAIL_FROM:
+        while ckpt_nb.status()["pending_write"]:  # (the save before goes in)
+            time.sleep(0.01)
+        limit(1 << 20)  # (each save from here on fails, as on a full disk)
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+    if i == STOP:
+        os.kill(os.getpid(), signal.SIGINT)
+    if i == HOLD:  # (a hung batch: a second interrupt stops it at once)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+class Stopper:
+    # A tracked object that interrupts the kernel as its state is captured, when armed:
+    # the user pressing Stop while the cell's end is saved.
+    def __init__(self):
+        self.armed = False
+
+    def state_dict(self):
+        if self.armed:
+            os.kill(os.getpid(), signal.SIGINT)
+        return {"n": torch.zeros(1)}
+
+    def load_state_dict(self, state):
+        pass
+
+stopper = Stopper()
+"""
+
+CELL = """%%ckpt_auto --dir {dir} --every-steps 2
+for epoch in ckpt_nb.epochs(1):
+    for i, _ in ckpt_nb.batches(range(6)):
+        step(i)
+"""
+
+
+@pytest.fixture
+def notebook(shell: Any, file_size_limit: Any) -> Any:
+    run(shell, SETUP)
+    shell.user_ns["limit"] = file_size_limit
+    return shell
+
+
+def steps_saved(store: Path) -> list[tuple[str, int]]:
+    rows = ckpt_nb.CheckpointManager(store).list()
+    return list(zip(rows["id"], rows["step"]))
+
+
+def test_a_failed_interrupt_save_says_so_and_names_the_checkpoint_before(
+        notebook: Any, tmp_path: Path, capsys: Any) -> None:
+    """It said "saved <the step-2 checkpoint> on interrupt" and "run it again to go on
+    from checkpoint <that one>": steps 3 and 4 were lost, and said saved."""
+    run(notebook, "STOP, FAIL_FROM = 2, 2")  # (saved at step 2; the interrupt's, at 4, fails)
+    error = run(notebook, CELL.format(dir=tmp_path / "run")).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    saved = steps_saved(tmp_path / "run")
+    assert [s for _, s in saved] == [2]
+    first = saved[0][0]
+    said = capsys.readouterr()
+    assert "on interrupt" not in said.out, said.out
+    assert "ckpt_nb: the state at the interrupt was NOT saved: StoreError: " in said.err
+    assert said.err.rstrip().endswith(f"the latest checkpoint is {first} (step 2)"), said.err
+    assert str(error) == (f"the cell stopped at step 3, NOT saved (its save failed); the "
+                          f"latest checkpoint is {first} (step 2): run the cell again to go "
+                          "on from it")
+
+
+def test_a_failed_interrupt_save_before_any_checkpoint_says_none_holds_the_run(
+        notebook: Any, tmp_path: Path, capsys: Any) -> None:
+    """It said "run it again to go on from checkpoint None"."""
+    run(notebook, "STOP, FAIL_FROM = 0, 0")
+    error = run(notebook, CELL.format(dir=tmp_path / "run")).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    assert steps_saved(tmp_path / "run") == []
+    assert "None" not in str(error)
+    assert str(error) == ("the cell stopped at step 1, NOT saved (its save failed) and no "
+                          "checkpoint holds its run: running the cell again starts over from "
+                          "the objects as they are")
+    said = capsys.readouterr().err
+    assert "the state at the interrupt was NOT saved: " in said
+    assert said.rstrip().endswith("the latest checkpoint is none"), said
+
+
+def test_an_interrupt_during_a_failed_end_save_does_not_call_it_saved(
+        notebook: Any, tmp_path: Path, capsys: Any) -> None:
+    """It said "the cell's end was NOT saved", then "the save finished (checkpoint
+    <the step-4 one>)" and "the cell ran to its end, saved as checkpoint <that one>"."""
+    run(notebook, "FAIL_FROM = 4")  # (the end's save, at step 5)
+    error = run(notebook, CELL.format(dir=tmp_path / "run").replace("range(6)", "range(5)")
+                .replace("        step(i)\n", "        step(i)\n        stopper.armed = i == 4\n")
+                ).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    saved = steps_saved(tmp_path / "run")
+    assert [s for _, s in saved] == [2, 4]
+    latest = saved[-1][0]
+    said = capsys.readouterr()
+    assert "interrupt received: finishing the save of the cell's end" in said.err
+    assert "ckpt_nb: the cell's end was NOT saved: " in said.err
+    assert said.err.rstrip().endswith(f"the latest checkpoint is {latest} (step 4)"), said.err
+    assert "the save finished" not in said.out, said.out
+    assert error._render_traceback_() == [
+        "KeyboardInterrupt: the cell ran to its end, NOT saved (its save failed); the latest "
+        f"checkpoint is {latest} (step 4)"]
