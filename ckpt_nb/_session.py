@@ -639,6 +639,12 @@ def _stopped(message: str) -> KeyboardInterrupt:
     return error
 
 
+def _said_stop(error: KeyboardInterrupt) -> bool:
+    """Whether ckpt_nb raised this interrupt (``_stopped``), its message saying what the
+    stop kept; else a second interrupt stopped the cell at once, bare."""
+    return hasattr(error, "_render_traceback_")
+
+
 class _RunsManager(CheckpointManager):
     """The store as a session opens it: retention (--keep, --keep-best) counts and
     deletes the checkpoints of the session's own runs only (``runs``). A store is shared
@@ -1054,7 +1060,14 @@ class AutoSession:
             if error is None:
                 # (a metric that improved on a state saved without it: a cell that evaluated)
                 if final or self.step > self.last_save_step or self._metric_due:
-                    end_id = self._save_end(final)
+                    try:
+                        end_id = self._save_end(final)
+                    except KeyboardInterrupt as stop:  # (a second interrupt: stop at once)
+                        if _said_stop(stop):
+                            raise
+                        self.writer.wait()  # (a write it cut short goes on: close() waits)
+                        raise _stopped(self._stopped_at_once("while saving the cell's end")
+                                       ) from None
                 if interrupted:
                     self.say("interrupted, but no consistent point came before the cell "
                              "ended: it ran to its end (" +
@@ -1067,7 +1080,10 @@ class AutoSession:
                              f"no {name!r} (it logged {logged}; ckpt_nb.log({name}=...) "
                              "feeds it)")
             elif isinstance(error, KeyboardInterrupt) and self._interrupts:
-                pass  # saved at the consistent point before the interrupt was raised
+                if not _said_stop(error):  # (a second interrupt: a bare KeyboardInterrupt)
+                    self.writer.wait()  # (the interrupt's save it cut short goes on)
+                    self.say(self._stopped_at_once())
+                # (else: saved at the consistent point before the interrupt was raised)
             elif self.last_consistent_step == self.step and self.step > self.last_save_step \
                     and self._gradients_held():
                 self.writer.wait()
@@ -1115,6 +1131,15 @@ class AutoSession:
                            if end_id is not None else
                            "the cell ran to its end, NOT saved (its save failed); the latest "
                            f"checkpoint is {self._latest()}")
+
+    def _stopped_at_once(self, when: str = "") -> str:
+        """What a second interrupt, which stops a cell at once, left: whether a checkpoint
+        holds the state it stopped with, and the latest one."""
+        last = self._last_write
+        at = f"stopped at once at step {self.step}{' ' + when if when else ''}"
+        if last is not None and last.id == self._position and last.steps_seen == self._steps_seen:
+            return f"{at}: checkpoint {last.id} holds it"
+        return f"{at}: not saved; the latest checkpoint is {self._latest()}"
 
     def close(self) -> None:
         """Flush pending saves and remove every hook."""

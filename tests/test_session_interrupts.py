@@ -42,9 +42,10 @@ class Stopper:
     # the user pressing Stop while the cell's end is saved.
     def __init__(self):
         self.armed = False
+        self.twice = False  # (a second interrupt: stop at once)
 
     def state_dict(self):
-        if self.armed:
+        for _ in range(2 if self.twice else 1) if self.armed else ():
             os.kill(os.getpid(), signal.SIGINT)
         return {"n": torch.zeros(1)}
 
@@ -128,3 +129,44 @@ def test_an_interrupt_during_a_failed_end_save_does_not_call_it_saved(
     assert error._render_traceback_() == [
         "KeyboardInterrupt: the cell ran to its end, NOT saved (its save failed); the latest "
         f"checkpoint is {latest} (step 4)"]
+
+
+def test_a_second_interrupt_before_any_checkpoint_says_nothing_was_saved(
+        notebook: Any, tmp_path: Path, capsys: Any) -> None:
+    """It ended the cell with a bare "KeyboardInterrupt:", saying nothing of what was
+    kept. The traceback stays the user's code's: where a hung cell was stuck."""
+    run(notebook, "HOLD = 2")
+    error = run(notebook, CELL.format(dir=tmp_path / "run").replace("--every-steps 2",
+                                                                   "--every-steps 5")
+                ).error_in_exec
+    assert isinstance(error, KeyboardInterrupt) and str(error) == ""
+    assert steps_saved(tmp_path / "run") == []
+    out = capsys.readouterr().out
+    said = "ckpt_nb: stopped at once at step 3: not saved; the latest checkpoint is none\n"
+    assert said in out, out
+    assert out.index(said) < out.index("Traceback")  # (the user's, after it)
+
+
+def test_a_second_interrupt_names_the_latest_checkpoint(notebook: Any, tmp_path: Path,
+                                                        capsys: Any) -> None:
+    run(notebook, "HOLD = 2")
+    assert isinstance(run(notebook, CELL.format(dir=tmp_path / "run")).error_in_exec,
+                      KeyboardInterrupt)
+    (latest, step), = steps_saved(tmp_path / "run")
+    assert step == 2
+    out = capsys.readouterr().out
+    assert (f"ckpt_nb: stopped at once at step 3: not saved; the latest checkpoint is "
+            f"{latest} (step 2)\n") in out, out
+
+
+def test_a_second_interrupt_during_the_end_save_says_what_holds_the_run(
+        notebook: Any, tmp_path: Path) -> None:
+    run(notebook, "stopper.twice = True")
+    error = run(notebook, CELL.format(dir=tmp_path / "run").replace("range(6)", "range(5)")
+                .replace("        step(i)\n", "        step(i)\n        stopper.armed = i == 4\n")
+                ).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    saved = steps_saved(tmp_path / "run")
+    assert [s for _, s in saved] == [2, 4]
+    assert str(error) == ("stopped at once at step 5 while saving the cell's end: not saved; "
+                          f"the latest checkpoint is {saved[-1][0]} (step 4)")
