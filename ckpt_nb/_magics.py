@@ -88,7 +88,9 @@ class CkptMagics(Magics):
     @argument("--keep", type=int, default=None,
               help="keep the newest N checkpoints of this cell's run")
     @argument("--keep-best", type=int, default=None,
-              help="keep the best K checkpoints of this cell's run by the --on metric")
+              help="keep the best K checkpoints of this cell's run by the --on metric; "
+              "alone (no --keep) it deletes the others but the newest, as Lightning's "
+              "save_top_k does")
     @argument("--strategy", default="full", choices=("full", "incremental", "differential"),
               help="how a checkpoint stores its chunks: full (the default: every chunk, "
               "deduplicated), incremental (a changed chunk as its XOR against the parent's) "

@@ -67,6 +67,8 @@ def test_ckpt_auto_help_says_what_the_readme_promises(shell) -> None:
     help_text = " ".join(shell.find_line_magic("ckpt_auto").__doc__.split())
     assert "--on val_loss" in help_text and "--on accuracy" in help_text
     assert "keep the newest N checkpoints of this cell's run" in help_text
+    assert "alone (no --keep) it deletes the others but the newest, as Lightning's " \
+           "save_top_k does" in help_text  # (of 12 saves, 2 were kept, unsaid)
     assert "./checkpoints/<notebook name>, or ./checkpoints/session where the notebook is " \
            "unknown, as in nbconvert or papermill jobs" in help_text
     assert "1d, or a number of seconds" in help_text
