@@ -1039,6 +1039,29 @@ class AutoSession:
             self._find_resume(unseen)
         if self._pending is None:
             self._count_on()
+            self._tell_left_unsaved()
+
+    def _tell_left_unsaved(self) -> None:
+        """Say that this run starts from models or optimizers that a run stopped (an error,
+        a second interrupt) had trained past every checkpoint, where nothing resumes: its
+        steps count on from that checkpoint's (or 0), and the user likely thinks it starts
+        clean."""
+        left = _left_unsaved.pop(self.url, None)
+        if left is None or _positions.get(self.url) != left.position:
+            return  # (a save, resume or rollback since: that checkpoint holds them)
+        live = {_stored_key(n): obj for n, obj in self.discovery.statefuls.items()}
+        trained = [_live_name(key) for key, was in left.objects.items() if was.trained
+                   and was.ref() is live.get(key) and _versions(live[key]) == was.versions]
+        if not trained:
+            return
+        row = self.manager.catalog.get(left.position) if left.position else None
+        past = "any checkpoint" if row is None else f"checkpoint {row.id}" + \
+            (f" (step {row.step})" if row.step is not None else "")
+        self.say(f"{', '.join(trained)} {'is' if len(trained) == 1 else 'are'} as a run that "
+                 f"stopped at step {left.step} left {'it' if len(trained) == 1 else 'them'}, "
+                 f"trained past {past}: this cell trains on from there, not from a clean "
+                 "start; run the set-up cell again for one" +
+                 ("" if row is None else f" (or %ckpt_rollback {row.id})"))
 
     def begin_line_cell(self) -> None:
         """Start of any cell a session watches: a new loop, no interrupt pending."""
@@ -1117,10 +1140,13 @@ class AutoSession:
             if error is not None:  # (what a resume of this run compares the live values with)
                 _left_values[self.url] = self._comparable_values()
                 last = self._last_write
+                left = _weak_objects(self.discovery.statefuls, self._start_versions)
                 if last is not None and last.id == self._position \
                         and last.steps_seen == self._steps_seen:
-                    _left_saved[last.id] = _weak_objects(self.discovery.statefuls,
-                                                         self._start_versions)
+                    _left_saved[last.id] = left
+                else:  # (said by the next cell that starts from them: _tell_left_unsaved)
+                    _left_unsaved[self.url] = _LeftUnsaved(self.step, _positions.get(self.url),
+                                                           left)
             self._report_background_error()
             self._report_repeats()
         if during_save and end_id is not None:
@@ -2120,6 +2146,8 @@ _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a r
 # objects (weakly, by stored key): a resume of one keeps what later runs of this process
 # trained since (``_trained_since``), if it is still the object the cell left
 _left_saved: dict[str, dict[str, _LeftObject]] = {}
+# store URL -> the tracked objects a cell that stopped left trained past every checkpoint
+_left_unsaved: dict[str, _LeftUnsaved] = {}
 
 
 @dataclass(frozen=True)
@@ -2129,6 +2157,15 @@ class _LeftObject:
     ref: weakref.ref[Any]
     versions: tuple[tuple[int, int], ...]  # (_versions at the stop)
     trained: bool  # whether the cell's run changed it (its own model, optimizer)
+
+
+@dataclass(frozen=True)
+class _LeftUnsaved:
+    """The state a stopped cell left that no checkpoint holds (``_tell_left_unsaved``)."""
+
+    step: int  # where it stopped
+    position: str | None  # the kernel's position then (what its state came from)
+    objects: dict[str, _LeftObject]
 
 
 def _weak_objects(statefuls: dict[str, Any], start: dict[str, tuple[tuple[int, int], ...]]

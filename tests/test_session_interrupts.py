@@ -18,9 +18,9 @@ SETUP = """
 import os, signal, time, torch, ckpt_nb
 torch.manual_seed(0)
 model = torch.nn.Linear(1024, 1024)  # (4 MiB: its pack is refused past a 1 MiB limit)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 x = torch.randn(4, 1024)
-STOP, FAIL_FROM, HOLD = None, None, None
+STOP, FAIL_FROM, HOLD, RAISE = None, None, None, None
 
 def step(i):
     if i == FAIL_FROM:
@@ -32,6 +32,8 @@ def step(i):
     opt.step()
     if i == STOP:
         os.kill(os.getpid(), signal.SIGINT)
+    if i == RAISE:
+        raise RuntimeError("diverged")
     if i == HOLD:  # (a hung batch: a second interrupt stops it at once)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)
@@ -170,3 +172,47 @@ def test_a_second_interrupt_during_the_end_save_says_what_holds_the_run(
     assert [s for _, s in saved] == [2, 4]
     assert str(error) == ("stopped at once at step 5 while saving the cell's end: not saved; "
                           f"the latest checkpoint is {saved[-1][0]} (step 4)")
+
+
+@pytest.mark.parametrize("stop", ["HOLD", "RAISE"])
+def test_a_run_after_a_stop_no_checkpoint_holds_says_it_starts_from_the_trained_objects(
+        notebook: Any, tmp_path: Path, capsys: Any, stop: str) -> None:
+    """Stopped at once (or by an error) at step 3, before the first checkpoint, the cell
+    run again said nothing, and saved "step 5" holding a model 8 steps trained."""
+    cell = CELL.format(dir=tmp_path / "run").replace("--every-steps 2", "--every-steps 5")
+    run(notebook, f"{stop} = 2")
+    assert run(notebook, cell).error_in_exec is not None
+    assert steps_saved(tmp_path / "run") == []
+    run(notebook, f"{stop} = None")
+    capsys.readouterr()
+    assert run(notebook, cell).success
+    said = ("ckpt_nb: model, opt are as a run that stopped at step 3 left them, trained past "
+            "any checkpoint: this cell trains on from there, not from a clean start; run the "
+            "set-up cell again for one\n")
+    assert said in capsys.readouterr().out
+    # Run again after the set-up cell: new objects, a clean start, nothing said.
+    run(notebook, f"{stop} = 2")
+    assert run(notebook, cell.replace("/run", "/again")).error_in_exec is not None
+    run(notebook, SETUP)
+    capsys.readouterr()
+    assert run(notebook, cell.replace("/run", "/again")).success
+    assert "trained past" not in capsys.readouterr().out
+
+
+def test_a_stop_past_a_finished_runs_end_names_that_checkpoint(notebook: Any, tmp_path: Path,
+                                                               capsys: Any) -> None:
+    """A finished cell run again counts its steps on from its end (step 6); stopped at
+    once at step 9, before its next save, it said nothing when run again after."""
+    cell = CELL.format(dir=tmp_path / "run").replace("--every-steps 2", "--every-steps 5")
+    assert run(notebook, cell).success
+    (end, step), = steps_saved(tmp_path / "run")[-1:]
+    assert step == 6
+    run(notebook, "HOLD = 2")
+    assert isinstance(run(notebook, cell).error_in_exec, KeyboardInterrupt)
+    run(notebook, "HOLD = None")
+    capsys.readouterr()
+    assert run(notebook, cell).success
+    assert (f"ckpt_nb: model, opt are as a run that stopped at step 9 left them, trained past "
+            f"checkpoint {end} (step 6): this cell trains on from there, not from a clean "
+            f"start; run the set-up cell again for one (or %ckpt_rollback {end})\n"
+            ) in capsys.readouterr().out
