@@ -47,12 +47,12 @@ def store_exists(location: str | os.PathLike[str]) -> bool:
     trip). Lets callers refuse a typo before ``CheckpointManager`` would create an
     empty store there (and, on an object store, its bucket)."""
     from ._format import FORMAT_KEY  # (the format module builds on this one)
-    from ._store import file_url_path, open_store
+    from ._store import LOCAL_SCHEMES, file_url_path, open_store
 
     text = os.fspath(location)
-    if "://" in text and not text.startswith("file://"):
+    if "://" in text and not text.startswith(LOCAL_SCHEMES):
         return text != "memory://" and open_store(text).has(FORMAT_KEY)
-    if text.startswith("file://"):
+    if text.startswith(LOCAL_SCHEMES):
         text = str(file_url_path(text))
     root = Path(text).expanduser()  # (as LocalStore takes it)
     return any((root / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))

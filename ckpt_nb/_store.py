@@ -23,7 +23,6 @@ import tempfile
 import threading
 import time
 import urllib.parse
-import urllib.request
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -673,6 +672,12 @@ class FsspecStore(Store):
     defaults waited minutes, retried by s3fs five times over): pass
     ``config_kwargs={...}`` (botocore's ``Config``) or set them in fsspec's
     configuration for others; the keys given there win.
+
+    A file system on this machine's disk (``file://``, ``local://``, a cache or folder
+    over one) is refused, naming the folder: a local store is a ``LocalStore``, which
+    every manager of that folder locks, and whose writes are atomic. Through fsspec its
+    catalog and lock were a cache elsewhere, and another manager's gc deleted its
+    checkpoints.
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
@@ -686,6 +691,13 @@ class FsspecStore(Store):
             raise ValueError(f"{url}: no storage knows the scheme {url.split('://')[0]!r}: a "
                              "store is a path, a file:// URL or an fsspec URL "
                              "(s3://bucket/path, with pip install \"ckpt_nb[s3]\")") from exc
+        folder = _local_folder(self.fs, root)
+        if folder is not None:
+            raise ValueError(
+                f"{url} is the folder {folder} on this machine: give its path instead "
+                f"(CheckpointManager({folder!r}), LocalStore({folder!r})), whose lock every "
+                "manager of the folder takes and whose writes are atomic; through fsspec, "
+                "another manager's gc there would delete the checkpoints saved this way")
         if "//" in root.strip("/"):
             # An object store keeps the empty segment in its keys: s3://b//x is another
             # store than s3://b/x, whose listings (by folder) found nothing in it.
@@ -884,6 +896,23 @@ def young(times: dict[str, float] | None, now: float | None = None) -> set[str]:
     return {key for key, at in times.items() if now - at < GRACE_SECONDS}
 
 
+def _local_folder(fs: Any, root: str) -> str | None:
+    """The folder on this machine's disk that ``root`` names in ``fs``, where ``fs`` is
+    fsspec's local file system or one over it (a cache, a ``dir::`` folder); else None."""
+    from fsspec import AbstractFileSystem
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    while not isinstance(fs, LocalFileSystem):
+        inner = getattr(fs, "fs", None)
+        if not isinstance(inner, AbstractFileSystem):
+            return None
+        if isinstance(fs, DirFileSystem):
+            root = fs._join(root)
+        fs = inner
+    return root
+
+
 def _protocols(fs: Any) -> set[str]:
     return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
 
@@ -911,14 +940,20 @@ def canonical_url(url: str) -> str:
     return head + sep + rest.rstrip("/") if sep and rest.rstrip("/") else url
 
 
+# The URL schemes of this machine's disk (fsspec's names for it): their stores are the
+# LocalStore of the folder, whose lock every manager of it takes.
+LOCAL_SCHEMES = ("file://", "local://")
+
+
 def open_store(location: str | os.PathLike[str] | Store, **options: object) -> Store:
-    """A store for a path, a URL (the scheme picks the backend) or a Store."""
+    """A store for a path, a URL (the scheme picks the backend) or a Store; a file:// or
+    local:// URL is the folder's LocalStore."""
     if isinstance(location, Store):
         return location
     text = os.fspath(location)
     if "://" not in text:
         return LocalStore(text, **options)  # type: ignore[arg-type]
-    if text.startswith("file://"):
+    if text.startswith(LOCAL_SCHEMES):
         return LocalStore(file_url_path(text), **options)  # type: ignore[arg-type]
     if text == "memory://":
         return MemoryStore()
@@ -926,9 +961,9 @@ def open_store(location: str | os.PathLike[str] | Store, **options: object) -> S
 
 
 def file_url_path(url: str) -> Path:
-    """The path a file:// URL names, its %-escapes decoded, so that a local store's own
-    ``url`` (``Path.as_uri()``, which escapes a space as %20) opens that store again;
-    ``file://runs/exp`` is taken as the relative path it was meant as."""
+    """The path a file:// (or local://) URL names, its %-escapes decoded, so that a local
+    store's own ``url`` (``Path.as_uri()``, which escapes a space as %20) opens that store
+    again; ``file://runs/exp`` is taken as the relative path it was meant as."""
     parsed = urllib.parse.urlparse(url)
     host = "" if parsed.netloc == "localhost" else parsed.netloc
     return Path(urllib.parse.unquote(host + parsed.path))
@@ -949,9 +984,8 @@ def location(store: Store) -> str:
 def why_no_store(location: str) -> str:
     """Why ``location`` holds no store, where a path is a file or a URL's bucket is not
     there (as a save says); "" otherwise. Every "no checkpoint store" error ends with it."""
-    if "://" not in location or location.startswith("file://"):
-        path = urllib.request.url2pathname(urllib.parse.urlsplit(location).path) \
-            if "://" in location else location
+    if "://" not in location or location.startswith(LOCAL_SCHEMES):
+        path = file_url_path(location) if "://" in location else location
         return ": it is a file; a store is the folder a CheckpointManager saves into" \
             if os.path.isfile(path) else ""
     if location == "memory://":

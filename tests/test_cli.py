@@ -320,6 +320,15 @@ def test_url_stores(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[
         fs.rm(root, recursive=True)
 
 
+def test_a_local_url_is_the_folder_and_a_mistyped_one_is_created_nowhere(
+        store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "ls", f"local://{store.directory}")
+    assert code == 0 and all(cid in out for cid in store.ids)
+    missing = f"local://{tmp_path / 'nowhere'}"
+    assert run(capsys, "ls", missing) == (2, "", f"ckpt-nb: no checkpoint store at {missing}\n")
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_diff_without_tensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with CheckpointManager(tmp_path / "relu") as mgr:
         for step in (1, 2):

@@ -39,13 +39,6 @@ class TestFsspecMemory(StoreConformance):
         return FsspecStore(f"memory://ckpt-nb-test-{uuid.uuid4().hex}")
 
 
-class TestFsspecFile(StoreConformance):
-    @pytest.fixture
-    def store(self, tmp_path: Path) -> FsspecStore:
-        (tmp_path / "store").mkdir()
-        return FsspecStore(f"file://{tmp_path / 'store'}")
-
-
 # -- LocalStore specifics ---------------------------------------------------------------------
 
 def _files(root: Path) -> list[str]:
@@ -108,6 +101,57 @@ def test_a_local_store_reopens_from_its_own_url(tmp_path: Path) -> None:
     assert isinstance(again, LocalStore) and again.root == folder
     assert store_url(store.url) == store_url(folder) == store.url  # one key for the session
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs 100% é"]
+
+
+def test_a_local_url_opens_the_folder_and_fsspec_over_a_local_disk_is_refused(
+        tmp_path: Path) -> None:
+    """Through fsspec a local folder's catalog and lock were a cache elsewhere: another
+    manager of the folder, by its path, locked it alone, and its gc deleted the
+    checkpoints saved through fsspec, without a word."""
+    folder = tmp_path / "runs"
+    store = open_store(f"local://{folder}")
+    assert isinstance(store, LocalStore) and store.root == folder
+    cached = (f"simplecache::file://{folder}", f"filecache::local://{folder}")
+    for url in (f"file://{folder}", f"local://{folder}", *cached):
+        with pytest.raises(ValueError, match=f"is the folder {folder} on this machine: give "
+                                             "its path instead.*LocalStore"):
+            FsspecStore(url)
+    for url in cached:
+        with pytest.raises(ValueError, match="give its path instead"):
+            open_store(url)
+    assert isinstance(FsspecStore(f"simplecache::memory://ckpt-nb-{uuid.uuid4().hex}"),
+                      FsspecStore)  # (a cache over a file system elsewhere is one)
+
+
+def test_managers_of_a_folder_by_its_path_and_its_local_url_keep_each_others_saves(
+        tmp_path: Path) -> None:
+    import torch
+
+    from ckpt_nb import CheckpointManager
+
+    class Holder:
+        def __init__(self, value: float) -> None:
+            self.state = {"w": torch.full((1000,), value)}
+
+        def state_dict(self) -> dict:
+            return self.state
+
+        def load_state_dict(self, state: dict) -> None:
+            self.state = state
+
+    folder = tmp_path / "runs"
+    by_path = CheckpointManager(folder)
+    first = by_path.save(h=Holder(1))
+    by_url = CheckpointManager(f"local://{folder}")
+    assert by_url.catalog.path == folder / "catalog.sqlite"
+    saved = [by_url.save(h=Holder(2)), by_url.save(h=Holder(3))]
+    last = by_path.save(h=Holder(4))
+    report = by_path.gc()
+    assert report.manifests_deleted == report.packs_deleted == 0
+    assert by_path.list()["id"].tolist() == [first, *saved, last]
+    restored = Holder(0)
+    by_path.restore(saved[0], h=restored)
+    assert restored.state["w"][0] == 2 and by_path.verify().ok
 
 
 def test_open_store_expands_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
