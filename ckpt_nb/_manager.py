@@ -280,6 +280,7 @@ class CheckpointManager:
         self._pack_writer: ThreadPoolExecutor | None = None
         self._lock_path: Path | None = None
         self._read_only_rebuild = False  # the catalog is rebuilt in memory, to read only
+        self._cache_refused = ""  # where an object store's catalog cache cannot be, and why
         self._told_blocked = False  # retention said gc is stopped by a damaged checkpoint
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
@@ -327,7 +328,16 @@ class CheckpointManager:
                 return ":memory:"
             cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
             path = Path(cache) / "ckpt_nb" / key / "catalog.sqlite"
-        path.parent.mkdir(parents=True, exist_ok=True)
+            refused = _unwritable(path.parent)
+            if refused:  # (a read-only home: a container's, CI's; a stale cache, rebuilt)
+                self._cache_refused = f"{path.parent} ({refused})"
+                self._read_only_rebuild = True
+                return ":memory:"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot make {path.parent}, the folder of the catalog {path}: "
+                             f"{exc.strerror or exc}") from exc
         # (a local store's own, wherever its catalog is: the managers of one store, each
         # with its catalog, lock one file)
         self._lock_path = path.with_name(path.name + ".lock") if root is None else \
@@ -359,7 +369,12 @@ class CheckpointManager:
                    "cut short)")
             with self._exclusive():
                 catalog.reseed(read_store(_committed(catalog)))
-        if self._read_only_rebuild:
+        if self._read_only_rebuild and self._cache_refused:
+            catalog.read_only = True
+            warn(f"the catalog of {self.store.url} cannot be cached in {self._cache_refused}, "
+                 f"so it was rebuilt in memory, to read only: {found[0].summary()}; to "
+                 f"change the store, {_CACHE_ELSEWHERE}", RuntimeWarning)
+        elif self._read_only_rebuild:
             catalog.read_only = True
             warn(f"the catalog of {self.store.url} is missing and its folder cannot be "
                  f"written, so it was rebuilt in memory, to read only: {found[0].summary()}",
@@ -513,6 +528,10 @@ class CheckpointManager:
             yield
             return
         if getattr(getattr(self, "catalog", None), "read_only", False):  # (set once open)
+            if self._cache_refused:
+                raise StoreError(f"the store at {self.store.url} is open to read only, since "
+                                 f"its catalog cannot be cached in {self._cache_refused}: "
+                                 f"{_CACHE_ELSEWHERE}")
             raise StoreError(f"the store at {self.store.url} is open to read only (this "
                              "process cannot write its folder): copy it somewhere writable "
                              "to change it")
@@ -2216,6 +2235,20 @@ _DAMAGED_KEPT = ("its manifest stays in the store, and gc() leaves it: put back 
 
 _NOT_CHECKED = ("written by a newer ckpt_nb, not checked: upgrade ckpt_nb (pip install -U "
                 "ckpt_nb) to verify it")
+
+
+# What to do where an object store's catalog cannot be cached on this machine.
+_CACHE_ELSEWHERE = ("set XDG_CACHE_HOME to a folder this process can write, or give the "
+                    "manager catalog=PATH")
+
+
+def _unwritable(folder: Path) -> str:
+    """Why ``folder`` cannot be made or written ("" where it can): made here if missing."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return "" if os.access(folder, os.W_OK) else "not writable"
 
 
 def _missed_writes(last: str, mine: str) -> bool:

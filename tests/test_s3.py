@@ -232,6 +232,36 @@ def test_the_catalog_cache_follows_xdg_cache_home(bucket: str, tmp_path: Path,
     assert list((tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite"))
 
 
+def test_an_unwritable_catalog_cache_opens_the_store_to_read_and_says_why(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only home (a container's, CI's): opening failed with pathlib's bare
+    "No such file or directory: /proc/nope", and ls with it."""
+    url = f"s3://{bucket}/exp"
+    saved = CheckpointManager(url).save(h=Holder(weights(1)), step=3)
+    (tmp_path / "a file").write_bytes(b"")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a file" / "cache"))
+    with pytest.warns(RuntimeWarning, match=f"the catalog of {url} cannot be cached in "
+                                            f"{tmp_path / 'a file' / 'cache'}.*rebuilt in "
+                                            "memory, to read only: 1 checkpoint.*"
+                                            "XDG_CACHE_HOME.*catalog="):
+        mgr = CheckpointManager(url)
+    assert mgr.list()["id"].tolist() == [saved]
+    restored = Holder({})
+    mgr.restore("latest", h=restored)
+    assert torch.equal(restored.state["w"], weights(1)["w"])
+    with pytest.raises(StoreError, match="open to read only, since its catalog cannot be "
+                                         "cached in .*XDG_CACHE_HOME"):
+        mgr.save(h=Holder(weights(2)))
+    done = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", url], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and saved in done.stdout
+    assert done.stderr.startswith(f"ckpt-nb: warning: the catalog of {url} cannot be cached")
+    assert done.stderr.count("\n") == 1 and "XDG_CACHE_HOME" in done.stderr, done.stderr
+    with pytest.warns(RuntimeWarning, match="was missing, so it was rebuilt"):
+        elsewhere = CheckpointManager(url, catalog=tmp_path / "here.sqlite")
+    assert elsewhere.list()["id"].tolist() == [saved]
+
+
 def packs_of(bucket: str) -> set[str]:
     fs = s3fs.S3FileSystem()
     fs.invalidate_cache()

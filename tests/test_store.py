@@ -154,6 +154,20 @@ def test_managers_of_a_folder_by_its_path_and_its_local_url_keep_each_others_sav
     assert restored.state["w"][0] == 2 and by_path.verify().ok
 
 
+def test_a_catalog_whose_folder_cannot_be_made_is_a_store_error_naming_it(
+        tmp_path: Path) -> None:
+    from ckpt_nb import CheckpointManager
+
+    (tmp_path / "a file").write_bytes(b"")
+    catalog = tmp_path / "a file" / "catalog.sqlite"
+    with pytest.raises(StoreError, match=f"cannot make {catalog.parent}, the folder of the "
+                                         f"catalog {catalog}: File exists"):
+        CheckpointManager(tmp_path / "store", catalog=catalog)
+    catalog = tmp_path / "a file" / "below" / "catalog.sqlite"
+    with pytest.raises(StoreError, match="Not a directory"):
+        CheckpointManager(tmp_path / "store", catalog=catalog)
+
+
 def test_open_store_expands_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     store = open_store("~/runs")
