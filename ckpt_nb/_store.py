@@ -741,7 +741,8 @@ class FsspecStore(Store):
             raise StoreError(f"{what} at {self.url} failed: {exc}{self._hint(exc)}") from exc
 
     def _hint(self, exc: Exception) -> str:
-        """What to check where the server refused who we are (S3's 403)."""
+        """What to check where the server refused who we are (S3's 403), or where there
+        were no credentials to give it."""
         if not (isinstance(exc, PermissionError) or _DENIED.search(str(exc))):
             return ""
         if self._s3:
@@ -848,9 +849,11 @@ class FsspecStore(Store):
 
 # Object stores whose first path part is a bucket, which a write would create.
 _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
-# The refusals of a server that does not take the credentials given (S3's 403s).
+# The refusals of a server that does not take the credentials given (S3's 403s), and
+# botocore's own where it finds none, or half of them, to give.
 _DENIED = re.compile(r"Forbidden|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|"
-                     r"InvalidClientTokenId|ExpiredToken")
+                     r"InvalidClientTokenId|ExpiredToken|Unable to locate credentials|"
+                     r"Partial credentials found")
 # The longest an upload to an asynchronous file system (s3fs) may take: this many seconds,
 # plus its size at this rate (bytes a second): a server that stops reading fails the save.
 UPLOAD_SECONDS = 120.0

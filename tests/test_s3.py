@@ -386,6 +386,24 @@ def test_a_save_the_server_fails_says_so_and_a_refusal_names_the_credentials(
         mgr.save(h=Holder(weights(2)))
 
 
+def test_no_credentials_or_half_of_them_say_where_credentials_come_from(
+        bucket: str, tmp_path: Path) -> None:
+    """"...failed: Unable to locate credentials" said nothing of what to set."""
+    CheckpointManager(f"s3://{bucket}/exp").save(h=Holder(weights(1)))
+    bare = {name: value for name, value in os.environ.items()
+            if name not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                            "AWS_PROFILE")}
+    bare.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"),
+                AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
+    for env, said in ((bare, "Unable to locate credentials"),
+                      ({**bare, "AWS_ACCESS_KEY_ID": "testing"}, "Partial credentials found")):
+        done = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", f"s3://{bucket}/exp"],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 1 and said in done.stderr, done.stderr
+        assert "(check the credentials: the AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY " \
+               "environment variables, ~/.aws/credentials" in done.stderr, done.stderr
+
+
 class StallingRelay:
     """A TCP relay to the S3 server that stops reading a connection once it has passed
     ``limit`` bytes of a request on: small requests go through, a large upload stalls
