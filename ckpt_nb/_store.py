@@ -707,6 +707,8 @@ class FsspecStore(Store):
         self.url = canonical_url(url)
         protocols = _protocols(self.fs)
         self._s3 = bool(protocols & {"s3", "s3a"})
+        if self._s3:
+            _check_bucket(url, self.root)
         # An object store has no folders to make, and its makedirs creates a bucket (on
         # AWS, a misspelt one in whatever account and region are configured): a write
         # to a bucket that is not there fails instead, naming it.
@@ -847,6 +849,8 @@ class FsspecStore(Store):
                 yield (key, info) if detail else key
 
 
+# The bucket names botocore sends (S3's own rules, for new buckets, are stricter).
+_S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
 # Object stores whose first path part is a bucket, which a write would create.
 _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
 # The refusals of a server that does not take the credentials given (S3's 403s), and
@@ -914,6 +918,18 @@ def _local_folder(fs: Any, root: str) -> str | None:
             root = fs._join(root)
         fs = inner
     return root
+
+
+def _check_bucket(url: str, root: str) -> None:
+    """Refuse an S3 URL whose bucket botocore would refuse at each request (with a
+    page of its regexes), or that names none; an access point's ARN is left to it."""
+    bucket = root.lstrip("/").split("/", 1)[0]
+    if bucket.startswith("arn:") or _S3_BUCKET.fullmatch(bucket):
+        return
+    if not bucket:
+        raise ValueError(f"{url} names no bucket: write s3://BUCKET/PATH")
+    raise ValueError(f"{url}: {bucket!r} is not a bucket name (letters, digits, '.', '-' "
+                     "and '_' only)")
 
 
 def _protocols(fs: Any) -> set[str]:

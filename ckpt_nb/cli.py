@@ -69,7 +69,12 @@ def _main(argv: list[str]) -> int:
             from ._manager import CheckpointManager
             from ._store import open_store, why_no_store
 
-            if not store_exists(location):  # (asks an object store: inside the try)
+            try:
+                exists = store_exists(location)  # (asks an object store: inside the try)
+            except ValueError as exc:  # a malformed URL: a usage error, as a missing store
+                say(exc)
+                return 2
+            if not exists:
                 say(f"no checkpoint store at {location}{why_no_store(location)}")
                 return 2
             store = open_store(location)

@@ -725,11 +725,28 @@ def test_export_names_the_checkpoint_it_wrote(store: Store, tmp_path: Path) -> N
 
 def test_a_url_of_an_unknown_scheme_is_named_with_what_a_store_can_be(capsys) -> None:
     """A typo in the scheme printed fsspec's bare "Protocol not known: s4"."""
-    assert main(["ls", "s4://b/x"]) == 1
+    assert main(["ls", "s4://b/x"]) == 2  # (a usage error, as a missing store)
     err = capsys.readouterr().err
     assert "s4://b/x: no storage knows the scheme 's4': a store is a path" in err, err
     with pytest.raises(ValueError, match="no storage knows the scheme 's4'"):
         CheckpointManager("s4://b/x")
+
+
+def test_a_malformed_url_is_a_usage_error_on_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An invalid bucket name printed botocore's "Parameter validation failed:\\nInvalid
+    bucket name..." and its regexes, and exited 1 as a failure of the store would."""
+    pytest.importorskip("s3fs")
+    folder = tmp_path / "runs"
+    for url, said in (("s3://BAD_BUCKET!/exp", "'BAD_BUCKET!' is not a bucket name"),
+                      ("s3://", "names no bucket"),
+                      (f"simplecache::file://{folder}", f"is the folder {folder}")):
+        code, out, err = run(capsys, "ls", url)
+        assert (code, out) == (2, "") and err.startswith(f"ckpt-nb: {url}")
+        assert said in err and err.count("\n") == 1 and "regex" not in err, err
+        with pytest.raises(ValueError, match=re.escape(said)):
+            CheckpointManager(url)
+    assert not folder.exists()
 
 
 def test_a_read_only_store_whose_catalog_has_a_journal_but_no_shm_is_read(

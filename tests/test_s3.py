@@ -298,7 +298,7 @@ def test_a_url_with_an_empty_path_segment_is_refused(
     for url in (f"s3://{bucket}//exp", f"s3://{bucket}/exp//run"):
         with pytest.raises(ValueError, match="empty path segment"):
             CheckpointManager(url)
-        assert cli(["ls", url]) == 1 and "empty path segment" in capsys.readouterr().err
+        assert cli(["ls", url]) == 2 and "empty path segment" in capsys.readouterr().err
     assert not s3fs.S3FileSystem().find(bucket)  # (nothing written)
 
 
