@@ -63,7 +63,7 @@ from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptC
 from ._format import is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
-from ._store import canonical_url, file_url_path, location, why_no_store
+from ._store import LOCAL_SCHEMES, canonical_url, file_url_path, location, why_no_store
 
 RUN_KEY = "ckpt_nb_run"
 _ENDED = "ckpt_nb_run_end:"  # + a run's id: the catalog's key of the checkpoint it ended at
@@ -2262,9 +2262,9 @@ def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:
     if isinstance(store, CheckpointManager):
         return store.store.url
     text = os.fspath(store)
-    if "://" in text and not text.startswith("file://"):
+    if "://" in text and not text.startswith(LOCAL_SCHEMES):
         return canonical_url(text)
-    path = file_url_path(text) if text.startswith("file://") else Path(text)
+    path = file_url_path(text) if text.startswith(LOCAL_SCHEMES) else Path(text)
     return path.expanduser().resolve().as_uri()
 
 

@@ -100,6 +100,7 @@ def test_a_local_store_reopens_from_its_own_url(tmp_path: Path) -> None:
     again = open_store(store.url)
     assert isinstance(again, LocalStore) and again.root == folder
     assert store_url(store.url) == store_url(folder) == store.url  # one key for the session
+    assert store_url(store.url.replace("file://", "local://", 1)) == store.url  # (fsspec's)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs 100% é"]
 
 
