@@ -1079,12 +1079,14 @@ class AutoSession:
         # cell after it), a second stops it (a failed save leaves earlier ones intact).
         self._ending = True
         end_id = self._position  # (where no end save is due, the latest holds the end)
+        end_failed = False  # (an end save tried that did not go in: said NOT saved)
         try:
             if error is None:
                 # (a metric that improved on a state saved without it: a cell that evaluated)
                 if final or self.step > self.last_save_step or self._metric_due:
                     try:
                         end_id = self._save_end(final)
+                        end_failed = end_id is None
                     except KeyboardInterrupt as stop:  # (a second interrupt: stop at once)
                         if _said_stop(stop):
                             raise
@@ -1092,10 +1094,11 @@ class AutoSession:
                         raise _stopped(self._stopped_at_once("while saving the cell's end")
                                        ) from None
                 if interrupted:
+                    latest = "no checkpoint holds its run" if self._position is None \
+                        else f"the latest checkpoint is {self._latest()}"
                     self.say("interrupted, but no consistent point came before the cell "
                              "ended: it ran to its end (" +
-                             (f"latest checkpoint {end_id or 'none'})" if end_id or not final
-                              else "NOT saved, said above)"))
+                             ("NOT saved, said above; " if end_failed else "") + latest + ")")
                 if final and self.config.on and self.config.on[0] not in self.metrics:
                     name = self.config.on[0]
                     logged = ", ".join(sorted(self.metrics)) or "nothing"

@@ -216,3 +216,23 @@ def test_a_stop_past_a_finished_runs_end_names_that_checkpoint(notebook: Any, tm
             f"checkpoint {end} (step 6): this cell trains on from there, not from a clean "
             f"start; run the set-up cell again for one (or %ckpt_rollback {end})\n"
             ) in capsys.readouterr().out
+
+
+def test_a_failed_end_save_under_the_line_form_says_not_saved(
+        notebook: Any, tmp_path: Path, capsys: Any) -> None:
+    """Under %ckpt_auto (the line form) an interrupt with no consistent point after it,
+    whose end save failed, said "it ran to its end (latest checkpoint none)"."""
+    run(notebook, f"%ckpt_auto --dir {tmp_path / 'run'} --every-steps 2")
+    run(notebook, "for i in range(3): step(i)")
+    (latest, step), = steps_saved(tmp_path / "run")[-1:]
+    capsys.readouterr()
+    assert run(notebook, "step(3)\nlimit(1 << 20)\nos.kill(os.getpid(), signal.SIGINT)\n"
+                         "time.sleep(0.3)").success
+    run(notebook, "limit(None)")
+    assert steps_saved(tmp_path / "run")[-1] == (latest, step)
+    said = capsys.readouterr()
+    assert "ckpt_nb: the cell's end was NOT saved: StoreError: " in said.err
+    assert ("ckpt_nb: interrupted, but no consistent point came before the cell ended: it "
+            f"ran to its end (NOT saved, said above; the latest checkpoint is {latest} "
+            f"(step {step}))\n") in said.out, said.out
+    assert "checkpoint none" not in said.out + said.err
