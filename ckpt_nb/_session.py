@@ -1433,8 +1433,14 @@ class AutoSession:
             self._last_write = _Write(cid, steps_seen, metrics, reason)
             return cid
 
-        if self.config.sync:
-            self.writer.last_id = write()
+        if self.config.sync:  # (a failure said as a background one's: training goes on)
+            try:
+                self.writer.last_id = write()
+            except Exception as exc:  # (as the writer thread catches it)
+                self.writer.errors.append(exc)
+                self._report_background_error(
+                    unsaved=(unsaved or f"the save ({reason})") if wait else None)
+                return None
             return self.writer.last_id
         written = self.writer.submit(write)
         if not wait:
@@ -1608,8 +1614,8 @@ class AutoSession:
                 self._failure_repeats += 1
             else:
                 self._said_failures.add(_FILE_ID.sub("", line))
-                print(f"ckpt_nb: a background save failed: {line}", file=sys.stderr,
-                      flush=True)
+                print(f"ckpt_nb: a {'' if self.config.sync else 'background '}save failed: "
+                      f"{line}", file=sys.stderr, flush=True)
 
     def _latest(self) -> str:
         """The latest checkpoint of this session's (its last save that went in, or the
@@ -1621,7 +1627,8 @@ class AutoSession:
 
     def _report_repeats(self) -> None:
         if self._failure_repeats:
-            print(f"ckpt_nb: {self._failure_repeats} more background save"
+            print(f"ckpt_nb: {self._failure_repeats} more "
+                  f"{'' if self.config.sync else 'background '}save"
                   f"{'s' if self._failure_repeats > 1 else ''} failed the same way",
                   file=sys.stderr, flush=True)
         self._failure_repeats = 0

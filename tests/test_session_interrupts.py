@@ -236,3 +236,38 @@ def test_a_failed_end_save_under_the_line_form_says_not_saved(
             f"ran to its end (NOT saved, said above; the latest checkpoint is {latest} "
             f"(step {step}))\n") in said.out, said.out
     assert "checkpoint none" not in said.out + said.err
+
+
+def test_a_failed_interrupt_save_under_sync_says_so(notebook: Any, tmp_path: Path,
+                                                    capsys: Any) -> None:
+    """With --sync the failed save raised StoreError's traceback, not the cell's stop."""
+    run(notebook, "STOP, FAIL_FROM = 2, 2")
+    error = run(notebook, CELL.format(dir=tmp_path / "run").replace(
+        "--every-steps 2", "--every-steps 2 --sync")).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    (first, step), = steps_saved(tmp_path / "run")
+    assert step == 2
+    said = capsys.readouterr().err
+    assert "ckpt_nb: the state at the interrupt was NOT saved: StoreError: " in said
+    assert said.rstrip().endswith(f"the latest checkpoint is {first} (step 2)"), said
+    assert str(error) == (f"the cell stopped at step 3, NOT saved (its save failed); the "
+                          f"latest checkpoint is {first} (step 2): run the cell again to go "
+                          "on from it")
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_cell_whose_every_save_fails_says_so(notebook: Any, tmp_path: Path, capsys: Any,
+                                               sync: bool) -> None:
+    """Each save failing (a full disk), the cell trains on as a background save's failure
+    lets it, saying the first failure, the count of the rest, and that its end was NOT
+    saved; with --sync the first failure raised StoreError and stopped the cell."""
+    run(notebook, "FAIL_FROM = 0")
+    result = run(notebook, CELL.format(dir=tmp_path / "run").replace(
+        "--every-steps 2", "--every-steps 2 --sync" if sync else "--every-steps 2"))
+    assert result.success, result.error_in_exec
+    assert steps_saved(tmp_path / "run") == []
+    said = capsys.readouterr().err
+    kind = "" if sync else "background "
+    assert said.count(f"ckpt_nb: a {kind}save failed: StoreError: ") == 1, said
+    assert f"ckpt_nb: 2 more {kind}saves failed the same way" in said, said  # (steps 4, 6)
+    assert "ckpt_nb: the cell's end was NOT saved: StoreError: " in said, said
