@@ -1261,11 +1261,16 @@ class RestoreInterrupts:
     that nothing was changed. From ``commit()`` on (putting state into the live objects)
     the main thread holds SIGINT until the block ends, says so at the first, and delivers
     it then to the handler it held it from: every interrupt, a second or a third too, so
-    that no Ctrl-C leaves half the objects as they were. A restore inside another's commit
-    holds nothing of its own; off the main thread no signal comes."""
+    that no Ctrl-C leaves half the objects as they were. Where that handler is Python's
+    or a ckpt_nb session's (which would save at the next consistent point and let the cell
+    run on), the cell ends with a KeyboardInterrupt saying the restore finished: it was
+    what was interrupted. A ``resume`` (a %%ckpt_auto cell's, before it trains) gives it to
+    the session's handler, as one during training. A restore inside another's commit holds
+    nothing of its own; off the main thread no signal comes."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, resume: bool = False) -> None:
         self.what = what
+        self.resume = resume
         self.committing = False
         self.held = 0
         self._previous: Any = None  # (the SIGINT handler while this one holds it)
@@ -1306,7 +1311,8 @@ class RestoreInterrupts:
         if not self.held or previous is signal.SIG_IGN or \
                 (error is not None and not isinstance(error, Exception)):
             return  # (an exit, say, stops it already)
-        if previous is signal.default_int_handler:
+        if previous is signal.default_int_handler or \
+                (not self.resume and _is_session_handler(previous)):
             message = f"interrupted during the {self.what}, which " + (
                 "finished first: all of it was put back" if error is None
                 else f"failed first: {error}")
@@ -1317,8 +1323,14 @@ class RestoreInterrupts:
             raise interrupt from error
         if previous is signal.SIG_DFL:
             signal.raise_signal(signal.SIGINT)
-        else:  # (a handler of its own: a %%ckpt_auto cell's, which saves, then stops)
+        else:  # (the user's own handler; a resuming cell's, which saves, then stops)
             previous(signal.SIGINT, inspect.currentframe())
+
+
+def _is_session_handler(handler: Any) -> bool:
+    """Whether ``handler`` is a ckpt_nb session's SIGINT handler (``AutoSession``'s)."""
+    from ._session import AutoSession  # (here: _session imports this module)
+    return isinstance(getattr(handler, "__self__", None), AutoSession)
 
 
 def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True,

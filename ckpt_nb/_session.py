@@ -1951,10 +1951,14 @@ class AutoSession:
         # this cell's run: kept. What the run trains goes back, said where it had changed.
         kept = [key for key in same if (key in since or key in touched)
                 and not left[key].trained]
-        try:
-            targets, variables = self._apply(ck, saved, keep=kept)
-        except StateMismatchError as exc:  # (a layer or a parameter group added since)
-            raise _unfit(ck.id, saved.step, exc) from None
+        # (a Ctrl-C as it goes in is held, then this cell's: saved at the next consistent
+        # point, as one during training)
+        with RestoreInterrupts(f"resume from {ck.id}", resume=True) as interrupts:
+            interrupts.commit()
+            try:
+                targets, variables = self._apply(ck, saved, keep=kept)
+            except StateMismatchError as exc:  # (a layer or a parameter group added since)
+                raise _unfit(ck.id, saved.step, exc) from None
         self._rebaseline(targets)
         if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
             self._run_id = run_id  # (the run goes on: its end ends it)

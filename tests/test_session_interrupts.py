@@ -271,3 +271,58 @@ def test_a_cell_whose_every_save_fails_says_so(notebook: Any, tmp_path: Path, ca
     assert said.count(f"ckpt_nb: a {kind}save failed: StoreError: ") == 1, said
     assert f"ckpt_nb: 2 more {kind}saves failed the same way" in said, said  # (steps 4, 6)
     assert "ckpt_nb: the cell's end was NOT saved: StoreError: " in said, said
+
+
+LOAD_INTERRUPTS = """
+def _load(self, state):  # (Ctrl-C pressed `load_interrupts` times as the stopper loads)
+    for _ in range(getattr(self, "load_interrupts", 0)):
+        os.kill(os.getpid(), signal.SIGINT)
+    self.load_interrupts = 0
+Stopper.load_state_dict = _load
+"""
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_an_interrupt_in_a_rollback_under_the_line_form_ends_the_cell(
+        notebook: Any, tmp_path: Path, capsys: Any, presses: int) -> None:
+    """The line form's handler took the held interrupt as training's: "saving at the next
+    consistent point", then "it ran to its end", and the cell succeeded (two presses, one)."""
+    run(notebook, LOAD_INTERRUPTS)
+    run(notebook, f"%ckpt_auto --dir {tmp_path / 'run'} --every-steps 2")
+    run(notebook, "for i in range(4): step(i)")
+    saved = steps_saved(tmp_path / "run")
+    run(notebook, f"stopper.load_interrupts = {presses}")
+    capsys.readouterr()
+    error = run(notebook, "%ckpt_rollback -1").error_in_exec
+    target = saved[-2][0]
+    assert isinstance(error, KeyboardInterrupt)
+    assert str(error) == (f"interrupted during the rollback to {target}, which finished "
+                          "first: all of it was put back")
+    said = capsys.readouterr()
+    assert f"ckpt_nb: rolled back to {target} (step 2)" in said.out
+    assert said.err.count("interrupt received") == 1, said.err  # (the rollback's)
+    assert "no consistent point" not in said.out, said.out
+    assert steps_saved(tmp_path / "run") == saved
+    assert run(notebook, "for i in range(2): step(i)").success  # (the session goes on)
+    assert [s for _, s in steps_saved(tmp_path / "run")] == [2, 4, 4]
+
+
+def test_an_interrupt_as_a_cell_resumes_is_taken_as_one_during_training(
+        notebook: Any, tmp_path: Path, capsys: Any) -> None:
+    """A %%ckpt_auto cell's resume gives a held interrupt to the cell's own handler: the
+    resume finishes, the cell saves at its next consistent point, then stops."""
+    run(notebook, LOAD_INTERRUPTS)
+    run(notebook, "STOP = 2")
+    assert isinstance(run(notebook, CELL.format(dir=tmp_path / "run")).error_in_exec,
+                      KeyboardInterrupt)
+    run(notebook, "STOP = None; stopper.load_interrupts = 1")
+    capsys.readouterr()
+    error = run(notebook, CELL.format(dir=tmp_path / "run")).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    said = capsys.readouterr()
+    assert "interrupt received: the resume from " in said.err, said.err
+    assert "interrupt received: saving at the next consistent point" in said.err, said.err
+    assert "ckpt_nb: resumed from " in said.out
+    (cid, step), = steps_saved(tmp_path / "run")[-1:]
+    assert step == 4
+    assert str(error) == f"the cell stopped at step 4: run it again to go on from checkpoint {cid}"
