@@ -243,10 +243,13 @@ class CkptMagics(Magics):
         if session is None:
             print("ckpt_nb: the session is not being checkpointed (%ckpt_auto starts it)")
             return
-        self.stop_line_session()  # (waits for the write in flight)
-        last = session.writer.last_id
+        session.writer.wait()  # (the write in flight is where it stands once in)
+        # Where the session stands (its last save, or a rollback's checkpoint): not the
+        # writer's last save, a newer one after a rollback. (Read before its catalog closes.)
+        latest = session._latest() if session._position else None
+        self.stop_line_session()
         print("ckpt_nb: stopped checkpointing the session"
-              + (f"; its last checkpoint is {last}" if last else ""))
+              + (f"; its latest checkpoint is {latest}" if latest else ""))
 
     def stop_line_session(self) -> None:
         if self._line_session is None:

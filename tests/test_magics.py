@@ -1453,14 +1453,31 @@ def test_ckpt_auto_off_stops_the_line_form(shell, tmp_path: Path, capsys) -> Non
     saved = ckpt_nb.CheckpointManager(tmp_path / "line").list()["id"].tolist()
     capsys.readouterr()
     assert run(shell, "%ckpt_auto --off").success
-    assert capsys.readouterr().out == ("ckpt_nb: stopped checkpointing the session; its last "
-                                       f"checkpoint is {saved[-1]}\n")
+    assert capsys.readouterr().out == ("ckpt_nb: stopped checkpointing the session; its "
+                                       f"latest checkpoint is {saved[-1]} (step 3)\n")
     assert run(shell, step).success  # (trained: no save now)
     assert ckpt_nb.CheckpointManager(tmp_path / "line").list()["id"].tolist() == saved
     assert run(shell, "%ckpt_auto --off").success
     assert "the session is not being checkpointed" in capsys.readouterr().out
     refused = run(shell, "%ckpt_auto --off --keep 2")
     assert "--off takes no other option" in str(refused.error_in_exec)
+
+
+def test_ckpt_auto_off_names_the_checkpoint_the_session_rolled_back_to(
+        shell, tmp_path: Path, capsys) -> None:
+    """After a rollback it named the writer's last save, a newer checkpoint than the one
+    the session stands at."""
+    run(shell, SETUP)
+    step = "for s in range(2):\n    opt.zero_grad(); model(X[:40]).sum().backward(); opt.step()\n"
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'line'}").success
+    assert run(shell, step).success
+    assert run(shell, step).success
+    first, second = ckpt_nb.CheckpointManager(tmp_path / "line").list()["id"].tolist()
+    assert run(shell, f"%ckpt_rollback {first}").success
+    capsys.readouterr()
+    assert run(shell, "%ckpt_auto --off").success
+    assert capsys.readouterr().out == ("ckpt_nb: stopped checkpointing the session; its "
+                                       f"latest checkpoint is {first} (step 2)\n")
 
 
 def test_a_store_url_no_storage_knows_is_a_usage_error(shell) -> None:
