@@ -466,6 +466,8 @@ class _Flattener:
         # back as its base, so it is pickled like other objects.
         if value is None or type(value) in (bool, str, int):
             return value
+        if type(value) is np.str_:  # (np.unique's keys: data, back as a str, not a pickle)
+            return str(value)
         if isinstance(value, np.generic) and torch_has_dtype(value.dtype):
             # (before float and complex: np.float64 and np.complex128 subclass them)
             return {"__npscalar__": value.dtype.str, "value": self.encode(value.item(), name)}
@@ -491,16 +493,13 @@ class _Flattener:
             native = value if value.dtype.isnative else value.view(value.dtype.newbyteorder("="))
             t = torch.from_numpy(native)
             return {"__ndarray__": self.tensor(t, name)["__tensor__"], "dtype": value.dtype.str}
-        # Containers and bytes of their exact types too: a subclass (a dict with methods of
-        # its own, a defaultdict's factory that is code, np.bytes_) is pickled, where it
-        # would come back as its base type without a word.
-        if type(value) in (bytes, bytearray):
+        if isinstance(value, (bytes, bytearray)):
             raw = torch.from_numpy(np.frombuffer(value, dtype=np.uint8).copy())
             return {"__bytes__": self.tensor(raw, name)["__tensor__"],
-                    "type": type(value).__name__}
-        if type(value) in (set, frozenset):
-            return {f"__{type(value).__name__}__":
-                    [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
+                    "type": "bytearray" if isinstance(value, bytearray) else "bytes"}
+        if isinstance(value, (set, frozenset)):  # (a subclass's by its base's tag)
+            kind = "frozenset" if isinstance(value, frozenset) else "set"
+            return {f"__{kind}__": [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
         if isinstance(value, torch.Generator) and value.device.type == "cpu":
             # (a DataLoader's own generator, say: its state is bytes, seed included)
             return {"__generator__": self.tensor(value.get_state(), name)["__tensor__"]}
@@ -511,9 +510,9 @@ class _Flattener:
         if type(value) is torch.Size:  # (a tensor's shape kept in extra: back as a Size;
             # a reader from before reads the tuple in it, as it always had)
             return {"__tuple__": list(value), "size": True}
-        if type(value) is tuple:
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
             return {"__tuple__": [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
-        if type(value) is list:
+        if isinstance(value, list):
             return [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]
         metadata = getattr(value, "_metadata", None)
         if isinstance(value, dict) and isinstance(metadata, dict):
@@ -529,18 +528,12 @@ class _Flattener:
             if kind == "defaultdict":
                 node["factory"] = value.default_factory.__name__
             return node
-        if type(value) is dict and _plain_keys(value):
-            return {k: self.encode(v, f"{name}/{k}") for k, v in value.items()}
-        if type(value) is dict:
+        if isinstance(value, dict) and _plain_keys(value):
+            # (keys as exact strs: a StrEnum's or np.str_'s read back as a str from the
+            # store, so they do from the manager's own copy of the manifest too)
+            return {str.__str__(k): self.encode(v, f"{name}/{k}") for k, v in value.items()}
+        if isinstance(value, dict):
             return {"__dict__": self._pairs(value, name)}
-        if type(value) is defaultdict and not _picklable(value.default_factory):
-            # (a notebook's defaultdict(lambda: 0): a CaptureError would fail every save)
-            warn(f"{name} is a defaultdict whose default factory, "
-                 f"{getattr(value.default_factory, '__qualname__', value.default_factory)}, "
-                 "cannot be pickled (a lambda or a local function): it is stored as a dict, "
-                 "and comes back one, without its default; a function defined at a "
-                 "module's top level would keep it")
-            return self.encode(dict(value), name)
         node = stdlib_values.encode(value) if type(value) in stdlib_values.TYPES else None
         if node is None:
             return self.pickled(value, name)
@@ -556,9 +549,8 @@ class _Flattener:
 _PLAIN = {int, str, bool, type(None)}  # JSON as they are (floats may be nan or inf)
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 MAX_NESTING = 100  # containers within containers a value may hold
-# The dict types stored as JSON and back as themselves (other subclasses are pickled); a
-# defaultdict only with a built-in factory (another one is code, so is pickled with it, or
-# stored as a dict, with a warning, where it cannot be).
+# The dict types that come back as themselves (other subclasses come back dicts); a
+# defaultdict only with a built-in factory (another one is code, which is not stored).
 _DICT_KINDS: dict[type, str] = {OrderedDict: "OrderedDict", Counter: "Counter",
                                 defaultdict: "defaultdict"}
 _DICT_TYPES = {kind: t for t, kind in _DICT_KINDS.items()}
@@ -620,18 +612,8 @@ def _flat_records(rows: list[Any]) -> list[dict[str, Any]] | None:
     return out
 
 
-def _picklable(value: Any) -> bool:
-    try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - whatever its reducer raises
-        return False
-    return True
-
-
 def _plain_keys(d: dict[Any, Any]) -> bool:
-    """Whether a dict's keys are JSON's: strings (of that exact type: a StrEnum key
-    is pickled) that no tag can be taken for."""
-    return all(type(k) is str and not k.startswith("__") for k in d)
+    return all(isinstance(k, str) and not k.startswith("__") for k in d)
 
 
 def trained_storages(objects: Iterable[Any]) -> set[tuple[str, int]]:
