@@ -15,6 +15,7 @@ import copy
 import ctypes
 import functools
 import inspect
+import json
 import math
 import pickle
 import random
@@ -144,40 +145,81 @@ class RNGState:
             torch.cuda.set_rng_state_all(saved)
 
 
+AnyGenerator = torch.Generator | np.random.Generator | np.random.RandomState | random.Random
+
+
+_SYSTEM_RANDOM = ("a random.SystemRandom has no state to save or restore (it draws from the "
+                  "operating system): use a random.Random")
+
+
 class GeneratorState:
     """A generator of its own passed by keyword (a DataLoader's ``generator=``, a NumPy
-    ``Generator``, a ``random.Random``) as a Stateful: its state is saved, and restored
-    into it in place, so the next epoch shuffles as an uninterrupted run would (taken
-    through ``extra=``, it came back a new object that the DataLoader does not use)."""
+    ``Generator`` or ``RandomState``, a ``random.Random``) as a Stateful: its state is
+    saved, and restored into it in place, so the next epoch shuffles as an uninterrupted
+    run would (taken through ``extra=``, it came back a new object that the DataLoader
+    does not use). It reads the state the notebook's generators are saved with too
+    (``_discovery``'s: torch's under "state", NumPy's and Python's as JSON text), so a
+    checkpoint of either restores into the other's."""
 
-    KINDS = {"torch": "torch.Generator", "numpy": "numpy.random.Generator",
+    KINDS = {"torch": "torch.Generator", "numpy": "NumPy generator",
              "python": "random.Random"}
 
-    def __init__(self, generator: torch.Generator | np.random.Generator | random.Random
-                 ) -> None:
+    def __init__(self, generator: AnyGenerator) -> None:
         self.generator = generator
 
     @staticmethod
     def wraps(obj: object) -> bool:
-        return isinstance(obj, (torch.Generator, np.random.Generator, random.Random))
+        return isinstance(obj, (torch.Generator, np.random.Generator, np.random.RandomState,
+                                random.Random))
 
     def _kind(self) -> str:
         return "torch" if isinstance(self.generator, torch.Generator) else \
-            "numpy" if isinstance(self.generator, np.random.Generator) else "python"
+            "python" if isinstance(self.generator, random.Random) else "numpy"
 
     def state_dict(self) -> dict[str, Any]:
         g = self.generator
+        if isinstance(g, random.SystemRandom):
+            raise CaptureError(_SYSTEM_RANDOM)
         if isinstance(g, torch.Generator):
             return {"torch": g.get_state()}
         if isinstance(g, np.random.Generator):
             return {"numpy": g.bit_generator.state}
+        if isinstance(g, np.random.RandomState):
+            return {"numpy": g.get_state(legacy=False)}
         return {"python": g.getstate()}
+
+    def _saved(self, state: Any) -> Any:
+        """This kind's state in ``state``, in either format, or None."""
+        if not isinstance(state, Mapping):
+            return None
+        kind = self._kind()
+        found = state.get("state") if kind == "torch" and "torch" not in state \
+            else state.get(kind)
+        if isinstance(found, str):  # (_discovery's JSON text)
+            try:
+                found = json.loads(found, object_hook=json_to_array)
+            except ValueError:
+                return None
+            if kind == "python" and isinstance(found, list) and len(found) == 3:
+                found = (found[0], tuple(found[1]), found[2])
+        return found
 
     def problem(self, state: Any) -> str | None:
         """Why ``state`` is not this kind of generator's, or None (``load_all`` asks
         before it loads anything)."""
-        kind = self._kind()
-        if isinstance(state, Mapping) and kind in state:
+        kind, found = self._kind(), self._saved(state)
+        if isinstance(self.generator, random.SystemRandom):
+            return _SYSTEM_RANDOM
+        if kind == "numpy" and isinstance(found, Mapping):
+            g = self.generator
+            live = g.bit_generator.state if isinstance(g, np.random.Generator) \
+                else g.get_state(legacy=False)
+            if found.get("bit_generator") != live["bit_generator"]:
+                return (f"the checkpoint holds a NumPy {found.get('bit_generator')} state "
+                        f"here, not a {live['bit_generator']}'s: restore it into a generator "
+                        "of that bit generator")
+            return None
+        if found is not None and (kind != "torch" or isinstance(found, torch.Tensor)):
             return None
         saved = next((f"a {self.KINDS[k]}'s state" for k in self.KINDS
                       if isinstance(state, Mapping) and k in state), "no generator's state")
@@ -188,13 +230,31 @@ class GeneratorState:
         problem = self.problem(state)
         if problem is not None:
             raise StateMismatchError(problem)
-        g, found = self.generator, state[self._kind()]
+        g, found = self.generator, self._saved(state)
         if isinstance(g, torch.Generator):
             g.set_state(found)
         elif isinstance(g, np.random.Generator):
             g.bit_generator.state = found
+        elif isinstance(g, np.random.RandomState):
+            g.set_state(found)
         else:
             g.setstate(found)
+
+
+def array_to_json(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for a NumPy generator's state (arrays, NumPy ints)."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} in a NumPy generator's state")
+
+
+def json_to_array(record: dict[str, Any]) -> Any:
+    """``json.loads``'s ``object_hook`` undoing ``array_to_json``."""
+    if set(record) == {"__ndarray__", "dtype"}:
+        return np.asarray(record["__ndarray__"], dtype=record["dtype"])
+    return record
 
 
 def as_stateful(obj: Any) -> Any:

@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _capture as capture
 from . import _stdlib_values as stdlib_values
-from ._capture import _DICT_KINDS, Stateful, Unflattener, flatten, torch_has_dtype
+from ._capture import (_DICT_KINDS, Stateful, Unflattener, array_to_json, flatten,
+                       torch_has_dtype)
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -336,25 +338,22 @@ def _drop_contained_modules(statefuls: dict[str, Any]) -> None:
                 del statefuls[other_name if wrapper else name]
 
 
-class GeneratorState:
-    """A ``torch.Generator`` as a Stateful."""
-
-    def __init__(self, generator: torch.Generator) -> None:
-        self.generator = generator
+class GeneratorState(capture.GeneratorState):
+    """A notebook's ``torch.Generator`` as a Stateful. It saves its state under "state" (as
+    a ckpt_nb before keyword generators did), and reads that or a keyword's ("torch")."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": self.generator.get_state()}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.generator.set_state(state["state"])
 
+class RandomState(capture.GeneratorState):
+    """A notebook's NumPy ``Generator`` / ``RandomState`` or ``random.Random`` as a
+    Stateful: its state as JSON text (NumPy's holds 128-bit integers and arrays; a loader's
+    generators are saved as that text in a tensor), read back as that or as a keyword's."""
 
-class RandomState:
-    """A NumPy ``Generator`` / ``RandomState`` or a ``random.Random`` as a Stateful: its
-    state as JSON text (NumPy's holds 128-bit integers and arrays)."""
-
-    def __init__(self, rng: np.random.Generator | np.random.RandomState | random.Random) -> None:
-        self.rng = rng
+    @property
+    def rng(self) -> np.random.Generator | np.random.RandomState | random.Random:
+        return self.generator  # type: ignore[return-value]
 
     def state_dict(self) -> dict[str, Any]:
         if isinstance(self.rng, random.Random):
@@ -362,32 +361,7 @@ class RandomState:
         rng = self.rng
         state = rng.bit_generator.state if isinstance(rng, np.random.Generator) \
             else rng.get_state(legacy=False)
-        return {"numpy": json.dumps(state, default=_array_to_json)}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if isinstance(self.rng, random.Random):
-            version, internal, gauss = json.loads(state["python"])
-            self.rng.setstate((version, tuple(internal), gauss))
-            return
-        found = json.loads(state["numpy"], object_hook=_json_to_array)
-        if isinstance(self.rng, np.random.Generator):
-            self.rng.bit_generator.state = found
-        else:
-            self.rng.set_state(found)
-
-
-def _array_to_json(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} in a NumPy generator's state")
-
-
-def _json_to_array(record: dict[str, Any]) -> Any:
-    if set(record) == {"__ndarray__", "dtype"}:
-        return np.asarray(record["__ndarray__"], dtype=record["dtype"])
-    return record
+        return {"numpy": json.dumps(state, default=array_to_json)}
 
 
 # -- plain variables as storable values ---------------------------------------------
