@@ -607,7 +607,11 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     except CkptError:
         raise
     except OSError as exc:  # the file system's own error: say which file was asked for
-        raise CkptError(f"cannot export to {args.out}: {_os_reason(exc)}") from exc
+        # (its reason alone where it is about that very file: not the path twice)
+        same = exc.filename2 is None and exc.filename is not None and \
+            os.path.abspath(exc.filename) == os.path.abspath(args.out)
+        reason = exc.strerror if same and exc.strerror else _os_reason(exc)
+        raise CkptError(f"cannot export to {args.out}: {reason}") from exc
     print(f"{path} ({human_size(path.stat().st_size)}, checkpoint {ck.id})")
     return 0
 

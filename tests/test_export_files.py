@@ -295,6 +295,8 @@ def test_a_read_only_file_is_refused_and_a_link_is_replaced_not_followed(
         with pytest.raises(PermissionError, match=r"it exists and is read-only.*frozen\.pt"):
             mgr.export(cid, frozen)
         assert main(["export", str(tmp_path / "s"), cid, str(frozen)]) == 1
+        said = capsys.readouterr().err  # (the path once: it was said again at the end)
+        assert said.count(str(frozen)) == 1 and said.rstrip().endswith("to have it replaced")
         mgr.export(cid, tmp_path / "best.pt")
     assert frozen.read_text() == "keep me" and shared.read_text() == "old"
     assert not (tmp_path / "best.pt").is_symlink()
