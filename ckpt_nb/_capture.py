@@ -337,8 +337,9 @@ _DTYPE_NAMES = {d: name for name, d in _DTYPES.items()}
 
 def dtype_from_name(name: str) -> torch.dtype:
     """The dtype a manifest names; one this torch lacks (a newer torch's) is the
-    checkpoint's format, not damage: ``restore("latest")`` passes over it, and
-    ``verify()`` reports it not checked rather than bad."""
+    checkpoint's format, not damage: ``restore("latest")`` passes over it, and ``load``
+    names the dtype. (``verify()`` checks stored bytes, not dtypes: it reports such a
+    checkpoint checked, as its bytes are sound.)"""
     try:
         return _DTYPES[name]
     except KeyError:
@@ -831,6 +832,17 @@ class Unflattener:
                     f"{name or 'a value'} is an object whose class this process cannot find "
                     f"({exc}): import or define the class first (one defined in a notebook "
                     "is in that notebook's kernel only)") from exc
+            except RuntimeError as exc:
+                if b"_rebuild_nested_tensor" not in raw:
+                    raise
+                # (torch's INTERNAL ASSERT for its own empty nested tensor: a checkpoint
+                # holding one cannot be read so, and restore('latest') passes over it)
+                raise StoreFormatError(
+                    f"{name or 'a value'} holds a nested tensor that torch cannot unpickle "
+                    "(an empty nested_tensor([]), which an older ckpt_nb pickled, or one in "
+                    "an object of yours; torch's error is chained): load the checkpoint "
+                    "without trust_pickle=True, where it comes back as a PickledValue "
+                    "placeholder, or restore another checkpoint") from exc
         return {k: self.decode(v, f"{name}/{k}" if name else k) for k, v in value.items()}
 
     def _members(self, members: list[Any], name: str) -> list[Any]:

@@ -18,7 +18,8 @@ import torch
 from conftest import Holder
 
 import ckpt_nb
-from ckpt_nb import (CaptureError, CheckpointManager, PickledValue, UntrustedPickleError)
+from ckpt_nb import (CaptureError, CheckpointManager, PickledValue, StoreFormatError,
+                     UntrustedPickleError)
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (a rollback test below)
 
@@ -50,6 +51,14 @@ class Pair(tuple):
 
 class Tags(set):
     pass
+
+
+class NestedBox:
+    """An object of the user's (so pickled) holding an empty nested tensor: torch cannot
+    unpickle one, as in a checkpoint from before they were stored as tensors."""
+
+    def __init__(self) -> None:
+        self.parts = torch.nested.nested_tensor([])
 
 
 def linear(fill: float) -> torch.nn.Linear:
@@ -220,6 +229,26 @@ def test_an_empty_nested_tensor_comes_back_with_its_dtype(tmp_path: Path,
         assert back.is_nested and back.dtype == dtype and back.unbind() == ()
         assert back.dim() == empty.dim() and back.layout is torch.strided
     assert torch.equal(target.state["w"], torch.ones(2))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # (torch's own)
+def test_a_pickled_empty_nested_tensor_is_a_checkpoint_restore_passes_over(
+        tmp_path: Path) -> None:
+    """torch's raw 'INTERNAL ASSERT FAILED' RuntimeError stopped load(trust_pickle=True)
+    and restore('latest', trust_pickle=True), which did not go back to the one before."""
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(linear(1.0))
+    second = mgr.save(linear(2.0), extra={"box": NestedBox()})
+    with pytest.raises(StoreFormatError, match=r"extra/box holds a nested tensor that torch "
+                       r"cannot unpickle \(an empty nested_tensor.*without trust_pickle=True"
+                       ) as refused:
+        mgr.load(second, trust_pickle=True)
+    assert "INTERNAL ASSERT FAILED" in str(refused.value.__cause__)  # (torch's, chained)
+    model = linear(0.0)
+    with pytest.warns(UserWarning, match=rf"skipping checkpoint {second}, which this ckpt_nb "
+                                         r"cannot read \(extra/box holds a nested tensor"):
+        assert mgr.restore("latest", model=model, trust_pickle=True).id == first
+    assert torch.equal(model.weight, torch.full((2, 2), 1.0))
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without MKL-DNN")
