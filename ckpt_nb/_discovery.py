@@ -290,6 +290,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
         value = namespace[name]
         if isinstance(value, torch.Generator):
             found.statefuls[name] = GeneratorState(value)
+        elif isinstance(value, random.SystemRandom):  # (its getstate() raised in each save)
+            found.skipped[name] = "a SystemRandom, which has no state to save: use random.Random"
         elif isinstance(value, (np.random.Generator, np.random.RandomState, random.Random)):
             found.statefuls[name] = RandomState(value)
         elif isinstance(value, torch.nn.Module) and _on_meta(value):

@@ -88,3 +88,19 @@ def test_another_bit_generators_state_is_refused_before_anything_loads(
                                                      r"state here, not a MT19937's"):
             mgr.restore("latest", model=model, ng=np.random.Generator(np.random.MT19937(2)))
         assert not model.weight.any()
+
+
+def test_a_notebooks_system_random_is_skipped_by_name_not_a_failed_save(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its getstate()'s NotImplementedError stopped the cell at the first save."""
+    model = torch.nn.Linear(2, 2)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+          "picker": random.SystemRandom()}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell", every_steps=1):
+        for _, x in ckpt_nb.batches([torch.ones(1, 2)] * 2):
+            ns["opt"].zero_grad()
+            model(x).sum().backward()
+            ns["opt"].step()
+    ckpt_nb.rollback("latest", directory=tmp_path, namespace=ns)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "picker (a SystemRandom, which has no state to save: use random.Random)" in said
