@@ -522,8 +522,9 @@ class CheckpointManager:
         store's catalog cache; a memory:// store's managers, in one process). Under it,
         a catalog another manager replaced is opened again, and a local store that
         another catalog wrote last is read again: a gc or retention from a catalog that
-        missed those saves deleted them. ``reading``: held only so that nothing is
-        deleted under a read (the lock file says so to those who wait)."""
+        missed those saves deleted them; the lock file keeps the last writer's mark until
+        that catch-up is done. ``reading``: held only so that nothing is deleted under a
+        read (the lock file says so to those who wait)."""
         if getattr(self._holding, "lock", False):  # (this thread has it already)
             yield
             return
@@ -543,16 +544,23 @@ class CheckpointManager:
                 return
             with self._busy, self._folder_locked(), self._open_lock() as handle:
                 self._wait_for(handle)
+                caught_up = False  # (whether this catalog has seen what the note says)
                 try:
                     self._reopen_if_removed()
                     catalog = getattr(self, "catalog", None)  # (None while first opened)
                     mine = "" if catalog is None else self._catalog_mark()
-                    last = self._note_holder(handle, mine, reading and catalog is not None)
-                    if _missed_writes(last, mine) and local_root(self.store) is not None:
+                    last = self._last_mark()
+                    behind = _missed_writes(last, mine) and local_root(self.store) is not None
+                    # (until the catch-up is done the note keeps the last writer's mark: a
+                    # take after it was cut short, a kill or Ctrl-C, reads the store again)
+                    self._note_holder(handle, (last or "-") if behind else mine,
+                                      reading and catalog is not None)
+                    if behind:
                         self._read_store_again()
+                    caught_up = True
                     yield
                 finally:
-                    if getattr(self, "catalog", None) is not None:
+                    if getattr(self, "catalog", None) is not None and caught_up:
                         # (what this holder wrote counted: its next take reads nothing again)
                         with contextlib.suppress(CkptError, OSError, sqlite3.Error):
                             self._note_holder(handle, self._catalog_mark())
@@ -664,19 +672,22 @@ class CheckpointManager:
     def _counts(self) -> str:
         return "%d:%d" % self.catalog.counts()
 
-    def _note_holder(self, handle: IO[str], mark: str, reading: bool = False) -> str:
-        """Leave this process's pid and its catalog's mark (``_catalog_mark``) in the lock
-        file, held, and "reading" after them where it is held for a read; return the mark
-        the last holder left ("" where none: a ckpt_nb before ids)."""
+    def _last_mark(self) -> str:
+        """The mark the lock file's last holder left (``_catalog_mark``; "" where none: a
+        ckpt_nb before ids, or the file deleted meanwhile)."""
         assert self._lock_path is not None
         try:
             last = self._lock_path.read_text().split()
         except OSError:  # (deleted meanwhile: no catalog is known to have written last)
             last = []
+        return last[1] if len(last) > 1 else ""
+
+    def _note_holder(self, handle: IO[str], mark: str, reading: bool = False) -> None:
+        """Leave this process's pid and a catalog's mark (``_catalog_mark``) in the lock
+        file, held, and "reading" after them where it is held for a read."""
         handle.truncate(0)
         handle.write(f"{os.getpid()} {mark}{' reading' if reading else ''}\n")
         handle.flush()
-        return last[1] if len(last) > 1 else ""
 
     def _reopen_if_removed(self) -> None:
         """Open the catalog again where its file was removed (an object store's cache

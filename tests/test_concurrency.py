@@ -8,6 +8,7 @@ import contextlib
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -414,6 +415,59 @@ def test_a_backup_of_the_catalog_put_back_is_brought_up_to_the_store(
         assert list(reopened.list()["id"]) == ids
         assert reopened.verify().bad == {}
         assert torch.equal(reopened.restore("latest").state["model"]["weight"], model.weight)
+    every_one_loads(store, ids)
+
+
+@pytest.mark.parametrize("missed, stop", [("a copy put back", signal.SIGKILL),
+                                           ("a copy put back", signal.SIGINT),
+                                           ("another catalog's saves", signal.SIGKILL)])
+def test_a_catch_up_cut_short_leaves_the_next_gc_to_read_the_store_again(
+        tmp_path: Path, missed: str, stop: signal.Signals) -> None:
+    """A process that reads the store again at its lock take (its catalog missed saves)
+    and is killed, or Ctrl-C'd, while it rebuilds: its take had noted its own, stale,
+    mark already, so the next gc took its catalog as up to date and deleted the
+    checkpoints it missed."""
+    store, backup = tmp_path / "store", tmp_path / "backup.sqlite"
+    model = torch.nn.Linear(64, 64)
+    with CheckpointManager(store) as first:
+        ids = [first.save(model, epoch=epoch) for epoch in range(3)]
+    shutil.copy(store / "catalog.sqlite", backup)
+    elsewhere = {} if missed == "a copy put back" else {"catalog": tmp_path / "other.sqlite"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the other catalog's rebuild)
+        with CheckpointManager(store, **elsewhere) as second:
+            for epoch in (3, 4):
+                with torch.no_grad():
+                    model.weight.add_(1)
+                ids.append(second.save(model, epoch=epoch))
+    if missed == "a copy put back":
+        shutil.copyfile(backup, store / "catalog.sqlite")  # (in place: the same inode)
+    # (the rebuild's start said on stdout, then a wait for the signal: a real kill at a
+    # known point of the catch-up, nothing of ckpt_nb replaced)
+    catching_up = python(f"""
+        import sys, time
+        from ckpt_nb import CheckpointManager, _rebuild
+        def at_rebuild(frame, event, arg):
+            if event == "call" and frame.f_code is _rebuild.rebuild.__code__:
+                print("rebuilding", flush=True)
+                time.sleep(120)
+        sys.setprofile(at_rebuild)
+        CheckpointManager({str(store)!r}).gc()
+        """)
+    try:
+        assert catching_up.stdout is not None
+        assert catching_up.stdout.readline() == "rebuilding\n", catching_up.stderr.read()
+        catching_up.send_signal(stop)
+    finally:
+        catching_up.communicate(timeout=60)
+    assert catching_up.returncode != 0
+    gc = subprocess.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)],
+                        capture_output=True, text=True, timeout=120)
+    assert gc.returncode == 0 and "0 packs deleted" in gc.stdout, (gc.stdout, gc.stderr)
+    assert "0 manifests deleted" in gc.stdout, gc.stdout
+    with CheckpointManager(store) as reopened:
+        assert list(reopened.list()["id"]) == ids
+        assert reopened.verify().bad == {}
     every_one_loads(store, ids)
 
 
