@@ -326,7 +326,13 @@ class CheckpointManager:
             key = hashlib.sha256(self.store.identity.encode()).hexdigest()[:16]
             if self.store.url.startswith("memory://"):
                 return ":memory:"
-            cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+            try:
+                cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+            except RuntimeError:  # (a uid with no passwd entry nor HOME: docker --user N)
+                self._cache_refused = ("~/.cache (this user has no home folder, and "
+                                       "XDG_CACHE_HOME is not set)")
+                self._read_only_rebuild = True
+                return ":memory:"
             path = Path(cache) / "ckpt_nb" / key / "catalog.sqlite"
             refused = _unwritable(path.parent)
             if refused:  # (a read-only home: a container's, CI's; a stale cache, rebuilt)

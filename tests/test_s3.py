@@ -262,6 +262,45 @@ def test_an_unwritable_catalog_cache_opens_the_store_to_read_and_says_why(
     assert elsewhere.list()["id"].tolist() == [saved]
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="runs a process as a user with no passwd entry, which needs root")
+def test_a_user_with_no_home_opens_the_store_to_read_and_says_why(bucket: str) -> None:
+    """A container run as a uid with no passwd entry and no HOME (docker run --user N):
+    opening failed with pathlib's bare "Could not determine home directory"."""
+    url = f"s3://{bucket}/exp"
+    saved = CheckpointManager(url).save(h=Holder(weights(1)), step=3)
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("HOME", "XDG_CACHE_HOME")}
+    # (it becomes that user once Python, torch, pandas and the S3 client are loaded, as root: the
+    # interpreter here may lie in root's home, which no other user can read)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import os, warnings
+            import pandas, s3fs
+            from ckpt_nb import CheckpointManager, StoreError
+            s3fs.S3FileSystem().ls({bucket!r})
+            os.setgid(54321)
+            os.setuid(54321)  # (no passwd entry for it: Path.home() has nothing to go on)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                mgr = CheckpointManager({url!r})
+            print(mgr.list()["id"].tolist())
+            print(*(str(w.message) for w in said), sep="\\n")
+            try:
+                mgr.delete({saved!r})
+            except StoreError as exc:
+                print("refused:", exc)
+            """)],
+        capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    assert done.returncode == 0, done.stderr
+    listed, warned, refused = done.stdout.splitlines()[:3]
+    assert listed == f"[{saved!r}]"
+    assert re.search(f"the catalog of {url} cannot be cached in ~/.cache \\(this user has no "
+                     "home folder, and XDG_CACHE_HOME is not set\\).*rebuilt in memory, to "
+                     "read only.*XDG_CACHE_HOME.*catalog=", warned), warned
+    assert refused.startswith("refused:") and "catalog=PATH" in refused, refused
+
+
 def packs_of(bucket: str) -> set[str]:
     fs = s3fs.S3FileSystem()
     fs.invalidate_cache()
