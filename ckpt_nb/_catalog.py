@@ -390,6 +390,14 @@ class Catalog:
             found, made_in = self._meta(CATALOG_ID), self._meta(CATALOG_ID_FILE)
         return found if made_in == file else None
 
+    def stored_uid(self) -> str | None:
+        """The id this catalog's file holds, whatever file it was made in: a copy of the
+        catalog keeps the original's (put back as a new file, by rsync or a move, it
+        would take a new one at its first lock take), so that the lock file's note of
+        the original tells the copy apart at open."""
+        with self._lock:
+            return self._meta(CATALOG_ID)
+
     def counts(self) -> tuple[int, int]:
         """How many checkpoint rows were ever inserted (SQLite's AUTOINCREMENT counter,
         which deletes do not lower), and how many there are: a store's lock file notes

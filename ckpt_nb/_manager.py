@@ -598,25 +598,31 @@ class CheckpointManager:
                 os.close(folder)
 
     def _catch_up_with_a_copy_put_back(self) -> None:
-        """A copy of the catalog put back over it (a backup) misses the saves made since
-        and lists checkpoints deleted since: its "latest" was old, and its gc deleted the
-        newer checkpoints' packs. The lock file notes how many checkpoints the catalog
-        that wrote the store last had ever listed; where this same catalog counts fewer,
-        the store is read again now (a writer's lock take does so too)."""
-        if local_root(self.store) is None or self._lock_path is None or self.catalog.read_only:
+        """A copy of the catalog put back over it (a backup, written in place or renamed
+        over it as rsync does) misses the saves made since and lists checkpoints deleted
+        since: its "latest" was old, and its gc deleted the newer checkpoints' packs. The
+        lock file notes how many checkpoints the catalog that wrote the store last had
+        ever listed; where this catalog, by the id its file holds, is that one and counts
+        fewer, the store is read again now (a writer's lock take does so too)."""
+        root = local_root(self.store)
+        if root is None or self._lock_path is None or self.catalog.read_only:
             return
         try:
             last = self._lock_path.read_text().split()
         except OSError:
             return
-        mine = self.catalog.known_uid()
-        if len(last) < 2 or mine is None or not last[1].startswith(f"{mine}@") or \
-                not _missed_writes(last[1], f"{mine}@{self._counts()}"):
+        stored = self.catalog.stored_uid()  # (a copy made as a new file keeps it too)
+        if len(last) < 2 or stored is None or not last[1].startswith(f"{stored}@") or \
+                not _missed_writes(last[1], f"{stored}@{self._counts()}"):
             # (another catalog's mark, or one without counts, an older ckpt_nb's: a
             # writer's lock take reads the store again)
             return
         why = (f"the catalog of {self.store.url} is older than the store's last write (a copy "
                "of it was put back?)")
+        # (a copy made as a new file elsewhere is one given as catalog=, read again unsaid,
+        # as at a lock take after another catalog's write)
+        put_back = self.catalog.known_uid() == stored or \
+            Path(self.catalog.path) == root / "catalog.sqlite"
         try:
             with self._exclusive(reading=True):  # (it reads the store again)
                 pass
@@ -625,7 +631,8 @@ class CheckpointManager:
                  f"old; move {self.catalog.path} aside, and the store opens rebuilt",
                  RuntimeWarning)
             return
-        warn(f"{why}, so it was brought up to the store", RuntimeWarning)
+        if put_back:
+            warn(f"{why}, so it was brought up to the store", RuntimeWarning)
 
     def _open_lock(self) -> IO[str]:
         """The lock file; an object store's catalog cache removed meanwhile (a cache

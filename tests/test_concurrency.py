@@ -418,6 +418,58 @@ def test_a_backup_of_the_catalog_put_back_is_brought_up_to_the_store(
     every_one_loads(store, ids)
 
 
+@pytest.mark.parametrize("put_back", ["copied over it", "renamed over it"])
+def test_a_backup_put_back_is_read_again_before_anything_is_listed_or_loaded(
+        tmp_path: Path, put_back: str) -> None:
+    """rsync puts a file back as a new one (a temporary file renamed over it): the copy's
+    id, tied to the old file, went unchecked at open, and ``ckpt-nb ls`` listed 3 of 5,
+    ``load("latest")`` the backup's latest, without a word."""
+    store, backup = tmp_path / "store", tmp_path / "backup.sqlite"
+    model = torch.nn.Linear(8, 8)
+    with CheckpointManager(store) as first:
+        ids = [first.save(model, epoch=epoch) for epoch in range(3)]
+    shutil.copy(store / "catalog.sqlite", backup)
+    with CheckpointManager(store) as second:
+        ids += [second.save(model, epoch=epoch) for epoch in (3, 4)]
+    if put_back == "copied over it":
+        shutil.copyfile(backup, store / "catalog.sqlite")
+    else:
+        shutil.copy(backup, store / "catalog.sqlite.tmp")
+        os.replace(store / "catalog.sqlite.tmp", store / "catalog.sqlite")
+    ls = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(store)],
+                        capture_output=True, text=True, timeout=120)
+    assert ls.returncode == 0 and all(cid in ls.stdout for cid in ids), ls.stdout
+    assert "older than the store's last write (a copy of it was put back?)" in ls.stderr
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with CheckpointManager(store) as reopened:
+            assert reopened.load("latest").id == ids[-1]
+            assert list(reopened.list()["id"]) == ids
+    assert not said, [str(w.message) for w in said]  # (caught up once, by ls)
+
+
+def test_managers_with_catalogs_of_their_own_in_turn_are_not_taken_for_a_copy(
+        tmp_path: Path) -> None:
+    """The store's own catalog, a copy of it given as ``catalog=`` (behind it, and so read
+    again) and a catalog of its own save in turn: none was put back, and none warns so."""
+    store = tmp_path / "store"
+    model = torch.nn.Linear(8, 8)
+    with CheckpointManager(store) as first:
+        ids = [first.save(model, epoch=0)]
+    shutil.copy(store / "catalog.sqlite", tmp_path / "copy.sqlite")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with CheckpointManager(store) as first:  # (the copy is behind it: read again)
+            ids.append(first.save(model, epoch=0))
+        for epoch in range(1, 5):
+            for catalog in (tmp_path / "copy.sqlite", tmp_path / "own.sqlite", None):
+                with CheckpointManager(store, catalog=catalog) as mgr:
+                    ids.append(mgr.save(model, epoch=epoch))
+    assert not [w for w in said if "put back" in str(w.message)], \
+        [str(w.message) for w in said]
+    every_one_loads(store, ids)
+
+
 @pytest.mark.parametrize("missed, stop", [("a copy put back", signal.SIGKILL),
                                            ("a copy put back", signal.SIGINT),
                                            ("another catalog's saves", signal.SIGKILL)])
