@@ -33,6 +33,7 @@ CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 LABELS_WRITTEN = "labels_written"
 CATALOG_ID = "catalog_id"  # (meta) the random id that tells this catalog from another
 CATALOG_ID_FILE = "catalog_id_file"  # (meta) the "device:inode" of the file it was made in
+LABEL_CHANGES = "label_changes"  # (meta) how many pins, notes or tags were ever changed here
 # The meta key of the metric and mode ("min" or "max") the store's checkpoints are ranked
 # by: recorded by a manager given metric= when it saves, the default of one opened without.
 RANKING = "ranking"
@@ -398,16 +399,19 @@ class Catalog:
         with self._lock:
             return self._meta(CATALOG_ID)
 
-    def counts(self) -> tuple[int, int]:
+    def counts(self) -> tuple[int, int, int]:
         """How many checkpoint rows were ever inserted (SQLite's AUTOINCREMENT counter,
-        which deletes do not lower), and how many there are: a store's lock file notes
-        them after each write, and a catalog that has seen fewer saves, or as many and
-        fewer deletes, was put back from a copy made before that write."""
+        which deletes do not lower), how many there are, and how many times a pin, a
+        note or tags were changed (``update``): a store's lock file notes them after each
+        write, and a catalog that has seen fewer saves, or as many and fewer deletes, or
+        as many of both and fewer label changes, was put back from a copy made before
+        that write."""
         with self._lock:
             found = self._db.execute(
                 "SELECT (SELECT seq FROM sqlite_sequence WHERE name = 'checkpoints'), "
                 "(SELECT count(*) FROM checkpoints)").fetchone()
-        return int(found[0] or 0), int(found[1])
+            labels = self._meta(LABEL_CHANGES)
+        return int(found[0] or 0), int(found[1]), int(labels or 0)
 
     def after_fork(self) -> None:
         """In a child forked while another thread held this catalog's lock (a save's
@@ -705,6 +709,8 @@ class Catalog:
         with self.transaction() as db:
             db.execute(f"UPDATE checkpoints SET {assignments} WHERE id=?",
                        (*fields.values(), checkpoint_id))
+            # (counted: a copy of the catalog put back after a pin is told by it)
+            self._set_meta(LABEL_CHANGES, str(int(self._meta(LABEL_CHANGES) or 0) + 1))
 
     # -- branches -----------------------------------------------------------
     def branch_tips(self) -> dict[str, str]:

@@ -679,11 +679,15 @@ class CheckpointManager:
 
     def _catalog_mark(self) -> str:
         """The catalog's id, how many checkpoints it ever listed and how many it lists,
-        ``ID@EVER:NOW``: what the lock file notes of the catalog that wrote last."""
+        and how many times it changed a pin or note where it did, ``ID@EVER:NOW[:LABELS]``:
+        what the lock file notes of the catalog that wrote last."""
         return f"{self.catalog.uid()}@{self._counts()}"
 
     def _counts(self) -> str:
-        return "%d:%d" % self.catalog.counts()
+        """``EVER:NOW[:LABELS]`` (``Catalog.counts``), LABELS left out while none changed,
+        as a ckpt_nb before it wrote them."""
+        ever, now, labels = self.catalog.counts()
+        return f"{ever}:{now}:{labels}" if labels else f"{ever}:{now}"
 
     def _last_mark(self) -> str:
         """The mark the lock file's last holder left (``_catalog_mark``; "" where none: a
@@ -2278,19 +2282,23 @@ def _unwritable(folder: Path) -> str:
 def _missed_writes(last: str, mine: str) -> bool:
     """Whether the store may hold writes that the catalog marked ``mine`` has not seen,
     by the mark the lock file's last holder left (``_catalog_mark``): another catalog's,
-    or this one's as it was after saves or deletes that it no longer shows (a copy of it
-    put back since). A write in flight only moves the catalog on from the mark."""
+    or this one's as it was after saves, deletes or pin and note changes that it no
+    longer shows (a copy of it put back since). A write in flight only moves the catalog
+    on from the mark."""
     last_id, _, last_counts = last.partition("@")
     my_id, _, my_counts = mine.partition("@")
     if last_id != my_id:
         return True
-    counts = re.fullmatch(r"(\d+):(\d+)", last_counts), re.fullmatch(r"(\d+):(\d+)", my_counts)
+    form = r"(\d+):(\d+)(?::(\d+))?"
+    counts = re.fullmatch(form, last_counts), re.fullmatch(form, my_counts)
     if counts[0] is None:  # (a ckpt_nb before counts wrote last: what it saw is unknown)
         return True
     if counts[1] is None:
         return False
-    (last_ever, last_now), (my_ever, my_now) = (map(int, c.groups()) for c in counts)
-    return last_ever > my_ever or (last_ever == my_ever and last_now < my_now)
+    (last_ever, last_now, last_labels), (my_ever, my_now, my_labels) = (
+        [int(n or 0) for n in c.groups()] for c in counts)
+    # (more saves, else as many and fewer checkpoints left, else more label changes)
+    return (last_ever, -last_now, last_labels) > (my_ever, -my_now, my_labels)
 
 
 def _committed(catalog: Catalog) -> set[str]:

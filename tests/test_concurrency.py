@@ -418,6 +418,33 @@ def test_a_backup_of_the_catalog_put_back_is_brought_up_to_the_store(
     every_one_loads(store, ids)
 
 
+@pytest.mark.parametrize("since", ["pinned", "unpinned"])
+def test_a_backup_put_back_after_a_pin_alone_is_brought_up_to_the_store(
+        tmp_path: Path, since: str) -> None:
+    """No save nor delete since the backup, only a pin and a note: the lock file's
+    counts of checkpoints were the backup's, so nothing was read again, and retention
+    from the backup deleted the checkpoint pinned since (its label said pinned)."""
+    store, backup = tmp_path / "store", tmp_path / "backup.sqlite"
+    model = torch.nn.Linear(8, 8)
+    with CheckpointManager(store) as first:
+        ids = [first.save(model, epoch=epoch) for epoch in range(3)]
+        if since == "unpinned":
+            first.pin(ids[0])
+    shutil.copy(store / "catalog.sqlite", backup)
+    with CheckpointManager(store) as second:
+        second.pin(ids[0], since == "pinned")
+        second.annotate(ids[1], "the one to compare with")
+    shutil.copyfile(backup, store / "catalog.sqlite")
+    with pytest.warns(RuntimeWarning, match="a copy of it was put back"):
+        reopened = CheckpointManager(store, max_to_keep=2)
+    with reopened:
+        assert reopened.list().set_index("id").loc[ids[0], "pinned"] == (since == "pinned")
+        assert reopened.list().set_index("id").loc[ids[1], "note"] == "the one to compare with"
+        ids.append(reopened.save(model, epoch=3))
+        kept = list(reopened.list()["id"])
+    assert kept == ([ids[0], ids[2], ids[3]] if since == "pinned" else ids[2:])
+
+
 @pytest.mark.parametrize("put_back", ["copied over it", "renamed over it"])
 def test_a_backup_put_back_is_read_again_before_anything_is_listed_or_loaded(
         tmp_path: Path, put_back: str) -> None:

@@ -2472,8 +2472,9 @@ def test_a_wait_for_another_process_s_lock_is_said_with_its_pid(
     err = capsys.readouterr().err
     assert f"waiting for {mgr.store.url}: process {holder.pid} is saving to it" in err, err
     # (and the catalog it wrote with: a manager with another catalog reads the store again)
-    # (and what it had seen: a copy of the catalog put back has seen less)
-    assert (tmp_path / "catalog.sqlite.lock").read_text() == f"{os.getpid()} {catalog_id}@1:1\n"
+    # (and what it had seen, the pin too: a copy of the catalog put back has seen less)
+    assert (tmp_path / "catalog.sqlite.lock").read_text() == \
+        f"{os.getpid()} {catalog_id}@1:1:1\n"
 
 
 def test_a_byte_budget_deletes_nothing_while_a_damaged_checkpoint_stops_gc(
