@@ -133,6 +133,15 @@ def test_an_import_without_trust_leaves_out_entries_with_pickled_keys_not_merged
     assert ck.extra == {"counts": {"all": 3}, "seen": {3}, "best": None}
     assert mgr.restore(path, trust_pickle=True).extra == mgr.load(cid, trust_pickle=True).extra
 
+def train_two_steps(tmp_path: Path, ns: dict) -> None:
+    """Two steps of ``ns``'s model and optimizer in a cell checkpointed at each."""
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell", every_steps=1):
+        for _, x in ckpt_nb.batches([torch.ones(1, 2)] * 2):
+            ns["opt"].zero_grad()
+            ns["model"](x).sum().backward()
+            ns["opt"].step()
+
+
 
 def test_a_notebook_variable_with_a_pickled_key_is_left_out_of_a_rollback(
         tmp_path: Path, capsys) -> None:
@@ -140,11 +149,7 @@ def test_a_notebook_variable_with_a_pickled_key_is_left_out_of_a_rollback(
     model = torch.nn.Linear(2, 2)
     ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
           "codes": {HTTPStatus.OK: 3}, "lr": 0.25}
-    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell", every_steps=1):
-        for _, x in ckpt_nb.batches([torch.ones(1, 2)] * 2):
-            ns["opt"].zero_grad()
-            model(x).sum().backward()
-            ns["opt"].step()
+    train_two_steps(tmp_path, ns)
     fresh = torch.nn.Linear(2, 2)
     back = {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1), "lr": 0.5}
     capsys.readouterr()
@@ -200,11 +205,7 @@ def test_a_notebook_variable_with_np_str_keys_or_a_function_defaultdict_rolls_ba
     ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
           "names": {k: 1 for k in np.unique(np.array(["a", "b"]))},
           "tally": collections.defaultdict(zero, {"y": 2})}
-    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell", every_steps=1):
-        for _, x in ckpt_nb.batches([torch.ones(1, 2)] * 2):
-            ns["opt"].zero_grad()
-            model(x).sum().backward()
-            ns["opt"].step()
+    train_two_steps(tmp_path, ns)
     fresh = torch.nn.Linear(2, 2)
     back = {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1)}
     with warnings.catch_warnings():

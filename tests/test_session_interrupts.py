@@ -110,18 +110,26 @@ def test_a_failed_interrupt_save_before_any_checkpoint_says_none_holds_the_run(
     assert "the state at the interrupt was NOT saved: " in said
     assert said.rstrip().endswith("the latest checkpoint is none"), said
 
-
-def test_an_interrupt_during_a_failed_end_save_does_not_call_it_saved(
-        notebook: Any, tmp_path: Path, capsys: Any) -> None:
-    """It said "the cell's end was NOT saved", then "the save finished (checkpoint
-    <the step-4 one>)" and "the cell ran to its end, saved as checkpoint <that one>"."""
-    run(notebook, "FAIL_FROM = 4")  # (the end's save, at step 5)
+def interrupted_in_the_end_save(notebook: Any, tmp_path: Path
+                                ) -> tuple[BaseException, list[tuple[str, int]]]:
+    """The cell run to step 5, interrupted as its end is saved: its error, and the
+    (id, step) of each checkpoint it saved (steps 2 and 4)."""
     error = run(notebook, CELL.format(dir=tmp_path / "run").replace("range(6)", "range(5)")
                 .replace("        step(i)\n", "        step(i)\n        stopper.armed = i == 4\n")
                 ).error_in_exec
     assert isinstance(error, KeyboardInterrupt)
     saved = steps_saved(tmp_path / "run")
     assert [s for _, s in saved] == [2, 4]
+    return error, saved
+
+
+
+def test_an_interrupt_during_a_failed_end_save_does_not_call_it_saved(
+        notebook: Any, tmp_path: Path, capsys: Any) -> None:
+    """It said "the cell's end was NOT saved", then "the save finished (checkpoint
+    <the step-4 one>)" and "the cell ran to its end, saved as checkpoint <that one>"."""
+    run(notebook, "FAIL_FROM = 4")  # (the end's save, at step 5)
+    error, saved = interrupted_in_the_end_save(notebook, tmp_path)
     latest = saved[-1][0]
     said = capsys.readouterr()
     assert "interrupt received: finishing the save of the cell's end" in said.err
@@ -164,12 +172,7 @@ def test_a_second_interrupt_names_the_latest_checkpoint(notebook: Any, tmp_path:
 def test_a_second_interrupt_during_the_end_save_says_what_holds_the_run(
         notebook: Any, tmp_path: Path) -> None:
     run(notebook, "stopper.twice = True")
-    error = run(notebook, CELL.format(dir=tmp_path / "run").replace("range(6)", "range(5)")
-                .replace("        step(i)\n", "        step(i)\n        stopper.armed = i == 4\n")
-                ).error_in_exec
-    assert isinstance(error, KeyboardInterrupt)
-    saved = steps_saved(tmp_path / "run")
-    assert [s for _, s in saved] == [2, 4]
+    error, saved = interrupted_in_the_end_save(notebook, tmp_path)
     assert str(error) == ("stopped at once at step 5 while saving the cell's end: not saved; "
                           f"the latest checkpoint is {saved[-1][0]} (step 4)")
 
