@@ -563,6 +563,11 @@ class CheckpointManager:
                                       reading and catalog is not None)
                     if behind:
                         self._read_store_again()
+                        # (then this catalog's own mark, before the body: the other's kept
+                        # through it would say, after a kill there, that the other catalog
+                        # had seen this one's save, and its gc deleted it)
+                        self._note_holder(handle, self._catalog_mark(),
+                                          reading and catalog is not None)
                     caught_up = True
                     yield
                 finally:

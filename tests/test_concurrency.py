@@ -550,6 +550,37 @@ def test_a_catch_up_cut_short_leaves_the_next_gc_to_read_the_store_again(
     every_one_loads(store, ids)
 
 
+def test_a_save_killed_after_a_catch_up_is_not_taken_as_the_other_catalogs(
+        tmp_path: Path) -> None:
+    """A save whose lock take read the store again (another catalog wrote last) kept
+    that catalog's mark in the lock file through the save: killed after its commit,
+    it left the note saying the other catalog had seen the save, and that catalog's
+    gc deleted it."""
+    store = tmp_path / "store"
+    with CheckpointManager(store) as beside:
+        ids = [beside.save(torch.nn.Linear(8, 8), epoch=0)]
+        # (killed in its save, after the commit: before its take's release)
+        killed = python(f"""
+            import os, warnings, torch
+            from ckpt_nb import CheckpointManager, _manager
+            warnings.simplefilter("ignore")
+            commit = _manager.Catalog.commit_checkpoint
+            def commit_then_die(catalog, row, *args):
+                commit(catalog, row, *args)
+                print(row.id, flush=True)
+                os.kill(os.getpid(), 9)
+            _manager.Catalog.commit_checkpoint = commit_then_die
+            CheckpointManager({str(store)!r}, catalog={str(tmp_path / "other.sqlite")!r}
+                              ).save(torch.nn.Linear(8, 8), epoch=1)
+            """)
+        out, err = killed.communicate(timeout=120)
+        assert killed.returncode == -9 and len(out.split()) == 1, err
+        ids += out.split()
+        report = beside.gc()
+        assert report.manifests_deleted == report.packs_deleted == 0, report
+    every_one_loads(store, ids)
+
+
 def test_a_relative_catalog_stays_the_one_opened_after_a_chdir(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``catalog="cat.sqlite"``, then a notebook's ``%cd``: the next save took the catalog
