@@ -272,7 +272,7 @@ def test_file_system_errors_are_one_line(store: Store, tmp_path: Path, make: str
     elif make == "directory":  # the export's target is a folder
         (tmp_path / "d.pt").mkdir()
         argv = ["export", store.directory, "latest", tmp_path / "d.pt"]
-        expected = f"ckpt-nb: cannot export to {tmp_path / 'd.pt'}: Is a directory: "
+        expected = f"ckpt-nb: cannot export to {tmp_path / 'd.pt'}: Is a directory\n"  # (once)
         named = tmp_path / "d.pt"
     elif make == "manifest":  # a file the store reads is a folder
         named = store.directory / "manifests" / f"{store.ids[1]}.json.zst"
