@@ -612,13 +612,10 @@ class CheckpointManager:
         root = local_root(self.store)
         if root is None or self._lock_path is None or self.catalog.read_only:
             return
-        try:
-            last = self._lock_path.read_text().split()
-        except OSError:
-            return
+        last = self._last_mark()
         stored = self.catalog.stored_uid()  # (a copy made as a new file keeps it too)
-        if len(last) < 2 or stored is None or not last[1].startswith(f"{stored}@") or \
-                not _missed_writes(last[1], f"{stored}@{self._counts()}"):
+        if stored is None or not last.startswith(f"{stored}@") or \
+                not _missed_writes(last, f"{stored}@{self._counts()}"):
             # (another catalog's mark, or one without counts, an older ckpt_nb's: a
             # writer's lock take reads the store again)
             return
