@@ -372,24 +372,25 @@ class Catalog:
         id of its own (not a copy written over the catalog file, which keeps its inode), as
         the same id said the copy had seen the original's saves, and gc from the
         original deleted what was saved through the copy."""
-        file = "" if self.file_id is None else "%d:%d" % self.file_id
-        with self._lock:
-            found, made_in = self._meta(CATALOG_ID), self._meta(CATALOG_ID_FILE)
-        if found is None or made_in != file:
+        found = self.known_uid()
+        if found is None:
             with self.transaction():
-                found = self._meta(CATALOG_ID)
-                if found is None or self._meta(CATALOG_ID_FILE) != file:
+                found = self.known_uid()  # (another process's, made meanwhile)
+                if found is None:
                     found = uuid.uuid4().hex
                     self._set_meta(CATALOG_ID, found)
-                    self._set_meta(CATALOG_ID_FILE, file)
+                    self._set_meta(CATALOG_ID_FILE, self._file_key())
         return found
 
     def known_uid(self) -> str | None:
         """``uid()`` where one was made for this file, without making one (a write)."""
-        file = "" if self.file_id is None else "%d:%d" % self.file_id
         with self._lock:
             found, made_in = self._meta(CATALOG_ID), self._meta(CATALOG_ID_FILE)
-        return found if made_in == file else None
+        return found if found is not None and made_in == self._file_key() else None
+
+    def _file_key(self) -> str:
+        """The "device:inode" of the file this catalog opened ("" in memory)."""
+        return "" if self.file_id is None else "%d:%d" % self.file_id
 
     def stored_uid(self) -> str | None:
         """The id this catalog's file holds, whatever file it was made in: a copy of the
