@@ -109,11 +109,16 @@ class Checkpoint:
 
 @dataclass
 class VerifyReport:
-    """What ``verify()`` found: ``bad`` maps each failing checkpoint id to its problems,
-    ``packs`` each pack whose own index is damaged (its chunks read, through the
-    catalog, but a rebuilt catalog could not find them: ``gc()`` rewrites it), ``newer``
-    each checkpoint written by a newer ckpt_nb, which this one cannot read, so did not
-    check (not corrupt, but not verified either: ``ok`` is False)."""
+    """What ``verify()`` found.
+
+    - ``checked``: the ids of the checkpoints it read, in the order asked for (oldest
+      first by default);
+    - ``bad``: each failing checkpoint's id, with its problems;
+    - ``packs``: each pack whose own index is damaged (its chunks read, through the
+      catalog, but a rebuilt catalog could not find them: ``gc()`` rewrites it);
+    - ``newer``: each checkpoint written by a newer ckpt_nb, which this one cannot read,
+      so did not check (not corrupt, but not verified either);
+    - ``ok`` (and the report's truth): nothing bad, damaged or unchecked."""
 
     checked: list[str]
     bad: dict[str, list[str]]
@@ -130,16 +135,29 @@ class VerifyReport:
 
 @dataclass
 class GCReport:
-    """What ``gc()`` reclaimed."""
+    """What ``gc()`` reclaimed.
+
+    - ``chunks_dropped``: chunks no kept checkpoint needs, forgotten by the catalog;
+    - ``packs_deleted``: pack files deleted whole (every chunk in them dead);
+    - ``packs_compacted``: packs rewritten without their dead chunks (and packs whose own
+      index is damaged, rewritten whole);
+    - ``manifests_deleted``: manifests of checkpoints no longer in the catalog (deleted,
+      or from a save killed before its commit);
+    - ``temporaries_deleted``: half-written files that killed saves left;
+    - ``bytes_freed``: the store's bytes all of the above gave back;
+    - ``damaged_kept``: packs and manifests found damaged and left in the store, for a
+      person to look at (``verify()`` names them);
+    - ``chunks_rewritten``: deltas stored whole, so that the deleted bases they needed
+      could go."""
 
     chunks_dropped: int = 0
     packs_deleted: int = 0
-    packs_compacted: int = 0  # (a pack whose own index is damaged is rewritten too)
+    packs_compacted: int = 0
     manifests_deleted: int = 0
     temporaries_deleted: int = 0
     bytes_freed: int = 0
-    damaged_kept: int = 0  # packs and manifests a rebuild found damaged, left in the store
-    chunks_rewritten: int = 0  # deltas stored whole, so that their deleted bases could go
+    damaged_kept: int = 0
+    chunks_rewritten: int = 0
 
 
 # The store format whose readers read CKB2 chunk blobs (what a gc's rewrite writes)
@@ -1379,7 +1397,7 @@ class CheckpointManager:
         ``trust_pickle=True`` unpickles values stored as pickles (only for a store you
         trust: a pickle can run code). Raises ``StateMismatchError`` naming what does
         not fit, with nothing changed. A Ctrl-C while it reads changes nothing; one while
-        it puts the state in is taken once that is done (``RestoreInterrupts``).
+        it puts the state in is held until all of it is in, then raised.
         """
         targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
