@@ -2714,7 +2714,14 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     resumes an unfinished run of the block called ``name`` and saves at its end. A
     ``name`` given is the block's as a notebook's cell id is a cell's: another name's
     run is never resumed, even after a rollback to it. An unnamed block is told from
-    others by the user code that calls it (``_unnamed_block``).
+    others by the user code that calls it (the chain of calls that reaches it, each by
+    what it runs, so that edits which shift lines keep it).
+
+    The options are ``%ckpt_auto``'s, spelt as keywords: ``every_steps=N``,
+    ``every="10m"`` (or ``every_seconds=600``), ``on=("val_loss", "min")`` (or
+    ``on="val_loss:min"``), ``keep=N``, ``keep_best=K``, ``strategy="full" |
+    "incremental" | "differential"``, ``track=[names]``, ``resume=False``, ``sync=True``
+    and ``max_variable_bytes=N``.
     """
     caller = sys._getframe(2)
     unseen: list[str] = []
