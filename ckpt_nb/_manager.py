@@ -304,6 +304,7 @@ class CheckpointManager:
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
         self._replaced_catalogs: list[Catalog] = []  # opened again: closed by close()
+        self._closed = False  # (close() was called: a catalog replaced is not opened again)
         _MANAGERS.add(self)  # (a forked child's copy gets a fresh _busy)
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
         self._failed_saves: set[str] = set()  # ids whose manifest a failed save left behind
@@ -492,9 +493,22 @@ class CheckpointManager:
         or collected (a gc from a stale catalog deleted the other manager's new
         checkpoints; retention, a checkpoint pinned elsewhere). A local store's catalog
         is the store's own: only checked to be there still (``_exclusive`` reads the
-        store again where another catalog wrote it last)."""
+        store again where another catalog wrote it last), and opened again where another
+        catalog file took its place (the store removed and made again at its path: a
+        notebook that reruns its ``shutil.rmtree(STORE)`` cell, or another process; a
+        rebuild by another manager), at a lock take as a writer's. That costs a stat of
+        the folder and one of the catalog; where the catalog file is missing, the next
+        writer's lock take rebuilds it (one rebuilt here, from what a ``shutil.rmtree``
+        in progress left, was written into the folder it deletes)."""
         if local_root(self.store) is not None:
             self._check_there()
+            catalog = self.catalog
+            if catalog.replaced() and catalog.path.exists():  # (the store made again?)
+                if catalog.read_only:  # (it takes no lock: it writes nothing)
+                    self._reopen_if_removed()
+                else:  # (a lock take opens it again, and reads the store where it is behind)
+                    with self._exclusive(reading=True):
+                        pass
             return
         self._read_store_again()
 
@@ -729,14 +743,31 @@ class CheckpointManager:
     def _reopen_if_removed(self) -> None:
         """Open the catalog again where its file was removed (an object store's cache
         cleaned; a local store's catalog deleted to be rebuilt), or replaced by another
-        manager's rebuild: saves would go on into the removed file, for no other
-        process to see, and a gc from it deleted the other manager's checkpoints."""
+        manager's rebuild or by the store made again at its path: saves would go on into
+        the removed file, for no other process to see, and a gc from it deleted the other
+        manager's checkpoints; reads listed the removed store's checkpoints. The next
+        save's parent is the head's heir in the new catalog (none in a store made again:
+        a new root); what the old store's checkpoints left in memory (manifests, the
+        digests and bases of the last save's chunks) is of ids and chunk digests that the
+        new catalog does not list, and a save writes every chunk it does not list."""
         catalog = getattr(self, "catalog", None)  # (None while it is first opened)
-        if catalog is not None and catalog.replaced():
+        if catalog is None or not catalog.replaced():
+            return
+        # (not under another thread's save, delete or gc: it would go on in the new
+        # catalog with what it read from the old)
+        with self._busy:
+            if self.catalog is not catalog or self._closed:  # (another thread did it; closed)
+                return
+            self._format = check_format(self.store)  # (a store made again: a newer ckpt_nb's?)
             # (the old one is closed with the manager, not now: another thread may be
             # reading it)
             self._replaced_catalogs.append(catalog)
             self.catalog = self._open_catalog(str(catalog.path))
+            # (the ranking the new catalog records, where none was given; while first
+            # opened, __init__ takes it after)
+            if getattr(self, "_ranking_taken", None) is not None or self.metric is None:
+                self._ranking_taken = self.catalog.ranking()
+                self.metric, self.mode = self._ranking_taken or (None, self.mode)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -757,6 +788,7 @@ class CheckpointManager:
         it work); a load, restore, verify or diff is not (it may fail, its catalog or its
         pool closed under it): close the manager after them."""
         with self._busy:
+            self._closed = True
             for pool in (self._pool, self._pack_writer):
                 if pool is not None:
                     pool.shutdown()
