@@ -271,6 +271,10 @@ class CkptMagics(Magics):
     def ckpt_rollback(self, line: str) -> None:
         """%ckpt_rollback ID|latest|best|-N: restore tracked state in place."""
         args = _arguments(self.ckpt_rollback, line)
+        if args.dir is None and session_mod.last_directory() is None:
+            raise UsageError("%ckpt_rollback: no %ckpt_auto or %%ckpt_auto cell has run in "
+                             "this kernel, so there is no store to roll back from: "
+                             f"%ckpt_rollback {args.which} --dir PATH (the store's directory)")
         try:
             session_mod.rollback(_unquoted(args.which), directory=_unquoted(args.dir),
                                  namespace=self.shell.user_ns)

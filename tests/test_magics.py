@@ -519,8 +519,18 @@ def test_no_resume_starts_a_new_root_branch(shell, tmp_path: Path) -> None:
 
 
 def test_rollback_errors_name_the_problem(shell, tmp_path: Path) -> None:
-    result = run(shell, "%ckpt_rollback latest")
-    assert "no ckpt_nb session has run" in str(result.error_in_exec)
+    """With no session yet, the magic says --dir is the way (it said "no session", then
+    that it looked in "the store of the last session", and named directory= and
+    namespace=, keywords of the Python API); the Python API keeps its keywords."""
+    result = run(shell, "%ckpt_rollback best")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == (
+        "%ckpt_rollback: no %ckpt_auto or %%ckpt_auto cell has run in this kernel, so there "
+        "is no store to roll back from: %ckpt_rollback best --dir PATH (the store's "
+        "directory)")
+    with pytest.raises(ckpt_nb.CkptError, match="no ckpt_nb session has run in this "
+                                                "process; .* pass directory= and namespace="):
+        ckpt_nb.rollback("latest")
     result = run(shell, f"%ckpt_rollback latest --dir {tmp_path / 'nowhere'}")
     assert "no checkpoint store at" in str(result.error_in_exec)
     run(shell, SETUP)
