@@ -14,6 +14,7 @@ import dataclasses
 import re
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -25,7 +26,7 @@ from traitlets import Bool, Int, TraitError, Unicode, validate
 from . import _session as session_mod
 from ._errors import CaptureError, CheckpointNotFoundError, CkptError
 from ._session import AutoConfig, parse_duration, parse_metric_trigger
-from ._store import location, why_no_store
+from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
 MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status", "ckpt_ui"),
@@ -133,7 +134,7 @@ class CkptMagics(Magics):
                 session.begin_cell(cell, cell_id=self._cell_id, store_from=None if args.dir
                                    else "CkptMagics.default_dir" if self.default_dir else None)
             except CaptureError as exc:  # (a --track name not defined: nothing ran)
-                raise UsageError(f"%ckpt_auto: {exc}") from None
+                raise UsageError(f"%ckpt_auto: {_magic_wording(exc)}") from None
             try:
                 value = self._run(cell)
             except BaseException as exc:
@@ -153,6 +154,13 @@ class CkptMagics(Magics):
             if getattr(args, name) is not None and not getattr(args, name).strip(" ,"):
                 raise ValueError(f"--{name} is empty: name what it should "
                                  + ("watch (METRIC:min)" if name == "on" else "track (a,b)"))
+        for name in ("every_steps", "keep", "keep_best"):  # (AutoConfig's say keep_best=)
+            value = getattr(args, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                 f"not {value}")
+        if args.keep_best is not None and not args.on:
+            raise ValueError("--keep-best ranks by a metric: give --on METRIC:min|max too")
         every = args.every if args.every is not None else args.every_seconds
         every_seconds = parse_duration(every) if every is not None else None
         on = parse_metric_trigger(args.on) if args.on else None
@@ -275,8 +283,10 @@ class CkptMagics(Magics):
             raise UsageError("%ckpt_rollback: no %ckpt_auto or %%ckpt_auto cell has run in "
                              "this kernel, so there is no store to roll back from: "
                              f"%ckpt_rollback {args.which} --dir PATH (the store's directory)")
+        directory = _unquoted(args.dir)
+        store = directory if directory is not None else session_mod.last_directory()
         try:
-            session_mod.rollback(_unquoted(args.which), directory=_unquoted(args.dir),
+            session_mod.rollback(_unquoted(args.which), directory=directory,
                                  namespace=self.shell.user_ns)
         except CheckpointNotFoundError as exc:
             # (a checkpoint of another store: the notebook ran several)
@@ -284,9 +294,9 @@ class CkptMagics(Magics):
                 f"; it looked in the store of the {'active' if session_mod.active() else 'last'}"
                 " session: for a checkpoint of another store, "
                 f"%ckpt_rollback {args.which} --dir PATH")
-            raise UsageError(f"%ckpt_rollback: {exc}{other}") from None
+            raise UsageError(f"%ckpt_rollback: {_magic_wording(exc, store)}{other}") from None
         except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage knows)
-            raise UsageError(f"%ckpt_rollback: {exc}") from None
+            raise UsageError(f"%ckpt_rollback: {_magic_wording(exc, store)}") from None
 
     @line_magic
     def ckpt_list(self, line: str) -> Any:
@@ -416,6 +426,26 @@ def _directory(magic: str, line: str) -> str | None:
             raise UsageError(f"%{magic} --dir needs a directory: %{magic} --dir DIR")
         text = flag.group(1)
     return _unquoted(text) or None
+
+
+# The Python API's words for what a notebook does with a magic (the CLI has its own).
+_MAGIC_WORDS = {
+    "--track (track=)": "--track",
+    "list() (ckpt-nb ls)": "%ckpt_list",
+}
+
+
+def _magic_wording(error: Exception, store: str | None = None) -> str:
+    """An error of the Python API in the magics' words, naming a local ``store`` by the
+    folder the user gave (``--dir store``), not by the file:// URL the API names it by
+    (as ``LocalStore`` makes it: absolute, links not followed)."""
+    text = str(error)
+    for api, magic in _MAGIC_WORDS.items():
+        text = text.replace(api, magic)
+    if store and ("://" not in store or store.startswith(LOCAL_SCHEMES)):
+        folder = file_url_path(store) if "://" in store else store
+        text = text.replace(Path(folder).expanduser().absolute().as_uri(), store)
+    return text
 
 
 def _unquoted(value: str | None) -> str | None:

@@ -1241,7 +1241,7 @@ def test_rollback_to_an_id_of_another_store_names_the_store_and_dir(shell,
     result = run(shell, f"%ckpt_rollback {first}")
     assert isinstance(result.error_in_exec, UsageError)
     message = str(result.error_in_exec)
-    assert (tmp_path / "second").as_uri() in message
+    assert f"in {tmp_path / 'second'}: " in message and "file://" not in message
     assert f"%ckpt_rollback {first} --dir PATH" in message
     assert run(shell, f"%ckpt_rollback {first} --dir {tmp_path / 'first'}").success
 
@@ -1488,6 +1488,39 @@ def test_ckpt_auto_off_names_the_checkpoint_the_session_rolled_back_to(
     assert run(shell, "%ckpt_auto --off").success
     assert capsys.readouterr().out == ("ckpt_nb: stopped checkpointing the session; its "
                                        f"latest checkpoint is {first} (step 2)\n")
+
+
+def test_magic_errors_are_said_in_the_magics_words(shell, tmp_path: Path) -> None:
+    """The magics said the Python API's words: a store by its file:// URL where --dir
+    named its folder, list() (ckpt-nb ls) for the listing %ckpt_list shows, and options
+    both ways (keep_best (--keep-best) ... on=(METRIC, 'min'|'max') (--on METRIC:min|max))."""
+    run(shell, SMALL)
+    cell = ("%%ckpt_auto --dir store --keep 1\n"
+            "opt.zero_grad(); model(data[0]).sum().backward(); opt.step()")
+    assert run(shell, cell).success
+    deleted = ckpt_nb.CheckpointManager(tmp_path / "store").list()["id"].iloc[-1]
+    assert run(shell, cell).success  # (its save deletes the first: --keep 1)
+    unknown = ("no checkpoint 'nosuchid' in store: use an id from %ckpt_list, 'latest', "
+               "'best' or '-N'")
+    for line, message in (
+            ("%ckpt_rollback nosuchid --dir store", f"%ckpt_rollback: {unknown}"),
+            ("%ckpt_rollback nosuchid", f"%ckpt_rollback: {unknown}; it looked in the store "
+             "of the last session: for a checkpoint of another store, %ckpt_rollback "
+             "nosuchid --dir PATH"),
+            (f"%ckpt_rollback {deleted} --dir store", f"%ckpt_rollback: checkpoint {deleted} "
+             "was deleted (by retention or by hand, in this process or another): use an id "
+             "from %ckpt_list, 'latest', 'best' or '-N'"),
+            ("%ckpt_auto --keep-best 2",
+             "%ckpt_auto: --keep-best ranks by a metric: give --on METRIC:min|max too"),
+            ("%ckpt_auto --keep 0", "%ckpt_auto: --keep must be a positive integer, not 0"),
+            ("%ckpt_auto --every-steps -2",
+             "%ckpt_auto: --every-steps must be a positive integer, not -2"),
+            ("%%ckpt_auto --dir store --track modle\npass",
+             "%ckpt_auto: --track names modle, which is not defined: nothing ran; fix the "
+             "name or define it first")):
+        result = run(shell, line)
+        assert isinstance(result.error_in_exec, UsageError), (line, result.error_in_exec)
+        assert str(result.error_in_exec) == message, line
 
 
 def test_a_store_url_no_storage_knows_is_a_usage_error(shell) -> None:

@@ -169,7 +169,7 @@ def test_a_magic_with_a_track_typo_is_refused_and_a_resume_of_untracked_objects_
     run(shell, SETUP)
     typo = run(shell, TRAIN.format(dir=tmp_path, track="modle,opt"), cell_id="train")
     assert type(typo.error_in_exec).__name__ == "UsageError"  # (one line, no traceback)
-    assert str(typo.error_in_exec).startswith("%ckpt_auto: --track (track=) names modle, "
+    assert str(typo.error_in_exec).startswith("%ckpt_auto: --track names modle, "
                                               "which is not defined")
     assert not shell.user_ns["opt"].state_dict()["state"]  # (nothing ran)
     crashed = run(shell, TRAIN.format(dir=tmp_path, track="model,opt"), cell_id="train")
