@@ -25,7 +25,7 @@ from traitlets import Bool, Int, TraitError, Unicode, validate
 
 from . import _session as session_mod
 from ._errors import CaptureError, CheckpointNotFoundError, CkptError
-from ._session import AutoConfig, parse_duration, parse_metric_trigger
+from ._session import UNRANKED_BEST_WAYS, AutoConfig, parse_duration, parse_metric_trigger
 from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
@@ -275,10 +275,23 @@ class CkptMagics(Magics):
     @magic_arguments()
     @argument("which", nargs="?", default="latest", help="ID (or prefix), latest, best or -N")
     @argument("--dir", default=None, help="store directory (default: the session's)")
+    @argument("--on", default=None, help="rank best by METRIC for this rollback alone, "
+              "as a %%%%ckpt_auto cell's --on takes it (METRIC:min or METRIC:max, or a bare "
+              "name that says which way is better): a store saved without --on has no "
+              "metric to rank by; the store's own is left as it is")
     @line_magic
     def ckpt_rollback(self, line: str) -> None:
-        """%ckpt_rollback ID|latest|best|-N: restore tracked state in place."""
+        """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC:min|max]: restore
+        tracked state in place."""
         args = _arguments(self.ckpt_rollback, line)
+        on = _unquoted(args.on)
+        if on is not None and _unquoted(args.which) != "best":  # (ignored, it looks obeyed)
+            raise UsageError(f"%ckpt_rollback: --on ranks best and nothing else: "
+                             f"%ckpt_rollback {args.which} takes none")
+        try:
+            ranking = parse_metric_trigger(on) if on is not None else None
+        except ValueError as exc:
+            raise UsageError(f"%ckpt_rollback: {exc}") from None
         if args.dir is None and session_mod.last_directory() is None:
             raise UsageError("%ckpt_rollback: no %ckpt_auto or %%ckpt_auto cell has run in "
                              "this kernel, so there is no store to roll back from: "
@@ -287,7 +300,7 @@ class CkptMagics(Magics):
         store = directory if directory is not None else session_mod.last_directory()
         try:
             session_mod.rollback(_unquoted(args.which), directory=directory,
-                                 namespace=self.shell.user_ns)
+                                 namespace=self.shell.user_ns, on=ranking)
         except CheckpointNotFoundError as exc:
             # (a checkpoint of another store: the notebook ran several)
             other = "" if args.dir is not None else (
@@ -430,6 +443,8 @@ def _directory(magic: str, line: str) -> str | None:
 
 # The Python API's words for what a notebook does with a magic (the CLI has its own).
 _MAGIC_WORDS = {
+    UNRANKED_BEST_WAYS: "%ckpt_rollback best --on METRIC:min|max, or roll back by id "
+                        "(%ckpt_list, then %ckpt_rollback ID)",
     "--track (track=)": "--track",
     "list() (ckpt-nb ls)": "%ckpt_list",
 }

@@ -2523,31 +2523,67 @@ def log(**metrics: float) -> None:
 
 
 def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,
-             namespace: dict[str, Any] | None = None) -> str:
+             namespace: dict[str, Any] | None = None,
+             on: tuple[str, str] | str | None = None) -> str:
     """Restore tracked objects and variables to a checkpoint, in place; the next save
     is its child. Uses the active session, else ``directory`` (default: the store of
-    the last session in this process) and ``namespace`` (default: that session's)."""
-    with _session_for(directory, namespace) as session:
+    the last session in this process) and ``namespace`` (default: that session's).
+    ``on`` ranks "best" for this rollback alone, as ``auto(on=...)`` takes it
+    (``("val_loss", "min")`` or ``"val_loss:min"``): a store saved without one records no
+    metric to rank by; the store's record is left as it is."""
+    with _session_for(directory, namespace, _rollback_ranking(which, on)) as session:
+        _refuse_unranked_best(session, which)
         return session.rollback(which)
 
 
 def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,
-                  namespace: dict[str, Any] | None = None) -> RollbackPlan:
+                  namespace: dict[str, Any] | None = None,
+                  on: tuple[str, str] | str | None = None) -> RollbackPlan:
     """What ``rollback`` with these arguments would restore (``AutoSession.rollback_plan``),
     touching nothing."""
-    with _session_for(directory, namespace) as session:
+    with _session_for(directory, namespace, _rollback_ranking(which, on)) as session:
+        _refuse_unranked_best(session, which)
         return session.rollback_plan(which)
+
+
+def _rollback_ranking(which: str, on: tuple[str, str] | str | None) -> tuple[str, str] | None:
+    """A rollback's ``on=``, checked as ``auto(on=...)``'s is; refused but for "best",
+    which alone it ranks (an ignored one would look obeyed)."""
+    if on is None:
+        return None
+    if str(which) != "best":
+        raise ValueError(f"on= ranks 'best' and nothing else: rollback({which!r}) takes none")
+    return AutoConfig(on=on).on
+
+
+# What a rollback to "best" of a store that no metric ranks can do instead (the magic
+# says it in its own words).
+UNRANKED_BEST_WAYS = ("rollback('best', on=(METRIC, 'min'|'max')), or roll back by id "
+                      "(list() (ckpt-nb ls))")
+
+
+def _refuse_unranked_best(session: AutoSession, which: str) -> None:
+    """"best" of a store that no metric ranks (none given, no save recorded one), refused
+    with a rollback's ways on (the manager's names ``metric=``, which a rollback has not)."""
+    if str(which) == "best" and session.manager.metric is None and \
+            session.manager.catalog.newest_ids(1):  # (an empty store: the manager says so)
+        raise CheckpointNotFoundError(
+            "'best' needs a metric to rank by, and no save to this store recorded one: "
+            f"{UNRANKED_BEST_WAYS}")
 
 
 @contextlib.contextmanager
 def _session_for(directory: str | os.PathLike[str] | None,
-                 namespace: dict[str, Any] | None) -> Iterator[AutoSession]:
+                 namespace: dict[str, Any] | None,
+                 ranking: tuple[str, str] | None = None) -> Iterator[AutoSession]:
     """The session a rollback uses: the active one where it is on that store and
-    namespace, else a temporary one on the last session's settings."""
+    namespace, else a temporary one on the last session's settings; inside, its "best"
+    is by ``ranking`` where one is given."""
     session = active()
     if session is not None and (directory is None or store_url(directory) == session.url) \
             and namespace in (None, session.namespace):
-        yield session
+        with _ranked_by(session, ranking):
+            yield session
         return
     if _last is None and (directory is None or namespace is None):
         raise CheckpointNotFoundError(
@@ -2570,13 +2606,32 @@ def _session_for(directory: str | os.PathLike[str] | None,
             else dataclasses.replace(config, directory=os.fspath(directory))
     temporary = AutoSession(config, namespace if namespace is not None else last_namespace)
     try:
-        ranking = _written_ranking(temporary.manager) if another_store else None
-        if ranking is not None:
-            temporary.manager.metric, temporary.manager.mode = ranking[0]
-            temporary.config = dataclasses.replace(config, on=ranking[0])
-        yield temporary
+        written = _written_ranking(temporary.manager) if another_store else None
+        if written is not None:
+            temporary.manager.metric, temporary.manager.mode = written[0]
+            temporary.config = dataclasses.replace(config, on=written[0])
+        with _ranked_by(temporary, ranking):
+            yield temporary
     finally:
         temporary.close()
+
+
+@contextlib.contextmanager
+def _ranked_by(session: AutoSession, ranking: tuple[str, str] | None) -> Iterator[None]:
+    """The session's manager ranks "best" by ``ranking`` inside, and by its own again
+    after: its saves record, and its retention keeps, by the session's ``--on`` (a save
+    in flight is waited for first; none starts while the rollback runs on its thread)."""
+    if ranking is None:
+        yield
+        return
+    manager = session.manager
+    session.writer.wait()
+    own = manager.metric, manager.mode
+    manager.metric, manager.mode = ranking
+    try:
+        yield
+    finally:
+        manager.metric, manager.mode = own
 
 
 def status() -> dict[str, Any]:

@@ -4,6 +4,7 @@ store's own settings, not the last session's."""
 from __future__ import annotations
 
 import collections.abc
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import ckpt_nb
@@ -72,6 +74,61 @@ def test_best_of_a_store_in_a_fresh_kernel_is_ranked_by_its_metric(
     assert f"rolled back to {wanted} (epoch 2, step 4), best by val_loss (min): " \
         in capsys.readouterr().out
     assert ckpt_nb.rollback("best", directory=tmp_path / "a", namespace=shell.user_ns) == wanted
+
+
+def test_best_of_a_store_saved_without_on_is_ranked_by_the_rollbacks_on(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tutorial 02's store, saved without --on: %ckpt_rollback best was refused, naming
+    CheckpointManager(metric=) and %%ckpt_auto --on, which a rollback has neither of."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --every-steps 2" + LOOP)
+    monkeypatch.setattr(_session, "_last", None)  # (a new kernel)
+    monkeypatch.setattr(_session, "_positions", {})
+    result = shell.run_cell(f"%ckpt_rollback best --dir {tmp_path / 'a'}",
+                            store_history=False)
+    assert str(result.error_in_exec) == (
+        "%ckpt_rollback: 'best' needs a metric to rank by, and no save to this store "
+        "recorded one: %ckpt_rollback best --on METRIC:min|max, or roll back by id "
+        "(%ckpt_list, then %ckpt_rollback ID)")
+    with pytest.raises(ckpt_nb.CheckpointNotFoundError, match=re.escape(
+            "recorded one: rollback('best', on=(METRIC, 'min'|'max')), or roll back by id")):
+        ckpt_nb.rollback("best", directory=tmp_path / "a", namespace=shell.user_ns)
+    capsys.readouterr()
+    for on, (metric, mode) in (("val_loss:min", ("val_loss", "min")), ("acc", ("acc", "max"))):
+        wanted = best_by(tmp_path / "a", metric, mode)
+        run(shell, f"%ckpt_rollback best --dir {tmp_path / 'a'} --on {on}")
+        assert f"rolled back to {wanted} " in capsys.readouterr().out
+        assert _session.kernel_position(tmp_path / "a") == wanted
+    assert best_by(tmp_path / "a", "val_loss", "min") != best_by(tmp_path / "a", "acc", "max")
+    assert ckpt_nb.rollback("best", directory=tmp_path / "a", namespace=shell.user_ns,
+                            on=("val_loss", "min")) == best_by(tmp_path / "a", "val_loss", "min")
+    assert ckpt_nb.CheckpointManager(tmp_path / "a").metric is None  # (not recorded)
+    for line, message in ((f"latest --dir {tmp_path / 'a'} --on acc",
+                           "--on ranks best and nothing else: %ckpt_rollback latest takes none"),
+                          ("best --on acc:up", "--on takes METRIC:min or METRIC:max")):
+        result = shell.run_cell(f"%ckpt_rollback {line}", store_history=False)
+        assert isinstance(result.error_in_exec, UsageError), line
+        assert str(result.error_in_exec).startswith(f"%ckpt_rollback: {message}"), line
+    with pytest.raises(ValueError, match="on= ranks 'best' and nothing else"):
+        ckpt_nb.rollback("-1", directory=tmp_path / "a", namespace=shell.user_ns, on="acc")
+
+
+def test_the_active_sessions_best_is_ranked_by_the_rollbacks_on_and_its_own_after(
+        shell, tmp_path: Path, capsys) -> None:
+    """--on ranks that rollback's "best" alone: the session's saves and retention rank by
+    its own --on after it."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --every-steps 2" + LOOP)
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'a'} --on acc:max")
+    capsys.readouterr()
+    run(shell, "%ckpt_rollback best --on val_loss:min")
+    wanted = best_by(tmp_path / "a", "val_loss", "min")
+    assert f"rolled back to {wanted} (epoch 2, step 4), best by val_loss (min): " \
+        in capsys.readouterr().out
+    session = _session.active()
+    assert session is not None and session.url == _session.store_url(tmp_path / "a")
+    assert (session.manager.metric, session.manager.mode) == ("acc", "max")
+    run(shell, "%ckpt_auto --off")
 
 
 def test_another_store_restores_what_it_holds_not_what_the_last_session_tracked(
