@@ -209,6 +209,9 @@ NOTE_CHARS = 32
 # The DAG tab's most height: a store of hundreds scrolls inside it, the buttons below
 # stay in view.
 DAG_HEIGHT = "480px"
+# The values the Diff tab lists (a notebook's hundred variables would push its tensors
+# out of view); the rest are counted.
+DIFF_VALUE_ROWS = 40
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
 # After a read of the store that failed, in the status line: the rows are not current.
 STALE = "the table shows what was last read; it follows the store again once it can be read"
@@ -707,25 +710,48 @@ class Explorer(w.VBox):
             self.diff_table.value = ""
             a, b = self._resolve(a), self._resolve(b)
             diff = self.manager.diff(a, b)  # (checkpoints never change: a pair's diff stays)
+            values = self.manager.diff_values(a, b)
             png = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
-            self._drawn_diff = (a, b, diff, png)
-        diff, self.diff_plot.value = self._drawn_diff[2:]
+            self._drawn_diff = (a, b, (diff, values), png)
+        (diff, values), self.diff_plot.value = self._drawn_diff[2:]
         self.diff_plot.layout.display = None
         frame = self.table_frame.set_index("id")
-        deltas = []
+        deltas, in_deltas = [], set()
         for m in _plots.metric_columns(self.table_frame):
             va, vb = frame.loc[a, m], frame.loc[b, m]
             if not (_plots._missing(va) or _plots._missing(vb)):
                 deltas.append(f"{html.escape(m)}: {va:.4g} → {vb:.4g} ({vb - va:+.4g})")
+                in_deltas.add(f"metrics/{m}")
         same = diff[diff["same_chunks"]]["tensor"].tolist()
         shown = diff.assign(  # (missing, as for a removed tensor: —, as in the table)
             l2=diff["l2"].map(lambda v: "—" if _plots._missing(v) else f"{v:.4g}"),
             rel_change=diff["rel_change"].map(lambda v: "—" if _plots._missing(v) else f"{v:.3g}"))
         self.diff_table.value = (
             f"<p><b>metrics</b>: {'; '.join(deltas) or 'none logged on both'}</p>"
-            f"<p><b>byte-identical (shared chunks)</b>: {len(same)} of {len(diff)} tensors</p>"
+            + self._values_html(values[~values["path"].isin(in_deltas)])
+            + f"<p><b>byte-identical (shared chunks)</b>: {len(same)} of {len(diff)} tensors</p>"
             + "<div class='ckpt-nb-scroll'>"
             + shown.to_html(index=False, classes="ckpt-nb-diff", border=0) + "</div>")
+
+    @staticmethod
+    def _values_html(values: Any) -> str:
+        """The Diff tab's values section: ``diff_values``' rows (the first
+        ``DIFF_VALUE_ROWS``, the rest counted), each value cut to a line (a history of
+        thousands shows as its first items and its length)."""
+        from ._manager import diff_value_texts
+
+        if not len(values):
+            return "<p><b>values</b>: none differ (lr, step, extra...)</p>"
+        rows = "".join(
+            f"<tr><td>{html.escape(r['path'])}</td><td>{r['status']}</td>"
+            + "".join(f"<td>{html.escape(text)}</td>" for text in diff_value_texts(r, missing="—"))
+            + "</tr>" for _, r in values.head(DIFF_VALUE_ROWS).iterrows())
+        more = len(values) - DIFF_VALUE_ROWS
+        return (f"<p><b>values</b>: {len(values)} differ</p><div class='ckpt-nb-scroll'>"
+                "<table class='ckpt-nb-diff'><thead><tr><th>value</th><th>status</th>"
+                f"<th>from</th><th>to</th></tr></thead><tbody>{rows}</tbody></table></div>"
+                + (f"<p><i>and {more} more: mgr.diff_values(a, b) lists them all</i></p>"
+                   if more > 0 else ""))
 
     def figure(self, kind: str) -> Any:
         """The Figure behind a tab: "metrics", "compare", "dag" or "diff"."""

@@ -268,7 +268,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
              "prefix")
     command("show", _show, "one checkpoint's fields and tensors").add_argument(
         "id", metavar="ID", help=f"the checkpoint: {which}")
-    diff = command("diff", _diff, "per-tensor change from checkpoint A to B")
+    diff = command("diff", _diff, "per-tensor change from checkpoint A to B, and the other "
+                   "values that differ (lr, step, extra)")
     diff.add_argument("a", metavar="A", help=f"the checkpoint to compare from: {which}")
     diff.add_argument("b", metavar="B", help=f"the checkpoint to compare to: {which}")
     command("verify", _verify, "re-read checkpoints and check their checksums").add_argument(
@@ -436,24 +437,44 @@ def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         _as_restored_back(mgr, args.b)
     skipped, latest = skipped or skipped_b, latest or latest_b
     frame = mgr.diff(a, b)
+    values = mgr.diff_values(a, b)
     said = f"\nlatest is {latest}: skipped {skipped}" if skipped else ""
     if a == b:
         said += f"\n{args.a} and {args.b} are the same checkpoint, {a}"
     if frame.empty:
-        print("no tensors in either checkpoint" + said)
+        print("no tensors in either checkpoint")
+    else:
+        # (the RNG state's words are no vector: its norms, 4.3e+10, meant nothing)
+        rows = [[r["tensor"], r["status"], _shape(r["shape"]),
+                 *(["-", "-"] if r["tensor"].startswith("rng/") else
+                   [_cell(r["l2"]), _percent(r["rel_change"])])]
+                for _, r in frame.iterrows()]
+        print(_table(["tensor", "status", "shape", "l2", "rel_change"], rows, right=_NUMERIC))
+    if len(values):
+        print("\n" + _values_table(values))
+    if frame.empty:
+        if said:
+            print(said.lstrip("\n"))
         return 0
-    # (the RNG state's words are no vector: its norms, 4.3e+10, meant nothing)
-    rows = [[r["tensor"], r["status"], _shape(r["shape"]),
-             *(["-", "-"] if r["tensor"].startswith("rng/") else
-               [_cell(r["l2"]), _percent(r["rel_change"])])]
-            for _, r in frame.iterrows()]
-    print(_table(["tensor", "status", "shape", "l2", "rel_change"], rows, right=_NUMERIC))
     counts = frame["status"].value_counts()
     shown = [s for s in ("identical", "changed", "reshaped", "added", "removed")
              if s in ("identical", "changed") or counts.get(s, 0)]
+    differ = f"; {len(values)} value{'s' if len(values) > 1 else ''} differ" \
+        if len(values) else ""
     print(f"\n{len(frame)} tensors: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)
-          + said)
+          + differ + said)
     return 0
+
+
+def _values_table(values: Any) -> str:
+    """``diff_values``' rows as a table, each value cut to a few dozen characters (a
+    history of thousands shows as its first items and its length, a float as 6
+    significant digits); "-" for the side that lacks it."""
+    from ._manager import diff_value_texts
+
+    rows = [[r["path"], r["status"], *diff_value_texts(r, width=40)]
+            for _, r in values.iterrows()]
+    return _table(["value", "status", "A", "B"], rows)
 
 
 def _as_restored_back(mgr: CheckpointManager,

@@ -124,15 +124,21 @@ def test_show_resolves_aliases(store: Store, capsys: pytest.CaptureFixture[str])
 def test_diff(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "diff", store.directory, store.ids[0], store.ids[2])
     assert code == 0
-    table, summary = out.rstrip("\n").split("\n\n")
+    table, values, summary = out.rstrip("\n").split("\n\n")
     rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
     assert rows["objects/model/weight"][1:3] == ["changed", "8x16"]
     assert float(rows["objects/model/weight"][3]) > 0
     assert rows["objects/model/weight"][4].endswith("%")
     assert rows["rng/numpy/keys"][1:] == ["identical", "624", "-", "-"]
+    header, *value_rows = (line.split() for line in values.splitlines())
+    assert header == ["value", "status", "A", "B"]
+    assert [r[:2] for r in value_rows] == [["step", "changed"], ["epoch", "changed"],
+                                           ["metrics/loss", "changed"],
+                                           ["metrics/acc", "changed"]]
+    assert value_rows[0][2:] == ["5", "15"] and value_rows[3][2:] == ["0.0", "0.5"]
     statuses = [r[1] for r in rows.values()]
     assert summary == (f"{len(statuses)} tensors: {statuses.count('identical')} identical, "
-                       f"{statuses.count('changed')} changed")
+                       f"{statuses.count('changed')} changed; 4 values differ")
     code, out, _ = run(capsys, "diff", store.directory, "latest", store.ids[2])
     *_, summary, same = out.splitlines()
     n = summary.split()[0]
@@ -334,7 +340,34 @@ def test_diff_without_tensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         for step in (1, 2):
             mgr.save(torch.nn.ReLU(), None, step=step, rng=False)
     assert run(capsys, "diff", tmp_path / "relu", "-1", "latest") == (
-        0, "no tensors in either checkpoint\n", "")
+        0, "no tensors in either checkpoint\n\nvalue  status   A  B\nstep   changed  1  2\n", "")
+
+
+def test_diff_lists_an_lr_change_and_extra_values_cut_short(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two saves differing only in the optimizer's lr and in extra read "2 identical, 0
+    changed", nothing about lr or extra; a history of thousands is cut to a line."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = list(range(5000))
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(model, optimizer, 0, rng=False,
+                 extra={"lr_note": "lr 0.1", "batch": 32, "history": history})
+        optimizer.param_groups[0]["lr"] = 0.001
+        mgr.save(model, optimizer, 0, rng=False,
+                 extra={"lr_note": "lr 0.001", "history": history + [5000], "seed": 7})
+    code, out, _ = run(capsys, "diff", tmp_path, "-1", "latest")
+    assert code == 0
+    _, values, summary = out.split("\n\n")
+    assert [re.split(r"\s{2,}", line) for line in values.splitlines()] == [
+        ["value", "status", "A", "B"],
+        ["objects/optimizer/param_groups/0/lr", "changed", "0.1", "0.001"],
+        ["extra/lr_note", "changed", "'lr 0.1'", "'lr 0.001'"],
+        ["extra/batch", "removed", "32", "-"],
+        ["extra/history", "changed", "[0, 1, 2, 3, 4, 5, ...] (5000 items)",
+         "[0, 1, 2, 3, 4, 5, ...] (5001 items)"],
+        ["extra/seed", "added", "-", "7"]]
+    assert summary == "2 tensors: 2 identical, 0 changed; 5 values differ\n"
 
 
 def test_verify_options_between_ids(store: Store, capsys: pytest.CaptureFixture[str]) -> None:

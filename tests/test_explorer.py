@@ -1337,3 +1337,45 @@ def test_the_explorers_refusals_are_also_the_matching_built_in(tmp_path: Path) -
             ui._confirm()
     finally:
         ui.close()
+
+
+def test_the_diff_tab_lists_an_lr_change_and_extra_values(tmp_path: Path) -> None:
+    """Two saves differing only in the optimizer's lr and in extra: the Diff tab said
+    "byte-identical: 2 of 2 tensors", nothing about lr or extra. A long history is one
+    short row, a value's text is escaped, and past DIFF_VALUE_ROWS the rest are counted."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    many = _explorer.DIFF_VALUE_ROWS + 5
+    a = mgr.save(model, optimizer, 0, rng=False, metrics={"loss": 1.0}, extra={
+        "lr_note": "lr 0.1", "batch": 32, "history": list(range(5000)), "tag": "<b>x</b>",
+        **{f"k{i}": i for i in range(many)}})
+    optimizer.param_groups[0]["lr"] = 0.001
+    extra = {"lr_note": "lr 0.001", "batch": 64, "history": list(range(5001)),
+             "tag": "<b>y</b>", **{f"k{i}": -i - 1 for i in range(many)}}
+    b = mgr.save(model, optimizer, 0, rng=False, metrics={"loss": 0.5}, extra=extra)
+    c = mgr.save(model, optimizer, 0, rng=False, metrics={"loss": 0.5}, extra=extra)
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 3
+        ui.select([a, b])
+        shown = ui.diff_table.value
+        rows = [tuple(html.unescape(cell) for cell in row) for row in re.findall(
+            r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", shown)]
+        assert rows[:5] == [
+            ("objects/optimizer/param_groups/0/lr", "changed", "0.1", "0.001"),
+            ("extra/lr_note", "changed", "'lr 0.1'", "'lr 0.001'"),
+            ("extra/batch", "changed", "32", "64"),
+            ("extra/history", "changed", "[0, 1, 2, 3, 4, 5, ...] (5000 items)",
+             "[0, 1, 2, 3, 4, 5, ...] (5001 items)"),
+            ("extra/tag", "changed", "'<b>x</b>'", "'<b>y</b>'")]
+        assert len(rows) == _explorer.DIFF_VALUE_ROWS and "<b>x" not in shown
+        assert f"<b>values</b>: {many + 5} differ" in shown
+        assert "<i>and 10 more: mgr.diff_values(a, b) lists them all</i>" in shown
+        assert "loss: 1 → 0.5" in shown and "metrics/loss" not in shown  # (said once)
+        assert "byte-identical (shared chunks)</b>: 2 of 2 tensors" in shown
+        ui.select([b, c])
+        assert "<b>values</b>: none differ" in ui.diff_table.value
+    finally:
+        ui.close()
