@@ -738,7 +738,7 @@ class Explorer(w.VBox):
         """The Diff tab's values section: ``diff_values``' rows (the first
         ``DIFF_VALUE_ROWS``, the rest counted), each value cut to a line (a history of
         thousands shows as its first items and its length)."""
-        from ._manager import diff_value_texts
+        from ._diff_values import diff_value_texts
 
         if not len(values):
             return "<p><b>values</b>: none differ (lr, step, extra...)</p>"

@@ -470,7 +470,7 @@ def _values_table(values: Any) -> str:
     """``diff_values``' rows as a table, each value cut to a few dozen characters (a
     history of thousands shows as its first items and its length, a float as 6
     significant digits); "-" for the side that lacks it."""
-    from ._manager import diff_value_texts
+    from ._diff_values import diff_value_texts
 
     rows = [[r["path"], r["status"], *diff_value_texts(r, width=40)]
             for _, r in values.iterrows()]

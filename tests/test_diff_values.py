@@ -14,7 +14,7 @@ import torch
 
 import ckpt_nb
 from ckpt_nb import CheckpointManager, CorruptCheckpointError
-from ckpt_nb._manager import UnloadedValue, diff_value_text, diff_value_texts
+from ckpt_nb._diff_values import UnloadedValue, diff_value_text, diff_value_texts
 from test_hostile import catalog, rewrite_manifest
 
 UNPICKLED: list[str] = []  # what a Tripwire's unpickling recorded
