@@ -833,11 +833,13 @@ class Explorer(w.VBox):
                                  "share with it.")
 
     def _confirm(self) -> None:
+        """Do what the question awaiting Confirm asked. With none it does nothing, the
+        status line as it was: the second click of a double-click arrives before the box
+        is hidden (its "nothing awaits confirmation" replaced the first click's result)."""
         pending, self._pending_action = self._pending_action, None
         self.confirm_box.layout.display = "none"
         if pending is None:
-            raise CheckpointNotFoundError("nothing awaits confirmation: press Roll back or "
-                                          "Delete first")
+            return
         action, cid = pending
         name = "Roll back" if action == "rollback" else "Delete"
         if self.selected != [cid]:  # (the views and the buttons act on the selection)

@@ -266,16 +266,19 @@ def test_another_action_or_selection_withdraws_a_pending_confirm(store, digits: 
         assert ui.confirm_box.layout.display == "none" and "cancelled" in ui.status.value
         ui.pin_button.click()
         assert f"pinned {main[2]}" in ui.status.value
-        ui.confirm_button.click()
+        said = ui.status.value
+        ui.confirm_button.click()  # (hidden: a late click of a double-click does nothing)
         assert main[0] in set(ckpt_nb.CheckpointManager(path).list()["id"])
-        assert "nothing awaits confirmation" in ui.status.value
+        assert main[2] in set(ckpt_nb.CheckpointManager(path).list()["id"])
+        assert ui.status.value == said
 
         ui.select([main[1]])
         ui.rollback_button.click()
         ui.unpin_button.click()  # any other action: the question goes with it
         assert ui.confirm_box.layout.display == "none"
+        said = ui.status.value
         ui.confirm_button.click()
-        assert ui.dag.current is None and "nothing awaits confirmation" in ui.status.value
+        assert ui.dag.current is None and ui.status.value == said
 
         ui.delete_button.click()
         ui.selected = [main[3]]  # (set behind the views' back): Confirm checks it still
@@ -330,6 +333,31 @@ def test_rollback_says_what_it_restored_and_refuses_to_restore_nothing(
         assert "not restored" in status and "optimizer" in status
         saved = ckpt_nb.CheckpointManager(path).load(main[0]).state["model"]
         assert same(digits.weights(), list(saved.values())) and ui.dag.current == main[0]
+    finally:
+        ui.close()
+
+
+def test_a_double_clicked_confirm_acts_once_and_its_message_stays(
+        store, digits: DigitsRun, fresh_session) -> None:
+    """The second click of a double-click on Confirm arrives before the box is hidden: it
+    said "⚠ nothing awaits confirmation" over the rollback's or delete's own message."""
+    path, main, branch = store
+    namespace = {"model": digits.model, "optimizer": digits.optimizer}
+    ui = ckpt_nb.explore(path, namespace=namespace, poll_seconds=0)
+    try:
+        ui.select([main[0]])
+        ui.rollback_button.click()
+        ui.confirm_button.click()
+        ui.confirm_button.click()
+        assert f"rolled back to {main[0]}: restored model, optimizer" in ui.status.value
+        assert "⚠" not in ui.status.value and ui.dag.current == main[0]
+        ui.select([main[2]])
+        ui.delete_button.click()
+        ui.confirm_button.click()
+        ui.confirm_button.click()
+        assert f"deleted {main[2]}" in ui.status.value and "⚠" not in ui.status.value
+        left = ckpt_nb.CheckpointManager(path).list()["id"].tolist()
+        assert left == [i for i in main + branch if i != main[2]]
     finally:
         ui.close()
 
@@ -1326,8 +1354,6 @@ def test_the_explorers_refusals_are_also_the_matching_built_in(tmp_path: Path) -
             ui.figure("diff")
         with pytest.raises(ValueError, match="no figure 'bogus'"):
             ui.figure("bogus")
-        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="nothing awaits"):
-            ui._confirm()
         with pytest.raises(ckpt_nb.FileFormatError, match="type a file name"):
             ui.export(cid, "")
         ui.select([cid])
