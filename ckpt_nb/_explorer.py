@@ -435,7 +435,7 @@ class Explorer(w.VBox):
         self.table_frame = frame
         self.selected = [i for i in self.selected if i in set(frame["id"])]
         if self._pending_action and self._pending_action[1] not in self.selected:
-            self._drop_pending()  # deleted elsewhere: nothing is left to confirm
+            self._drop_pending(gone=self._pending_action[1] not in set(frame["id"]))
         ids = list(frame["id"])
         metrics = _plots.metric_columns(frame)
         labels = _metric_labels(metrics)
@@ -809,13 +809,24 @@ class Explorer(w.VBox):
         self.confirm_box.layout.display = "flex"
         self._say(question)
 
-    def _drop_pending(self) -> None:
+    def _drop_pending(self, *, gone: bool = False) -> None:
         """Withdraw the question awaiting Confirm, if any: any other action, or a new
-        selection, replaces it, so a later Confirm cannot act on what is no longer shown."""
+        selection, replaces it, so a later Confirm cannot act on what is no longer shown.
+        ``gone``: its checkpoint was deleted elsewhere, which the status line says (not
+        that the user cancelled it)."""
         pending, self._pending_action = self._pending_action, None
         self.confirm_box.layout.display = "none"
-        if pending is not None:
-            self._say(f"cancelled: the {pending[0]} of {pending[1]}")
+        if pending is None:
+            return
+        action, cid = pending
+        if not gone:
+            self._say(f"cancelled: the {action} of {cid}")
+        elif action == "delete":
+            self._say(f"{cid} was deleted elsewhere (by another process or notebook) while "
+                      "its Delete awaited Confirm: nothing left to delete")
+        else:
+            self._say(f"⚠ the rollback to {cid} is withdrawn: {cid} was deleted elsewhere (by "
+                      "another process or notebook) while it awaited Confirm", error=True)
 
     def _ask_rollback(self) -> None:
         self._check_store()

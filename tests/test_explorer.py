@@ -291,6 +291,17 @@ def test_another_action_or_selection_withdraws_a_pending_confirm(store, digits: 
         ckpt_nb.CheckpointManager(path).delete(main[3])  # another manager's delete
         ui.refresh()  # as the follower does when it sees the catalog change
         assert ui.selected == [] and ui.confirm_box.layout.display == "none"
+        assert f"{main[3]} was deleted elsewhere (by another process or notebook) while " \
+            "its Delete awaited Confirm" in ui.status.value  # (it said "cancelled")
+        assert "cancelled" not in ui.status.value and "⚠" not in ui.status.value
+
+        ui.select([branch[1]])
+        ui.rollback_button.click()
+        ckpt_nb.CheckpointManager(path).delete(branch[1])
+        ui.refresh()
+        assert ui.selected == [] and ui.confirm_box.layout.display == "none"
+        assert f"⚠ the rollback to {branch[1]} is withdrawn: {branch[1]} was deleted " \
+            "elsewhere" in ui.status.value
     finally:
         ui.close()
 
