@@ -278,10 +278,28 @@ def _diff_label(record: dict[str, Any]) -> str:
     return f"{record['id']}  {shown}{record['branch']}"
 
 
-def _not_restored(missing: list[str]) -> str:
-    """The part of a rollback's message that names what a partial one left alone."""
-    return f"; not restored (the kernel tracks no object of that name): {', '.join(missing)}" \
-        if missing else ""
+def _not_restored(missing: list[str], namespace: dict[str, Any], kinds: dict[str, str]) -> str:
+    """The part of a rollback's message that names what a partial one left alone, and why:
+    the kernel has no such name, or has it as something else now (``kinds``: the class
+    each object was saved as; a name without one was saved as a variable)."""
+    if not missing:
+        return ""
+    absent = [name for name in missing if name not in namespace]
+    reasons = [f"{', '.join(absent)} (the kernel tracks no object of "
+               f"{'that name' if len(absent) == 1 else 'those names'})"] if absent else []
+    for name in missing:
+        if name not in namespace:
+            continue
+        now, saved = type(namespace[name]).__name__, kinds.get(name)
+        if saved is None:
+            why = f"now of type {now}: a saved variable is not put back over code or a " \
+                "tracked object"
+        elif saved == now:
+            why = f"of type {now}, which the kernel does not track"
+        else:
+            why = f"now of type {now}, no longer the {saved} it was saved as"
+        reasons.append(f"{name} ({why})")
+    return f"; not restored: {'; '.join(reasons)}"
 
 
 def _failure(exc: Exception) -> str:
@@ -831,11 +849,10 @@ class Explorer(w.VBox):
     def _ask_rollback(self) -> None:
         self._check_store()
         cid = self._resolve(self._one())
-        restored, missing = self._restorable(cid, self._namespace())
+        restored, left_alone = self._restorable(cid, self._namespace())
         self._ask("rollback", cid, f"Roll the kernel's tracked objects and variables back to "
-                                   f"{cid}? It restores {', '.join(restored)}"
-                                   f"{_not_restored(missing)}. The next save starts a branch "
-                                   "from it.")
+                                   f"{cid}? It restores {', '.join(restored)}{left_alone}. The "
+                                   "next save starts a branch from it.")
 
     def _ask_delete(self) -> None:
         self._check_store()
@@ -867,7 +884,7 @@ class Explorer(w.VBox):
         self._check_store()
         namespace = self._namespace()
         cid = self._resolve(which)
-        restored, missing = self._restorable(cid, namespace)
+        restored, left_alone = self._restorable(cid, namespace)
         self._progress(0, 1)
         try:
             _session.rollback(cid, directory=self._directory(), namespace=namespace)
@@ -875,7 +892,7 @@ class Explorer(w.VBox):
             self._progress(1, 1)
         self.refresh()
         self._say(f"rolled back to {cid}: restored {', '.join(restored)}"
-                  f"{_not_restored(missing)}; the next save starts a branch from it")
+                  f"{left_alone}; the next save starts a branch from it")
         self._rolled_back = cid, frozenset(self.table_frame["id"])
         return cid
 
@@ -892,13 +909,19 @@ class Explorer(w.VBox):
         raise StateMismatchError("no kernel namespace to roll back: outside IPython, pass "
                                  "explore(store, namespace=globals())")
 
-    def _restorable(self, cid: str, namespace: dict[str, Any]) -> tuple[list[str], list[str]]:
-        """What a rollback to ``cid`` would restore and the objects it would not, asked
-        before the question (the rollback itself refuses one that restores nothing)."""
+    def _restorable(self, cid: str, namespace: dict[str, Any]) -> tuple[list[str], str]:
+        """What a rollback to ``cid`` would restore, and the part of a message that names
+        what it would not (``_not_restored``), asked before the question (the rollback
+        itself refuses one that restores nothing)."""
         plan = _session.rollback_plan(cid, directory=self._directory(), namespace=namespace)
         if not plan.restored:
             raise StateMismatchError(plan.refusal())
-        return plan.restored, plan.not_restored
+        types = self.manager._manifest(cid)["state"].get("types") if plan.not_restored \
+            else None
+        kinds = {_session._live_name(key): kind.rsplit(".", 1)[-1]
+                 for key, kind in (types if isinstance(types, dict) else {}).items()
+                 if isinstance(kind, str) and "." in kind}  # (not "imported": class unknown)
+        return plan.restored, _not_restored(plan.not_restored, namespace, kinds)
 
     def _display_name(self) -> str:
         """The store as its user would write it: a path relative to here, else the URL."""

@@ -337,13 +337,45 @@ def test_rollback_says_what_it_restored_and_refuses_to_restore_nothing(
 
         namespace["model"] = namespace.pop("net")
         ui.rollback_button.click()
-        assert "It restores model; not restored" in ui.status.value
+        assert "It restores model; not restored: optimizer (the kernel tracks no object of " \
+            "that name)" in ui.status.value
         ui.confirm_button.click()
         status = ui.status.value
         assert f"rolled back to {main[0]}: restored model;" in status, status
         assert "not restored" in status and "optimizer" in status
         saved = ckpt_nb.CheckpointManager(path).load(main[0]).state["model"]
         assert same(digits.weights(), list(saved.values())) and ui.dag.current == main[0]
+    finally:
+        ui.close()
+
+
+def test_rollback_names_what_a_name_the_kernel_rebound_is_now(tmp_path: Path,
+                                                              fresh_session) -> None:
+    """With ``opt`` a string now, the question said "the kernel tracks no object of that
+    name: opt", though the kernel has an ``opt``."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    namespace = {"model": model, "opt": opt, "note": "a"}
+    with ckpt_nb.auto(tmp_path / "s", namespace=namespace, name="x",
+                      track=["model", "opt", "note"]):
+        for _ in ckpt_nb.epochs(1):
+            opt.zero_grad()
+            model(torch.ones(1, 4)).sum().backward()
+            opt.step()
+    namespace.update(opt="not an optimizer anymore", note=torch.nn.Linear)
+    ui = ckpt_nb.explore(tmp_path / "s", namespace=namespace, poll_seconds=0)
+    try:
+        ui.select("latest")
+        ui.rollback_button.click()
+        question = html.unescape(ui.status.value)
+        assert "It restores model; not restored: opt (now of type str, no longer the AdamW " \
+            "it was saved as); note (now of type type: a saved variable is not put back " \
+            "over code or a tracked object). The next save" in question, question
+        assert "tracks no object" not in question
+        ui.confirm_button.click()
+        assert "not restored: opt (now of type str, no longer the AdamW it was saved as)" \
+            in html.unescape(ui.status.value)
+        assert namespace["opt"] == "not an optimizer anymore"
     finally:
         ui.close()
 
