@@ -687,6 +687,15 @@ class Explorer(w.VBox):
         else:
             self._clear_transient()
 
+    def _compared_metrics(self) -> list[str] | None:
+        """The metrics the side-by-side compare draws: those one or more of the selected
+        checkpoints logged (a panel of "n/a" alone told nothing); None where they logged
+        none (``plot_compare`` then says so)."""
+        frame = self.table_frame
+        drawn = frame[frame["id"].isin(self.selected[:_plots.COMPARE_MOST])]
+        return [m for m in _plots.metric_columns(frame)
+                if not all(map(_plots._missing, drawn[m]))] or None
+
     def _draw_metrics(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 1:
             return
@@ -698,7 +707,7 @@ class Explorer(w.VBox):
         self.compare_hint.layout.display = "none" if comparing else "flex"
         if comparing:
             self.compare_plot.value = _plots.to_png(_plots.plot_compare(
-                self.manager, self.selected, table=frame))
+                self.manager, self.selected, self._compared_metrics(), table=frame))
 
     def _draw_diff(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 3:
@@ -778,7 +787,8 @@ class Explorer(w.VBox):
             return _plots.plot_metrics(self.manager, self.metric.value, selected=self.selected,
                                        table=frame)
         if kind == "compare":
-            return _plots.plot_compare(self.manager, self.selected, table=frame)
+            return _plots.plot_compare(self.manager, self.selected, self._compared_metrics(),
+                                       table=frame)
         if kind == "dag":
             return _plots.plot_dag(self.manager, current=self.current, selected=self.selected,
                                    metric=self.manager.metric, mode=self.manager.mode,

@@ -380,6 +380,25 @@ def test_rollback_names_what_a_name_the_kernel_rebound_is_now(tmp_path: Path,
         ui.close()
 
 
+def test_compare_leaves_out_a_metric_none_of_the_selection_logged(tmp_path: Path) -> None:
+    """A metric none of the selected checkpoints has got a panel of "n/a" marks."""
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    early = [mgr.save(model, step=s, metrics={"loss": 1.0 / s}) for s in (1, 2)]
+    late = mgr.save(model, step=3, metrics={"loss": 0.3, "acc": 0.9, "f1": math.inf})
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 1
+        ui.select(early)
+        assert [ax.get_title() for ax in ui.figure("compare").axes] == ["loss"]
+        assert ui.compare_box.layout.display == "flex" and "⚠" not in ui.status.value
+        ui.select([early[0], late])  # (an infinite value is logged: its panel stays)
+        assert [ax.get_title() for ax in ui.figure("compare").axes] == ["acc", "f1", "loss"]
+    finally:
+        ui.close()
+
+
 def test_a_double_clicked_confirm_acts_once_and_its_message_stays(
         store, digits: DigitsRun, fresh_session) -> None:
     """The second click of a double-click on Confirm arrives before the box is hidden: it
@@ -524,7 +543,8 @@ def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -
             _plots.to_png(compare)
             assert sum(len(ax.patches) for ax in compare.axes) == 1  # only the finite 0.5
             texts = sorted(t.get_text() for ax in compare.axes for t in ax.texts)
-            assert texts == ["inf", *["n/a"] * 4]
+            assert texts == ["inf", "n/a"]  # (no panel for acc: NaN in all three)
+            assert [ax.get_title() for ax in compare.axes] == ["loss"]
             empty = ckpt_nb.plot_metrics(tmp_path / "s", "acc")
             _plots.to_png(empty)
             assert "no data" in empty.axes[0].texts[0].get_text()
