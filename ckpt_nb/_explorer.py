@@ -17,6 +17,7 @@ import html
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -213,6 +214,14 @@ DAG_HEIGHT = "480px"
 # out of view); the rest are counted.
 DIFF_VALUE_ROWS = 40
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
+# While saves keep coming (a training run in this kernel saving every few steps), the
+# follower redraws once a gap at most: a redraw reads every row and draws the visible tab
+# (tens of milliseconds, a few hundred on Metrics), and the run waited for it at each save.
+# The gap is REDRAW_GAP_PER_COST times the last redraw's time (the run keeps nine tenths of
+# the kernel), within REDRAW_SECONDS (the least, the most); the saves of a gap show at its
+# end. A click redraws at once.
+REDRAW_SECONDS = (1.0, 2.0)
+REDRAW_GAP_PER_COST = 10
 # After a read of the store that failed, in the status line: the rows are not current.
 STALE = "the table shows what was last read; it follows the store again once it can be read"
 # The explorer's own rules, for a narrow output (a side panel, a split view): tab titles
@@ -1054,20 +1063,31 @@ class Explorer(w.VBox):
 
     def _follow(self, seconds: float) -> None:
         """Refresh after this process's saves (woken) or when what other processes change
-        moved (checked every ``seconds``; 0 = only this process's events). A store that
-        cannot be read is said in the status line, and tried again each round: the first
-        read that works refreshes, and clears the message."""
+        moved (checked every ``seconds``; 0 = only this process's events), once the last
+        refresh's gap is over (``REDRAW_SECONDS``): what comes meanwhile is shown by one
+        refresh at its end. A store that cannot be read is said in the status line,
+        and tried again each round: the first read that works refreshes, and clears the
+        message."""
         behind = False  # (the last round failed)
+        due = 0.0  # (time.monotonic() from which the next refresh may start)
         while not self._stop.is_set():
             woken = self._wake.wait(seconds if seconds > 0 else None)
             self._wake.clear()
             if self._stop.is_set():
                 return
             try:
-                signature = self._catalog_signature()
-                if woken or behind or signature != self._signature:
-                    self._signature = signature
-                    behind = not self.refresh()
+                if not (woken or behind) and self._catalog_signature() == self._signature:
+                    continue
+                if due > time.monotonic():
+                    if self._stop.wait(due - time.monotonic()):
+                        return
+                    self._wake.clear()  # (the saves of the gap: this refresh reads them)
+                self._signature = self._catalog_signature()
+                started = time.monotonic()
+                behind = not self.refresh()
+                spent = time.monotonic() - started
+                least, most = REDRAW_SECONDS
+                due = started + min(max(least, spent * REDRAW_GAP_PER_COST), most)
             except Exception as exc:  # noqa: BLE001 - the follower goes on: said, next round
                 with self._lock:
                     self._say_stale(exc)

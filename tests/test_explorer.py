@@ -399,6 +399,37 @@ def test_compare_leaves_out_a_metric_none_of_the_selection_logged(tmp_path: Path
         ui.close()
 
 
+def test_a_burst_of_saves_redraws_once_a_gap_and_shows_the_last(tmp_path: Path,
+                                                                fresh_session) -> None:
+    """Each save of a run in this kernel redrew the open explorer (every row, the DAG, the
+    visible plot) while the run waited: saving every few steps, it ran at half speed."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt_nb.CheckpointManager(tmp_path / "s").save(model, step=0)
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)  # (this kernel's saves)
+    redraws: list[float] = []
+    ui.table.observe(lambda _: redraws.append(time.monotonic()), names="rows")
+    try:
+        started = time.monotonic()
+        with ckpt_nb.auto(tmp_path / "s", every_steps=1, namespace={"model": model, "opt": opt},
+                          name="burst", track=["model", "opt"]):
+            for _ in ckpt_nb.epochs(1):
+                for _ in ckpt_nb.batches(range(40)):
+                    opt.zero_grad()
+                    model(torch.ones(1, 4)).sum().backward()
+                    opt.step()
+                    time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        saved = len(ckpt_nb.CheckpointManager(tmp_path / "s").list())
+        assert saved > 40
+        least, most = _explorer.REDRAW_SECONDS
+        poll(lambda: len(ui.table.rows) == saved, most + 3)
+        assert len(ui.table.rows) == saved  # the last save shows once the gap is over
+        assert len(redraws) <= elapsed / least + 2, (redraws, elapsed)
+    finally:
+        ui.close()
+
+
 def test_a_double_clicked_confirm_acts_once_and_its_message_stays(
         store, digits: DigitsRun, fresh_session) -> None:
     """The second click of a double-click on Confirm arrives before the box is hidden: it
