@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
 from ._catalog import store_exists
-from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, MetricNotFoundError)
+from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
+                      MetricNotFoundError)
 from ._units import human_size
 
 if TYPE_CHECKING:  # loaded by the commands that need them: they bring torch (a second)
@@ -103,9 +103,16 @@ def _main(argv: list[str]) -> int:
 
 
 # The API's words for what a shell user does otherwise: a class to define in the process,
-# a list() to call, a safe global to register (the CLI's .pt export takes none).
+# a list() to call, a keyword to pass, a safe global to register (the CLI's .pt export
+# takes none); what the CLI has no option for (a manager's catalog=, an FsspecStore's
+# keys) is left out.
 _CLI_WORDS = {
     "trust_pickle=True": "--trust-pickle",
+    "force=True": "--force",
+    "(metric=, --metric)": "(--metric NAME)",
+    "(only='ckpt_nb', or --only ckpt_nb)": "(--only ckpt_nb)",
+    ", or give the manager catalog=PATH": "",
+    ", or FsspecStore(url, key=..., secret=...)": "",
     "import or define the class first (one defined in a notebook is in that notebook's "
     "kernel only)": "make its module importable (PYTHONPATH=FOLDER ckpt-nb ..., where "
     "FOLDER holds it; a class defined in a notebook cannot be found outside it)",
@@ -113,12 +120,14 @@ _CLI_WORDS = {
 }
 _SAFE_GLOBALS_ADVICE = re.compile(
     r", or pass (?:its class, [^,]+,|it) to torch\.serialization\.add_safe_globals")
+_API_CALL = re.compile(r"\b(gc|verify)\(\)")  # "run gc() again": `ckpt-nb gc`
 
 
 def _cli_wording(text: str) -> str:
     """An error or warning of the Python API in the command line's words."""
     for api, cli in _CLI_WORDS.items():
         text = text.replace(api, cli)
+    text = _API_CALL.sub(r"`ckpt-nb \1`", text)
     return _SAFE_GLOBALS_ADVICE.sub("", text)
 
 
@@ -564,13 +573,13 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         print(f"bad: {cid}")
         # (a chunk under several deltas of a chain is named once)
         for problem in dict.fromkeys(p.removeprefix(f"checkpoint {cid}: ") for p in problems):
-            print(f"  {_printable(problem)}")
+            print(f"  {_printable(_cli_wording(problem))}")
     for key, problem in report.packs.items():
         print(f"bad index: {key}")
-        print(f"  {_printable(problem)}")
+        print(f"  {_printable(_cli_wording(problem))}")
     for cid, why in report.newer.items():
         print(f"not checked: {cid}")
-        print(f"  {_printable(why)}")
+        print(f"  {_printable(_cli_wording(why))}")
     summary = f"{len(report.bad)} of {len(report.checked)} checkpoints fail verification" \
         if report.checked else "no checkpoint was checked"
     if report.newer:  # (not 0, as a script's `verify && ...` must not take them for checked)
@@ -658,10 +667,7 @@ def _set_pin(mgr: CheckpointManager, which: str, pinned: bool) -> int:
 
 def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     cid = mgr.resolve(args.id)
-    try:
-        mgr.delete(cid, force=args.force)
-    except CheckpointInUseError as exc:  # worded for Python: "pass force=True"
-        raise CheckpointInUseError(str(exc).replace("force=True", "--force")) from exc
+    mgr.delete(cid, force=args.force)
     print(f"deleted {cid}")
     return 0
 

@@ -1017,3 +1017,24 @@ def test_help_and_usage_errors_answer_before_torch_loads() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert run.stdout.splitlines()[-2:] == ["[0, 2] False", "38 True"], run.stdout
+
+
+def test_messages_of_the_api_are_in_the_cli_s_words(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """'best' where no checkpoint has a finite metric said "give a metric (metric=,
+    --metric)", and verify of a damaged manifest said "gc() leaves it"."""
+    with CheckpointManager(tmp_path, metric="loss") as mgr:
+        first = mgr.save(torch.nn.Linear(2, 2), metrics={"loss": float("nan")})
+        mgr.save(torch.nn.Linear(2, 2), metrics={"loss": float("nan")})
+    code, out, err = run(capsys, "show", tmp_path, "best")
+    assert (code, out) == (1, "") and err == (
+        "ckpt-nb: no checkpoint has a finite 'loss' (NaN and ±inf are never best), the "
+        "metric an earlier save recorded in this store: give a metric (--metric NAME) to "
+        "rank by another\n")
+    (tmp_path / "manifests" / f"{first}.json.zst").write_bytes(b"not a manifest")
+    (tmp_path / "catalog.sqlite").unlink()  # (rebuilt: the damaged manifest is left out)
+    done = run_module("verify", tmp_path)
+    assert done.returncode == 1 and f"bad: {first}\n" in done.stdout, done.stdout
+    assert "gc()" not in done.stdout + done.stderr
+    assert "`ckpt-nb gc` leaves it" in done.stdout
+    assert "left alone by `ckpt-nb gc`" in done.stderr, done.stderr
