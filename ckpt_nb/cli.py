@@ -334,6 +334,8 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     metrics = every if args.all_metrics else every[:_LS_METRICS]
     if args.metric in every and args.metric not in metrics:  # (the one ranked by: shown)
         metrics.append(args.metric)
+    # (first: a store whose folders it cannot read fails ls before any row, not after)
+    stored = human_size(mgr.stored_bytes())
     nan_logged = _nan_logged(mgr, frame, fixed)
     with_note = bool(frame["note"].astype(bool).any())
     columns = ["id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
@@ -353,7 +355,7 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     # (a row's stored bytes are what its save added: a deleted base's chunks that its
     # deltas still need are in no row, but in the store's total)
     print(f"\n{len(frame)} checkpoint{'' if len(frame) == 1 else 's'}{on}; "
-          f"{human_size(mgr.stored_bytes())} in the store")
+          f"{stored} in the store")
     if len(metrics) < len(every):
         print(f"{len(every) - len(metrics)} more metrics not shown (--all-metrics shows them)")
     return 0

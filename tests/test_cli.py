@@ -54,6 +54,13 @@ def store(tmp_path: Path) -> Store:
     return Store(directory, ids, packs)
 
 
+# A subprocess's command prefix under which root, too, is refused a file of mode 0 (it
+# runs without the capabilities that let root read it); none where this is not root.
+AS_A_USER = ["setpriv", "--inh-caps=-all",
+             "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"] \
+    if os.geteuid() == 0 else []
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -817,13 +824,9 @@ def test_export_blames_the_store_not_out_for_a_pack_it_cannot_read(
         store: Store, tmp_path: Path) -> None:
     """An unreadable pack was reported as "cannot export to OUT: Permission denied: PACK"."""
     store.packs[2].chmod(0)
-    # (root reads a file of mode 0: run without the capability that lets it)
-    as_user = ["setpriv", "--inh-caps=-all",
-               "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"] \
-        if os.geteuid() == 0 else []
     out = tmp_path / "out.pt"
     try:
-        done = subprocess.run([*as_user, sys.executable, "-m", "ckpt_nb", "export",
+        done = subprocess.run([*AS_A_USER, sys.executable, "-m", "ckpt_nb", "export",
                                str(store.directory), store.ids[2], str(out)],
                               capture_output=True, text=True)
     finally:
@@ -1038,3 +1041,17 @@ def test_messages_of_the_api_are_in_the_cli_s_words(
     assert "gc()" not in done.stdout + done.stderr
     assert "`ckpt-nb gc` leaves it" in done.stdout
     assert "left alone by `ckpt-nb gc`" in done.stderr, done.stderr
+
+
+def test_ls_of_a_store_with_an_unreadable_folder_fails_before_any_row(store: Store) -> None:
+    """It printed every row, then failed on the total line with exit 1: a script that
+    checks the exit code got a table it was told to throw away."""
+    manifests = store.directory / "manifests"
+    manifests.chmod(0)
+    try:
+        done = subprocess.run([*AS_A_USER, sys.executable, "-m", "ckpt_nb", "ls",
+                               str(store.directory)], capture_output=True, text=True)
+    finally:
+        manifests.chmod(0o755)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"ckpt-nb: ls failed: Permission denied: {manifests}\n"
