@@ -679,10 +679,14 @@ class CheckpointManager:
                 cache.mkdir(parents=True, exist_ok=True)
             return open(self._lock_path, "a")
         except OSError as exc:
+            # (one there is opened whatever its folder allows: the file is what refuses)
+            fix = "make it writable for this user (chmod or chown it, as its owner or " \
+                "root)" if self._lock_path.exists() else \
+                f"make {cache} writable (for an object store's catalog cache, " \
+                "XDG_CACHE_HOME may name another folder)"
             raise StoreError(f"cannot open the lock file {self._lock_path} of "
-                             f"{self.store.url} ({exc}): make {cache} writable (for an "
-                             "object store's catalog cache, XDG_CACHE_HOME may name "
-                             "another folder), then try again; nothing was changed") from exc
+                             f"{self.store.url} ({exc.strerror or exc}): {fix}, then try "
+                             "again; nothing was changed") from exc
 
     def _wait_for(self, handle: IO[str] | int) -> None:
         """Take a lock (of the lock file or the store's folder). Where another process

@@ -1055,3 +1055,20 @@ def test_ls_of_a_store_with_an_unreadable_folder_fails_before_any_row(store: Sto
         manifests.chmod(0o755)
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == f"ckpt-nb: ls failed: Permission denied: {manifests}\n"
+
+
+def test_gc_with_a_lock_file_it_cannot_open_says_to_make_the_file_writable(
+        store: Store) -> None:
+    """It said to make the store's folder writable, which it was."""
+    lock = store.directory / "catalog.sqlite.lock"
+    lock.chmod(0)
+    try:
+        done = subprocess.run([*AS_A_USER, sys.executable, "-m", "ckpt_nb", "gc",
+                               str(store.directory)], capture_output=True, text=True)
+    finally:
+        lock.chmod(0o644)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"ckpt-nb: cannot open the lock file {lock} of {store.directory} (Permission "
+        "denied): make it writable for this user (chmod or chown it, as its owner or root), "
+        "then try again; nothing was changed\n")
