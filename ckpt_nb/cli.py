@@ -156,12 +156,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _command_first(argv: list[str], commands: Sequence[str]) -> list[str]:
     """``--metric loss show DIR best`` read as ``show --metric loss DIR best``: the store's
     options belong to each command, and before one argparse called 'loss' a bad command."""
-    at = 0
+    at, moved = 0, []
     while at < len(argv) and argv[at] not in commands:
-        if argv[at].split("=", 1)[0] not in ("--metric", "--mode"):
+        name, glued, _ = argv[at].partition("=")
+        if name not in ("--metric", "--mode") or not glued and at + 1 == len(argv):
             return argv
-        at += 1 if "=" in argv[at] else 2
-    return [argv[at], *argv[:at], *argv[at + 1:]] if at < len(argv) else argv
+        # (moved as one word: gc, which takes neither, then refuses "--metric=loss",
+        # where it took 'loss' for its DIR and refused "--metric DIR")
+        moved.append(argv[at] if glued else f"{name}={argv[at + 1]}")
+        at += 1 if glued else 2
+    return [argv[at], *moved, *argv[at + 1:]] if at < len(argv) else argv
 
 
 def _ambiguous(mgr: CheckpointManager, named: list[str]) -> str | None:
@@ -248,9 +252,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     """The top parser and each subcommand's."""
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument("directory", metavar="DIR", help="the checkpoint store")
-    store.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
+    ranked = argparse.ArgumentParser(add_help=False, parents=[store])  # (all but gc's)
+    ranked.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
                        "default: the one the store's saves were ranked by, where recorded)")
-    store.add_argument("--mode", choices=("min", "max"), default="min",
+    ranked.add_argument("--mode", choices=("min", "max"), default="min",
                        help="whether a lower or higher --metric is better (default: min; "
                        "without --metric, the recorded metric's)")
     parser = argparse.ArgumentParser(
@@ -263,9 +268,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[CheckpointManager, argparse.Namespace], int],
-                help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[store], help=help, description=help)
-        sub.set_defaults(command=name, run=run)
+                help: str, ranks: bool = True) -> argparse.ArgumentParser:
+        """A subcommand; one that ``ranks`` nothing takes no --metric nor --mode."""
+        sub = commands.add_parser(name, parents=[ranked if ranks else store], help=help,
+                                  description=help)
+        sub.set_defaults(command=name, run=run, metric=None, mode="min")
         return sub
 
     ls = command("ls", _ls, "list the checkpoints")
@@ -284,7 +291,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     command("verify", _verify, "re-read checkpoints and check their checksums").add_argument(
         "ids", metavar="ID", nargs="*", default=[],  # (a default, or argparse calls ID required)
         help="the checkpoints to check (default: all)")
-    command("gc", _gc, "reclaim space no checkpoint needs")
+    command("gc", _gc, "reclaim space no checkpoint needs", ranks=False)
     export = command("export", _export, "write a checkpoint as a .pt or .safetensors file")
     export.add_argument("id", metavar="ID", help=f"the checkpoint: {which}")
     export.add_argument("out", metavar="OUT",

@@ -1072,3 +1072,14 @@ def test_gc_with_a_lock_file_it_cannot_open_says_to_make_the_file_writable(
         f"ckpt-nb: cannot open the lock file {lock} of {store.directory} (Permission "
         "denied): make it writable for this user (chmod or chown it, as its owner or root), "
         "then try again; nothing was changed\n")
+
+
+def test_gc_takes_no_metric_nor_mode(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """gc took --metric and --mode, and did nothing with them (it ranks nothing)."""
+    for argv in (["gc", store.directory, "--metric", "loss"], ["--metric", "loss", "gc",
+                 store.directory], ["gc", "--mode=max", store.directory]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), err
+        assert re.search(r"unrecognized arguments: --(metric[= ]loss|mode=max)\n", err), err
+    assert main(["gc", "--help"]) == 0
+    assert "--metric" not in capsys.readouterr().out
