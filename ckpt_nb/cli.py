@@ -170,11 +170,13 @@ def _command_first(argv: list[str], commands: Sequence[str]) -> list[str]:
 
 def _ambiguous(mgr: CheckpointManager, named: list[str]) -> str | None:
     """Where an id prefix matches several checkpoints, an error that says how many (the
-    store's names five, and not that there are more); None where none does."""
+    store's names five, and not that there are more), naming them in sorted order, as a
+    user types on from the prefix (in creation order, each line began anywhere); None
+    where none does."""
     ids = list(mgr.list()["id"])
     for which in named:
         prefix = which.lower()  # (ids are lowercase hex; resolve takes "F0" as "f0")
-        matches = [cid for cid in ids if cid.startswith(prefix)]
+        matches = sorted(cid for cid in ids if cid.startswith(prefix))
         if len(matches) > 1 and prefix not in matches:
             more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
             return (f"{which!r} is ambiguous: {len(matches)} checkpoints start with it "

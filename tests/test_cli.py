@@ -666,13 +666,15 @@ def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_exit_co
 
 def test_an_ambiguous_prefix_says_how_many_checkpoints_it_matches(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Eight ids started with the prefix, five were named, and nothing said there were more."""
+    """Eight ids started with the prefix, five were named, and nothing said there were more;
+    then they were named in the order they were made, not sorted."""
     starts: dict[str, list[str]] = {}
     with CheckpointManager(tmp_path) as mgr:
         while max(map(len, starts.values()), default=0) < 7:
             cid = mgr.save(torch.nn.Linear(1, 1), rng=False)
             starts.setdefault(cid[0], []).append(cid)
     prefix, ids = max(starts.items(), key=lambda item: len(item[1]))
+    ids.sort()  # (named in sorted order: the first five of them)
     code, out, err = run(capsys, "pin", tmp_path, prefix)
     assert code == 1 and out == "" and err == (
         f"ckpt-nb: {prefix!r} is ambiguous: {len(ids)} checkpoints start with it "
@@ -967,7 +969,7 @@ def test_an_ambiguous_prefix_in_capitals_says_how_many_it_matches(
     code, out, err = run(capsys, "show", tmp_path, letter.upper())
     assert (code, out) == (1, "") and err == (
         f"ckpt-nb: {letter.upper()!r} is ambiguous: 2 checkpoints start with it "
-        f"({', '.join(ids)}): give more of the id\n")
+        f"({', '.join(sorted(ids))}): give more of the id\n")
 
 
 def test_counts_of_one_are_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
