@@ -10,11 +10,13 @@ metric and mode the store's saves recorded (``CheckpointManager(metric=...)``, `
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import math
 import os
 import re
+import signal
 import sqlite3
 import sys
 import unicodedata
@@ -39,9 +41,28 @@ _LS_METRICS = 8  # metric columns ls shows without --all-metrics (25 made rows o
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line ``argv`` (``sys.argv[1:]`` by default); return the exit code."""
-    with _reader_may_leave():  # (--help's output too)
-        return _main(sys.argv[1:] if argv is None else argv)
+    """Run the command line ``argv`` (``sys.argv[1:]`` by default); return the exit code.
+    Run as the program (no ``argv``), it ignores a Ctrl-C in the process's exit."""
+    try:
+        with _reader_may_leave():  # (--help's output too)
+            return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # (outside _main's own catch: in parsing, or the last flush)
+        print("ckpt-nb: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if argv is None:  # (registered last, it runs first: before torch's and logging's)
+            atexit.register(_ignore_interrupts)
+
+
+def _ignore_interrupts() -> None:
+    """Ignore Ctrl-C from here on: run at exit, after the command's work and output.
+    Python's exit then sets SIGINT back to its default action and unloads torch (a
+    while), and a Ctrl-C meanwhile killed the process, exit -2 for a command that had
+    done its work; a signal ignored is left ignored."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:  # (one came first: this call took it, and set nothing)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv: list[str]) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sqlite3
 import struct
 import subprocess
 import sys
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -67,13 +69,18 @@ def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, st
     return code, out, err
 
 
-def run_module(*argv: object) -> subprocess.CompletedProcess[str]:
-    """``python -m ckpt_nb ARGV`` in a fresh interpreter: stderr as a terminal would get it."""
+def module_env() -> dict[str, str]:
+    """The environment of a fresh interpreter that imports this checkout's ckpt_nb."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
     env.pop("PYTHONWARNINGS", None)
+    return env
+
+
+def run_module(*argv: object) -> subprocess.CompletedProcess[str]:
+    """``python -m ckpt_nb ARGV`` in a fresh interpreter: stderr as a terminal would get it."""
     return subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=module_env(), timeout=120)
 
 
 def flip_byte_in_blobs(pack: Path) -> None:
@@ -1085,3 +1092,21 @@ def test_gc_takes_no_metric_nor_mode(store: Store, capsys: pytest.CaptureFixture
         assert re.search(r"unrecognized arguments: --(metric[= ]loss|mode=max)\n", err), err
     assert main(["gc", "--help"]) == 0
     assert "--metric" not in capsys.readouterr().out
+
+
+def test_a_ctrl_c_as_the_command_exits_is_not_a_death_by_signal(store: Store) -> None:
+    """Python's exit sets SIGINT back to its default action, then unloads torch (half a
+    second): a Ctrl-C meanwhile killed ``ls``, exit -2, though it had printed its table.
+    Ctrl-C here comes every 2 ms from the table's first byte on."""
+    listing = subprocess.Popen(  # (SIGINT's default action, as a shell starts a command)
+        [sys.executable, "-m", "ckpt_nb", "ls", str(store.directory)], env=module_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert listing.stdout is not None
+    listing.stdout.read(1)
+    deadline = time.monotonic() + 60
+    while listing.poll() is None and time.monotonic() < deadline:
+        listing.send_signal(signal.SIGINT)
+        time.sleep(0.002)
+    _, err = listing.communicate(timeout=60)
+    assert listing.returncode in (0, 130), err.decode()
