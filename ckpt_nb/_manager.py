@@ -1375,7 +1375,10 @@ class CheckpointManager:
         if len(matches) == 1:
             return matches[0]
         if matches:
-            raise CheckpointNotFoundError(f"{which!r} is ambiguous: {', '.join(matches[:5])}")
+            more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+            raise CheckpointNotFoundError(
+                f"{which!r} is ambiguous: {len(matches)} checkpoints start with it "
+                f"({', '.join(sorted(matches)[:5])}{more}): give more of the id")
         if self.catalog.was_deleted(which):
             raise CheckpointNotFoundError(
                 f"checkpoint {which} was deleted (by retention or by hand, in this process or "

@@ -1553,6 +1553,16 @@ def test_resolve_aliases_and_errors(tmp_path: Path) -> None:
         mgr.restore("zzz")
     with pytest.raises(CheckpointNotFoundError, match="metric="):
         mgr.resolve("best")
+    # 17 ids: two share a first letter (of 16), named sorted, as one types on from it
+    ids += [mgr.save(Holder({"i": i})) for i in range(3, 17)]
+    letter = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
+    matches = sorted(i for i in ids if i.startswith(letter))
+    more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+    with pytest.raises(CheckpointNotFoundError) as ambiguous:
+        mgr.resolve(letter)
+    assert str(ambiguous.value) == (
+        f"{letter!r} is ambiguous: {len(matches)} checkpoints start with it "
+        f"({', '.join(matches[:5])}{more}): give more of the id")
 
 
 def test_diff_tells_frozen_from_trained(tmp_path: Path) -> None:
