@@ -304,7 +304,7 @@ class CheckpointManager:
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
-        self._replaced_catalogs: list[Catalog] = []  # opened again: closed by close()
+        self._replaced_catalogs: list[Catalog] = []  # the last opened again, till close()
         self._closed = False  # (close() was called: a catalog replaced is not opened again)
         _MANAGERS.add(self)  # (a forked child's copy gets a fresh _busy)
         self._left_out_named: set[str] = set()  # what a catch-up's rebuild left out, warned of
@@ -764,9 +764,13 @@ class CheckpointManager:
             if self.catalog is not catalog or self._closed:  # (another thread did it; closed)
                 return
             self._format = check_format(self.store)  # (a store made again: a newer ckpt_nb's?)
-            # (the old one is closed with the manager, not now: another thread may be
-            # reading it)
-            self._replaced_catalogs.append(catalog)
+            # (the old one is closed with the manager or at the next replacement, not
+            # now: another thread may be reading it; one replaced before is read by none,
+            # and each held its files, deleted, open: a notebook's set-up cell rerun under
+            # an open explorer replaces one at every run)
+            for older in self._replaced_catalogs:
+                older.close()
+            self._replaced_catalogs = [catalog]
             self.catalog = self._open_catalog(str(catalog.path))
             # (the ranking the new catalog records, where none was given; while first
             # opened, __init__ takes it after)
