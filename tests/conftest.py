@@ -3,6 +3,7 @@ an IPython shell with ckpt_nb's magics loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
@@ -137,24 +139,26 @@ def torch_determinism_as_it_was() -> Iterator[None]:
 
 def start_s3_server(env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """An S3 server on loopback (``env``, moto's settings), answering: its process (a test
-    may stop it) and its endpoint."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise RuntimeError("the S3 server on loopback did not start") from None
+    may stop it) and its endpoint. Ready once that process listens on its port: the suite
+    runs in several processes, and another's server could take the port this one picked
+    (a connection alone would then be answered by the other's)."""
+    for _ in range(3):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                   "-p", str(port)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 60
+        while server.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.Error):
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                       for c in psutil.Process(server.pid).net_connections("tcp")):
+                    return server, f"http://127.0.0.1:{port}"
             time.sleep(0.1)
-    return server, f"http://127.0.0.1:{port}"
+        server.kill()
+        server.wait()
+    raise RuntimeError("the S3 server on loopback did not start")
 
 
 def s3_server(env: dict[str, str] | None = None) -> Iterator[str]:
