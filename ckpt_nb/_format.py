@@ -6,11 +6,16 @@
     labels/<id>.json             what changed after its save: pin, note, a parent deleted
     runs/<run id>.json           where a notebook cell's run ended, and its checkpoints
                                  on the path to each end (``_session``), a run at a time
+    deleted/<hex>.json           {"ids": [...]}: one deletion, the checkpoints it took
 
 A checkpoint's new chunks go into one pack, written and fsynced once: one
 durable write per save, however many tensors. The packs' trailing indexes, the
 manifests and the labels make the catalog rebuildable from the store alone
-(``_rebuild``); the run files are no part of the catalog, and outlive its rebuild.
+(``_rebuild``), the deletion records telling it which manifests gc has yet to delete
+(a deletion is recorded before the catalog forgets the checkpoints, and its record goes
+once their manifests have); the run files are no part of the catalog, and outlive its
+rebuild. Deletion records need no new format: a ckpt_nb from before them lists and
+deletes none of them (it reads only the folders above), and reads the store as before.
 
 Format 2 adds CKB2 chunk blobs (they carry an xxh3 checksum, see ``_codec``);
 format 3 adds state nodes for module versions (``state_dict()._metadata``),
@@ -115,6 +120,20 @@ def is_pack_key(key: str) -> bool:
 
 _PACK_KEY = re.compile(r"packs/[0-9a-f]{32}\.pack")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def new_deletion_key() -> str:
+    """Where a deletion's record goes (``_manager``'s ``_drop``): one file per deletion,
+    so that it names all the checkpoints it takes at once, or none."""
+    return f"deleted/{uuid.uuid4().hex}.json"
+
+
+def is_deletion_key(key: str) -> bool:
+    """Whether ``key`` is a name ``new_deletion_key`` makes: gc deletes no other file."""
+    return _DELETION_KEY.fullmatch(key) is not None
+
+
+_DELETION_KEY = re.compile(r"deleted/[0-9a-f]{32}\.json")
 
 
 def manifest_key(checkpoint_id: str) -> str:

@@ -46,9 +46,10 @@ from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundErro
                       warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, id_of, is_pack_key, is_run_key, label_key,
-                      manifest_key, read_pack_index, stamp_format, write_pack)
+                      manifest_key, new_deletion_key, read_pack_index, stamp_format,
+                      write_pack)
 from ._parallel import in_batches, share_work
-from ._rebuild import Rebuilt, guessed_parents, is_newer, rebuild
+from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
 from ._store import Store, local_root, open_store, young
 
@@ -425,7 +426,7 @@ class CheckpointManager:
                 for row in self.catalog.pinned_or_noted():
                     if not self.store.has(label_key(row.id)):
                         self._label(row.id)
-                self._label_rejoined(None)
+                self._label_rejoined()
                 self.catalog.set_flag(LABELS_WRITTEN)
         except OSError as exc:  # (StoreError too) a store this process may only read
             warn(f"the pins and notes of {self.store.url} are in its catalog only, and "
@@ -440,13 +441,21 @@ class CheckpointManager:
         damaged aside, and what the last one left out (a save in flight, a killed save's
         leftover: the whole store was read again at every call until gc deleted it)
         while a rebuild would read it as that one did: none of it grown older than the
-        grace time, none of its checkpoints given a label."""
+        grace time, none of its checkpoints given a label. A checkpoint that a deletion
+        record names is deleted, its manifest there or not: where the catalog lists it
+        (deleted elsewhere, or a deletion here cut short before its catalog's commit) the
+        catalog is behind."""
         left_out = catalog.left_out_keys()
         if any(when is not None and when <= time.time() for when in left_out.values()):
             return True
+        records, _ = deletion_records(self.store)
+        deleted = {cid for ids in records.values() for cid in ids}
+        listed = {row.id for row in catalog.checkpoints()}
+        if listed & deleted:
+            return True
         aside = set(catalog.damaged()) | set(left_out)
         stored = {id_of(key) for key in self.store.list("manifests") if key not in aside}
-        if stored - {None} != {row.id for row in catalog.checkpoints()}:
+        if stored - {None} - deleted != listed:
             return True
         if set(self.store.list("packs")) - aside != catalog.packs():
             return True
@@ -1916,6 +1925,8 @@ class CheckpointManager:
         with self._exclusive():  # (not between another process's pinned check and delete)
             self._catch_up()
             cid = self._resolve(which)
+            if pinned:
+                self._withdraw_deletion(cid)
             self._label(cid, pinned=pinned)
         self._notify("pin", cid)
         return cid
@@ -1934,30 +1945,30 @@ class CheckpointManager:
             self._label(cid, note=note)
         return cid
 
-    def _label(self, cid: str, **change: Any) -> None:
+    def _label(self, cid: str, parent: str | None | type[Ellipsis] = ..., **change: Any) -> None:
         """Change a checkpoint's pin or note: in the store first (as a label, which a
-        rebuilt catalog reads back), then in the catalog. Under the store's lock."""
+        rebuilt catalog reads back), then in the catalog. Under the store's lock.
+        ``parent``: the one the label names, where not the catalog's (the parent a
+        deletion about to be recorded gives it, ``_label_heirs``)."""
         row = self.catalog.get(cid)
         if row is None:
             raise CheckpointNotFoundError(f"checkpoint {cid} was deleted meanwhile")
-        label = {"pinned": row.pinned, "note": row.note, "parent": row.parent, **change}
+        label = {"pinned": row.pinned, "note": row.note,
+                 "parent": row.parent if parent is ... else parent, **change}
         self.store.put(label_key(cid), json.dumps(label).encode())
         if change:
             self.catalog.update(cid, **change)
 
-    def _label_rejoined(self, children: set[str] | None) -> None:
-        """Label the checkpoints whose parent was just deleted with their new one, where
-        a rebuilt catalog would not guess it (see ``_rebuild``): a branch's first
-        checkpoint, whose fork point is gone. ``None``: every checkpoint whose label is
-        missing or says another parent (gc(), after a delete that could not write it)."""
+    def _label_rejoined(self) -> None:
+        """Label every checkpoint whose parent a rebuilt catalog would not guess (see
+        ``_rebuild``) and whose label is missing or says another parent: a branch's
+        first checkpoint whose fork point was deleted by a ckpt_nb from before labels,
+        or one whose deletion's labels could not be written (``_label_heirs``)."""
         rows = self.catalog.checkpoints()
         guesses = guessed_parents((row.id, row.branch) for row in rows)
         for row in rows:
-            if row.parent == guesses[row.id] or children is not None and row.id not in children:
-                continue
-            if children is None and self._labelled_parent(row.id) == row.parent:
-                continue
-            self._label(row.id)
+            if row.parent != guesses[row.id] and self._labelled_parent(row.id) != row.parent:
+                self._label(row.id)
 
     def _labelled_parent(self, cid: str) -> str | None | bool:
         """The parent a checkpoint's label gives, or False without a readable one."""
@@ -2070,17 +2081,73 @@ class CheckpointManager:
                  "ckpt_nb)", RuntimeWarning)
 
     def _drop(self, ids: Sequence[str], **gc_options: Any) -> None:
-        if ids:
-            children = {c for cid in ids for c in self.catalog.children(cid)} - set(ids)
-            heir = self._kept_ancestor(self.head, set(ids)) if self.head in ids else self.head
-            self.catalog.delete_checkpoints(ids)
-            for cid in ids:
-                self._manifests.pop(cid, None)
-            # The live objects hold the deleted head's state: the next save descends from
-            # its nearest kept ancestor, as the head's children do now.
-            self.head = heir
-            self._label_rejoined(children)  # (what fails from here, gc() does again)
-            self._gc_locked(**gc_options)
+        """Delete checkpoints: their children's labels first, then a record of the
+        deletion in the store (written whole and durable: the deletion is made), then
+        the catalog's commit, then gc, which deletes their manifests, then the record.
+        A rebuild leaves out what a record names, so a catalog read again (or rebuilt)
+        after a kill before that gc does not bring the checkpoints back; a kill before
+        the catalog's commit leaves them listed until the next gc (or read again)
+        completes the deletion. Labels that cannot be written do not stop it: their error
+        is raised once it is made, and gc() writes them later."""
+        if not ids:
+            return
+        unlabelled = None
+        try:
+            self._label_heirs(set(ids))
+        except OSError as exc:  # (StoreError too)
+            unlabelled = exc
+        record = new_deletion_key()
+        self.store.put(record, json.dumps({"ids": list(ids)}).encode())
+        try:
+            self._forget(ids)
+        except BaseException:
+            # (not deleted: the record goes too, so that no later gc completes a deletion
+            # that failed; where the catalog did forget them, it stays, for a rebuild)
+            with contextlib.suppress(Exception):
+                if self.catalog.get(ids[0]) is not None:
+                    self.store.delete(record)
+            raise
+        if unlabelled is not None:
+            raise unlabelled
+        self._gc_locked(**gc_options)
+
+    def _forget(self, ids: Sequence[str]) -> None:
+        """Take deleted checkpoints out of the catalog (their deletion is recorded)."""
+        heir = self._kept_ancestor(self.head, set(ids)) if self.head in ids else self.head
+        self.catalog.delete_checkpoints(ids)
+        for cid in ids:
+            self._manifests.pop(cid, None)
+        # The live objects hold the deleted head's state: the next save descends from
+        # its nearest kept ancestor, as the head's children do now.
+        self.head = heir
+
+    def _label_heirs(self, going: set[str]) -> None:
+        """Label the checkpoints whose parent is ``going`` with the parent the deletion
+        gives them (the nearest kept ancestor), where a rebuilt catalog would not guess it
+        (see ``_rebuild``): a branch's first checkpoint, whose fork point goes. Before the
+        deletion is recorded, so that a rebuild after it never makes that one a root; a
+        label written for a deletion that then failed names a parent used only once its
+        own is gone, when it is the one the catalog gives."""
+        rows = [row for row in self.catalog.checkpoints() if row.id not in going]
+        guesses = guessed_parents((row.id, row.branch) for row in rows)
+        for row in rows:
+            if row.parent in going:
+                parent = self._kept_ancestor(row.parent, going)
+                if parent != guesses[row.id]:
+                    self._label(row.id, parent=parent)
+
+    def _withdraw_deletion(self, cid: str) -> None:
+        """Delete the records of deletions that name ``cid``, which the catalog lists: cut
+        short before the catalog's commit, they are withdrawn by a pin (a later gc would
+        complete them). Only where this machine's lock covers every writer: elsewhere a
+        catalog caught up lists no recorded checkpoint, but another machine's record may
+        have come since."""
+        if not self.store.locked_everywhere:
+            return
+        records, _ = deletion_records(self.store)
+        for key, ids in records.items():
+            if cid in ids:
+                self.store.delete(key)
 
     def _kept_ancestor(self, cid: str | None, going: set[str]) -> str | None:
         """The nearest ancestor of ``cid`` that is not ``going``."""
@@ -2124,7 +2191,7 @@ class CheckpointManager:
                         report.bytes_freed += self.store.size(key)
                         self.store.delete(key)
             try:
-                self._label_rejoined(None)
+                self._label_rejoined()
             except OSError as exc:  # (StoreError too)
                 warn(f"gc could not label checkpoints whose parent was deleted "
                      f"({exc}): a rebuilt catalog would give them the wrong parent "
@@ -2142,22 +2209,39 @@ class CheckpointManager:
         report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
         damaged = self.catalog.forget_damaged_gone(self.store.has)
         report.damaged_kept = len(damaged)
+        # A recorded deletion that the catalog's commit did not follow (killed between
+        # them) is completed first: the store says those checkpoints are deleted.
+        records, _ = deletion_records(self.store)  # (one that does not read stays)
+        deleted = {cid for ids in records.values() for cid in ids}
+        rows = self.catalog.checkpoints()
+        unfinished = [row.id for row in rows if row.id in deleted]
+        if unfinished:
+            self._forget(unfinished)
         # What frees space without taking any goes first (on a full disk, a compaction
         # fails): the deleted checkpoints' manifests and labels, then the dead packs.
         # (only files of the names ckpt_nb makes: any other is no orphan of a save)
         # Where other machines write with no lock across them, a young one that this
         # catalog never had may be a save in flight there (``GRACE_SECONDS``).
-        known = {r.id for r in self.catalog.checkpoints()}
+        known = {r.id for r in rows} - deleted
         times = {**(self.store.modified("manifests") or {}),
                  **(self.store.modified("labels") or {})}
         recent = young(times)
-        for key in times or [*self.store.list("manifests"), *self.store.list("labels")]:
+        keys = list(times or [*self.store.list("manifests"), *self.store.list("labels")])
+        swept: set[str] = set()
+        for key in keys:
             cid = id_of(key)
             if cid is not None and cid not in known and key not in damaged and \
-                    (key not in recent or self.catalog.was_deleted(cid)):
+                    (key not in recent or cid in deleted or self.catalog.was_deleted(cid)):
                 report.bytes_freed += self.store.size(key)
                 self.store.delete(key)
+                swept.add(key)
                 report.manifests_deleted += key.startswith("manifests/")
+        # A deletion's record goes once its checkpoints' manifests have (before, a rebuild
+        # would have brought them back).
+        left = {id_of(key) for key in keys if key.startswith("manifests/") and key not in swept}
+        for key, ids in records.items():
+            if not ids & left:
+                self.store.delete(key)
         if any(key.startswith("manifests/") for key in damaged):
             # A damaged manifest's chunks are unknown, and may lie in any pack: none is
             # collected until it is dealt with (deleted by hand, once nothing in it is

@@ -38,6 +38,13 @@ the catalog (``Seed.left_out_keys``), with when each young one grows old: the ma
 reads the store again only where something else changed there, or one of them grew old
 (a whole store read again at every call, while a killed save's leftover waited for gc).
 
+A deletion is recorded in the store (``deleted/``) before the catalog forgets the
+checkpoints, and the record stays until gc has deleted their manifests: a manifest
+that a record names is a deleted checkpoint's, which a rebuild leaves out (read back,
+it undid a deletion killed before its gc, and a catalog read again after that kill
+listed every checkpoint the deletion took). A record that does not read is named,
+and deletes nothing.
+
 Deleting a checkpoint joins its children to its parent in the catalog, while
 their manifests keep naming it: such a child is joined to the newest earlier
 checkpoint of its branch, which is that parent on a branch that retention
@@ -59,8 +66,8 @@ from . import _codec as codec
 from . import _store
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError, StoreFormatError
-from ._format import (decode_manifest, id_of, is_checkpoint_id, is_count, is_int64,
-                      is_pack_key, label_key, manifest_key, read_pack_index)
+from ._format import (decode_manifest, id_of, is_checkpoint_id, is_count, is_deletion_key,
+                      is_int64, is_pack_key, label_key, manifest_key, read_pack_index)
 from ._store import Store, young
 
 # Why a rebuild left out a checkpoint whose manifest is of a newer format: its chunks are
@@ -117,6 +124,10 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
     """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows;
     ``committed``, the ids a catalog listed (one a pack of is gone is then damaged)."""
     found = Rebuilt()
+    records, unreadable = deletion_records(store)
+    for key, why in unreadable.items():
+        found.leave_out(f"the deletion record {key}", why)
+    deleted = {cid for ids in records.values() for cid in ids}
     pack_times, manifest_times = store.modified("packs"), store.modified("manifests")
     pack_keys = sorted(store.list("packs") if pack_times is None else pack_times)
     manifest_keys = sorted(store.list("manifests") if manifest_times is None else manifest_times)
@@ -126,7 +137,7 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
     decoded = []
     for key in manifest_keys:
         cid = id_of(key)
-        if cid is None:
+        if cid is None or cid in deleted:
             continue
         try:
             blob = store.get(key)
@@ -201,12 +212,36 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
     # (a chunk whose bases are gone is left out: a save finding it in the catalog
     # would refer to it instead of storing its bytes)
     found.chunks = [row for digest, row in chunks.items() if digest not in unusable]
-    held = {manifest_key(row.id) for row in found.checkpoints} | {row.pack for row in found.chunks}
+    held = {manifest_key(row.id) for row in found.checkpoints} | \
+        {row.pack for row in found.chunks} | {manifest_key(cid) for cid in deleted}
     times, flying = {**(pack_times or {}), **(manifest_times or {})}, young_manifests | young_packs
     found.left_out_keys = {
         key: times[key] + _store.GRACE_SECONDS if key in flying else None
         for key in [*pack_keys, *manifest_keys] if key not in held and key not in found.damaged}
     return found
+
+
+def deletion_records(store: Store) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """The store's deletion records (key -> the ids each names), and those that do not
+    read (key -> why): written whole by a deletion, so damage or a hand's."""
+    records: dict[str, set[str]] = {}
+    unreadable: dict[str, str] = {}
+    for key in store.list("deleted"):
+        if not is_deletion_key(key):
+            continue
+        try:
+            record = json.loads(store.get(key))
+        except FileNotFoundError:  # (its gc, meanwhile: its manifests are gone)
+            continue
+        except (ValueError, RecursionError) as exc:  # (CorruptCheckpointError too)
+            unreadable[key] = str(exc)
+            continue
+        ids = record.get("ids") if isinstance(record, dict) else None
+        if not isinstance(ids, list) or not all(map(is_checkpoint_id, ids)):
+            unreadable[key] = 'not {"ids": [checkpoint ids]}'
+            continue
+        records[key] = set(ids)
+    return records, unreadable
 
 
 def _without_flying(copies: dict[str, list[ChunkRow]], chunks: dict[str, ChunkRow],

@@ -303,7 +303,7 @@ def _is_key(key: str) -> bool:
 
 
 # What ckpt_nb keeps at a local store's top: its folders, its format file, its catalog.
-_OWN_NAMES = re.compile(r"packs|manifests|labels|runs|ckpt_nb\.json|catalog\.sqlite.*")
+_OWN_NAMES = re.compile(r"packs|manifests|labels|runs|deleted|ckpt_nb\.json|catalog\.sqlite.*")
 
 
 def _refuse_links(root: Path) -> None:
