@@ -686,7 +686,8 @@ class CheckpointManager:
         try:
             if local_root(self.store) is None:
                 cache.mkdir(parents=True, exist_ok=True)
-            return open(self._lock_path, "a")
+            # (not appending: a note is written over the last, ``_note_holder``)
+            return open(os.open(self._lock_path, os.O_WRONLY | os.O_CREAT, 0o666), "w")
         except OSError as exc:
             # (one there is opened whatever its folder allows: the file is what refuses)
             fix = "make it writable for this user (chmod or chown it, as its owner or " \
@@ -712,7 +713,7 @@ class CheckpointManager:
                     time.sleep(0.01)
                     continue
             try:
-                note = self._lock_path.read_text().split()
+                note = self._lock_path.read_text().partition("\n")[0].split()
             except OSError:  # (a cache cleaner took it)
                 note = []
             holder = next(iter(note), "")
@@ -749,10 +750,14 @@ class CheckpointManager:
 
     def _note_holder(self, handle: IO[str], mark: str, reading: bool = False) -> None:
         """Leave this process's pid and a catalog's mark (``_catalog_mark``) in the lock
-        file, held, and "reading" after them where it is held for a read."""
-        handle.truncate(0)
-        handle.write(f"{os.getpid()} {mark}{' reading' if reading else ''}\n")
-        handle.flush()
+        file, held, and "reading" after them where it is held for a read. Written over
+        the last note, then cut to its length, so that the file is never empty (a Ctrl-C
+        between a truncate and the write left it so, and the next lock take read the
+        whole store again); one stopped between the two keeps the rest of the last
+        note after the new one's line."""
+        note = f"{os.getpid()} {mark}{' reading' if reading else ''}\n".encode()
+        os.pwrite(handle.fileno(), note, 0)
+        os.ftruncate(handle.fileno(), len(note))
 
     def _reopen_if_removed(self) -> None:
         """Open the catalog again where its file was removed (an object store's cache

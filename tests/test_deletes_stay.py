@@ -287,3 +287,49 @@ def test_a_deletion_record_that_does_not_read_deletes_nothing(tmp_path: Path) ->
         mgr.gc()
     assert bad.exists() and (store / "deleted" / "notes.txt").exists()
 
+
+# Saves once into STORE, then for each point 0, 1, ...: forks a child whose gc is
+# SIGKILLed just before the point-th call into C (a write, a truncate, ...) that the lock
+# file's note writer makes, and copies the lock file it left to STORE/notes/<point>.
+# The first point whose child ends unkilled is the last.
+NOTE_KILLED = """
+import os, shutil, signal, sys, torch
+sys.path.insert(0, sys.argv[2])
+from conftest import Holder
+import ckpt_nb._manager as M
+from ckpt_nb import CheckpointManager
+store = sys.argv[1]
+with CheckpointManager(store) as mgr:
+    mgr.save(h=Holder({"w": torch.zeros(3000)}), rng=False)
+os.mkdir(f"{store}/notes")
+for point in range(100):
+    pid = os.fork()
+    if pid == 0:
+        calls = [0]
+        def profile(frame, event, arg):
+            if event == "c_call" and frame.f_code is M.CheckpointManager._note_holder.__code__:
+                if calls[0] == point:
+                    shutil.copy(f"{store}/catalog.sqlite.lock", f"{store}/notes/{point}")
+                    os.kill(os.getpid(), signal.SIGKILL)
+                calls[0] += 1
+        mgr = CheckpointManager(store)
+        sys.setprofile(profile)
+        mgr.gc()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) == 0:
+        break
+"""
+
+
+def test_the_lock_files_note_is_never_empty(tmp_path: Path) -> None:
+    """It was cut to nothing, then written: a Ctrl-C (or a kill) between the two left it
+    empty, which the next lock take read as another catalog's write, and it read the
+    whole store again (a 1000-checkpoint store's minutes)."""
+    store = tmp_path / "store"
+    python("-c", NOTE_KILLED, str(store), str(TESTS))
+    notes = list((store / "notes").iterdir())
+    assert len(notes) >= 4  # (a note before the gc's body and one after, each a few calls)
+    for note in notes:
+        words = note.read_text().split()
+        assert len(words) >= 2 and words[0].isdigit() and "@" in words[1], note.name
