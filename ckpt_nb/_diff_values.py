@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._capture import Unflattener
-from ._errors import CkptError, CorruptCheckpointError
+from ._capture import Unflattener, dtype_from_name
+from ._errors import CkptError, CorruptCheckpointError, StoreFormatError
 
 if TYPE_CHECKING:
     from ._manager import CheckpointManager
@@ -38,7 +38,8 @@ _MISSING: Any = object()  # (a key one side has and the other not: None is a val
 @dataclass(frozen=True)
 class UnloadedValue:
     """A value ``diff_values`` leaves in the store, said in words: a pickle (a diff never
-    unpickles one), a tensor (``diff`` compares those) or a container holding either."""
+    unpickles one), a tensor (``diff`` compares those), a device or dtype this torch cannot
+    rebuild (another backend's, a newer torch's), or a container holding any of these."""
 
     description: str
 
@@ -114,6 +115,39 @@ def _node_kind(node: Any) -> str:
     if any(key.startswith("__") for key in node):  # (a set, a date, a NumPy scalar...)
         return "tagged"
     return "dict"
+
+
+def _known_device_type(device: str) -> bool:
+    """Whether this torch knows a device string's type ("cpu:x" is malformed, and
+    "npu:0" another backend's)."""
+    try:
+        torch.device(device.partition(":")[0])
+    except RuntimeError:
+        return False
+    return True
+
+
+def _unknown_to_torch(node: Any) -> str | None:
+    """The first device or dtype in a node that this torch cannot rebuild, in words: a
+    device of a backend not registered here (``torch.device("npu:0")``), a newer torch's
+    dtype. Such a value is the store's, not damage; None where the node holds none."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            device, dtype = item.get("__device__"), item.get("__dtype__")
+            if isinstance(device, str) and not _known_device_type(device):
+                return f"torch.device({reprlib.repr(device)}), a device this torch does not know"
+            if isinstance(dtype, str):
+                try:
+                    dtype_from_name(dtype)
+                except StoreFormatError:
+                    return f"dtype {reprlib.repr(dtype)[1:-1]}, which this torch " \
+                        f"({torch.__version__}) lacks"
+            stack.extend(reversed(item.values()))
+    return None
 
 
 def _union(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -206,8 +240,12 @@ class ValueSide:
         try:
             return Unflattener([], []).decode(node, path)
         except (CkptError, KeyError, IndexError, TypeError, ValueError, OverflowError,
-                RecursionError) as exc:
-            raise self.error(path, exc) from exc
+                RecursionError, RuntimeError) as exc:  # (torch.device's: RuntimeError)
+            unknown = _unknown_to_torch(node)
+            if unknown is None:
+                raise self.error(path, exc) from exc
+            itself = isinstance(node, dict) and ("__device__" in node or "__dtype__" in node)
+            return UnloadedValue(unknown if itself else f"value holding {unknown}")
 
     def container_text(self, node: Any, kind: str, path: str) -> str:
         """A container that holds tensors or pickles, in words."""
@@ -241,12 +279,14 @@ class ValueSide:
         tag = next(iter(_TENSOR_INDEXES.intersection(node)))
         record = self.record(node[tag], path)
         shape = record.get("shape")
-        count = math.prod(shape) if isinstance(shape, list) else "?"
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+            raise self.error(path, TypeError(f"a tensor's shape is {reprlib.repr(shape)}"))
+        count = math.prod(shape)
         if tag == "__floats__":
             return f"list of {count} floats (a tensor: see diff)"
         if tag == "__bytes__":
             return f"{count} bytes (a tensor: see diff)"
-        dims = "x".join(map(str, shape)) if isinstance(shape, list) and shape else "scalar"
+        dims = "x".join(map(str, shape)) if shape else "scalar"
         kind = "array" if tag == "__ndarray__" else "tensor"
         return f"{kind} {dims} {record.get('dtype')}"
 

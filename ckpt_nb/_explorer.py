@@ -746,7 +746,12 @@ class Explorer(w.VBox):
             self.diff_table.value = ""
             a, b = self._resolve(a), self._resolve(b)
             diff = self.manager.diff(a, b)  # (checkpoints never change: a pair's diff stays)
-            values = self.manager.diff_values(a, b)
+            try:
+                values: Any = self.manager.diff_values(a, b)
+            except CheckpointNotFoundError:
+                raise
+            except CkptError as exc:  # (a value unreadable here must not hide the tensors')
+                values = f"not compared: {exc}"
             png = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
             self._drawn_diff = (a, b, (diff, values), png)
         (diff, values), self.diff_plot.value = self._drawn_diff[2:]
@@ -764,7 +769,8 @@ class Explorer(w.VBox):
             rel_change=diff["rel_change"].map(lambda v: "—" if _plots._missing(v) else f"{v:.3g}"))
         self.diff_table.value = (
             f"<p><b>metrics</b>: {'; '.join(deltas) or 'none logged on both'}</p>"
-            + self._values_html(values[~values["path"].isin(in_deltas)])
+            + self._values_html(values if isinstance(values, str) else
+                                values[~values["path"].isin(in_deltas)])
             + f"<p><b>byte-identical (shared chunks)</b>: {len(same)} of {len(diff)} tensors</p>"
             + "<div class='ckpt-nb-scroll'>"
             + shown.to_html(index=False, classes="ckpt-nb-diff", border=0) + "</div>")
@@ -773,9 +779,12 @@ class Explorer(w.VBox):
     def _values_html(values: Any) -> str:
         """The Diff tab's values section: ``diff_values``' rows (the first
         ``DIFF_VALUE_ROWS``, the rest counted), each value cut to a line (a history of
-        thousands shows as its first items and its length)."""
+        thousands shows as its first items and its length); or, as a str, why the values
+        were not compared."""
         from ._diff_values import diff_value_texts
 
+        if isinstance(values, str):
+            return f"<p><b>values</b>: {html.escape(values)}</p>"
         if not len(values):
             return "<p><b>values</b>: none differ (lr, step, extra...)</p>"
         rows = "".join(

@@ -478,7 +478,14 @@ def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         _as_restored_back(mgr, args.b)
     skipped, latest = skipped or skipped_b, latest or latest_b
     frame = mgr.diff(a, b)
-    values = mgr.diff_values(a, b)
+    values: Any = []
+    not_compared = ""
+    try:
+        values = mgr.diff_values(a, b)
+    except CheckpointNotFoundError:
+        raise  # (deleted meanwhile: _diff tries again)
+    except CkptError as exc:  # (a value unreadable here must not hide the tensors' diff)
+        not_compared = f"\nvalues not compared: {exc}"
     said = f"\nlatest is {latest}: skipped {skipped}" if skipped else ""
     if a == b:
         said += f"\n{args.a} and {args.b} are the same checkpoint, {a}"
@@ -493,6 +500,8 @@ def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         print(_table(["tensor", "status", "shape", "l2", "rel_change"], rows, right=_NUMERIC))
     if len(values):
         print("\n" + _values_table(values))
+    elif not_compared:
+        print(not_compared)
     if frame.empty:
         if said:
             print(said.lstrip("\n"))

@@ -5,6 +5,8 @@ the manifests of real saves, a pickle compared by its bytes and never unpickled.
 from __future__ import annotations
 
 import enum
+import subprocess
+import sys
 import pickle
 from pathlib import Path
 from typing import Any
@@ -217,3 +219,113 @@ def test_a_damaged_manifest_s_values_name_the_checkpoint(tmp_path: Path, damage:
         for a, b in ((good, bad), (bad, good)):
             with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad}: its manifest"):
                 mgr.diff_values(a, b)
+
+
+def test_a_device_or_dtype_this_torch_cannot_rebuild_is_named_not_malformed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A store saved where a privateuse1 backend was renamed (``torch.device("npu:0")``):
+    ``ckpt-nb diff`` printed torch's RuntimeError and no tensors; a newer torch's dtype
+    was called malformed."""
+    from ckpt_nb.cli import main
+
+    script = ("import torch, ckpt_nb\ntorch.utils.rename_privateuse1_backend('npu')\n"
+              f"with ckpt_nb.CheckpointManager({str(tmp_path)!r}) as mgr:\n"
+              "    for i in (0, 1):\n"
+              "        mgr.save(torch.nn.Linear(2, 2), rng=False, step=i, extra={\n"
+              "            'device': torch.device(f'npu:{i}'), 'dtype': torch.float32,\n"
+              "            'devices': [torch.device('npu:0'), i]})\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    with pytest.raises(RuntimeError):  # (the backend is registered there, not here)
+        torch.device("npu:0")
+    with CheckpointManager(tmp_path) as mgr:
+        a, b = mgr.list()["id"]
+    rewrite_manifest(tmp_path, a, lambda manifest: manifest["state"]["extra"].update(
+        dtype={"__dtype__": "float4_e9m9"}) or manifest)  # (a newer torch's)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    npu = "torch.device('npu:{}'), a device this torch does not know"
+    with CheckpointManager(tmp_path) as mgr:
+        found = rows(mgr.diff_values(a, b))
+    assert found["extra/device"] == ("changed", UnloadedValue(npu.format(0)),
+                                     UnloadedValue(npu.format(1)))
+    assert found["extra/devices"] == ("changed", UnloadedValue(f"value holding {npu.format(0)}"),
+                                      UnloadedValue(f"value holding {npu.format(0)}"))
+    assert found["extra/dtype"] == (
+        "changed", UnloadedValue(f"dtype float4_e9m9, which this torch ({torch.__version__}) "
+                                 "lacks"), torch.float32)
+    assert main(["diff", str(tmp_path), a, b]) == 0
+    out = capsys.readouterr().out
+    assert "objects/model/weight" in out and npu.format(1) in out
+
+
+@pytest.mark.parametrize("shape", [[None, 2], ["a", "b"], [-1], "2x2", None])
+def test_a_malformed_tensor_shape_among_values_names_the_checkpoint(
+        tmp_path: Path, shape: Any) -> None:
+    with CheckpointManager(tmp_path) as mgr:
+        bad = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"t": torch.ones(2)})
+        good = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"t": 1})
+
+    def change(manifest: dict[str, Any]) -> dict[str, Any]:
+        record = manifest["tensors"][manifest["state"]["extra"]["t"]["__tensor__"]]
+        record["shape"] = shape
+        return manifest
+
+    rewrite_manifest(tmp_path, bad, change)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    with CheckpointManager(tmp_path) as mgr:
+        for a, b in ((good, bad), (bad, good)):
+            with pytest.raises(CorruptCheckpointError,
+                               match=f"checkpoint {bad}: its manifest's extra/t is malformed"):
+                mgr.diff_values(a, b)
+
+
+@pytest.fixture
+def unreadable_value(tmp_path: Path) -> tuple[Path, str, str]:
+    """Two saves, the second's ``extra/obj`` a pickle past the end of its storages."""
+    with CheckpointManager(tmp_path) as mgr:
+        good = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"obj": Color.RED})
+        bad = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"obj": Color.BLUE})
+    rewrite_manifest(tmp_path, bad, lambda manifest: manifest["state"]["extra"].update(
+        obj={"__pickle__": 99}) or manifest)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    return tmp_path, good, bad
+
+
+def test_the_cli_shows_the_tensors_where_the_values_cannot_be_compared(
+        unreadable_value: tuple[Path, str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    from ckpt_nb.cli import main
+
+    store, good, bad = unreadable_value
+    assert main(["diff", str(store), good, bad]) == 0
+    out = capsys.readouterr().out
+    assert "objects/model/weight" in out and "2 tensors: " in out
+    assert f"\nvalues not compared: checkpoint {bad}: its manifest's extra/obj is malformed" \
+        in out and out.count("not compared") == 1
+
+
+def test_the_explorer_shows_the_tensors_where_the_values_cannot_be_compared(
+        unreadable_value: tuple[Path, str, str]) -> None:
+    store, good, bad = unreadable_value
+    ui = ckpt_nb.explore(store, namespace={}, poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 3
+        ui.select([good, bad])
+        shown = ui.diff_table.value
+    finally:
+        ui.close()
+    assert f"<b>values</b>: not compared: checkpoint {bad}: its manifest&#x27;s extra/obj " \
+        "is malformed" in shown
+    assert "rel_change" in shown and "objects/model/weight" in shown
+
+
+def test_a_device_of_a_type_this_torch_knows_that_it_refuses_is_malformed(
+        tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path) as mgr:
+        bad = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"device": torch.device("cpu")})
+        good = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"device": 1})
+    rewrite_manifest(tmp_path, bad, lambda manifest: manifest["state"]["extra"].update(
+        device={"__device__": "cpu:abc"}) or manifest)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    with CheckpointManager(tmp_path) as mgr:
+        with pytest.raises(CorruptCheckpointError,
+                           match=f"checkpoint {bad}: its manifest's extra/device is malformed"):
+            mgr.diff_values(good, bad)
