@@ -509,7 +509,7 @@ def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     counts = frame["status"].value_counts()
     shown = [s for s in ("identical", "changed", "reshaped", "added", "removed")
              if s in ("identical", "changed") or counts.get(s, 0)]
-    differ = f"; {len(values)} value{'s' if len(values) > 1 else ''} differ" \
+    differ = f"; {len(values)} value{'s differ' if len(values) > 1 else ' differs'}" \
         if len(values) else ""
     print(f"\n{len(frame)} tensors: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)
           + differ + said)

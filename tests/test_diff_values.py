@@ -317,6 +317,21 @@ def test_the_explorer_shows_the_tensors_where_the_values_cannot_be_compared(
     assert "rel_change" in shown and "objects/model/weight" in shown
 
 
+def test_the_cli_counts_one_value_that_differs_and_two_that_differ(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ckpt_nb.cli import main
+
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path) as mgr:
+        for step, lr in ((1, 0.1), (2, 0.1), (3, 0.2)):
+            mgr.save(model, rng=False, step=step, extra={"lr": lr})
+        first, second, third = mgr.list()["id"]
+    assert main(["diff", str(tmp_path), first, second]) == 0
+    assert capsys.readouterr().out.endswith("2 identical, 0 changed; 1 value differs\n")
+    assert main(["diff", str(tmp_path), second, third]) == 0
+    assert capsys.readouterr().out.endswith("2 identical, 0 changed; 2 values differ\n")
+
+
 def test_a_device_of_a_type_this_torch_knows_that_it_refuses_is_malformed(
         tmp_path: Path) -> None:
     with CheckpointManager(tmp_path) as mgr:
