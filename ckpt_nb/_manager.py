@@ -448,9 +448,11 @@ class CheckpointManager:
         left_out = catalog.left_out_keys()
         if any(when is not None and when <= time.time() for when in left_out.values()):
             return True
-        records, _ = deletion_records(self.store)
+        rows = catalog.checkpoints()
+        pins = {row.id for row in rows if row.pinned}
+        records, _ = deletion_records(self.store, pins.__contains__)
         deleted = {cid for ids in records.values() for cid in ids}
-        listed = {row.id for row in catalog.checkpoints()}
+        listed = {row.id for row in rows}
         if listed & deleted:
             return True
         aside = set(catalog.damaged()) | set(left_out)
@@ -2101,16 +2103,24 @@ class CheckpointManager:
             self._label_heirs(set(ids))
         except OSError as exc:  # (StoreError too)
             unlabelled = exc
+        # A pinned one (delete(force=True)) is unpinned first: a record naming a pinned
+        # checkpoint is one a later pin withdrew (``deletion_records``).
+        unpinned = [cid for cid in ids if (row := self.catalog.get(cid)) and row.pinned]
+        for cid in unpinned:
+            self._label(cid, pinned=False)
         record = new_deletion_key()
-        self.store.put(record, json.dumps({"ids": list(ids)}).encode())
         try:
+            self.store.put(record, json.dumps({"ids": list(ids)}).encode())
             self._forget(ids)
         except BaseException:
             # (not deleted: the record goes too, so that no later gc completes a deletion
-            # that failed; where the catalog did forget them, it stays, for a rebuild)
+            # that failed, and the pins come back; where the catalog did forget them, it
+            # stays, for a rebuild)
             with contextlib.suppress(Exception):
                 if self.catalog.get(ids[0]) is not None:
                     self.store.delete(record)
+                    for cid in unpinned:
+                        self._label(cid, pinned=True)
             raise
         if unlabelled is not None:
             raise unlabelled
@@ -2216,11 +2226,19 @@ class CheckpointManager:
         report.damaged_kept = len(damaged)
         # A recorded deletion that the catalog's commit did not follow (killed between
         # them) is completed first: the store says those checkpoints are deleted.
-        records, _ = deletion_records(self.store)  # (one that does not read stays)
-        deleted = {cid for ids in records.values() for cid in ids}
+        # One naming a checkpoint pinned since is withdrawn: the pin wins (see
+        # ``deletion_records``).
         rows = self.catalog.checkpoints()
+        pins = {row.id for row in rows if row.pinned}
+        records, _ = deletion_records(self.store, pins.__contains__)  # (unread ones stay)
+        if self.store.locked_everywhere:
+            for key in deletion_records(self.store, lambda _: False)[0].keys() - records:
+                self.store.delete(key)
+        deleted = {cid for ids in records.values() for cid in ids}
         unfinished = [row.id for row in rows if row.id in deleted]
         if unfinished:
+            with contextlib.suppress(OSError):  # (StoreError too: gc() labels them later)
+                self._label_heirs(set(unfinished))
             self._forget(unfinished)
         # What frees space without taking any goes first (on a full disk, a compaction
         # fails): the deleted checkpoints' manifests and labels, then the dead packs.

@@ -56,9 +56,10 @@ opened it and wrote them) the child is a root, and the rebuild's summary says so
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,9 +222,16 @@ def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
     return found
 
 
-def deletion_records(store: Store) -> tuple[dict[str, set[str]], dict[str, str]]:
+def deletion_records(store: Store, pinned: Callable[[str], bool] | None = None
+                     ) -> tuple[dict[str, set[str]], dict[str, str]]:
     """The store's deletion records (key -> the ids each names), and those that do not
-    read (key -> why): written whole by a deletion, so damage or a hand's."""
+    read (key -> why): written whole by a deletion, so damage or a hand's. A record
+    naming a checkpoint pinned now (``pinned``: by a catalog; by default, by its label)
+    is left out: a deletion unpins what it deletes before its record (``delete(force=
+    True)``), so that pin came after a deletion cut short before its catalog's commit
+    (given in a catalog that an older ckpt_nb rebuilt, say), and the pin wins."""
+    if pinned is None:
+        pinned = functools.partial(_labelled_pinned, store)
     records: dict[str, set[str]] = {}
     unreadable: dict[str, str] = {}
     for key in store.list("deleted"):
@@ -240,8 +248,18 @@ def deletion_records(store: Store) -> tuple[dict[str, set[str]], dict[str, str]]
         if not isinstance(ids, list) or not all(map(is_checkpoint_id, ids)):
             unreadable[key] = 'not {"ids": [checkpoint ids]}'
             continue
-        records[key] = set(ids)
+        if not any(map(pinned, ids)):
+            records[key] = set(ids)
     return records, unreadable
+
+
+def _labelled_pinned(store: Store, cid: str) -> bool:
+    """Whether a checkpoint's label pins it (one that does not read, not)."""
+    try:
+        label = json.loads(store.get(label_key(cid)))
+    except (FileNotFoundError, ValueError, RecursionError):
+        return False
+    return isinstance(label, dict) and label.get("pinned") is True
 
 
 def _without_flying(copies: dict[str, list[ChunkRow]], chunks: dict[str, ChunkRow],

@@ -700,6 +700,8 @@ def _set_pin(mgr: CheckpointManager, which: str, pinned: bool) -> int:
     cid = mgr.resolve(which)
     frame = mgr.list()
     if bool(frame.loc[frame["id"] == cid, "pinned"].any()) == pinned:
+        if pinned:
+            mgr.pin(cid)  # (again: it withdraws a deletion cut short before its commit)
         print(f"{cid} was {'already' if pinned else 'not'} pinned")
     else:
         print(f"{'pinned' if pinned else 'unpinned'} {mgr.pin(cid, pinned)}")

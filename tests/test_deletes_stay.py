@@ -268,6 +268,93 @@ CheckpointManager({str(store)!r}).delete({first!r})
     assert not list((store / "deleted").iterdir())
 
 
+def test_a_pin_given_where_records_are_not_read_wins_over_the_record(tmp_path: Path) -> None:
+    """A pin given without withdrawing the record (by a ckpt_nb that reads no records,
+    in a catalog it rebuilt, or by ``ckpt-nb pin`` of one already pinned) was overruled:
+    gc completed the deletion and deleted the pinned checkpoint. A deletion unpins what
+    it deletes before its record, so a record naming a pinned one is older than the pin:
+    gc withdraws it, a read-again and a rebuild keep the checkpoint."""
+    store = tmp_path / "store"
+    with CheckpointManager(store) as mgr:
+        first = mgr.save(h=Holder({"w": torch.zeros(3000)}), rng=False)
+        mgr.save(h=Holder({"w": torch.ones(3000)}), rng=False)
+        mgr.pin(first)
+    done = subprocess.run([sys.executable, "-c", f"""
+import os, signal
+import ckpt_nb._catalog as C
+C.Catalog.delete_checkpoints = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
+from ckpt_nb import CheckpointManager
+CheckpointManager({str(store)!r}).delete({first!r}, force=True)
+"""], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    assert json.loads((store / "labels" / f"{first}.json").read_text())["pinned"] is False
+    # (pinned as an older ckpt_nb pins: the label and the catalog, the record left)
+    (store / "labels" / f"{first}.json").write_text(
+        json.dumps({"pinned": True, "note": "", "parent": None}))
+    with CheckpointManager(store) as mgr:
+        mgr.catalog.update(first, pinned=True)
+        assert rebuilt(store, tmp_path / "scratch") == listed(store)
+        mgr.gc()
+    assert first in listed(store) and not list((store / "deleted").iterdir())
+
+
+def test_a_deletion_that_fails_as_its_record_is_written_is_undone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record's write that fails after its file is in place (the folder's fsync: EIO,
+    a Ctrl-C) raised, and the record stayed: the checkpoint the user was told was not
+    deleted went at the next gc. The record goes, and the pin a forced delete took off
+    comes back."""
+    import ckpt_nb._store as store_module
+
+    store = tmp_path / "store"
+    mgr = CheckpointManager(store)
+    first = mgr.save(h=Holder({"w": torch.zeros(3000)}), rng=False)
+    mgr.save(h=Holder({"w": torch.ones(3000)}), rng=False)
+    mgr.pin(first)
+    fsync_dir = store_module._fsync_dir
+
+    def failing(path: Path) -> None:
+        fsync_dir(path)
+        if Path(path).name == "deleted":
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(store_module, "_fsync_dir", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        mgr.delete(first, force=True)
+    monkeypatch.undo()
+    assert not list((store / "deleted").iterdir())
+    assert mgr.catalog.get(first).pinned
+    mgr.gc()
+    mgr.close()
+    assert first in listed(store) and first in rebuilt(store, tmp_path / "scratch")
+
+
+def test_a_deletion_completed_by_gc_labels_the_branch_its_checkpoint_began(
+        tmp_path: Path) -> None:
+    """A deletion cut short before its commit is completed by a later gc; a branch saved
+    from its checkpoint meanwhile got no label for its new parent, and a rebuilt catalog
+    made the branch's first checkpoint a root."""
+    store = tmp_path / "store"
+    with CheckpointManager(store) as mgr:
+        ids = [mgr.save(h=Holder({"w": torch.full((3000,), float(i))}), rng=False)
+               for i in range(4)]
+    done = subprocess.run([sys.executable, "-c", f"""
+import os, signal
+import ckpt_nb._catalog as C
+C.Catalog.delete_checkpoints = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
+from ckpt_nb import CheckpointManager
+CheckpointManager({str(store)!r}).delete({ids[1]!r})
+"""], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    with CheckpointManager(store) as mgr:
+        mgr.restore(ids[1], h=Holder({}))
+        branch = mgr.save(h=Holder({"w": torch.full((3000,), 10.0)}), rng=False)
+        mgr.delete(ids[3])  # (its gc completes the deletion of ids[1])
+        assert mgr.catalog.get(branch).parent == ids[0]
+    assert ids[1] not in listed(store)
+    assert rebuilt(store, tmp_path / "scratch")[branch] == ids[0]
+
+
 def test_a_deletion_record_that_does_not_read_deletes_nothing(tmp_path: Path) -> None:
     """A record ckpt_nb did not write whole (a hand's, a damaged copy) is named by a
     rebuild, which lists every checkpoint, and gc leaves it; a file of another name
