@@ -1343,8 +1343,17 @@ class CheckpointManager:
         self._catch_up()
         return self._resolve(which)
 
-    def _resolve(self, which: str) -> str:
-        """``resolve`` against the catalog as it stands (the caller caught up)."""
+    def _best_by(self, metric: str, mode: str) -> str:
+        """``resolve("best")`` ranked by ``metric`` and ``mode`` for this call alone (a
+        rollback's ``on=``): the manager's own ranking, which its saves record and its
+        retention keeps by, is never changed, so a save on another thread meanwhile is
+        ranked by its own."""
+        self._catch_up()
+        return self._resolve("best", (metric, mode))
+
+    def _resolve(self, which: str, ranking: tuple[str, str] | None = None) -> str:
+        """``resolve`` against the catalog as it stands (the caller caught up); "best" by
+        ``ranking`` where one is given, else by the manager's own."""
         which = str(which)
         back = 0 if which == "latest" else \
             int(which[1:]) if which.startswith("-") and which[1:].isdigit() else None
@@ -1358,28 +1367,29 @@ class CheckpointManager:
                     "too far back")
         elif which == "best":
             rows = self.catalog.checkpoints()
-            best = self._best(rows, 1)
+            metric, mode = ranking or (self.metric, self.mode)
+            best = self._best(rows, 1, (metric, mode) if metric is not None else None)
             # (the record may be another run's in this store: said once where it is used)
-            recorded = "" if self._ranking_taken != (self.metric, self.mode) else \
-                ("an earlier save recorded in this store: give a metric (metric=, --metric) "
-                 "to rank by another")
+            recorded = "" if ranking is not None or self._ranking_taken != (metric, mode) \
+                else ("an earlier save recorded in this store: give a metric "
+                      "(metric=, --metric) to rank by another")
             if best and recorded and not self._ranking_said:
                 self._ranking_said = True
-                warn(f"'best' is by {self.metric} ({self.mode}), the ranking {recorded}")
+                warn(f"'best' is by {metric} ({mode}), the ranking {recorded}")
             if best:
                 return best[0]
-            if rows and self.metric is None:
+            if rows and metric is None:
                 raise CheckpointNotFoundError(
                     "'best' needs a metric to rank by, and no save to this store recorded "
                     "one: CheckpointManager(..., "
                     "metric='val_loss'), or in a notebook %%ckpt_auto --on val_loss:min")
             recorded = recorded and f", the metric {recorded}"
-            if any(self.metric in r.metrics for r in rows):  # (a diverged run's, all)
-                raise CheckpointNotFoundError(f"no checkpoint has a finite {self.metric!r} "
+            if any(metric in r.metrics for r in rows):  # (a diverged run's, all)
+                raise CheckpointNotFoundError(f"no checkpoint has a finite {metric!r} "
                                               f"(NaN and ±inf are never best){recorded}")
             if rows:
                 raise CheckpointNotFoundError(f"no checkpoint has the metric "
-                                              f"{self.metric!r}{recorded}")
+                                              f"{metric!r}{recorded}")
         elif self.catalog.get(which) is not None:
             return which
         elif which and not self.catalog.ids_with_prefix(which):
@@ -1422,13 +1432,17 @@ class CheckpointManager:
         if self.catalog.ranking() != (self.metric, self.mode):
             self.catalog.set_ranking(self.metric, self.mode)
 
-    def _best(self, rows: list[CheckpointRow], k: int) -> list[str]:
-        if self.metric is None:
+    def _best(self, rows: list[CheckpointRow], k: int,
+              ranking: tuple[str, str] | None = None) -> list[str]:
+        """The ids of the ``k`` best of ``rows`` by ``ranking`` (metric, mode), else by
+        the manager's own."""
+        metric, mode = ranking or (self.metric, self.mode)
+        if metric is None:
             return []
-        scored = [r for r in rows if self.metric in r.metrics
-                  and math.isfinite(r.metrics[self.metric])]  # (±inf: a diverged run)
-        sign = 1 if self.mode == "min" else -1
-        scored.sort(key=lambda r: (sign * r.metrics[self.metric], -r.seq))
+        scored = [r for r in rows if metric in r.metrics
+                  and math.isfinite(r.metrics[metric])]  # (±inf: a diverged run)
+        sign = 1 if mode == "min" else -1
+        scored.sort(key=lambda r: (sign * r.metrics[metric], -r.seq))
         return [r.id for r in scored[:k]]
 
     # -- restore ------------------------------------------------------------------------

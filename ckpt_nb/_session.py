@@ -2078,9 +2078,14 @@ class AutoSession:
             self.loop.in_batches = False
 
     # -- rollback and status ---------------------------------------------------------------------
-    def rollback_plan(self, which: str = "latest") -> RollbackPlan:
-        """What a rollback to ``which`` would do, read from its manifest alone."""
-        cid = self.manager.resolve(which)
+    def rollback_plan(self, which: str = "latest", *,
+                      on: tuple[str, str] | None = None) -> RollbackPlan:
+        """What a rollback to ``which`` would do, read from its manifest alone; "best" is
+        by ``on`` (metric, mode) where given, else by the session's ranking."""
+        if on is not None and str(which) != "best":  # (ignored, it would look obeyed)
+            raise ValueError(f"on= ranks 'best' and nothing else: rollback({which!r}) "
+                             "takes none")
+        cid = self.manager._best_by(*on) if on is not None else self.manager.resolve(which)
         state = self.manager._manifest(cid)["state"]
         extra = state.get("extra") if isinstance(state, dict) else None
         run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
@@ -2093,18 +2098,21 @@ class AutoSession:
                             [n for n in objects if n not in live]
                             + [n for n in names if n not in variables], list(live))
 
-    def rollback(self, which: str = "latest") -> str:
-        """Put tracked objects and variables back to a checkpoint, in place. One that
+    def rollback(self, which: str = "latest", *, on: tuple[str, str] | None = None) -> str:
+        """Put tracked objects and variables back to a checkpoint, in place; "best" is by
+        ``on`` (metric, mode) where given, for this rollback alone (the session's saves
+        and retention rank by its own, a save on another thread meanwhile too). One that
         would restore nothing is refused, and the kernel's position stays. A Ctrl-C
         while it reads changes nothing; one while it puts the state in is taken once that
         is done (``RestoreInterrupts``)."""
         with RestoreInterrupts("rollback") as interrupts:
-            return self._rollback(which, interrupts)
+            return self._rollback(which, on, interrupts)
 
-    def _rollback(self, which: str, interrupts: RestoreInterrupts) -> str:
+    def _rollback(self, which: str, on: tuple[str, str] | None,
+                  interrupts: RestoreInterrupts) -> str:
         self.writer.wait()
         self._report_background_error()
-        plan = self.rollback_plan(which)
+        plan = self.rollback_plan(which, on=on)
         if not plan.restored:
             raise StateMismatchError(plan.refusal())
         cid, missing = plan.id, plan.not_restored
@@ -2123,8 +2131,8 @@ class AutoSession:
             f"{'it' if len(missing) == 1 else 'them'})" if missing else ""
         where = ", ".join(f"{label} {value}" for label, value in
                           (("epoch", ck.epoch), ("step", ck.step)) if value is not None)
-        best = f", best by {self.manager.metric} ({self.manager.mode})" \
-            if str(which) == "best" else ""
+        metric, mode = on or (self.manager.metric, self.manager.mode)
+        best = f", best by {metric} ({mode})" if str(which) == "best" else ""
         self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}{best}: restored "
                  f"{', '.join(restored)}{left}{saved.unread()}; the next save starts a branch "
                  "from it")
@@ -2531,9 +2539,10 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     ``on`` ranks "best" for this rollback alone, as ``auto(on=...)`` takes it
     (``("val_loss", "min")`` or ``"val_loss:min"``): a store saved without one records no
     metric to rank by; the store's record is left as it is."""
-    with _session_for(directory, namespace, _rollback_ranking(which, on)) as session:
-        _refuse_unranked_best(session, which)
-        return session.rollback(which)
+    ranking = _rollback_ranking(which, on)
+    with _session_for(directory, namespace) as session:
+        _refuse_unranked_best(session, which, ranking)
+        return session.rollback(which, on=ranking)
 
 
 def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,
@@ -2541,9 +2550,10 @@ def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | 
                   on: tuple[str, str] | str | None = None) -> RollbackPlan:
     """What ``rollback`` with these arguments would restore (``AutoSession.rollback_plan``),
     touching nothing."""
-    with _session_for(directory, namespace, _rollback_ranking(which, on)) as session:
-        _refuse_unranked_best(session, which)
-        return session.rollback_plan(which)
+    ranking = _rollback_ranking(which, on)
+    with _session_for(directory, namespace) as session:
+        _refuse_unranked_best(session, which, ranking)
+        return session.rollback_plan(which, on=ranking)
 
 
 def _rollback_ranking(which: str, on: tuple[str, str] | str | None) -> tuple[str, str] | None:
@@ -2562,10 +2572,11 @@ UNRANKED_BEST_WAYS = ("rollback('best', on=(METRIC, 'min'|'max')), or roll back 
                       "(list() (ckpt-nb ls))")
 
 
-def _refuse_unranked_best(session: AutoSession, which: str) -> None:
+def _refuse_unranked_best(session: AutoSession, which: str,
+                          ranking: tuple[str, str] | None) -> None:
     """"best" of a store that no metric ranks (none given, no save recorded one), refused
     with a rollback's ways on (the manager's names ``metric=``, which a rollback has not)."""
-    if str(which) == "best" and session.manager.metric is None and \
+    if str(which) == "best" and ranking is None and session.manager.metric is None and \
             session.manager.catalog.newest_ids(1):  # (an empty store: the manager says so)
         raise CheckpointNotFoundError(
             "'best' needs a metric to rank by, and no save to this store recorded one: "
@@ -2574,16 +2585,13 @@ def _refuse_unranked_best(session: AutoSession, which: str) -> None:
 
 @contextlib.contextmanager
 def _session_for(directory: str | os.PathLike[str] | None,
-                 namespace: dict[str, Any] | None,
-                 ranking: tuple[str, str] | None = None) -> Iterator[AutoSession]:
+                 namespace: dict[str, Any] | None) -> Iterator[AutoSession]:
     """The session a rollback uses: the active one where it is on that store and
-    namespace, else a temporary one on the last session's settings; inside, its "best"
-    is by ``ranking`` where one is given."""
+    namespace, else a temporary one on the last session's settings."""
     session = active()
     if session is not None and (directory is None or store_url(directory) == session.url) \
             and namespace in (None, session.namespace):
-        with _ranked_by(session, ranking):
-            yield session
+        yield session
         return
     if _last is None and (directory is None or namespace is None):
         raise CheckpointNotFoundError(
@@ -2610,28 +2618,9 @@ def _session_for(directory: str | os.PathLike[str] | None,
         if written is not None:
             temporary.manager.metric, temporary.manager.mode = written[0]
             temporary.config = dataclasses.replace(config, on=written[0])
-        with _ranked_by(temporary, ranking):
-            yield temporary
+        yield temporary
     finally:
         temporary.close()
-
-
-@contextlib.contextmanager
-def _ranked_by(session: AutoSession, ranking: tuple[str, str] | None) -> Iterator[None]:
-    """The session's manager ranks "best" by ``ranking`` inside, and by its own again
-    after: its saves record, and its retention keeps, by the session's ``--on`` (a save
-    in flight is waited for first; none starts while the rollback runs on its thread)."""
-    if ranking is None:
-        yield
-        return
-    manager = session.manager
-    session.writer.wait()
-    own = manager.metric, manager.mode
-    manager.metric, manager.mode = ranking
-    try:
-        yield
-    finally:
-        manager.metric, manager.mode = own
 
 
 def status() -> dict[str, Any]:

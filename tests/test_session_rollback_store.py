@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections.abc
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -363,3 +364,74 @@ def test_the_walk_for_an_optimizers_holders_runs_no_users_code() -> None:
     assert _session._held_storages({"proxy": _LazyProxy(), "shelf": _Shelf()}, wanted) == set()
     many = {"many": [[i] for i in range(_session._HELD_WALK_MOST + 1)]}
     assert _session._held_storages(many, wanted) == wanted
+
+
+class _Gate:
+    """A tracked object whose load waits for the test: a rollback slow to put its state
+    in (a big model's), while a save on another thread runs."""
+
+    def __init__(self) -> None:
+        self.loading, self.release = threading.Event(), threading.Event()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": torch.zeros(1)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loading.set()
+        assert self.release.wait(30)
+
+
+def test_a_save_during_a_rollback_by_another_metric_ranks_by_the_sessions_own(
+        tmp_path: Path) -> None:
+    """rollback("best", on=...) set the ranking on the session's manager for the whole
+    rollback: a save on another thread meanwhile (a step hook) ranked its retention by
+    it, deleting the best by the session's metric, and recorded it as the store's."""
+    store, gate = tmp_path / "s", _Gate()
+    ns = {"model": torch.nn.Linear(4, 2), "gate": gate}
+    with ckpt_nb.auto(store, namespace=ns, on=("loss", "min"), keep_best=2, name="x",
+                      track=["model", "gate"], sync=True) as session:
+        for loss, acc in ((0.1, 0.5), (0.5, 0.6), (0.9, 0.7)):
+            ckpt_nb.log(loss=loss, acc=acc)
+            session.save(wait=True)
+        best_by_acc = best_by(store, "acc", "max")
+        table = ckpt_nb.CheckpointManager(store).list()
+        best_by_loss = set(table.sort_values("loss")["id"][:2])
+        assert best_by_acc not in best_by_loss
+        saved: list[str] = []
+
+        def save_meanwhile() -> None:
+            try:
+                assert gate.loading.wait(30)
+                ckpt_nb.log(loss=0.8, acc=0.95)
+                saved.append(session.save(wait=True))
+            finally:
+                gate.release.set()
+
+        thread = threading.Thread(target=save_meanwhile)
+        thread.start()
+        assert ckpt_nb.rollback("best", on="acc:max") == best_by_acc
+        thread.join()
+        assert (session.manager.metric, session.manager.mode) == ("loss", "min")
+        assert session.manager._manifest(saved[0]).get("ranked_by") == ["loss", "min"]
+    with ckpt_nb.CheckpointManager(store) as manager:
+        assert best_by_loss <= set(manager.list()["id"])
+        assert manager.catalog.ranking() == ("loss", "min")
+
+
+def test_a_rollback_ranked_by_the_stores_own_metric_given_on_says_nothing_of_the_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """on= equal to the store's recorded ranking warned "'best' is by acc (max), the
+    ranking an earlier save recorded in this store: give a metric ...", on= given."""
+    ns = {"model": torch.nn.Linear(4, 2)}
+    with ckpt_nb.auto(tmp_path, namespace=ns, on=("acc", "max"), name="x", track=["model"],
+                      sync=True) as session:
+        for acc in (0.5, 0.9, 0.7):
+            ckpt_nb.log(acc=acc)
+            session.save(wait=True)
+    monkeypatch.setattr(_session, "_last", None)  # (a new kernel)
+    monkeypatch.setattr(_session, "_positions", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ckpt_nb.rollback("best", directory=tmp_path, namespace=ns,
+                                on="acc:max") == \
+            ckpt_nb.CheckpointManager(tmp_path, metric="acc", mode="max").resolve("best")
