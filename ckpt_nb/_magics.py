@@ -296,14 +296,14 @@ class CkptMagics(Magics):
             raise UsageError("%ckpt_rollback: no %ckpt_auto or %%ckpt_auto cell has run in "
                              "this kernel, so there is no store to roll back from: "
                              f"%ckpt_rollback {args.which} --dir PATH (the store's directory)")
-        directory = _unquoted(args.dir)
+        directory, which = _unquoted(args.dir), _unquoted(args.which)
         store = directory if directory is not None else session_mod.last_directory()
         try:
-            session_mod.rollback(_unquoted(args.which), directory=directory,
+            session_mod.rollback(which, directory=directory,
                                  namespace=self.shell.user_ns, on=ranking)
         except CheckpointNotFoundError as exc:
-            # (a checkpoint of another store: the notebook ran several)
-            other = "" if args.dir is not None else (
+            # (an id not found may be another store's: the notebook ran several)
+            other = "" if args.dir is not None or not _names_an_id(which) else (
                 f"; it looked in the store of the {'active' if session_mod.active() else 'last'}"
                 " session: for a checkpoint of another store, "
                 f"%ckpt_rollback {args.which} --dir PATH")
@@ -461,6 +461,12 @@ def _magic_wording(error: Exception, store: str | None = None) -> str:
         folder = file_url_path(store) if "://" in store else store
         text = text.replace(Path(folder).expanduser().absolute().as_uri(), store)
     return text
+
+
+def _names_an_id(which: str) -> bool:
+    """Whether a rollback's ``which`` is an id or prefix, not "latest", "best" or "-N":
+    the one a store may lack for being another store's."""
+    return which not in ("latest", "best") and re.fullmatch(r"-\d+", which) is None
 
 
 def _unquoted(value: str | None) -> str | None:
