@@ -14,6 +14,8 @@ import dataclasses
 import re
 import sys
 import traceback
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -299,8 +301,9 @@ class CkptMagics(Magics):
         directory, which = _unquoted(args.dir), _unquoted(args.which)
         store = directory if directory is not None else session_mod.last_directory()
         try:
-            session_mod.rollback(which, directory=directory,
-                                 namespace=self.shell.user_ns, on=ranking)
+            with _ranking_advice_in_magic_words():
+                session_mod.rollback(which, directory=directory,
+                                     namespace=self.shell.user_ns, on=ranking)
         except CheckpointNotFoundError as exc:
             # (an id not found may be another store's: the notebook ran several)
             other = "" if args.dir is not None or not _names_an_id(which) else (
@@ -441,12 +444,17 @@ def _directory(magic: str, line: str) -> str | None:
     return _unquoted(text) or None
 
 
+# The manager's way to rank "best" by another metric, which a rollback takes as --on.
+_RANK_BY_ANOTHER = ("give a metric (metric=, --metric) to rank by another",
+                    "%ckpt_rollback best --on METRIC:min|max ranks by another")
+_REWORDED_WARNINGS: dict[Any, int] = {}  # (warn_explicit's registry: "default" says each once)
 # The Python API's words for what a notebook does with a magic (the CLI has its own).
 _MAGIC_WORDS = {
     UNRANKED_BEST_WAYS: "%ckpt_rollback best --on METRIC:min|max, or roll back by id "
                         "(%ckpt_list, then %ckpt_rollback ID)",
     "--track (track=)": "--track",
     "list() (ckpt-nb ls)": "%ckpt_list",
+    _RANK_BY_ANOTHER[0]: _RANK_BY_ANOTHER[1],
 }
 
 
@@ -461,6 +469,23 @@ def _magic_wording(error: Exception, store: str | None = None) -> str:
         folder = file_url_path(store) if "://" in store else store
         text = text.replace(Path(folder).expanduser().absolute().as_uri(), store)
     return text
+
+
+@contextlib.contextmanager
+def _ranking_advice_in_magic_words() -> Iterator[None]:
+    """The warnings inside, given again after, each with its category and place, with
+    the manager's way to rank "best" by another metric in the rollback's words (the
+    others name an option both ways already)."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # (the user's filters judge them once said)
+            yield
+    finally:
+        for said in caught:
+            warnings.warn_explicit(str(said.message).replace(*_RANK_BY_ANOTHER), said.category,
+                                   said.filename, said.lineno, registry=_REWORDED_WARNINGS,
+                                   source=said.source)
 
 
 def _names_an_id(which: str) -> bool:

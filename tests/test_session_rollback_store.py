@@ -457,3 +457,19 @@ def test_only_an_id_not_found_is_said_to_be_maybe_another_stores(
         result = shell.run_cell(f"%ckpt_rollback {line}", store_history=False)
         assert isinstance(result.error_in_exec, UsageError), line
         assert str(result.error_in_exec) == f"%ckpt_rollback: {said}", line
+
+
+def test_best_by_the_stores_recorded_ranking_is_said_in_the_magics_words(
+        shell, tmp_path: Path, capsys) -> None:
+    """%ckpt_rollback best, ranked by the metric an earlier save recorded, warned "give a
+    metric (metric=, --metric) to rank by another", which a rollback takes neither of."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --on acc:max --every-steps 2" + LOOP)
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'a'}")
+    with pytest.warns(UserWarning) as caught:
+        run(shell, "%ckpt_rollback best")
+    assert [str(w.message) for w in caught] == [
+        "'best' is by acc (max), the ranking an earlier save recorded in this store: "
+        "%ckpt_rollback best --on METRIC:min|max ranks by another"]
+    assert f"rolled back to {best_by(tmp_path / 'a', 'acc', 'max')} " in capsys.readouterr().out
+    run(shell, "%ckpt_auto --off")
