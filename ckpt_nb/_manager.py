@@ -229,7 +229,8 @@ class CheckpointManager:
     ``metric=`` ranks by those ("best", ``list()``'s best column), but retention by
     ``keep_best`` still needs ``metric=`` given.
     ``keep_best`` without ``max_to_keep`` keeps only those (as Lightning's ``save_top_k``
-    and Orbax do): the best K, the pinned, the newest and the head, the others deleted.
+    and Orbax do): the best K, the pinned, the newest and the head, the others deleted;
+    with ``max_bytes`` (and no ``max_to_keep``), the budget says how many others stay.
     ``strategy`` is "full", "incremental" (deltas against the parent) or
     "differential" (deltas against the branch's last full checkpoint);
     ``full_every`` bounds a chain of deltas (without it a chunk stacks at most 8, or
@@ -2038,7 +2039,9 @@ class CheckpointManager:
         # budget would delete them all.
         blocked = sorted(id_of(key) or key for key in self.catalog.damaged()
                          if key.startswith("manifests/"))
-        if self.max_to_keep is not None or self.keep_best is not None:
+        # keep_best alone deletes all but the best; beside a byte budget it only keeps
+        # them, and the budget says how many others stay.
+        if self.max_to_keep is not None or self.keep_best is not None and self.max_bytes is None:
             recent = {r.id for r in ours[-self.max_to_keep:]} if self.max_to_keep else set()
             self._drop([r.id for r in ours if r.id not in protected | recent])
         if self.max_bytes is not None and self.stored_bytes() > self.max_bytes:
