@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
@@ -2053,12 +2054,13 @@ class CheckpointManager:
             # kept chunks (each such chunk stored whole).
             tight = {"compact_below": BUDGET_COMPACT_BELOW, "whole_over": 0}
             self._gc_locked(**tight)
-            for row in self.catalog.checkpoints():
-                if self.stored_bytes() <= self.max_bytes:
+            while (taken := self.stored_bytes()) > self.max_bytes:
+                deletable = [row for row in self.catalog.checkpoints()
+                             if row.id not in protected and (among is None or row.id in among)]
+                if not deletable:
                     break
-                if row.id not in protected and (among is None or row.id in among):
-                    self._drop([row.id], **tight)
-            taken = self.stored_bytes()
+                self._drop(self._oldest_that_may_free(deletable, taken - self.max_bytes),
+                           **tight)
             if taken > self.max_bytes and not self._told_over_budget:
                 # (said once per manager, as _warn_blocked: every save would say it again)
                 self._told_over_budget = True
@@ -2083,6 +2085,59 @@ class CheckpointManager:
                      "or unpin or delete checkpoints (or lower keep_best)", RuntimeWarning)
         elif blocked and len(rows) > len(self.catalog.checkpoints()):
             self._warn_blocked(blocked)
+
+    def _oldest_that_may_free(self, deletable: list[CheckpointRow], excess: int) -> list[str]:
+        """The ids of the fewest of ``deletable`` (oldest first) that deleted together may
+        free ``excess`` bytes, in a store a tight gc has just collected. Counted as freed:
+        their manifests, and of each pack that loses a chunk (no kept checkpoint refers to
+        it, or it is a delta whose base goes, to be stored whole elsewhere) all but the
+        chunks that stay in it; the whole copies count as nothing. That is never less than
+        what they free, so none of them is one that deleting the oldest one at a time (a
+        gc after each, as retention once did: a whole-store gc per checkpoint) would keep;
+        the budget then measures the store, and takes more where it is still over."""
+        if deletable[0].stored_bytes >= excess:  # (a save's retention, mostly: no estimate)
+            return [deletable[0].id]
+        chunks = {c.digest: c for c in self.catalog.all_chunks()}
+        refs = {row.id: self.catalog.refs(row.id) & chunks.keys()
+                for row in self.catalog.checkpoints()}
+        holders = Counter(digest for held in refs.values() for digest in held)
+        stacked: dict[str, list[str]] = {}  # a chunk's digest: the deltas on it
+        staying: Counter[str] = Counter()  # a pack: the bytes of its referred-to chunks
+        for chunk in chunks.values():
+            if chunk.base is not None:
+                stacked.setdefault(chunk.base, []).append(chunk.digest)
+            if holders[chunk.digest]:
+                staying[chunk.pack] += chunk.length
+        out: set[str] = set()  # chunks that leave their pack
+        touched: set[str] = set()  # packs that lose a chunk
+        freed = 0
+
+        def leave(digest: str) -> None:
+            nonlocal freed
+            chunk = chunks[digest]
+            if digest in out:
+                return
+            out.add(digest)
+            if chunk.pack not in touched:
+                touched.add(chunk.pack)
+                with contextlib.suppress(FileNotFoundError):
+                    freed += self.store.size(chunk.pack) - staying[chunk.pack]
+            staying[chunk.pack] -= chunk.length
+            freed += chunk.length
+
+        for count, row in enumerate(deletable, 1):
+            with contextlib.suppress(FileNotFoundError):
+                freed += self.store.size(manifest_key(row.id))
+            for digest in refs[row.id]:
+                holders[digest] -= 1
+                if not holders[digest]:
+                    leave(digest)
+                    for above in stacked.get(digest, ()):
+                        if holders[above]:
+                            leave(above)
+            if freed >= excess:
+                break
+        return [row.id for row in deletable[:count]]
 
     def _warn_blocked(self, damaged: list[str]) -> None:
         """Say once per manager that retention frees no room while the store holds a
