@@ -2185,14 +2185,21 @@ class CheckpointManager:
             self.store.put(record, json.dumps({"ids": list(ids)}).encode())
             self._forget(ids)
         except BaseException:
-            # (not deleted: the record goes too, so that no later gc completes a deletion
-            # that failed, and the pins come back; where the catalog did forget them, it
+            # (not deleted: the pins come back first, which withdraw the record even where
+            # it cannot be deleted now; then the record goes, so that no later gc
+            # completes a deletion that failed. Where the catalog did forget them, it
             # stays, for a rebuild)
+            listed = False
             with contextlib.suppress(Exception):
-                if self.catalog.get(ids[0]) is not None:
-                    self.store.delete(record)
-                    for cid in unpinned:
+                listed = self.catalog.get(ids[0]) is not None
+            if listed:
+                for cid in unpinned:
+                    with contextlib.suppress(Exception):
+                        self.catalog.update(cid, pinned=True)
+                    with contextlib.suppress(Exception):
                         self._label(cid, pinned=True)
+                with contextlib.suppress(Exception):
+                    self.store.delete(record)
             raise
         if unlabelled is not None:
             raise unlabelled

@@ -329,6 +329,39 @@ def test_a_deletion_that_fails_as_its_record_is_written_is_undone(
     assert first in listed(store) and first in rebuilt(store, tmp_path / "scratch")
 
 
+def test_a_forced_delete_whose_record_can_be_neither_kept_nor_deleted_keeps_its_pin(
+        tmp_path: Path) -> None:
+    """An object store's outage: the record's put raises after its object is stored,
+    and its delete fails too. The pin came back only after the record's delete, so it
+    stayed off, and the next gc completed the deletion the user was told had failed. The
+    pin comes back first: it withdraws the record that could not be deleted."""
+    store = tmp_path / "store"
+    mgr = CheckpointManager(store)
+    first = mgr.save(h=Holder({"w": torch.zeros(3000)}), rng=False)
+    mgr.save(h=Holder({"w": torch.ones(3000)}), rng=False)
+    mgr.pin(first)
+    put, delete = mgr.store.put, mgr.store.delete
+
+    def put_then_fail(key: str, data: bytes) -> None:
+        put(key, data)
+        if key.startswith("deleted/"):
+            raise ConnectionResetError("connection reset after the write")
+
+    def failing_delete(key: str) -> None:
+        if key.startswith("deleted/"):
+            raise ConnectionResetError("connection reset")
+        delete(key)
+
+    mgr.store.put, mgr.store.delete = put_then_fail, failing_delete  # type: ignore[method-assign]
+    with pytest.raises(ConnectionResetError):
+        mgr.delete(first, force=True)
+    mgr.store.put, mgr.store.delete = put, delete  # type: ignore[method-assign]
+    assert len(list((store / "deleted").iterdir())) == 1 and mgr.catalog.get(first).pinned
+    mgr.gc()
+    mgr.close()
+    assert first in listed(store) and first in rebuilt(store, tmp_path / "scratch")
+
+
 def test_a_deletion_completed_by_gc_labels_the_branch_its_checkpoint_began(
         tmp_path: Path) -> None:
     """A deletion cut short before its commit is completed by a later gc; a branch saved
