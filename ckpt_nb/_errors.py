@@ -19,9 +19,11 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import warnings
+from collections.abc import Callable
 
 # Frames a warning never points at: ckpt_nb's own, and the context managers it uses.
 _SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
@@ -87,12 +89,21 @@ class CaptureError(CkptError, TypeError):
     """A value cannot be turned into checkpoint state."""
 
 
+# How the call in progress in this thread words ckpt_nb's warnings: a magic gives the
+# Python API's advice in its own words (None: as written).
+WARNING_WORDS: contextvars.ContextVar[Callable[[str], str] | None] = \
+    contextvars.ContextVar("ckpt_nb_warning_words", default=None)
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn at the first line outside ckpt_nb on the stack (the user's call), however deep
     inside the package the warning starts: a fixed ``stacklevel`` points into ckpt_nb
     whenever the same code is reached through another path (the magics, the CLI). Where
     that line is IPython's (a magic's or a cell hook's work) or a thread's (a background
     save), there is no line of the user's to show: the warning is ckpt_nb's own, one line."""
+    words = WARNING_WORDS.get()
+    if words is not None:
+        message = words(message)
     frame = sys._getframe(1)
     level = 2  # (1 is this function's own frame)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):

@@ -14,7 +14,6 @@ import dataclasses
 import re
 import sys
 import traceback
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from IPython.utils.process import arg_split
 from traitlets import Bool, Int, TraitError, Unicode, validate
 
 from . import _session as session_mod
-from ._errors import CaptureError, CheckpointNotFoundError, CkptError
+from ._errors import WARNING_WORDS, CaptureError, CheckpointNotFoundError, CkptError
 from ._session import UNRANKED_BEST_WAYS, AutoConfig, parse_duration, parse_metric_trigger
 from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
 
@@ -447,7 +446,6 @@ def _directory(magic: str, line: str) -> str | None:
 # The manager's way to rank "best" by another metric, which a rollback takes as --on.
 _RANK_BY_ANOTHER = ("give a metric (metric=, --metric) to rank by another",
                     "%ckpt_rollback best --on METRIC:min|max ranks by another")
-_REWORDED_WARNINGS: dict[Any, int] = {}  # (warn_explicit's registry: "default" says each once)
 # The Python API's words for what a notebook does with a magic (the CLI has its own).
 _MAGIC_WORDS = {
     UNRANKED_BEST_WAYS: "%ckpt_rollback best --on METRIC:min|max, or roll back by id "
@@ -473,19 +471,14 @@ def _magic_wording(error: Exception, store: str | None = None) -> str:
 
 @contextlib.contextmanager
 def _ranking_advice_in_magic_words() -> Iterator[None]:
-    """The warnings inside, given again after, each with its category and place, with
-    the manager's way to rank "best" by another metric in the rollback's words (the
-    others name an option both ways already)."""
-    caught: list[warnings.WarningMessage] = []
+    """ckpt_nb's warnings inside, in this thread, with the manager's way to rank "best" by
+    another metric in the rollback's words (the others name an option both ways
+    already); other code's warnings, and the user's filters, as they are."""
+    token = WARNING_WORDS.set(lambda text: text.replace(*_RANK_BY_ANOTHER))
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")  # (the user's filters judge them once said)
-            yield
+        yield
     finally:
-        for said in caught:
-            warnings.warn_explicit(str(said.message).replace(*_RANK_BY_ANOTHER), said.category,
-                                   said.filename, said.lineno, registry=_REWORDED_WARNINGS,
-                                   source=said.source)
+        WARNING_WORDS.reset(token)
 
 
 def _names_an_id(which: str) -> bool:
