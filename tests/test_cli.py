@@ -1052,16 +1052,22 @@ def test_messages_of_the_api_are_in_the_cli_s_words(
     assert "left alone by `ckpt-nb gc`" in done.stderr, done.stderr
 
 
+def run_barred_from(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ckpt-nb ARGS`` run as a user who may not open ``path`` (its mode put back after)."""
+    mode = path.stat().st_mode
+    path.chmod(0)
+    try:
+        return subprocess.run([*AS_A_USER, sys.executable, "-m", "ckpt_nb", *args],
+                              capture_output=True, text=True)
+    finally:
+        path.chmod(mode)
+
+
 def test_ls_of_a_store_with_an_unreadable_folder_fails_before_any_row(store: Store) -> None:
     """It printed every row, then failed on the total line with exit 1: a script that
     checks the exit code got a table it was told to throw away."""
     manifests = store.directory / "manifests"
-    manifests.chmod(0)
-    try:
-        done = subprocess.run([*AS_A_USER, sys.executable, "-m", "ckpt_nb", "ls",
-                               str(store.directory)], capture_output=True, text=True)
-    finally:
-        manifests.chmod(0o755)
+    done = run_barred_from(manifests, "ls", str(store.directory))
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == f"ckpt-nb: ls failed: Permission denied: {manifests}\n"
 
@@ -1070,12 +1076,7 @@ def test_gc_with_a_lock_file_it_cannot_open_says_to_make_the_file_writable(
         store: Store) -> None:
     """It said to make the store's folder writable, which it was."""
     lock = store.directory / "catalog.sqlite.lock"
-    lock.chmod(0)
-    try:
-        done = subprocess.run([*AS_A_USER, sys.executable, "-m", "ckpt_nb", "gc",
-                               str(store.directory)], capture_output=True, text=True)
-    finally:
-        lock.chmod(0o644)
+    done = run_barred_from(lock, "gc", str(store.directory))
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == (
         f"ckpt-nb: cannot open the lock file {lock} of {store.directory} (Permission "
