@@ -748,8 +748,8 @@ class Explorer(w.VBox):
             diff = self.manager.diff(a, b)  # (checkpoints never change: a pair's diff stays)
             try:
                 values: Any = self.manager.diff_values(a, b)
-            except CheckpointNotFoundError:
-                raise
+            except (CheckpointNotFoundError, StoreError):
+                raise  # (said in the status line, and no diff kept drawn without values)
             except CkptError as exc:  # (a value unreadable here must not hide the tensors')
                 values = f"not compared: {exc}"
             png = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from . import __version__
 from ._catalog import store_exists
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
-                      MetricNotFoundError)
+                      MetricNotFoundError, StoreError)
 from ._units import human_size
 
 if TYPE_CHECKING:  # loaded by the commands that need them: they bring torch (a second)
@@ -484,6 +484,8 @@ def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         values = mgr.diff_values(a, b)
     except CheckpointNotFoundError:
         raise  # (deleted meanwhile: _diff tries again)
+    except StoreError:
+        raise  # (the store failed: the command did, not a value)
     except CkptError as exc:  # (a value unreadable here must not hide the tensors' diff)
         not_compared = f"\nvalues not compared: {exc}"
     said = f"\nlatest is {latest}: skipped {skipped}" if skipped else ""

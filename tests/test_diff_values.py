@@ -302,6 +302,24 @@ def test_the_cli_shows_the_tensors_where_the_values_cannot_be_compared(
         in out and out.count("not compared") == 1
 
 
+def test_a_store_that_fails_the_values_fails_the_diff(
+        unreadable_value: tuple[Path, str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store's failure while the values are read (a network's) said "values not
+    compared" and exit 0: the command failed, not a value."""
+    from ckpt_nb import StoreError
+    from ckpt_nb.cli import main
+
+    def failing(self: CheckpointManager, a: str, b: str) -> None:
+        raise StoreError("reading manifests/x.json.zst failed: connection reset")
+
+    store, good, bad = unreadable_value
+    monkeypatch.setattr(CheckpointManager, "diff_values", failing)
+    assert main(["diff", str(store), good, good]) == 1
+    said = capsys.readouterr()
+    assert "not compared" not in said.out and "connection reset" in said.err
+
+
 def test_the_explorer_shows_the_tensors_where_the_values_cannot_be_compared(
         unreadable_value: tuple[Path, str, str]) -> None:
     store, good, bad = unreadable_value
