@@ -355,8 +355,11 @@ class ValueDiff:
                 return
         if ka in ("list", "tuple"):
             ia, ib = self.a.items(na, path), self.b.items(nb, path)
-            if max(len(ia), len(ib)) <= _VALUE_ITEMS and \
-                    any(_node_kind(v) not in ("scalar", "tagged") for v in ia + ib):
+            # (item by item where an item is a container, or one this torch cannot
+            # rebuild: whole, [npu:0, 0] and [npu:0, 1] read the same in words)
+            if max(len(ia), len(ib)) <= _VALUE_ITEMS and any(
+                    _node_kind(v) not in ("scalar", "tagged") or _unknown_to_torch(v)
+                    for v in ia + ib):
                 for i in range(max(len(ia), len(ib))):
                     self.walk(f"{path}/{i}", ia[i] if i < len(ia) else _MISSING,
                               ib[i] if i < len(ib) else _MISSING, depth + 1)
