@@ -1207,6 +1207,10 @@ class AutoSession:
             self._previous_sigint = None
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        # (a second interrupt can land in this frame before the handler is swapped: its
+        # KeyboardInterrupt is the cell's, with no frame of ckpt_nb's in IPython's
+        # traceback)
+        __tracebackhide__ = True  # noqa: F841
         if self._any_cell and self.step == self._cell_start_step and not self._ending:
             # A cell the line form watches that has not trained: nothing to save first,
             # so it stops at once.
