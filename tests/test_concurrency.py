@@ -524,8 +524,9 @@ def test_a_catch_up_cut_short_leaves_the_next_gc_to_read_the_store_again(
     # (the rebuild's start said on stdout, then a wait for the signal: a real kill at a
     # known point of the catch-up, nothing of ckpt_nb replaced)
     catching_up = python(f"""
-        import sys, time
+        import faulthandler, signal, sys, time
         from ckpt_nb import CheckpointManager, _rebuild
+        faulthandler.register(signal.SIGUSR1)  # (its stack, where the signal did not end it)
         def at_rebuild(frame, event, arg):
             if event == "call" and frame.f_code is _rebuild.rebuild.__code__:
                 print("rebuilding", flush=True)
@@ -537,9 +538,18 @@ def test_a_catch_up_cut_short_leaves_the_next_gc_to_read_the_store_again(
         assert catching_up.stdout is not None
         assert catching_up.stdout.readline() == "rebuilding\n", catching_up.stderr.read()
         catching_up.send_signal(stop)
+        _, said = catching_up.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # (seen once under load: what it was doing, said)
+        catching_up.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        catching_up.kill()
+        _, said = catching_up.communicate()
+        raise AssertionError(f"{stop!r} did not end the catch-up in 60 s: {said}") from None
     finally:
-        catching_up.communicate(timeout=60)
-    assert catching_up.returncode != 0
+        if catching_up.poll() is None:
+            catching_up.kill()
+            catching_up.communicate()
+    assert catching_up.returncode != 0, said
     gc = subprocess.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)],
                         capture_output=True, text=True, timeout=120)
     assert gc.returncode == 0 and "0 packs deleted" in gc.stdout, (gc.stdout, gc.stderr)
