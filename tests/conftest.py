@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import socket
 import struct
 import subprocess
@@ -73,6 +74,12 @@ def same_safetensors_file(ours: Path, theirs: Path) -> bool:
     size, their_size = (struct.unpack("<Q", data[:8])[0] for data in (a, b))
     return size == their_size and json.loads(a[8:8 + size]) == json.loads(b[8:8 + size]) \
         and a[8 + size:] == b[8 + size:]
+
+
+# A suite started in the background of a shell without job control (`bash .ci/run &`)
+# inherits SIGINT ignored, as does every process it starts: the tests of Ctrl-C need
+# Python's own handler (each pytest-xdist worker imports this file).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
