@@ -23,7 +23,7 @@ import contextvars
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 # Frames a warning never points at: ckpt_nb's own, and the context managers it uses.
 _SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
@@ -93,6 +93,25 @@ class CaptureError(CkptError, TypeError):
 # Python API's advice in its own words (None: as written).
 WARNING_WORDS: contextvars.ContextVar[Callable[[str], str] | None] = \
     contextvars.ContextVar("ckpt_nb_warning_words", default=None)
+
+# The manager's advice on ranking "best" by another metric, in its own words (its
+# arguments and the CLI's options), which a rollback words as its ``on``.
+RANK_BY_ANOTHER = "give a metric (metric=, --metric) to rank by another"
+
+
+@contextlib.contextmanager
+def warnings_worded(api: str, words: str) -> Iterator[None]:
+    """ckpt_nb's warnings in this thread, inside, with ``api`` said as ``words``; the
+    wording of a caller further out (a magic around the Python call) wins. Other code's
+    warnings, and the user's filters, stay as they are."""
+    if WARNING_WORDS.get() is not None:
+        yield
+        return
+    token = WARNING_WORDS.set(lambda text: text.replace(api, words))
+    try:
+        yield
+    finally:
+        WARNING_WORDS.reset(token)
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:

@@ -14,7 +14,6 @@ import dataclasses
 import re
 import sys
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ from IPython.utils.process import arg_split
 from traitlets import Bool, Int, TraitError, Unicode, validate
 
 from . import _session as session_mod
-from ._errors import WARNING_WORDS, CaptureError, CheckpointNotFoundError, CkptError
+from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
+                      warnings_worded)
 from ._session import UNRANKED_BEST_WAYS, AutoConfig, parse_duration, parse_metric_trigger
 from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
 
@@ -300,7 +300,7 @@ class CkptMagics(Magics):
         directory, which = _unquoted(args.dir), _unquoted(args.which)
         store = directory if directory is not None else session_mod.last_directory()
         try:
-            with _ranking_advice_in_magic_words():
+            with warnings_worded(*_RANK_BY_ANOTHER):
                 session_mod.rollback(which, directory=directory,
                                      namespace=self.shell.user_ns, on=ranking)
         except CheckpointNotFoundError as exc:
@@ -444,8 +444,7 @@ def _directory(magic: str, line: str) -> str | None:
 
 
 # The manager's way to rank "best" by another metric, which a rollback takes as --on.
-_RANK_BY_ANOTHER = ("give a metric (metric=, --metric) to rank by another",
-                    "%ckpt_rollback best --on METRIC:min|max ranks by another")
+_RANK_BY_ANOTHER = (RANK_BY_ANOTHER, "%ckpt_rollback best --on METRIC:min|max ranks by another")
 # The Python API's words for what a notebook does with a magic (the CLI has its own).
 _MAGIC_WORDS = {
     UNRANKED_BEST_WAYS: "%ckpt_rollback best --on METRIC:min|max, or roll back by id "
@@ -467,18 +466,6 @@ def _magic_wording(error: Exception, store: str | None = None) -> str:
         folder = file_url_path(store) if "://" in store else store
         text = text.replace(Path(folder).expanduser().absolute().as_uri(), store)
     return text
-
-
-@contextlib.contextmanager
-def _ranking_advice_in_magic_words() -> Iterator[None]:
-    """ckpt_nb's warnings inside, in this thread, with the manager's way to rank "best" by
-    another metric in the rollback's words (the others name an option both ways
-    already); other code's warnings, and the user's filters, as they are."""
-    token = WARNING_WORDS.set(lambda text: text.replace(*_RANK_BY_ANOTHER))
-    try:
-        yield
-    finally:
-        WARNING_WORDS.reset(token)
 
 
 def _names_an_id(which: str) -> bool:

@@ -42,9 +42,9 @@ from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, 
                        trained_storages)
 from ._catalog import CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
 from ._diff_values import ValueDiff, ValueSide
-from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, StateMismatchError, StoreError, StoreFormatError,
-                      warn)
+from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
+                      CheckpointNotFoundError, CkptError, CorruptCheckpointError,
+                      StateMismatchError, StoreError, StoreFormatError, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, id_of, is_pack_key, is_run_key, label_key,
                       manifest_key, new_deletion_key, read_pack_index, stamp_format,
@@ -1373,8 +1373,7 @@ class CheckpointManager:
             best = self._best(rows, 1, (metric, mode) if metric is not None else None)
             # (the record may be another run's in this store: said once where it is used)
             recorded = "" if ranking is not None or self._ranking_taken != (metric, mode) \
-                else ("an earlier save recorded in this store: give a metric "
-                      "(metric=, --metric) to rank by another")
+                else f"an earlier save recorded in this store: {RANK_BY_ANOTHER}"
             if best and recorded and not self._ranking_said:
                 self._ranking_said = True
                 warn(f"'best' is by {metric} ({mode}), the ranking {recorded}")

@@ -58,8 +58,8 @@ from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
                          assign_in_place, discover, from_storable, is_code, loader_random,
                          to_storable)
-from ._errors import (CaptureError, CheckpointNotFoundError, CkptError, CorruptCheckpointError,
-                      StateMismatchError, warn)
+from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
+                      CorruptCheckpointError, StateMismatchError, warn, warnings_worded)
 from ._format import is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
@@ -2544,7 +2544,7 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     (``("val_loss", "min")`` or ``"val_loss:min"``): a store saved without one records no
     metric to rank by; the store's record is left as it is."""
     ranking = _rollback_ranking(which, on)
-    with _session_for(directory, namespace) as session:
+    with _session_for(directory, namespace) as session, warnings_worded(*_RANK_BY_ANOTHER):
         _refuse_unranked_best(session, which, ranking)
         return session.rollback(which, on=ranking)
 
@@ -2555,7 +2555,7 @@ def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | 
     """What ``rollback`` with these arguments would restore (``AutoSession.rollback_plan``),
     touching nothing."""
     ranking = _rollback_ranking(which, on)
-    with _session_for(directory, namespace) as session:
+    with _session_for(directory, namespace) as session, warnings_worded(*_RANK_BY_ANOTHER):
         _refuse_unranked_best(session, which, ranking)
         return session.rollback_plan(which, on=ranking)
 
@@ -2569,6 +2569,10 @@ def _rollback_ranking(which: str, on: tuple[str, str] | str | None) -> tuple[str
         raise ValueError(f"on= ranks 'best' and nothing else: rollback({which!r}) takes none")
     return AutoConfig(on=on).on
 
+
+# The manager's way to rank "best" by another metric, which a rollback takes as on=.
+_RANK_BY_ANOTHER = (RANK_BY_ANOTHER, "rollback('best', on=(METRIC, 'min'|'max')) ranks by "
+                    "another")
 
 # What a rollback to "best" of a store that no metric ranks can do instead (the magic
 # says it in its own words).

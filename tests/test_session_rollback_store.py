@@ -490,3 +490,20 @@ def test_best_by_the_stores_recorded_ranking_is_said_in_the_magics_words(
     assert not [w for w in said if "noisy load" in str(w.message)], said
     sys.path.remove(str(tmp_path))
     run(shell, "%ckpt_auto --off")
+
+
+def test_best_by_the_stores_recorded_ranking_is_said_in_the_python_words(
+        shell, tmp_path: Path, capsys) -> None:
+    """ckpt_nb.rollback("best") from Python, ranked by the metric an earlier save
+    recorded, names its own on= (not the manager's metric= and the CLI's --metric, which
+    a rollback takes neither of); inside %ckpt_rollback the magic's words win (above)."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path} --on acc:max --every-steps 2" + LOOP)
+    run(shell, f"%ckpt_auto --dir {tmp_path}")
+    with pytest.warns(UserWarning) as caught:
+        run(shell, "ckpt_nb.rollback('best')")
+    assert [str(w.message) for w in caught] == [
+        "'best' is by acc (max), the ranking an earlier save recorded in this store: "
+        "rollback('best', on=(METRIC, 'min'|'max')) ranks by another"]
+    assert f"rolled back to {best_by(tmp_path, 'acc', 'max')} " in capsys.readouterr().out
+    run(shell, "%ckpt_auto --off")
