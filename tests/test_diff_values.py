@@ -17,7 +17,7 @@ import torch
 import ckpt_nb
 from ckpt_nb import CheckpointManager, CorruptCheckpointError
 from ckpt_nb._diff_values import UnloadedValue, diff_value_text, diff_value_texts
-from test_hostile import catalog, rewrite_manifest
+from test_hostile import catalog, damaged, rewrite_manifest
 
 UNPICKLED: list[str] = []  # what a Tripwire's unpickling recorded
 
@@ -200,20 +200,7 @@ def test_a_damaged_manifest_s_values_name_the_checkpoint(tmp_path: Path, damage:
     with CheckpointManager(tmp_path) as mgr:
         good = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"obj": Color.RED})
         bad = mgr.save(torch.nn.Linear(2, 2), rng=False, extra={"obj": Color.BLUE})
-
-    def change(manifest: dict[str, Any]) -> dict[str, Any]:
-        if damage == "types a list":
-            manifest["state"]["types"] = [1]
-        elif damage == "a pickle past the end":
-            manifest["state"]["extra"]["obj"] = {"__pickle__": 99}
-        else:
-            deep: dict[str, Any] = {}
-            for _ in range(900):
-                deep = {"d": deep}
-            manifest["state"]["extra"] = deep
-        return manifest
-
-    rewrite_manifest(tmp_path, bad, change)
+    rewrite_manifest(tmp_path, bad, damaged(damage))
     catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
     with CheckpointManager(tmp_path) as mgr:
         for a, b in ((good, bad), (bad, good)):

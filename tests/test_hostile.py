@@ -8,7 +8,9 @@ import json
 import os
 import sqlite3
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -100,6 +102,29 @@ def rewrite_manifest(store: Path, cid: str, change) -> None:  # type: ignore[no-
     changed = change(manifest)
     text = changed if isinstance(changed, bytes) else json.dumps(changed).encode()
     path.write_bytes(zstandard.ZstdCompressor().compress(text))
+
+
+def damaged(damage: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A change for ``rewrite_manifest`` that damages a manifest as ``damage`` says: the
+    cases every reader of a manifest must refuse by the checkpoint's name."""
+    def change(manifest: dict[str, Any]) -> dict[str, Any]:
+        if damage == "offset 1.5":
+            manifest["tensors"][0]["offset"] = 1.5
+        elif damage == "storage 99":
+            manifest["tensors"][0]["storage"] = 99
+        elif damage == "types a list":
+            manifest["state"]["types"] = [1]
+        elif damage == "a pickle past the end":
+            manifest["state"]["extra"]["obj"] = {"__pickle__": 99}
+        elif damage == "extra 900 deep":
+            deep: dict[str, Any] = {}
+            for _ in range(900):
+                deep = {"d": deep}
+            manifest["state"]["extra"] = deep
+        else:
+            raise ValueError(f"no such damage: {damage!r}")
+        return manifest
+    return change
 
 
 @pytest.mark.parametrize("damage", ["tensors gone", "a size that lies", "not an object",
@@ -358,22 +383,7 @@ def test_every_reader_of_a_damaged_manifest_names_the_checkpoint(tmp_path: Path,
     """diff, info and export read manifests too: they raised torch's TypeError,
     IndexError or RecursionError."""
     good, bad = two_saves(tmp_path)
-
-    def change(manifest: dict) -> dict:
-        if damage == "offset 1.5":
-            manifest["tensors"][0]["offset"] = 1.5
-        elif damage == "storage 99":
-            manifest["tensors"][0]["storage"] = 99
-        elif damage == "types a list":
-            manifest["state"]["types"] = [1]
-        else:
-            deep: dict = {}
-            for _ in range(900):
-                deep = {"d": deep}
-            manifest["state"]["extra"] = deep
-        return manifest
-
-    rewrite_manifest(tmp_path, bad, change)
+    rewrite_manifest(tmp_path, bad, damaged(damage))
     catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
     mgr = CheckpointManager(tmp_path)
     for read in (lambda: mgr.load(bad), lambda: mgr.info(bad), lambda: mgr.diff(good, bad),
