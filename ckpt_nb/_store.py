@@ -42,6 +42,9 @@ except ImportError:  # Windows
 
 _KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 TMP_MARK = ".tmp-"
+_TMP_HEX_DIGITS = 12  # after TMP_MARK in a temporary's name: which write made it
+# A temporary's name, its value's name first: ``LocalStore.writer`` makes no other.
+_TEMPORARY = re.compile(rf"(.+){re.escape(TMP_MARK)}[0-9a-f]{{{_TMP_HEX_DIGITS}}}")
 
 
 def check_key(key: str) -> str:
@@ -191,7 +194,7 @@ class LocalStore(Store):
         # The file system's refusals are StoreErrors naming the key: in opening, in each
         # write, and in closing; not what the caller's own code raises in between.
         path = self._path(key)
-        tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
+        tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:_TMP_HEX_DIGITS]}")
         with _writing(key, self.root):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -281,13 +284,25 @@ class LocalStore(Store):
                         yield key
 
     def sweep_temporaries(self) -> int:
+        """Remove the temporaries ckpt_nb's own writes left (``writer``'s names, in the
+        store's top and its own folders, not below): a user's ``notes.tmp-2.md``, and a
+        store inside this one's folder, with its saves in flight, are no part of it."""
         count = 0
-        for dirpath, _, files in os.walk(self.root):
-            for name in files:
-                if TMP_MARK in name:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(dirpath, name))
-                    count += 1
+        for folder in ("", *_OWN_FOLDERS):
+            path = self.root / folder
+            if folder and path.is_symlink():
+                continue  # (refused when the store opened: one made since is not its own)
+            try:
+                entries = os.scandir(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with entries:
+                for entry in entries:
+                    if entry.is_file(follow_symlinks=False) and \
+                            _is_own_temporary(entry.name, folder):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry.path)
+                            count += 1
         return count
 
 
@@ -302,8 +317,25 @@ def _is_key(key: str) -> bool:
     return True
 
 
+# The folders ckpt_nb writes its values into (``_format``; its format file is at the top).
+_OWN_FOLDERS = ("packs", "manifests", "labels", "runs", "deleted")
 # What ckpt_nb keeps at a local store's top: its folders, its format file, its catalog.
-_OWN_NAMES = re.compile(r"packs|manifests|labels|runs|deleted|ckpt_nb\.json|catalog\.sqlite.*")
+_OWN_NAMES = re.compile("|".join([*_OWN_FOLDERS, r"ckpt_nb\.json", r"catalog\.sqlite.*"]))
+
+
+def _is_own_temporary(name: str, folder: str) -> bool:
+    """Whether ``name``, in ``folder`` (one of ``_OWN_FOLDERS``, or "" for the store's top),
+    is a temporary ``LocalStore.writer`` made for a value of a name ckpt_nb makes: a store
+    named ``runs`` inside this one keeps its own ``ckpt_nb.json``'s."""
+    # (imported here: ``_format`` imports this module)
+    from ._format import FORMAT_KEY, id_of, is_deletion_key, is_pack_key, is_run_key
+
+    match = _TEMPORARY.fullmatch(name)
+    if match is None:
+        return False
+    key = f"{folder}/{match[1]}" if folder else match[1]
+    return key == FORMAT_KEY or is_pack_key(key) or is_deletion_key(key) or \
+        is_run_key(key) or id_of(key) is not None
 
 
 def _refuse_links(root: Path) -> None:

@@ -47,17 +47,35 @@ def _files(root: Path) -> list[str]:
 
 def test_sweep_temporaries_removes_leftovers(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    store.put("packs/a.pack", b"kept")
+    pack = f"packs/{'a' * 32}.pack"
+    store.put(pack, b"kept")
     store.put("ckpt_nb.json", b"{}")
-    (tmp_path / "packs" / "b.pack.tmp-0123456789ab").write_bytes(b"torn")
+    (tmp_path / "packs" / f"{'b' * 32}.pack.tmp-0123456789ab").write_bytes(b"torn")
     (tmp_path / "manifests").mkdir()
-    (tmp_path / "manifests" / "c.json.zst.tmp-ba9876543210").write_bytes(b"")
-    (tmp_path / "top.tmp-x").write_bytes(b"")
-    assert sorted(store.list()) == ["ckpt_nb.json", "packs/a.pack"]  # never listed
+    (tmp_path / "manifests" / "c0ffee.json.zst.tmp-ba9876543210").write_bytes(b"")
+    (tmp_path / "ckpt_nb.json.tmp-00112233aabb").write_bytes(b"")
+    (tmp_path / "top.tmp-x").write_bytes(b"a user's")  # (not a name ckpt_nb makes)
+    assert sorted(store.list()) == ["ckpt_nb.json", pack]  # never listed
     assert store.sweep_temporaries() == 3
-    assert _files(tmp_path) == ["ckpt_nb.json", "packs/a.pack"]
-    assert store.get("packs/a.pack") == b"kept"
+    assert _files(tmp_path) == ["ckpt_nb.json", pack, "top.tmp-x"]
+    assert store.get(pack) == b"kept"
     assert store.sweep_temporaries() == 0
+
+
+def test_sweep_temporaries_keeps_what_ckpt_nb_did_not_write(tmp_path: Path) -> None:
+    """Only the temporaries of names ckpt_nb makes, in its own folders: a user's files
+    named with ".tmp-", and the ones of a store inside this one's folder, stay."""
+    store = LocalStore(tmp_path)
+    others = ["results.tmp-old.csv", "notes.txt.tmp-0123456789ab",
+              "my_notes/draft.tmp-2.md", f"my_notes/{'d' * 32}.pack.tmp-0123456789ab",
+              f"child/packs/{'e' * 32}.pack.tmp-0123456789ab", "runs/ckpt_nb.json.tmp-0123456789ab",
+              "packs/deep/c0ffee.json.tmp-0123456789ab", "packs/x (1).pack.tmp-0123456789ab",
+              f"packs/{'f' * 32}.pack.tmp-0123"]
+    for name in others:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"not ckpt_nb's")
+    assert store.sweep_temporaries() == 0
+    assert _files(tmp_path) == sorted(others)
 
 
 def test_failed_write_leaves_no_temporary(tmp_path: Path) -> None:
