@@ -213,7 +213,17 @@ class LocalStore(Store):
                     os.fsync(fd)
                 os.close(fd)
                 fd = -1
-                os.replace(tmp, path)
+                try:
+                    os.replace(tmp, path)
+                except FileNotFoundError as exc:
+                    raise StoreError(
+                        f"cannot write {key} in the store {self.root}: its temporary "
+                        f"{tmp.name} was deleted while it was written, by something else that "
+                        "cleans that folder (a script, or an older ckpt_nb's gc of a store "
+                        "whose folder holds this one): nothing was saved under it, and what "
+                        "was saved before is intact; stop that cleanup, or move this store "
+                        "out of the other's folder, then save again"
+                    ) from exc
                 if self.durable:
                     _fsync_dir(path.parent)
         except BaseException:

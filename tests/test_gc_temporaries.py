@@ -7,11 +7,12 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
 
-from ckpt_nb import CheckpointManager, LocalStore
+from ckpt_nb import CheckpointManager, LocalStore, StoreError
 from conftest import Holder
 
 TESTS = Path(__file__).parent
@@ -90,3 +91,37 @@ def test_a_killed_saves_temporaries_are_still_swept(tmp_path: Path) -> None:
     assert list(mgr.list()["id"]) == [first]
     assert torch.equal(mgr.load(first).state["h"]["w"], torch.zeros(1000))
 
+
+def test_a_save_whose_temporary_is_deleted_under_it_is_a_store_error(tmp_path: Path) -> None:
+    """Something else cleaning the store's folder deletes a save's pack as it is written:
+    the save fails by name (it was a bare FileNotFoundError), and earlier ones stay."""
+    store = tmp_path / "store"
+    mgr = CheckpointManager(store)
+    first = mgr.save(h=Holder({"w": torch.zeros(1000)}), rng=False)
+    stop = threading.Event()
+
+    def clean() -> None:
+        while not stop.is_set():
+            for temporary in (store / "packs").glob("*.tmp-*"):
+                temporary.unlink(missing_ok=True)
+
+    cleaner = threading.Thread(target=clean)
+    cleaner.start()
+    try:
+        failures = []
+        for i in range(1, 6):  # (the cleaner may miss a save: a few tries)
+            try:
+                mgr.save(h=Holder({"w": torch.full((16 << 20,), float(i))}), rng=False)
+            except StoreError as exc:
+                failures.append(str(exc))
+                break
+    finally:
+        stop.set()
+        cleaner.join()
+    assert failures, "the cleaner deleted no save's temporary in 5 saves"
+    assert "was deleted while it was written" in failures[0] and "save again" in failures[0]
+    assert first in list(mgr.list()["id"])
+    assert torch.equal(mgr.load(first).state["h"]["w"], torch.zeros(1000))
+    assert mgr.verify().ok
+    mgr.gc()
+    assert temporaries(store) == []

@@ -78,6 +78,22 @@ def test_sweep_temporaries_keeps_what_ckpt_nb_did_not_write(tmp_path: Path) -> N
     assert _files(tmp_path) == sorted(others)
 
 
+def test_a_write_whose_temporary_is_deleted_is_a_store_error(tmp_path: Path) -> None:
+    """Something else deleting the temporary mid-write (a cleanup of the folder) fails the
+    write by name, the key's earlier value kept; it was a bare FileNotFoundError."""
+    store = LocalStore(tmp_path)
+    key = f"packs/{'a' * 32}.pack"
+    store.put(key, b"earlier")
+    with pytest.raises(StoreError, match=r"its temporary .*\.tmp-[0-9a-f]{12} was deleted "
+                       r"while it was written.*what was saved before is intact.*save again"):
+        with store.writer(key) as out:
+            out.write(b"later")
+            for temporary in (tmp_path / "packs").glob("*.tmp-*"):
+                temporary.unlink()
+    assert store.get(key) == b"earlier"
+    assert _files(tmp_path) == [key]
+
+
 def test_failed_write_leaves_no_temporary(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     store.put("k", b"old")
