@@ -997,7 +997,101 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                         f"{'is' if len(on_meta) == 1 else 'are'} on the meta device (built "
                         "under torch.device('meta')), with no memory to load into: give "
                         f"{name} memory first ({name}.to_empty(device='cpu')), then restore")
+    # (the checks above rule out what the comparison below cannot take: casts, expanded
+    # views, memory on the meta device)
+    return problems or _tie_conflicts(name, current, state)
+
+
+def _tie_conflicts(name: str, current: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:
+    """Keys whose live tensors overlap in memory (tied weights, views of one tensor) and
+    to which the checkpoint gives different values: load_state_dict would keep whichever
+    it copies last, and say nothing. Costs nothing where no live tensors overlap, or where
+    the checkpoint shares memory as the live module does (the usual tied weights)."""
+    by_storage: defaultdict[tuple[torch.device, int], list[str]] = defaultdict(list)
+    for key, live in current.items():
+        saved = state.get(key)
+        if all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
+               and not t.is_quantized for t in (live, saved)) \
+                and not isinstance(live, UninitializedTensorMixin) and live.numel():
+            try:
+                where = live.untyped_storage().data_ptr()
+            except (RuntimeError, NotImplementedError):  # (a wrapper subclass: no storage)
+                continue
+            by_storage[(live.device, where)].append(key)
+    problems = []
+    for keys in by_storage.values():
+        for overlapping in _overlapping(keys, current):
+            if not _loads_alike([current[k] for k in overlapping],
+                                [state[k] for k in overlapping]):
+                problems.append(
+                    f"{name}: {overlapping} share memory in the live module (tied weights, "
+                    "or views of one tensor) but the checkpoint holds different values for "
+                    "them (it was saved from a module where they were not tied): loading "
+                    "would keep only one. Restore into a module built as the saved one was "
+                    "(untied), or take the state from load(), drop the keys you do not "
+                    "want, and load_state_dict(..., strict=False) it yourself")
     return problems
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and past-the-last byte of its storage that a strided tensor reaches."""
+    first = t.storage_offset() * t.element_size()
+    return first, first + (1 + sum((n - 1) * step for n, step in zip(t.shape, t.stride()))) \
+        * t.element_size()
+
+
+def _overlapping(keys: list[str], tensors: Mapping[str, torch.Tensor]) -> list[list[str]]:
+    """The groups of two or more of ``keys`` (tensors of one storage) whose byte spans
+    overlap, each in ``keys``' order: views side by side in one buffer make none."""
+    groups: list[list[str]] = []
+    reach = -1
+    for key in sorted(keys, key=lambda k: _byte_span(tensors[k])):
+        first, last = _byte_span(tensors[key])
+        if first >= reach:
+            groups.append([])
+        groups[-1].append(key)
+        reach = max(reach, last)
+    return [sorted(group, key=keys.index) for group in groups if len(group) > 1]
+
+
+def _loads_alike(live: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:
+    """Whether copying ``saved`` into ``live`` (overlapping tensors), in order, leaves
+    each holding its saved bytes."""
+    def offset(t: torch.Tensor) -> int:
+        return t.storage_offset() * t.element_size()
+
+    if len({t.untyped_storage().data_ptr() for t in saved}) == 1 \
+            and len({offset(s) - offset(t) for s, t in zip(saved, live)}) == 1 \
+            and all(s.stride() == t.stride() for s, t in zip(saved, live)):
+        return True  # (the checkpoint shares memory as the live module does)
+    first = live[0]
+    if all(offset(t) == offset(first) and t.stride() == first.stride()
+           and t.shape == first.shape and t.dtype == first.dtype for t in live):
+        return all(_same_bytes(s, saved[0]) for s in saved[1:])  # (one tensor, tied)
+    # Else copy them, in order, into memory laid out as the live one (from its first
+    # byte they reach, rounded down so that each starts at a whole item), and compare.
+    start = min(offset(t) for t in live)
+    start -= start % max(t.element_size() for t in live)
+    scratch = torch.UntypedStorage(max(_byte_span(t)[1] for t in live) - start,
+                                   device=saved[0].device)
+    views = [torch.empty(0, dtype=t.dtype, device=scratch.device).set_(
+        scratch, (offset(t) - start) // t.element_size(), t.shape, t.stride()) for t in live]
+    for view, value in zip(views, saved):
+        view.copy_(value)
+    return all(_same_bytes(view, value) for view, value in zip(views, saved))
+
+
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one dtype and shape hold the same bytes (a NaN equals
+    itself); views of one memory are compared without reading it."""
+    a, b = (t.resolve_conj().resolve_neg() for t in (a, b.to(a.device)))
+    if a.is_complex():  # (complex128's 16 bytes: two float64s)
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    as_ints = _SAME_SIZE_INTS[a.element_size()]  # (views of any strides at one size)
+    return torch.equal(a.view(as_ints), b.view(as_ints))
 
 
 @functools.cache

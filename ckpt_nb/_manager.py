@@ -1468,7 +1468,9 @@ class CheckpointManager:
         in any case). Objects not passed stay in
         ``Checkpoint.state``; ``rng=False`` leaves the random generators alone.
         ``strict=False`` lets a module take a state with missing or unexpected keys
-        (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit.
+        (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit, and
+        keys the live module ties (tensors sharing memory) take no different values (a
+        checkpoint saved untied is refused: torch would keep one of them, silently).
         ``trust_pickle=True`` unpickles values stored as pickles (only for a store you
         trust: a pickle can run code). Raises ``StateMismatchError`` naming what does
         not fit, with nothing changed. A Ctrl-C while it reads changes nothing; one while
