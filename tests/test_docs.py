@@ -98,3 +98,32 @@ def test_the_demos_last_line_runs_as_printed(
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
     assert "val_loss" in done.stdout or "model/" in done.stdout, done.stdout
+
+
+def test_the_readme_python_api_block_runs_top_to_bottom(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It resolved "-1" with one checkpoint saved, annotated and exported the checkpoint it
+    had deleted a line before, saved after close(), and diffed a and b, never defined. Run
+    here as a script, given what it takes from a training loop (and the file it imports)."""
+    import torch
+
+    block = section("Python API").split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(3, 8)).sum().backward()
+    optimizer.step()
+    torch.save({"model_state_dict": model.state_dict(), "epoch": 1}, "old.pt")
+    events: list[str] = []
+    given = {"model": model, "optimizer": optimizer,
+             "sched": torch.optim.lr_scheduler.StepLR(optimizer, 1),
+             "scaler": torch.amp.GradScaler("cpu"),
+             "ema": torch.optim.swa_utils.AveragedModel(model),
+             "epoch": 3, "hist": [0.5, 0.4], "fn": lambda event, cid: events.append(event)}
+    exec(compile(block, "README.md, Python API", "exec"), given)  # noqa: S102 - our README
+    assert events == ["save", "save", "delete"]
+    with CheckpointManager("runs/exp1") as mgr:
+        assert list(mgr.list()["note"]) == ["baseline", "imported from old.pt", ""]
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "runs", "old.pt", "model.pt", "model.safetensors", "w.safetensors"}
