@@ -1025,7 +1025,8 @@ class Explorer(w.VBox):
         cid = self._resolve(which)
         self._progress(0, 1)
         try:  # CheckpointManager.export, with the decode's progress shown
-            written = write_file(self.manager.load(cid, progress=self._progress), target)
+            written = write_file(self.manager._read_for_export(cid, progress=self._progress),
+                                 target)
         finally:
             self._progress(1, 1)
         self._say(f"exported {cid} to {os.path.abspath(written)}")

@@ -9,6 +9,7 @@ up and checks every chunk against its digest before any live object changes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import gc
 import hashlib
@@ -68,6 +69,9 @@ T = TypeVar("T")
 # list()'s columns before its metrics'
 _LIST_COLUMNS = ("id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
                  "stored_bytes", "logical_bytes", "pinned", "best", "head", "note")
+# Set while an export reads the checkpoint it writes (``_read_for_export``)
+_EXPORT_READING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "ckpt_nb_export_reading", default=False)
 
 
 @dataclass(eq=False)
@@ -1626,7 +1630,7 @@ class CheckpointManager:
             raise CorruptCheckpointError(
                 f"checkpoint {cid}: its manifest does not describe a state "
                 f"({type(exc).__name__}: {exc})", cid) from exc
-        if unloaded:
+        if unloaded and not _EXPORT_READING.get():
             warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "
                  "pass trust_pickle=True to load them")
         return Checkpoint(
@@ -2509,8 +2513,18 @@ class CheckpointManager:
         from ._interop import check_export_path, write_file
 
         check_export_path(path)
-        return write_file(self.load(which, trust_pickle=trust_pickle, progress=progress), path,
-                          only=only)
+        return write_file(self._read_for_export(which, trust_pickle=trust_pickle,
+                                               progress=progress), path, only=only)
+
+    def _read_for_export(self, which: str, *, trust_pickle: bool = False,
+                        progress: ProgressFn | None = None) -> Checkpoint:
+        """``load`` for an export (``export``'s first step): the export's own warning names
+        each pickle it leaves out of the file and how to keep it, so this read says none."""
+        token = _EXPORT_READING.set(True)
+        try:
+            return self.load(which, trust_pickle=trust_pickle, progress=progress)
+        finally:
+            _EXPORT_READING.reset(token)
 
     def import_file(self, path: str | os.PathLike[str], *, trust_pickle: bool = False,
                     note: str | None = None) -> str:

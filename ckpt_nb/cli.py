@@ -673,7 +673,7 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     check_export_path(args.out)
     which = args.id if args.id == "latest" else _as_restored_back(mgr, args.id)[0]
     with _progress("export", "chunk") as progress:  # (the store's errors: "export failed")
-        ck = mgr.load(which, trust_pickle=args.trust_pickle, progress=progress)
+        ck = mgr._read_for_export(which, trust_pickle=args.trust_pickle, progress=progress)
     try:
         with _progress(f"export: writing {args.out}", bar_format="{desc}"):
             path = write_file(ck, args.out, only=args.only)
