@@ -320,12 +320,11 @@ class CheckpointManager:
         self.catalog = self._open_catalog(self._catalog_path(catalog))
         self._catch_up_with_a_copy_put_back()
         # The ranking the last save with a metric recorded, taken where none is given
-        # (this manager's saves then record nothing: it ranks as another's did).
-        self._ranking_taken: tuple[str, str] | None = (
-            None if metric is not None else self.catalog.ranking())
-        if self._ranking_taken is not None:
-            self.metric, self.mode = self._ranking_taken
+        # (this manager's saves then record nothing: it ranks as another's did), and
+        # taken again at each catch-up where a later save recorded another.
+        self._ranking_taken: tuple[str, str] | None = None
         self._ranking_said = False  # (that "best" came from the record: said once)
+        self._follow_recorded_ranking()
         self.head: str | None = None
         """The checkpoint the live objects came from (last saved or restored): the next
         save's parent."""
@@ -527,8 +526,9 @@ class CheckpointManager:
                 else:  # (a lock take opens it again, and reads the store where it is behind)
                     with self._exclusive(reading=True):
                         pass
-            return
-        self._read_store_again()
+        else:
+            self._read_store_again()
+        self._follow_recorded_ranking()
 
     def _read_store_again(self) -> None:
         """Bring the catalog up to the store where it is behind (rebuilt from the
@@ -794,11 +794,8 @@ class CheckpointManager:
                 older.close()
             self._replaced_catalogs = [catalog]
             self.catalog = self._open_catalog(str(catalog.path))
-            # (the ranking the new catalog records, where none was given; while first
-            # opened, __init__ takes it after)
-            if getattr(self, "_ranking_taken", None) is not None or self.metric is None:
-                self._ranking_taken = self.catalog.ranking()
-                self.metric, self.mode = self._ranking_taken or (None, self.mode)
+            if hasattr(self, "_ranking_taken"):  # (while first opened, __init__ takes it after)
+                self._follow_recorded_ranking()  # (the ranking the new catalog records)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -1421,6 +1418,28 @@ class CheckpointManager:
         raise CheckpointNotFoundError(
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
+
+    def _follow_recorded_ranking(self) -> None:
+        """Take the ranking the store records now, where this manager ranks by the
+        record (it was given no metric, and none was set on it since): a manager opened
+        before a save first recorded one (a notebook's explorer, opened before training
+        with ``on=``) said no save had, and a later ranking was not followed. Changed
+        under ``_busy``, so that a save on another thread never sees half of it (and
+        records that half as its own)."""
+        if not self._ranks_by_the_record() or self.catalog.ranking() == self._ranking_taken:
+            return  # (the lock only where it changed: it waits for a save on another thread)
+        with self._busy:
+            recorded = self.catalog.ranking()
+            if not self._ranks_by_the_record() or recorded == self._ranking_taken:
+                return
+            self._ranking_taken = recorded
+            self._ranking_said = False  # (another ranking: said again where "best" uses it)
+            self.metric, self.mode = recorded or (None, self.mode)
+
+    def _ranks_by_the_record(self) -> bool:
+        """Whether this manager ranks by the ranking the store records: it was given no
+        metric, and none was set on it since (a session's ``on=``)."""
+        return self.metric is None or (self.metric, self.mode) == self._ranking_taken
 
     def _ranks_its_saves(self) -> bool:
         """Whether this manager's saves record its ranking: it was given a metric (one

@@ -2584,7 +2584,10 @@ def _refuse_unranked_best(session: AutoSession, which: str,
                           ranking: tuple[str, str] | None) -> None:
     """"best" of a store that no metric ranks (none given, no save recorded one), refused
     with a rollback's ways on (the manager's names ``metric=``, which a rollback has not)."""
-    if str(which) == "best" and ranking is None and session.manager.metric is None and \
+    if str(which) != "best" or ranking is not None:
+        return
+    session.manager._catch_up()  # (the ranking a save recorded since it was opened, taken)
+    if session.manager.metric is None and \
             session.manager.catalog.newest_ids(1):  # (an empty store: the manager says so)
         raise CheckpointNotFoundError(
             "'best' needs a metric to rank by, and no save to this store recorded one: "

@@ -223,3 +223,55 @@ def test_of_equal_values_the_table_and_the_dag_mark_the_one_best_restores(
         assert _plots.best_by_metric(mgr.list()) == {"loss": ids[2]}
     bold, gold = explorer_best(tmp_path)
     assert bold[ids[2]] == ["loss"] and not bold[ids[1]] and gold == [ids[2]]
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_manager_opened_before_the_first_ranked_save_follows_the_record(
+        tmp_path: Path, where: str) -> None:
+    """A manager (a notebook's explorer) opened before a run with on= saved said "no save
+    to this store recorded" a metric, while a fresh one found the best: the ranking was
+    read at open alone. It follows the record (and a later one); one given metric= keeps
+    its own."""
+    url = tmp_path if where == "local" else f"memory://follow-{tmp_path.name}"
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(url) as warmup:
+        warmup.save(model, metrics={"bleu": 0.0, "wer": 1.0})  # (unranked)
+    early, given = CheckpointManager(url), CheckpointManager(url, metric="wer", mode="max")
+    ui = ckpt_nb.explore(url, namespace={}, poll_seconds=0)
+    try:
+        with pytest.raises(CheckpointNotFoundError, match="no save to this store recorded"):
+            early.resolve("best")
+        ids = bleu_store(url, metric="bleu", mode="max")  # type: ignore[arg-type]
+        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\), the ranking an "
+                                             "earlier save recorded"):
+            assert early.resolve("best") == ids[1]
+        assert list(early.list().query("best")["id"]) == [ids[1]]
+        assert early.restore("best", model=model, rng=False).id == ids[1]
+        ui.refresh()
+        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\)"):
+            assert ui.select("best") == [ids[1]]
+        assert [n["id"] for n in ui.dag.nodes if n["best"]] == [ids[1]]
+        with CheckpointManager(url, metric="wer") as asr:  # (another run: another record)
+            wer = asr.save(model, metrics={"wer": 0.01})
+        with pytest.warns(UserWarning, match=r"'best' is by wer \(min\)"):  # (said again)
+            assert early.resolve("best") == wer
+        worst = early.save(model, metrics={"wer": 2.0})  # (ranks as the record: records none)
+        assert given.resolve("best") == worst  # (it keeps its own: max)
+        assert (given.metric, given.mode) == ("wer", "max")
+        with CheckpointManager(url) as fresh:
+            assert (fresh.metric, fresh.mode) == ("wer", "min")
+    finally:
+        ui.close()
+        early.close()
+        given.close()
+
+
+def test_an_active_sessions_rollback_to_best_follows_a_ranking_recorded_since(
+        tmp_path: Path) -> None:
+    """The session's manager (no on=) was opened before another manager's ranked saves:
+    rollback("best") refused, saying no save to the store recorded a metric."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.auto(tmp_path, namespace={"model": model}):
+        ids = bleu_store(tmp_path, metric="bleu", mode="max")
+        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\)"):
+            assert ckpt_nb.rollback("best") == ids[1]
