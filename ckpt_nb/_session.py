@@ -2542,11 +2542,15 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     the last session in this process) and ``namespace`` (default: that session's).
     ``on`` ranks "best" for this rollback alone, as ``auto(on=...)`` takes it
     (``("val_loss", "min")`` or ``"val_loss:min"``): a store saved without one records no
-    metric to rank by; the store's record is left as it is."""
+    metric to rank by; the store's record is left as it is. A Ctrl-C while the store is
+    opened (a temporary session's) changes nothing, as one while the checkpoint is read,
+    and says so; one while a temporary session closes after the state went back is taken
+    once it is closed, saying the rollback finished (``RestoreInterrupts``)."""
     ranking = _rollback_ranking(which, on)
-    with _session_for(directory, namespace) as session, warnings_worded(*_RANK_BY_ANOTHER):
+    with RestoreInterrupts("rollback") as interrupts, _session_for(directory, namespace) \
+            as session, warnings_worded(*_RANK_BY_ANOTHER):
         _refuse_unranked_best(session, which, ranking)
-        return session.rollback(which, on=ranking)
+        return session._rollback(which, ranking, interrupts)
 
 
 def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,

@@ -232,3 +232,56 @@ def test_an_interrupt_in_ckpt_rollback_in_a_kernel_is_taken_once_it_is_done(
     finally:
         kernel.close()
 
+
+
+OPENING = COMMON + '''
+import sys
+history = [0]
+with ckpt_nb.auto("store", namespace=globals()):
+    train()
+ckpt_nb.rollback("latest", directory="store", namespace=globals())
+ckpt = parts()  # (as a rollback leaves it)
+
+def interrupt_in(code):
+    """Send this process SIGINT as ``code`` is called: a real Ctrl-C at that point."""
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code and not profile.sent:
+            profile.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+    profile.sent = False
+    sys.setprofile(profile)
+
+seen = {}
+for name, code in (("opening", ckpt_nb.CheckpointManager._open_catalog.__code__),
+                   ("closing", ckpt_nb._session.AutoSession.close.__code__)):
+    change()
+    before = parts()
+    interrupt_in(code)
+    try:
+        ckpt_nb.rollback("latest", directory="store", namespace=globals())
+        error = None
+    except KeyboardInterrupt as stop:
+        error = str(stop)
+    finally:
+        sys.setprofile(None)
+    seen[name] = {"which": which(ckpt, before), "error": error}
+print(json.dumps(seen))
+'''
+
+
+def test_an_interrupt_while_a_rollback_opens_or_closes_its_session_says_what_it_did(
+        tmp_path: Path) -> None:
+    """%ckpt_rollback in a kernel whose cell had ended opens a temporary session on the
+    store: a Ctrl-C there (about 1 in 6, 0-100 ms in) was a bare KeyboardInterrupt with
+    ckpt_nb's frames, not "nothing was changed"; one while it closed, after the state went
+    back, a bare one too."""
+    done = script(tmp_path, "opening.py", OPENING.replace("WIDTH", "256"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["opening"] == {"which": ALL_BEFORE | {"history": "before"}, "error":
+                               "rollback interrupted before anything was put back: nothing "
+                               "was changed"}
+    cid = re.findall(r"ckpt_nb: rolled back to (\w+)", done.stdout)
+    assert seen["closing"] == {"which": ALL_CKPT | {"history": "ckpt"}, "error":
+                               f"interrupted during the rollback to {cid[-1]}, which "
+                               "finished first: all of it was put back"}
