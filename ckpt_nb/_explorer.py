@@ -651,8 +651,8 @@ class Explorer(w.VBox):
             if self.table_frame is None or which not in set(self.table_frame["id"]):
                 raise
             raise CheckpointNotFoundError(
-                f"checkpoint {which} was deleted (by another process or notebook) since the "
-                "table was read") from None
+                f"checkpoint {which} was deleted (by retention or by hand, in this process or "
+                "another) since the table was read") from None
 
     def _check_store(self, *, read_empty: bool = False) -> None:
         """Refuse to read or act on a store removed while open: a local one's catalog lock
@@ -858,8 +858,8 @@ class Explorer(w.VBox):
     def _drop_pending(self, *, gone: bool = False) -> None:
         """Withdraw the question awaiting Confirm, if any: any other action, or a new
         selection, replaces it, so a later Confirm cannot act on what is no longer shown.
-        ``gone``: its checkpoint was deleted elsewhere, which the status line says (not
-        that the user cancelled it)."""
+        ``gone``: its checkpoint was deleted by something else (retention, another
+        manager), which the status line says (not that the user cancelled it)."""
         pending, self._pending_action = self._pending_action, None
         self.confirm_box.layout.display = "none"
         if pending is None:
@@ -868,11 +868,12 @@ class Explorer(w.VBox):
         if not gone:
             self._say(f"cancelled: the {action} of {cid}")
         elif action == "delete":
-            self._say(f"{cid} was deleted elsewhere (by another process or notebook) while "
-                      "its Delete awaited Confirm: nothing left to delete")
+            self._say(f"{cid} was deleted (by retention or by hand, in this process or another) "
+                      "while its Delete awaited Confirm: nothing left to delete")
         else:
-            self._say(f"⚠ the rollback to {cid} is withdrawn: {cid} was deleted elsewhere (by "
-                      "another process or notebook) while it awaited Confirm", error=True)
+            self._say(f"⚠ the rollback to {cid} is withdrawn: {cid} was deleted (by retention "
+                      "or by hand, in this process or another) while it awaited Confirm",
+                      error=True)
 
     def _ask_rollback(self) -> None:
         self._check_store()

@@ -291,8 +291,8 @@ def test_another_action_or_selection_withdraws_a_pending_confirm(store, digits: 
         ckpt_nb.CheckpointManager(path).delete(main[3])  # another manager's delete
         ui.refresh()  # as the follower does when it sees the catalog change
         assert ui.selected == [] and ui.confirm_box.layout.display == "none"
-        assert f"{main[3]} was deleted elsewhere (by another process or notebook) while " \
-            "its Delete awaited Confirm" in ui.status.value  # (it said "cancelled")
+        assert f"{main[3]} was deleted (by retention or by hand, in this process or another) " \
+            "while its Delete awaited Confirm" in ui.status.value  # (it said "cancelled")
         assert "cancelled" not in ui.status.value and "⚠" not in ui.status.value
 
         ui.select([branch[1]])
@@ -300,8 +300,8 @@ def test_another_action_or_selection_withdraws_a_pending_confirm(store, digits: 
         ckpt_nb.CheckpointManager(path).delete(branch[1])
         ui.refresh()
         assert ui.selected == [] and ui.confirm_box.layout.display == "none"
-        assert f"⚠ the rollback to {branch[1]} is withdrawn: {branch[1]} was deleted " \
-            "elsewhere" in ui.status.value
+        assert f"⚠ the rollback to {branch[1]} is withdrawn: {branch[1]} was deleted (by " \
+            "retention or by hand, in this process or another)" in ui.status.value
     finally:
         ui.close()
 
@@ -1396,6 +1396,25 @@ def test_plot_metrics_shortens_a_long_name_and_counts_infinite_points(tmp_path: 
     assert sum(len(line.get_xdata()) for line in ax.get_lines()) == 3
 
 
+def test_a_checkpoint_this_kernels_retention_deleted_is_not_blamed_on_another(
+        tmp_path: Path) -> None:
+    """An auto(keep=3) run in the explorer's own kernel deleted the checkpoint shown: the
+    explorer said it was deleted "by another process or notebook"."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(tmp_path) as mgr:
+        oldest = mgr.save(model, step=0)
+    ui = ckpt_nb.explore(tmp_path, namespace={"model": model}, poll_seconds=0)
+    try:
+        with ckpt_nb.CheckpointManager(tmp_path, max_to_keep=1) as kept:
+            kept.save(model, step=1)
+        with pytest.raises(ckpt_nb.CheckpointNotFoundError) as said:
+            ui.select(oldest)
+        assert str(said.value) == (f"checkpoint {oldest} was deleted (by retention or by hand, "
+                                   "in this process or another) since the table was read")
+    finally:
+        ui.close()
+
+
 def test_roll_back_names_a_checkpoint_deleted_underneath_as_pin_does(tmp_path: Path) -> None:
     mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
     model = torch.nn.Linear(2, 2)
@@ -1404,8 +1423,8 @@ def test_roll_back_names_a_checkpoint_deleted_underneath_as_pin_does(tmp_path: P
     try:
         ui.select([y])
         mgr.delete(y)  # another notebook's manager, before the table is read again
-        deleted = f"checkpoint {y} was deleted (by another process or notebook) since the " \
-            "table was read"
+        deleted = f"checkpoint {y} was deleted (by retention or by hand, in this process or " \
+            "another) since the table was read"
         for button in (ui.pin_button, ui.rollback_button):
             ui.status.value = ""
             button.click()
