@@ -954,6 +954,8 @@ class AutoSession:
         if position is not None and self.manager.catalog.get(position) is None:
             # Deleted since (the explorer's Delete, ckpt-nb rm): the state descends from
             # its nearest kept ancestor, as the manager's own next save would.
+            if _position_events.get(self.url) == "rollback":  # (a resume says so)
+                _deleted_rollbacks.setdefault(self.url, position)
             position = self.manager.catalog.heir_of(position)
             if position is None:
                 _forget_position(self.url)
@@ -966,6 +968,7 @@ class AutoSession:
         if event == "save":
             self._position = checkpoint_id
             _positions[self.url] = checkpoint_id
+            _deleted_rollbacks.pop(self.url, None)
             _position_events[self.url] = event
             _publish("save", checkpoint_id, self.url)
         elif event == "delete":  # (retention's, the end save's in place of the last)
@@ -982,6 +985,7 @@ class AutoSession:
         _positions[self.url] = ck.id
         _position_events[self.url] = event
         _position_objects[self.url] = (ck.step, _trained(objects))
+        _deleted_rollbacks.pop(self.url, None)
         _publish(event, ck.id, self.url)
 
     # -- life cycle ---------------------------------------------------------------
@@ -1711,6 +1715,12 @@ class AutoSession:
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
+        gone = _deleted_rollbacks.get(self.url) if candidate == position else None
+        if gone is not None:  # (its run record went with it: where its loops stood is lost)
+            self.say(f"checkpoint {gone}, rolled back to, was deleted since: resuming from "
+                     f"{ck.id}, its nearest kept ancestor, in its place (the state the rollback "
+                     f"put back is replaced by {ck.id}'s; %%ckpt_auto --no-resume trains on "
+                     "from it, its loops from the start)")
         self._pending = _Pending(ck, saved)
 
     def _count_on(self) -> None:
@@ -2167,6 +2177,9 @@ _sessions: list[AutoSession] = []  # the last is active; a cell's session sits o
 _history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
 _position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
+# store URL -> the checkpoint rolled back to where it was deleted since (the position is
+# its nearest kept ancestor then): a resume from that ancestor says it replaces its state
+_deleted_rollbacks: dict[str, str] = {}
 _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
 # Checkpoints that hold the tracked objects as a cell that stopped left them, and those
 # objects (weakly, by stored key): a resume of one keeps what later runs of this process
@@ -2274,6 +2287,7 @@ def _forget_position(url: str) -> None:
     _positions.pop(url, None)
     _position_objects.pop(url, None)
     _position_events.pop(url, None)
+    _deleted_rollbacks.pop(url, None)
 
 
 def _trained(objects: Iterable[Any]) -> list[weakref.ref[Any]]:

@@ -296,3 +296,22 @@ def test_a_finished_cell_in_a_new_kernel_says_how_to_take_its_end_instead(
     run(shell, TWO)
     assert run(shell, CELL_A.format(dir=store) + "# edited\n").success
     assert "ran to its end before" not in capsys.readouterr().out
+
+
+def test_a_rerun_after_the_checkpoint_rolled_back_to_was_deleted_says_it_resumes_another(
+        shell, tmp_path: Path, capsys) -> None:
+    """%ckpt_rollback X, X deleted (the explorer's Delete), the cell run again: it resumed
+    X's parent without a word, the state rolled back to replaced by an older one."""
+    store = tmp_path / "rb"
+    train = TRAIN.replace("--every-steps 6", "--every-steps 3").format(dir=store, options="")
+    run(shell, ONE)
+    assert run(shell, train).success
+    table = ckpt_nb.CheckpointManager(store).list().set_index("step")
+    rolled_back, parent = table.loc[6, "id"], table.loc[3, "id"]
+    assert run(shell, f"%ckpt_rollback {rolled_back}").success
+    with ckpt_nb.CheckpointManager(store) as manager:
+        manager.delete(rolled_back)
+    capsys.readouterr()
+    assert run(shell, train).success
+    assert f"ckpt_nb: checkpoint {rolled_back}, rolled back to, was deleted since: resuming " \
+        f"from {parent}, its nearest kept ancestor, in its place" in capsys.readouterr().out
