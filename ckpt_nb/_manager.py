@@ -41,7 +41,8 @@ from ._buffers import RESTORE_ARENA, scratch
 from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
                        Unflattener, as_stateful, flatten, has_pickle, load_all, rng_problem,
                        trained_storages)
-from ._catalog import CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow
+from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
+                       DamagedCatalog)
 from ._diff_values import ValueDiff, ValueSide
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
@@ -1898,6 +1899,11 @@ class CheckpointManager:
                     newer[cid] = _NOT_CHECKED
                 continue
             except CkptError as exc:
+                if isinstance(exc, StoreError) and not isinstance(exc, DamagedCatalog):
+                    # the backend failed (a server down): not damage, as restore says
+                    raise StoreError(f"verify failed: the store could not be read ({exc}); "
+                                     "nothing is known to be damaged: run it again when "
+                                     "the store answers") from exc
                 problems = [str(exc)]
             if self.catalog.get(cid) is None:
                 continue  # deleted meanwhile (retention, in this process or another)

@@ -579,7 +579,9 @@ def _as_restored(mgr: CheckpointManager, which: str) -> tuple[str, str | None]:
 def _newest_verifying(mgr: CheckpointManager, progress: Any,
                       skipped: list[str]) -> str | None:
     """The newest checkpoint that verifies (None where none does, or each was deleted
-    while it was read), adding each newer one passed over, with why, to ``skipped``."""
+    while it was read), adding each newer one passed over, with why, to ``skipped``. A
+    store that cannot be read (verify's StoreError) passes none over: it is raised, as
+    restore("latest") raises it."""
     for cid in reversed(list(mgr.list()["id"])):
         try:
             report = mgr.verify([cid], progress=progress)

@@ -1,0 +1,134 @@
+"""An S3 server (moto's, on loopback) that goes away in the middle of an operation, behind
+a relay that stops passing requests on; and the URLs an object store is refused under.
+
+A failure of the backend is a ``StoreError`` saying so, never a report of damage, nor a
+checkpoint said to be unsaved that was committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from conftest import Holder
+
+from ckpt_nb import CheckpointManager, StoreError
+from ckpt_nb.cli import main as cli
+
+s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.randn(200_000, generator=torch.Generator().manual_seed(seed))}
+
+
+class OutageRelay:
+    """A TCP relay to the S3 server that goes down (closes each connection at its next
+    request, and each new one at once) when ``down`` is set, or at the first request
+    whose head holds ``trip``: that request is not passed on either. Each request that
+    holds ``refuse`` is not passed on, its connection closed (a server failing one
+    object's reads, retries and all)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.target = int(endpoint.rsplit(":", 1)[1])
+        self.down = False
+        self.trip: bytes | None = None
+        self.refuse: bytes | None = None
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down:
+                client.close()
+                continue
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.held += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False),
+                             daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(1 << 16):
+                if requests and self.trip is not None and self.trip in data:
+                    self.down = True
+                if self.down or requests and self.refuse is not None and self.refuse in data:
+                    break
+                sink.sendall(data)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for sock in (self.listener, *self.held):
+            sock.close()
+
+
+@pytest.fixture
+def relay(bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[OutageRelay]:
+    """The bucket's server behind a relay, which this process (the CLI too) talks to."""
+    import fsspec.config
+
+    relay = OutageRelay(endpoint)
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", relay.endpoint)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": relay.endpoint})
+    yield relay
+    relay.close()
+
+
+def saved(url: str, n: int) -> tuple[list[str], bytes]:
+    """``n`` checkpoints saved in ``url``: their ids, and the path the newest one's pack
+    is asked for under (as a request's head holds it)."""
+    with CheckpointManager(url) as mgr:
+        ids = [mgr.save(h=Holder(weights(seed)), step=seed) for seed in range(n)]
+        digest = mgr._manifest(ids[-1])["storages"][0]["chunks"][0][0]
+        pack = mgr.catalog.chunks([digest])[digest].pack
+    return ids, f"/{url.removeprefix('s3://')}/{pack}".encode()
+
+
+def test_verify_while_the_server_is_down_fails_and_calls_nothing_damaged(
+        bucket: str, relay: OutageRelay, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint whose pack the server failed to give was reported as failing
+    verification (while the server was down: "3 of 3 checkpoints fail verification")."""
+    url = f"s3://{bucket}/exp"
+    _, newest_pack = saved(url, 3)
+    mgr = CheckpointManager(url)
+    relay.refuse = newest_pack
+    with pytest.raises(StoreError, match=r"verify failed: the store could not be read \(.*"
+                                         r"\); nothing is known to be damaged: run it again"):
+        mgr.verify()
+    assert cli(["verify", url]) == 1
+    out, err = capsys.readouterr()
+    assert "bad:" not in out and "nothing is known to be damaged" in err, (out, err)
+    relay.refuse = None
+    assert mgr.verify().ok
+    relay.down = True  # (the server goes, for good)
+    with pytest.raises(StoreError):
+        mgr.verify()
+
+
+def test_show_latest_while_a_read_fails_fails_and_shows_no_older_one(
+        bucket: str, relay: OutageRelay, capsys: pytest.CaptureFixture[str]) -> None:
+    """One failed read of the newest checkpoint's pack passed it over as damaged: an
+    older one was shown as 'latest', as restore("latest") never does."""
+    url = f"s3://{bucket}/exp"
+    ids, newest_pack = saved(url, 3)
+    relay.refuse = newest_pack
+    assert cli(["show", url, "latest"]) == 1
+    out, err = capsys.readouterr()
+    assert ids[1] not in out + err and "nothing is known to be damaged" in err, (out, err)
+    relay.refuse = None
+    assert cli(["show", url, "latest"]) == 0 and ids[2] in capsys.readouterr().out
