@@ -1015,7 +1015,14 @@ class CheckpointManager:
         that exists). The catalog then forgets it again."""
         if self.store.locked_everywhere:
             return
-        gone = [key for key in (manifest_key(cid), *sorted(packs)) if not self.store.has(key)]
+        try:
+            gone = [key for key in (manifest_key(cid), *sorted(packs)) if not self.store.has(key)]
+        except StoreError as exc:  # committed, its files uploaded: it stands, unchecked
+            warn(f"checkpoint {cid} is saved, but the store could not be asked whether its "
+                 f"files are still there ({exc}): another machine's gc may have taken them "
+                 "meanwhile; once the store answers, verify() (`ckpt-nb verify`) checks it",
+                 RuntimeWarning)
+            return
         if gone:
             self.catalog.delete_checkpoints([cid])
             raise StoreError(

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import Holder
 
-from ckpt_nb import CheckpointManager, StoreError
+from ckpt_nb import CheckpointManager, FsspecStore, StoreError
 from ckpt_nb.cli import main as cli
 
 s3fs = pytest.importorskip("s3fs")
@@ -132,3 +132,27 @@ def test_show_latest_while_a_read_fails_fails_and_shows_no_older_one(
     assert ids[1] not in out + err and "nothing is known to be damaged" in err, (out, err)
     relay.refuse = None
     assert cli(["show", url, "latest"]) == 0 and ids[2] in capsys.readouterr().out
+
+
+def test_a_committed_save_whose_files_the_store_cannot_be_asked_about_stands(
+        bucket: str, relay: OutageRelay, endpoint: str) -> None:
+    """The server went away after the commit, at the HEAD requests that check the
+    save's files are still there: the save said "so it was not saved", yet it was
+    committed, and the next save forked a branch beside it."""
+    url = f"s3://{bucket}/exp"
+    mgr = CheckpointManager(url)
+    first = mgr.save(h=Holder(weights(1)))
+    relay.trip = f"HEAD /{bucket}/exp/manifests/".encode()
+    with pytest.warns(RuntimeWarning, match="is saved, but the store could not be asked "
+                                            "whether its files are still there.*verify"):
+        second = mgr.save(h=Holder(weights(2)))
+    relay.down, relay.trip = False, None
+    assert mgr.head == second and mgr.verify().ok
+    third = mgr.save(h=Holder(weights(3)))
+    parents = mgr.list().set_index("id")["parent"].to_dict()
+    assert parents == {first: None, second: first, third: second}
+    with pytest.warns(RuntimeWarning, match="rebuilt"):  # (another endpoint's cache)
+        elsewhere = CheckpointManager(FsspecStore(url, endpoint_url=endpoint))
+    target = Holder({})
+    elsewhere.restore(second, h=target)
+    assert torch.equal(target.state["w"], weights(2)["w"])
