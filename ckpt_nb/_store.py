@@ -719,7 +719,9 @@ class FsspecStore(Store):
     over one) is refused, naming the folder: a local store is a ``LocalStore``, which
     every manager of that folder locks, and whose writes are atomic. Through fsspec its
     catalog and lock were a cache elsewhere, and another manager's gc deleted its
-    checkpoints.
+    checkpoints. So are a caching file system (``simplecache::s3://...``), whose stale
+    copies of the labels other machines rewrite hid their pins from retention, and one
+    that only reads (http, an archive), each by name.
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
@@ -740,6 +742,14 @@ class FsspecStore(Store):
                 f"(CheckpointManager({folder!r}), LocalStore({folder!r})), whose lock every "
                 "manager of the folder takes and whose writes are atomic; through fsspec, "
                 "another manager's gc there would delete the checkpoints saved this way")
+        cache = _cache_in(url, self.fs)
+        if cache is not None:
+            raise ValueError(
+                f"{url}: {cache}:: serves what it read once from a copy on this machine, "
+                "while other machines rewrite a store's labels (pins, notes) in place: a "
+                "checkpoint pinned there would read as unpinned here, and retention here "
+                f"would delete it. Give the URL without {cache}:: (ckpt_nb keeps its own "
+                "cache of the store's catalog on this machine)")
         if "//" in root.strip("/"):
             # An object store keeps the empty segment in its keys: s3://b//x is another
             # store than s3://b/x, whose listings (by folder) found nothing in it.
@@ -960,6 +970,22 @@ def _local_folder(fs: Any, root: str) -> str | None:
             root = fs._join(root)
         fs = inner
     return root
+
+
+def _cache_in(url: str, fs: Any) -> str | None:
+    """The scheme, as ``url`` spells it, of a caching file system (simplecache,
+    filecache, blockcache) in the chain ``fs`` opens, which serves a file it read once
+    from its copy on this machine; else None."""
+    from fsspec import AbstractFileSystem
+    from fsspec.implementations.cached import CachingFileSystem
+
+    while isinstance(fs, AbstractFileSystem):
+        if isinstance(fs, CachingFileSystem):
+            names = _protocols(fs)
+            return next((part for part in url.split("::") if part in names),
+                        sorted(names)[0])
+        fs = getattr(fs, "fs", None)
+    return None
 
 
 def _check_bucket(url: str, root: str) -> None:

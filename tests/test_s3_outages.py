@@ -156,3 +156,14 @@ def test_a_committed_save_whose_files_the_store_cannot_be_asked_about_stands(
     target = Holder({})
     elsewhere.restore(second, h=target)
     assert torch.equal(target.state["w"], weights(2)["w"])
+
+
+def test_a_cache_over_the_store_is_refused_naming_it(bucket: str) -> None:
+    """simplecache:: served a label another machine had rewritten from its stale copy:
+    a checkpoint pinned there read as unpinned, and retention here deleted it."""
+    for cache in ("simplecache", "filecache", "blockcache"):
+        url = f"{cache}::s3://{bucket}/exp"
+        with pytest.raises(ValueError, match=f"Give the URL without {cache}::"):
+            CheckpointManager(url)
+        assert cli(["ls", url]) == 2
+    assert not s3fs.S3FileSystem().find(bucket)  # (nothing written)
