@@ -990,8 +990,9 @@ def _cache_in(url: str, fs: Any) -> str | None:
 
 def _check_bucket(url: str, root: str) -> None:
     """Refuse an S3 URL whose bucket botocore would refuse at each request (with a
-    page of its regexes), or that names none; an access point's ARN is left to it."""
-    bucket = root.lstrip("/").split("/", 1)[0]
+    page of its regexes), or that names none (s3:///x); an access point's ARN is left
+    to it."""
+    bucket = root.split("/", 1)[0]
     if bucket.startswith("arn:") or _S3_BUCKET.fullmatch(bucket):
         return
     if not bucket:

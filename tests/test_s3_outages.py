@@ -167,3 +167,10 @@ def test_a_cache_over_the_store_is_refused_naming_it(bucket: str) -> None:
             CheckpointManager(url)
         assert cli(["ls", url]) == 2
     assert not s3fs.S3FileSystem().find(bucket)  # (nothing written)
+
+
+def test_a_url_with_no_bucket_before_its_path_says_it_names_none() -> None:
+    """s3:///x said "The specified bucket does not exist", naming none."""
+    for url in ("s3:///exp", "s3://"):
+        with pytest.raises(ValueError, match=f"{url} names no bucket"):
+            FsspecStore(url)
