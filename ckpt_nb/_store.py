@@ -727,6 +727,7 @@ class FsspecStore(Store):
     def __init__(self, url: str, **storage_options: object) -> None:
         import fsspec
 
+        _check_writable(url)
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **_with_timeouts(url, storage_options))
         except ValueError as exc:
@@ -735,6 +736,9 @@ class FsspecStore(Store):
             raise ValueError(f"{url}: no storage knows the scheme {url.split('://')[0]!r}: a "
                              "store is a path, a file:// URL or an fsspec URL "
                              "(s3://bucket/path, with pip install \"ckpt_nb[s3]\")") from exc
+        except OSError as exc:  # (a file system that connects as it opens: ftp, sftp, ...)
+            raise StoreError(f"opening {url} failed: {exc} (check that the server is up, "
+                             "and its address in the URL)") from exc
         folder = _local_folder(self.fs, root)
         if folder is not None:
             raise ValueError(
@@ -986,6 +990,30 @@ def _cache_in(url: str, fs: Any) -> str | None:
                         sorted(names)[0])
         fs = getattr(fs, "fs", None)
     return None
+
+
+# File systems that only read (a web server's files, an archive's, a repository's at a
+# commit): a store's files are written, deleted and rewritten in place.
+_READ_ONLY = {"http": "a web server's files", "https": "a web server's files",
+              "zip": "an archive's files", "tar": "an archive's files",
+              "libarchive": "an archive's files", "github": "a repository's files",
+              "gist": "a gist's files", "git": "a repository's files",
+              "reference": "references to files", "data": "data in its URL"}
+_ARCHIVES = {"zip", "tar", "libarchive"}
+
+
+def _check_writable(url: str) -> None:
+    """Refuse a URL whose chain opens a file system that only reads, by name, before
+    it is opened (an archive's is opened as a file, and http's kept the scheme in its
+    paths, called an empty path segment)."""
+    for part in url.split("::"):
+        scheme = part.split("://", 1)[0]
+        if scheme in _READ_ONLY:
+            instead = "unpack the archive into a folder and give its path" \
+                if scheme in _ARCHIVES else \
+                "give a folder's path or a URL that can be written (s3://bucket/path)"
+            raise ValueError(f"{url}: {scheme}:// reads {_READ_ONLY[scheme]} and writes "
+                             f"none, and a store's files are written and deleted: {instead}")
 
 
 def _check_bucket(url: str, root: str) -> None:
