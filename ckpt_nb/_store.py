@@ -796,13 +796,23 @@ class FsspecStore(Store):
         except (FileNotFoundError, StoreError):
             raise
         except Exception as exc:  # noqa: BLE001 - any backend's own (botocore's are not OSError)
-            raise StoreError(f"{what} at {self.url} failed: {exc}{self._hint(exc)}") from exc
+            raise StoreError(f"{what} at {self.url} failed: {exc}"
+                             f"{self._hint(exc, writing=what.startswith(_WRITES))}") from exc
 
-    def _hint(self, exc: Exception) -> str:
-        """What to check where the server refused who we are (S3's 403), or where there
-        were no credentials to give it."""
+    def _hint(self, exc: Exception, writing: bool = False) -> str:
+        """What to check where the server could not be reached, where it refused who we
+        are (S3's 403) or, in a write, what we may do, or where there were no credentials
+        to give it."""
+        if isinstance(exc, (ConnectionError, TimeoutError)) or _UNREACHABLE.search(str(exc)):
+            where = ": FSSPEC_S3_ENDPOINT_URL, or FsspecStore(url, endpoint_url=...)" \
+                if self._s3 else ""
+            return f" (check that the server is up, and its address{where})"
         if not (isinstance(exc, PermissionError) or _DENIED.search(str(exc))):
             return ""
+        if writing and _WRITE_DENIED.search(str(exc)):
+            return (" (the credentials given may not write or delete there: check that "
+                    "they are allowed to, not only to read (on S3, s3:PutObject and "
+                    "s3:DeleteObject on the bucket's objects))")
         if self._s3:
             return (" (check the credentials: the AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY environment variables, ~/.aws/credentials, "
@@ -914,6 +924,16 @@ _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"
 _DENIED = re.compile(r"Forbidden|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|"
                      r"InvalidClientTokenId|ExpiredToken|Unable to locate credentials|"
                      r"Partial credentials found")
+# A refusal of what the credentials ask (S3's AccessDenied, which s3fs words "Access
+# Denied"), not of who they are: in a write, by credentials that may only read.
+_WRITE_DENIED = re.compile(r"Access ?Denied|Forbidden")
+# A server not reached: refused, not answering, or a name that does not resolve
+# (botocore's words, and aiohttp's).
+_UNREACHABLE = re.compile(r"Could not connect to the endpoint URL|Connect timeout on endpoint|"
+                          r"Read timeout on endpoint|Cannot connect to host|"
+                          r"Connection refused|Connection was closed before")
+# What ``FsspecStore._asking`` says of a request that writes or deletes.
+_WRITES = ("upload of", "deleting")
 # The longest an upload to an asynchronous file system (s3fs) may take: this many seconds,
 # plus its size at this rate (bytes a second): a server that stops reading fails the save.
 UPLOAD_SECONDS = 120.0

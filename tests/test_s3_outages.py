@@ -8,13 +8,15 @@ checkpoint said to be unsaved that was committed.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import Holder
+from conftest import CREDENTIALS, Holder, s3_server
 
 from ckpt_nb import CheckpointManager, FsspecStore, StoreError
 from ckpt_nb.cli import main as cli
@@ -108,7 +110,8 @@ def test_verify_while_the_server_is_down_fails_and_calls_nothing_damaged(
     mgr = CheckpointManager(url)
     relay.refuse = newest_pack
     with pytest.raises(StoreError, match=r"verify failed: the store could not be read \(.*"
-                                         r"\); nothing is known to be damaged: run it again"):
+                                         "check that the server is up.*FSSPEC_S3_ENDPOINT_URL"
+                                         r".*\); nothing is known to be damaged: run it again"):
         mgr.verify()
     assert cli(["verify", url]) == 1
     out, err = capsys.readouterr()
@@ -174,3 +177,52 @@ def test_a_url_with_no_bucket_before_its_path_says_it_names_none() -> None:
     for url in ("s3:///exp", "s3://"):
         with pytest.raises(ValueError, match=f"{url} names no bucket"):
             FsspecStore(url)
+
+
+def read_only_user(endpoint: str) -> dict[str, str]:
+    """Credentials (as environment variables) of a user who may read the server's
+    buckets, and not write them (four requests)."""
+    import boto3
+
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1")
+    iam.create_user(UserName="reader")
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["s3:Get*", "s3:List*"], "Resource": "*"}]}
+    iam.put_user_policy(UserName="reader", PolicyName="read",
+                        PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    return {"AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+
+
+def test_a_write_the_credentials_may_not_make_says_they_may_only_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write with credentials that may read the bucket said "check the credentials"
+    (the variables that give them), which were right: they may not write."""
+    import fsspec.config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    # (the first five requests unchecked: the bucket, and the user made with them)
+    server = s3_server({"INITIAL_NO_AUTH_ACTION_COUNT": "5"})
+    endpoint = next(server)
+    try:
+        import boto3
+
+        monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", endpoint)
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket="runs")
+        reader = read_only_user(endpoint)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
+        for name, value in reader.items():  # (what no policy names is allowed to none)
+            monkeypatch.setenv(name, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        with pytest.raises(StoreError, match="upload of ckpt_nb.json .*failed: Access Denied "
+                                             r"\(the credentials given may not write or "
+                                             "delete there.*s3:PutObject"):
+            CheckpointManager("s3://runs/exp")  # (a new store: its format is written)
+    finally:
+        next(server, None)
