@@ -2,7 +2,8 @@
 
     ckpt_nb.json                 {"format": 3}
     packs/<hex>.pack             b"CKNBPAK1" | blobs ... | index JSON | u64 len | b"CKNBIDX1"
-    manifests/<id>.json.zst      one checkpoint's tensors, chunks and JSON state
+    manifests/<id>.json.zst      one checkpoint's tensors, chunks and JSON state (a zstd
+                                 frame with its content checksum; none before it came)
     labels/<id>.json             what changed after its save: pin, note, a parent deleted
     runs/<run id>.json           where a notebook cell's run ended, and its checkpoints
                                  on the path to each end (``_session``), a run at a time
@@ -313,7 +314,10 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
         raise CaptureError(f"the checkpoint's plain values take {len(text) >> 20} MiB as JSON, "
                            f"over the {MANIFEST_LIMIT >> 30} GiB a manifest holds: keep large "
                            "values as tensors or NumPy arrays, which are stored as raw bytes")
-    return zstandard.ZstdCompressor(level=3).compress(text)
+    # With the frame's content checksum: a manifest's own check, where no catalog holds its
+    # digest (a rebuilt one reads the digest off the file). Any zstd reader checks it (a
+    # ckpt_nb from before it too), and reads a manifest written without it as before.
+    return zstandard.ZstdCompressor(level=3, write_checksum=True).compress(text)
 
 
 def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:

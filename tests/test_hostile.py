@@ -19,6 +19,7 @@ import zstandard
 from conftest import Holder
 
 from ckpt_nb import CheckpointManager, CorruptCheckpointError, StoreError, StoreFormatError
+from ckpt_nb._format import decode_manifest
 
 
 def two_saves(store: Path) -> tuple[str, str]:
@@ -392,6 +393,102 @@ def test_every_reader_of_a_damaged_manifest_names_the_checkpoint(tmp_path: Path,
             read()
         except CorruptCheckpointError as exc:
             assert bad in str(exc)
+
+
+def lose_catalog(store: Path) -> None:
+    for sidecar in store.glob("catalog.sqlite*"):
+        sidecar.unlink()
+
+
+def _with_lr_changed(frame: bytes, lr: float) -> tuple[int, int]:
+    """Where a flipped bit leaves ``frame`` a manifest that reads, all as it was but the
+    optimizer's lr (zstd holds the JSON's digits as they are: many such bits exist)."""
+    def read(data: bytes) -> Any:
+        try:
+            return json.loads(zstandard.ZstdDecompressor().decompress(data))
+        except (zstandard.ZstdError, ValueError):
+            return None
+
+    whole = read(frame)
+    for position in range(18, len(frame)):  # (past the frame's header: its size as it was)
+        for bit in range(8):
+            flipped = bytearray(frame)
+            flipped[position] ^= 1 << bit
+            changed = read(bytes(flipped))
+            try:
+                group = changed["state"]["objects"]["optimizer"]["param_groups"][0]
+            except (KeyError, TypeError, IndexError):
+                continue
+            if isinstance(group, dict) and group.get("lr") not in (lr, None):
+                group["lr"] = lr
+                if changed == whole:
+                    return position, bit
+    raise AssertionError("no single bit changes the lr alone")
+
+
+def test_a_bit_flipped_in_a_manifest_is_damage_where_no_catalog_holds_its_digest(
+        tmp_path: Path) -> None:
+    """A manifest was checked by its digest in the catalog alone: one rebuilt (lost, a
+    read-only store's, an object store opened on a new machine) took the digest off the
+    flipped file, verify() said ok, and restore() put back lr 7.25 where 0.25 was saved."""
+    from ckpt_nb.cli import main
+
+    model = torch.nn.Linear(8, 8)
+    with CheckpointManager(tmp_path) as mgr:
+        good = mgr.save(model, torch.optim.SGD(model.parameters(), lr=0.5), rng=False)
+        bad = mgr.save(model, torch.optim.SGD(model.parameters(), lr=0.25), rng=False)
+    path = tmp_path / "manifests" / f"{bad}.json.zst"
+    blob = path.read_bytes()
+    # The frame a ckpt_nb without the checksum wrote holds the same blocks, after a
+    # header as long: a bit that changes its lr alone is one of this frame's.
+    bare = zstandard.ZstdCompressor(level=3).compress(zstandard.ZstdDecompressor()
+                                                      .decompress(blob))
+    assert blob[5:len(bare)] == bare[5:]
+    position, bit = _with_lr_changed(bare, 0.25)
+    flipped = bytearray(blob)
+    flipped[position] ^= 1 << bit
+    path.write_bytes(bytes(flipped))
+    lose_catalog(tmp_path)
+    with pytest.warns(RuntimeWarning, match=f"left out: checkpoint {bad} .*is unreadable"):
+        mgr = CheckpointManager(tmp_path)
+    assert list(mgr.verify().bad) == [bad]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad} is damaged"):
+        mgr.restore(bad, model=model, optimizer=optimizer)
+    assert mgr.restore("latest", model=model, optimizer=optimizer).id == good
+    assert optimizer.param_groups[0]["lr"] == 0.5
+    mgr.close()
+    assert main(["verify", str(tmp_path)]) == 1
+
+
+def test_every_bit_flipped_in_a_manifest_is_refused_or_changes_nothing(
+        tmp_path: Path) -> None:
+    """Before the frame's checksum, half of a manifest's flipped bits read as other JSON."""
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(torch.nn.Linear(4, 4), epoch=3, rng=False, extra={"lr": 0.25})
+    blob = (tmp_path / "manifests" / f"{cid}.json.zst").read_bytes()
+    whole = decode_manifest(blob, cid)
+    for position in range(len(blob)):
+        for bit in range(8):
+            flipped = bytearray(blob)
+            flipped[position] ^= 1 << bit
+            try:
+                assert decode_manifest(bytes(flipped), cid) == whole, (position, bit)
+            except CorruptCheckpointError:
+                pass
+
+
+def test_a_manifest_written_without_the_checksum_reads_as_before(tmp_path: Path) -> None:
+    """As a ckpt_nb before the checksum wrote it, in a catalog rebuilt from it."""
+    good, bad = two_saves(tmp_path)
+    rewrite_manifest(tmp_path, bad, lambda manifest: manifest)  # (no checksum)
+    path = tmp_path / "manifests" / f"{bad}.json.zst"
+    assert not zstandard.get_frame_parameters(path.read_bytes()).has_checksum
+    lose_catalog(tmp_path)
+    with pytest.warns(RuntimeWarning, match="2 checkpoints recovered"):
+        mgr = CheckpointManager(tmp_path)
+    assert mgr.verify().ok
+    assert mgr.load(bad).epoch == 1
 
 
 def test_a_manifest_a_save_wrote_over_256_mib_reads_in_a_fresh_manager(tmp_path: Path) -> None:
