@@ -35,6 +35,7 @@ of floats as bytes, and paths, dates, decimals, UUIDs and the like
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -332,7 +333,7 @@ def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     problem = _manifest_problem(manifest)
     if problem:
         raise CorruptCheckpointError(
-            f"manifest of checkpoint {checkpoint_id} is damaged: {problem}", checkpoint_id)
+            f"checkpoint {checkpoint_id}: its manifest is damaged ({problem})", checkpoint_id)
     if manifest.get("format", 0) > MANIFEST_FORMAT:
         raise StoreFormatError(
             f"checkpoint {checkpoint_id} has format {manifest['format']}: upgrade ckpt_nb"
@@ -359,7 +360,8 @@ def _inflate(data: bytes) -> bytes:
 
 
 def _manifest_problem(manifest: Any) -> str | None:
-    """What is wrong with a decoded manifest's frame, if anything."""
+    """What is wrong with a decoded manifest's frame, if anything: its storages, and
+    its tensors' places in them."""
     if not isinstance(manifest, dict):
         return f"it holds a {type(manifest).__name__}, not an object"
     if not is_count(manifest.get("format", 0)):
@@ -377,4 +379,79 @@ def _manifest_problem(manifest: Any) -> str | None:
                         and _DIGEST.fullmatch(c[0]) and is_count(c[1]) for c in chunks)
                 and sum(c[1] for c in chunks) == storage["nbytes"]):
             return "a storage's chunks do not add up to its size"
+    for index, tensor in enumerate(tensors):
+        problem = _tensor_problem(tensor, storages)
+        if problem:
+            return f"tensor {index} ({str(tensor.get('name'))[:80]!r}): {problem}"
+    return None
+
+
+_INT64_END = 1 << 63
+
+
+def _tensor_problem(tensor: dict[str, Any], storages: list[dict[str, Any]]) -> str | None:
+    """What in a tensor's record does not fit in its storage, if anything: torch refuses
+    such a view with a bare error, at a read; checked with the manifest, ``verify()`` and
+    a rebuilt catalog name the checkpoint too."""
+    index = tensor.get("storage")
+    if not (is_count(index) and index < len(storages)):
+        return f"its storage {index!r} is not one of the {len(storages)} it has"
+    storage = storages[index]
+    if storage.get("kind", "tensor") != "tensor":
+        return f"its storage {index} holds a pickle, not a tensor's bytes"
+    offset, shape, stride = tensor.get("offset"), tensor.get("shape"), tensor.get("stride")
+    if not (isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride)
+            and all(is_count(n) and n < _INT64_END for n in (offset, *shape, *stride))):
+        return (f"its offset {offset!r}, shape {shape!r} and stride {stride!r} are not "
+                "whole numbers from 0, with a stride for each size")
+    numel = 1
+    for size in shape:  # (as torch counts, where a product past 64 bits is refused)
+        numel *= size
+        if numel >> 64:
+            break
+    if numel >= _INT64_END:
+        return f"its shape {shape} holds more elements than a tensor can"
+    dtype = tensor.get("dtype")
+    if not isinstance(dtype, str):
+        return f"its dtype {dtype!r} is not a name"
+    itemsize = _itemsize(dtype)
+    if itemsize is None:  # (a newer torch's dtype: the read names it, as a format)
+        return None
+    end = offset + 1 + sum(step * (size - 1) for size, step in zip(shape, stride))
+    if numel and end * itemsize > storage["nbytes"]:
+        return (f"its elements reach {end * itemsize} bytes into its storage {index}, "
+                f"which holds {storage['nbytes']}")
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(dtype: str) -> int | None:
+    """The bytes of an element of a dtype a manifest names; None where this torch lacks it."""
+    from ._capture import dtype_from_name  # (torch loads with the first read, not here)
+
+    try:
+        return dtype_from_name(dtype).itemsize
+    except StoreFormatError:
+        return None
+
+
+def pickle_problem(state: Any, storages: list[dict[str, Any]]) -> str | None:
+    """A pickle node of a manifest's state that names no pickle's storage, if any:
+    checked before a read with ``trust_pickle`` unpickles anything (a tensor's bytes, or
+    none, are no pickle of the store's). Not part of ``decode_manifest``: a read without
+    ``trust_pickle`` leaves such a value unloaded, as ``diff_values`` names it, and a
+    walk of a notebook's long lists costs as much as their parse. Walked without
+    recursion: the state may be nested as deep as JSON reads."""
+    todo: list[Any] = [state]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if "__pickle__" in node:
+                index = node["__pickle__"]
+                if not (is_count(index) and index < len(storages)
+                        and storages[index].get("kind", "pickle") == "pickle"):
+                    return f"a pickled value's storage {index!r} holds no pickle"
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
     return None

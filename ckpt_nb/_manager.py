@@ -49,8 +49,8 @@ from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       StateMismatchError, StoreError, StoreFormatError, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, id_of, is_pack_key, is_run_key, label_key,
-                      manifest_key, new_deletion_key, read_pack_index, stamp_format,
-                      write_pack)
+                      manifest_key, new_deletion_key, pickle_problem, read_pack_index,
+                      stamp_format, write_pack)
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
@@ -1503,7 +1503,9 @@ class CheckpointManager:
         keys the live module ties (tensors sharing memory) take no different values (a
         checkpoint saved untied is refused: torch would keep one of them, silently).
         ``trust_pickle=True`` unpickles values stored as pickles (only for a store you
-        trust: a pickle can run code). Raises ``StateMismatchError`` naming what does
+        trust: a pickle can run code); an unpickled object's own error is raised as it is,
+        a damaged checkpoint's is ``CorruptCheckpointError`` as without it (for "latest",
+        the one before is tried). Raises ``StateMismatchError`` naming what does
         not fit, with nothing changed. A Ctrl-C while it reads changes nothing; one while
         it puts the state in is held until all of it is in, then raised.
         """
@@ -1636,27 +1638,50 @@ class CheckpointManager:
             unloaded.append(name)
             return PickledValue(name)
 
-        strict = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle)
-        lenient = Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
-                              on_pickle=placeholder)
         needed = set(needed)
+
+        def decode(strict: Unflattener, lenient: Unflattener
+                   ) -> tuple[dict[str, Any], Any, Any, dict[str, str]]:
+            """The state's objects, extra, rng and kinds, ``strict`` decoding the objects
+            ``needed`` (a pickle there is loaded or refused), ``lenient`` the rest; an
+            error of its record is CorruptCheckpointError, except under trust_pickle."""
+            try:
+                entries = skeleton["objects"]  # names are keywords: str, may start with "__"
+                entries = dict(entries["__dict__"] if "__dict__" in entries else entries.items())
+                objects = {name: (strict if name in needed else lenient).decode(value, name)
+                           for name, value in entries.items()}
+                extra = lenient.decode(skeleton["extra"], "extra")
+                rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
+                return objects, extra, rng, _kinds(skeleton)
+            except _RECORD_ERRORS as exc:
+                if strict.trust_pickle or isinstance(exc, CkptError) and \
+                        not isinstance(exc, CaptureError):
+                    raise
+                # Without pickles no code of the store's runs here: what fails is its record.
+                raise CorruptCheckpointError(
+                    f"checkpoint {cid}: its manifest does not describe a state "
+                    f"({type(exc).__name__}: {exc})", cid) from exc
+
+        if trust_pickle:  # (bytes that are no pickle's are not unpickled)
+            problem = pickle_problem(skeleton, manifest["storages"])
+            if problem is not None:
+                raise CorruptCheckpointError(
+                    f"checkpoint {cid}: its manifest is damaged ({problem})", cid)
         try:
-            entries = skeleton["objects"]  # names are keywords: str, but may start with "__"
-            entries = dict(entries["__dict__"] if "__dict__" in entries else entries.items())
-            objects = {name: (strict if name in needed else lenient).decode(value, name)
-                       for name, value in entries.items()}
-            extra = lenient.decode(skeleton["extra"], "extra")
-            rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
-            kinds = _kinds(skeleton)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
-                OverflowError) as exc:
-            # (with trust_pickle, an unpickled object's own error is the caller's to read)
-            if trust_pickle or isinstance(exc, CkptError) and not isinstance(exc, CaptureError):
+            objects, extra, rng, kinds = decode(
+                Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle),
+                Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
+                            on_pickle=placeholder))
+        except _RECORD_ERRORS as exc:
+            if not trust_pickle or isinstance(exc, CkptError) and \
+                    not isinstance(exc, CaptureError):
                 raise
-            # Without pickles no code of the store's runs here: what fails is its record.
-            raise CorruptCheckpointError(
-                f"checkpoint {cid}: its manifest does not describe a state "
-                f"({type(exc).__name__}: {exc})", cid) from exc
+            # An unpickled object's own error is the caller's to read: it is one where the
+            # state decodes with the pickles left out (which raises CorruptCheckpointError
+            # where it does not: the record's error).
+            unpickled = Unflattener(manifest["tensors"], storages, on_pickle=lambda name: None)
+            decode(unpickled, unpickled)
+            raise
         if unloaded and not _EXPORT_READING.get():
             warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "
                  "pass trust_pickle=True to load them")
@@ -2640,6 +2665,11 @@ def _raw_buffer(row: ChunkRow) -> np.ndarray:
         raise CorruptCheckpointError(f"chunk {row.digest[:12]} in {row.pack}: the catalog "
                                      f"gives it {row.raw_len} bytes, more than any chunk")
     return np.empty(row.raw_len, dtype=np.uint8)
+
+
+# What decoding a state raises where its record, or (with trust_pickle) a pickle, is at fault.
+_RECORD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
+                  OverflowError)
 
 
 def _kinds(skeleton: Mapping[str, Any]) -> dict[str, str]:

@@ -113,10 +113,20 @@ def damaged(damage: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
             manifest["tensors"][0]["offset"] = 1.5
         elif damage == "storage 99":
             manifest["tensors"][0]["storage"] = 99
+        elif damage == "offset past the end":
+            manifest["tensors"][0]["offset"] = 10 ** 9
+        elif damage == "a trillion elements":
+            manifest["tensors"][0]["shape"] = [10 ** 6, 10 ** 6]
+        elif damage == "stride -1":
+            manifest["tensors"][0]["stride"] = [-1, 1]
+        elif damage == "sizes past 64 bits":  # (torch refuses their product, 0 or not)
+            manifest["tensors"][0].update(shape=[1 << 40, 1 << 40, 0], stride=[0, 0, 0])
         elif damage == "types a list":
             manifest["state"]["types"] = [1]
         elif damage == "a pickle past the end":
             manifest["state"]["extra"]["obj"] = {"__pickle__": 99}
+        elif damage == "a pickle of a tensor's bytes":
+            manifest["state"]["extra"]["obj"] = {"__pickle__": 0}
         elif damage == "extra 900 deep":
             deep: dict[str, Any] = {}
             for _ in range(900):
@@ -398,6 +408,99 @@ def test_every_reader_of_a_damaged_manifest_names_the_checkpoint(tmp_path: Path,
 def lose_catalog(store: Path) -> None:
     for sidecar in store.glob("catalog.sqlite*"):
         sidecar.unlink()
+
+
+# Damage to where a tensor lies in its storage: torch refused each at a read with its own
+# RuntimeError or IndexError, and verify() passed them.
+LAYOUT_DAMAGE = ["offset 1.5", "storage 99", "offset past the end", "a trillion elements",
+                 "stride -1", "sizes past 64 bits"]
+
+
+@pytest.mark.parametrize("damage", LAYOUT_DAMAGE)
+def test_a_tensor_outside_its_storage_is_damage_that_verify_and_a_rebuild_name(
+        tmp_path: Path, damage: str) -> None:
+    """Where the catalog is rebuilt (lost, or an object store opened on a new machine),
+    nothing but the manifest says where a tensor lies: verify() said ok and the CLI exited
+    0, and restore("latest", trust_pickle=True) raised torch's bare RuntimeError."""
+    from ckpt_nb.cli import main
+
+    good, bad = two_saves(tmp_path)
+    rewrite_manifest(tmp_path, bad, damaged(damage))
+    lose_catalog(tmp_path)
+    with pytest.warns(RuntimeWarning, match=f"left out: checkpoint {bad} .*its manifest is "
+                                            r"damaged \(tensor 0 \('objects/model/weight'\)"):
+        mgr = CheckpointManager(tmp_path)
+    assert list(mgr.verify().bad) == [bad]
+    for trust in (False, True):
+        with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad} is damaged"):
+            mgr.restore(bad, model=torch.nn.Linear(64, 64), trust_pickle=trust)
+        assert mgr.restore("latest", model=torch.nn.Linear(64, 64),
+                           trust_pickle=trust).id == good
+    mgr.close()
+    assert main(["verify", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("damage", LAYOUT_DAMAGE)
+def test_a_tensor_outside_its_storage_is_damage_where_no_digest_is_kept(
+        tmp_path: Path, damage: str) -> None:
+    """The same, where the catalog lists the checkpoint without its manifest's digest:
+    "latest" passes over it, with and without trust_pickle."""
+    from ckpt_nb.cli import main
+
+    good, bad = two_saves(tmp_path)
+    rewrite_manifest(tmp_path, bad, damaged(damage))
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    mgr = CheckpointManager(tmp_path)
+    assert list(mgr.verify().bad) == [bad]
+    for trust in (False, True):
+        with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad}: its manifest is "
+                                                         "damaged"):
+            mgr.restore(bad, model=torch.nn.Linear(64, 64), trust_pickle=trust)
+        with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+            assert mgr.restore("latest", model=torch.nn.Linear(64, 64),
+                               trust_pickle=trust).id == good
+    mgr.close()
+    assert main(["verify", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("damage", ["types a list", "extra 900 deep", "a pickle past the end",
+                                    "a pickle of a tensor's bytes"])
+def test_a_damaged_state_is_damage_with_trust_pickle_too(tmp_path: Path, damage: str) -> None:
+    """With trust_pickle every error of the read was raised as it was (a bare IndexError,
+    TypeError, RecursionError or UnpicklingError), so "latest" did not pass over it: only
+    an unpickled object's own error is the caller's (see the test below)."""
+    good, bad = two_saves(tmp_path)
+    rewrite_manifest(tmp_path, bad, damaged(damage))
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad}: its manifest"):
+        mgr.load(bad, trust_pickle=True)
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        assert mgr.restore("latest", model=torch.nn.Linear(64, 64),
+                           trust_pickle=True).id == good
+
+
+def _refuse_to_load(why: str) -> None:
+    raise ValueError(why)
+
+
+class RefusesToLoad:
+    """A pickled value whose unpickling raises its own error."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _refuse_to_load, ("the object's own reason",)
+
+
+def test_an_unpickled_object_s_own_error_is_the_caller_s_with_trust_pickle(
+        tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(torch.nn.Linear(2, 2), extra={"obj": 1})
+        cid = mgr.save(torch.nn.Linear(2, 2), extra={"obj": RefusesToLoad()})
+        with pytest.raises(ValueError, match="the object's own reason") as raised:
+            mgr.restore("latest", model=torch.nn.Linear(2, 2), trust_pickle=True)
+        assert not isinstance(raised.value, CorruptCheckpointError)
+        with pytest.warns(UserWarning, match="pickles and were not loaded"):
+            assert mgr.load(cid).extra["obj"].name == "extra/obj"  # (untrusted: left out)
 
 
 def _with_lr_changed(frame: bytes, lr: float) -> tuple[int, int]:
