@@ -1665,6 +1665,31 @@ class AutoSession:
         trains on silently from the other run's position, where an edit taken for a new
         cell is told the rollback that resumes its run.
         """
+        self._pending = self._run_to_resume(unseen)
+        if (gone := _deleted_rollbacks.get(self.url)) is not None:
+            self._tell_rollback_deleted(gone, self._pending)
+
+    def _tell_rollback_deleted(self, gone: str, pending: _Pending | None) -> None:
+        """Say that the checkpoint rolled back to was deleted since, and with it where its
+        run's loops stood, so the rerun does not go on from it: what it does instead (the
+        position is now its nearest kept ancestor), and how to choose otherwise."""
+        heir = _positions.get(self.url)
+        deleted = f"checkpoint {gone}, rolled back to, was deleted since"
+        if pending is None:
+            self.say(f"{deleted}, and where its loops stood with it: this cell's loops start "
+                     "from the beginning, on the state in memory (to resume a kept checkpoint "
+                     f"instead, interrupt the cell and %ckpt_rollback it; {heir} is the "
+                     "deleted one's nearest kept ancestor)")
+            return
+        resumed = pending.checkpoint.id
+        which = "its nearest kept ancestor" if resumed == heir else \
+            f"this cell's run that went on from {heir}, its nearest kept ancestor"
+        self.say(f"{deleted}: resuming from {resumed}, {which}, in its place (the state the "
+                 f"rollback put back is replaced by {resumed}'s; %%ckpt_auto --no-resume "
+                 "trains on from it, its loops from the start)")
+
+    def _run_to_resume(self, unseen: list[str]) -> _Pending | None:
+        """The run ``_find_resume`` picks, read, or None."""
         position = _positions.get(self.url)
         rolled_back = _position_events.get(self.url) == "rollback"
         candidate = None
@@ -1689,20 +1714,20 @@ class AutoSession:
                          "cell: this cell's loops start from its state, not from that run's "
                          "position")
         if candidate is None:
-            return
+            return None
         try:
             ck = self.manager.load(candidate)
         except CkptError as exc:
             self.say(f"cannot read checkpoint {candidate} ({exc}); starting afresh")
-            return
+            return None
         run = ck.extra.get(RUN_KEY)
         if not isinstance(run, dict) or run.get("finished") or run.get("cell") is None:
-            return
+            return None
         if candidate != position and (owner := _live_owner(run.get("owner"))) is not None:
             self.say(f"checkpoint {ck.id} holds an unfinished run of this cell that {owner} "
                      f"saved: this cell starts a run of its own (%ckpt_rollback {ck.id} takes "
                      "that run over)")
-            return
+            return None
         if unseen:  # (the run's checkpoints hold none of them: it went on without them)
             raise StateMismatchError(
                 f"not resuming checkpoint {ck.id} (step {ck.step}): auto() in a function sees "
@@ -1715,13 +1740,7 @@ class AutoSession:
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
-        gone = _deleted_rollbacks.get(self.url) if candidate == position else None
-        if gone is not None:  # (its run record went with it: where its loops stood is lost)
-            self.say(f"checkpoint {gone}, rolled back to, was deleted since: resuming from "
-                     f"{ck.id}, its nearest kept ancestor, in its place (the state the rollback "
-                     f"put back is replaced by {ck.id}'s; %%ckpt_auto --no-resume trains on "
-                     "from it, its loops from the start)")
-        self._pending = _Pending(ck, saved)
+        return _Pending(ck, saved)
 
     def _count_on(self) -> None:
         """A run of the models and optimizers the kernel's position was saved from or put

@@ -315,3 +315,28 @@ def test_a_rerun_after_the_checkpoint_rolled_back_to_was_deleted_says_it_resumes
     assert run(shell, train).success
     assert f"ckpt_nb: checkpoint {rolled_back}, rolled back to, was deleted since: resuming " \
         f"from {parent}, its nearest kept ancestor, in its place" in capsys.readouterr().out
+
+
+def test_a_rerun_after_a_deleted_rollback_whose_heir_is_another_cells_says_so(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """%ckpt_rollback to B's first checkpoint (its parent: A's end), that checkpoint
+    deleted, B run again: its nearest kept ancestor is A's end, another cell's, and B's
+    loops started from batch 0 on the state the rollback put back, without a word."""
+    store, _ = b_stopped(shell, tmp_path, monkeypatch)
+    monkeypatch.setenv("STOP_B", "never")
+    rows = ckpt_nb.CheckpointManager(store).list()
+    a_end = rows.id.tolist()[rows.note.tolist().index("end of cell")]
+    rolled_back = rows.id.tolist()[rows.note.tolist().index("end of cell") + 1]  # B's first
+    assert run(shell, f"%ckpt_rollback {rolled_back}").success
+    with ckpt_nb.CheckpointManager(store) as manager:
+        manager.delete(rolled_back)
+    capsys.readouterr()
+    probe = "print('loops start at', ep, j) if not globals().get('_p') else None; " \
+            "globals()['_p'] = 1; optB.zero_grad();"
+    assert run(shell, CELL_B.format(dir=store).replace("optB.zero_grad();", probe)).success
+    out = capsys.readouterr().out
+    assert "loops start at 0 0" in out
+    assert f"ckpt_nb: checkpoint {rolled_back}, rolled back to, was deleted since, and where " \
+        "its loops stood with it: this cell's loops start from the beginning, on the state " \
+        f"in memory (to resume a kept checkpoint instead, interrupt the cell and " \
+        f"%ckpt_rollback it; {a_end} is the deleted one's nearest kept ancestor)" in out
