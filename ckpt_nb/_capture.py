@@ -1023,13 +1023,14 @@ def _tie_conflicts(name: str, current: Mapping[str, Any], state: Mapping[str, An
         for overlapping in _overlapping(keys, current):
             if not _loads_alike([current[k] for k in overlapping],
                                 [state[k] for k in overlapping]):
+                more = f" ... ({len(overlapping)} keys)" if len(overlapping) > 10 else ""
                 problems.append(
-                    f"{name}: {overlapping} share memory in the live module (tied weights, "
-                    "or views of one tensor) but the checkpoint holds different values for "
-                    "them (it was saved from a module where they were not tied): loading "
-                    "would keep only one. Restore into a module built as the saved one was "
-                    "(untied), or take the state from load(), drop the keys you do not "
-                    "want, and load_state_dict(..., strict=False) it yourself")
+                    f"{name}: {overlapping[:10]}{more} share memory in the live module (tied "
+                    "weights, or views of one tensor) but the checkpoint holds different "
+                    "values for them (it was saved from a module where they were not tied): "
+                    "loading would keep only one. Restore into a module built as the saved "
+                    "one was (untied), or take the state from load(), drop the keys you do "
+                    "not want, and load_state_dict(..., strict=False) it yourself")
     return problems
 
 
@@ -1044,6 +1045,7 @@ def _overlapping(keys: list[str], tensors: Mapping[str, torch.Tensor]) -> list[l
     """The groups of two or more of ``keys`` (tensors of one storage) whose byte spans
     overlap, each in ``keys``' order: views side by side in one buffer make none."""
     groups: list[list[str]] = []
+    order = {key: i for i, key in enumerate(keys)}
     reach = -1
     for key in sorted(keys, key=lambda k: _byte_span(tensors[k])):
         first, last = _byte_span(tensors[key])
@@ -1051,7 +1053,7 @@ def _overlapping(keys: list[str], tensors: Mapping[str, torch.Tensor]) -> list[l
             groups.append([])
         groups[-1].append(key)
         reach = max(reach, last)
-    return [sorted(group, key=keys.index) for group in groups if len(group) > 1]
+    return [sorted(group, key=order.__getitem__) for group in groups if len(group) > 1]
 
 
 def _loads_alike(live: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ckpt_nb import CheckpointManager, StateMismatchError
+from ckpt_nb._capture import check_module
 
 
 class Tied(torch.nn.Module):
@@ -103,3 +104,19 @@ def test_tensors_side_by_side_in_one_buffer_are_not_taken_for_tied(tmp_path: Pat
     mgr.restore(mgr.save(saved), model=live)
     assert torch.equal(live.a, saved.a) and torch.equal(live.b, saved.b)
     assert live.a.untyped_storage().data_ptr() == live.b.untyped_storage().data_ptr()
+
+
+def test_a_flat_buffer_beside_its_many_views_is_checked_in_linear_time() -> None:
+    """A flat buffer registered beside its parameter views: one overlapping group of
+    every key, which was ordered in quadratic time (60,000 views: 18 s a restore)."""
+    count = 20_000
+    flat = torch.randn(4 * count)
+    live = torch.nn.Module()
+    for i in range(count):
+        live.register_parameter(f"p{i}", torch.nn.Parameter(flat[4 * i:4 * i + 4]))
+    live.register_buffer("flat", flat)
+    state = {key: value.clone() for key, value in live.state_dict().items()}
+    assert check_module("model", live, state, strict=True) == []
+    state["flat"][-1] += 1
+    refused, = check_module("model", live, state, strict=True)
+    assert f"'p8', 'p9'] ... ({count + 1} keys) share memory" in refused  # (not all named)
