@@ -1058,17 +1058,22 @@ def _overlapping(keys: list[str], tensors: Mapping[str, torch.Tensor]) -> list[l
 
 def _loads_alike(live: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:
     """Whether copying ``saved`` into ``live`` (overlapping tensors), in order, leaves
-    each holding its saved bytes."""
+    each holding its saved values."""
     def offset(t: torch.Tensor) -> int:
         return t.storage_offset() * t.element_size()
 
+    def bits(t: torch.Tensor) -> tuple[bool, bool]:  # (a conj or neg view reads its memory so)
+        return t.is_conj(), t.is_neg()
+
     if len({t.untyped_storage().data_ptr() for t in saved}) == 1 \
             and len({offset(s) - offset(t) for s, t in zip(saved, live)}) == 1 \
-            and all(s.stride() == t.stride() for s, t in zip(saved, live)):
+            and all(s.stride() == t.stride() and bits(s) == bits(t)
+                    for s, t in zip(saved, live)):
         return True  # (the checkpoint shares memory as the live module does)
     first = live[0]
     if all(offset(t) == offset(first) and t.stride() == first.stride()
-           and t.shape == first.shape and t.dtype == first.dtype for t in live):
+           and t.shape == first.shape and t.dtype == first.dtype and bits(t) == bits(first)
+           for t in live):
         return all(_same_bytes(s, saved[0]) for s in saved[1:])  # (one tensor, tied)
     # Else copy them, in order, into memory laid out as the live one (from its first
     # byte they reach, rounded down so that each starts at a whole item), and compare.
@@ -1076,11 +1081,20 @@ def _loads_alike(live: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:
     start -= start % max(t.element_size() for t in live)
     scratch = torch.UntypedStorage(max(_byte_span(t)[1] for t in live) - start,
                                    device=saved[0].device)
-    views = [torch.empty(0, dtype=t.dtype, device=scratch.device).set_(
-        scratch, (offset(t) - start) // t.element_size(), t.shape, t.stride()) for t in live]
+    views = [_with_bits(torch.empty(0, dtype=t.dtype, device=scratch.device).set_(
+        scratch, (offset(t) - start) // t.element_size(), t.shape, t.stride()), t)
+        for t in live]
     for view, value in zip(views, saved):
         view.copy_(value)
     return all(_same_bytes(view, value) for view, value in zip(views, saved))
+
+
+def _with_bits(view: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``view`` read as ``like`` reads its memory: conjugated, negated (a ``.conj()`` or
+    ``._neg_view()`` of another tensor stores the other's values)."""
+    if like.is_conj():
+        view = view.conj()
+    return view._neg_view() if like.is_neg() else view
 
 
 _SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
