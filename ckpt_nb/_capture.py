@@ -1003,52 +1003,55 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
 
 
 def _tie_conflicts(name: str, current: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:
-    """Keys whose live tensors overlap in memory (tied weights, views of one tensor) and
-    to which the checkpoint gives different values: load_state_dict would keep whichever
-    it copies last, and say nothing. Costs nothing where no live tensors overlap, or where
-    the checkpoint shares memory as the live module does (the usual tied weights)."""
-    by_storage: defaultdict[tuple[torch.device, int], list[str]] = defaultdict(list)
+    """Keys whose live tensors overlap in memory (tied weights, views of one tensor, or of
+    one array through storages of their own: ``torch.from_numpy`` of an array and of its
+    slice) and to which the checkpoint gives different values: load_state_dict would keep
+    whichever it copies last, and say nothing. Costs one sort of the keys where no live
+    tensors overlap, nothing more where the checkpoint shares memory as the live module
+    does (the usual tied weights)."""
+    by_device: defaultdict[torch.device, dict[str, tuple[int, int]]] = defaultdict(dict)
     for key, live in current.items():
         saved = state.get(key)
         if all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
                and not t.is_quantized for t in (live, saved)) \
                 and not isinstance(live, UninitializedTensorMixin) and live.numel():
             try:
-                where = live.untyped_storage().data_ptr()
+                by_device[live.device][key] = _address_span(live)
             except (RuntimeError, NotImplementedError):  # (a wrapper subclass: no storage)
                 continue
-            by_storage[(live.device, where)].append(key)
     problems = []
-    for keys in by_storage.values():
-        for overlapping in _overlapping(keys, current):
+    for spans in by_device.values():
+        for overlapping in _overlapping(spans):
             if not _loads_alike([current[k] for k in overlapping],
                                 [state[k] for k in overlapping]):
                 more = f" ... ({len(overlapping)} keys)" if len(overlapping) > 10 else ""
                 problems.append(
                     f"{name}: {overlapping[:10]}{more} share memory in the live module (tied "
-                    "weights, or views of one tensor) but the checkpoint holds different "
-                    "values for them (it was saved from a module where they were not tied): "
-                    "loading would keep only one. Restore into a module built as the saved "
-                    "one was (untied), or take the state from load(), drop the keys you do "
-                    "not want, and load_state_dict(..., strict=False) it yourself")
+                    "weights, or views of one tensor or array) but the checkpoint holds "
+                    "different values for them (it was saved from a module where they were "
+                    "not tied): loading would keep only one. Restore into a module built as "
+                    "the saved one was (untied), or take the state from load(), drop the "
+                    "keys you do not want, and load_state_dict(..., strict=False) it "
+                    "yourself")
     return problems
 
 
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    """The first and past-the-last byte of its storage that a strided tensor reaches."""
-    first = t.storage_offset() * t.element_size()
+def _address_span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and past-the-last address that a strided tensor reaches in its device's
+    memory (whatever storage it is a view of)."""
+    first = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
     return first, first + (1 + sum((n - 1) * step for n, step in zip(t.shape, t.stride()))) \
         * t.element_size()
 
 
-def _overlapping(keys: list[str], tensors: Mapping[str, torch.Tensor]) -> list[list[str]]:
-    """The groups of two or more of ``keys`` (tensors of one storage) whose byte spans
-    overlap, each in ``keys``' order: views side by side in one buffer make none."""
+def _overlapping(spans: Mapping[str, tuple[int, int]]) -> list[list[str]]:
+    """The groups of two or more keys whose address ``spans`` (on one device) overlap,
+    each in ``spans``' order: views side by side in one buffer make none."""
+    order = {key: i for i, key in enumerate(spans)}
     groups: list[list[str]] = []
-    order = {key: i for i, key in enumerate(keys)}
     reach = -1
-    for key in sorted(keys, key=lambda k: _byte_span(tensors[k])):
-        first, last = _byte_span(tensors[key])
+    for key in sorted(spans, key=spans.__getitem__):
+        first, last = spans[key]
         if first >= reach:
             groups.append([])
         groups[-1].append(key)
@@ -1057,32 +1060,32 @@ def _overlapping(keys: list[str], tensors: Mapping[str, torch.Tensor]) -> list[l
 
 
 def _loads_alike(live: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:
-    """Whether copying ``saved`` into ``live`` (overlapping tensors), in order, leaves
-    each holding its saved values."""
-    def offset(t: torch.Tensor) -> int:
-        return t.storage_offset() * t.element_size()
-
+    """Whether copying ``saved`` into ``live`` (overlapping tensors, of one storage or of
+    several over one memory), in order, leaves each holding its saved values."""
     def bits(t: torch.Tensor) -> tuple[bool, bool]:  # (a conj or neg view reads its memory so)
         return t.is_conj(), t.is_neg()
 
-    if len({t.untyped_storage().data_ptr() for t in saved}) == 1 \
-            and len({offset(s) - offset(t) for s, t in zip(saved, live)}) == 1 \
+    if len({s.device for s in saved}) == 1 \
+            and len({s.data_ptr() - t.data_ptr() for s, t in zip(saved, live)}) == 1 \
             and all(s.stride() == t.stride() and bits(s) == bits(t)
                     for s, t in zip(saved, live)):
         return True  # (the checkpoint shares memory as the live module does)
     first = live[0]
-    if all(offset(t) == offset(first) and t.stride() == first.stride()
+    if all(t.data_ptr() == first.data_ptr() and t.stride() == first.stride()
            and t.shape == first.shape and t.dtype == first.dtype and bits(t) == bits(first)
            for t in live):
         return all(_same_bytes(s, saved[0]) for s in saved[1:])  # (one tensor, tied)
     # Else copy them, in order, into memory laid out as the live one (from its first
-    # byte they reach, rounded down so that each starts at a whole item), and compare.
-    start = min(offset(t) for t in live)
+    # address they reach, rounded down so that each starts at a whole item), and compare.
+    start = min(t.data_ptr() for t in live)
     start -= start % max(t.element_size() for t in live)
-    scratch = torch.UntypedStorage(max(_byte_span(t)[1] for t in live) - start,
+    if any((t.data_ptr() - start) % t.element_size() for t in live):
+        return True  # (items at addresses not a multiple of their size, from an unaligned
+        # numpy array: no view of fresh memory lays them out so, and nothing is refused)
+    scratch = torch.UntypedStorage(max(_address_span(t)[1] for t in live) - start,
                                    device=saved[0].device)
     views = [_with_bits(torch.empty(0, dtype=t.dtype, device=scratch.device).set_(
-        scratch, (offset(t) - start) // t.element_size(), t.shape, t.stride()), t)
+        scratch, (t.data_ptr() - start) // t.element_size(), t.shape, t.stride()), t)
         for t in live]
     for view, value in zip(views, saved):
         view.copy_(value)
