@@ -1012,17 +1012,24 @@ class CheckpointManager:
         """Refuse a save whose manifest or new packs left the store before its commit, in
         a store other machines write with no lock across them: a gc there may have taken
         them for a killed save's leftovers (one HEAD each; an id returned is a checkpoint
-        that exists). The catalog then forgets it again."""
+        that exists). The catalog then forgets it again. Where the store stops answering
+        midway, what was already found gone still refuses the save."""
         if self.store.locked_everywhere:
             return
-        try:
-            gone = [key for key in (manifest_key(cid), *sorted(packs)) if not self.store.has(key)]
-        except StoreError as exc:  # committed, its files uploaded: it stands, unchecked
-            warn(f"checkpoint {cid} is saved, but the store could not be asked whether its "
-                 f"files are still there ({exc}): another machine's gc may have taken them "
-                 "meanwhile; once the store answers, verify() (`ckpt-nb verify`) checks it",
-                 RuntimeWarning)
-            return
+        gone: list[str] = []
+        for key in (manifest_key(cid), *sorted(packs)):
+            try:
+                if not self.store.has(key):
+                    gone.append(key)
+            except StoreError as exc:
+                if gone:  # (known gone: refused below, whatever the rest would say)
+                    break
+                # committed, its files uploaded: it stands, unchecked
+                warn(f"checkpoint {cid} is saved, but the store could not be asked whether "
+                     f"its files are still there ({exc}): another machine's gc may have taken "
+                     "them meanwhile; once the store answers, verify() (`ckpt-nb verify`) "
+                     "checks it", RuntimeWarning)
+                return
         if gone:
             self.catalog.delete_checkpoints([cid])
             raise StoreError(

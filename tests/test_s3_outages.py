@@ -11,7 +11,7 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -159,6 +159,39 @@ def test_a_committed_save_whose_files_the_store_cannot_be_asked_about_stands(
     target = Holder({})
     elsewhere.restore(second, h=target)
     assert torch.equal(target.state["w"], weights(2)["w"])
+
+
+class _ThenAfterManifests(FsspecStore):
+    """An S3 store that runs ``then`` as soon as a manifest is uploaded: another machine
+    acting in a save's window between its manifest and its commit."""
+
+    def __init__(self, url: str, then: Callable[[str], None]) -> None:
+        super().__init__(url)
+        self.then = then
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        super().put(key, data)
+        if key.startswith("manifests/"):
+            self.then(key)
+
+
+def test_a_save_found_gone_before_the_server_stops_answering_is_not_saved(
+        bucket: str, relay: OutageRelay, endpoint: str) -> None:
+    """Another machine's gc took the save's manifest, and the server went away at the
+    HEAD of its first pack: the gone manifest was forgotten, the save returned the id of
+    a checkpoint whose manifest was not there, and set head to it."""
+    url = f"s3://{bucket}/exp"
+    direct = s3fs.S3FileSystem(endpoint_url=endpoint)  # (the other machine: no relay)
+
+    def collected_elsewhere(key: str) -> None:
+        direct.rm_file(f"{bucket}/exp/{key}")
+        relay.trip = f"HEAD /{bucket}/exp/packs/".encode()
+
+    mgr = CheckpointManager(_ThenAfterManifests(url, collected_elsewhere))
+    with pytest.raises(StoreError, match=r"checkpoint \w+ was written, but manifests/\S+ left "
+                                         "the store before its commit.*not saved; save again"):
+        mgr.save(h=Holder(weights(1)))
+    assert relay.down and mgr.head is None and mgr.catalog.checkpoints() == []
 
 
 def test_a_cache_over_the_store_is_refused_naming_it(bucket: str) -> None:
