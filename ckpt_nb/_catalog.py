@@ -310,6 +310,8 @@ class Catalog:
         return StoreError(f"cannot open the catalog {self.path}: {exc}{hint}")
 
     def _failed(self, exc: sqlite3.Error) -> StoreError:
+        if type(exc) is sqlite3.DatabaseError:  # (SQLite's "malformed", "not a database")
+            return DamagedCatalog(f"its SQLite file ({exc})", self.path)
         text = str(exc)
         hint = " (is its disk full? free some room, then try again)" \
             if "full" in text or "I/O" in text else ""

@@ -1938,6 +1938,8 @@ class CheckpointManager:
                     newer[cid] = _NOT_CHECKED
                 continue
             except CkptError as exc:
+                if isinstance(exc, StoreError) and isinstance(exc.__cause__, sqlite3.Error):
+                    raise  # the catalog's own (damaged, its disk full): said as it is
                 if isinstance(exc, StoreError) and not isinstance(exc, DamagedCatalog):
                     # the backend failed (a server down): not damage, as restore says
                     raise StoreError(f"verify failed: the store could not be read ({exc}); "

@@ -1,0 +1,57 @@
+"""A local store whose catalog.sqlite has a damaged page (a bad disk): said to be damaged,
+with what to do, never taken for a store that did not answer."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Holder
+
+from ckpt_nb import CheckpointManager
+from ckpt_nb._catalog import DamagedCatalog
+from ckpt_nb.cli import main as cli
+
+
+def garble_a_chunks_page(catalog: Path) -> None:
+    """Overwrite one page of the catalog's chunks table (its schema left whole)."""
+    db = sqlite3.connect(catalog)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = db.execute("SELECT max(pageno) FROM dbstat WHERE name = 'chunks'").fetchone()[0]
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    db.close()
+    with open(catalog, "r+b") as file:
+        file.seek((page - 1) * size + 8)
+        file.write(os.urandom(size - 8))
+
+
+def test_a_damaged_catalog_page_is_said_damaged_not_an_outage(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SQLite's "database disk image is malformed" was worded by verify() as a store that
+    could not be read ("nothing is known to be damaged: run it again when the store
+    answers"), and by restore() as a catalog that "failed", saying nothing to do."""
+    root = tmp_path / "exp"
+    with CheckpointManager(root) as mgr:
+        ids = [mgr.save(h=Holder({f"w{i}": torch.randn(5000) for i in range(200)}), step=step)
+               for step in range(3)]
+    garble_a_chunks_page(root / "catalog.sqlite")
+    damaged = "catalog .*catalog.sqlite is damaged: .*malformed.*move it aside"
+    with CheckpointManager(root) as mgr:
+        with pytest.raises(DamagedCatalog, match=damaged):
+            mgr.verify()
+        with pytest.raises(DamagedCatalog, match=damaged):
+            mgr.restore("latest", h=Holder({}))
+    for command in (["verify", str(root)], ["show", str(root), "latest"]):
+        assert cli(command) == 1
+        err = capsys.readouterr().err
+        assert "is damaged" in err and "could not be read" not in err, err
+    (root / "catalog.sqlite").rename(tmp_path / "catalog.sqlite.damaged")  # (as it says)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (rebuilt)
+        mgr = CheckpointManager(root)
+    with mgr:
+        assert mgr.verify().ok and mgr.list()["id"].tolist() == ids
