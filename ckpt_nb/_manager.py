@@ -1908,7 +1908,10 @@ class CheckpointManager:
     def verify(self, ids: Iterable[str] | None = None,
                progress: ProgressFn | None = None) -> VerifyReport:
         """Re-read every chunk of the checkpoints (all by default) and check checksums;
-        also each pack's own index, which a lost catalog would be rebuilt from."""
+        also each pack's own index, which a lost catalog would be rebuilt from. A store
+        that fails to give what is read (a server down) stops it with a ``StoreError``
+        naming the checkpoints already found damaged, if any: never a report calling
+        what was not read checked, or damaged."""
         self._catch_up()
         wanted = [self.resolve(i) for i in ids] if ids is not None else \
             [r.id for r in self.catalog.checkpoints()]
@@ -1942,9 +1945,7 @@ class CheckpointManager:
                     raise  # the catalog's own (damaged, its disk full): said as it is
                 if isinstance(exc, StoreError) and not isinstance(exc, DamagedCatalog):
                     # the backend failed (a server down): not damage, as restore says
-                    raise StoreError(f"verify failed: the store could not be read ({exc}); "
-                                     "nothing is known to be damaged: run it again when "
-                                     "the store answers") from exc
+                    raise _unread(exc, bad) from exc
                 problems = [str(exc)]
             if self.catalog.get(cid) is None:
                 continue  # deleted meanwhile (retention, in this process or another)
@@ -1956,17 +1957,24 @@ class CheckpointManager:
         order = {cid: n for n, cid in enumerate(wanted)}  # (said in the order asked for)
         checked.sort(key=order.__getitem__)
         bad = {cid: bad[cid] for cid in checked if cid in bad}
-        if ids is None:  # (what a rebuild left out as damaged is in no catalog row)
-            for cid, why in _damaged_checkpoints(self.catalog).items():
-                if not self.store.has(manifest_key(cid)):
-                    continue
-                if is_newer(why):
-                    newer[cid] = _NOT_CHECKED
-                    continue
-                checked.append(cid)
-                bad[cid] = [f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}"]
-        damaged_indexes = {key: problem for key in sorted(packs)
-                           if (problem := self._index_problem(key)) is not None}
+        damaged_indexes: dict[str, str] = {}
+        try:
+            if ids is None:  # (what a rebuild left out as damaged is in no catalog row)
+                for cid, why in _damaged_checkpoints(self.catalog).items():
+                    if not self.store.has(manifest_key(cid)):
+                        continue
+                    if is_newer(why):
+                        newer[cid] = _NOT_CHECKED
+                        continue
+                    checked.append(cid)
+                    bad[cid] = [f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}"]
+            for key in sorted(packs):
+                if (problem := self._index_problem(key)) is not None:
+                    damaged_indexes[key] = problem
+        except StoreError as exc:
+            if isinstance(exc, DamagedCatalog) or isinstance(exc.__cause__, sqlite3.Error):
+                raise  # the catalog's own: said as it is
+            raise _unread(exc, bad, damaged_indexes) from exc
         return VerifyReport(checked, bad, damaged_indexes, newer)
 
     def _check_chunks(self, rows: Mapping[str, ChunkRow], good: set[str]) -> dict[str, str]:
@@ -2614,6 +2622,19 @@ class CheckpointManager:
 _DAMAGED_KEPT = ("its manifest stays in the store, and gc() leaves it: put back what is "
                  "missing (a backup, an earlier object version), or delete the manifest "
                  "by hand if the checkpoint is not wanted")
+
+
+def _unread(exc: StoreError, bad: Mapping[str, list[str]],
+            packs: Mapping[str, str] | None = None) -> StoreError:
+    """verify()'s error where the store failed to give what it read: what it had found
+    damaged by then, with it (a report of the rest would call unread ones checked)."""
+    found = [f"{cid}: {problems[0]}" for cid, problems in bad.items()] + \
+        [f"{key}: {problem}" for key, problem in (packs or {}).items()]
+    known = (f"found damaged before it: {'; '.join(found)}; the rest was not checked"
+             if found else "nothing is known to be damaged")
+    return StoreError(f"verify failed, as the store could not be read: {exc}; {known}: fix "
+                      "what the error names (a server down: wait until it answers), then "
+                      "run it again")
 
 
 _NOT_CHECKED = ("written by a newer ckpt_nb, not checked: upgrade ckpt_nb (pip install -U "

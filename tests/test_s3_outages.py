@@ -109,9 +109,10 @@ def test_verify_while_the_server_is_down_fails_and_calls_nothing_damaged(
     _, newest_pack = saved(url, 3)
     mgr = CheckpointManager(url)
     relay.refuse = newest_pack
-    with pytest.raises(StoreError, match=r"verify failed: the store could not be read \(.*"
+    with pytest.raises(StoreError, match=r"verify failed, as the store could not be read: .*"
                                          "check that the server is up.*FSSPEC_S3_ENDPOINT_URL"
-                                         r".*\); nothing is known to be damaged: run it again"):
+                                         r".*\); nothing is known to be damaged: fix what the "
+                                         "error names.*then run it again"):
         mgr.verify()
     assert cli(["verify", url]) == 1
     out, err = capsys.readouterr()
@@ -121,6 +122,34 @@ def test_verify_while_the_server_is_down_fails_and_calls_nothing_damaged(
     relay.down = True  # (the server goes, for good)
     with pytest.raises(StoreError):
         mgr.verify()
+
+
+def test_damage_found_before_the_server_stops_answering_is_still_said(
+        bucket: str, relay: OutageRelay, endpoint: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The newest checkpoint's pack was damaged, and the server went away as verify read
+    an older one: it said "nothing is known to be damaged", and the damage it had found
+    was lost (in the CLI's verify too)."""
+    url = f"s3://{bucket}/exp"
+    ids, newest_pack = saved(url, 3)
+    direct = s3fs.S3FileSystem(endpoint_url=endpoint)
+    path = newest_pack.decode().lstrip("/")
+    data = bytearray(direct.cat_file(path))
+    data[100:200] = bytes(100)
+    direct.pipe_file(path, bytes(data))
+    mgr = CheckpointManager(url)
+    assert mgr.verify([ids[-1]]).bad.keys() == {ids[-1]}
+    mgr._manifests.clear()
+    older = f"/{bucket}/exp/manifests/{ids[-2]}".encode()  # (read after the newest)
+    relay.trip = older
+    with pytest.raises(StoreError, match=f"could not be read: .*found damaged before it: "
+                                         f"{ids[-1]}: .*the rest was not checked: fix what"):
+        mgr.verify()
+    mgr.close()
+    relay.down, relay.trip = False, older
+    assert cli(["verify", url]) == 1
+    out, err = capsys.readouterr()
+    assert "bad:" not in out and f"found damaged before it: {ids[-1]}" in err, (out, err)
 
 
 def test_show_latest_while_a_read_fails_fails_and_shows_no_older_one(
