@@ -802,11 +802,16 @@ class FsspecStore(Store):
     def _hint(self, exc: Exception, writing: bool = False) -> str:
         """What to check where the server could not be reached, where it refused who we
         are (S3's 403) or, in a write, what we may do, or where there were no credentials
-        to give it."""
+        to give it; and that an object archived (S3's GLACIER) is restored first, which
+        no credentials or retry change."""
         if isinstance(exc, (ConnectionError, TimeoutError)) or _UNREACHABLE.search(str(exc)):
             where = ": FSSPEC_S3_ENDPOINT_URL, or FsspecStore(url, endpoint_url=...)" \
                 if self._s3 else ""
             return f" (check that the server is up, and its address{where})"
+        if _ARCHIVED.search(" ".join(_told(exc))):
+            return (" (the object is archived: its storage class, such as GLACIER, is "
+                    "read only once restored; restore it first, with S3's restore-object, "
+                    "or copy it back to the STANDARD class)")
         if not (isinstance(exc, PermissionError) or _DENIED.search(str(exc))):
             return ""
         if writing and _WRITE_DENIED.search(str(exc)):
@@ -932,6 +937,9 @@ _WRITE_DENIED = re.compile(r"Access ?Denied|Forbidden")
 _UNREACHABLE = re.compile(r"Could not connect to the endpoint URL|Connect timeout on endpoint|"
                           r"Read timeout on endpoint|Cannot connect to host|"
                           r"Connection refused|Connection was closed before")
+# An object in an archive's storage class (S3's GLACIER, DEEP_ARCHIVE), which is not read
+# until restored from it: S3's error code, and its words (s3fs calls it a PermissionError).
+_ARCHIVED = re.compile(r"InvalidObjectState|not valid for the object's storage class")
 # What ``FsspecStore._asking`` says of a request that writes or deletes.
 _WRITES = ("upload of", "deleting")
 # The longest an upload to an asynchronous file system (s3fs) may take: this many seconds,
@@ -952,6 +960,18 @@ GRACE_SECONDS = 3600.0
 # connections but never answers fails a request in about 30 s, not minutes.
 S3_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
                                "retries": {"total_max_attempts": 1}}
+
+
+def _told(exc: BaseException) -> list[str]:
+    """What ``exc`` and the errors it was raised from say, with their codes (botocore's
+    error code, which s3fs leaves out of the error it raises in its place)."""
+    said: list[str] = []
+    at: BaseException | None = exc
+    while at is not None and len(said) < 16:
+        code = (getattr(at, "response", None) or {}).get("Error", {}).get("Code")
+        said += [str(at)] + ([str(code)] if code else [])
+        at = at.__cause__ or at.__context__
+    return said
 
 
 def _written_at(info: dict[str, Any]) -> float:

@@ -152,6 +152,31 @@ def test_damage_found_before_the_server_stops_answering_is_still_said(
     assert "bad:" not in out and f"found damaged before it: {ids[-1]}" in err, (out, err)
 
 
+def test_an_archived_pack_says_to_restore_it_not_to_check_the_credentials(
+        bucket: str, endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pack moved to GLACIER (a lifecycle rule) refuses its reads (S3's
+    InvalidObjectState, which s3fs makes a PermissionError): it was said to need the
+    credentials checked, and the store to answer."""
+    import boto3
+
+    url = f"s3://{bucket}/exp"
+    ids, newest_pack = saved(url, 2)
+    key = newest_pack.decode().removeprefix(f"/{bucket}/")
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").copy_object(
+        Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key},
+        StorageClass="GLACIER")
+    archived = r"the object is archived: .*restore it first"
+    with CheckpointManager(url) as mgr:
+        with pytest.raises(StoreError, match=f"{archived}.*fix what the error names") as said:
+            mgr.verify()
+        assert "credentials" not in str(said.value)
+        with pytest.raises(StoreError, match=archived):
+            mgr.restore("latest", h=Holder({}))
+    assert cli(["show", url, "latest"]) == 1
+    out, err = capsys.readouterr()
+    assert ids[0] not in out + err and "the object is archived" in err, (out, err)
+
+
 def test_show_latest_while_a_read_fails_fails_and_shows_no_older_one(
         bucket: str, relay: OutageRelay, capsys: pytest.CaptureFixture[str]) -> None:
     """One failed read of the newest checkpoint's pack passed it over as damaged: an
