@@ -721,7 +721,8 @@ class FsspecStore(Store):
     catalog and lock were a cache elsewhere, and another manager's gc deleted its
     checkpoints. So are a caching file system (``simplecache::s3://...``), whose stale
     copies of the labels other machines rewrite hid their pins from retention, and one
-    that only reads (http, an archive), each by name.
+    that only reads (http, an archive), each by name, at any layer of the chain the URL
+    and its options open.
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
@@ -739,14 +740,16 @@ class FsspecStore(Store):
         except OSError as exc:  # (a file system that connects as it opens: ftp, sftp, ...)
             raise StoreError(f"opening {url} failed: {exc} (check that the server is up, "
                              "and its address in the URL)") from exc
-        folder = _local_folder(self.fs, root)
+        layers = _layers(self.fs, root)
+        _check_writable(url, layers)
+        folder = _local_folder(layers)
         if folder is not None:
             raise ValueError(
                 f"{url} is the folder {folder} on this machine: give its path instead "
                 f"(CheckpointManager({folder!r}), LocalStore({folder!r})), whose lock every "
                 "manager of the folder takes and whose writes are atomic; through fsspec, "
                 "another manager's gc there would delete the checkpoints saved this way")
-        cache = _cache_in(url, self.fs)
+        cache = _cache_in(url, layers)
         if cache is not None:
             raise ValueError(
                 f"{url}: {cache}:: serves what it read once from a copy on this machine, "
@@ -999,36 +1002,47 @@ def young(times: dict[str, float] | None, now: float | None = None) -> set[str]:
     return {key for key, at in times.items() if now - at < GRACE_SECONDS}
 
 
-def _local_folder(fs: Any, root: str) -> str | None:
-    """The folder on this machine's disk that ``root`` names in ``fs``, where ``fs`` is
-    fsspec's local file system or one over it (a cache, a ``dir::`` folder); else None."""
+def _layers(fs: Any, root: str) -> list[tuple[Any, str]]:
+    """The file systems ``fs`` opens, from itself to the innermost, which holds the files
+    (a ``dir::`` folder's, a cache's target, an ``async_wrapper``'s ``sync_fs``), each
+    with the path that ``root`` names in it."""
     from fsspec import AbstractFileSystem
     from fsspec.implementations.dirfs import DirFileSystem
-    from fsspec.implementations.local import LocalFileSystem
 
-    while not isinstance(fs, LocalFileSystem):
-        inner = getattr(fs, "fs", None)
-        if not isinstance(inner, AbstractFileSystem):
-            return None
+    layers = [(fs, root)]
+    while len(layers) < 16:
         if isinstance(fs, DirFileSystem):
             root = fs._join(root)
+        inner = next((layer for name in ("fs", "sync_fs")
+                      if isinstance(layer := getattr(fs, name, None), AbstractFileSystem)),
+                     None)
+        if inner is None:
+            break
         fs = inner
-    return root
+        layers.append((fs, root))
+    return layers
 
 
-def _cache_in(url: str, fs: Any) -> str | None:
+def _local_folder(layers: list[tuple[Any, str]]) -> str | None:
+    """The folder on this machine's disk that the innermost of ``layers`` holds the
+    store in, where it is fsspec's local file system; else None."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    fs, root = layers[-1]
+    return root if isinstance(fs, LocalFileSystem) else None
+
+
+def _cache_in(url: str, layers: list[tuple[Any, str]]) -> str | None:
     """The scheme, as ``url`` spells it, of a caching file system (simplecache,
-    filecache, blockcache) in the chain ``fs`` opens, which serves a file it read once
-    from its copy on this machine; else None."""
-    from fsspec import AbstractFileSystem
+    filecache, blockcache) among ``layers``, which serves a file it read once from its
+    copy on this machine; else None."""
     from fsspec.implementations.cached import CachingFileSystem
 
-    while isinstance(fs, AbstractFileSystem):
+    for fs, _ in layers:
         if isinstance(fs, CachingFileSystem):
             names = _protocols(fs)
             return next((part for part in url.split("::") if part in names),
                         sorted(names)[0])
-        fs = getattr(fs, "fs", None)
     return None
 
 
@@ -1042,17 +1056,22 @@ _READ_ONLY = {"http": "a web server's files", "https": "a web server's files",
 _ARCHIVES = {"zip", "tar", "libarchive"}
 
 
-def _check_writable(url: str) -> None:
-    """Refuse a URL whose chain opens a file system that only reads, by name, before
-    it is opened (an archive's is opened as a file, and http's kept the scheme in its
-    paths, called an empty path segment)."""
-    for part in url.split("::"):
-        scheme = part.split("://", 1)[0]
+def _check_writable(url: str, layers: list[tuple[Any, str]] | None = None) -> None:
+    """Refuse a URL whose chain opens a file system that only reads, by name: from the
+    URL's text before it is opened (an archive's is opened as a file, and http's kept
+    the scheme in its paths, called an empty path segment), and from ``layers``, what
+    it opened (a ``target_protocol=`` given as an option)."""
+    named = [part.split("://", 1)[0] + ("://" if "://" in part else "::")
+             for part in url.split("::")]
+    if layers is not None:
+        named += [f"{protocol}://" for fs, _ in layers for protocol in sorted(_protocols(fs))]
+    for name in named:
+        scheme = name.rstrip(":/")
         if scheme in _READ_ONLY:
             instead = "unpack the archive into a folder and give its path" \
                 if scheme in _ARCHIVES else \
                 "give a folder's path or a URL that can be written (s3://bucket/path)"
-            raise ValueError(f"{url}: {scheme}:// reads {_READ_ONLY[scheme]} and writes "
+            raise ValueError(f"{url}: {name} reads {_READ_ONLY[scheme]} and writes "
                              f"none, and a store's files are written and deleted: {instead}")
 
 

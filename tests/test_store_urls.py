@@ -41,3 +41,19 @@ def test_a_server_that_refuses_the_connection_as_the_store_opens_is_a_store_erro
                                          r"\(check that the server is up"):
         FsspecStore(url)
     assert cli(["ls", url]) == 1 and f"opening {url} failed" in capsys.readouterr().err
+
+
+def test_a_cache_or_a_reader_inside_the_chain_is_refused_by_name() -> None:
+    """Only the URL's text and each file system's ``.fs`` were looked at: an
+    async_wrapper's (``.sync_fs``) cache, and an http file system given as dir://'s
+    target_protocol=, opened a store."""
+    with pytest.raises(ValueError, match="Give the URL without simplecache::"):
+        FsspecStore("async_wrapper::simplecache::memory://urls-cached")
+    with pytest.raises(ValueError, match="dir://: http:// reads a web server's files"):
+        FsspecStore("dir://", path="example.com/x", target_protocol="http")
+
+
+def test_a_reader_in_a_chain_is_named_as_the_url_gives_it() -> None:
+    """tar::s3://... was refused as "tar:// reads ...", a URL it was not given as."""
+    with pytest.raises(ValueError, match=r"tar::s3://b/x.tar: tar:: reads an archive's"):
+        FsspecStore("tar::s3://b/x.tar")
