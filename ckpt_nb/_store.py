@@ -764,10 +764,13 @@ class FsspecStore(Store):
                              "with single slashes between its parts")
         self.root = root.rstrip("/")
         self.url = canonical_url(url)
-        protocols = _protocols(self.fs)
+        # (the innermost file system holds the files: dir::s3://b/x is an S3 store)
+        self._files, files_root = layers[-1]
+        self._files_root = files_root.rstrip("/")
+        protocols = _protocols(self._files)
         self._s3 = bool(protocols & {"s3", "s3a"})
         if self._s3:
-            _check_bucket(url, self.root)
+            _check_bucket(url, self._files_root)
         # An object store has no folders to make, and its makedirs creates a bucket (on
         # AWS, a misspelt one in whatever account and region are configured): a write
         # to a bucket that is not there fails instead, naming it.
@@ -832,9 +835,10 @@ class FsspecStore(Store):
         there (ckpt_nb creates none)."""
         if self._makes_folders:
             return None
-        bucket = self.root.lstrip("/").split("/", 1)[0]
-        with self._asking(f"looking for the bucket {bucket}", bucket):
-            return None if self.fs.exists(bucket) else bucket
+        bucket = self._files_root.lstrip("/").split("/", 1)[0]
+        self._files.invalidate_cache(bucket)
+        with self._asking(f"looking for the bucket {bucket}"):
+            return None if self._files.exists(bucket) else bucket
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._path(key)

@@ -259,6 +259,18 @@ def test_a_cache_over_the_store_is_refused_naming_it(bucket: str) -> None:
     assert not s3fs.S3FileSystem().find(bucket)  # (nothing written)
 
 
+def test_a_folder_over_a_missing_bucket_creates_no_bucket(
+        bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """dir::s3://typo/x was taken for a file system with folders (only its outermost
+    layer was looked at): its first write made the folder, creating the bucket."""
+    typo = f"{bucket}-typo"
+    with pytest.raises(StoreError, match="ckpt_nb creates no bucket"):
+        CheckpointManager(f"dir::s3://{typo}/exp")
+    assert not s3fs.S3FileSystem().exists(typo)
+    assert cli(["ls", f"dir::s3://{typo}/exp"]) == 2  # (as for s3://typo/exp)
+    assert f"the bucket '{typo}' does not exist" in capsys.readouterr().err
+
+
 def test_a_url_with_no_bucket_before_its_path_says_it_names_none() -> None:
     """s3:///x said "The specified bucket does not exist", naming none."""
     for url in ("s3:///exp", "s3://"):
