@@ -17,6 +17,7 @@ import io
 import mmap
 import os
 import re
+import socket
 import stat
 import sys
 import tempfile
@@ -738,8 +739,11 @@ class FsspecStore(Store):
                              "store is a path, a file:// URL or an fsspec URL "
                              "(s3://bucket/path, with pip install \"ckpt_nb[s3]\")") from exc
         except OSError as exc:  # (a file system that connects as it opens: ftp, sftp, ...)
-            raise StoreError(f"opening {url} failed: {exc} (check that the server is up, "
-                             "and its address in the URL)") from exc
+            unreached = isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)) or \
+                _UNREACHABLE.search(str(exc))
+            hint = " (check that the server is up, and its address in the URL)" \
+                if unreached else ""
+            raise StoreError(f"opening {url} failed: {exc}{hint}") from exc
         layers = _layers(self.fs, root)
         _check_writable(url, layers)
         folder = _local_folder(layers)

@@ -57,3 +57,14 @@ def test_a_reader_in_a_chain_is_named_as_the_url_gives_it() -> None:
     """tar::s3://... was refused as "tar:// reads ...", a URL it was not given as."""
     with pytest.raises(ValueError, match=r"tar::s3://b/x.tar: tar:: reads an archive's"):
         FsspecStore("tar::s3://b/x.tar")
+
+
+def test_a_failure_to_open_that_reaches_no_server_does_not_blame_one(tmp_path: Path) -> None:
+    """Every OSError as the store opened said "check that the server is up": a cache
+    folder under a file (a local error, no server asked) said it too."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(StoreError, match="opening filecache::memory://x failed: .*Not a "
+                                         "directory") as said:
+        FsspecStore("filecache::memory://x", filecache={"cache_storage": f"{a_file}/c"})
+    assert "server" not in str(said.value)
