@@ -958,7 +958,10 @@ class AutoSession:
                 _deleted_rollbacks.setdefault(self.url, position)
             position = self.manager.catalog.heir_of(position)
             if position is None:
+                gone = _deleted_rollbacks.get(self.url)
                 _forget_position(self.url)
+                if gone is not None:  # (the rerun says so: no kept ancestor to name)
+                    _deleted_rollbacks[self.url] = gone
             else:
                 _positions[self.url] = position
         if position is not None:
@@ -1676,14 +1679,17 @@ class AutoSession:
         heir = _positions.get(self.url)
         deleted = f"checkpoint {gone}, rolled back to, was deleted since"
         if pending is None:
+            kept = f"{heir} is the deleted one's nearest kept ancestor" if heir is not None \
+                else "none of the deleted one's ancestors is kept"
             self.say(f"{deleted}, and where its loops stood with it: this cell's loops start "
                      "from the beginning, on the state in memory (to resume a kept checkpoint "
-                     f"instead, interrupt the cell and %ckpt_rollback it; {heir} is the "
-                     "deleted one's nearest kept ancestor)")
+                     f"instead, interrupt the cell and %ckpt_rollback it; {kept})")
             return
         resumed = pending.checkpoint.id
         which = "its nearest kept ancestor" if resumed == heir else \
-            f"this cell's run that went on from {heir}, its nearest kept ancestor"
+            f"this cell's run that went on from {heir}, its nearest kept ancestor" \
+            if heir is not None else "this cell's unfinished run (none of the deleted " \
+            "one's ancestors is kept)"
         self.say(f"{deleted}: resuming from {resumed}, {which}, in its place (the state the "
                  f"rollback put back is replaced by {resumed}'s; %%ckpt_auto --no-resume "
                  "trains on from it, its loops from the start)")

@@ -340,3 +340,28 @@ def test_a_rerun_after_a_deleted_rollback_whose_heir_is_another_cells_says_so(
         "its loops stood with it: this cell's loops start from the beginning, on the state " \
         f"in memory (to resume a kept checkpoint instead, interrupt the cell and " \
         f"%ckpt_rollback it; {a_end} is the deleted one's nearest kept ancestor)" in out
+
+
+def test_a_rerun_after_a_deleted_rollback_with_no_kept_ancestor_says_so(
+        shell, tmp_path: Path, capsys) -> None:
+    """%ckpt_rollback to a run's first checkpoint (a root), that checkpoint deleted, the
+    cell run again: with no kept ancestor the position was forgotten, and with it the
+    rollback, so the loops started from batch 0 on the rolled-back state without a word."""
+    store = tmp_path / "rb"
+    train = TRAIN.replace("--every-steps 6", "--every-steps 3").format(dir=store, options="")
+    run(shell, ONE)
+    assert run(shell, train).success
+    root = ckpt_nb.CheckpointManager(store).list().set_index("step").loc[3, "id"]
+    assert run(shell, f"%ckpt_rollback {root}").success
+    with ckpt_nb.CheckpointManager(store) as manager:
+        manager.delete(root)
+    capsys.readouterr()
+    probe = "print('loops start at', epoch, i) if not globals().get('_p') else None; " \
+            "globals()['_p'] = 1; opt.zero_grad();"
+    assert run(shell, train.replace("opt.zero_grad();", probe)).success
+    out = capsys.readouterr().out
+    assert "loops start at 0 0" in out
+    assert f"ckpt_nb: checkpoint {root}, rolled back to, was deleted since, and where its " \
+        "loops stood with it: this cell's loops start from the beginning, on the state in " \
+        "memory (to resume a kept checkpoint instead, interrupt the cell and %ckpt_rollback " \
+        "it; none of the deleted one's ancestors is kept)" in out
