@@ -325,3 +325,26 @@ def test_a_write_the_credentials_may_not_make_says_they_may_only_read(
             CheckpointManager("s3://runs/exp")  # (a new store: its format is written)
     finally:
         next(server, None)
+
+
+def test_a_gc_or_delete_the_server_stops_answering_says_which_stopped(
+        bucket: str, relay: OutageRelay) -> None:
+    """A gc() or delete() whose store stopped answering said only the store's own error
+    ("listing deleted at ... failed"): not that the gc or the delete stopped, what it left,
+    or what to do."""
+    url = f"s3://{bucket}/exp"
+    ids, _ = saved(url, 3)
+    mgr = CheckpointManager(url)
+    relay.down = True
+    with pytest.raises(StoreError, match=r"^gc stopped, as the store could not be read or "
+                                         r"written: .+; every checkpoint is as it was \(a gc "
+                                         r"may stop at any point\): fix what the error names"
+                                         r".*then run it again"):
+        mgr.gc()
+    with pytest.raises(StoreError, match=rf"^delete of {ids[0]} stopped, as the store could "
+                                         r"not be read or written: .+; the other checkpoints "
+                                         r"are as they were: fix what the error names"):
+        mgr.delete(ids[0])
+    relay.down = False
+    mgr.gc()
+    assert list(CheckpointManager(url).list()["id"]) == ids
