@@ -11,12 +11,13 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import CREDENTIALS, Holder, s3_server
+from test_s3_two_machines import ThenAfterManifests
 
 from ckpt_nb import CheckpointManager, FsspecStore, StoreError
 from ckpt_nb.cli import main as cli
@@ -215,20 +216,6 @@ def test_a_committed_save_whose_files_the_store_cannot_be_asked_about_stands(
     assert torch.equal(target.state["w"], weights(2)["w"])
 
 
-class _ThenAfterManifests(FsspecStore):
-    """An S3 store that runs ``then`` as soon as a manifest is uploaded: another machine
-    acting in a save's window between its manifest and its commit."""
-
-    def __init__(self, url: str, then: Callable[[str], None]) -> None:
-        super().__init__(url)
-        self.then = then
-
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        super().put(key, data)
-        if key.startswith("manifests/"):
-            self.then(key)
-
-
 def test_a_save_found_gone_before_the_server_stops_answering_is_not_saved(
         bucket: str, relay: OutageRelay, endpoint: str) -> None:
     """Another machine's gc took the save's manifest, and the server went away at the
@@ -241,7 +228,7 @@ def test_a_save_found_gone_before_the_server_stops_answering_is_not_saved(
         direct.rm_file(f"{bucket}/exp/{key}")
         relay.trip = f"HEAD /{bucket}/exp/packs/".encode()
 
-    mgr = CheckpointManager(_ThenAfterManifests(url, collected_elsewhere))
+    mgr = CheckpointManager(ThenAfterManifests(url, collected_elsewhere))
     with pytest.raises(StoreError, match=r"checkpoint \w+ was written, but manifests/\S+ left "
                                          "the store before its commit.*not saved; save again"):
         mgr.save(h=Holder(weights(1)))

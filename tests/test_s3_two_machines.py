@@ -97,7 +97,7 @@ def test_a_save_in_flight_is_not_called_damaged_beside_a_damaged_pack(
     assert list(second.catalog.damaged()) == [f"packs/{'0' * 32}.pack"]
 
 
-class _ThenAfterManifests(FsspecStore):
+class ThenAfterManifests(FsspecStore):
     """An S3 store that runs ``then`` as soon as a manifest is uploaded: another machine
     acting in a save's window between its manifest and its commit."""
 
@@ -118,7 +118,7 @@ def test_a_save_whose_files_were_collected_before_its_commit_fails(
     url = f"s3://{bucket}/exp"
     fs = s3fs.S3FileSystem()
     first = machine(url, tmp_path, 1).save(h=Holder({"w": torch.randn(1000)}))
-    mgr = machine(_ThenAfterManifests(url, lambda key: fs.rm_file(f"{bucket}/exp/{key}")),
+    mgr = machine(ThenAfterManifests(url, lambda key: fs.rm_file(f"{bucket}/exp/{key}")),
                   tmp_path, 2)
     with pytest.raises(StoreError, match=r"checkpoint \w+ was written, but manifests/.* left "
                                          "the store before its commit.*not saved; save again"):
