@@ -177,13 +177,20 @@ def _read_only_uri(path: Path) -> str:
 _LAST_TIME = 2**33  # seconds since 1970: the year 2242 (pandas' times end in 2262)
 
 
+# What to do with a catalog that cannot be read: the store's own files rebuild it. Its
+# journal goes with it (a new catalog beside an old journal does not open), once no
+# process has it open (one that does keeps writing it).
+MOVE_ASIDE = ("once no other process has the store open, move it aside (rename it, and its "
+              "-wal and -shm files beside it where there are such) and open the store again")
+
+
 class DamagedCatalog(StoreError):
     """A catalog value that is not of the kind ckpt_nb writes."""
 
     def __init__(self, what: str, path: Path | None = None) -> None:
         super().__init__(f"the catalog {path or ''} is damaged: {what} is not what ckpt_nb "
-                         "writes; move it aside (rename it) and open the store again, which "
-                         "rebuilds the catalog from the store's own files".replace("  ", " "))
+                         f"writes; {MOVE_ASIDE}, which rebuilds the catalog from the store's "
+                         "own files".replace("  ", " "))
         self.what = what
 
 
@@ -294,9 +301,8 @@ class Catalog:
                 raise DamagedCatalog(exc.what, self.path) from exc.__cause__
             if isinstance(exc, sqlite3.DatabaseError):
                 raise StoreError(
-                    f"the catalog {self.path} is unreadable ({exc}): move it aside (rename "
-                    "it) and open the store again, which rebuilds the catalog from the "
-                    "store's packs and manifests") from exc
+                    f"the catalog {self.path} is unreadable ({exc}): {MOVE_ASIDE}, which "
+                    "rebuilds the catalog from the store's packs and manifests") from exc
             raise
 
     def _unopenable(self, exc: sqlite3.OperationalError) -> StoreError:
@@ -304,7 +310,14 @@ class Catalog:
             hint = (" (its folder is read-only, and SQLite writes a journal beside it even to "
                     "read: copy the store somewhere writable to open it)")
         elif "I/O" in str(exc) or "full" in str(exc):
-            hint = " (is its disk full? SQLite needs a little room even to read)"
+            journal = [p.name for p in (self.path.with_name(self.path.name + "-wal"),
+                                        self.path.with_name(self.path.name + "-shm"))
+                       if p.exists()]
+            moved = "" if not journal else (
+                "; or was it moved aside or deleted while another process had it open, "
+                f"leaving {' and '.join(journal)}? Once no other process has the store "
+                "open, move those aside too")
+            hint = f" (is its disk full? SQLite needs a little room even to read{moved})"
         else:
             hint = ""
         return StoreError(f"cannot open the catalog {self.path}: {exc}{hint}")

@@ -2084,8 +2084,10 @@ class CheckpointManager:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it,
         and its children descend from its parent. A pinned one raises
         ``CheckpointInUseError`` unless ``force=True``."""
-        with self._exclusive(), \
-                _said_as_stopped(f"delete of {which}", "the other checkpoints are as they were"):
+        with self._exclusive(), _said_as_stopped(
+                f"delete of {which}", "the other checkpoints are as they were; where it is "
+                "still listed, its deletion may be recorded, which the next gc completes: pin "
+                "it to keep it, or delete it again"):
             # (under the lock: the pin checked where no other process can set it)
             self._catch_up()
             cid = self._resolve(which)
@@ -2352,8 +2354,9 @@ class CheckpointManager:
                 or not compact_below >= 0:
             raise ValueError(f"compact_below must be a fraction of a pack's size, 0 or more "
                              f"(0 compacts none, above 1 every pack), not {compact_below!r}")
-        with self._exclusive(), _said_as_stopped("gc", "every checkpoint is as it was (a "
-                                                 "gc may stop at any point)"):
+        with self._exclusive(), _said_as_stopped(
+                "gc", "every checkpoint is as it was but one a delete() that did not finish "
+                "had recorded as deleted, which a gc completes (a gc may stop at any point)"):
             self._catch_up()
             report = self._gc_locked(compact_below, repair_indexes=True, partial=True,
                                      progress=progress)
@@ -2684,13 +2687,13 @@ def _missed_writes(last: str, mine: str) -> bool:
 def _said_as_stopped(work: str, left: str) -> Iterator[None]:
     """A store's failure during ``work`` (under its lock: taking the lock says its own
     failure) said as that work's, with what it leaves and what to do: the store's own
-    error names only the file it was at ("listing deleted at ... failed"). A damaged
-    catalog's says what to do already."""
+    error names only the file it was at ("listing deleted at ... failed"). The catalog's
+    own say what to do already."""
     try:
         yield
     except StoreError as exc:
-        if isinstance(exc, DamagedCatalog):
-            raise
+        if isinstance(exc, DamagedCatalog) or isinstance(exc.__cause__, sqlite3.Error):
+            raise  # (the catalog's own: it says what to do)
         raise StoreError(f"{work} stopped, as the store could not be read or written: {exc}; "
                          f"{left}: fix what the error names (a server down: wait until it "
                          "answers), then run it again") from exc

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import Holder
 
-from ckpt_nb import CheckpointManager
+from ckpt_nb import CheckpointManager, StoreError
 from ckpt_nb._catalog import DamagedCatalog
 from ckpt_nb.cli import main as cli
 
@@ -55,3 +55,33 @@ def test_a_damaged_catalog_page_is_said_damaged_not_an_outage(
         mgr = CheckpointManager(root)
     with mgr:
         assert mgr.verify().ok and mgr.list()["id"].tolist() == ids
+
+
+def test_a_catalog_moved_aside_while_another_process_has_it_open_names_its_journal(
+        tmp_path: Path) -> None:
+    """Moved aside as the damage message says, while another kernel had it open: its
+    -wal and -shm stayed, and the store's next opening said only "disk I/O error (is its
+    disk full?)"."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "exp"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, torch, ckpt_nb\n"
+         "m = ckpt_nb.CheckpointManager(sys.argv[1])\n"
+         "for i in range(4): m.save(torch.nn.Linear(64, 64), epoch=i)\n"
+         "print('saved', flush=True); sys.stdin.readline()\n", str(root)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "saved\n"
+        assert (root / "catalog.sqlite-wal").stat().st_size > 0
+        (root / "catalog.sqlite").rename(tmp_path / "catalog.sqlite.damaged")
+        with pytest.raises(StoreError, match=r"disk I/O error \(is its disk full\? .*; or was "
+                                             r"it moved aside or deleted while another process "
+                                             r"had it open, leaving catalog\.sqlite-wal and "
+                                             r"catalog\.sqlite-shm\? Once no other process has "
+                                             r"the store open, move those aside too\)"):
+            CheckpointManager(root)
+    finally:
+        holder.communicate("\n", timeout=60)

@@ -324,13 +324,18 @@ def test_a_gc_or_delete_the_server_stops_answering_says_which_stopped(
     mgr = CheckpointManager(url)
     relay.down = True
     with pytest.raises(StoreError, match=r"^gc stopped, as the store could not be read or "
-                                         r"written: .+; every checkpoint is as it was \(a gc "
-                                         r"may stop at any point\): fix what the error names"
+                                         r"written: .+; every checkpoint is as it was but one "
+                                         r"a delete\(\) that did not finish had recorded as "
+                                         r"deleted, which a gc completes \(a gc may stop at "
+                                         r"any point\): fix what the error names"
                                          r".*then run it again"):
         mgr.gc()
     with pytest.raises(StoreError, match=rf"^delete of {ids[0]} stopped, as the store could "
                                          r"not be read or written: .+; the other checkpoints "
-                                         r"are as they were: fix what the error names"):
+                                         r"are as they were; where it is still listed, its "
+                                         r"deletion may be recorded, which the next gc "
+                                         r"completes: pin it to keep it, or delete it again: "
+                                         r"fix what the error names"):
         mgr.delete(ids[0])
     relay.down = False
     mgr.gc()
