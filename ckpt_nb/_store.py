@@ -744,6 +744,10 @@ class FsspecStore(Store):
             hint = " (check that the server is up, and its address in the URL)" \
                 if unreached else ""
             raise StoreError(f"opening {url} failed: {exc}{hint}") from exc
+        except (AttributeError, TypeError) as exc:  # (a chain missing its target: dir://x)
+            raise ValueError(f"{url}: fsspec cannot open it as given ({type(exc).__name__}: "
+                             f"{exc}): a chained URL names what it wraps (dir::s3://bucket/"
+                             "path), or its options do (target_protocol=)") from exc
         layers = _layers(self.fs, root)
         _check_writable(url, layers)
         folder = _local_folder(layers)
@@ -924,7 +928,8 @@ class FsspecStore(Store):
         with self._asking(f"listing {prefix or 'the store'}", base):
             found = (self.fs.find(base, detail=True) if detail else
                      dict.fromkeys(self.fs.find(base))) if self.fs.isdir(base) else {}
-        cut = len(self.root.lstrip("/")) + 1
+        top = self.root.strip("/")
+        cut = len(top) + 1 if top else 0  # (a store at a file system's root: memory://)
         for path, info in found.items():
             key = path.lstrip("/")[cut:]
             if _is_key(key):  # (a name ckpt_nb could have written)

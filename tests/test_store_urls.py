@@ -68,3 +68,36 @@ def test_a_failure_to_open_that_reaches_no_server_does_not_blame_one(tmp_path: P
                                          "directory") as said:
         FsspecStore("filecache::memory://x", filecache={"cache_storage": f"{a_file}/c"})
     assert "server" not in str(said.value)
+
+
+def test_a_chain_missing_what_it_wraps_is_refused_naming_the_url() -> None:
+    """``dir://x`` with no target let fsspec's AttributeError out ('NoneType' object has
+    no attribute 'startswith')."""
+    with pytest.raises(ValueError, match=r"^dir://x: fsspec cannot open it as given "
+                                         r"\(AttributeError: .*\): a chained URL names what "
+                                         r"it wraps"):
+        FsspecStore("dir://x")
+
+
+def test_a_store_at_a_file_systems_root_lists_its_keys_whole() -> None:
+    """A store at ``memory://``'s root (the fsspec store, not the private one the URL
+    alone opens) listed 'acks/...pack' and 'anifests/...': each key's first letter cut,
+    as the cut made room for a '/' after an empty root."""
+    import fsspec
+    import torch
+
+    memory = fsspec.filesystem("memory")
+    try:
+        store = FsspecStore("memory://")
+        with CheckpointManager(store) as mgr:
+            ids = [mgr.save(torch.nn.Linear(2, 2), rng=False) for _ in range(2)]
+        keys = set(store.list(""))  # (other tests' memory:// stores lie below it too)
+        assert {"ckpt_nb.json", *(f"manifests/{cid}.json.zst" for cid in ids)} <= keys, keys
+        assert not any(key.startswith(("acks/", "anifests/")) for key in keys), keys
+        with CheckpointManager(FsspecStore("memory://")) as again:
+            assert list(again.list()["id"]) == ids
+            assert again.verify().ok
+    finally:
+        for top in ("packs", "manifests", "labels", "runs", "deleted", "ckpt_nb.json"):
+            if memory.exists(f"/{top}"):
+                memory.rm(f"/{top}", recursive=True)
