@@ -94,6 +94,10 @@ class CaptureError(CkptError, TypeError):
 WARNING_WORDS: contextvars.ContextVar[Callable[[str], str] | None] = \
     contextvars.ContextVar("ckpt_nb_warning_words", default=None)
 
+# Who may have deleted a checkpoint that a caller still names: said alike by the manager
+# and the explorer.
+DELETED_BY = "(by retention or by hand, in this process or another)"
+
 # The manager's advice on ranking "best" by another metric, in its own words (its
 # arguments and the CLI's options), which a rollback words as its ``on``.
 RANK_BY_ANOTHER = "give a metric (metric=, --metric) to rank by another"

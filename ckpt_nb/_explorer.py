@@ -29,7 +29,7 @@ import traitlets
 
 from . import _plots, _session
 from ._catalog import store_exists
-from ._errors import (CheckpointInUseError, CheckpointNotFoundError, CkptError,
+from ._errors import (DELETED_BY, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       FileFormatError, MetricNotFoundError, StateMismatchError, StoreError)
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
@@ -651,8 +651,8 @@ class Explorer(w.VBox):
             if self.table_frame is None or which not in set(self.table_frame["id"]):
                 raise
             raise CheckpointNotFoundError(
-                f"checkpoint {which} was deleted (by retention or by hand, in this process or "
-                "another) since the table was read") from None
+                f"checkpoint {which} was deleted {DELETED_BY} since the table was read"
+            ) from None
 
     def _check_store(self, *, read_empty: bool = False) -> None:
         """Refuse to read or act on a store removed while open: a local one's catalog lock
@@ -868,12 +868,11 @@ class Explorer(w.VBox):
         if not gone:
             self._say(f"cancelled: the {action} of {cid}")
         elif action == "delete":
-            self._say(f"{cid} was deleted (by retention or by hand, in this process or another) "
-                      "while its Delete awaited Confirm: nothing left to delete")
+            self._say(f"{cid} was deleted {DELETED_BY} while its Delete awaited Confirm: "
+                      "nothing left to delete")
         else:
-            self._say(f"⚠ the rollback to {cid} is withdrawn: {cid} was deleted (by retention "
-                      "or by hand, in this process or another) while it awaited Confirm",
-                      error=True)
+            self._say(f"⚠ the rollback to {cid} is withdrawn: {cid} was deleted {DELETED_BY} "
+                      "while it awaited Confirm", error=True)
 
     def _ask_rollback(self) -> None:
         self._check_store()

@@ -44,7 +44,7 @@ from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, 
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
                        DamagedCatalog)
 from ._diff_values import ValueDiff, ValueSide
-from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
+from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, StoreError, StoreFormatError, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
@@ -1428,8 +1428,8 @@ class CheckpointManager:
                 f"({', '.join(sorted(matches)[:5])}{more}): give more of the id")
         if self.catalog.was_deleted(which):
             raise CheckpointNotFoundError(
-                f"checkpoint {which} was deleted (by retention or by hand, in this process or "
-                "another): use an id from list() (ckpt-nb ls), 'latest', 'best' or '-N'")
+                f"checkpoint {which} was deleted {DELETED_BY}: use an id from list() "
+                "(ckpt-nb ls), 'latest', 'best' or '-N'")
         raise CheckpointNotFoundError(
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
