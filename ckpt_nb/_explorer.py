@@ -356,6 +356,9 @@ class Explorer(w.VBox):
         # While the status line tells of a rollback: its target and the ids there were then
         # (a save since makes "the next save starts a branch from it" old news).
         self._rolled_back: tuple[str, frozenset[str]] | None = None
+        # Each checkpoint's run record (None: it has none), as read for the --keep-best it
+        # gives (``_keep_best``): a refresh reads only the new checkpoints' manifests.
+        self._run_records: dict[str, Any] = {}
 
         self.title = w.HTML()
         self.status = w.HTML(layout=w.Layout(min_height="1.6em"))
@@ -430,7 +433,7 @@ class Explorer(w.VBox):
                           self.status, self.css])
         self.add_class("ckpt-nb-explorer")
 
-        self._show(self.manager.list())  # (a store that fails to open fails here, raised)
+        self._show(self._read())  # (a store that fails to open fails here, raised)
         self._unsubscribe = _session.subscribe(self._on_session_event)
         self._signature = self._catalog_signature()
         self._follower = threading.Thread(target=self._follow, args=(poll_seconds,),
@@ -447,7 +450,7 @@ class Explorer(w.VBox):
         with self._lock:
             try:
                 self._check_store()
-                frame = self.manager.list()
+                frame = self._read()
                 if not len(frame):
                     self._check_store(read_empty=True)
             except Exception as exc:  # noqa: BLE001 - whatever failed, said alike
@@ -455,6 +458,31 @@ class Explorer(w.VBox):
                 return False
             self._show(frame)
             return True
+
+    def _read(self) -> Any:
+        """The store's table (``CheckpointManager.list()``), its ``best`` column the
+        ``_keep_best`` best by the manager's ranking."""
+        frame = self.manager.list()
+        keep_best = self._keep_best()
+        if keep_best == (self.manager.keep_best or 1):  # (as list() marked them)
+            return frame
+        ids = set(frame["id"])
+        rows = [r for r in self.manager.catalog.checkpoints() if r.id in ids]
+        return frame.assign(best=frame["id"].isin(self.manager._best(rows, keep_best)))
+
+    def _keep_best(self) -> int:
+        """How many checkpoints are marked best (the DAG's gold, the bold of the metric
+        "best" ranks by): the manager's ``keep_best``, else the ``--keep-best`` of the
+        store's newest run record where that run ranks as the manager does (as
+        ``%ckpt_list`` marks them), read again at each refresh: a run saving since, in
+        this process or another, changes it; else 1."""
+        manager = self.manager
+        if manager.keep_best is not None or manager.metric is None:
+            return manager.keep_best or 1
+        written = _session._written_ranking(manager, self._run_records)
+        if written is None or written[0] != (manager.metric, manager.mode):
+            return 1
+        return written[1] or 1
 
     def _show(self, frame: Any) -> None:
         """Show a table the store's catalog gave: rows, choices, DAG and title (the caller
@@ -523,10 +551,17 @@ class Explorer(w.VBox):
     def _fill_table(self) -> None:
         frame = self.table_frame
         labels = _metric_labels(_plots.metric_columns(frame))
+        # The metric "best" ranks by is bold where the table's best column marks (the K
+        # best where runs keep K); each other metric's best value, by its own direction.
+        ranked = self.manager.metric if self.manager.metric in labels else None
         best: dict[str, list[str]] = {}
         for m, cid in _plots.best_by_metric(frame, self.manager.metric,
                                             self.manager.mode).items():
-            best.setdefault(cid, []).append(labels[m])
+            if m != ranked:
+                best.setdefault(cid, []).append(labels[m])
+        if ranked is not None:
+            for cid in frame.loc[frame["best"].astype(bool), "id"]:
+                best.setdefault(cid, []).append(labels[ranked])
         rows, orders = [], []
         for record in frame.to_dict("records"):
             note = " ⏎ ".join(record["note"].splitlines())

@@ -2360,15 +2360,23 @@ def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
     return manager
 
 
-def _written_ranking(manager: CheckpointManager) -> tuple[tuple[str, str], int | None] | None:
+def _written_ranking(manager: CheckpointManager, known: dict[str, Any] | None = None
+                     ) -> tuple[tuple[str, str], int | None] | None:
     """The ``--on`` metric and ``--keep-best`` of the session that wrote the store's newest
     run record: a store is ranked (its best, listed or rolled back to) as it was written,
     not by another session's options. None where that run ranked by none, or no run
     record is found: the caller then keeps the manager's own ranking, the one the store's
-    last save with a metric recorded (an older run's ``--on``), if any."""
+    last save with a metric recorded (an older run's ``--on``), if any. ``known``: each
+    checkpoint's run record (None: it has none) as read before, added to here: a caller
+    that asks at each refresh (the explorer) reads only new checkpoints' manifests."""
     for row in reversed(manager.catalog.checkpoints()):
         with contextlib.suppress(CkptError, KeyError, TypeError):
-            run = manager._saved_extra(row.id).get(RUN_KEY)
+            if known is not None and row.id in known:  # (a checkpoint never changes)
+                run = known[row.id]
+            else:
+                run = manager._saved_extra(row.id).get(RUN_KEY)
+                if known is not None:
+                    known[row.id] = run
             if isinstance(run, dict):
                 on, keep_best = run.get("on"), run.get("keep_best")
                 if isinstance(on, (list, tuple)) and len(on) == 2 and \
