@@ -318,6 +318,47 @@ def _failure(exc: Exception) -> str:
     return f"⚠ {exc}" if expected else f"⚠ failed: {type(exc).__name__}: {exc}"
 
 
+# What an argument naming checkpoints takes, as its usage errors say it.
+CHECKPOINT_NAME = "a checkpoint id, an id prefix or an alias ('latest', 'best', '-2') as a str"
+
+
+def _checked_name(value: Any, argument: str, *, takes: str = CHECKPOINT_NAME) -> str:
+    """``value`` given for ``argument`` (a checkpoint's name) where it is a non-empty str;
+    else a TypeError or ValueError naming the argument and what it takes (``manager.resolve``
+    took 1 as the prefix "1", and None as "None", and said no such checkpoint)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} takes {takes}, not {type(value).__name__} {value!r}")
+    if not value.strip():
+        raise ValueError(f"{argument} takes {takes}, not the empty name {value!r}")
+    return value
+
+
+def _checked_names(ids: Any) -> list[str]:
+    """``select``'s ``ids``: one name (a str) or an iterable of them, each checked."""
+    takes = f"{CHECKPOINT_NAME}, or a list of them"
+    if isinstance(ids, str):
+        return [_checked_name(ids, "ids", takes=takes)]
+    if isinstance(ids, (bytes, bytearray)) or not isinstance(ids, Iterable):
+        raise TypeError(f"ids takes {takes}, not {type(ids).__name__} {ids!r}")
+    return [_checked_name(i, "ids", takes=takes) for i in ids]
+
+
+def _check_arguments(store: Any, namespace: Any, poll_seconds: Any) -> None:
+    """Refuse ``explore()``'s arguments of a type or value it cannot take, by name (a
+    poll_seconds of "1" crashed the follower thread after the app opened)."""
+    if not isinstance(store, (str, os.PathLike, CheckpointManager)):
+        raise TypeError(f"store takes a directory, a URL or a CheckpointManager, not "
+                        f"{type(store).__name__} {store!r}")
+    if namespace is not None and not isinstance(namespace, dict):
+        raise TypeError(f"namespace takes a dict (globals()) or None (the IPython kernel's), "
+                        f"not {type(namespace).__name__}")
+    poll = "poll_seconds takes a number of seconds, 0 or more (0: only this process's saves)"
+    if not isinstance(poll_seconds, (int, float)) or isinstance(poll_seconds, bool):
+        raise TypeError(f"{poll}, not {type(poll_seconds).__name__} {poll_seconds!r}")
+    if not 0 <= poll_seconds < math.inf:
+        raise ValueError(f"{poll}, not {poll_seconds!r}")
+
+
 def _metric_labels(metrics: Iterable[str]) -> dict[str, str]:
     """Each metric's column label: its name, prefixed "metric:" where it would clash with
     a column of the table's own (a metric called "stored" must not replace the size)."""
@@ -341,6 +382,7 @@ class Explorer(w.VBox):
         self._wake = threading.Event()
         self._unsubscribe: Any = lambda: None
         self._owns_manager = False
+        _check_arguments(store, namespace, poll_seconds)
         with _plots.opened(store):  # a clear error for a missing store
             pass
         self.manager = store if isinstance(store, CheckpointManager) else \
@@ -599,9 +641,14 @@ class Explorer(w.VBox):
 
     def sort(self, column: str, ascending: bool = True) -> list[str]:
         """Sort the table by a column; returns the ids in their new order."""
+        if not isinstance(column, str):
+            raise TypeError(f"column takes a column's name (a str), not "
+                            f"{type(column).__name__} {column!r}")
+        if not isinstance(ascending, bool):
+            raise TypeError(f"ascending takes True or False, not {ascending!r}")
         if column not in self.table.columns:
-            raise MetricNotFoundError(f"cannot sort by {column!r}: columns are "
-                                      f"{self.table.columns}")
+            raise MetricNotFoundError(f"cannot sort by {column!r}: no such column; give one "
+                                      f"of {', '.join(self.table.columns)}")
         self.table.ascending = ascending
         self.table.sort_by = column
         self._fill_table()
@@ -614,9 +661,10 @@ class Explorer(w.VBox):
         withdraws a question awaiting Confirm. A store that cannot be read (its server down)
         is said in the status line, and the selection stays."""
         with self._lock:
+            names = _checked_names(ids)
             self._check_store()
             try:
-                selected = list(dict.fromkeys(self._resolve(i) for i in _plots.id_list(ids)))
+                selected = list(dict.fromkeys(self._resolve(i) for i in names))
             except StoreError as exc:
                 self._say_stale(exc)
                 return self.selected
@@ -707,9 +755,12 @@ class Explorer(w.VBox):
                 "explore() another")
 
     def _one(self) -> str:
+        """The checkpoint a button acts on: the one selected (none, or several, is a usage
+        error: no checkpoint is missing)."""
         if len(self.selected) != 1:
-            raise CheckpointNotFoundError("select one checkpoint first (click a row in "
-                                          "Checkpoints or a node in DAG)")
+            several = f": {len(self.selected)} are selected" if self.selected else ""
+            raise ValueError(f"select one checkpoint first{several} (click a row in "
+                             "Checkpoints or a node in DAG, without ctrl or shift)")
         return self.selected[0]
 
     # -- drawing -------------------------------------------------------------------------
@@ -848,9 +899,11 @@ class Explorer(w.VBox):
                                    table=frame)
         if kind == "diff":
             if self.diff_a.value is None or self.diff_b.value is None:
-                raise CheckpointNotFoundError("choose two checkpoints to diff (from and to)")
+                raise ValueError("choose two checkpoints to diff: from and to in the Diff "
+                                 "tab, or select two (ui.select([a, b]))")
             return _plots.plot_diff(self.manager, self.diff_a.value, self.diff_b.value)
-        raise ValueError(f"no figure {kind!r}: use metrics, compare, dag or diff")
+        raise ValueError(f"no figure {kind!r}: kind takes 'metrics', 'compare', 'dag' or "
+                         "'diff'")
 
     # -- actions ---------------------------------------------------------------------------
     def _guard(self, action: Any, name: str | None = None) -> Any:
@@ -934,8 +987,8 @@ class Explorer(w.VBox):
         action, cid = pending
         name = "Roll back" if action == "rollback" else "Delete"
         if self.selected != [cid]:  # (the views and the buttons act on the selection)
-            raise CheckpointNotFoundError(f"{cid} is no longer selected: nothing done; select "
-                                          f"it and press {name} again")
+            raise ValueError(f"{cid} is no longer selected: nothing done; select it and "
+                             f"press {name} again")
         self._guard(lambda: self.rollback(cid) if action == "rollback" else self.delete(cid),
                     f"{name} of {cid}")
 
@@ -943,6 +996,7 @@ class Explorer(w.VBox):
         """The same operation as ``%ckpt_rollback which``, on this store. Refused where the
         kernel holds nothing the checkpoint can restore (its objects are put back by the
         names they were saved under)."""
+        _checked_name(which, "which")
         self._drop_pending()
         self._check_store()
         namespace = self._namespace()
@@ -1002,6 +1056,7 @@ class Explorer(w.VBox):
         return str(root) if isinstance(root, Path) else self.url
 
     def pin(self, which: str) -> str:
+        _checked_name(which, "which")
         self._drop_pending()
         self._check_store()
         cid = self.manager.pin(self._resolve(which))
@@ -1010,6 +1065,7 @@ class Explorer(w.VBox):
         return cid
 
     def unpin(self, which: str) -> str:
+        _checked_name(which, "which")
         self._drop_pending()
         self._check_store()
         cid = self._resolve(which)
@@ -1023,6 +1079,7 @@ class Explorer(w.VBox):
         return cid
 
     def delete(self, which: str) -> str:
+        _checked_name(which, "which")
         self._drop_pending()
         self._check_store()
         cid = self._refuse_pinned(self._resolve(which))
@@ -1046,9 +1103,13 @@ class Explorer(w.VBox):
             raise CheckpointInUseError(f"{cid} is pinned: unpin it first (Unpin), then Delete")
         return cid
 
-    def export(self, which: str, path: str) -> Path:
+    def export(self, which: str, path: str | os.PathLike[str]) -> Path:
         """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``;
         "~" in ``path`` is the home directory, as in a shell."""
+        _checked_name(which, "which")
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path takes a file path ending in .pt or .safetensors, not "
+                            f"{type(path).__name__} {path!r}")
         self._drop_pending()
         self._check_store()
         if not path:

@@ -649,7 +649,7 @@ def test_a_store_given_with_a_tilde_and_a_save_the_explorer_has_not_seen(
     newest = mgr.save(torch.nn.Linear(2, 2), step=2)  # (another writer, before a poll)
     assert ui.select(["latest", first]) == [newest, first]
     assert ui.table.selected == [newest, first]
-    with pytest.raises(ckpt_nb.CkptError, match="choose two checkpoints"):
+    with pytest.raises(ValueError, match="choose two checkpoints"):
         ui.diff_a.value = None
         ui.figure("diff")
 
@@ -1452,8 +1452,9 @@ def test_unpin_of_a_checkpoint_not_pinned_says_so(tmp_path: Path) -> None:
 
 def test_the_explorers_refusals_are_also_the_matching_built_in(tmp_path: Path) -> None:
     """Every refusal is a CkptError and the built-in a caller would catch without knowing
-    ckpt_nb (the README's promise; these were bare CkptErrors); a figure of no such kind is
-    a bad argument, a ValueError, as the manager's strategy= is."""
+    ckpt_nb (the README's promise; these were bare CkptErrors); a figure of no such kind,
+    nothing to act on selected, or no pair to diff is a bad argument, a ValueError, as the
+    manager's strategy= is (they were CheckpointNotFoundErrors: no checkpoint was missing)."""
     mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
     cid = mgr.save(torch.nn.Linear(2, 2))
     mgr.close()
@@ -1461,10 +1462,12 @@ def test_the_explorers_refusals_are_also_the_matching_built_in(tmp_path: Path) -
     try:
         with pytest.raises(ckpt_nb.MetricNotFoundError, match="cannot sort by 'loss'"):
             ui.sort("loss")
-        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="select one checkpoint"):
+        with pytest.raises(ValueError, match="select one checkpoint") as said:
             ui._one()  # (what Pin, Unpin and Export act on)
-        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="choose two checkpoints"):
+        assert not isinstance(said.value, ckpt_nb.CheckpointNotFoundError)
+        with pytest.raises(ValueError, match="choose two checkpoints") as said:
             ui.figure("diff")
+        assert not isinstance(said.value, ckpt_nb.CheckpointNotFoundError)
         with pytest.raises(ValueError, match="no figure 'bogus'"):
             ui.figure("bogus")
         with pytest.raises(ckpt_nb.FileFormatError, match="type a file name"):
@@ -1472,10 +1475,66 @@ def test_the_explorers_refusals_are_also_the_matching_built_in(tmp_path: Path) -
         ui.select([cid])
         ui._ask_delete()
         ui.selected = []  # (a selection changed without withdrawing the question)
-        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="no longer selected"):
+        with pytest.raises(ValueError, match="no longer selected") as said:
             ui._confirm()
+        assert not isinstance(said.value, ckpt_nb.CheckpointNotFoundError)
     finally:
         ui.close()
+
+
+def test_a_wrong_argument_is_a_type_or_value_error_naming_it(tmp_path: Path) -> None:
+    """rollback(1) acted on whichever checkpoint's id starts with "1" (or said "no
+    checkpoint '1'"), rollback(None) said "no checkpoint 'None'", select(5) and
+    export(id, 5) raised Python's own TypeError naming no argument, sort(column,
+    "no") traitlets' TraitError, explore(d, poll_seconds="1") crashed its follower thread:
+    each is now a TypeError or ValueError that names the argument and what it takes, and
+    changes nothing."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        ids = [mgr.save(model, metrics={"loss": v}) for v in (0.3, 0.2, 0.1)]
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={"model": model}, poll_seconds=0)
+    try:
+        for action in (ui.rollback, ui.pin, ui.unpin, ui.delete,
+                       lambda which: ui.export(which, str(tmp_path / "m.pt"))):
+            for wrong, kind in ((1, TypeError), (None, TypeError), ([ids[0]], TypeError),
+                                ("", ValueError)):
+                with pytest.raises(kind, match=r"which takes a checkpoint id.*'latest'") as said:
+                    action(wrong)
+                assert not isinstance(said.value, ckpt_nb.CheckpointNotFoundError)
+        for wrong, kind in ((5, TypeError), (None, TypeError), (b"ab", TypeError),
+                            ([ids[0], 1], TypeError), ([""], ValueError)):
+            with pytest.raises(kind, match=r"ids takes a checkpoint id.*or a list of them"):
+                ui.select(wrong)
+        with pytest.raises(TypeError, match=r"path takes a file path .*\.pt or \.safetensors"):
+            ui.export(ids[0], 5)
+        with pytest.raises(TypeError, match=r"column takes a column's name \(a str\)"):
+            ui.sort(3)
+        with pytest.raises(TypeError, match="ascending takes True or False, not 'no'"):
+            ui.sort("loss", "no")
+        with pytest.raises(ValueError, match=r"no figure 3: kind takes 'metrics'"):
+            ui.figure(3)
+        ui.select([ids[0], ids[1]])
+        with pytest.raises(ValueError, match="select one checkpoint first: 2 are selected"):
+            ui._one()
+        frame = ui.table_frame
+        assert list(frame["id"]) == ids and not frame["pinned"].any()
+        assert not (tmp_path / "m.pt").exists() and ui.table.ascending
+    finally:
+        ui.close()
+    store = "store takes a directory, a URL or a CheckpointManager"
+    for call, kind, words in (
+            (lambda: ckpt_nb.explore(3), TypeError, f"{store}, not int 3"),
+            (lambda: ckpt_nb.explore(None), TypeError, f"{store}, not NoneType None"),
+            (lambda: ckpt_nb.explore(tmp_path / "s", namespace=[]), TypeError,
+             r"namespace takes a dict \(globals\(\)\) or None"),
+            (lambda: ckpt_nb.explore(tmp_path / "s", poll_seconds="1"), TypeError,
+             "poll_seconds takes a number of seconds"),
+            (lambda: ckpt_nb.explore(tmp_path / "s", poll_seconds=-1), ValueError,
+             "poll_seconds takes a number of seconds"),
+            (lambda: ckpt_nb.explore(tmp_path / "s", poll_seconds=math.nan), ValueError,
+             "poll_seconds takes a number of seconds")):
+        with pytest.raises(kind, match=words):
+            call()
 
 
 def test_the_diff_tab_lists_an_lr_change_and_extra_values(tmp_path: Path) -> None:
