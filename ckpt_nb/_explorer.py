@@ -734,8 +734,8 @@ class Explorer(w.VBox):
             if self.table_frame is None or which not in set(self.table_frame["id"]):
                 raise
             raise CheckpointNotFoundError(
-                f"checkpoint {which} was deleted {DELETED_BY} since the table was read"
-            ) from None
+                f"checkpoint {which} was deleted {DELETED_BY} since the table was read: "
+                "select another checkpoint") from None
 
     def _check_store(self, *, read_empty: bool = False) -> None:
         """Refuse to read or act on a store removed while open: a local one's catalog lock
@@ -960,7 +960,8 @@ class Explorer(w.VBox):
                       "nothing left to delete")
         else:
             self._say(f"⚠ the rollback to {cid} is withdrawn: {cid} was deleted {DELETED_BY} "
-                      "while it awaited Confirm", error=True)
+                      "while it awaited Confirm: select another checkpoint to roll back to",
+                      error=True)
 
     def _ask_rollback(self) -> None:
         self._check_store()

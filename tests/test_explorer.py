@@ -301,7 +301,8 @@ def test_another_action_or_selection_withdraws_a_pending_confirm(store, digits: 
         ui.refresh()
         assert ui.selected == [] and ui.confirm_box.layout.display == "none"
         assert f"⚠ the rollback to {branch[1]} is withdrawn: {branch[1]} was deleted (by " \
-            "retention or by hand, in this process or another)" in ui.status.value
+            "retention or by hand, in this process or another) while it awaited Confirm: " \
+            "select another checkpoint to roll back to" in ui.status.value
     finally:
         ui.close()
 
@@ -1410,7 +1411,8 @@ def test_a_checkpoint_this_kernels_retention_deleted_is_not_blamed_on_another(
         with pytest.raises(ckpt_nb.CheckpointNotFoundError) as said:
             ui.select(oldest)
         assert str(said.value) == (f"checkpoint {oldest} was deleted (by retention or by hand, "
-                                   "in this process or another) since the table was read")
+                                   "in this process or another) since the table was read: "
+                                   "select another checkpoint")
     finally:
         ui.close()
 
