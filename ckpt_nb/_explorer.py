@@ -31,7 +31,7 @@ from . import _plots, _session
 from ._catalog import store_exists
 from ._errors import (DELETED_BY, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       FileFormatError, MetricNotFoundError, StateMismatchError, StoreError)
-from ._format import FORMAT_KEY
+from ._format import FORMAT_KEY, is_run_key
 from ._manager import CheckpointManager
 from ._store import FsspecStore
 from ._units import human_size
@@ -401,6 +401,9 @@ class Explorer(w.VBox):
         # Each checkpoint's run record (None: it has none), as read for the --keep-best it
         # gives (``_keep_best``): a refresh reads only the new checkpoints' manifests.
         self._run_records: dict[str, Any] = {}
+        # Whether the store holds a notebook run's ends (``runs/``): until one ended there,
+        # no manifest is read for a --keep-best (on an object store, one GET a checkpoint).
+        self._runs_seen = False
 
         self.title = w.HTML()
         self.status = w.HTML(layout=w.Layout(min_height="1.6em"))
@@ -517,10 +520,16 @@ class Explorer(w.VBox):
         "best" ranks by): the manager's ``keep_best``, else the ``--keep-best`` of the
         store's newest run record where that run ranks as the manager does (as
         ``%ckpt_list`` marks them), read again at each refresh: a run saving since, in
-        this process or another, changes it; else 1."""
+        this process or another, changes it; else 1. Run records are looked for once a
+        notebook run has ended in the store (``runs/``), not in a store only scripts
+        wrote, whose every manifest would be read for none."""
         manager = self.manager
         if manager.keep_best is not None or manager.metric is None:
             return manager.keep_best or 1
+        if not self._runs_seen:  # (a store only scripts wrote: no manifest to read for it)
+            self._runs_seen = any(filter(is_run_key, manager.store.list("runs")))
+            if not self._runs_seen:
+                return 1
         written = _session._written_ranking(manager, self._run_records)
         if written is None or written[0] != (manager.metric, manager.mode):
             return 1

@@ -75,3 +75,28 @@ def test_explore_of_a_manager_marks_its_keep_best(tmp_path: Path) -> None:
             assert marked_best(ui) == ({ids[1], ids[2]}, {ids[1], ids[2]})
         finally:
             ui.close()
+
+
+def test_a_store_only_scripts_wrote_opens_without_reading_its_manifests(tmp_path: Path
+                                                                       ) -> None:
+    """A store no notebook run ended in has no run record to find: the explorer read
+    every checkpoint's manifest at its opening for one (on an object store, a GET each),
+    where it now marks the one best at once; and reads them once a run has ended."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path, metric="loss") as mgr:
+        ids = [mgr.save(model, metrics={"loss": v}) for v in (0.3, 0.1, 0.2)]
+    ui = ckpt_nb.explore(tmp_path, namespace={}, poll_seconds=0)
+    try:
+        assert marked_best(ui) == ({ids[1]}, {ids[1]})
+        assert ui._run_records == {}  # (no manifest read for a run record)
+        ns = {"model": model}
+        with ckpt_nb.auto(tmp_path, namespace=ns, on=("loss", "min"), keep_best=2,
+                          name="x", track=["model"], sync=True) as session:
+            for loss in (0.25, 0.05):
+                ckpt_nb.log(loss=loss)
+                session.save(wait=True)
+        assert ui.refresh()
+        two = listed_best(tmp_path)
+        assert len(two) == 2 and marked_best(ui) == (two, two)
+    finally:
+        ui.close()
