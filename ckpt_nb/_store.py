@@ -711,8 +711,9 @@ class FsspecStore(Store):
     missing); a failure of the backend (a connection refused, a botocore error) is a
     ``StoreError`` that names the store.
 
-    An S3 store waits ``S3_TIMEOUTS`` for a server that does not answer (botocore's own
-    defaults waited minutes, retried by s3fs five times over): pass
+    An S3 store (the innermost file system S3's: ``dir::s3://`` too) waits
+    ``S3_TIMEOUTS`` for a server that does not answer (botocore's own defaults waited
+    minutes, retried by s3fs five times over): pass
     ``config_kwargs={...}`` (botocore's ``Config``) or set them in fsspec's
     configuration for others; the keys given there win.
 
@@ -727,28 +728,13 @@ class FsspecStore(Store):
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
-        import fsspec
-
         _check_writable(url)
-        try:
-            self.fs, root = fsspec.core.url_to_fs(url, **_with_timeouts(url, storage_options))
-        except ValueError as exc:
-            if not str(exc).startswith("Protocol not known"):
-                raise
-            raise ValueError(f"{url}: no storage knows the scheme {url.split('://')[0]!r}: a "
-                             "store is a path, a file:// URL or an fsspec URL "
-                             "(s3://bucket/path, with pip install \"ckpt_nb[s3]\")") from exc
-        except OSError as exc:  # (a file system that connects as it opens: ftp, sftp, ...)
-            unreached = isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)) or \
-                _UNREACHABLE.search(str(exc))
-            hint = " (check that the server is up, and its address in the URL)" \
-                if unreached else ""
-            raise StoreError(f"opening {url} failed: {exc}{hint}") from exc
-        except (AttributeError, TypeError) as exc:  # (a chain missing its target: dir://x)
-            raise ValueError(f"{url}: fsspec cannot open it as given ({type(exc).__name__}: "
-                             f"{exc}): a chained URL names what it wraps (dir::s3://bucket/"
-                             "path), or its options do (target_protocol=)") from exc
+        self.fs, root = _opened(url, storage_options)
         layers = _layers(self.fs, root)
+        timed = _with_timeouts(url, storage_options, layers[-1][0])
+        if timed is not storage_options:  # (S3 inside: opened again, with its timeouts)
+            self.fs, root = _opened(url, timed)
+            layers = _layers(self.fs, root)
         _check_writable(url, layers)
         folder = _local_folder(layers)
         if folder is not None:
@@ -1105,19 +1091,65 @@ def _protocols(fs: Any) -> set[str]:
     return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
 
 
-def _with_timeouts(url: str, options: dict[str, object]) -> dict[str, object]:
-    """``options`` with ``S3_TIMEOUTS`` under the botocore settings given (as options,
-    or in fsspec's configuration), for an S3 URL."""
+def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
+    """fsspec's file system for ``url`` and the path it names there; its refusals said
+    as a store's: a scheme it does not know, a server not reached as it opens, a chain
+    missing what it wraps."""
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ValueError as exc:
+        if not str(exc).startswith("Protocol not known"):
+            raise
+        raise ValueError(f"{url}: no storage knows the scheme {url.split('://')[0]!r}: a "
+                         "store is a path, a file:// URL or an fsspec URL "
+                         "(s3://bucket/path, with pip install \"ckpt_nb[s3]\")") from exc
+    except OSError as exc:  # (a file system that connects as it opens: ftp, sftp, ...)
+        unreached = isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)) or \
+            _UNREACHABLE.search(str(exc))
+        hint = " (check that the server is up, and its address in the URL)" \
+            if unreached else ""
+        raise StoreError(f"opening {url} failed: {exc}{hint}") from exc
+    except (AttributeError, TypeError) as exc:  # (a chain missing its target: dir://x)
+        raise ValueError(f"{url}: fsspec cannot open it as given ({type(exc).__name__}: "
+                         f"{exc}): a chained URL names what it wraps (dir::s3://bucket/"
+                         "path), or its options do (target_protocol=)") from exc
+
+
+def _with_timeouts(url: str, options: dict[str, object], files: Any) -> dict[str, object]:
+    """``options`` with ``S3_TIMEOUTS`` under the botocore settings given (as options, or
+    in fsspec's configuration), where ``files``, the innermost file system the URL opens,
+    is S3's: given to it in a chain as its scheme's options (``dir::s3://``'s ``s3=``), or
+    as ``target_options`` where an option names it (``target_protocol='s3'``). The same
+    ``options`` where it is not S3's, or already has them."""
     import fsspec.config
 
-    scheme = url.partition("://")[0]
-    if scheme not in ("s3", "s3a"):
+    protocols = _protocols(files)
+    if not protocols & {"s3", "s3a"} or all(
+            name in (getattr(files, "config_kwargs", None) or {}) for name in S3_TIMEOUTS):
         return options
-    configured = fsspec.config.conf.get(scheme, {}).get("config_kwargs") or {}
-    given = options.get("config_kwargs") or {}
-    if not isinstance(configured, dict) or not isinstance(given, dict):
-        return options  # (for s3fs to refuse, as it would)
-    return {**options, "config_kwargs": {**S3_TIMEOUTS, **configured, **given}}
+    parts = url.split("::")
+    if len(parts) > 1:
+        route = parts[-1].partition("://")[0]
+    elif "target_protocol" in options:
+        route = "target_options"
+    else:
+        route = ""
+    own = options.get(route, {}) if route else options
+    if not isinstance(own, dict):
+        return options  # (for fsspec to refuse, as it would)
+    configured: dict[str, object] = {}
+    for protocol in sorted(protocols):  # (as fsspec applies its configuration)
+        found = fsspec.config.conf.get(protocol, {}).get("config_kwargs") or {}
+        if not isinstance(found, dict):
+            return options  # (for s3fs to refuse, as it would)
+        configured.update(found)
+    given = own.get("config_kwargs") or {}
+    if not isinstance(given, dict):
+        return options
+    timed = {**own, "config_kwargs": {**S3_TIMEOUTS, **configured, **given}}
+    return {**options, route: timed} if route else timed
 
 
 def canonical_url(url: str) -> str:

@@ -375,6 +375,26 @@ def test_a_server_that_never_answers_fails_in_seconds_not_minutes(
     assert store.fs.config_kwargs["connect_timeout"] == 5
 
 
+def test_a_chain_around_s3_waits_as_s3_itself_does(bucket: str) -> None:
+    """The timeouts were given by the URL's first scheme alone: dir::s3:// and
+    async_wrapper::s3:// (and dir:// with target_protocol='s3') waited botocore's own
+    60 s, retried by s3fs, for a server that does not answer."""
+    timeouts = (5, 5, 1)
+    for store, given in ((FsspecStore(f"dir::s3://{bucket}/chained"), timeouts),
+                         (FsspecStore(f"async_wrapper::s3://{bucket}/wrapped"), timeouts),
+                         (FsspecStore("dir://", path=f"{bucket}/target", target_protocol="s3"),
+                          timeouts),
+                         (FsspecStore(f"dir::s3://{bucket}/own",  # (the caller's win, key by key)
+                                      s3={"config_kwargs": {"read_timeout": 9}}),
+                          (5, 9, 1))):
+        with CheckpointManager(store) as mgr:
+            saved = mgr.save(h=Holder(weights(1)))
+            assert mgr.list()["id"].tolist() == [saved]
+        config = store._files.s3.meta.config  # (botocore's client, made at the first request)
+        assert (config.connect_timeout, config.read_timeout,
+                config.retries["total_max_attempts"]) == given, store
+
+
 def test_a_store_is_one_cache_under_s3a_and_two_on_two_servers(
         bucket: str, endpoint: str) -> None:
     """The catalog cache was keyed by the URL alone: s3a:// had a cache (and a lock) of

@@ -101,3 +101,4 @@ def test_a_store_at_a_file_systems_root_lists_its_keys_whole() -> None:
         for top in ("packs", "manifests", "labels", "runs", "deleted", "ckpt_nb.json"):
             if memory.exists(f"/{top}"):
                 memory.rm(f"/{top}", recursive=True)
+
