@@ -728,7 +728,7 @@ class FsspecStore(Store):
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
-        _check_writable(url)
+        _check_writable(url, options=storage_options)
         self.fs, root = _opened(url, storage_options)
         layers = _layers(self.fs, root)
         timed = _with_timeouts(url, storage_options, layers[-1][0])
@@ -1055,13 +1055,16 @@ _READ_ONLY = {"http": "a web server's files", "https": "a web server's files",
 _ARCHIVES = {"zip", "tar", "libarchive"}
 
 
-def _check_writable(url: str, layers: list[tuple[Any, str]] | None = None) -> None:
+def _check_writable(url: str, layers: list[tuple[Any, str]] | None = None,
+                    options: dict[str, object] | None = None) -> None:
     """Refuse a URL whose chain opens a file system that only reads, by name: from the
-    URL's text before it is opened (an archive's is opened as a file, and http's kept
-    the scheme in its paths, called an empty path segment), and from ``layers``, what
-    it opened (a ``target_protocol=`` given as an option)."""
+    URL's text and the ``target_protocol`` its ``options`` give, before it is opened (an
+    archive's is opened as a file: its folder was said to be a directory, and http's
+    kept the scheme in its paths, called an empty path segment), and from ``layers``,
+    what it opened."""
     named = [part.split("://", 1)[0] + ("://" if "://" in part else "::")
              for part in url.split("::")]
+    named += [f"{protocol}://" for protocol in _targets(options or {})]
     if layers is not None:
         named += [f"{protocol}://" for fs, _ in layers for protocol in sorted(_protocols(fs))]
     for name in named:
@@ -1072,6 +1075,17 @@ def _check_writable(url: str, layers: list[tuple[Any, str]] | None = None) -> No
                 "give a folder's path or a URL that can be written (s3://bucket/path)"
             raise ValueError(f"{url}: {name} reads {_READ_ONLY[scheme]} and writes "
                              f"none, and a store's files are written and deleted: {instead}")
+
+
+def _targets(options: dict[str, object], depth: int = 0) -> list[str]:
+    """The file systems that ``options`` name to be opened (``target_protocol``), in
+    their ``target_options`` and in a chain's options for one of its schemes too."""
+    found = [str(options["target_protocol"])] if "target_protocol" in options else []
+    if depth < 8:
+        for value in options.values():
+            if isinstance(value, dict):
+                found += _targets(value, depth + 1)
+    return found
 
 
 def _check_bucket(url: str, root: str) -> None:

@@ -102,3 +102,16 @@ def test_a_store_at_a_file_systems_root_lists_its_keys_whole() -> None:
             if memory.exists(f"/{top}"):
                 memory.rm(f"/{top}", recursive=True)
 
+
+def test_an_archive_given_as_an_option_is_refused_by_name(tmp_path: Path) -> None:
+    """dir:// over target_protocol='zip' was refused as "[Errno 21] Is a directory", naming
+    a folder (the archive's file system opens its file as it is made), not as zip://."""
+    archive = tmp_path / "runs.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("q/ckpt_nb.json", '{"format": 3}')
+    said = r"^dir://q: zip:// reads an archive's files .*unpack the archive into a folder"
+    with pytest.raises(ValueError, match=said):
+        FsspecStore("dir://q", target_protocol="zip", fo=str(archive))
+    with pytest.raises(ValueError, match=said):
+        FsspecStore("dir://q", target_protocol="zip", target_options={"fo": str(archive)})
+
