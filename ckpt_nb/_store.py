@@ -724,7 +724,8 @@ class FsspecStore(Store):
     checkpoints. So are a caching file system (``simplecache::s3://...``), whose stale
     copies of the labels other machines rewrite hid their pins from retention, and one
     that only reads (http, an archive), each by name, at any layer of the chain the URL
-    and its options open.
+    and its options open, and a chain with a part that none of its file systems uses
+    (``s3://b/exp::x``, which fsspec opens as ``s3://b/exp``).
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
@@ -735,6 +736,7 @@ class FsspecStore(Store):
         if timed is not storage_options:  # (S3 inside: opened again, with its timeouts)
             self.fs, root = _opened(url, timed)
             layers = _layers(self.fs, root)
+        _check_chain_used(url, layers)
         _check_writable(url, layers)
         folder = _local_folder(layers)
         if folder is not None:
@@ -1107,8 +1109,8 @@ def _protocols(fs: Any) -> set[str]:
 
 def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
     """fsspec's file system for ``url`` and the path it names there; its refusals said
-    as a store's: a scheme it does not know, a server not reached as it opens, a chain
-    missing what it wraps."""
+    as a store's: a scheme it does not know (named: in a chain, not always the first),
+    a server not reached as it opens, a chain missing what it wraps."""
     import fsspec
 
     try:
@@ -1116,7 +1118,8 @@ def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
     except ValueError as exc:
         if not str(exc).startswith("Protocol not known"):
             raise
-        raise ValueError(f"{url}: no storage knows the scheme {url.split('://')[0]!r}: a "
+        scheme = str(exc).rpartition(":")[2].strip() or url.split("://")[0]
+        raise ValueError(f"{url}: no storage knows the scheme {scheme!r}: a "
                          "store is a path, a file:// URL or an fsspec URL "
                          "(s3://bucket/path, with pip install \"ckpt_nb[s3]\")") from exc
     except OSError as exc:  # (a file system that connects as it opens: ftp, sftp, ...)
@@ -1129,6 +1132,21 @@ def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
         raise ValueError(f"{url}: fsspec cannot open it as given ({type(exc).__name__}: "
                          f"{exc}): a chained URL names what it wraps (dir::s3://bucket/"
                          "path), or its options do (target_protocol=)") from exc
+
+
+def _check_chain_used(url: str, layers: list[tuple[Any, str]]) -> None:
+    """Refuse a chained URL with a part that no file system of the chain uses: fsspec
+    gives what follows a file system that wraps none (``s3://b/exp::x``, a path with
+    '::' in it) to that one as options it ignores, and the store would be elsewhere
+    than the URL says."""
+    parts = url.split("::")
+    if len(layers) >= len(parts):
+        return
+    holder, unused = parts[len(layers) - 1], "::".join(parts[len(layers):])
+    raise ValueError(f"{url}: {holder} holds files itself and wraps no other file system, "
+                     f"so fsspec would ignore what follows it ('::{unused}'); '::' joins a "
+                     "file system to the one it wraps (dir::s3://bucket/path): give the URL "
+                     "of one store, without a '::' in its path")
 
 
 def _with_timeouts(url: str, options: dict[str, object], files: Any) -> dict[str, object]:

@@ -3,6 +3,7 @@ with what to do, before anything is written."""
 
 from __future__ import annotations
 
+import re
 import socket
 import zipfile
 from pathlib import Path
@@ -114,4 +115,21 @@ def test_an_archive_given_as_an_option_is_refused_by_name(tmp_path: Path) -> Non
         FsspecStore("dir://q", target_protocol="zip", fo=str(archive))
     with pytest.raises(ValueError, match=said):
         FsspecStore("dir://q", target_protocol="zip", target_options={"fo": str(archive)})
+
+
+def test_a_chain_part_that_nothing_uses_is_refused_naming_the_url(tmp_path: Path) -> None:
+    """fsspec gives what follows a file system that wraps none to it as options it
+    ignores: s3://bucket/exp::x opened s3://bucket/exp, another store than the URL says.
+    A scheme no storage knows was named as the URL's first ('s3'), not as the one it is."""
+    for url, holder, unused in (("s3://bucket/exp::x", "s3://bucket/exp", "::x"),
+                                ("s3://bucket/a::b/exp", "s3://bucket/a", "::b/exp"),
+                                ("memory://a::memory://b", "memory://a", "::memory://b")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"{url}: {holder} holds files itself and wraps no other file system, so "
+                f"fsspec would ignore what follows it ('{unused}')") + ".*give the URL of "
+                "one store"):
+            FsspecStore(url)
+    with pytest.raises(ValueError, match=r"^s3://bucket/exp::xy: no storage knows the "
+                                         r"scheme 'xy'"):
+        FsspecStore("s3://bucket/exp::xy")
 
