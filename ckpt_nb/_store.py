@@ -761,6 +761,7 @@ class FsspecStore(Store):
         self.root = root.rstrip("/")
         self.url = canonical_url(url)
         # (the innermost file system holds the files: dir::s3://b/x is an S3 store)
+        self._uploads_async = _uploads_async(layers)
         self._files, files_root = layers[-1]
         self._files_root = files_root.rstrip("/")
         protocols = _protocols(self._files)
@@ -870,7 +871,7 @@ class FsspecStore(Store):
         """Upload a file, within ``UPLOAD_SECONDS + size / UPLOAD_MIN_RATE`` where the file
         system is asynchronous (s3fs): a server that stops reading the body midway hangs
         the write for good (aiohttp has no write timeout), and with it every later save."""
-        if not getattr(self.fs, "async_impl", False):
+        if not self._uploads_async:
             self.fs.put_file(local, path)
             return
         from fsspec.asyn import sync
@@ -1022,6 +1023,21 @@ def _layers(fs: Any, root: str) -> list[tuple[Any, str]]:
         fs = inner
         layers.append((fs, root))
     return layers
+
+
+def _uploads_async(layers: list[tuple[Any, str]]) -> bool:
+    """Whether the outermost of ``layers`` uploads asynchronously (s3fs, an
+    async_wrapper): a ``dir::`` folder is an asynchronous file system that hands its
+    uploads to the one it wraps, which may not be one (``dir::memory://`` raised
+    "'MemoryFileSystem' object has no attribute '_put_file'" at the first save)."""
+    from fsspec.implementations.dirfs import DirFileSystem
+
+    for fs, _ in layers:
+        if not getattr(fs, "async_impl", False):
+            return False
+        if not isinstance(fs, DirFileSystem):
+            return True
+    return False
 
 
 def _local_folder(layers: list[tuple[Any, str]]) -> str | None:

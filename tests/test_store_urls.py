@@ -133,3 +133,24 @@ def test_a_chain_part_that_nothing_uses_is_refused_naming_the_url(tmp_path: Path
                                          r"scheme 'xy'"):
         FsspecStore("s3://bucket/exp::xy")
 
+
+def test_chains_that_wrap_and_local_paths_with_colons_still_open(tmp_path: Path) -> None:
+    """What the check of a chain's parts must leave alone: a file system that wraps the
+    next (dir::, async_wrapper::), and a local folder whose name holds '::', as a path
+    or a file:// URL (a LocalStore, never split by fsspec)."""
+    import fsspec
+    import torch
+
+    try:
+        for url in ("dir::memory://urls-wrapped", "async_wrapper::memory://urls-async"):
+            with CheckpointManager(url) as mgr:
+                saved = mgr.save(torch.nn.Linear(2, 2), rng=False)
+                assert mgr.list()["id"].tolist() == [saved] and mgr.verify().ok
+    finally:
+        for top in ("/urls-wrapped", "/urls-async"):
+            fsspec.filesystem("memory").rm(top, recursive=True)
+    folder = tmp_path / "a::b"
+    for location in (str(folder), folder.as_uri()):
+        with CheckpointManager(location) as mgr:
+            mgr.save(torch.nn.Linear(2, 2), rng=False)
+            assert mgr.store.root == folder and len(mgr.list()) in (1, 2)
