@@ -299,10 +299,8 @@ class Catalog:
                 raise self._unopenable(exc) from exc
             if isinstance(exc, DamagedCatalog):
                 raise DamagedCatalog(exc.what, self.path) from exc.__cause__
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise StoreError(
-                    f"the catalog {self.path} is unreadable ({exc}): {MOVE_ASIDE}, which "
-                    "rebuilds the catalog from the store's packs and manifests") from exc
+            if isinstance(exc, sqlite3.DatabaseError):  # (as found later: ``_failed``)
+                raise DamagedCatalog(f"its SQLite file ({exc})", self.path) from exc
             raise
 
     def _unopenable(self, exc: sqlite3.OperationalError) -> StoreError:

@@ -17,11 +17,11 @@ from ckpt_nb._catalog import DamagedCatalog
 from ckpt_nb.cli import main as cli
 
 
-def garble_a_chunks_page(catalog: Path) -> None:
-    """Overwrite one page of the catalog's chunks table (its schema left whole)."""
+def garble_a_chunks_page(catalog: Path, table: str = "chunks") -> None:
+    """Overwrite one page of a table of the catalog (the chunks'; its schema left whole)."""
     db = sqlite3.connect(catalog)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    page = db.execute("SELECT max(pageno) FROM dbstat WHERE name = 'chunks'").fetchone()[0]
+    page = db.execute("SELECT max(pageno) FROM dbstat WHERE name = ?", (table,)).fetchone()[0]
     size = db.execute("PRAGMA page_size").fetchone()[0]
     db.close()
     with open(catalog, "r+b") as file:
@@ -55,6 +55,30 @@ def test_a_damaged_catalog_page_is_said_damaged_not_an_outage(
         mgr = CheckpointManager(root)
     with mgr:
         assert mgr.verify().ok and mgr.list()["id"].tolist() == ids
+
+
+def test_a_damaged_page_found_as_the_store_opens_is_a_damaged_catalog_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found as the store opened (its meta table, read first), the damage was a plain
+    StoreError ("is unreadable"), found later a DamagedCatalog: code catching the one
+    missed the other."""
+    root = tmp_path / "exp"
+    with CheckpointManager(root) as mgr:
+        saved = mgr.save(h=Holder({"w": torch.randn(1000)}), step=1)
+    garble_a_chunks_page(root / "catalog.sqlite", "meta")
+    with pytest.raises(DamagedCatalog, match=f"the catalog {root / 'catalog.sqlite'} is "
+                                             r"damaged: its SQLite file \(.*\).*move it "
+                                             r"aside \(rename it, and its -wal and -shm"):
+        CheckpointManager(root)
+    assert cli(["ls", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "move it aside" in err, err
+    assert (root / "catalog.sqlite").is_file()  # (a local store's: left where it is)
+    (root / "catalog.sqlite").rename(tmp_path / "catalog.sqlite.damaged")  # (as it says)
+    with pytest.warns(RuntimeWarning, match="rebuilt"):
+        mgr = CheckpointManager(root)
+    with mgr:
+        assert mgr.list()["id"].tolist() == [saved]
 
 
 def test_a_catalog_moved_aside_while_another_process_has_it_open_names_its_journal(

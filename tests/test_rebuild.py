@@ -17,6 +17,7 @@ from conftest import DigitsRun, same
 
 from ckpt_nb import (CheckpointManager, CorruptCheckpointError, FsspecStore, LocalStore,
                      StoreError)
+from ckpt_nb._catalog import DamagedCatalog
 from ckpt_nb.cli import main as cli
 
 LISTED = ["id", "parent", "branch", "step", "epoch", "batch_idx", "strategy", "pinned", "note",
@@ -243,9 +244,9 @@ def test_an_unreadable_catalog_is_refused_with_what_to_do(tmp_path: Path,
         cid = mgr.save(digits.model)
     lose_catalog(store)
     (store / "catalog.sqlite").write_bytes(os.urandom(8192))
-    with pytest.raises(StoreError, match="is unreadable .*move it aside") as caught:
+    with pytest.raises(DamagedCatalog, match="is damaged: .*move it aside") as caught:
         CheckpointManager(store)
-    assert isinstance(caught.value, OSError)
+    assert isinstance(caught.value, StoreError) and isinstance(caught.value, OSError)
     (store / "catalog.sqlite").rename(store / "catalog.sqlite.bad")
     with pytest.warns(RuntimeWarning, match="1 checkpoint recovered"):
         assert CheckpointManager(store).list()["id"].tolist() == [cid]
