@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import StoreError, StoreFormatError
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 SCHEMA_VERSION = 1
 CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
@@ -194,6 +200,91 @@ class DamagedCatalog(StoreError):
         self.what = what
 
 
+def open_cache(path: str | Path, seed: Callable[[], Seed],
+               check: Callable[[Catalog], None]) -> tuple[Catalog, Path | None]:
+    """A catalog that only caches what its store holds (an object store's, on this
+    machine), opened and ``check``ed (brought up to date with the store); where either
+    finds it damaged, and no connection has it open, it is moved aside (kept, with its
+    -wal and -shm, ``moved_aside``) and made again from ``seed``. Returns the catalog and
+    where a damaged one was moved (None where none was). A local store's catalog is not
+    opened this way: it may hold what its store's files do not (a copy put back)."""
+    path = Path(path)
+    found = _file_id(path)
+    try:
+        catalog = Catalog(path, seed)
+    except DamagedCatalog as exc:
+        damaged = exc
+    else:
+        try:
+            check(catalog)
+            return catalog, None
+        except DamagedCatalog as exc:
+            catalog.close()
+            damaged, found = exc, catalog.file_id
+    aside = moved_aside(path, found)
+    if aside is None:
+        raise damaged
+    return Catalog(path, seed), aside
+
+
+def moved_aside(path: Path, file_id: tuple[int, int] | None) -> Path | None:
+    """Rename the catalog at ``path`` (the file ``file_id`` names) to
+    ``NAME.damaged-TIME``, its -wal and -shm first, each beside it under that name with
+    its suffix (a new catalog beside an old journal does not open, and SQLite reads them
+    together again); the new name, or None where it was not moved: a connection (of this
+    process or another) has it open, whose writes would go on into the moved files while
+    SQLite, as it closes, deleted the new catalog's journal by name; or it is no longer
+    that file; or it cannot be renamed."""
+    if file_id is None or _file_id(path) != file_id or _opened_by_anyone(path, file_id):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    for count in range(2, 100):
+        if not any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+            break
+        aside = path.with_name(f"{path.name}.damaged-{stamp}-{count}")
+    try:
+        for suffix in ("-wal", "-shm", ""):
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+    except OSError:
+        return None
+    return aside
+
+
+# The catalogs this process has open (``_opened_by_anyone``): POSIX locks tell no
+# process of its own.
+_OPEN_CATALOGS: weakref.WeakSet[Catalog] = weakref.WeakSet()
+_OPEN_CATALOGS_LOCK = threading.Lock()  # (a set changed while it is read raises)
+
+
+def _opened_by_anyone(path: Path, file_id: tuple[int, int]) -> bool:
+    """Whether a connection has the catalog at ``path`` open: one of this process's, or
+    another's, which in WAL mode holds a lock on the file and its -shm for as long as it
+    is open (taken here for a moment, the way SQLite's last connection tells it is the
+    last). Where that cannot be told (no fcntl, a file this process cannot write), yes."""
+    with _OPEN_CATALOGS_LOCK:
+        if any(catalog.file_id == file_id for catalog in _OPEN_CATALOGS):
+            return True
+    if fcntl is None:
+        return True
+    for name in (path, Path(f"{path}-shm")):
+        try:
+            fd = os.open(name, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+    return False
+
+
 def _file_id(path: Path) -> tuple[int, int] | None:
     """The (device, inode) of the file at ``path``; None where there is none (an
     in-memory catalog, or a file deleted meanwhile)."""
@@ -293,6 +384,8 @@ class Catalog:
         try:
             self._open(seed)
             self.file_id = _file_id(self.path)
+            with _OPEN_CATALOGS_LOCK:
+                _OPEN_CATALOGS.add(self)
         except BaseException as exc:
             self._db.close()
             if isinstance(exc, sqlite3.OperationalError):
@@ -439,6 +532,8 @@ class Catalog:
             if not isinstance(self._db, _Closed):
                 self._db.close()
                 self._db = _Closed(self.path)  # type: ignore[assignment]
+                with _OPEN_CATALOGS_LOCK:
+                    _OPEN_CATALOGS.discard(self)
 
     def reseed(self, start: Seed) -> None:
         """Replace every checkpoint and chunk row with ``start``, in one transaction. Each

@@ -42,7 +42,7 @@ from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, 
                        Unflattener, as_stateful, flatten, has_pickle, load_all, rng_problem,
                        trained_storages)
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
-                       DamagedCatalog)
+                       DamagedCatalog, open_cache)
 from ._diff_values import ValueDiff, ValueSide
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
@@ -394,14 +394,24 @@ class CheckpointManager:
                                  "was changed: open it again") from exc
             return found[-1]
 
-        catalog = Catalog(path, seed=read_store)
         why = "was missing"
-        if not found and local_root(self.store) is None and path != ":memory:" \
-                and self._behind_the_store(catalog):
-            why = ("no longer matched the store (written from elsewhere, or a save here was "
-                   "cut short)")
-            with self._exclusive():
-                catalog.reseed(read_store(_committed(catalog)))
+
+        def catch_up(catalog: Catalog) -> None:
+            nonlocal why
+            if not found and self._behind_the_store(catalog):
+                why = ("no longer matched the store (written from elsewhere, or a save here "
+                       "was cut short)")
+                with self._exclusive():
+                    catalog.reseed(read_store(_committed(catalog)))
+
+        aside = None
+        if local_root(self.store) is None and path != ":memory:":  # (a cache of the store)
+            catalog, aside = open_cache(path, read_store, catch_up)
+        else:
+            catalog = Catalog(path, seed=read_store)
+        if aside is not None:
+            why = (f"was damaged, and was moved aside to {aside} (with its -wal and -shm "
+                   "files, where there were such)")
         if self._read_only_rebuild and self._cache_refused:
             catalog.read_only = True
             warn(f"the catalog of {self.store.url} cannot be cached in {self._cache_refused}, "
@@ -413,9 +423,10 @@ class CheckpointManager:
                  f"written, so it was rebuilt in memory, to read only: {found[0].summary()}",
                  RuntimeWarning)
         # (an in-memory catalog, for a memory:// store, is read from its store every time)
-        elif found and (found[0].checkpoints or found[0].left_out) and path != ":memory:":
+        elif found and (found[-1].checkpoints or found[-1].left_out or aside is not None) \
+                and path != ":memory:":
             warn(f"the catalog of {self.store.url} {why}, so it was rebuilt from "
-                 f"the store: {found[0].summary()}", RuntimeWarning)
+                 f"the store: {found[-1].summary()}", RuntimeWarning)
         return catalog
 
     def _write_missing_labels(self) -> None:

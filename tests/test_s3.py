@@ -354,6 +354,83 @@ def test_the_catalog_cache_removed_while_open_is_made_again(
     assert list((tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite"))
 
 
+def test_a_damaged_catalog_cache_is_moved_aside_and_rebuilt_from_the_store(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object store's catalog is a cache on this machine of what the store holds: a
+    damaged one had to be moved aside by hand (and its journal with it). It is moved
+    aside, kept with its journal, once no other process has it open."""
+    import sqlite3
+
+    from test_catalog_damaged_page import garble_a_chunks_page
+
+    from ckpt_nb._catalog import DamagedCatalog
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = f"s3://{bucket}/exp"
+    with CheckpointManager(url) as mgr:
+        ids = [mgr.save(h=Holder(weights(step)), step=step) for step in range(2)]
+    [cache] = (tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite")
+    garble_a_chunks_page(cache, "meta")
+    # Another process has it open: it is left where it is, and said damaged as before.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys\n"
+         "db = sqlite3.connect(sys.argv[1]); db.execute('PRAGMA user_version').fetchone()\n"
+         "print('open', flush=True); sys.stdin.readline()\n", str(cache)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        with pytest.raises(DamagedCatalog, match="is damaged: .*once no other process has "
+                                                 "the store open, move it aside"):
+            CheckpointManager(url)
+        assert not list(cache.parent.glob("*.damaged-*"))
+    finally:
+        holder.communicate("\n", timeout=60)
+    # A journal left by a process killed after a write (page 1's), beside the damage.
+    subprocess.run([sys.executable, "-c", "import os, sqlite3, sys\n"
+                    "db = sqlite3.connect(sys.argv[1]); db.execute('PRAGMA user_version = 7')\n"
+                    "os._exit(0)\n", str(cache)], check=True, timeout=60)
+    assert Path(f"{cache}-wal").stat().st_size > 0 and Path(f"{cache}-shm").exists()
+    with pytest.warns(RuntimeWarning) as told:
+        mgr = CheckpointManager(url)
+    said = [str(w.message) for w in told if "catalog" in str(w.message)]
+    [aside] = cache.parent.glob("catalog.sqlite.damaged-*[0-9]")
+    assert said == [f"the catalog of {url} was damaged, and was moved aside to {aside} (with "
+                    "its -wal and -shm files, where there were such), so it was rebuilt from "
+                    "the store: 2 checkpoints recovered"], said
+    with mgr:
+        assert mgr.list()["id"].tolist() == ids and mgr.verify().ok
+        ids.append(mgr.save(h=Holder(weights(2)), step=2))
+    # (its journal's write kept: SQLite's last connection, the failed open's, folded the
+    # journal into it as it closed; none of it is left beside the new cache)
+    kept = sqlite3.connect(aside)
+    assert kept.execute("PRAGMA user_version").fetchone()[0] == 7
+    with pytest.raises(sqlite3.DatabaseError, match="malformed"):
+        kept.execute("SELECT * FROM meta").fetchall()
+    kept.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the new cache, as any other)
+        assert CheckpointManager(url).list()["id"].tolist() == ids
+
+
+def test_a_catalog_cache_damaged_where_its_catch_up_reads_is_moved_aside_too(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opened whole, the cache is compared with the store (its checkpoints read): a damaged
+    page found there is moved aside and rebuilt as one found opening it."""
+    from test_catalog_damaged_page import garble_a_chunks_page
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = f"s3://{bucket}/exp"
+    with CheckpointManager(url) as mgr:
+        ids = [mgr.save(h=Holder(weights(step)), step=step) for step in range(2)]
+    [cache] = (tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite")
+    garble_a_chunks_page(cache, "checkpoints")
+    with pytest.warns(RuntimeWarning, match=f"the catalog of {url} was damaged, and was moved "
+                                            f"aside to {cache}.damaged-.*2 checkpoints"):
+        mgr = CheckpointManager(url)
+    with mgr:
+        assert mgr.list()["id"].tolist() == ids and mgr.verify().ok
+
+
 def test_a_server_that_never_answers_fails_in_seconds_not_minutes(
         bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """botocore's defaults, retried by s3fs, waited 7 minutes before a read timeout."""
