@@ -14,8 +14,8 @@ __version__ = "0.1.0"
 _PUBLIC = {
     **dict.fromkeys(["RNGState", "Stateful"], "_capture"),
     **dict.fromkeys(["CaptureError", "CheckpointInUseError", "CheckpointNotFoundError",
-                     "CkptError", "CorruptCheckpointError", "FileFormatError",
-                     "MetricNotFoundError", "StateMismatchError", "StoreError",
+                     "CkptError", "CorruptCheckpointError", "DamagedCatalog",
+                     "FileFormatError", "MetricNotFoundError", "StateMismatchError", "StoreError",
                      "StoreFormatError", "UntrustedPickleError"], "_errors"),
     **dict.fromkeys(["Checkpoint", "CheckpointManager", "GCReport", "PickledValue",
                      "VerifyReport"], "_manager"),
@@ -32,7 +32,8 @@ _NOTEBOOK_EXTRA = frozenset({"_explorer", "_plots"})
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads these
     from ._capture import RNGState, Stateful
     from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError,
-                          CkptError, CorruptCheckpointError, FileFormatError,
+                          CkptError, CorruptCheckpointError, DamagedCatalog,
+                          FileFormatError,
                           MetricNotFoundError, StateMismatchError, StoreError,
                           StoreFormatError, UntrustedPickleError)
     from ._explorer import Explorer, explore
@@ -96,5 +97,5 @@ __all__ = [
     "Store", "LocalStore", "MemoryStore", "FsspecStore", "open_store",
     "CkptError", "CheckpointNotFoundError", "CorruptCheckpointError", "StateMismatchError",
     "UntrustedPickleError", "StoreFormatError", "CheckpointInUseError", "StoreError",
-    "CaptureError", "MetricNotFoundError", "FileFormatError",
+    "CaptureError", "MetricNotFoundError", "FileFormatError", "DamagedCatalog",
 ]

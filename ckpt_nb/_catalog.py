@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import StoreError, StoreFormatError
+from ._errors import DamagedCatalog, StoreError, StoreFormatError
 
 try:
     import fcntl
@@ -186,20 +186,6 @@ _LAST_TIME = 2**33  # seconds since 1970: the year 2242 (pandas' times end in 22
 # What to do with a catalog that cannot be read: the store's own files rebuild it. Its
 # journal goes with it (a new catalog beside an old journal does not open), once no
 # process has it open (one that does keeps writing it).
-MOVE_ASIDE = ("once no other process has the store open, move it aside (rename it, and its "
-              "-wal and -shm files beside it where there are such) and open the store again")
-
-
-class DamagedCatalog(StoreError):
-    """A catalog value that is not of the kind ckpt_nb writes."""
-
-    def __init__(self, what: str, path: Path | None = None) -> None:
-        super().__init__(f"the catalog {path or ''} is damaged: {what} is not what ckpt_nb "
-                         f"writes; {MOVE_ASIDE}, which rebuilds the catalog from the store's "
-                         "own files".replace("  ", " "))
-        self.what = what
-
-
 def open_cache(path: str | Path, seed: Callable[[], Seed],
                check: Callable[[Catalog], None]) -> tuple[Catalog, Path | None]:
     """A catalog that only caches what its store holds (an object store's, on this

@@ -13,6 +13,7 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
     ├── StoreFormatError (+ RuntimeError)           store written by a newer ckpt_nb
     ├── CheckpointInUseError (+ PermissionError)    delete() of a pinned checkpoint
     ├── StoreError (+ OSError)                      the storage backend failed
+    │   └── DamagedCatalog                          the catalog's SQLite file is damaged
     └── CaptureError (+ TypeError)                  a value cannot be checkpointed
 """
 
@@ -83,6 +84,22 @@ class CheckpointInUseError(CkptError, PermissionError):
 
 class StoreError(CkptError, OSError):
     """The storage backend failed to read or write."""
+
+
+# What to do with a damaged catalog: it is rebuilt from the store's own files.
+MOVE_ASIDE = ("once no other process has the store open, move it aside (rename it, and its "
+              "-wal and -shm files beside it where there are such) and open the store again")
+
+
+class DamagedCatalog(StoreError):
+    """A catalog (its SQLite file, or a value in it) that is not of the kind ckpt_nb
+    writes: the store's own files are intact, and rebuild it."""
+
+    def __init__(self, what: str, path: os.PathLike[str] | str | None = None) -> None:
+        super().__init__(f"the catalog {path or ''} is damaged: {what} is not what ckpt_nb "
+                         f"writes; {MOVE_ASIDE}, which rebuilds the catalog from the store's "
+                         "own files".replace("  ", " "))
+        self.what = what
 
 
 class CaptureError(CkptError, TypeError):
