@@ -860,6 +860,27 @@ class Catalog:
                                         (checkpoint_id,))
             return {r[0] for r in rows}
 
+    def referenced(self, digests: Iterable[str]) -> set[str]:
+        """Those of these digests that some checkpoint refers to directly (an index
+        lookup each: a retention's collection asks of its deleted checkpoints' chunks)."""
+        return {r[0] for r in self._where_in("SELECT DISTINCT digest FROM refs WHERE digest",
+                                             digests)}
+
+    def stacked_on(self, digests: Iterable[str]) -> list[ChunkRow]:
+        """The chunks stored as deltas on any of these digests."""
+        return [ChunkRow(*r) for r in self._where_in("SELECT * FROM chunks WHERE base",
+                                                     digests)]
+
+    def _where_in(self, query: str, values: Iterable[str]) -> list[sqlite3.Row]:
+        """``query`` + `` IN (...)`` over ``values``, 500 at a time."""
+        wanted = list(set(values))
+        found: list[sqlite3.Row] = []
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i : i + 500]
+                found += self._db.execute(f"{query} IN ({','.join('?' * len(part))})", part)
+        return found
+
     def drop_chunks(self, digests: Iterable[str]) -> None:
         with self.transaction() as db:
             db.executemany("DELETE FROM chunks WHERE digest=?", [(d,) for d in digests])

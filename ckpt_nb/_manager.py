@@ -168,6 +168,17 @@ class GCReport:
     chunks_rewritten: int = 0
 
 
+@dataclass
+class Dropped:
+    """A deletion whose gc collects only what it leaves (a save's retention): the
+    checkpoints, the chunks they referred to (read before the catalog forgot them), and
+    the key of the deletion's record."""
+
+    ids: Sequence[str]
+    held: set[str]
+    record: str
+
+
 # The store format whose readers read CKB2 chunk blobs (what a gc's rewrite writes)
 _CKB2_FORMAT = 2
 LOCK_QUIET_SECONDS = 1.0  # a wait for another process's lock said after this long
@@ -2137,8 +2148,9 @@ class CheckpointManager:
         # keep_best alone deletes all but the best; beside a byte budget it only keeps
         # them, and the budget says how many others stay.
         if self.max_to_keep is not None or self.keep_best is not None and self.max_bytes is None:
-            recent = {r.id for r in ours[-self.max_to_keep:]} if self.max_to_keep else set()
-            self._drop([r.id for r in ours if r.id not in protected | recent])
+            staying = protected | ({r.id for r in ours[-self.max_to_keep:]}
+                                   if self.max_to_keep else set())
+            self._drop([r.id for r in ours if r.id not in staying], whole_store=False)
         if self.max_bytes is not None and self.stored_bytes() > self.max_bytes:
             if blocked:
                 self._warn_blocked(blocked)
@@ -2253,7 +2265,7 @@ class CheckpointManager:
                  "room and a byte budget deletes nothing: upgrade ckpt_nb (pip install -U "
                  "ckpt_nb)", RuntimeWarning)
 
-    def _drop(self, ids: Sequence[str], **gc_options: Any) -> None:
+    def _drop(self, ids: Sequence[str], *, whole_store: bool = True, **gc_options: Any) -> None:
         """Delete checkpoints: their children's labels first, then a record of the
         deletion in the store (written whole and durable: the deletion is made), then
         the catalog's commit, then gc, which deletes their manifests, then the record.
@@ -2261,7 +2273,8 @@ class CheckpointManager:
         after a kill before that gc does not bring the checkpoints back; a kill before
         the catalog's commit leaves them listed until the next gc (or read again)
         completes the deletion. Labels that cannot be written do not stop it: their error
-        is raised once it is made, and gc() writes them later."""
+        is raised once it is made, and gc() writes them later. Not ``whole_store`` (a
+        save's retention), gc collects only what these checkpoints leave (``Dropped``)."""
         if not ids:
             return
         unlabelled = None
@@ -2275,6 +2288,8 @@ class CheckpointManager:
         for cid in unpinned:
             self._label(cid, pinned=False)
         record = new_deletion_key()
+        dropped = None if whole_store else Dropped(
+            ids, set().union(*(self.catalog.refs(cid) for cid in ids)), record)
         try:
             self.store.put(record, json.dumps({"ids": list(ids)}).encode())
             self._forget(ids)
@@ -2297,7 +2312,7 @@ class CheckpointManager:
             raise
         if unlabelled is not None:
             raise unlabelled
-        self._gc_locked(**gc_options)
+        self._gc_locked(dropped=dropped, **gc_options)
 
     def _forget(self, ids: Sequence[str]) -> None:
         """Take deleted checkpoints out of the catalog (their deletion is recorded)."""
@@ -2390,12 +2405,16 @@ class CheckpointManager:
 
     def _gc_locked(self, compact_below: float = 0.5, *, repair_indexes: bool = False,
                    whole_over: int = MAX_DEPTH, partial: bool = False,
-                   progress: ProgressFn | None = None) -> GCReport:
+                   progress: ProgressFn | None = None, dropped: Dropped | None = None
+                   ) -> GCReport:
         """Collect what no checkpoint needs; with ``repair_indexes`` (an explicit gc(),
         not the one each retention deletion runs) also read every pack's own index and
         rewrite the packs whose index is damaged. A rewrite that fails for want of room
         raises, unless ``partial`` (then it warns, and what it would have freed stays):
-        retention over a byte budget must stop there, not delete checkpoints instead."""
+        retention over a byte budget must stop there, not delete checkpoints instead.
+        With ``dropped``, only what a deletion just made leaves (``_collect_dropped``)."""
+        if dropped is not None:
+            return self._collect_dropped(dropped, compact_below, whole_over)
         report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
         damaged = self.catalog.forget_damaged_gone(self.store.has)
         report.damaged_kept = len(damaged)
@@ -2498,28 +2517,107 @@ class CheckpointManager:
             size = self.store.size(key)
             if sum(c.length for c in members) < compact_below * size or \
                     repair_indexes and self._index_problem(key) is not None:
-                moved = None
-                try:
-                    moved = self._compacted(key, members)
-                    if moved is None:
-                        continue
-                    self.catalog.move_chunks(moved)
-                except OSError as exc:  # (StoreError too) out of space: what is left stays
-                    if moved:  # (written, but the catalog did not take it: an orphan)
-                        with contextlib.suppress(OSError):
-                            self.store.delete(moved[0].pack)
-                    if not partial:
-                        raise
-                    warn(f"gc stopped compacting at {key}, which stays as it was "
-                         f"({exc}): run gc() again once there is room",
-                         RuntimeWarning)
+                if not self._compact(key, members, size, report, partial):
                     break
-                self.store.delete(key)
-                report.packs_compacted += 1
-                report.bytes_freed += size - sum(c.length for c in moved)
         if progress is not None:
             progress(len(packs), len(packs))
         return report
+
+    def _collect_dropped(self, dropped: Dropped, compact_below: float,
+                         whole_over: int) -> GCReport:
+        """What a deletion just made leaves, collected in the order gc collects (the
+        deleted checkpoints' manifests and labels, then their record, then the chunks,
+        then the packs): work in proportion to the deleted checkpoints, not to the
+        store. A chunk goes where no kept checkpoint refers to it and none that stays is
+        stored as a delta on it; a pack goes with its last chunk, and one left under
+        ``compact_below`` of its size is compacted. A kill at any point leaves what gc()
+        collects: it alone sweeps a killed save's files and what older deletions left."""
+        report = GCReport()
+        damaged = self.catalog.damaged()
+        for cid in dropped.ids:
+            for key in (manifest_key(cid), label_key(cid)):
+                if key in damaged:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    size = self.store.size(key)
+                    self.store.delete(key)
+                    report.bytes_freed += size
+                    report.manifests_deleted += key.startswith("manifests/")
+        if not any(manifest_key(cid) in damaged for cid in dropped.ids):
+            self.store.delete(dropped.record)  # (once their manifests have gone: see gc)
+        if any(key.startswith("manifests/") for key in damaged):
+            return report  # (a damaged manifest's chunks may lie in any pack: see gc)
+        # The chunks they referred to and the bases under those; of them, those no
+        # checkpoint refers to now, and the chunks stacked on those.
+        chunks = self.catalog.chunks(dropped.held)
+        below = {row.base for row in chunks.values() if row.base is not None}
+        while below - chunks.keys():
+            found = self.catalog.chunks(below - chunks.keys())
+            chunks.update(found)
+            below = {row.base for row in found.values() if row.base is not None}
+        unreferenced = set(chunks) - self.catalog.referenced(chunks)
+        above = [row for row in self.catalog.stacked_on(unreferenced)
+                 if row.digest not in unreferenced]
+        # As gc does: kept chunks stacked on more than ``whole_over`` of those are stored
+        # whole, so that those can go (saves with a long ``full_every``).
+        referenced = (set(chunks) - unreferenced) | self.catalog.referenced(
+            row.digest for row in above)
+        rows = {**chunks, **{row.digest: row for row in above}}
+        was_in = {digest: row.pack for digest, row in rows.items()}
+        report.chunks_rewritten = self._rewrite_whole(rows, referenced, whole_over)
+        touched = {was_in[digest] for digest, row in rows.items()
+                   if row.pack != was_in[digest]}  # (the packs the chunks stored whole left)
+        if report.chunks_rewritten:
+            above = [row for row in self.catalog.stacked_on(unreferenced)
+                     if row.digest not in unreferenced]
+        # The dead: those that no chunk but a dead one is stacked on.
+        dead = set(unreferenced)
+        needed = {row.base for row in above} & dead
+        while needed:  # (a chunk needed as a base keeps its own base too)
+            dead -= needed
+            needed = {chunks[digest].base for digest in needed} & dead
+        if dead:
+            self.catalog.drop_chunks(dead)  # (before their packs go: see gc)
+            report.chunks_dropped = len(dead)
+        for key in sorted((touched | {chunks[digest].pack for digest in dead}) - damaged.keys()):
+            members = self.catalog.chunks_in_pack(key)
+            try:
+                size = self.store.size(key)
+            except FileNotFoundError:
+                continue
+            if not members:
+                self.store.delete(key)
+                report.bytes_freed += size
+                report.packs_deleted += 1
+            elif sum(c.length for c in members) < compact_below * size:
+                self._compact(key, members, size, report, partial=False)
+        return report
+
+    def _compact(self, key: str, members: list[ChunkRow], size: int, report: GCReport,
+                 partial: bool) -> bool:
+        """Rewrite pack ``key`` (``size`` bytes) with only ``members``, then delete it;
+        False where it stopped for want of room (``partial``: it warns; else it raises),
+        the pack left as it was."""
+        moved = None
+        try:
+            moved = self._compacted(key, members)
+            if moved is None:
+                return True
+            self.catalog.move_chunks(moved)
+        except OSError as exc:  # (StoreError too) out of space: what is left stays
+            if moved:  # (written, but the catalog did not take it: an orphan)
+                with contextlib.suppress(OSError):
+                    self.store.delete(moved[0].pack)
+            if not partial:
+                raise
+            warn(f"gc stopped compacting at {key}, which stays as it was "
+                 f"({exc}): run gc() again once there is room",
+                 RuntimeWarning)
+            return False
+        self.store.delete(key)
+        report.packs_compacted += 1
+        report.bytes_freed += size - sum(c.length for c in moved)
+        return True
 
     def _compacted(self, key: str, members: list[ChunkRow]) -> list[ChunkRow] | None:
         """Copy a pack's live chunks into a new pack; their new rows, or None (and the
