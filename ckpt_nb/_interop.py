@@ -824,6 +824,40 @@ def _untrusted(path: Path, exc: pickle.UnpicklingError) -> UntrustedPickleError:
         f"{detail.group(1).strip() if detail else reprlib.repr(text)})")
 
 
+# How much of a record the CRC-32 check reads at a time (not the whole record: one copy
+# of a file's tensors, the one torch.load makes, is enough)
+_CRC_BLOCK = 16 << 20
+
+
+def _damaged_records(path: Path) -> list[str]:
+    """The records of a torch.save zip whose bytes fail the CRC-32 stored for them, which
+    torch's own zip reader does not check. A file saved with
+    ``torch.serialization.set_crc32_options(False)`` stores 0 for every record, and has
+    nothing to check; any other record is checked, its stored 0 too. A file that zipfile
+    cannot open (the legacy format, or a damaged directory) is left to torch.load."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return []
+    damaged: list[str] = []
+    with archive:
+        records = archive.infolist()
+        if all(info.CRC == 0 for info in records):
+            return []
+        for info in records:
+            try:
+                with archive.open(info) as record:
+                    while record.read(_CRC_BLOCK):
+                        pass
+            except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError,
+                    RuntimeError) as exc:  # (a bad CRC, or a local header that is wrong)
+                if isinstance(exc, zipfile.BadZipFile) and "CRC" in str(exc):
+                    damaged.append(info.filename)
+                else:  # (torch.load says what else is wrong, as it did before)
+                    return damaged
+    return damaged
+
+
 def _read_torch(path: Path, trust_pickle: bool) -> Any:
     with open(path, "rb") as f:
         head = f.read(16)
@@ -831,6 +865,12 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
     # is not one, whatever torch.load's refusal would suggest (trusting it).
     if _sniffed(head) != "torch":
         raise _misnamed(path, head, "torch")
+    damaged = _damaged_records(path)
+    if damaged:
+        raise CorruptCheckpointError(
+            f"{path} is damaged: the bytes of {_some(damaged)} do not match the CRC-32 the "
+            "file stores for them (torch.load does not check it, and would read wrong "
+            "values): save or copy the file again from a good source")
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as exc:

@@ -9,7 +9,9 @@ import json
 import os
 import pickle
 import random
+import struct
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -573,3 +575,47 @@ def test_an_export_of_a_later_version_with_more_in_its_entry_is_read_as_an_expor
     mgr = CheckpointManager(tmp_path / "s")
     ck = mgr.restore(mgr.import_file(tmp_path / "later.pt"), rng=False)
     assert (ck.epoch, ck.metrics, ck.extra) == (2, {"loss": 0.5}, {})  # (no "ckpt_nb" in it)
+
+
+def damage_record(path: Path, suffix: str) -> None:
+    """Zero 64 bytes inside the record of ``path`` whose name ends with ``suffix``, its
+    stored CRC-32 left as it was."""
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(suffix))
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+        f.seek(info.header_offset + 30 + name_length + extra_length + 16)
+        f.write(b"\0" * 64)
+
+
+def test_a_torch_zip_whose_record_fails_its_crc_is_refused_by_name(tmp_path: Path) -> None:
+    """torch.load does not check a zip record's CRC-32: a file damaged inside a tensor's
+    bytes imported and restored without a word, with wrong weights (and verify said ok)."""
+    model = torch.nn.Linear(16, 16)
+    torch.save(model.state_dict(), tmp_path / "f.pt")
+    damage_record(tmp_path / "f.pt", "data/0")
+    mgr = CheckpointManager(tmp_path / "s")
+    message = r"f.pt is damaged: the bytes of f/data/0 do not match the CRC-32"
+    with pytest.raises(CorruptCheckpointError, match=message):
+        mgr.import_file(tmp_path / "f.pt")
+    with pytest.raises(CorruptCheckpointError, match=message):
+        mgr.restore(tmp_path / "f.pt", model=torch.nn.Linear(16, 16))
+    assert mgr.list().empty
+
+
+def test_a_torch_zip_saved_without_crcs_is_read(tmp_path: Path) -> None:
+    """set_crc32_options(False) stores 0 for every record: nothing to check, not damage."""
+    if not hasattr(torch.serialization, "set_crc32_options"):
+        pytest.skip("this torch always writes CRC-32s")
+    model = torch.nn.Linear(16, 16)
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(model.state_dict(), tmp_path / "f.pt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    with zipfile.ZipFile(tmp_path / "f.pt") as archive:
+        assert all(info.CRC == 0 for info in archive.infolist())
+    restored = torch.nn.Linear(16, 16)
+    CheckpointManager(tmp_path / "s").restore(tmp_path / "f.pt", model=restored)
+    assert torch.equal(restored.weight, model.weight)
