@@ -962,7 +962,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     """Problems that would make ``module.load_state_dict(state)`` fail or cast."""
     current = module.state_dict()
     problems = []
-    missing = [k for k in current if k not in state]
+    filled = _counters_torch_fills(module, state)
+    missing = [k for k in current if k not in state and k not in filled]
     unexpected = [k for k in state if k not in current]
     if strict and missing:
         problems.append(f"{name}: missing keys {missing[:10]}"
@@ -1000,6 +1001,23 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     # (the checks above rule out what the comparison below cannot take: casts, expanded
     # views, memory on the meta device)
     return problems or _tie_conflicts(name, current, state)
+
+
+def _counters_torch_fills(module: torch.nn.Module, state: Mapping[str, Any]) -> set[str]:
+    """The ``num_batches_tracked`` keys that a BatchNorm's (any ``_NormBase``'s) load fills
+    in itself where the state lacks them, as torch's strict load_state_dict accepts: a
+    module tracking running stats whose version in the state's metadata is None or under
+    2 (a state saved before torch 0.4.1, or a plain dict without metadata, as torchvision's
+    older .pth files are)."""
+    metadata = getattr(state, "_metadata", None)
+    filled = set()
+    for path, sub in module.named_modules(remove_duplicate=False):
+        if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.track_running_stats:
+            local = metadata.get(path, {}) if isinstance(metadata, Mapping) else {}
+            version = local.get("version") if isinstance(local, Mapping) else None
+            if version is None or version < 2:
+                filled.add(f"{path}.num_batches_tracked" if path else "num_batches_tracked")
+    return filled
 
 
 def _tie_conflicts(name: str, current: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:

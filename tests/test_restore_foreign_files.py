@@ -1,0 +1,69 @@
+"""Files other tools wrote, restored as torch's own load_state_dict would take them:
+old module versions, states saved with tied weights once, and the hints a mismatch
+gives for the usual layouts."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_nb import CheckpointManager, StateMismatchError
+
+
+def old_batchnorm_state(version: int | None) -> OrderedDict[str, torch.Tensor]:
+    """A BatchNorm's state without ``num_batches_tracked``, its module version ``version``
+    (None: a plain dict, no metadata, as torchvision's older .pth files are)."""
+    bn = torch.nn.BatchNorm1d(4)
+    bn.running_mean.fill_(0.5)
+    state = bn.state_dict()
+    del state["num_batches_tracked"]
+    if version is None:
+        return OrderedDict(state)
+    state._metadata[""]["version"] = version  # type: ignore[attr-defined]
+    return state
+
+
+@pytest.mark.parametrize("version", [None, 1])
+@pytest.mark.parametrize("nested", [False, True], ids=["alone", "under model"])
+def test_an_old_batchnorm_state_restores_as_torch_loads_it(tmp_path: Path, version: int | None,
+                                                          nested: bool) -> None:
+    """torch fills num_batches_tracked in for a module version under 2; restore refused
+    it as a missing key."""
+    state = old_batchnorm_state(version)
+    torch.save({"model": state, "epoch": 2} if nested else state, tmp_path / "bn.pt")
+    by_torch = torch.nn.BatchNorm1d(4)
+    by_torch.num_batches_tracked.fill_(3)
+    by_torch.load_state_dict(torch.load(tmp_path / "bn.pt")["model"] if nested else
+                             torch.load(tmp_path / "bn.pt"))
+    restored = torch.nn.BatchNorm1d(4)
+    restored.num_batches_tracked.fill_(3)
+    mgr = CheckpointManager(tmp_path / "s")
+    mgr.restore(tmp_path / "bn.pt", model=restored)
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(),
+                                                  by_torch.state_dict().values()))
+    other = torch.nn.BatchNorm1d(4)
+    mgr.restore(mgr.import_file(tmp_path / "bn.pt"), model=other)  # (through the store too)
+    assert torch.equal(other.running_mean, state["running_mean"])
+
+
+def test_a_current_batchnorm_state_without_its_counter_is_still_refused(
+        tmp_path: Path) -> None:
+    """At module version 2 torch's strict load says the key is missing, and so does restore."""
+    torch.save(old_batchnorm_state(2), tmp_path / "bn.pt")
+    with pytest.raises(RuntimeError, match="num_batches_tracked"):
+        torch.nn.BatchNorm1d(4).load_state_dict(torch.load(tmp_path / "bn.pt"))
+    with pytest.raises(StateMismatchError, match=r"missing keys \['num_batches_tracked'\]"):
+        CheckpointManager(tmp_path / "s").restore(tmp_path / "bn.pt",
+                                                  model=torch.nn.BatchNorm1d(4))
+
+
+def test_a_torchvision_style_state_restores_into_a_nested_batchnorm(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    torch.save({k: v for k, v in model.state_dict().items() if "num_batches" not in k},
+               tmp_path / "tv.pth")
+    restored = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    CheckpointManager(tmp_path / "s").restore(tmp_path / "tv.pth", model=restored)
+    assert torch.equal(restored[0].weight, model[0].weight)
