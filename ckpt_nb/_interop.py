@@ -792,15 +792,50 @@ def _pickle_protocol(path: Path) -> int | None:
     return head[1] if head[:1] == b"\x80" and len(head) == 2 else 0
 
 
-# The class torch.load(weights_only=True) refused, in its message
-_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+# The global torch.load(weights_only=True) refused, in its message: one not allowed, or
+# one of a module it never allows (os, sys, posix, nt: torch 2.6 and later)
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)|"
+                             r"unsupported GLOBAL (\S+) whose module \S+ is blocked")
 _UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")
+# Modules whose functions and classes run commands, code or imports, or touch files: a
+# global of one is never a value to allow with add_safe_globals.
+_CODE_MODULES = frozenset({
+    "builtins", "__builtin__", "os", "posix", "nt", "sys", "subprocess", "importlib",
+    "shutil", "runpy", "pty", "code", "codeop", "ctypes", "socket", "pickle", "_pickle",
+    "marshal", "types", "webbrowser", "multiprocessing", "asyncio", "operator", "functools",
+    "pdb", "platform", "tempfile", "io", "_io", "signal", "torch.hub", "torch._C",
+    "torch.ops"})
+
+
+def _runs_code(name: str) -> bool:
+    """Whether a global (``module.name``) is of a module in ``_CODE_MODULES``, or a
+    submodule of one."""
+    module = name.rpartition(".")[0]
+    return any(module == m or module.startswith(f"{m}.") for m in _CODE_MODULES)
+
+
+def _unsafe_globals(path: Path, text: str) -> list[str]:
+    """Every global of a torch file's pickle that weights-only loading does not build,
+    read from its opcodes (nothing built, no code run) where this torch can
+    (``get_unsafe_globals_in_checkpoint``, zip files), else the one torch's refusal
+    names."""
+    listing = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if listing is not None:
+        try:
+            found = listing(str(path))
+        except Exception:  # noqa: BLE001 - a legacy or damaged file: torch's message says
+            found = []
+        if found:
+            return sorted(found)
+    refused = _REFUSED_GLOBAL.search(text)
+    return [next(g for g in refused.groups() if g)] if refused else []
 
 
 def _untrusted(path: Path, exc: pickle.UnpicklingError) -> UntrustedPickleError:
     """The refusal of a file that torch.load(weights_only=True) does not read, its cause
-    first: a protocol that loader does not parse, or the class it refused (torch's own
-    message, ~900 characters, buries it)."""
+    first: a protocol that loader does not parse, or every global it would not build
+    (torch's own message, ~900 characters, buries the first alone). add_safe_globals is
+    offered only where none of them runs code: never for os.system or eval."""
     text = _plain(exc)
     protocol = _pickle_protocol(path)
     if "Unsupported operand" in text and protocol is not None and protocol not in (2, 3):
@@ -810,18 +845,29 @@ def _untrusted(path: Path, exc: pickle.UnpicklingError) -> UntrustedPickleError:
             f"{path} was saved with pickle protocol {saved}, which torch.load(weights_only="
             "True) does not read (it reads 2 and 3): re-save it with torch.save's default "
             f"protocol, or pass trust_pickle=True if you trust the file {trusted}")
-    refused = _REFUSED_GLOBAL.search(text)
-    if refused is not None:
-        cls = refused.group(1)
+    names = _unsafe_globals(path, text)
+    if names:
+        held = ", ".join(names)
+        code = [n for n in names if _runs_code(n)]
+        if code:
+            return UntrustedPickleError(
+                f"{path} holds {held}, which torch.load(weights_only=True) does not build: "
+                f"{', '.join(code)} can run commands or code as the file loads. Pass "
+                "trust_pickle=True only if you trust the file: a full unpickling runs what "
+                "it names")
+        # (a NumPy dtype is built by its class too: numpy.dtypes.Int64DType, say)
+        dtypes = ", numpy.dtypes.*DType" if "numpy.dtype" in names else ""
         return UntrustedPickleError(
-            f"{path} holds {cls}, which torch.load(weights_only=True) does not build "
-            "(loading it could run code): pass trust_pickle=True if you trust the file, or "
-            f"allow it with torch.serialization.add_safe_globals([{cls}])")
+            f"{path} holds {held}, which torch.load(weights_only=True) does not build "
+            "(loading them could run code): pass trust_pickle=True if you trust the file, "
+            f"or allow them with torch.serialization.add_safe_globals([{held}{dtypes}])")
     detail = _UNPICKLER_ERROR.search(text)
+    lines = [line.strip() for line in text.splitlines() if line.strip() and
+             not line.startswith("Check the documentation of torch.load")]
+    said = detail.group(1).strip() if detail else lines[-1] if lines else type(exc).__name__
     return UntrustedPickleError(
         f"{path} holds objects other than tensors and plain data, and loading them could "
-        "run code: pass trust_pickle=True if you trust the file ("
-        f"{detail.group(1).strip() if detail else reprlib.repr(text)})")
+        f"run code: pass trust_pickle=True if you trust the file (torch says: {said})")
 
 
 # How much of a record the CRC-32 check reads at a time (not the whole record: one copy
