@@ -1003,6 +1003,43 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     return problems or _tie_conflicts(name, current, state)
 
 
+def _with_tied_copies(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` with each key it lacks whose live tensor is one it holds, tied (the same
+    memory, shape and strides), given that key's value: safetensors' ``save_model`` keeps
+    one of tied weights, and its ``load_model`` fills the others so. ``state`` itself where
+    none is filled."""
+    current = module.state_dict()
+    missing = [k for k in current if k not in state]
+    if not missing:
+        return state
+    held: dict[tuple[Any, ...], str] = {}
+    for key, live in current.items():
+        if key in state and (alias := _alias(live)) is not None:
+            held.setdefault(alias, key)
+    tied = {key: state[held[alias]] for key in missing
+            if (alias := _alias(current[key])) is not None and alias in held}
+    if not tied:
+        return state
+    filled = OrderedDict(state)
+    filled.update(tied)
+    if hasattr(state, "_metadata"):  # (module versions, which load_state_dict reads)
+        filled._metadata = state._metadata  # type: ignore[attr-defined]
+    return filled
+
+
+def _alias(t: Any) -> tuple[Any, ...] | None:
+    """What two tied tensors have alike (device, address, shape, strides, dtype); None for
+    what has no memory of its own to compare (no tensor, meta, empty, no storage)."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_meta or \
+            not t.numel() or isinstance(t, UninitializedTensorMixin):
+        return None
+    try:
+        address = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+    except (RuntimeError, NotImplementedError):  # (a wrapper subclass: no storage)
+        return None
+    return t.device, address, tuple(t.shape), t.stride(), t.dtype
+
+
 def _counters_torch_fills(module: torch.nn.Module, state: Mapping[str, Any]) -> set[str]:
     """The ``num_batches_tracked`` keys that a BatchNorm's (any ``_NormBase``'s) load fills
     in itself where the state lacks them, as torch's strict load_state_dict accepts: a
@@ -1531,7 +1568,7 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     (``RestoreInterrupts``).
     """
     targets = {name: as_stateful(obj) for name, obj in targets.items()}
-    states = {name: _unprefixed(targets[name], state)
+    states = {name: _with_tied_copies(targets[name], _unprefixed(targets[name], state))
               if isinstance(targets.get(name), torch.nn.Module) and isinstance(state, Mapping)
               and all(isinstance(k, str) for k in state) else state
               for name, state in states.items()}

@@ -67,3 +67,30 @@ def test_a_torchvision_style_state_restores_into_a_nested_batchnorm(tmp_path: Pa
     restored = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     CheckpointManager(tmp_path / "s").restore(tmp_path / "tv.pth", model=restored)
     assert torch.equal(restored[0].weight, model[0].weight)
+
+
+class Tied(torch.nn.Module):
+    """An embedding whose output layer shares its weight, as language models' do."""
+
+    def __init__(self, tied: bool = True) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(5, 3)
+        self.out = torch.nn.Linear(3, 5, bias=False)
+        if tied:
+            self.out.weight = self.emb.weight
+
+
+def test_a_tied_model_saved_with_one_copy_restores_tied_and_bit_exact(tmp_path: Path) -> None:
+    """safetensors' save_model keeps one of tied weights: restore said missing keys
+    ['out.weight'], where its load_model fills it."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    saved = Tied()
+    safetensors_torch.save_model(saved, str(tmp_path / "t.safetensors"))
+    mgr = CheckpointManager(tmp_path / "s")
+    for source in (tmp_path / "t.safetensors", mgr.import_file(tmp_path / "t.safetensors")):
+        restored = Tied()
+        mgr.restore(source, model=restored)
+        assert restored.out.weight is restored.emb.weight
+        assert torch.equal(restored.emb.weight, saved.emb.weight)
+    with pytest.raises(StateMismatchError, match=r"missing keys \['out.weight'\]"):
+        mgr.restore(tmp_path / "t.safetensors", model=Tied(tied=False))
