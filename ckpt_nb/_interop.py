@@ -1093,9 +1093,19 @@ def _split_state(data: dict[str, Any], export: bool) -> tuple[dict[str, Any], di
     if export:
         meta = {k: data.pop(k) for k in _META_KEYS if k in data}
         return data, meta
+    from ._manager import RESERVED
+
     state: dict[str, Any] = {}
     meta: dict[str, Any] = {"metrics": {}, "extra": {}}
+    # A whole module saved as an object (YOLOv5's and ultralytics' {"model": model, "ema":
+    # ema, ...}, read with trust_pickle) is the object of its key, its state dict taken:
+    # restore(model=...) loads it (in extra, it was a pickle restore did not look at).
+    modules = [k for k, v in data.items() if isinstance(k, str) and
+               isinstance(v, torch.nn.Module)]
+    data = {k: v.state_dict() if k in modules else v for k, v in data.items()}
     names = _object_names(data)
+    names.update({k: k for k in modules if k not in names and k not in RESERVED and
+                  k not in names.values()})
     lightning = _lightning_objects(data, set(names.values()))
     for key, value in data.items():
         if key in names:

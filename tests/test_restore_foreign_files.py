@@ -94,3 +94,21 @@ def test_a_tied_model_saved_with_one_copy_restores_tied_and_bit_exact(tmp_path: 
         assert torch.equal(restored.emb.weight, saved.emb.weight)
     with pytest.raises(StateMismatchError, match=r"missing keys \['out.weight'\]"):
         mgr.restore(tmp_path / "t.safetensors", model=Tied(tied=False))
+
+
+def test_whole_modules_saved_as_objects_restore_as_their_states(tmp_path: Path) -> None:
+    """YOLOv5's and ultralytics' layout, {"model": model, "ema": ema, ...}: read with
+    trust_pickle, the modules went to extra, and restore(model=...) said "model: not in
+    the checkpoint (it holds [])"."""
+    torch.manual_seed(0)
+    model, ema = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    torch.save({"model": model, "ema": ema, "epoch": 3, "best_fitness": 0.5},
+               tmp_path / "yolo.pt")
+    mgr = CheckpointManager(tmp_path / "s")
+    ck = mgr.load(mgr.import_file(tmp_path / "yolo.pt", trust_pickle=True))
+    assert sorted(ck.state) == ["ema", "model"] and ck.epoch == 3
+    assert ck.extra == {"best_fitness": 0.5}
+    restored, restored_ema = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    mgr.restore(tmp_path / "yolo.pt", model=restored, ema=restored_ema, trust_pickle=True)
+    assert torch.equal(restored.weight, model.weight)
+    assert torch.equal(restored_ema.bias, ema.bias)
