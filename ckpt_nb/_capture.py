@@ -971,6 +971,9 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     if strict and unexpected:
         problems.append(f"{name}: unexpected keys {unexpected[:10]}"
                         + (" ..." if len(unexpected) > 10 else ""))
+    if strict and missing and unexpected:
+        problems += _prefix_hint(name, missing, unexpected)
+    casts: set[tuple[torch.dtype, torch.dtype]] = set()
     on_meta: list[str] = []  # (torch would load nothing into them, and say only a warning)
     for key, saved in state.items():
         live = current.get(key)
@@ -980,6 +983,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
             if live.shape != saved.shape or live.dtype != saved.dtype:
                 problems.append(f"{name}: {key} is {_describe(saved)} in the checkpoint "
                                 f"but {_describe(live)} in the live object")
+                if live.shape == saved.shape:
+                    casts.add((saved.dtype, live.dtype))
             elif not _copies_in_place(live.dtype):
                 problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
                                 "into in place: take it from load() instead")
@@ -993,6 +998,12 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                 problems.append(f"{name}: {key} is an expanded view (its elements share "
                                 "memory), which torch cannot copy into: make it a tensor of "
                                 "its own (.clone()), or take it from load() instead")
+    if len(casts) == 1:  # (a half-precision file into a float32 model, say)
+        (saved_dtype, live_dtype), = casts
+        problems.append(f"{name}: to restore it as saved, cast {name} first ({name}.to("
+                        f"{saved_dtype})), then back ({name}.to({live_dtype})) if you want; "
+                        f"or take the state from load() and {name}.load_state_dict() it, "
+                        "which casts each tensor as it copies")
     if on_meta:
         problems.append(f"{name}: {on_meta[:10]}{' ...' if len(on_meta) > 10 else ''} "
                         f"{'is' if len(on_meta) == 1 else 'are'} on the meta device (built "
@@ -1001,6 +1012,26 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     # (the checks above rule out what the comparison below cannot take: casts, expanded
     # views, memory on the meta device)
     return problems or _tie_conflicts(name, current, state)
+
+
+def _prefix_hint(name: str, missing: list[str], unexpected: list[str]) -> list[str]:
+    """Advice where the checkpoint's keys are the module's with a prefix before them
+    (a Lightning module's ``model.``: its inner model restored alone), or the other way
+    round (the inner model's state restored into the Lightning module)."""
+    for longer, shorter, where, other in ((unexpected, missing, "checkpoint's", "module's"),
+                                          (missing, unexpected, "module's", "checkpoint's")):
+        first = shorter[0]
+        prefix = next((k[:-len(first)] for k in longer
+                       if k.endswith(f".{first}")), None)
+        if prefix is None or prefix in _WRAPPER_PREFIXES or \
+                not set(shorter) <= {k.removeprefix(prefix) for k in longer}:
+            continue
+        attribute = prefix.rstrip(".")
+        advice = "restore into the module that holds this one as ." + attribute if \
+            where == "checkpoint's" else f"restore into {name}.{attribute} instead"
+        return [f"{name}: the {where} keys are the {other} with {prefix!r} before them: "
+                f"{advice}, or take the state from load() and strip the prefix"]
+    return []
 
 
 def _with_tied_copies(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -112,3 +112,43 @@ def test_whole_modules_saved_as_objects_restore_as_their_states(tmp_path: Path) 
     mgr.restore(tmp_path / "yolo.pt", model=restored, ema=restored_ema, trust_pickle=True)
     assert torch.equal(restored.weight, model.weight)
     assert torch.equal(restored_ema.bias, ema.bias)
+
+
+def inner() -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+class Lit(torch.nn.Module):
+    """A Lightning module's layout: the model an attribute of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = inner()
+
+
+def test_a_lightning_state_into_its_inner_model_names_the_prefix(tmp_path: Path) -> None:
+    """Missing and unexpected keys were listed without a word of the 'model.' between them."""
+    torch.save({"state_dict": Lit().state_dict(), "epoch": 1, "global_step": 10},
+               tmp_path / "lit.ckpt")
+    mgr = CheckpointManager(tmp_path / "s")
+    with pytest.raises(StateMismatchError, match=r"model: the checkpoint's keys are the "
+                                                 r"module's with 'model\.' before them: "
+                                                 r"restore into the module that holds this "
+                                                 r"one as \.model"):
+        mgr.restore(tmp_path / "lit.ckpt", model=inner())
+    torch.save(inner().state_dict(), tmp_path / "inner.pt")
+    with pytest.raises(StateMismatchError, match=r"model: the module's keys are the "
+                                                 r"checkpoint's with 'model\.' before them: "
+                                                 r"restore into model\.model instead"):
+        mgr.restore(tmp_path / "inner.pt", model=Lit())
+
+
+def test_a_half_precision_file_into_a_float32_model_says_what_to_do(tmp_path: Path) -> None:
+    torch.save(inner().half().state_dict(), tmp_path / "half.pt")
+    model = inner()
+    with pytest.raises(StateMismatchError, match=r"cast model first \(model\.to\(torch\."
+                                                 r"float16\)\), then back \(model\.to\(torch"
+                                                 r"\.float32\)\)"):
+        CheckpointManager(tmp_path / "s").restore(tmp_path / "half.pt", model=model)
+    model.half()  # (as the advice says)
+    CheckpointManager(tmp_path / "s").restore(tmp_path / "half.pt", model=model)
