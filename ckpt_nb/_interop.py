@@ -664,6 +664,15 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
     return data
 
 
+def _safetensors_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's ``__metadata__`` (text by name): another tool's is kept in
+    an import's extra, as ``safetensors_metadata``."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
 class _Unloaded:
     """A pickle of an imported file's extra, left out: its place while the file is read
     (each its own, so that two such dict keys stay two keys until they go)."""
@@ -988,6 +997,8 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
     else:
         export = "ckpt_nb" in data if skeleton else _is_a_ckpt_nb_export(data)
         state, meta = _split_state(dict(data), export=export)
+    if skeleton and "ckpt_nb" not in (found := _safetensors_metadata(source)) and found:
+        meta.setdefault("extra", {})["safetensors_metadata"] = found  # (another tool's)
     _check_meta(source, meta)
     return Checkpoint(
         id=str(source), parent=None, branch="", created=source.stat().st_mtime,

@@ -152,3 +152,17 @@ def test_a_half_precision_file_into_a_float32_model_says_what_to_do(tmp_path: Pa
         CheckpointManager(tmp_path / "s").restore(tmp_path / "half.pt", model=model)
     model.half()  # (as the advice says)
     CheckpointManager(tmp_path / "s").restore(tmp_path / "half.pt", model=model)
+
+
+def test_another_tools_safetensors_metadata_is_kept_in_extra(tmp_path: Path) -> None:
+    """A foreign file's __metadata__ was dropped on import."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    safetensors_torch.save_file({"w": torch.ones(2)}, tmp_path / "m.safetensors",
+                                metadata={"format": "pt", "base_model": "tiny"})
+    mgr = CheckpointManager(tmp_path / "s")
+    ck = mgr.load(mgr.import_file(tmp_path / "m.safetensors"))
+    assert ck.extra == {"safetensors_metadata": {"format": "pt", "base_model": "tiny"}}
+    safetensors_torch.save_file({"w": torch.ones(2)}, tmp_path / "bare.safetensors")
+    assert mgr.load(mgr.import_file(tmp_path / "bare.safetensors")).extra == {}
+    ours = mgr.export(mgr.save(torch.nn.Linear(2, 2), extra={"k": 1}), tmp_path / "o.safetensors")
+    assert mgr.load(mgr.import_file(ours)).extra == {"k": 1}  # (ckpt_nb's own: no entry)
