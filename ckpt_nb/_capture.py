@@ -1083,7 +1083,9 @@ def _counters_torch_fills(module: torch.nn.Module, state: Mapping[str, Any]) -> 
         if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.track_running_stats:
             local = metadata.get(path, {}) if isinstance(metadata, Mapping) else {}
             version = local.get("version") if isinstance(local, Mapping) else None
-            if version is None or version < 2:
+            # (a version of another type, which torch's load fails on: not filled, so the
+            # key is named missing before anything changes)
+            if version is None or isinstance(version, (int, float)) and version < 2:
                 filled.add(f"{path}.num_batches_tracked" if path else "num_batches_tracked")
     return filled
 

@@ -166,3 +166,14 @@ def test_another_tools_safetensors_metadata_is_kept_in_extra(tmp_path: Path) -> 
     assert mgr.load(mgr.import_file(tmp_path / "bare.safetensors")).extra == {}
     ours = mgr.export(mgr.save(torch.nn.Linear(2, 2), extra={"k": 1}), tmp_path / "o.safetensors")
     assert mgr.load(mgr.import_file(ours)).extra == {"k": 1}  # (ckpt_nb's own: no entry)
+
+
+def test_a_batchnorm_version_that_is_no_number_is_refused_before_anything_changes(
+        tmp_path: Path) -> None:
+    """torch's load fails on it with a TypeError midway; the check raised that TypeError."""
+    state = old_batchnorm_state(1)
+    state._metadata[""]["version"] = "1"  # type: ignore[attr-defined]
+    torch.save(state, tmp_path / "bn.pt")
+    with pytest.raises(StateMismatchError, match=r"missing keys \['num_batches_tracked'\]"):
+        CheckpointManager(tmp_path / "s").restore(tmp_path / "bn.pt",
+                                                  model=torch.nn.BatchNorm1d(4))
