@@ -210,6 +210,11 @@ def _skip_reason(value: Any) -> str | None:
             "" if not unheld else ", but not the draws from " + ", ".join(
                 f"{place} ({why})" for place, why in unheld.items())
             + ": after a resume they differ from a run never stopped")
+    if isinstance(value, torch.utils.data.Dataset):  # (a Stateful one is tracked)
+        return (f"{type(value).__name__}: a Dataset without state_dict(), so checkpoints hold "
+                "none of its state; where it changes as it is iterated (an epoch counter "
+                "that __iter__ advances), give it state_dict() and load_state_dict() for a "
+                "resume to go on with the order an unstopped run has")
     return None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import copy
 import dataclasses
 import datetime
 import difflib
@@ -323,6 +324,11 @@ class _Loop:
     # began: its order comes from them, not from the global generators.
     loader_rng: list[torch.Tensor] | None = None
     generators: list[torch.Generator | _HeldRandom] = dataclasses.field(default_factory=list)
+    # The tracked DataLoader (weakly): a save at an epoch's end holds how its next begins.
+    loader: weakref.ref[torch.utils.data.DataLoader] | None = None
+    # The state_dict()s of the loader's dataset, sampler and batch sampler as the epoch
+    # began: a replay of the epoch starts them there (one that advances in __iter__).
+    loader_states: dict[str, Any] | None = None
     in_batches: bool = False
     tracked_loader: bool = False  # whether batches() has run in this epoch
 
@@ -435,6 +441,9 @@ class _SavedRun:
             if states is not None and not (isinstance(states, list) and all(
                     isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in states)):
                 raise corrupt(f"{key} is not a list of generator states")
+        for key in ("loader_states", "loader_states_now"):
+            if not isinstance(loop.get(key), (dict, type(None))):
+                raise corrupt(f"{key} is not a dict of state_dicts")
         return cls(variables, history, step, best, loop, unreadable)
 
     def unread(self) -> str:
@@ -936,6 +945,7 @@ class AutoSession:
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
         self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
+        self._pending_loader_start: _LoaderStart | None = None  # how its epoch began
         self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
         self._second_sigint: Any = None  # where a second interrupt goes
@@ -1414,7 +1424,9 @@ class AutoSession:
                "history": self.history.storable(), "best": self.best,
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
-                        "loader_rng_now": [g.get_state() for g in self.loop.generators]},
+                        "loader_rng_now": [g.get_state() for g in self.loop.generators],
+                        "loader_states": self.loop.loader_states,
+                        **_loader_now(self.loop.loader)},
                "variables": {n: to_storable(v) for n, v in found.variables.items()},
                "frozen": _frozen(found.statefuls)}
         if not self.config.sync:
@@ -1962,6 +1974,23 @@ class AutoSession:
             return []  # (unreadable: put back, as saved)
         return [key for key, state in then.items() if key in now and now[key] != state]
 
+    def _start_as_saved(self, loader: torch.utils.data.DataLoader | None,
+                        start: _LoaderStart) -> None:
+        """Begin a resumed epoch's loader as the saved run's began, before iter(loader):
+        its dataset, sampler and batch sampler in their states then (one advancing in
+        __iter__ would be a step further)."""
+        if loader is None:
+            return
+        statefuls = _loader_statefuls(loader)
+        for place, state in (start.states or {}).items():
+            if place in statefuls:
+                try:
+                    statefuls[place].load_state_dict(state)
+                except Exception as exc:  # noqa: BLE001 - the user's load_state_dict
+                    self.say(f"the loader's {place} did not take its state as the epoch "
+                             f"began ({type(exc).__name__}: {exc}): the resumed epoch may "
+                             "come in another order than the unstopped run's")
+
     def _resume_now(self) -> int | None:
         """Restore the pending run in place; returns the epoch to start at. In the kernel
         that stopped it, the objects that other runs trained since are kept as they are:
@@ -2007,13 +2036,16 @@ class AutoSession:
         loop = saved.loop
         assert loop is not None  # (read for a resume)
         self.loop = _Loop(epoch=loop["epoch"], next_batch=loop["next_batch"],
-                          epoch_rng=loop["epoch_rng"], loader_rng=loop.get("loader_rng"))
+                          epoch_rng=loop["epoch_rng"], loader_rng=loop.get("loader_rng"),
+                          loader_states=loop.get("loader_states"))
         if loop["epoch_rng"] is not None and loop["next_batch"]:
             RNGState().load_state_dict(loop["epoch_rng"])  # replay the epoch's data order
             self._pending_skip = (loop["next_batch"], ck.rng)
             self._pending_loader_rng = loop.get("loader_rng")
+            self._pending_loader_start = _LoaderStart(loop.get("loader_states"))
         else:
             self._pending_loader_rng = loop.get("loader_rng_now")
+            self._pending_loader_start = _LoaderStart(loop.get("loader_states_now"))
             if ck.rng is not None:
                 RNGState().load_state_dict(ck.rng)
         missing = [_live_name(n) for n in ck.state if n not in targets and n not in kept] + \
@@ -2039,11 +2071,13 @@ class AutoSession:
         epoch = resumed if resumed is not None else start
         while epoch < n:
             if self.loop.epoch != epoch or resumed is None:
-                self.loop = _Loop(epoch=epoch, generators=self.loop.generators)
+                self.loop = _Loop(epoch=epoch, generators=self.loop.generators,
+                                  loader=self.loop.loader)
             resumed = None
             yield epoch
             # The epoch's body is complete (its loader's generators are the next one's).
-            self.loop = _Loop(epoch=epoch + 1, generators=self.loop.generators)
+            self.loop = _Loop(epoch=epoch + 1, generators=self.loop.generators,
+                              loader=self.loop.loader)
             if self._consistent():
                 self.checkpoint_if_due()
             epoch += 1
@@ -2060,10 +2094,15 @@ class AutoSession:
         skip, rng_after = self._pending_skip or (0, None)
         loader_rng, self._pending_skip, self._pending_loader_rng = \
             self._pending_loader_rng, None, None
+        start, self._pending_loader_start = self._pending_loader_start, None
         # A Dataset drawing from a notebook's generator draws again as the skipped batches
         # are fetched: those go back as at the stop after it, as the global ones do.
         held = _random_states(self.discovery.statefuls) if skip else []
         generators = self.loop.generators = _loader_generators(loader)
+        data_loader = _data_loader(loader)
+        self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
+        if start is not None:
+            self._start_as_saved(data_loader, start)
         if loader_rng is not None:
             # (an earlier ckpt_nb saved the loader's own generators alone, first in the list)
             fitting = [(g, state) for g, state in zip(generators, loader_rng) if _fits(g, state)]
@@ -2076,6 +2115,10 @@ class AutoSession:
         if not skip:
             self.loop.epoch_rng = RNGState().state_dict()
             self.loop.loader_rng = [g.get_state() for g in generators]
+            self.loop.loader_states, unsaved = _loader_states(data_loader)
+            if unsaved:
+                self.say(f"not saved as the epoch began, so a resume in it may replay "
+                         f"another order: the loader's {unsaved}")
             self.loop.next_batch = 0
         iterator = iter(loader)
         for _ in range(skip):
@@ -2468,6 +2511,50 @@ def _loader_generators(loader: Any) -> list[torch.Generator | _HeldRandom]:
 # and ``_loader``, and the names of the like.
 _WRAPPED = ("iterable", "loader", "_loader", "dataloader", "_dataloader", "base_dataloader")
 _MAX_WRAPPERS = 4
+
+
+class _LoaderStart(NamedTuple):
+    """How a saved run's tracked loader began the epoch a resume goes on with (or the
+    next, saved at an epoch's end)."""
+
+    states: dict[str, Any] | None  # (_loader_states)
+
+
+def _data_loader(loader: Any) -> torch.utils.data.DataLoader | None:
+    """The DataLoader that ``batches()`` is given, or wrapped in what it is given."""
+    return next((layer for layer in _wrapped(loader)
+                 if isinstance(layer, torch.utils.data.DataLoader)), None)
+
+
+# Where a DataLoader keeps the objects its order can come from.
+_LOADER_PARTS = ("dataset", "sampler", "batch_sampler")
+
+
+def _loader_statefuls(loader: torch.utils.data.DataLoader | None) -> dict[str, Stateful]:
+    """The loader's dataset, sampler and batch sampler that have a state_dict(), by
+    place; a Module's is its weights, tracked by name or not at all."""
+    return {} if loader is None else {
+        place: part for place in _LOADER_PARTS
+        if isinstance(part := getattr(loader, place, None), Stateful)
+        and not isinstance(part, (type, torch.nn.Module))}
+
+
+def _loader_states(loader: torch.utils.data.DataLoader | None
+                   ) -> tuple[dict[str, Any], str]:
+    """Copies of the state_dict()s of ``_loader_statefuls``, and the ones that raised."""
+    states, failed = {}, []
+    for place, part in _loader_statefuls(loader).items():
+        try:
+            states[place] = copy.deepcopy(part.state_dict())
+        except Exception as exc:  # noqa: BLE001 - the user's state_dict()
+            failed.append(f"{place} ({type(exc).__name__}: {exc})")
+    return states, ", ".join(failed)
+
+
+def _loader_now(loader: weakref.ref[torch.utils.data.DataLoader] | None) -> dict[str, Any]:
+    """How the tracked loader's next epoch begins, as a save at an epoch's end holds it."""
+    live = None if loader is None else loader()
+    return {"loader_states_now": _loader_states(live)[0]}
 
 
 def _wrapped(loader: Any) -> list[Any]:

@@ -1,0 +1,121 @@
+"""Resumes of loaders whose order is not the generators' alone: a DataLoader whose
+persistent workers keep its iterator from epoch to epoch, a dataset that advances its own
+state in ``__iter__``; and a parameter group the loop adds. Scripts killed with SIGKILL
+and run again, each against a run never stopped."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_nb._discovery import discover
+from test_session_jobs import script  # (a script in a fresh interpreter)
+
+# A run of 3 epochs of 10 batches, killed (DIE) in epoch 2 at batch ``die_at``; it prints
+# the line its resume said, and a digest of the order it saw and of its parameters.
+SCRIPT = """
+import hashlib, os, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+{data}
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+order = []
+with ckpt_nb.auto("store", every_steps={every}):
+    for epoch in ckpt_nb.epochs(3):
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            order.append(xb[0, 0].item())
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if os.environ["DIE"] and epoch == 2 and i == {die_at}:
+                os.kill(os.getpid(), 9)
+print("digest", hashlib.sha1(repr(order[-5:]).encode() + b"".join(
+    p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())
+"""
+
+# Saves every 10 steps are at the epochs' ends (the resume starts epoch 2 at batch 0);
+# every 3, in the epochs (it replays a later epoch from its start to the batch saved).
+AT_AN_EPOCHS_END, IN_THE_EPOCH = 10, 3
+
+
+def resumed_at(said: str) -> tuple[int, int]:
+    """The epoch and batch a resume went on from (the kill may come before the latest
+    save is written: the one before it)."""
+    found = re.search(r"resumed from \w+ \(epoch (\d+), batch (\d+),", said)
+    assert found, said
+    return int(found[1]), int(found[2])
+
+
+def as_meant(every: int, said: str) -> bool:
+    """Whether the resume went on from a later epoch's end or a batch in it, as meant."""
+    epoch, batch = resumed_at(said)
+    return epoch >= 1 and (batch == 0) == (every == AT_AN_EPOCHS_END)
+
+
+def killed_and_resumed(tmp_path: Path, data: str, every: int, die_at: int = 6
+                       ) -> tuple[str, str, str]:
+    """The digest of a run never stopped, of one killed and run again, and what the
+    run again said."""
+    code = SCRIPT.format(data=data, every=every, die_at=die_at)
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    reference = script(tmp_path / "ref", "train.py", code)
+    assert reference.returncode == 0, reference.stderr
+    script(tmp_path / "run", "train.py", code, die=True)
+    resumed = script(tmp_path / "run", "train.py", code)
+    assert resumed.returncode == 0, resumed.stderr
+    said = resumed.stdout + resumed.stderr
+    return reference.stdout.split()[-1], resumed.stdout.split()[-1], said
+
+
+# A stream that reshuffles by its own epoch counter, which its __iter__ advances.
+EPOCH_STREAM = """
+class EpochStream(torch.utils.data.IterableDataset):
+    def __init__(self):
+        self.epoch = 0
+    def __iter__(self):
+        order = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.epoch))
+        self.epoch += 1
+        return ((X[j], Y[j]) for j in order.tolist())
+{state}
+{loader}
+"""
+STATE = """
+    def state_dict(self):
+        return {"epoch": self.epoch}
+    def load_state_dict(self, state):
+        self.epoch = state["epoch"]
+"""
+NAMED = "ds = EpochStream()\nloader = torch.utils.data.DataLoader(ds, batch_size=20)"
+UNNAMED = "loader = torch.utils.data.DataLoader(EpochStream(), batch_size=20)"
+
+
+@pytest.mark.parametrize("loader", [NAMED, UNNAMED], ids=["tracked", "reached by the loader"])
+@pytest.mark.parametrize("every", [AT_AN_EPOCHS_END, IN_THE_EPOCH])
+def test_a_dataset_advancing_its_state_in_iter_resumes_its_order(
+        tmp_path: Path, loader: str, every: int) -> None:
+    """A tracked dataset was put back as at the save, a step past the epoch's start,
+    and the replay of the epoch's iter(loader) advanced it again: the epoch came in the
+    next one's order, without a word (one the loader alone reaches was not saved)."""
+    data = EPOCH_STREAM.format(state=STATE, loader=loader)
+    expected, resumed, said = killed_and_resumed(tmp_path, data, every)
+    assert as_meant(every, said), said
+    assert resumed == expected
+
+
+def test_a_dataset_without_a_state_dict_is_said_what_it_needs() -> None:
+    """Discovery said only "skipped ds (EpochStream)": a resume of a stream advancing
+    an epoch counter in __iter__ went on in another order, with no reason given."""
+    class EpochStream(torch.utils.data.IterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(())
+
+    summary = discover({"ds": EpochStream()}).summary()
+    assert "skipped ds (EpochStream: a Dataset without state_dict(), so checkpoints hold " \
+        "none of its state; where it changes as it is iterated (an epoch counter that " \
+        "__iter__ advances), give it state_dict() and load_state_dict()" in summary, summary
