@@ -260,14 +260,16 @@ def loader_random(loader: Any) -> tuple[dict[str, Any], dict[str, str]]:
 def _warn_persistent_workers(name: str, value: Any) -> None:
     """Say once per loader that its persistent workers' random state is not saved: they
     keep it from epoch to epoch, where fresh workers are seeded from the state that
-    ``batches()`` replays, so their random augmentation cannot resume bit-identical."""
+    ``batches()`` replays, so their random augmentation cannot resume bit-identical (its
+    order does: ``batches()`` keeps or makes the iterator as the run did)."""
     if not isinstance(value, torch.utils.data.DataLoader) or value.num_workers == 0 \
             or not value.persistent_workers or value in _warned_loaders:
         return
     _warned_loaders.add(value)
-    print(f"ckpt_nb: warning: {name}'s persistent workers keep a random state that "
-          "checkpoints do not hold: after a resume, randomness in its workers (augmentation) "
-          "differs from an unstopped run; persistent_workers=False resumes bit-identical",
+    print(f"ckpt_nb: warning: {name}'s persistent workers keep a random state from epoch "
+          "to epoch that checkpoints do not hold: after a resume, the random draws in its "
+          "workers (a Dataset's augmentation) differ from an unstopped run's, though the "
+          "order of its batches is the same; persistent_workers=False resumes bit-identical",
           file=sys.stderr, flush=True)
 
 

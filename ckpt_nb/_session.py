@@ -326,6 +326,9 @@ class _Loop:
     generators: list[torch.Generator | _HeldRandom] = dataclasses.field(default_factory=list)
     # The tracked DataLoader (weakly): a save at an epoch's end holds how its next begins.
     loader: weakref.ref[torch.utils.data.DataLoader] | None = None
+    # Whether the epoch's iter(loader) reused the iterator its persistent workers kept
+    # (_reuses_iterator): a fresh one draws from the loader's generator before its order.
+    iterator_reused: bool | None = None
     # The state_dict()s of the loader's dataset, sampler and batch sampler as the epoch
     # began: a replay of the epoch starts them there (one that advances in __iter__).
     loader_states: dict[str, Any] | None = None
@@ -441,6 +444,9 @@ class _SavedRun:
             if states is not None and not (isinstance(states, list) and all(
                     isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in states)):
                 raise corrupt(f"{key} is not a list of generator states")
+        for key in ("loader_iterator_reused", "loader_iterator_kept"):
+            if loop.get(key) not in (True, False, None):
+                raise corrupt(f"{key} {loop[key]!r}")
         for key in ("loader_states", "loader_states_now"):
             if not isinstance(loop.get(key), (dict, type(None))):
                 raise corrupt(f"{key} is not a dict of state_dicts")
@@ -1425,6 +1431,7 @@ class AutoSession:
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
                         "loader_rng_now": [g.get_state() for g in self.loop.generators],
+                        "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
                         **_loader_now(self.loop.loader)},
                "variables": {n: to_storable(v) for n, v in found.variables.items()},
@@ -1978,7 +1985,8 @@ class AutoSession:
                         start: _LoaderStart) -> None:
         """Begin a resumed epoch's loader as the saved run's began, before iter(loader):
         its dataset, sampler and batch sampler in their states then (one advancing in
-        __iter__ would be a step further)."""
+        __iter__ would be a step further), and a persistent-workers iterator kept or made
+        anew as then (a new one draws from the loader's generator before its order)."""
         if loader is None:
             return
         statefuls = _loader_statefuls(loader)
@@ -1990,6 +1998,15 @@ class AutoSession:
                     self.say(f"the loader's {place} did not take its state as the epoch "
                              f"began ({type(exc).__name__}: {exc}): the resumed epoch may "
                              "come in another order than the unstopped run's")
+        reuses = _reuses_iterator(loader)
+        if reuses is not None and start.iterator_reused not in (None, reuses):
+            # (a dropped iterator shuts its workers down)
+            loader._iterator = loader._get_iterator() if start.iterator_reused else None
+        elif reuses is None:
+            self.say(f"this torch ({torch.__version__}) keeps a DataLoader's persistent "
+                     "workers otherwise than ckpt_nb knows: the resumed epoch may come in "
+                     "another order than the unstopped run's; persistent_workers=False "
+                     "resumes bit-identical")
 
     def _resume_now(self) -> int | None:
         """Restore the pending run in place; returns the epoch to start at. In the kernel
@@ -2042,10 +2059,12 @@ class AutoSession:
             RNGState().load_state_dict(loop["epoch_rng"])  # replay the epoch's data order
             self._pending_skip = (loop["next_batch"], ck.rng)
             self._pending_loader_rng = loop.get("loader_rng")
-            self._pending_loader_start = _LoaderStart(loop.get("loader_states"))
+            self._pending_loader_start = _LoaderStart(loop.get("loader_iterator_reused"),
+                                                      loop.get("loader_states"))
         else:
             self._pending_loader_rng = loop.get("loader_rng_now")
-            self._pending_loader_start = _LoaderStart(loop.get("loader_states_now"))
+            self._pending_loader_start = _LoaderStart(loop.get("loader_iterator_kept"),
+                                                      loop.get("loader_states_now"))
             if ck.rng is not None:
                 RNGState().load_state_dict(ck.rng)
         missing = [_live_name(n) for n in ck.state if n not in targets and n not in kept] + \
@@ -2101,7 +2120,7 @@ class AutoSession:
         generators = self.loop.generators = _loader_generators(loader)
         data_loader = _data_loader(loader)
         self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
-        if start is not None:
+        if start is not None:  # (before the generators are set: a new iterator draws)
             self._start_as_saved(data_loader, start)
         if loader_rng is not None:
             # (an earlier ckpt_nb saved the loader's own generators alone, first in the list)
@@ -2120,6 +2139,7 @@ class AutoSession:
                 self.say(f"not saved as the epoch began, so a resume in it may replay "
                          f"another order: the loader's {unsaved}")
             self.loop.next_batch = 0
+        self.loop.iterator_reused = _reuses_iterator(data_loader)
         iterator = iter(loader)
         for _ in range(skip):
             next(iterator)
@@ -2517,6 +2537,7 @@ class _LoaderStart(NamedTuple):
     """How a saved run's tracked loader began the epoch a resume goes on with (or the
     next, saved at an epoch's end)."""
 
+    iterator_reused: bool | None  # (_reuses_iterator)
     states: dict[str, Any] | None  # (_loader_states)
 
 
@@ -2524,6 +2545,18 @@ def _data_loader(loader: Any) -> torch.utils.data.DataLoader | None:
     """The DataLoader that ``batches()`` is given, or wrapped in what it is given."""
     return next((layer for layer in _wrapped(loader)
                  if isinstance(layer, torch.utils.data.DataLoader)), None)
+
+
+def _reuses_iterator(loader: torch.utils.data.DataLoader | None) -> bool | None:
+    """Whether ``iter(loader)`` reuses the iterator its persistent workers kept from the
+    epoch before: a new one draws its workers' seed from the loader's generator before
+    its sampler draws the order, a reused one does not. None where torch keeps it
+    otherwise than ``DataLoader._iterator`` (a version ckpt_nb does not know)."""
+    if loader is None or loader.num_workers == 0 or not loader.persistent_workers:
+        return False
+    if not hasattr(loader, "_iterator") or not callable(getattr(loader, "_get_iterator", None)):
+        return None
+    return loader._iterator is not None
 
 
 # Where a DataLoader keeps the objects its order can come from.
@@ -2554,7 +2587,8 @@ def _loader_states(loader: torch.utils.data.DataLoader | None
 def _loader_now(loader: weakref.ref[torch.utils.data.DataLoader] | None) -> dict[str, Any]:
     """How the tracked loader's next epoch begins, as a save at an epoch's end holds it."""
     live = None if loader is None else loader()
-    return {"loader_states_now": _loader_states(live)[0]}
+    return {"loader_iterator_kept": _reuses_iterator(live),
+            "loader_states_now": _loader_states(live)[0]}
 
 
 def _wrapped(loader: Any) -> list[Any]:

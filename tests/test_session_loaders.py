@@ -73,6 +73,26 @@ def killed_and_resumed(tmp_path: Path, data: str, every: int, die_at: int = 6
     return reference.stdout.split()[-1], resumed.stdout.split()[-1], said
 
 
+PERSISTENT = """
+loader = torch.utils.data.DataLoader(
+    torch.utils.data.TensorDataset(X, Y), batch_size=20, shuffle=True, num_workers=2,
+    persistent_workers=True, generator=torch.Generator().manual_seed(42))
+"""
+
+
+@pytest.mark.parametrize("every", [AT_AN_EPOCHS_END, IN_THE_EPOCH])
+def test_a_loader_with_persistent_workers_resumes_its_order_in_a_later_epoch(
+        tmp_path: Path, every: int) -> None:
+    """From its second epoch on, the unstopped run's iter(loader) reused the iterator its
+    persistent workers kept, drawing no seed for them from the loader's generator; the
+    resume put the generator back, then made a new iterator, which drew one before the
+    order: every batch after it came in another order."""
+    expected, resumed, said = killed_and_resumed(tmp_path, PERSISTENT, every)
+    assert as_meant(every, said), said
+    assert resumed == expected
+    assert "the order of its batches is the same" in said  # (the warning, said truly)
+
+
 # A stream that reshuffles by its own epoch counter, which its __iter__ advances.
 EPOCH_STREAM = """
 class EpochStream(torch.utils.data.IterableDataset):

@@ -271,9 +271,10 @@ def test_a_loader_with_persistent_workers_is_warned_of_once(shell, tmp_path: Pat
     assert run(shell, cell).success and run(shell, cell).success
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert warnings == [
-        "ckpt_nb: warning: persistent's persistent workers keep a random state that "
-        "checkpoints do not hold: after a resume, randomness in its workers (augmentation) "
-        "differs from an unstopped run; persistent_workers=False resumes bit-identical"]
+        "ckpt_nb: warning: persistent's persistent workers keep a random state from epoch "
+        "to epoch that checkpoints do not hold: after a resume, the random draws in its "
+        "workers (a Dataset's augmentation) differ from an unstopped run's, though the "
+        "order of its batches is the same; persistent_workers=False resumes bit-identical"]
 
 
 @pytest.mark.parametrize("metrics, message", [
