@@ -1236,7 +1236,13 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
                 "optimizer's state_dict() (its state and parameter groups)"]
     live = optimizer.param_groups
     if len(groups) != len(live):
-        return [f"{name}: {len(groups)} parameter groups in the checkpoint, {len(live)} live"]
+        # (groups the loop adds: built again before a resume, the loop's own add would
+        # add their parameters twice, which torch refuses)
+        return [f"{name}: {len(groups)} parameter groups in the checkpoint, {len(live)} live"
+                + (f" (where the training loop adds them, add them before it runs again, and "
+                   f"guard its add so that it does not add them twice: if "
+                   f"len({name}.param_groups) < {len(groups)}: {name}.add_param_group(...))"
+                   if len(groups) > len(live) else "")]
     problems = []
     for i, (saved, now) in enumerate(zip(groups, live)):
         if len(saved["params"]) != len(now["params"]):

@@ -199,7 +199,10 @@ def test_a_checkpoint_that_no_longer_fits_is_refused_naming_the_ways_on(
     newest = rows.iloc[-1]
     assert error.startswith(f"StateMismatchError: not resuming checkpoint {newest['id']} "
                             f"(step {newest['step']}): checkpoint does not fit; nothing was "
-                            "changed:\n  opt: 2 parameter groups in the checkpoint, 1 live\n"
+                            "changed:\n  opt: 2 parameter groups in the checkpoint, 1 live "
+                            "(where the training loop adds them, add them before it runs "
+                            "again, and guard its add so that it does not add them twice: if "
+                            "len(opt.param_groups) < 2: opt.add_param_group(...))\n"
                             "the tracked objects are not as they were"), error
     assert "run with --no-resume (auto(resume=False)) not to resume it, or %ckpt_rollback " \
         "ID (ckpt_nb.rollback(ID)) to an earlier checkpoint of the run that fits them" in error

@@ -139,3 +139,55 @@ def test_a_dataset_without_a_state_dict_is_said_what_it_needs() -> None:
     assert "skipped ds (EpochStream: a Dataset without state_dict(), so checkpoints hold " \
         "none of its state; where it changes as it is iterated (an epoch counter that " \
         "__iter__ advances), give it state_dict() and load_state_dict()" in summary, summary
+
+
+# The loop adds a parameter group in its second epoch; ``guard`` is the cell's condition
+# on it, ``before`` what runs before the loop.
+GROUPS = """
+import hashlib, os, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
+                                     shuffle=True)
+model, head = torch.nn.Linear(8, 2), torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+{before}
+with ckpt_nb.auto("store", every_steps=3, name="train"):
+    for epoch in ckpt_nb.epochs(3):
+        if epoch == 1{guard}:
+            opt.add_param_group(dict(params=head.parameters(), lr=0.05))
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            out = model(xb) if epoch == 0 else head(model(xb))
+            torch.nn.functional.cross_entropy(out, yb).backward()
+            opt.step()
+            if os.environ["DIE"] and epoch == 1 and i == 6:
+                os.kill(os.getpid(), 9)
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes() for p in
+                                      [*model.parameters(), *head.parameters()])).hexdigest())
+"""
+
+
+def test_a_parameter_group_the_loop_adds_is_said_how_to_resume(tmp_path: Path) -> None:
+    """The refusal said to build the groups as they were; built before the cell, its
+    own add_param_group ran again and torch refused the parameters twice. The guard it
+    says now resumes bit-exact."""
+    guarded = " and len(opt.param_groups) < 2"
+    plain = GROUPS.format(before="", guard="")
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    reference = script(tmp_path / "ref", "train.py", plain)
+    assert reference.returncode == 0, reference.stderr
+    script(tmp_path / "run", "train.py", plain, die=True)
+    refused = script(tmp_path / "run", "train.py", plain)
+    assert refused.returncode != 0
+    assert "opt: 2 parameter groups in the checkpoint, 1 live (where the training loop " \
+        "adds them, add them before it runs again, and guard its add so that it does not " \
+        "add them twice: if len(opt.param_groups) < 2: opt.add_param_group(...))" \
+        in refused.stderr, refused.stderr
+    build = "opt.add_param_group(dict(params=head.parameters(), lr=0.05))"
+    resumed = script(tmp_path / "run", "train.py", GROUPS.format(before=build, guard=guarded))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
