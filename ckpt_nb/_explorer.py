@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import html
 import math
+import numbers
 import os
 import threading
 import time
@@ -31,7 +32,7 @@ from . import _plots, _session
 from ._catalog import store_exists
 from ._errors import (DELETED_BY, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       FileFormatError, MetricNotFoundError, StateMismatchError, StoreError)
-from ._format import FORMAT_KEY, is_run_key
+from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
 from ._store import FsspecStore
 from ._units import human_size
@@ -353,7 +354,7 @@ def _check_arguments(store: Any, namespace: Any, poll_seconds: Any) -> None:
         raise TypeError(f"namespace takes a dict (globals()) or None (the IPython kernel's), "
                         f"not {type(namespace).__name__}")
     poll = "poll_seconds takes a number of seconds, 0 or more (0: only this process's saves)"
-    if not isinstance(poll_seconds, (int, float)) or isinstance(poll_seconds, bool):
+    if not isinstance(poll_seconds, numbers.Real) or isinstance(poll_seconds, bool):
         raise TypeError(f"{poll}, not {type(poll_seconds).__name__} {poll_seconds!r}")
     if not 0 <= poll_seconds < math.inf:
         raise ValueError(f"{poll}, not {poll_seconds!r}")
@@ -383,6 +384,7 @@ class Explorer(w.VBox):
         self._unsubscribe: Any = lambda: None
         self._owns_manager = False
         _check_arguments(store, namespace, poll_seconds)
+        poll_seconds = float(poll_seconds)  # (a NumPy float32 is no timeout for a wait)
         with _plots.opened(store):  # a clear error for a missing store
             pass
         self.manager = store if isinstance(store, CheckpointManager) else \
@@ -401,9 +403,6 @@ class Explorer(w.VBox):
         # Each checkpoint's run record (None: it has none), as read for the --keep-best it
         # gives (``_keep_best``): a refresh reads only the new checkpoints' manifests.
         self._run_records: dict[str, Any] = {}
-        # Whether the store holds a notebook run's ends (``runs/``): until one ended there,
-        # no manifest is read for a --keep-best (on an object store, one GET a checkpoint).
-        self._runs_seen = False
 
         self.title = w.HTML()
         self.status = w.HTML(layout=w.Layout(min_height="1.6em"))
@@ -520,16 +519,10 @@ class Explorer(w.VBox):
         "best" ranks by): the manager's ``keep_best``, else the ``--keep-best`` of the
         store's newest run record where that run ranks as the manager does (as
         ``%ckpt_list`` marks them), read again at each refresh: a run saving since, in
-        this process or another, changes it; else 1. Run records are looked for once a
-        notebook run has ended in the store (``runs/``), not in a store only scripts
-        wrote, whose every manifest would be read for none."""
+        this process or another, changes it; else 1."""
         manager = self.manager
         if manager.keep_best is not None or manager.metric is None:
             return manager.keep_best or 1
-        if not self._runs_seen:  # (a store only scripts wrote: no manifest to read for it)
-            self._runs_seen = any(filter(is_run_key, manager.store.list("runs")))
-            if not self._runs_seen:
-                return 1
         written = _session._written_ranking(manager, self._run_records)
         if written is None or written[0] != (manager.metric, manager.mode):
             return 1
@@ -653,8 +646,10 @@ class Explorer(w.VBox):
         if not isinstance(column, str):
             raise TypeError(f"column takes a column's name (a str), not "
                             f"{type(column).__name__} {column!r}")
-        if not isinstance(ascending, bool):
+        if type(ascending).__name__ not in ("bool", "bool_") and not (
+                isinstance(ascending, numbers.Integral) and ascending in (0, 1)):
             raise TypeError(f"ascending takes True or False, not {ascending!r}")
+        ascending = bool(ascending)
         if column not in self.table.columns:
             raise MetricNotFoundError(f"cannot sort by {column!r}: no such column; give one "
                                       f"of {', '.join(self.table.columns)}")

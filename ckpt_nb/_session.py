@@ -2423,6 +2423,10 @@ def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
     return manager
 
 
+# How many of a store's newest checkpoints are read for the newest run record.
+RUN_RECORD_DEPTH = 16
+
+
 def _written_ranking(manager: CheckpointManager, known: dict[str, Any] | None = None
                      ) -> tuple[tuple[str, str], int | None] | None:
     """The ``--on`` metric and ``--keep-best`` of the session that wrote the store's newest
@@ -2431,8 +2435,10 @@ def _written_ranking(manager: CheckpointManager, known: dict[str, Any] | None = 
     record is found: the caller then keeps the manager's own ranking, the one the store's
     last save with a metric recorded (an older run's ``--on``), if any. ``known``: each
     checkpoint's run record (None: it has none) as read before, added to here: a caller
-    that asks at each refresh (the explorer) reads only new checkpoints' manifests."""
-    for row in reversed(manager.catalog.checkpoints()):
+    that asks at each refresh (the explorer) reads only new checkpoints' manifests. Only
+    the newest ``RUN_RECORD_DEPTH`` checkpoints are looked at: a store only scripts wrote
+    (or wrote last) had every manifest read for none (on an object store, a GET each)."""
+    for row in reversed(manager.catalog.checkpoints()[-RUN_RECORD_DEPTH:]):
         with contextlib.suppress(CkptError, KeyError, TypeError):
             if known is not None and row.id in known:  # (a checkpoint never changes)
                 run = known[row.id]

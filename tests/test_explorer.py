@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
@@ -1577,5 +1578,28 @@ def test_the_diff_tab_lists_an_lr_change_and_extra_values(tmp_path: Path) -> Non
         assert "byte-identical (shared chunks)</b>: 2 of 2 tensors" in shown
         ui.select([b, c])
         assert "<b>values</b>: none differ" in ui.diff_table.value
+    finally:
+        ui.close()
+
+
+def test_numbers_of_any_kind_are_taken_where_the_explorer_takes_numbers(tmp_path: Path
+                                                                       ) -> None:
+    """A NumPy poll_seconds was refused once types were checked (np.float32 then made
+    the follower's wait fail), as was sort's ascending given as 0 or 1."""
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        for v in (0.3, 0.1):
+            mgr.save(torch.nn.Linear(2, 2), metrics={"loss": v})
+    for seconds in (np.int64(1), np.float32(0.05)):
+        ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=seconds)
+        try:
+            time.sleep(0.2)  # (the follower waits with it)
+            assert ui._follower.is_alive()
+        finally:
+            ui.close()
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        for ascending in (0, 1, np.bool_(True), np.int64(0)):
+            ui.sort("loss", ascending)
+            assert ui.table.ascending is bool(ascending)
     finally:
         ui.close()

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 import ckpt_nb
@@ -77,24 +78,28 @@ def test_explore_of_a_manager_marks_its_keep_best(tmp_path: Path) -> None:
             ui.close()
 
 
-def test_a_store_only_scripts_wrote_opens_without_reading_its_manifests(tmp_path: Path
-                                                                       ) -> None:
-    """A store no notebook run ended in has no run record to find: the explorer read
-    every checkpoint's manifest at its opening for one (on an object store, a GET each),
-    where it now marks the one best at once; and reads them once a run has ended."""
+def test_the_explorer_reads_at_most_the_newest_manifests_for_a_run_record(tmp_path: Path
+                                                                          ) -> None:
+    """A store that scripts saved to last has no run record among its newest
+    checkpoints: the explorer read every checkpoint's manifest at its opening for one (on
+    an object store, a GET each), and %ckpt_list at each listing. Only the newest
+    RUN_RECORD_DEPTH are read; a run that has not ended (its kernel killed), newest,
+    is found."""
     model = torch.nn.Linear(2, 2)
     with CheckpointManager(tmp_path, metric="loss") as mgr:
-        ids = [mgr.save(model, metrics={"loss": v}) for v in (0.3, 0.1, 0.2)]
+        ids = [mgr.save(model, metrics={"loss": 1 - i / 100}) for i in range(40)]
     ui = ckpt_nb.explore(tmp_path, namespace={}, poll_seconds=0)
     try:
-        assert marked_best(ui) == ({ids[1]}, {ids[1]})
-        assert ui._run_records == {}  # (no manifest read for a run record)
+        assert marked_best(ui) == ({ids[-1]}, {ids[-1]})
+        assert len(ui._run_records) == _session.RUN_RECORD_DEPTH < len(ids)
         ns = {"model": model}
-        with ckpt_nb.auto(tmp_path, namespace=ns, on=("loss", "min"), keep_best=2,
-                          name="x", track=["model"], sync=True) as session:
-            for loss in (0.25, 0.05):
-                ckpt_nb.log(loss=loss)
-                session.save(wait=True)
+        with pytest.raises(RuntimeError, match="the cell failed"):
+            with ckpt_nb.auto(tmp_path, namespace=ns, on=("loss", "min"), keep_best=2,
+                              name="x", track=["model"], sync=True) as session:
+                for loss in (0.25, 0.05):
+                    ckpt_nb.log(loss=loss)
+                    session.save(wait=True)
+                raise RuntimeError("the cell failed")  # (the run never ends: no runs/)
         assert ui.refresh()
         two = listed_best(tmp_path)
         assert len(two) == 2 and marked_best(ui) == (two, two)
