@@ -1421,6 +1421,9 @@ class AutoSession:
         which is said as ``unsaved`` (what was lost: "the cell's end") NOT saved, with
         the latest checkpoint; a message of the caller's must not name the last save of
         the writer, an older one. Not waited for: None."""
+        if self._pending is not None:  # (no loop helper took it: this run is a new one)
+            self._leave_pending("its loops do not go through ckpt_nb.epochs()/batches(), "
+                                "which put back where a run stopped")
         found = self.rediscover()
         self._tell_skipped(found)
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
@@ -1766,6 +1769,26 @@ class AutoSession:
         if run["cell"] != self.cell_hash:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         return _Pending(ck, saved)
+
+    def _leave_pending(self, why: str) -> None:
+        """Leave the run found to resume as it is (``why``: what keeps this cell from
+        resuming it): say so, unless the kernel's state is its checkpoint's already (a
+        rollback to it, or the stop that saved it said so), and keep that checkpoint
+        while the cell runs. Retention counts it as this cell's own: under --keep the
+        cell's new saves deleted the crashed run's without a word."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        checkpoint_id = pending.checkpoint.id
+        self.manager.named = {*self.manager.named, checkpoint_id}
+        if _positions.get(self.url) == checkpoint_id:
+            return
+        self.say(f"checkpoint {checkpoint_id} holds an unfinished run of this cell (step "
+                 f"{pending.run.step}) that it cannot resume: {why}. This cell trains from "
+                 "the objects as they are now (that checkpoint is kept while it runs); to "
+                 "go on with that run instead, interrupt this cell and "
+                 + _rollback_advice(checkpoint_id, self.config.directory
+                                    or location(self.manager.store)))
 
     def _count_on(self) -> None:
         """A run of the models and optimizers the kernel's position was saved from or put
