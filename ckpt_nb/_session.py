@@ -333,7 +333,22 @@ class _Loop:
     # began: a replay of the epoch starts them there (one that advances in __iter__).
     loader_states: dict[str, Any] | None = None
     in_batches: bool = False
-    tracked_loader: bool = False  # whether batches() has run in this epoch
+    # The id() of the loader batches() tracks in this epoch (outside epochs(), in the cell
+    # run); None until batches() runs.
+    tracked_loader: int | None = None
+    # Outside epochs(), what a batches() loop after the first did (``_UNTRACKED_LOOPS``):
+    # a resume cannot go on from a position saved since.
+    untracked: str | None = None
+
+
+# Why a position saved after an untracked batches() loop began outside epochs() is not
+# resumed, by what the loop was ("untracked" in a checkpoint's loop record).
+_UNTRACKED_LOOPS = {
+    "again": "its ckpt_nb.batches() went over the same loader again outside "
+             "ckpt_nb.epochs(), and a saved position does not say which pass it is in",
+    "another": "it ran a second ckpt_nb.batches() loop outside ckpt_nb.epochs(), and a "
+               "saved position does not say which loop it is in",
+}
 
 
 class RollbackPlan(NamedTuple):
@@ -439,6 +454,8 @@ class _SavedRun:
             problem = rng_problem(epoch_rng) if isinstance(epoch_rng, dict) else "not a dict"
             if problem:
                 raise corrupt(f"the epoch's RNG state: {problem}")
+        if not isinstance(loop.get("untracked"), (str, type(None))):
+            raise corrupt(f"untracked {loop['untracked']!r}")
         for key in ("loader_rng", "loader_rng_now"):
             states = loop.get(key)
             if states is not None and not (isinstance(states, list) and all(
@@ -945,6 +962,7 @@ class AutoSession:
         self._failure_repeats = 0  # and how many came again since
         self._told_slow = False  # that due saves wait for a slow store's write (once a cell)
         self._told_dropped = False  # that an --on improvement went unsaved (once)
+        self._told_untracked = False  # that its checkpoints from here are not resumed (once)
         self._sorted = False  # whether rediscover() ran: its first sort is the start line's
         self._start_versions: dict[str, tuple[tuple[int, int], ...]] = {}  # (begin_cell's)
         self._interrupts = 0
@@ -1355,8 +1373,8 @@ class AutoSession:
         if not interrupted:
             return
         # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
-        resumable = self.cell_hash is not None and (self.loop.epoch is not None
-                                                    or self.loop.in_batches)
+        resumable = self.cell_hash is not None and self.loop.untracked is None and (
+            self.loop.epoch is not None or self.loop.in_batches)
         if cid is None:  # (the save failed, said: an older checkpoint does not hold it)
             latest = self._position
             if latest is None:
@@ -1424,6 +1442,8 @@ class AutoSession:
         if self._pending is not None:  # (no loop helper took it: this run is a new one)
             self._leave_pending("its loops do not go through ckpt_nb.epochs()/batches(), "
                                 "which put back where a run stopped")
+        if self.loop.untracked is not None and not finished:
+            self._tell_untracked()
         found = self.rediscover()
         self._tell_skipped(found)
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
@@ -1436,6 +1456,7 @@ class AutoSession:
                         "loader_rng_now": [g.get_state() for g in self.loop.generators],
                         "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
+                        "untracked": self.loop.untracked,
                         **_loader_now(self.loop.loader)},
                "variables": {n: to_storable(v) for n, v in found.variables.items()},
                "frozen": _frozen(found.statefuls)}
@@ -2035,6 +2056,12 @@ class AutoSession:
         """Restore the pending run in place; returns the epoch to start at. In the kernel
         that stopped it, the objects that other runs trained since are kept as they are:
         putting them back would undo that training."""
+        if self._pending is not None and \
+                (untracked := (self._pending.run.loop or {}).get("untracked")) is not None:
+            self._leave_pending(_UNTRACKED_LOOPS.get(untracked, "its position was saved "
+                                                     "outside the loops it tracks")
+                                + " (`for epoch in ckpt_nb.epochs(N)` resumes exactly)")
+            return None
         pending, self._pending = self._pending, None
         if pending is None:
             return None
@@ -2125,14 +2152,17 @@ class AutoSession:
             epoch += 1
 
     def batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
-        """The epoch's first loader is tracked: its position is the one saved, and skipped
-        on resume. A later one (validation, say) is a plain enumeration: a position does
-        not say which loader it is in, and a resume would take it for the first's."""
-        if self.loop.epoch is not None and self.loop.tracked_loader:
-            yield from enumerate(loader)  # (its steps are no consistent points: _after_step)
+        """The epoch's first loader is tracked (outside epochs(), the cell run's first
+        loop): its position is the one saved, and skipped on resume. A later one
+        (validation, say) is a plain enumeration: a position does not say which loader it
+        is in, and a resume would take it for the first's (``_untracked_loop``)."""
+        if self.loop.tracked_loader is not None:
+            if self.loop.epoch is None:  # (outside epochs(), the cell run's first is tracked)
+                self._untracked_loop(loader)
+            yield from enumerate(loader)  # (in an epoch, its steps are no consistent points)
             return
         self._resume_now()
-        self.loop.tracked_loader = True
+        self.loop.tracked_loader = id(loader)
         skip, rng_after = self._pending_skip or (0, None)
         loader_rng, self._pending_skip, self._pending_loader_rng = \
             self._pending_loader_rng, None, None
@@ -2201,6 +2231,32 @@ class AutoSession:
             self.loop.next_batch = index
         finally:
             self.loop.in_batches = False
+
+    def _untracked_loop(self, loader: Iterable[Any]) -> None:
+        """Outside epochs(), a batches() loop after the cell run's first: a position saved
+        from here on would not say which loop, or which pass over the loader, it is in, and
+        a resume took it for the first loop's (``for epoch in range(3)`` trained 5 epochs;
+        a save in a validation loop skipped that many training batches). Its saves say so
+        in their loop record, which a resume refuses. A second pass over the tracked loader
+        is said at once: the run needs epochs() to resume; another loader (a validation
+        loop, with no save inside) where a save is made."""
+        if self.loop.untracked is not None:
+            return
+        self.loop.untracked = "again" if id(loader) == self.loop.tracked_loader else "another"
+        if self.loop.untracked == "again":
+            self._tell_untracked()
+
+    def _tell_untracked(self) -> None:
+        """Say once that this run's checkpoints from here on are not resumed, and why."""
+        if self._told_untracked:
+            return
+        self._told_untracked = True
+        why = _UNTRACKED_LOOPS[self.loop.untracked or "another"]
+        self.say(f"this run cannot resume from its checkpoints from here on: {why}, so a "
+                 "resume would go on from the wrong place (a rerun after a stop trains from "
+                 "the objects as they are; %ckpt_rollback puts a checkpoint back). For a run "
+                 "that resumes exactly, put its loops in `for epoch in ckpt_nb.epochs(N)` "
+                 "(each epoch tracks its first batches() loop)")
 
     # -- rollback and status ---------------------------------------------------------------------
     def rollback_plan(self, which: str = "latest", *,

@@ -94,3 +94,108 @@ def test_a_run_rolled_back_to_goes_on_without_a_word(shell, tmp_path: Path, caps
     assert run(shell, WHILE_LOOP.format(dir=store)).success
     assert "holds an unfinished run" not in capsys.readouterr().out
     assert shell.user_ns["step"] == 40
+
+
+def weights(sh) -> list:
+    """The model's tensors and its optimizer's."""
+    state = sh.user_ns["opt"].state_dict()["state"]
+    return [t.clone() for t in sh.user_ns["model"].state_dict().values()] + \
+        [t.clone() for per_parameter in state.values() for t in per_parameter.values()]
+
+
+def same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x.equal(y) for x, y in zip(a, b))
+
+
+TRAIN_STEP = """opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step(); step += 1; crash_at(step)"""
+
+# Three passes over one loader, and a second loader's loop after the first's: batches()
+# outside epochs(), 10 batches a loop.
+PASSES = """%%ckpt_auto --dir {dir} --every-steps 7
+for epoch in range(3):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        """ + TRAIN_STEP + """
+"""
+TWO_LOADERS = """%%ckpt_auto --dir {dir} --every-steps 7
+for i, (xb, yb) in ckpt_nb.batches(loader):
+    """ + TRAIN_STEP.replace("        ", "    ") + """
+for j, (xb, yb) in ckpt_nb.batches(loader2):
+    """ + TRAIN_STEP.replace("        ", "    ") + """
+"""
+LOADER2 = "loader2 = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), " \
+    "batch_size=30, shuffle=True)"
+
+
+@pytest.mark.parametrize("cell, crash, said", [
+    # A crash in the first pass resumes it exactly (saved at step 7), the later passes
+    # running as plain loops.
+    (PASSES, 9, None),
+    # One in a later pass cannot be resumed: range(3) went back to 0, the position named
+    # the first pass, and it trained 5 passes.
+    (PASSES, 15, "its ckpt_nb.batches() went over the same loader again outside "
+                 "ckpt_nb.epochs(), and a saved position does not say which pass it is in"),
+    # A save in the second loader's loop named a position in the first loader's.
+    (TWO_LOADERS, 15, "it ran a second ckpt_nb.batches() loop outside ckpt_nb.epochs(), "
+                      "and a saved position does not say which loop it is in"),
+])
+def test_batches_outside_epochs_never_resumes_wrong(shell, tmp_path: Path, capsys,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    cell: str, crash: int,
+                                                    said: str | None) -> None:
+    """Outside epochs(), only the cell run's first batches() loop is tracked; a run
+    saved after a later one began is not resumed, and says so."""
+    setup = SETUP + LOADER2
+    run(shell, setup)
+    assert run(shell, cell.format(dir=tmp_path / "ref")).success
+    expected, steps = weights(shell), shell.user_ns["step"]
+
+    run(shell, setup)
+    (tmp_path / f"crash-{crash}").write_text("")
+    store = tmp_path / "run"
+    assert isinstance(run(shell, cell.format(dir=store)).error_in_exec, RuntimeError)
+    out = capsys.readouterr().out
+    if cell is PASSES and said is not None:  # (said as the second pass began)
+        assert "this run cannot resume from its checkpoints from here on: " + said in out
+    new_kernel(monkeypatch)
+    run(shell, setup)
+    assert run(shell, cell.format(dir=store)).success
+    out = capsys.readouterr().out
+    if said is None:
+        assert "resumed from" in out and "(epoch None, batch 7, step 7)" in out
+    else:
+        assert "resumed from" not in out
+        assert f"holds an unfinished run of this cell (step {crash}) that it cannot " \
+            f"resume: {said}" in out
+    # (trained from scratch where it says so: the set-up cell seeds the same start)
+    assert same(weights(shell), expected)
+    assert shell.user_ns["step"] == steps
+
+
+VALIDATION = """%%ckpt_auto --dir {dir} --every-steps 7
+for i, (xb, yb) in ckpt_nb.batches(loader):
+    opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
+losses = []
+with torch.no_grad():
+    for j, (xb, yb) in ckpt_nb.batches(loader2):
+        losses.append(torch.nn.functional.cross_entropy(model(xb), yb).item())
+        if j == 2 and not losses_seen:
+            losses_seen = True
+            os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+def test_no_save_inside_a_later_loop(shell, tmp_path: Path, capsys) -> None:
+    """A validation loop's batches() after the training loop's, outside epochs(), is a
+    plain loop: an interrupt there saved its position, which a resume took for the
+    training loader's (it skipped that many training batches)."""
+    run(shell, SETUP + LOADER2 + "\nimport signal\nlosses_seen = False")
+    result = run(shell, VALIDATION.format(dir=tmp_path / "store"))
+    out = capsys.readouterr().out
+    assert "interrupted, but no consistent point came before the cell ended: it ran to " \
+        "its end" in out
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)  # (after the end's save)
+    assert len(shell.user_ns["losses"]) == 10
+    assert [row.note for row in ckpt_nb.CheckpointManager(
+        tmp_path / "store").catalog.checkpoints()] == ["every 7 steps", "end of cell"]
+
