@@ -706,15 +706,23 @@ class _Gradients:
         self.marked_at: int | None = None  # (the optimizer steps seen when they were taken)
         # (at every step, cheaply: one gradient of each optimizer, as marks are taken)
         self.samples: dict[int, tuple[weakref.ref[torch.Tensor], int] | None] = {}
+        # While a save waits: each optimizer seen holding gradients accumulated since its
+        # step, by id, and its count of steps then (``AutoSession._gradients_pending``).
+        self.waiting_for: dict[int, int] | None = None
         self.waiting_since: int | None = None  # (the steps seen when a save began to wait)
+        # Those a save stopped waiting for after _MOST_STEPS_WAITED (never waited for again)
+        self.given_up: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.said = False  # (that a save went ahead without them)
+
+    def optimizers(self, objects: Iterable[Any]) -> list[torch.optim.Optimizer]:
+        """The optimizers among ``objects`` and those that stepped."""
+        return list({id(o): o for o in (*self.stepped, *objects)
+                     if isinstance(o, torch.optim.Optimizer)}.values())
 
     def parameters(self, objects: Iterable[Any]) -> list[torch.Tensor]:
         """The parameters of the optimizers among ``objects`` and of those that stepped:
         flat lists, where a model's parameters() walks its modules (five times the time)."""
-        optimizers = {id(o): o for o in (*self.stepped, *objects)
-                      if isinstance(o, torch.optim.Optimizer)}
-        return [p for o in optimizers.values() for group in o.param_groups
+        return [p for o in self.optimizers(objects) for group in o.param_groups
                 for p in group["params"]]
 
     def mark(self, objects: Iterable[Any], steps_seen: int) -> None:
@@ -730,35 +738,39 @@ class _Gradients:
         """At every optimizer step: the first gradient of its parameters, as ``mark``
         takes them all (a backward pass reaches every parameter of a dense model)."""
         self.stepped.add(optimizer)
+        self.given_up.discard(optimizer)
         first = _first_gradient(optimizer)
         self.samples[id(optimizer)] = None if first is None else \
             (weakref.ref(first), first._version)
 
-    def sampled_changed(self) -> bool:
-        """Whether a sampled gradient changed or appeared since its optimizer's last step:
-        without marks from the last step, what says gradients may be accumulating."""
+    def sampled_changed(self) -> list[torch.optim.Optimizer]:
+        """The optimizers whose sampled gradient changed or appeared since their last
+        step: without marks from the last step, what says gradients may be accumulating."""
+        changed = []
         for optimizer in self.stepped:
             sample = self.samples.get(id(optimizer))
             first = _first_gradient(optimizer)
             if first is None:
                 continue
             if sample is None or sample[0]() is not first or sample[1] != first._version:
-                return True
-        return False
+                changed.append(optimizer)
+        return changed
 
-    def accumulated(self, objects: Iterable[Any]) -> bool:
-        """Whether a gradient changed or appeared since the last step; one zeroed in place
-        since (``zero_grad(set_to_none=False)``) holds nothing to lose."""
-        for p in self.parameters(objects):
-            g = p.grad
-            if g is None:
-                continue
-            mark = self.marks.get(id(p))
-            if mark is not None and mark[0]() is g and mark[1] == g._version:
-                continue
-            if bool(_data_of(g)[-1].any()):
-                return True
-        return False
+    def accumulated(self, objects: Iterable[Any]) -> list[torch.optim.Optimizer]:
+        """The optimizers whose parameters hold a gradient that changed or appeared since
+        the last step; one zeroed in place since (``zero_grad(set_to_none=False)``) holds
+        nothing to lose."""
+        return [o for o in self.optimizers(objects)
+                if any(self._changed(p) for group in o.param_groups for p in group["params"])]
+
+    def _changed(self, p: torch.Tensor) -> bool:
+        g = p.grad
+        if g is None:
+            return False
+        mark = self.marks.get(id(p))
+        if mark is not None and mark[0]() is g and mark[1] == g._version:
+            return False
+        return bool(_data_of(g)[-1].any())
 
 
 def _storage(tensor: torch.Tensor) -> int | None:
@@ -1277,7 +1289,7 @@ class AutoSession:
         if self.due() is not None and self._gradients_pending():
             self.last_consistent_step = None  # (the state changed since the last one)
             return False
-        self._gradients.waiting_since = None
+        self._gradients.waiting_for = self._gradients.waiting_since = None
         self.last_consistent_step = self.step
         # raw: converted only if a save needs it
         self._consistent_rng = rng if rng is not None else RNGState.snapshot()
@@ -1285,30 +1297,62 @@ class AutoSession:
         return True
 
     def _gradients_pending(self) -> bool:
-        """Whether the optimizers' parameters hold gradients accumulated since the last
-        optimizer step (gradient accumulation): no checkpoint holds them, so a resume from
-        a save here would lose them, and the save waits for the step. A loop that
+        """Whether the optimizers' parameters hold gradients accumulated since their last
+        step (gradient accumulation): no checkpoint holds them, so a resume from a save
+        here would lose them, and the save waits for the step of each optimizer holding
+        them (a GAN's generator accumulating over 4 batches while its discriminator steps
+        at each: the discriminator's step is not the one that consumes them). A loop that
         backpropagates after its step (the step first in its body) has no point without
-        them: after one step more, the save goes ahead without them, and says so once. It
-        walks every parameter: only where a save is due (one that fell due after the last
-        step, which took no marks then, goes by each optimizer's sampled gradient)."""
+        them: once each has stepped and holds new ones, the save goes ahead without them,
+        and says so once. It walks every parameter: only where a save is due (one that
+        fell due after the last step, which took no marks then, goes by each optimizer's
+        sampled gradient)."""
         gradients = self._gradients
         if gradients.marked_at != self._steps_seen:  # (fell due since the last step)
-            if not gradients.sampled_changed():
-                return False
-        elif not gradients.accumulated(self.discovery.statefuls.values()):
+            holding = gradients.sampled_changed()
+        else:
+            holding = gradients.accumulated(self.discovery.statefuls.values())
+        holding = [o for o in holding if o not in gradients.given_up]
+        if not holding:
             return False
-        if gradients.waiting_since is None:
-            gradients.waiting_since = self._steps_seen
-        if gradients.waiting_since == self._steps_seen:
+        if gradients.waiting_for is None or gradients.waiting_since is None:
+            gradients.waiting_for, gradients.waiting_since = {}, self._steps_seen
+        steps = self._steps_by_optimizer
+        for optimizer in holding:
+            gradients.waiting_for.setdefault(id(optimizer), steps.get(id(optimizer), 0))
+        stepped = [o for o in holding if steps.get(id(o), 0) != gradients.waiting_for[id(o)]]
+        # (one over the same parameters as one that stepped, an optimizer made again and
+        # the old one left in the notebook, waits for nothing)
+        consumed = {id(p) for o in stepped for group in o.param_groups for p in group["params"]}
+        unstepped = [o for o in holding if o not in stepped and not any(
+            id(p) in consumed for group in o.param_groups for p in group["params"])]
+        if unstepped and self._steps_seen - gradients.waiting_since >= self._MOST_STEPS_WAITED:
+            # (an optimizer that no longer steps: its gradients would stop every save)
+            gradients.given_up.update(unstepped)
+            its = "its" if len(unstepped) == 1 else "their"
+            self.say(f"saving without the gradients {self._names_of(unstepped)} accumulated: "
+                     f"the save waited {self._MOST_STEPS_WAITED} optimizer steps for {its} "
+                     "step, which did not come (later saves do not wait for it again); a "
+                     "resume from such a checkpoint goes on without them")
+            return False
+        if unstepped:
             return True
         if not gradients.said:
             gradients.said = True
             self.say("saving without the gradients accumulated since the last optimizer "
                      "step: this loop backpropagates after its step, so no point comes "
                      "between the two; a resume from such a checkpoint goes on without "
-                     "them")
+                     f"them ({self._names_of(stepped)}'s, which stepped since this save "
+                     "began to wait)")
         return False
+
+    # Optimizer steps a save waits at most for the step of one holding accumulated gradients
+    _MOST_STEPS_WAITED = 256
+
+    def _names_of(self, objects: Iterable[Any]) -> str:
+        """The tracked objects' names (their type's where untracked), for a message."""
+        names = {id(obj): name for name, obj in self.discovery.statefuls.items()}
+        return ", ".join(names.get(id(o), type(o).__name__) for o in objects)
 
     def _gradients_held(self) -> bool:
         """At an error: whether gradients changed since the last optimizer step, so that
@@ -1316,8 +1360,8 @@ class AutoSession:
         waits for the step, an error's is not made): by the marks where the last step took
         them, else by each optimizer's sampled gradient."""
         if self._gradients.marked_at == self._steps_seen:
-            return self._gradients.accumulated(self.discovery.statefuls.values())
-        return self._gradients.sampled_changed()
+            return bool(self._gradients.accumulated(self.discovery.statefuls.values()))
+        return bool(self._gradients.sampled_changed())
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if active() is not self:

@@ -199,3 +199,93 @@ def test_no_save_inside_a_later_loop(shell, tmp_path: Path, capsys) -> None:
     assert [row.note for row in ckpt_nb.CheckpointManager(
         tmp_path / "store").catalog.checkpoints()] == ["every 7 steps", "end of cell"]
 
+
+GAN_SETUP = """
+import os, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.rand(360, 16)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X), batch_size=30,
+                                     shuffle=True)
+G = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Sigmoid())
+D = torch.nn.Linear(16, 1)
+optG = torch.optim.Adam(G.parameters(), lr=1e-2)
+optD = torch.optim.Adam(D.parameters(), lr=1e-2)
+"""
+# The discriminator steps at each batch, the generator accumulates over 4: every 4th
+# batch's start is a point with no gradient waiting.
+GAN = """%%ckpt_auto --dir {dir} --every-steps 2
+bce = torch.nn.functional.binary_cross_entropy_with_logits
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb,) in ckpt_nb.batches(loader):
+        fake = G(torch.randn(len(xb), 4))
+        optD.zero_grad()
+        (bce(D(xb), torch.ones(len(xb), 1)) + bce(D(fake.detach()), torch.zeros(len(xb), 1))
+         ).backward()
+        optD.step()
+        if os.path.exists(f"crash-{{epoch}}-{{i}}"):
+            os.remove(f"crash-{{epoch}}-{{i}}")
+            raise RuntimeError("crash")
+        (bce(D(fake), torch.ones(len(xb), 1)) / 4).backward()
+        if i % 4 == 3:
+            optG.step(); optG.zero_grad()
+"""
+
+
+def gan_weights(sh) -> list:
+    return [t.clone() for name in ("G", "D") for t in sh.user_ns[name].state_dict().values()] \
+        + [t.clone() for name in ("optG", "optD")
+           for s in sh.user_ns[name].state_dict()["state"].values() for t in s.values()]
+
+
+def test_a_save_waits_for_the_optimizer_holding_the_gradients(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save waited for any optimizer's step: the discriminator's, at the next batch,
+    ended the wait for the generator's accumulated gradients, saved without them (said
+    as 'this loop backpropagates after its step', which it does not), and the resume
+    diverged."""
+    run(shell, GAN_SETUP)
+    assert run(shell, GAN.format(dir=tmp_path / "ref")).success
+    expected = gan_weights(shell)
+    assert "saving without the gradients" not in capsys.readouterr().out
+
+    run(shell, GAN_SETUP)
+    (tmp_path / "crash-0-9").write_text("")
+    store = tmp_path / "run"
+    assert isinstance(run(shell, GAN.format(dir=store)).error_in_exec, RuntimeError)
+    new_kernel(monkeypatch)
+    run(shell, GAN_SETUP)
+    capsys.readouterr()
+    assert run(shell, GAN.format(dir=store)).success
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "(epoch 0, batch 8, step 8)" in out
+    assert "saving without the gradients" not in out
+    assert same(gan_weights(shell), expected)
+
+
+
+
+# The step first in the body: every point where the loop could save holds the gradients
+# of the batch before.
+STEP_FIRST = """%%ckpt_auto --dir {dir} --every-steps 3
+for epoch in ckpt_nb.epochs(1):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        if i:
+            opt.step(); opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+"""
+
+
+def test_an_optimizer_left_over_the_same_parameters_holds_no_save_back(
+        shell, tmp_path: Path, capsys) -> None:
+    """An optimizer made again leaves the old one in the notebook, over the same
+    parameters, never stepping: the new one's step is the one the gradients both hold
+    wait for (the saves waited 256 steps for the old one's)."""
+    run(shell, SETUP + "\nold_opt = torch.optim.SGD(model.parameters(), lr=0.1)")
+    assert run(shell, STEP_FIRST.format(dir=tmp_path / "store")).success
+    rows = ckpt_nb.CheckpointManager(tmp_path / "store").catalog.checkpoints()
+    assert [row.note for row in rows].count("every 3 steps") == 2
+    out = capsys.readouterr().out
+    assert out.count("saving without the gradients accumulated since the last optimizer "
+                     "step: this loop backpropagates after its step") == 1
+    assert "(opt's, which stepped since this save began to wait)" in out
