@@ -206,7 +206,7 @@ def _skip_reason(value: Any) -> str | None:
         return "lambda"
     if isinstance(value, torch.utils.data.DataLoader):
         unheld = loader_random(value)[1]
-        return "DataLoader: ckpt_nb.batches() restores its order" + (
+        return "DataLoader: wrap it in ckpt_nb.batches() to restore its order" + (
             "" if not unheld else ", but not the draws from " + ", ".join(
                 f"{place} ({why})" for place, why in unheld.items())
             + ": after a resume they differ from a run never stopped")

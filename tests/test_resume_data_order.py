@@ -159,11 +159,12 @@ def test_the_start_line_names_a_loaders_generator_that_no_checkpoint_holds() -> 
 
     loader = torch.utils.data.DataLoader(list(range(4)), sampler=Shuffled())
     summary = discover({"loader": loader}).summary()
-    assert "ckpt_nb.batches() restores its order, but not the draws from sampler.rng (a " \
-        "SystemRandom, which has no state to save: use random.Random)" in summary, summary
+    assert "wrap it in ckpt_nb.batches() to restore its order, but not the draws from " \
+        "sampler.rng (a SystemRandom, which has no state to save: use random.Random)" \
+        in summary, summary
     plain = torch.utils.data.DataLoader(list(range(4)), shuffle=True)
     assert discover({"loader": plain}).summary().endswith(
-        "(DataLoader: ckpt_nb.batches() restores its order)")
+        "(DataLoader: wrap it in ckpt_nb.batches() to restore its order)")
 
 
 # The same in a kernel: a cell interrupted mid-epoch, then run again.
