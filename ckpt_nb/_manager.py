@@ -2362,9 +2362,10 @@ class CheckpointManager:
         return None if cid in going else cid
 
     def stored_bytes(self) -> int:
-        """Bytes the store's packs and manifests take."""
-        return sum(self.store.size(k) for k in (*self.store.list("packs"),
-                                                 *self.store.list("manifests")))
+        """Bytes the store's packs and manifests take (a listing of each folder, with its
+        sizes)."""
+        return sum(self.store.sizes("packs").values()) + \
+            sum(self.store.sizes("manifests").values())
 
     # -- garbage collection ---------------------------------------------------------------
     def gc(self, *, compact_below: float = 0.5,

@@ -95,6 +95,17 @@ class Store(ABC):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys under ``prefix`` (a folder, e.g. ``"packs"``), in no set order."""
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Each key under ``prefix`` and its value's length in bytes, from one listing
+        where the store gives sizes in it (an object store: a request per key made
+        ``ckpt-nb ls`` and a save under a byte budget one HEAD per pack and manifest);
+        a key deleted meanwhile is left out."""
+        found = {}
+        for key in self.list(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                found[key] = self.size(key)
+        return found
+
     def read_into(self, key: str, start: int, out: memoryview) -> int:
         """Fill ``out`` with the value's bytes from ``start``; returns how many.
 
@@ -273,8 +284,20 @@ class LocalStore(Store):
             os.unlink(self._path(key))
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        # Only regular files with names ckpt_nb could have written: not a link (gc
-        # deletes what it lists), a FIFO, nor a copy named "x (1).pack".
+        for key, _ in self._entries(prefix):
+            yield key
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        found = {}
+        for key, entry in self._entries(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                found[key] = entry.stat(follow_symlinks=False).st_size
+        return found
+
+    def _entries(self, prefix: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """The keys under ``prefix``, each with its directory entry. Only regular files
+        with names ckpt_nb could have written: not a link (gc deletes what it lists), a
+        FIFO, nor a copy named "x (1).pack"."""
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir() or base.is_symlink():
             return
@@ -292,7 +315,7 @@ class LocalStore(Store):
                     key = Path(entry.path).relative_to(self.root).as_posix()
                     if entry.is_file(follow_symlinks=False) and TMP_MARK not in key and \
                             _is_key(key):
-                        yield key
+                        yield key, entry
 
     def sweep_temporaries(self) -> int:
         """Remove the temporaries ckpt_nb's own writes left (``writer``'s names, in the
@@ -904,6 +927,10 @@ class FsspecStore(Store):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         yield from self._found(prefix)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return {key: int(info["size"]) if info.get("size") is not None else self.size(key)
+                for key, info in self._found(prefix, detail=True)}
 
     def modified(self, prefix: str) -> dict[str, float] | None:
         # (one listing with details: S3 gives each object's LastModified in it)
