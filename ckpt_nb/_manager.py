@@ -1579,7 +1579,10 @@ class CheckpointManager:
         return ck
 
     def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,
-                       needed: Iterable[str]) -> Checkpoint:
+                       needed: Iterable[str], skipped: list[str] | None = None) -> Checkpoint:
+        """``load``'s read of a checkpoint. ``skipped``: where given, each newer checkpoint
+        "latest" passes over is added to it ("ID, which ..."), not warned of one by one (the
+        CLI's export said 200 lines for a store of 200 sharing a damaged chunk)."""
         if which != "latest":
             return self._load(self.resolve(which), trust_pickle=trust_pickle, progress=progress,
                               needed=needed)
@@ -1600,11 +1603,13 @@ class CheckpointManager:
                     except CheckpointNotFoundError:
                         continue  # deleted meanwhile: the one before it
                     except CorruptCheckpointError as exc:
-                        warn(f"skipping checkpoint {cid}, which fails verification "
-                             f"({exc}); trying the one before it")
+                        why = f"{cid}, which fails verification ({exc})"
                     except StoreFormatError as exc:  # (a newer ckpt_nb's, or torch's)
-                        warn(f"skipping checkpoint {cid}, which this ckpt_nb cannot read "
-                             f"({exc}): trying the one before it")
+                        why = f"{cid}, which this ckpt_nb cannot read ({exc})"
+                    if skipped is None:
+                        warn(f"skipping checkpoint {why}; trying the one before it")
+                    else:
+                        skipped.append(why)
                     passed_over.add(cid)
         if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
@@ -2707,11 +2712,15 @@ class CheckpointManager:
                                                progress=progress), path, only=only)
 
     def _read_for_export(self, which: str, *, trust_pickle: bool = False,
-                        progress: ProgressFn | None = None) -> Checkpoint:
+                        progress: ProgressFn | None = None,
+                        skipped: list[str] | None = None) -> Checkpoint:
         """``load`` for an export (``export``'s first step): the export's own warning names
-        each pickle it leaves out of the file and how to keep it, so this read says none."""
+        each pickle it leaves out of the file and how to keep it, so this read says none.
+        ``skipped``: as ``_load_verified`` takes it, for "latest"."""
         token = _EXPORT_READING.set(True)
         try:
+            if which == "latest":  # (never a file's name)
+                return self._load_verified(which, trust_pickle, progress, (), skipped)
             return self.load(which, trust_pickle=trust_pickle, progress=progress)
         finally:
             _EXPORT_READING.reset(token)

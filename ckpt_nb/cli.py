@@ -674,8 +674,23 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
     check_export_path(args.out)
     which = args.id if args.id == "latest" else _as_restored_back(mgr, args.id)[0]
+    skipped: list[str] = []  # (said in one line: not one a checkpoint passed over)
     with _progress("export", "chunk") as progress:  # (the store's errors: "export failed")
-        ck = mgr._read_for_export(which, trust_pickle=args.trust_pickle, progress=progress)
+        try:
+            ck = mgr._read_for_export(which, trust_pickle=args.trust_pickle,
+                                      progress=progress, skipped=skipped)
+        except CorruptCheckpointError as exc:
+            if not skipped:
+                raise
+            raise CorruptCheckpointError(
+                f"{exc} ({_count(len(skipped), 'checkpoint')} tried, the newest "
+                f"{skipped[0]}): `ckpt-nb verify` names what is damaged; `ckpt-nb show` "
+                "with an id shows that checkpoint as it is") from exc
+    if skipped:
+        more = f"; and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        warnings.warn(f"skipping checkpoint {skipped[0]}{more}: 'latest' is the newest "
+                      "checkpoint that verifies (`ckpt-nb verify` names what is damaged)",
+                      stacklevel=1)
     try:
         with _progress(f"export: writing {args.out}", bar_format="{desc}"):
             path = write_file(ck, args.out, only=args.only)

@@ -3,7 +3,9 @@ checkpoint that verifies, naming a newer one passed over and why."""
 
 from __future__ import annotations
 
+import re
 import struct
+import warnings
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,27 @@ def test_minus_n_counts_back_from_the_latest_that_verifies(
         f"-0 and latest are the same checkpoint, {ids[1]}")
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "and '-N' counts back from that one" in " ".join(out.split())
+
+
+def test_export_latest_says_the_checkpoints_it_passed_over_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """export said a warning per checkpoint passed over (201 lines for a store of 200
+    sharing a damaged chunk), and where none verified, no advice."""
+    ids, packs = saved(tmp_path, 4)
+    for pack in packs[1:]:
+        flip_byte_in_blobs(pack)
+    with pytest.warns(UserWarning) as said:
+        code, out, _ = run(capsys, "export", tmp_path, "latest", tmp_path / "m.pt")
+    assert code == 0 and out.endswith(f", checkpoint {ids[0]})\n")
+    assert len(said) == 1, [str(w.message) for w in said]
+    assert re.fullmatch(f"skipping checkpoint {ids[3]}, which fails verification \\(.*\\); "
+                        "and 2 more: 'latest' is the newest checkpoint that verifies "
+                        r"\(`ckpt-nb verify` names what is damaged\)", str(said[0].message))
+    flip_byte_in_blobs(packs[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning a checkpoint)
+        code, out, err = run(capsys, "export", tmp_path, "latest", tmp_path / "m.pt")
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert re.fullmatch(f"ckpt-nb: no checkpoint in {tmp_path} passes verification \\(4 "
+                        f"checkpoints tried, the newest {ids[3]}, which fails verification .*"
+                        r"\): `ckpt-nb verify` names what is damaged; .*\n", err)
