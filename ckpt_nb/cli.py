@@ -362,8 +362,9 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
             f"no checkpoint{on} has the metric {args.metric!r}; " +
             (f"the metrics logged are: {', '.join(every)}" if every else "no metrics were logged"))
     metrics = every if args.all_metrics else every[:_LS_METRICS]
-    if args.metric in every and args.metric not in metrics:  # (the one ranked by: shown)
-        metrics.append(args.metric)
+    # (the one 'best' ranks by, given or recorded: shown)
+    if mgr.metric in every and mgr.metric not in metrics:
+        metrics.append(mgr.metric)
     # (first: a store whose folders it cannot read fails ls before any row, not after)
     stored = human_size(mgr.stored_bytes())
     nan_logged = _nan_logged(mgr, frame, fixed)
@@ -387,7 +388,8 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     print(f"\n{len(frame)} checkpoint{'' if len(frame) == 1 else 's'}{on}; "
           f"{stored} in the store")
     if len(metrics) < len(every):
-        print(f"{len(every) - len(metrics)} more metrics not shown (--all-metrics shows them)")
+        print(f"{_count(len(every) - len(metrics), 'more metric')} not shown (--all-metrics "
+              "shows them)")
     return 0
 
 

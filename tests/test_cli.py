@@ -743,6 +743,27 @@ def test_ls_orders_metrics_naturally_shows_eight_and_refuses_an_unknown_metric(
                f"{', '.join(names)}\n")
 
 
+def test_ls_shows_the_recorded_metric_it_marks_best_by_and_counts_one_more_metric(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The metric the store's saves recorded ranking by was hidden where 8 others sorted
+    before it, beside the 'best' it marked by it; one hidden was "1 more metrics"."""
+    aux = [f"aux{i}" for i in range(8)]
+    with CheckpointManager(tmp_path, metric="val_loss") as mgr:
+        for i in range(3):
+            mgr.save(torch.nn.Linear(1, 1), rng=False,
+                     metrics={"val_loss": 1 / (i + 1), **{n: 1.0 for n in aux}})
+    code, out, _ = run(capsys, "ls", tmp_path)
+    header = out.splitlines()[0].split()
+    assert code == 0 and header[header.index("marks") + 1:] == [*aux, "val_loss"]
+    assert out.splitlines()[3].split()[-1] == "0.3333" and "best" in out.splitlines()[3]
+    assert "not shown" not in out
+    with CheckpointManager(tmp_path, metric="val_loss") as mgr:
+        mgr.save(torch.nn.Linear(1, 1), rng=False,
+                 metrics={"val_loss": 0.1, "zz": 1.0, **{n: 1.0 for n in aux}})
+    code, out, _ = run(capsys, "ls", tmp_path)
+    assert out.splitlines()[-1] == "1 more metric not shown (--all-metrics shows them)"
+
+
 def test_diff_shows_l2_and_rng_state_without_norms(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The table lacked diff()'s l2; the RNG state's words had norms such as 4.3e+10."""
