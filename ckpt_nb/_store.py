@@ -106,6 +106,12 @@ class Store(ABC):
                 found[key] = self.size(key)
         return found
 
+    def versions(self, prefix: str) -> dict[str, str | None] | None:
+        """Each key under ``prefix`` with a tag that changes whenever its value does (an
+        object store's ETag; None for a key listed without one), from one listing; None
+        where the store's listings give no such tags."""
+        return None
+
     def read_into(self, key: str, start: int, out: memoryview) -> int:
         """Fill ``out`` with the value's bytes from ``start``; returns how many.
 
@@ -930,6 +936,10 @@ class FsspecStore(Store):
 
     def sizes(self, prefix: str) -> dict[str, int]:
         return {key: int(info["size"]) if info.get("size") is not None else self.size(key)
+                for key, info in self._found(prefix, detail=True)}
+
+    def versions(self, prefix: str) -> dict[str, str | None] | None:
+        return {key: str(info["ETag"]) if info.get("ETag") else None
                 for key, info in self._found(prefix, detail=True)}
 
     def modified(self, prefix: str) -> dict[str, float] | None:

@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,3 +100,32 @@ def test_ls_and_a_save_under_a_byte_budget_ask_no_size_per_object(
     asked = [path for under in folders for path in relay.asked("HEAD", under)]
     assert not [path for path in asked if new not in path and ".pack" not in path], asked
     assert len(asked) <= 4, asked  # (the save's own files checked, not the store's)
+
+
+def test_a_command_reads_each_label_once_and_a_label_changed_elsewhere_again(
+        bucket: str, relay: RecordingRelay, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every catch-up with the store read every label (pin, note) again: one `show` got
+    each 4-5 times. A label changed elsewhere, to a note as long, is still read again."""
+    url = f"s3://{bucket}/exp"
+    with CheckpointManager(url) as mgr:
+        ids = [mgr.save(h=Holder({"w": torch.randn(100)}), rng=False) for _ in range(6)]
+        for cid in ids[::2]:
+            mgr.annotate(cid, f"note {cid}")
+    relay.requests.clear()
+    assert cli(["show", url, ids[2]]) == 0
+    assert f"note:      note {ids[2]}" in capsys.readouterr().out
+    read = relay.asked("GET", f"/{bucket}/exp/labels/")
+    assert sorted(read) == sorted(f"/{bucket}/exp/labels/{cid}.json" for cid in ids[::2])
+    with pytest.warns(RuntimeWarning, match="rebuilt from the store"):  # (new caches)
+        here = CheckpointManager(url, catalog=tmp_path / "here" / "catalog.sqlite")
+        elsewhere = CheckpointManager(url, catalog=tmp_path / "elsewhere" / "catalog.sqlite")
+    assert here.list()["note"].tolist()[2] == f"note {ids[2]}"
+    relay.requests.clear()
+    here.list()
+    assert relay.asked("GET", f"/{bucket}/exp/labels/") == []
+    elsewhere.annotate(ids[2], f"NOTE {ids[2]}")
+    elsewhere.pin(ids[1])
+    frame = here.list()
+    assert frame["note"].tolist()[2] == f"NOTE {ids[2]}"
+    assert frame["pinned"].tolist() == [False, True, False, False, False, False]
