@@ -71,7 +71,8 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
         return _portable(v, where, dropped, weights_only=weights_only)
 
     if isinstance(value, PickledValue):
-        dropped.append(f"{name} (pickled, not loaded: export with trust_pickle=True)")
+        to = " to .safetensors" if weights_only else ""  # (a .pt keeps no user's class)
+        dropped.append(f"{name} (pickled, not loaded: export{to} with trust_pickle=True)")
         return None
     # (not a long double, nor a masked array or matrix: those go as the objects below)
     if type(value) in (np.ndarray, np.memmap) and torch_has_dtype(value.dtype):

@@ -1102,7 +1102,8 @@ def test_an_export_to_torch_leaves_out_what_weights_only_refuses(tmp_path: Path)
     with pytest.warns(UserWarning) as caught:  # (the export's alone: the load says none)
         mgr.export(cid, tmp_path / "y.pt")
     assert [str(w.message) for w in caught] == [
-        "left out of y.pt: extra/point (pickled, not loaded: export with trust_pickle=True)"]
+        "left out of y.pt: extra/point (pickled, not loaded: export to .safetensors with "
+        "trust_pickle=True)"]
     with torch.serialization.safe_globals([Point]):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
