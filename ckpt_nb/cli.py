@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # loaded by the commands that need them: they bring torch (a 
 ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "l2", "rel_change"})
 _LS_METRICS = 8  # metric columns ls shows without --all-metrics (25 made rows of 900 characters)
+_NOTE_CHARS = 32  # a note's width in ls on a terminal, as in the explorer (whole in show)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,6 +224,9 @@ class _Stdout:
         with self._dropped_if_gone():
             self._stream.flush()
 
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
     @contextlib.contextmanager
     def _dropped_if_gone(self) -> Iterator[None]:
         try:
@@ -369,6 +373,8 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     stored = human_size(mgr.stored_bytes())
     nan_logged = _nan_logged(mgr, frame, fixed)
     with_note = bool(frame["note"].astype(bool).any())
+    # (on a terminal, cut: a note of 200 characters made lines of 489; piped, whole)
+    cut = sys.stdout.isatty()
     columns = ["id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
                "stored", "logical", "marks"]
     # (list() renames a metric named like one of its columns; these are the table's own)
@@ -380,7 +386,7 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
              human_size(r["logical_bytes"]),
              ",".join(m for m in ("pinned", "best") if r[m]) or "-",
              *("nan" if (r["id"], m) in nan_logged else _cell(r[m]) for m in metrics),
-             *([_cell(r["note"])] if with_note else [])]
+             *([_note_cell(r["note"], cut)] if with_note else [])]
             for _, r in frame.iterrows()]
     print(_table(headers, rows, right=_NUMERIC | set(labels)))
     # (a row's stored bytes are what its save added: a deleted base's chunks that its
@@ -750,6 +756,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
                          for h, c, pad in zip(headers, cells, pads)).rstrip()
 
     return "\n".join([line(headers), *map(line, rows)])
+
+
+def _note_cell(note: str, cut: bool) -> str:
+    """A note's cell in ls: where ``cut``, its first characters and "…" past
+    ``_NOTE_CHARS``, counted as shown (control characters escaped)."""
+    text = _printable(_cell(note))
+    return text[:_NOTE_CHARS - 1] + "…" if cut and len(text) > _NOTE_CHARS else text
 
 
 def _width(text: str) -> int:

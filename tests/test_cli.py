@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -1132,3 +1133,31 @@ def test_a_ctrl_c_as_the_command_exits_is_not_a_death_by_signal(store: Store) ->
         time.sleep(0.002)
     _, err = listing.communicate(timeout=60)
     assert listing.returncode in (0, 130), err.decode()
+
+
+def test_ls_cuts_a_long_note_on_a_terminal_and_keeps_it_whole_when_piped(
+        tmp_path: Path) -> None:
+    """A note of 200 characters made table lines of 489 on a terminal; `show`, and ls
+    piped into another program, give it whole."""
+    import pty
+
+    note = "n" * 30 + "\t" + "x" * 169
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(torch.nn.Linear(1, 1), rng=False, note=note)
+    reader, writer = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", tmp_path], stdout=writer,
+                              stderr=subprocess.PIPE, timeout=120)
+        os.close(writer)
+        shown = b""
+        with contextlib.suppress(OSError):  # (EIO: the terminal's writer is gone)
+            while chunk := os.read(reader, 1 << 16):
+                shown += chunk
+    finally:
+        os.close(reader)
+    assert done.returncode == 0, done.stderr
+    row = shown.decode().splitlines()[1]
+    assert row.endswith("  " + "n" * 30 + "\\…") and len(row) < 200, row
+    piped = run_module("ls", tmp_path)
+    assert piped.stdout.splitlines()[1].endswith("  " + "n" * 30 + "\\t" + "x" * 169)
+    assert ("n" * 30 + "\\t" + "x" * 169) in run_module("show", tmp_path, cid).stdout
