@@ -745,15 +745,17 @@ def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 # -- formatting ---------------------------------------------------------------------
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
            right: frozenset[str] | set[str] = frozenset()) -> str:
-    """Rows of strings in aligned columns; columns named in ``right`` align right."""
+    """Rows of strings in aligned columns; columns named in ``right`` align right (named
+    as given: a metric's name with a control character in it is escaped only after)."""
+    aligned = [h in right for h in headers]
     headers = list(map(_printable, headers))
     rows = [list(map(_printable, row)) for row in rows]
     widths = [max(_width(h), *(_width(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         pads = [" " * (w - _width(c)) for c, w in zip(cells, widths)]
-        return "  ".join(pad + c if h in right else c + pad
-                         for h, c, pad in zip(headers, cells, pads)).rstrip()
+        return "  ".join(pad + c if to_right else c + pad
+                         for to_right, c, pad in zip(aligned, cells, pads)).rstrip()
 
     return "\n".join([line(headers), *map(line, rows)])
 

@@ -1161,3 +1161,15 @@ def test_ls_cuts_a_long_note_on_a_terminal_and_keeps_it_whole_when_piped(
     piped = run_module("ls", tmp_path)
     assert piped.stdout.splitlines()[1].endswith("  " + "n" * 30 + "\\t" + "x" * 169)
     assert ("n" * 30 + "\\t" + "x" * 169) in run_module("show", tmp_path, cid).stdout
+
+
+def test_a_metric_named_with_a_control_character_aligns_right_as_the_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its header was escaped before its alignment was looked up by name: left-aligned."""
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(torch.nn.Linear(1, 1), rng=False,
+                 metrics={"x\ny": 1.0, "loss": 0.5, "zz": 123.0})
+    code, out, _ = run(capsys, "ls", tmp_path)
+    header, row = out.splitlines()[:2]
+    assert code == 0 and header.endswith("  loss  x\\ny   zz")
+    assert row.endswith("   0.5     1  123")
