@@ -4,7 +4,8 @@ Every subcommand takes the store first: a directory, or a URL as ``CheckpointMan
 takes it (``file:///runs/x``, ``memory://...``, ``s3://...``); checkpoint ids accept what
 ``CheckpointManager.resolve`` does ("latest", "best", "-N", an id prefix).
 "best" ranks by ``--metric`` (and ``--mode max`` where higher is better), by default by the
-metric and mode the store's saves recorded (``CheckpointManager(metric=...)``, ``--on``).
+metric and mode the store's saves recorded (``CheckpointManager(metric=...)``, ``--on``);
+``--mode`` alone ranks by the recorded metric in that mode.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def _main(argv: list[str]) -> int:
                 say(f"no checkpoint store at {location}{why_no_store(location)}")
                 return 2
             store = open_store(location)
-            with CheckpointManager(store, metric=args.metric, mode=args.mode) as mgr:
+            with CheckpointManager(store, metric=args.metric, mode=args.mode or "min") as mgr:
+                if args.metric is None and args.mode is not None and mgr.metric is not None:
+                    mgr.mode = args.mode  # (--mode alone: the recorded metric's, turned)
                 if "best" in named and mgr.metric is None:  # (none given, and none recorded)
                     say("'best' needs --metric NAME (and --mode max if higher is better): "
                         "no save to this store recorded a metric to rank by")
@@ -282,9 +285,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     ranked = argparse.ArgumentParser(add_help=False, parents=[store])  # (all but gc's)
     ranked.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
                        "default: the one the store's saves were ranked by, where recorded)")
-    ranked.add_argument("--mode", choices=("min", "max"), default="min",
+    ranked.add_argument("--mode", choices=("min", "max"), default=None,
                        help="whether a lower or higher --metric is better (default: min; "
-                       "without --metric, the recorded metric's)")
+                       "without --metric, the recorded metric's, which --mode alone "
+                       "overrides)")
     parser = argparse.ArgumentParser(
         prog="ckpt-nb", description="Look into, check and tidy a checkpoint store.",
         epilog="IDs: 'latest', 'best' (by --metric, or the store's recorded metric), '-N' "
@@ -299,7 +303,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         """A subcommand; one that ``ranks`` nothing takes no --metric nor --mode."""
         sub = commands.add_parser(name, parents=[ranked if ranks else store], help=help,
                                   description=help)
-        sub.set_defaults(command=name, run=run, metric=None, mode="min")
+        sub.set_defaults(command=name, run=run, metric=None, mode=None)
         return sub
 
     ls = command("ls", _ls, "list the checkpoints")

@@ -1173,3 +1173,19 @@ def test_a_metric_named_with_a_control_character_aligns_right_as_the_others(
     header, row = out.splitlines()[:2]
     assert code == 0 and header.endswith("  loss  x\\ny   zz")
     assert row.endswith("   0.5     1  123")
+
+
+def test_mode_without_metric_ranks_by_the_recorded_metric_in_that_mode(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`best --mode max` without --metric ranked by the recorded val_loss, lowest first:
+    --mode was ignored without a word."""
+    with CheckpointManager(tmp_path, metric="val_loss") as mgr:
+        ids = [mgr.save(torch.nn.Linear(1, 1), rng=False, metrics={"val_loss": v})
+               for v in (1.0, 0.25, 0.5)]
+    for argv, best in ((["--mode", "max"], ids[0]), (["--mode", "min"], ids[1]), ([], ids[1])):
+        code, out, _ = run(capsys, "show", tmp_path, "best", *argv)
+        assert code == 0 and out.startswith(f"id:        {best}\n"), (argv, out)
+    code, out, _ = run(capsys, "ls", tmp_path, "--mode", "max")
+    assert [line.split()[0] for line in out.splitlines() if "best" in line] == [ids[0]]
+    with CheckpointManager(tmp_path) as mgr:  # (the record stays as the saves left it)
+        assert (mgr.metric, mgr.mode) == ("val_loss", "min")
