@@ -572,11 +572,25 @@ class Explorer(w.VBox):
 
     def _say_saved_since_rollback(self, frame: Any) -> None:
         """Replace the rollback's message once checkpoints were saved since: its "the
-        next save starts a branch from it" is then what happened, not what will."""
+        next save starts a branch from it" is then what happened, not what will. Only
+        checkpoints that descend from the one rolled back to count: not another process's
+        saves of other runs."""
         if self._rolled_back is None:
             return
         cid, then = self._rolled_back
-        new = [r for r in frame.to_dict("records") if r["id"] not in then]
+        rows = frame.to_dict("records")
+        parents = {r["id"]: r["parent"] for r in rows}
+
+        def descends(checkpoint_id: str) -> bool:
+            seen = set()
+            while checkpoint_id in parents and checkpoint_id not in seen:
+                seen.add(checkpoint_id)
+                checkpoint_id = parents[checkpoint_id]
+                if checkpoint_id == cid:
+                    return True
+            return False
+
+        new = [r for r in rows if r["id"] not in then and descends(r["id"])]
         if new:
             self._say(f"rolled back to {cid}; {len(new)} checkpoint"
                       f"{'' if len(new) == 1 else 's'} saved since, the newest "
