@@ -1816,11 +1816,6 @@ class AutoSession:
         run = ck.extra.get(RUN_KEY)
         if not isinstance(run, dict) or run.get("finished") or run.get("cell") is None:
             return None
-        if candidate != position and (owner := _live_owner(run.get("owner"))) is not None:
-            self.say(f"checkpoint {ck.id} holds an unfinished run of this cell that {owner} "
-                     f"saved: this cell starts a run of its own (%ckpt_rollback {ck.id} takes "
-                     "that run over)")
-            return None
         if unseen:  # (the run's checkpoints hold none of them: it went on without them)
             raise StateMismatchError(
                 f"not resuming checkpoint {ck.id} (step {ck.step}): auto() in a function sees "
@@ -1936,21 +1931,35 @@ class AutoSession:
         """This cell's newest checkpoint, when that run is unfinished; else None, saying
         so (where ``tell``) when the store's newest cell run is an unfinished one of other
         code that this cell could resume after a rollback: not the line form's (never
-        resumed), nor one that cell ids tell apart from this cell (it never resumes it)."""
+        resumed), nor one that cell ids tell apart from this cell (it never resumes it).
+        Runs another live process saves are passed over (saying so, where ``tell``): a
+        kernel restarted after a crash goes on with its own dead run, not another kernel's
+        newer one that is training now."""
         newest: tuple[str, dict[str, Any]] | None = None
+        passed_over: tuple[str, str] | None = None  # (the newest live run's checkpoint, owner)
+        alive: dict[str, str | None] = {}  # (an owner asked once a pass)
         for row in reversed(self.manager.catalog.checkpoints()):
             run = self._run_record(row.id)
             if run is None:
                 continue
             if newest is None and tell and run.get("cell") is not None \
-                    and not self._told_apart(run):
+                    and not self._told_apart(run) and not self._is_this_cell(run):
                 newest = (row.id, run)
             if self._is_this_cell(run):
+                key = json.dumps(run.get("owner"), sort_keys=True, default=str)
+                if key not in alive:
+                    alive[key] = _live_owner(run.get("owner"))
+                if (owner := alive[key]) is not None:
+                    passed_over = passed_over or (row.id, owner)
+                    continue
                 if run.get("finished"):
                     self._finished = _FinishedRun(row, run)
-                if run.get("finished") or self._ended(run, row.id):
-                    return None
-                return row.id
+                found = None if run.get("finished") or self._ended(run, row.id) else row.id
+                if tell and passed_over is not None:
+                    self._tell_passed_over(*passed_over, found)
+                return found
+        if tell and passed_over is not None:
+            self._tell_passed_over(*passed_over, None)
         if newest is not None and not newest[1].get("finished") and \
                 not self._ended(newest[1], newest[0]):
             self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
@@ -1959,6 +1968,14 @@ class AutoSession:
                      + _rollback_advice(newest[0], self.config.directory
                                         or location(self.manager.store)))
         return None
+
+    def _tell_passed_over(self, checkpoint_id: str, owner: str, found: str | None) -> None:
+        """Say that the run of ``checkpoint_id``, which ``owner`` trains now, is not resumed,
+        and which run of this cell is (``found``) or that the cell starts one of its own."""
+        instead = f"resuming {found}, this cell's newest run whose process has ended, " \
+            "instead" if found is not None else "this cell starts a run of its own"
+        self.say(f"checkpoint {checkpoint_id} holds a run of this cell that {owner} saved: "
+                 f"{instead} (%ckpt_rollback {checkpoint_id} takes that run over)")
 
     def _own_run_after(self, checkpoint_id: str) -> str | None:
         """This cell's newest unfinished run's newest checkpoint where it descends from

@@ -431,3 +431,36 @@ def test_a_background_save_failing_again_the_same_way_is_counted_not_repeated(
     assert err.count("a background save failed: StoreError") == 1, err
     assert err.rstrip().endswith("more background saves failed the same way"), err
     assert ckpt_nb.CheckpointManager(tmp_path).verify().ok  # (those before, intact)
+
+
+def test_a_dead_run_is_resumed_past_a_newer_one_another_live_process_trains(
+        tmp_path: Path, capsys) -> None:
+    """A killed kernel's fresh restart, with another kernel training the same cell into
+    the store, saw that kernel's newer checkpoint, trained from scratch and let retention
+    prune its own dead run."""
+    import subprocess
+    import sys
+    trainers = []
+    try:
+        for _ in range(2):  # (the second starts a run of its own: the first is alive)
+            trainers.append(subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path)],
+                                             stdout=subprocess.PIPE, text=True))
+            assert "trained\n" in iter(trainers[-1].stdout.readline, "")  # type: ignore
+            if len(trainers) == 1:
+                dead_newest = ckpt_nb.CheckpointManager(tmp_path).resolve("latest")
+        died, alive = trainers
+        died.kill()
+        died.wait(timeout=60)
+        assert ckpt_nb.CheckpointManager(tmp_path).resolve("latest") != dead_newest
+        model = torch.nn.Linear(2, 1)
+        ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+        with ckpt_nb.auto(str(tmp_path), name="train", namespace=ns, sync=True):
+            for _ in ckpt_nb.epochs(100):
+                break
+    finally:
+        for trainer in trainers:
+            trainer.kill()
+            trainer.wait(timeout=60)
+    out = capsys.readouterr().out
+    assert f"resumed from {dead_newest} " in out, out
+    assert f"process {alive.pid} (another kernel, still running)" in out, out
