@@ -2124,10 +2124,11 @@ class CheckpointManager:
             return False
         return label.get("parent", False) if isinstance(label, dict) else False
 
-    def delete(self, which: str, *, force: bool = False) -> None:
+    def delete(self, which: str, *, force: bool = False) -> str:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it,
         and its children descend from its parent. A pinned one raises
-        ``CheckpointInUseError`` unless ``force=True``."""
+        ``CheckpointInUseError`` unless ``force=True``. Returns its id (``which`` is read
+        under the store's lock, as the deletion is done)."""
         with self._exclusive(), _said_as_stopped(
                 f"delete of {which}", "the other checkpoints are as they were; where it is "
                 "still listed, its deletion may be recorded, which the next gc completes: pin "
@@ -2148,6 +2149,7 @@ class CheckpointManager:
                      f"({exc}): gc() frees its space and labels its children later",
                      RuntimeWarning)
         self._notify("delete", cid)
+        return cid
 
     def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
         """Delete what the retention rules let go; the newest, pinned, best and head stay.

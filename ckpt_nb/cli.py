@@ -727,22 +727,21 @@ def _unpin(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _set_pin(mgr: CheckpointManager, which: str, pinned: bool) -> int:
-    """Pin or unpin, saying so where it already was (not a second "pinned")."""
-    cid = mgr.resolve(which)
-    frame = mgr.list()
-    if bool(frame.loc[frame["id"] == cid, "pinned"].any()) == pinned:
-        if pinned:
-            mgr.pin(cid)  # (again: it withdraws a deletion cut short before its commit)
+    """Pin or unpin, saying so where it already was (not a second "pinned"). The alias
+    (``-N``, latest, best) is read by ``pin`` under the store's lock: read before, while
+    another process held it, it could name a checkpoint that process deleted. (Pinning
+    one pinned again withdraws a deletion cut short before its commit.)"""
+    before = mgr.list()
+    cid = mgr.pin(which, pinned)
+    if bool(before.loc[before["id"] == cid, "pinned"].any()) == pinned:
         print(f"{cid} was {'already' if pinned else 'not'} pinned")
     else:
-        print(f"{'pinned' if pinned else 'unpinned'} {mgr.pin(cid, pinned)}")
+        print(f"{'pinned' if pinned else 'unpinned'} {cid}")
     return 0
 
 
 def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    cid = mgr.resolve(args.id)
-    mgr.delete(cid, force=args.force)
-    print(f"deleted {cid}")
+    print(f"deleted {mgr.delete(args.id, force=args.force)}")  # (the alias read under the lock)
     return 0
 
 
