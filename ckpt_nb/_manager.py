@@ -2440,7 +2440,8 @@ class CheckpointManager:
         With ``dropped``, only what a deletion just made leaves (``_collect_dropped``)."""
         if dropped is not None:
             return self._collect_dropped(dropped, compact_below, whole_over)
-        report = GCReport(temporaries_deleted=self.store.sweep_temporaries())
+        swept, swept_bytes = self.store.sweep_temporaries()
+        report = GCReport(temporaries_deleted=swept, bytes_freed=swept_bytes)
         damaged = self.catalog.forget_damaged_gone(self.store.has)
         report.damaged_kept = len(damaged)
         # A recorded deletion that the catalog's commit did not follow (killed between

@@ -145,9 +145,10 @@ class Store(ABC):
         with self.writer(key) as out:
             out.write(data)
 
-    def sweep_temporaries(self) -> int:
-        """Remove half-written values a crash left behind; returns how many."""
-        return 0
+    def sweep_temporaries(self) -> tuple[int, int]:
+        """Remove half-written values a crash left behind; returns how many, and their
+        bytes (what gc reports freed). A store that writes none has none to remove."""
+        return 0, 0
 
     def modified(self, prefix: str) -> dict[str, float] | None:
         """Keys under ``prefix`` with the time each was written (seconds since the
@@ -323,11 +324,11 @@ class LocalStore(Store):
                             _is_key(key):
                         yield key, entry
 
-    def sweep_temporaries(self) -> int:
+    def sweep_temporaries(self) -> tuple[int, int]:
         """Remove the temporaries ckpt_nb's own writes left (``writer``'s names, in the
         store's top and its own folders, not below): a user's ``notes.tmp-2.md``, and a
         store inside this one's folder, with its saves in flight, are no part of it."""
-        count = 0
+        count = freed = 0
         for folder in ("", *_OWN_FOLDERS):
             path = self.root / folder
             if folder and path.is_symlink():
@@ -341,9 +342,10 @@ class LocalStore(Store):
                     if entry.is_file(follow_symlinks=False) and \
                             _is_own_temporary(entry.name, folder):
                         with contextlib.suppress(FileNotFoundError):
+                            size = entry.stat(follow_symlinks=False).st_size
                             os.unlink(entry.path)
-                            count += 1
-        return count
+                            count, freed = count + 1, freed + size
+        return count, freed
 
 
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)

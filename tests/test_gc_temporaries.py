@@ -85,8 +85,11 @@ def test_a_killed_saves_temporaries_are_still_swept(tmp_path: Path) -> None:
     assert done.returncode == -9, done.stderr
     left = [name for name in temporaries(store) if name not in USERS_FILES]
     assert left and all(name.startswith(("packs/", "manifests/")) for name in left), left
+    left_bytes = sum((store / name).stat().st_size for name in left)
     mgr = CheckpointManager(store)
-    assert mgr.gc().temporaries_deleted == len(left)
+    report = mgr.gc()
+    assert report.temporaries_deleted == len(left)
+    assert report.bytes_freed == left_bytes > 0  # (it said "freed 0 B")
     assert temporaries(store) == sorted(USERS_FILES)
     assert list(mgr.list()["id"]) == [first]
     assert torch.equal(mgr.load(first).state["h"]["w"], torch.zeros(1000))

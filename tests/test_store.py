@@ -56,10 +56,10 @@ def test_sweep_temporaries_removes_leftovers(tmp_path: Path) -> None:
     (tmp_path / "ckpt_nb.json.tmp-00112233aabb").write_bytes(b"")
     (tmp_path / "top.tmp-x").write_bytes(b"a user's")  # (not a name ckpt_nb makes)
     assert sorted(store.list()) == ["ckpt_nb.json", pack]  # never listed
-    assert store.sweep_temporaries() == 3
+    assert store.sweep_temporaries() == (3, len(b"torn"))  # (how many, and their bytes)
     assert _files(tmp_path) == ["ckpt_nb.json", pack, "top.tmp-x"]
     assert store.get(pack) == b"kept"
-    assert store.sweep_temporaries() == 0
+    assert store.sweep_temporaries() == (0, 0)
 
 
 def test_sweep_temporaries_keeps_what_ckpt_nb_did_not_write(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_sweep_temporaries_keeps_what_ckpt_nb_did_not_write(tmp_path: Path) -> N
     for name in others:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"not ckpt_nb's")
-    assert store.sweep_temporaries() == 0
+    assert store.sweep_temporaries() == (0, 0)
     assert _files(tmp_path) == sorted(others)
 
 
@@ -106,7 +106,7 @@ def test_failed_write_leaves_no_temporary(tmp_path: Path) -> None:
 
 
 def test_base_store_sweep_is_a_no_op() -> None:
-    assert MemoryStore().sweep_temporaries() == 0
+    assert MemoryStore().sweep_temporaries() == (0, 0)
 
 
 def test_open_store_picks_backends(tmp_path: Path) -> None:
