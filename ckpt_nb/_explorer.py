@@ -1074,11 +1074,29 @@ class Explorer(w.VBox):
         root = getattr(self.manager.store, "root", None)
         return str(root) if isinstance(root, Path) else self.url
 
+    @contextlib.contextmanager
+    def _saying_lock_waits(self) -> Iterator[None]:
+        """While an action waits for the store's lock that another process holds (a long
+        save or gc), say so in the status line, cleared once it is taken: the widget
+        looked frozen."""
+        def tell(waiting: str | None) -> None:
+            if waiting is not None:
+                self._say(f"{waiting}…")
+            else:
+                self.status.value = ""
+
+        self.manager._on_lock_wait = tell
+        try:
+            yield
+        finally:
+            self.manager._on_lock_wait = None
+
     def pin(self, which: str) -> str:
         _checked_name(which, "which")
         self._drop_pending()
         self._check_store()
-        cid = self.manager.pin(self._resolve(which))
+        with self._saying_lock_waits():
+            cid = self.manager.pin(self._resolve(which))
         self.refresh()
         self._say(f"pinned {cid}: retention will keep it")
         return cid
@@ -1092,7 +1110,8 @@ class Explorer(w.VBox):
         if row is not None and not row.pinned:
             self._say(f"{cid} was not pinned: nothing to unpin")
             return cid
-        self.manager.unpin(cid)
+        with self._saying_lock_waits():
+            self.manager.unpin(cid)
         self.refresh()
         self._say(f"unpinned {cid}")
         return cid
@@ -1102,7 +1121,8 @@ class Explorer(w.VBox):
         self._drop_pending()
         self._check_store()
         cid = self._refuse_pinned(self._resolve(which))
-        self.manager.delete(cid)
+        with self._saying_lock_waits():
+            self.manager.delete(cid)
         self.selected = [i for i in self.selected if i != cid]
         self.refresh()
         said = f"deleted {cid}"

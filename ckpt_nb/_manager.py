@@ -323,6 +323,9 @@ class CheckpointManager:
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
+        # Told a wait for another process's lock (``_wait_for``), then None once it is
+        # taken: the explorer's status line says it, which stderr alone did not show.
+        self._on_lock_wait: Callable[[str | None], None] | None = None
         self._replaced_catalogs: list[Catalog] = []  # the last opened again, till close()
         self._closed = False  # (close() was called: a catalog replaced is not opened again)
         _MANAGERS.add(self)  # (a forked child's copy gets a fresh _busy)
@@ -769,9 +772,17 @@ class CheckpointManager:
                 f"process {holder}" if holder.isdigit() else "another process"
             doing = "reading it" if note[2:] == ["reading"] else \
                 "saving to it or collecting it"
-            print(f"ckpt_nb: waiting for {self.store.url}: {who} is {doing} (lock file "
-                  f"{self._lock_path})", file=sys.stderr, flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            waiting = f"waiting for {self.store.url}: {who} is {doing} (lock file " \
+                f"{self._lock_path})"
+            print(f"ckpt_nb: {waiting}", file=sys.stderr, flush=True)
+            told = self._on_lock_wait
+            if told is not None:
+                told(waiting)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            finally:
+                if told is not None:
+                    told(None)
             break
 
     def _catalog_mark(self) -> str:

@@ -1632,3 +1632,36 @@ def test_saves_since_a_rollback_count_only_those_that_go_on_from_it(tmp_path: Pa
             in ui.status.value
     finally:
         ui.close()
+
+
+@pytest.mark.parametrize("action", ["pin", "delete"])
+def test_an_action_waiting_for_the_stores_lock_says_so_in_the_status_line(
+        tmp_path: Path, action: str) -> None:
+    """Pin and Delete waited without a word in the widget (a line on stderr alone) while
+    another process held the store's lock: the explorer looked frozen."""
+    import subprocess
+    import sys
+    model = torch.nn.Linear(4, 4)
+    with ckpt_nb.CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(model, torch.optim.SGD(model.parameters(), 0.1), 0)
+    ui = ckpt_nb.explore(tmp_path, poll_seconds=0)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, ckpt_nb\nwith ckpt_nb.CheckpointManager(sys.argv[1])"
+         "._exclusive():\n    print('held', flush=True)\n    sys.stdin.readline()",
+         str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        acting = threading.Thread(target=getattr(ui, action), args=(cid,))
+        acting.start()
+        poll(lambda: "waiting for" in ui.status.value)
+        assert f"process {holder.pid} is saving to it" in ui.status.value
+        assert acting.is_alive()
+        assert holder.stdin is not None
+        holder.stdin.close()
+        acting.join(timeout=60)
+        assert not acting.is_alive() and "waiting" not in ui.status.value
+        assert ui.status.value.count(f"{'pinned' if action == 'pin' else 'deleted'} {cid}")
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+        ui.close()
