@@ -97,6 +97,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     depth INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS chunks_pack ON chunks(pack);
+CREATE INDEX IF NOT EXISTS chunks_base ON chunks(base);
 CREATE TABLE IF NOT EXISTS refs (
     checkpoint TEXT NOT NULL,
     digest TEXT NOT NULL,
@@ -438,6 +439,8 @@ class Catalog:
                     self._seed(db, seed())
             else:
                 self._check_schema(found)
+                # (added since: a retention's collection asks what is stacked on its chunks)
+                db.execute("CREATE INDEX IF NOT EXISTS chunks_base ON chunks(base)")
 
     def _check_schema(self, found: str) -> None:
         if not str(found).isdigit():

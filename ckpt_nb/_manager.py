@@ -334,6 +334,9 @@ class CheckpointManager:
         # each label it read then: one unchanged since, in an unchanged catalog, is not read)
         self._labels_read: tuple[Any, dict[str, str]] = (None, {})
         self._failed_saves: set[str] = set()  # ids whose manifest a failed save left behind
+        # A retention's collection failed: the next one collects the whole store (gc), as
+        # the checkpoints that one deleted left what only a whole gc finds.
+        self._collection_failed = False
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
         self._catch_up_with_a_copy_put_back()
@@ -1053,8 +1056,10 @@ class CheckpointManager:
             try:
                 self._apply_retention(protect={row.id})
             except OSError as exc:  # (StoreError too) the checkpoint is committed all the same
+                self._collection_failed = True  # (the next one collects the whole store)
                 warn(f"checkpoint {row.id} was saved, but retention failed ({exc}); "
-                     "it runs again at the next save, or call gc()", RuntimeWarning)
+                     "it runs again at the next save, which frees what this one left where "
+                     "it deletes a checkpoint; or call gc()", RuntimeWarning)
         self._notify("save", row.id)
         return row.id
 
@@ -2185,7 +2190,10 @@ class CheckpointManager:
         if self.max_to_keep is not None or self.keep_best is not None and self.max_bytes is None:
             staying = protected | ({r.id for r in ours[-self.max_to_keep:]}
                                    if self.max_to_keep else set())
-            self._drop([r.id for r in ours if r.id not in staying], whole_store=False)
+            doomed = [r.id for r in ours if r.id not in staying]
+            if doomed:
+                self._drop(doomed, whole_store=self._collection_failed)
+                self._collection_failed = False
         if self.max_bytes is not None and self.stored_bytes() > self.max_bytes:
             if blocked:
                 self._warn_blocked(blocked)
@@ -2593,8 +2601,15 @@ class CheckpointManager:
             chunks.update(found)
             below = {row.base for row in found.values() if row.base is not None}
         unreferenced = set(chunks) - self.catalog.referenced(chunks)
-        above = [row for row in self.catalog.stacked_on(unreferenced)
-                 if row.digest not in unreferenced]
+        while True:  # (up through chunks kept only as bases: K on B on a dropped chunk)
+            above = [row for row in self.catalog.stacked_on(unreferenced)
+                     if row.digest not in unreferenced]
+            held = self.catalog.referenced(row.digest for row in above)
+            bases_only = {row.digest: row for row in above if row.digest not in held}
+            if not bases_only:
+                break
+            chunks.update(bases_only)
+            unreferenced |= bases_only.keys()
         # As gc does: kept chunks stacked on more than ``whole_over`` of those are stored
         # whole, so that those can go (saves with a long ``full_every``).
         referenced = (set(chunks) - unreferenced) | self.catalog.referenced(
