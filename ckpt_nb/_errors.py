@@ -25,6 +25,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 # Frames a warning never points at: ckpt_nb's own, and the context managers it uses.
 _SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
@@ -99,7 +100,12 @@ class DamagedCatalog(StoreError):
         super().__init__(f"the catalog {path or ''} is damaged: {what} is not what ckpt_nb "
                          f"writes; {MOVE_ASIDE}, which rebuilds the catalog from the store's "
                          "own files".replace("  ", " "))
-        self.what = what
+        self.what, self.path = what, path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (made again from its parts, as pickle and copy make it: by default from its
+        # message, given to __init__ as ``what``, which said the message twice)
+        return type(self), (self.what, self.path), self.__dict__
 
 
 class CaptureError(CkptError, TypeError):

@@ -109,3 +109,18 @@ def test_a_catalog_moved_aside_while_another_process_has_it_open_names_its_journ
             CheckpointManager(root)
     finally:
         holder.communicate("\n", timeout=60)
+
+
+def test_a_damaged_catalog_error_survives_pickling_whole() -> None:
+    """Made again from its message alone (as an exception crossing processes is, or
+    copied), it said its message twice."""
+    import copy
+    import pickle
+
+    error = DamagedCatalog("its SQLite file (database disk image is malformed)",
+                           "/c/catalog.sqlite")
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert type(again) is DamagedCatalog and str(again) == str(error)
+        assert (again.what, again.path) == (error.what, error.path)
+    plain = DamagedCatalog("its format, 'x',")
+    assert str(pickle.loads(pickle.dumps(plain))) == str(plain)
