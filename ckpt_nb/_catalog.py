@@ -379,8 +379,8 @@ class Catalog:
                 raise self._unopenable(exc) from exc
             if isinstance(exc, DamagedCatalog):
                 raise DamagedCatalog(exc.what, self.path) from exc.__cause__
-            if isinstance(exc, sqlite3.DatabaseError):  # (as found later: ``_failed``)
-                raise DamagedCatalog(f"its SQLite file ({exc})", self.path) from exc
+            if isinstance(exc, sqlite3.Error):  # (as found later: damage is its exact type)
+                raise self._failed(exc) from exc
             raise
 
     def _unopenable(self, exc: sqlite3.OperationalError) -> StoreError:

@@ -124,3 +124,21 @@ def test_a_damaged_catalog_error_survives_pickling_whole() -> None:
         assert (again.what, again.path) == (error.what, error.path)
     plain = DamagedCatalog("its format, 'x',")
     assert str(pickle.loads(pickle.dumps(plain))) == str(plain)
+
+
+def test_a_seed_that_sqlite_refuses_is_no_damage_and_moves_no_cache(tmp_path: Path) -> None:
+    """Any sqlite3.DatabaseError as a catalog opened was called damage, its subclasses
+    too (an IntegrityError as a new catalog was seeded): an object store's cache was
+    moved aside for it, as damaged, and the error said to move it aside again."""
+    from ckpt_nb._catalog import CheckpointRow, Seed, open_cache
+
+    row = CheckpointRow(id="0123456789", parent=None, branch="main", created_at=1.0,
+                        step=None, epoch=None, batch_idx=None, metrics={}, strategy="full",
+                        full_base=None, chain=0, logical_bytes=0, stored_bytes=0,
+                        pinned=False, note="")
+    cache = tmp_path / "catalog.sqlite"
+    cache.write_bytes(b"")  # (SQLite's new database: one that a killed open left)
+    with pytest.raises(StoreError, match=r"catalog.sqlite failed: UNIQUE constraint") as said:
+        open_cache(cache, lambda: Seed(checkpoints=[row, row]), lambda catalog: None)
+    assert not isinstance(said.value, DamagedCatalog)
+    assert cache.is_file() and not list(tmp_path.glob("*.damaged-*"))
