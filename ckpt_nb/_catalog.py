@@ -9,6 +9,7 @@ store (``_rebuild``), in the transaction that creates it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -209,9 +210,15 @@ def open_cache(path: str | Path, seed: Callable[[], Seed],
             catalog.close()
             damaged, found = exc, catalog.file_id
     aside = moved_aside(path, found)
-    if aside is None:
-        raise damaged
-    return Catalog(path, seed), aside
+    if aside is not None:
+        return Catalog(path, seed), aside
+    holder = _holder(path, found) if found is not None else None
+    if holder not in _TOLD:
+        raise damaged  # (where it could not be moved: moved by hand, as the error says)
+    raise DamagedCatalog(damaged.what, path, advice=(
+        f"it was not moved aside, as {holder} has it open: {_TOLD[holder]}, then open the "
+        "store again, which moves the catalog aside (kept, with its -wal and -shm) and "
+        "rebuilds it from the store's own files")) from damaged.__cause__
 
 
 def moved_aside(path: Path, file_id: tuple[int, int] | None) -> Path | None:
@@ -222,7 +229,7 @@ def moved_aside(path: Path, file_id: tuple[int, int] | None) -> Path | None:
     process or another) has it open, whose writes would go on into the moved files while
     SQLite, as it closes, deleted the new catalog's journal by name; or it is no longer
     that file; or it cannot be renamed."""
-    if file_id is None or _file_id(path) != file_id or _opened_by_anyone(path, file_id):
+    if file_id is None or _file_id(path) != file_id or _holder(path, file_id):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = path.with_name(f"{path.name}.damaged-{stamp}")
@@ -239,37 +246,45 @@ def moved_aside(path: Path, file_id: tuple[int, int] | None) -> Path | None:
     return aside
 
 
-# The catalogs this process has open (``_opened_by_anyone``): POSIX locks tell no
+# The catalogs this process has open (``_holder``): POSIX locks tell no
 # process of its own.
 _OPEN_CATALOGS: weakref.WeakSet[Catalog] = weakref.WeakSet()
 _OPEN_CATALOGS_LOCK = threading.Lock()  # (a set changed while it is read raises)
 
 
-def _opened_by_anyone(path: Path, file_id: tuple[int, int]) -> bool:
-    """Whether a connection has the catalog at ``path`` open: one of this process's, or
-    another's, which in WAL mode holds a lock on the file and its -shm for as long as it
-    is open (taken here for a moment, the way SQLite's last connection tells it is the
-    last). Where that cannot be told (no fcntl, a file this process cannot write), yes."""
+# Who may have a catalog open (``_holder``), and what to do for it to be closed.
+_THIS_PROCESS, _ANOTHER_PROCESS = "a CheckpointManager in this process", "another process"
+_UNTOLD = "a process (this system cannot tell which)"
+_TOLD = {_THIS_PROCESS: "close that one (close(), or the end of its with block)",
+         _ANOTHER_PROCESS: "wait until that process has closed the store"}
+
+
+def _holder(path: Path, file_id: tuple[int, int]) -> str | None:
+    """Who has the catalog at ``path`` open: a connection of this process's (one of its
+    managers'), or another process's, which in WAL mode holds a lock on the file and its
+    -shm for as long as it is open (taken here for a moment, the way SQLite's last
+    connection tells it is the last); None where none has. ``_UNTOLD`` where that cannot
+    be told (no fcntl, a file this process cannot write)."""
     with _OPEN_CATALOGS_LOCK:
         if any(catalog.file_id == file_id for catalog in _OPEN_CATALOGS):
-            return True
+            return _THIS_PROCESS
     if fcntl is None:
-        return True
+        return _UNTOLD
     for name in (path, Path(f"{path}-shm")):
         try:
             fd = os.open(name, os.O_RDWR)
         except FileNotFoundError:
             continue
         except OSError:
-            return True
+            return _UNTOLD
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.lockf(fd, fcntl.LOCK_UN)
-        except OSError:
-            return True
+        except OSError as exc:
+            return _ANOTHER_PROCESS if exc.errno in (errno.EACCES, errno.EAGAIN) else _UNTOLD
         finally:
             os.close(fd)
-    return False
+    return None
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:

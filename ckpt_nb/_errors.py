@@ -94,18 +94,21 @@ MOVE_ASIDE = ("once no other process has the store open, move it aside (rename i
 
 class DamagedCatalog(StoreError):
     """A catalog (its SQLite file, or a value in it) that is not of the kind ckpt_nb
-    writes: the store's own files are intact, and rebuild it."""
+    writes: the store's own files are intact, and rebuild it. ``advice`` says what to do
+    where moving it aside by hand (``MOVE_ASIDE``) is not what to do: an object store's
+    cache, which its next opening moves aside by itself once no manager has it open."""
 
-    def __init__(self, what: str, path: os.PathLike[str] | str | None = None) -> None:
+    def __init__(self, what: str, path: os.PathLike[str] | str | None = None,
+                 advice: str | None = None) -> None:
+        said = advice or f"{MOVE_ASIDE}, which rebuilds the catalog from the store's own files"
         super().__init__(f"the catalog {path or ''} is damaged: {what} is not what ckpt_nb "
-                         f"writes; {MOVE_ASIDE}, which rebuilds the catalog from the store's "
-                         "own files".replace("  ", " "))
-        self.what, self.path = what, path
+                         f"writes; {said}".replace("  ", " "))
+        self.what, self.path, self.advice = what, path, advice
 
     def __reduce__(self) -> tuple[Any, ...]:
         # (made again from its parts, as pickle and copy make it: by default from its
         # message, given to __init__ as ``what``, which said the message twice)
-        return type(self), (self.what, self.path), self.__dict__
+        return type(self), (self.what, self.path, self.advice), self.__dict__
 
 
 class CaptureError(CkptError, TypeError):

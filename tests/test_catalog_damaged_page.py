@@ -122,8 +122,10 @@ def test_a_damaged_catalog_error_survives_pickling_whole() -> None:
     for again in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
         assert type(again) is DamagedCatalog and str(again) == str(error)
         assert (again.what, again.path) == (error.what, error.path)
-    plain = DamagedCatalog("its format, 'x',")
-    assert str(pickle.loads(pickle.dumps(plain))) == str(plain)
+    for other in (DamagedCatalog("its format, 'x',"),
+                  DamagedCatalog("its SQLite file", "/c/catalog.sqlite", advice="close it")):
+        again = pickle.loads(pickle.dumps(other))
+        assert str(again) == str(other) and again.advice == other.advice
 
 
 def test_a_seed_that_sqlite_refuses_is_no_damage_and_moves_no_cache(tmp_path: Path) -> None:

@@ -379,8 +379,11 @@ def test_a_damaged_catalog_cache_is_moved_aside_and_rebuilt_from_the_store(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "open\n"
-        with pytest.raises(DamagedCatalog, match="is damaged: .*once no other process has "
-                                                 "the store open, move it aside"):
+        with pytest.raises(DamagedCatalog, match="is damaged: .*; it was not moved aside, "
+                                                 "as another process has it open: wait until "
+                                                 "that process has closed the store, then open "
+                                                 "the store again, which moves the catalog "
+                                                 "aside"):
             CheckpointManager(url)
         assert not list(cache.parent.glob("*.damaged-*"))
     finally:
@@ -410,6 +413,36 @@ def test_a_damaged_catalog_cache_is_moved_aside_and_rebuilt_from_the_store(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (the new cache, as any other)
         assert CheckpointManager(url).list()["id"].tolist() == ids
+
+
+def test_a_damaged_catalog_cache_a_manager_here_holds_says_to_close_it(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Left where it was because a manager in this process had it open, the damaged cache
+    was said to wait for "no other process", and to be moved aside by hand: it is moved
+    aside by itself at the first opening after that manager is closed."""
+    from test_catalog_damaged_page import garble_a_chunks_page
+
+    from ckpt_nb import DamagedCatalog
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = f"s3://{bucket}/exp"
+    first = CheckpointManager(url)
+    saved = first.save(h=Holder(weights(1)))
+    [cache] = (tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite")
+    garble_a_chunks_page(cache, "meta")
+    with pytest.raises(DamagedCatalog, match=re.escape(
+            f"the catalog {cache} is damaged: its SQLite file (") + r".*\) is not what "
+            "ckpt_nb writes; it was not moved aside, as a CheckpointManager in this process "
+            r"has it open: close that one \(close\(\), or the end of its with block\), then "
+            "open the store again, which moves the catalog aside") as said:
+        CheckpointManager(url)
+    assert "no other process" not in str(said.value)
+    assert not list(cache.parent.glob("*.damaged-*"))
+    first.close()
+    with pytest.warns(RuntimeWarning, match="was damaged, and was moved aside"):
+        again = CheckpointManager(url)
+    with again:
+        assert again.list()["id"].tolist() == [saved]
 
 
 def test_a_catalog_cache_damaged_where_its_catch_up_reads_is_moved_aside_too(
