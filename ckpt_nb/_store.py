@@ -760,6 +760,7 @@ class FsspecStore(Store):
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
+        _check_parts(url)
         _check_writable(url, options=storage_options)
         self.fs, root = _opened(url, storage_options)
         layers = _layers(self.fs, root)
@@ -1187,6 +1188,27 @@ def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
         raise ValueError(f"{url}: fsspec cannot open it as given ({type(exc).__name__}: "
                          f"{exc}): a chained URL names what it wraps (dir::s3://bucket/"
                          "path), or its options do (target_protocol=)") from exc
+
+
+def _check_parts(url: str) -> None:
+    """Refuse a chained URL with an empty part, and a scheme written in capitals, before
+    fsspec opens them: it took ``::s3://b/x``'s empty part, and ``DIR::s3://b/x``'s
+    'DIR', for a local path (a file system that wraps none), and 'S3://' for a scheme
+    no storage knows."""
+    from fsspec import available_protocols
+
+    parts = url.split("::")
+    if len(parts) > 1 and "" in parts:
+        where = "starts with '::'" if not parts[0] else "ends with '::'" if not parts[-1] \
+            else "has '::::', an empty part between two '::'"
+        raise ValueError(f"{url} {where}: '::' joins a file system to the one it wraps "
+                         "(dir::s3://bucket/path)")
+    for part in parts:
+        scheme = part.partition("://")[0]
+        if scheme != scheme.lower() and scheme.lower() in available_protocols():
+            raise ValueError(f"{url}: schemes are lower case: write {scheme.lower()!r}, not "
+                             f"{scheme!r} (fsspec takes {scheme!r} for a local path or a "
+                             "scheme no storage knows)")
 
 
 def _check_chain_used(url: str, layers: list[tuple[Any, str]]) -> None:

@@ -154,3 +154,20 @@ def test_chains_that_wrap_and_local_paths_with_colons_still_open(tmp_path: Path)
         with CheckpointManager(location) as mgr:
             mgr.save(torch.nn.Linear(2, 2), rng=False)
             assert mgr.store.root == folder and len(mgr.list()) in (1, 2)
+
+
+def test_an_empty_chain_part_or_a_scheme_in_capitals_is_refused_as_what_it_is() -> None:
+    """Each was said to be a file system that "holds files itself" and wraps none: an
+    empty part (named as '', or not at all) and 'DIR', which fsspec took for a local
+    path; 'S3://' was a scheme no storage knows."""
+    joins = "'::' joins a file system to the one it wraps"
+    for url, said in (("::s3://bkt1/a", "starts with '::'"),
+                      ("dir::::s3://bkt1/a", "has '::::', an empty part between two '::'"),
+                      ("dir::s3://bkt1/a::", "ends with '::'")):
+        with pytest.raises(ValueError, match=re.escape(f"{url} {said}: {joins}")):
+            FsspecStore(url)
+    for url, scheme in (("DIR::s3://bkt1/a", "DIR"), ("dir::S3://bkt1/a", "S3"),
+                        ("S3://bkt1/a", "S3")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"{url}: schemes are lower case: write {scheme.lower()!r}, not {scheme!r}")):
+            FsspecStore(url)
