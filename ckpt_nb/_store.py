@@ -745,8 +745,9 @@ class FsspecStore(Store):
     An S3 store (the innermost file system S3's: ``dir::s3://`` too) waits
     ``S3_TIMEOUTS`` for a server that does not answer (botocore's own defaults waited
     minutes, retried by s3fs five times over): pass
-    ``config_kwargs={...}`` (botocore's ``Config``) or set them in fsspec's
-    configuration for others; the keys given there win.
+    ``config_kwargs={...}`` (botocore's ``Config``; given to S3 in a chain too), give
+    them in S3's own options (``s3={"config_kwargs": ...}``), or set them in fsspec's
+    configuration for others; the keys given there win (S3's own options' first).
 
     A file system on this machine's disk (``file://``, ``local://``, a cache or folder
     over one) is refused, naming the folder: a local store is a ``LocalStore``, which
@@ -1170,7 +1171,7 @@ def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url, **options)
+        return fsspec.core.url_to_fs(url, **_copied(options))
     except ValueError as exc:
         if not str(exc).startswith("Protocol not known"):
             raise
@@ -1227,38 +1228,51 @@ def _check_chain_used(url: str, layers: list[tuple[Any, str]]) -> None:
 
 
 def _with_timeouts(url: str, options: dict[str, object], files: Any) -> dict[str, object]:
-    """``options`` with ``S3_TIMEOUTS`` under the botocore settings given (as options, or
-    in fsspec's configuration), where ``files``, the innermost file system the URL opens,
-    is S3's: given to it in a chain as its scheme's options (``dir::s3://``'s ``s3=``), or
-    as ``target_options`` where an option names it (``target_protocol='s3'``). The same
-    ``options`` where it is not S3's, or already has them."""
+    """``options`` (copied) with ``S3_TIMEOUTS`` under the botocore settings given, where
+    ``files``, the innermost file system the URL opens, is S3's: in fsspec's configuration,
+    then the caller's ``config_kwargs``, then those of S3's own options, each winning key by
+    key. S3's own options are its scheme's in a chain (``dir::s3://``'s ``s3=``), and
+    ``target_options`` where an option names it (``target_protocol='s3'``); the caller's
+    ``config_kwargs`` are given to it there (fsspec gave them to the chain's outermost file
+    system, which ignored them). The same ``options`` where it is not S3's."""
     import fsspec.config
 
     protocols = _protocols(files)
-    if not protocols & {"s3", "s3a"} or all(
-            name in (getattr(files, "config_kwargs", None) or {}) for name in S3_TIMEOUTS):
+    if not protocols & {"s3", "s3a"}:
         return options
+    timed = _copied(options)
     parts = url.split("::")
+    scheme = parts[-1].partition("://")[0]
     if len(parts) > 1:
-        route = parts[-1].partition("://")[0]
-    elif "target_protocol" in options:
-        route = "target_options"
-    else:
-        route = ""
-    own = options.get(route, {}) if route else options
+        own = timed.setdefault(scheme, {})
+        given = timed.pop("config_kwargs", None)
+    else:  # (fsspec gives the URL's file system its scheme's options and the rest, merged)
+        nested = timed.pop(scheme, {})
+        if not isinstance(nested, dict):
+            return options  # (for fsspec to refuse, as it would)
+        given = timed.pop("config_kwargs", None)
+        own = timed = {**nested, **timed}
+    while isinstance(own, dict) and "target_protocol" in own:
+        own = own.setdefault("target_options", {})
     if not isinstance(own, dict):
         return options  # (for fsspec to refuse, as it would)
-    configured: dict[str, object] = {}
-    for protocol in sorted(protocols):  # (as fsspec applies its configuration)
-        found = fsspec.config.conf.get(protocol, {}).get("config_kwargs") or {}
-        if not isinstance(found, dict):
-            return options  # (for s3fs to refuse, as it would)
-        configured.update(found)
-    given = own.get("config_kwargs") or {}
-    if not isinstance(given, dict):
-        return options
-    timed = {**own, "config_kwargs": {**S3_TIMEOUTS, **configured, **given}}
-    return {**options, route: timed} if route else timed
+    # fsspec's configuration (as it applies it), the caller's, S3's own options'
+    settings = [fsspec.config.conf.get(protocol, {}).get("config_kwargs") or {}
+                for protocol in sorted(protocols)] + [given or {}, own.get("config_kwargs") or {}]
+    if not all(isinstance(found, dict) for found in settings):
+        return options  # (for s3fs to refuse, as it would)
+    # (copied: botocore writes into the retries it is given, S3_TIMEOUTS' own otherwise)
+    own["config_kwargs"] = _copied({name: value for found in [S3_TIMEOUTS, *settings]
+                                    for name, value in found.items()})
+    return timed
+
+
+def _copied(options: dict[str, object]) -> dict[str, object]:
+    """``options`` with every dict in them copied (not the other values: a session, a file
+    system): fsspec updates the options of a URL's first file system with the rest, in
+    place, which changed the caller's."""
+    return {name: _copied(value) if isinstance(value, dict) else value
+            for name, value in options.items()}
 
 
 def canonical_url(url: str) -> str:

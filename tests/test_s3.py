@@ -505,6 +505,35 @@ def test_a_chain_around_s3_waits_as_s3_itself_does(bucket: str) -> None:
                 config.retries["total_max_attempts"]) == given, store
 
 
+def test_the_callers_botocore_settings_reach_s3_wherever_they_are_given(bucket: str) -> None:
+    """config_kwargs= for dir::s3:// went where fsspec gives a chain's options, to dir::,
+    which ignored them (S3 waited 5 s, as the README said it would not); s3=
+    {"config_kwargs": ...} for s3:// was overridden by the 5 s, and the caller's dict was
+    changed in place; async_wrapper::dir:// over target_protocol='s3' got no timeouts."""
+    import copy
+
+    chained = {"config_kwargs": {"read_timeout": 60, "connect_timeout": 10}}
+    for url, options, connect, read in (
+            (f"dir::s3://{bucket}/a", chained, 10, 60),
+            (f"dir::s3://{bucket}/a", {**chained, "s3": {"config_kwargs": {"read_timeout": 61}}},
+             10, 61),  # (S3's own, key by key)
+            ("dir://", {"path": f"{bucket}/b", "target_protocol": "s3", **chained}, 10, 60),
+            (f"s3://{bucket}/c", {"s3": {"config_kwargs": {"read_timeout": 60}}}, 5, 60),
+            (f"s3://{bucket}/c", {"config_kwargs": {"connect_timeout": 10},
+                                  "s3": {"config_kwargs": {"read_timeout": 60}}}, 10, 60),
+            ("async_wrapper::dir://", {"dir": {"target_protocol": "s3", "path": f"{bucket}/d"}},
+             5, 5)):
+        given = copy.deepcopy(options)
+        store = FsspecStore(url, **options)
+        assert options == given, url  # (the caller's, as they were)
+        config = store._files.config_kwargs
+        assert (config["connect_timeout"], config["read_timeout"],
+                config["retries"]["total_max_attempts"]) == (connect, read, 1), (url, options)
+        assert not store.has("ckpt_nb.json")  # (botocore's client, made at the first request)
+        client = store._files.s3.meta.config
+        assert (client.connect_timeout, client.read_timeout) == (connect, read), url
+
+
 def test_a_store_is_one_cache_under_s3a_and_two_on_two_servers(
         bucket: str, endpoint: str) -> None:
     """The catalog cache was keyed by the URL alone: s3a:// had a cache (and a lock) of
