@@ -758,6 +758,9 @@ class FsspecStore(Store):
     that only reads (http, an archive), each by name, at any layer of the chain the URL
     and its options open, and a chain with a part that none of its file systems uses
     (``s3://b/exp::x``, which fsspec opens as ``s3://b/exp``).
+
+    A ``dir::`` folder with no path of its own holds the store at the path of what it
+    wraps: ``dir::s3://b/x`` is the store ``s3://b/x`` (``_root_in``).
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
@@ -771,6 +774,10 @@ class FsspecStore(Store):
             layers = _layers(self.fs, root)
         _check_chain_used(url, layers)
         _check_writable(url, layers)
+        doubled, former = _root_in(url, layers), root
+        if doubled is not None:  # (the store at the URL's path, not at that path inside it)
+            root = ""
+            layers = _layers(self.fs, root)
         folder = _local_folder(layers)
         if folder is not None:
             raise ValueError(
@@ -786,7 +793,7 @@ class FsspecStore(Store):
                 "checkpoint pinned there would read as unpinned here, and retention here "
                 f"would delete it. Give the URL without {cache}:: (ckpt_nb keeps its own "
                 "cache of the store's catalog on this machine)")
-        if "//" in root.strip("/"):
+        if "//" in root.strip("/") or "//" in layers[-1][1].strip("/"):
             # An object store keeps the empty segment in its keys: s3://b//x is another
             # store than s3://b/x, whose listings (by folder) found nothing in it.
             raise ValueError(f"{url} has an empty path segment ('//'): write the URL "
@@ -806,21 +813,33 @@ class FsspecStore(Store):
         # to a bucket that is not there fails instead, naming it.
         self._makes_folders = not protocols & _BUCKETED
         self.locked_everywhere = "memory" in protocols  # (this process's: one lock)
+        # Where an earlier ckpt_nb saved this store, at its path inside itself, in the
+        # outermost file system and the innermost (one in this process's memory it did not).
+        self._doubled_root = former if doubled is not None and not self.locked_everywhere \
+            else None
+        self._doubled_files = doubled
 
     @property
     def identity(self) -> str:
-        """The URL under the file system's own name for its scheme (s3a:// is s3://), and
-        the endpoint it talks to: s3://b/x on two servers is two stores."""
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else \
-            self.fs.protocol[0]
+        """The store's files as the file system that holds them names them (s3a:// is
+        s3://; dir::s3://b/x and async_wrapper::s3://b/x are s3://b/x, the same store),
+        and the endpoint or host it talks to: s3://b/x on two servers is two stores."""
+        files = self._files
+        protocol = _name(files)
         scheme, sep, rest = self.url.partition("://")
-        same = f"{protocol}://{rest}" if sep and scheme in _protocols(self.fs) else self.url
-        endpoint = (getattr(self.fs, "client_kwargs", None) or {}).get("endpoint_url") or \
-            getattr(self.fs, "endpoint_url", None)
-        return f"{same} at {endpoint}" if endpoint else same
+        if files is not self.fs:  # (a chain, or options, that name the files' system)
+            same = f"{protocol}://{self._files_root.lstrip('/')}"
+        else:
+            same = f"{protocol}://{rest}" if sep and scheme in _protocols(files) else self.url
+        where = (getattr(files, "client_kwargs", None) or {}).get("endpoint_url") or \
+            getattr(files, "endpoint_url", None) or \
+            (getattr(files, "host", None) if files is not self.fs else None)
+        return f"{same} at {where}" if where else same
 
     def _path(self, key: str) -> str:
-        return f"{self.root}/{check_key(key)}"
+        # (a store at its file system's top, a dir:: folder's, is its keys alone: a '/'
+        # before them is kept inside it, an empty path segment in S3)
+        return f"{self.root}/{check_key(key)}" if self.root else check_key(key)
 
     @contextlib.contextmanager
     def _asking(self, what: str, path: str | None = None) -> Iterator[None]:
@@ -894,7 +913,7 @@ class FsspecStore(Store):
             try:
                 with self._asking(f"upload of {key}", path):
                     if self._makes_folders:
-                        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+                        self.fs.makedirs(path.rpartition("/")[0], exist_ok=True)
                     self._put(local, path, os.fstat(spool.fileno()).st_size)
             except FileNotFoundError as exc:  # (S3's NoSuchBucket)
                 raise StoreError(f"upload of {key} to {self.url} failed: {exc} (ckpt_nb "
@@ -921,9 +940,38 @@ class FsspecStore(Store):
         path = self._path(key)
         with self._asking(f"looking for {key}", path):
             try:  # (not isfile(), which takes any failure for "no": a server down)
-                return bool(self.fs.info(path).get("type") == "file")
+                found = self.fs.info(path).get("type") == "file"
             except FileNotFoundError:
-                return False
+                found = False
+        if not found and self._doubled_root is not None:
+            self._refuse_doubled(key)
+        return found
+
+    def _refuse_doubled(self, key: str) -> None:
+        """Where ``key`` is the format stamp, which tells a store there: refuse to take this
+        store for a new one where an earlier ckpt_nb saved it at its path inside itself
+        (``_root_in``), which holds one; it would have shown no checkpoints, and saved
+        beside them."""
+        from ._format import FORMAT_KEY  # (the format module builds on this one)
+
+        if key != FORMAT_KEY:
+            return
+        former = f"{self._doubled_root}/{FORMAT_KEY}"
+        with self._asking(f"looking for {former}", former):
+            try:
+                there = self.fs.info(former).get("type") == "file"
+            except FileNotFoundError:
+                there = False
+        if not there:
+            return
+        scheme = _name(self._files)
+        now, before = f"{scheme}://{self._files_root}", f"{scheme}://{self._doubled_files}"
+        raise StoreError(
+            f"{self.url} is the store at {now}, which holds none, while {before} holds one: "
+            "an earlier ckpt_nb saved the store of a URL such as this one (a dir:: folder "
+            f"with no path of its own) at its path inside itself. Open it as {before} (the "
+            "same store), or move its files (ckpt_nb.json and the folders packs, manifests, "
+            f"labels, runs and deleted) to {now} and open this URL again")
 
     def size(self, key: str) -> int:
         path = self._path(key)
@@ -1164,6 +1212,11 @@ def _protocols(fs: Any) -> set[str]:
     return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
 
 
+def _name(fs: Any) -> str:
+    """The file system's own name for its scheme (s3fs's for s3a:// is s3)."""
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
 def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
     """fsspec's file system for ``url`` and the path it names there; its refusals said
     as a store's: a scheme it does not know (named: in a chain, not always the first),
@@ -1225,6 +1278,32 @@ def _check_chain_used(url: str, layers: list[tuple[Any, str]]) -> None:
                      f"so fsspec would ignore what follows it ('::{unused}'); '::' joins a "
                      "file system to the one it wraps (dir::s3://bucket/path): give the URL "
                      "of one store, without a '::' in its path")
+
+
+def _root_in(url: str, layers: list[tuple[Any, str]]) -> str | None:
+    """Where a chain whose first parts name no path put the store inside a ``dir::``
+    folder among them (``dir::s3://b/x``: s3://b/x/b/x), else None. fsspec gives each such
+    part the path of the part it wraps, and returns that path to name the store in the
+    outermost file system too: a ``dir::`` folder (its path already that one) held the
+    store at that path inside itself. The store is at the folder's top (root "") instead,
+    at the URL's path, as ``s3://b/x`` is; a second such ``dir::`` is refused (its folder
+    is that path too, inside the first's)."""
+    from fsspec.implementations.dirfs import DirFileSystem
+
+    parts, root = url.split("::"), layers[0][1].strip("/")
+    folders = []
+    for part, (fs, _) in zip(parts[:-1], layers):
+        if part.partition("://")[2].strip("/"):
+            break  # (a path of its own: fsspec gave none to the parts before it)
+        if isinstance(fs, DirFileSystem) and fs.path.strip("/") == root:
+            folders.append(fs)
+    if not folders:
+        return None
+    if len(folders) > 1:
+        raise ValueError(f"{url}: fsspec gives each dir:: with no path of its own the path "
+                         "of what it wraps, so the store would be at that path inside itself "
+                         "once for each: give one dir:: (dir::s3://bucket/path)")
+    return _layers(layers[0][0], layers[0][1])[-1][1].rstrip("/")
 
 
 def _with_timeouts(url: str, options: dict[str, object], files: Any) -> dict[str, object]:

@@ -534,6 +534,35 @@ def test_the_callers_botocore_settings_reach_s3_wherever_they_are_given(bucket: 
         assert (client.connect_timeout, client.read_timeout) == (connect, read), url
 
 
+def test_a_dir_folder_over_s3_holds_the_store_at_the_urls_path(bucket: str) -> None:
+    """fsspec gives a dir:: with no path of its own the path of what it wraps, and names
+    the store by that path too: dir::s3://b/x saved at s3://b/x/b/x, another store than
+    s3://b/x, with a catalog cache and a lock of its own. A store an earlier ckpt_nb
+    saved there is named, not shown as an empty one."""
+    with CheckpointManager(f"dir::s3://{bucket}/exp") as mgr:
+        saved = mgr.save(h=Holder(weights(1)))
+    assert f"{bucket}/exp/ckpt_nb.json" in s3fs.S3FileSystem().find(bucket)
+    assert not s3fs.S3FileSystem().exists(f"{bucket}/exp/{bucket}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no rebuild: the same cache)
+        for url in (f"s3://{bucket}/exp", f"async_wrapper::dir::s3://{bucket}/exp"):
+            with CheckpointManager(url) as mgr:
+                assert mgr.list()["id"].tolist() == [saved], url
+    assert FsspecStore(f"dir::s3://{bucket}/exp").identity == \
+        FsspecStore(f"s3://{bucket}/exp").identity
+    # Saved by an earlier ckpt_nb: at the path inside itself.
+    doubled = f"s3://{bucket}/old/{bucket}/old"
+    with CheckpointManager(doubled) as mgr:
+        old = mgr.save(h=Holder(weights(2)))
+    with pytest.raises(StoreError, match=re.escape(
+            f"dir::s3://{bucket}/old is the store at s3://{bucket}/old, which holds none, "
+            f"while {doubled} holds one: an earlier ckpt_nb saved") + ".*" + re.escape(
+            f"Open it as {doubled} (the same store), or move its files")):
+        CheckpointManager(f"dir::s3://{bucket}/old")
+    assert not s3fs.S3FileSystem().exists(f"{bucket}/old/ckpt_nb.json")  # (nothing made)
+    assert CheckpointManager(f"dir::{doubled}").list()["id"].tolist() == [old]
+
+
 def test_a_store_is_one_cache_under_s3a_and_two_on_two_servers(
         bucket: str, endpoint: str) -> None:
     """The catalog cache was keyed by the URL alone: s3a:// had a cache (and a lock) of

@@ -171,3 +171,31 @@ def test_an_empty_chain_part_or_a_scheme_in_capitals_is_refused_as_what_it_is() 
         with pytest.raises(ValueError, match=re.escape(
                 f"{url}: schemes are lower case: write {scheme.lower()!r}, not {scheme!r}")):
             FsspecStore(url)
+
+
+def test_a_dir_folder_holds_the_store_at_the_urls_path(tmp_path: Path) -> None:
+    """dir::memory://exp saved at /exp//exp/ (fsspec gives a dir:: with no path of its own
+    the path of what it wraps, and names the store by it too); dir::file:// was refused
+    naming the folder doubled; dir::dir:: doubles it whatever is done."""
+    import fsspec
+    import torch
+
+    memory = fsspec.filesystem("memory")
+    try:
+        with CheckpointManager("dir::memory://urls-dir") as mgr:
+            saved = mgr.save(torch.nn.Linear(2, 2), rng=False)
+        found = memory.find("/urls-dir")
+        assert "/urls-dir/ckpt_nb.json" in found and not any("//" in p for p in found), found
+        with CheckpointManager("dir::memory://urls-dir") as mgr:
+            assert mgr.list()["id"].tolist() == [saved] and mgr.verify().ok
+        inner = FsspecStore("dir://sub::memory://urls-dir")  # (its own path: inside the folder)
+        assert inner._files_root == "/urls-dir/sub"
+    finally:
+        memory.rm("/urls-dir", recursive=True)
+    folder = tmp_path / "x"
+    with pytest.raises(ValueError, match=re.escape(f"dir::{folder.as_uri()} is the folder "
+                                                   f"{folder} on this machine")):
+        FsspecStore(f"dir::{folder.as_uri()}")
+    with pytest.raises(ValueError, match=r"^dir::dir::memory://q: fsspec gives each dir:: "
+                                         r".*give one dir::"):
+        FsspecStore("dir::dir::memory://q")
