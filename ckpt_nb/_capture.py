@@ -1061,8 +1061,9 @@ def _with_tied_copies(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapp
 def _alias(t: Any) -> tuple[Any, ...] | None:
     """What two tied tensors have alike (device, address, shape, strides, dtype); None for
     what has no memory of its own to compare (no tensor, meta, empty, no storage)."""
-    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_meta or \
-            not t.numel() or isinstance(t, UninitializedTensorMixin):
+    # (an uninitialized parameter first: torch raises on its numel())
+    if not isinstance(t, torch.Tensor) or isinstance(t, UninitializedTensorMixin) or \
+            t.layout != torch.strided or t.is_meta or not t.numel():
         return None
     try:
         address = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()

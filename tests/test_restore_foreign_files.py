@@ -177,3 +177,19 @@ def test_a_batchnorm_version_that_is_no_number_is_refused_before_anything_change
     with pytest.raises(StateMismatchError, match=r"missing keys \['num_batches_tracked'\]"):
         CheckpointManager(tmp_path / "s").restore(tmp_path / "bn.pt",
                                                   model=torch.nn.BatchNorm1d(4))
+
+
+def test_a_lazy_module_restored_without_every_key_takes_what_there_is(tmp_path: Path) -> None:
+    """A missing key with a lazy module raised torch's raw ValueError ('Attempted to use an
+    uninitialized parameter in numel'), looking for tied copies to fill it from."""
+    saved = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    state = saved.state_dict()
+    del state["1.bias"]
+    torch.save(state, tmp_path / "partial.pt")
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.LazyLinear(2))
+    CheckpointManager(tmp_path / "s").restore(tmp_path / "partial.pt", model=lazy, strict=False)
+    assert torch.equal(lazy[0].weight, saved[0].weight)
+    with pytest.raises(StateMismatchError, match=r"missing keys \['1\.bias'\]"):
+        CheckpointManager(tmp_path / "s").restore(
+            tmp_path / "partial.pt",
+            model=torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.LazyLinear(2)))
