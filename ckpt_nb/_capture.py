@@ -1438,21 +1438,36 @@ def unwrap(obj: Any) -> Any:
 def _unprefixed(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapping[str, Any]:
     """A state saved through a wrapper (by ckpt_nb before it unwrapped them, or by
     ``torch.save(compiled.state_dict())``) as its module's: where every key carries a
-    wrapper's prefix and, stripped of it, the keys are exactly this module's (a module
-    of a different architecture is left to fail on its keys). ``state`` otherwise."""
+    wrapper's prefix and, stripped of it, the keys fit this module (exactly, or but for
+    keys torch or the tied copies fill in: an old BatchNorm's counter, a tied weight saved
+    once); a module of a different architecture is left to fail on its keys. ``state``
+    otherwise."""
     live_state = module.state_dict()
-    live = set(live_state)
     prefix = ""
-    keys = list(state)
-    while keys and set(keys) != live:
-        step = next((p for p in _WRAPPER_PREFIXES if all(k.startswith(p) for k in keys)), None)
+    candidate = state
+    while candidate and not _keys_fit(module, live_state, candidate):
+        step = next((p for p in _WRAPPER_PREFIXES if all(k.startswith(p) for k in candidate)),
+                    None)
         if step is None:
             return _compiled_inside(live_state, state)
         prefix += step
-        keys = [k.removeprefix(step) for k in keys]
-    if not prefix:
-        return state
-    stripped = OrderedDict(zip(keys, state.values()))
+        candidate = _without_prefix(state, prefix)
+    return candidate
+
+
+def _keys_fit(module: torch.nn.Module, live_state: Mapping[str, Any],
+              state: Mapping[str, Any]) -> bool:
+    """Whether ``state``'s keys are the module's, but for those its load fills in."""
+    if not set(state) <= set(live_state):
+        return False
+    missing = set(live_state) - set(state) - _counters_torch_fills(module, state)
+    return not missing or not missing - set(_with_tied_copies(module, state))
+
+
+def _without_prefix(state: Mapping[str, Any], prefix: str) -> OrderedDict[str, Any]:
+    """``state`` with ``prefix`` stripped from its keys and from its metadata's module
+    paths (the wrapper's own path, and any outside it, becoming the root's "")."""
+    stripped = OrderedDict((k.removeprefix(prefix), v) for k, v in state.items())
     metadata = getattr(state, "_metadata", None)
     if isinstance(metadata, Mapping):  # (module versions by module path: "" is the root's)
         stripped._metadata = OrderedDict(  # type: ignore[attr-defined]

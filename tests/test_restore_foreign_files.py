@@ -193,3 +193,22 @@ def test_a_lazy_module_restored_without_every_key_takes_what_there_is(tmp_path: 
         CheckpointManager(tmp_path / "s").restore(
             tmp_path / "partial.pt",
             model=torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.LazyLinear(2)))
+
+
+def test_a_wrapper_prefixed_state_that_relies_on_a_fill_restores(tmp_path: Path) -> None:
+    """A DataParallel save ('module.') of an old BatchNorm without its counter, or of a
+    tied model with one copy, was refused: 'without it do not fit this module either'."""
+    saved = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+    saved[1].running_mean.add_(2)
+    torch.save(OrderedDict((f"module.{k}", v) for k, v in saved.state_dict().items()
+                           if not k.endswith("num_batches_tracked")), tmp_path / "dp_bn.pt")
+    restored = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+    mgr = CheckpointManager(tmp_path / "s")
+    mgr.restore(tmp_path / "dp_bn.pt", model=restored)
+    assert torch.equal(restored[1].running_mean, saved[1].running_mean)
+    tied = Tied()
+    torch.save({"_orig_mod.emb.weight": tied.emb.weight.detach()}, tmp_path / "tied.pt")
+    restored_tied = Tied()
+    mgr.restore(tmp_path / "tied.pt", model=restored_tied)
+    assert restored_tied.out.weight is restored_tied.emb.weight
+    assert torch.equal(restored_tied.emb.weight, tied.emb.weight)
