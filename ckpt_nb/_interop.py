@@ -9,6 +9,7 @@ can also go alone, under its own keys, as its ``load_state_dict`` takes them.
 
 from __future__ import annotations
 
+import _compat_pickle
 import contextlib
 import copy
 import errno
@@ -22,6 +23,7 @@ import re
 import reprlib
 import stat
 import struct
+import sys
 import tempfile
 import threading
 import types
@@ -807,45 +809,113 @@ def _pickle_protocol(path: Path) -> int | None:
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)|"
                              r"unsupported GLOBAL (\S+) whose module \S+ is blocked")
 _UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")
-# Modules whose functions and classes run commands, code or imports, or touch files: a
-# global of one is never a value to allow with add_safe_globals.
-_CODE_MODULES = frozenset({
-    "builtins", "__builtin__", "os", "posix", "nt", "sys", "subprocess", "importlib",
-    "shutil", "runpy", "pty", "code", "codeop", "ctypes", "socket", "pickle", "_pickle",
-    "marshal", "types", "webbrowser", "multiprocessing", "asyncio", "operator", "functools",
-    "pdb", "platform", "tempfile", "io", "_io", "signal", "torch.hub", "torch._C",
-    "torch.ops"})
+# Globals known to build values alone (data, no commands, code or files), which a refusal
+# may offer to torch.serialization.add_safe_globals; any other (os.system, eval,
+# timeit.timeit, a class of the user's) gets the trust_pickle advice alone. Besides these,
+# numpy.dtypes' dtype classes and torch.nn.modules' Module classes (a whole module saved).
+_VALUE_GLOBALS = frozenset({
+    "numpy.dtype", "numpy.ndarray", "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar", "argparse.Namespace", "types.SimpleNamespace",
+    "uuid.UUID", "decimal.Decimal", "fractions.Fraction",
+    *(f"datetime.{c}" for c in ("date", "time", "datetime", "timedelta", "timezone")),
+    *(f"collections.{c}" for c in ("OrderedDict", "defaultdict", "deque", "Counter")),
+    *(f"{m}.{c}" for m in ("pathlib", "pathlib._local")
+      for c in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath",
+                "PureWindowsPath")),
+    *(f"builtins.{c}" for c in ("range", "slice", "set", "frozenset", "complex", "bytearray",
+                                "bytes", "int", "float", "bool", "str", "list", "dict",
+                                "tuple")),
+})
 
 
-def _runs_code(name: str) -> bool:
-    """Whether a global (``module.name``) is of a module in ``_CODE_MODULES``, or a
-    submodule of one."""
-    module = name.rpartition(".")[0]
-    return any(module == m or module.startswith(f"{m}.") for m in _CODE_MODULES)
+def _builds_values_alone(name: str) -> bool:
+    """Whether a global (``module.name``) is one of ``_VALUE_GLOBALS``, a NumPy dtype class
+    or a torch.nn module class (looked up only where its module is imported: nothing is
+    imported for it)."""
+    if name in _VALUE_GLOBALS:
+        return True
+    module, _, attr = name.rpartition(".")
+    found = getattr(sys.modules.get(module), attr, None)
+    if module == "numpy.dtypes":
+        return isinstance(found, type) and issubclass(found, np.dtype)
+    return module.startswith("torch.nn.modules.") and isinstance(found, type) and \
+        issubclass(found, torch.nn.Module)
 
 
-def _unsafe_globals(path: Path, text: str) -> list[str]:
-    """Every global of a torch file's pickle that weights-only loading does not build,
-    read from its opcodes (nothing built, no code run) where this torch can
-    (``get_unsafe_globals_in_checkpoint``, zip files), else the one torch's refusal
-    names."""
-    listing = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
-    if listing is not None:
-        try:
-            found = listing(str(path))
-        except Exception:  # noqa: BLE001 - a legacy or damaged file: torch's message says
-            found = []
-        if found:
-            return sorted(found)
-    refused = _REFUSED_GLOBAL.search(text)
-    return [next(g for g in refused.groups() if g)] if refused else []
+def _pickle_globals(path: Path) -> tuple[set[str], set[str]]:
+    """Every global a torch file's pickle names, and the codes of the NumPy dtypes it builds
+    (``'i8'``: their classes must be allowed too), read from its opcodes (nothing built, no
+    code run): a zip's data.pkl, or a legacy file's main pickle (its fourth)."""
+    names: set[str] = set()
+    dtype_codes: set[str] = set()
+    try:
+        with contextlib.ExitStack() as stack:
+            if zipfile.is_zipfile(path):
+                archive = stack.enter_context(zipfile.ZipFile(path))
+                data = next(i for i in archive.namelist() if i.endswith("/data.pkl"))
+                pickles = [stack.enter_context(archive.open(data))]
+            else:
+                legacy = stack.enter_context(open(path, "rb"))
+                pickles = [legacy] * 4  # (magic number, protocol, system info, the data)
+            for stream in pickles:
+                memo: dict[Any, str | None] = {}
+                top: str | None = None  # (the global the last opcode pushed, if one)
+                strings: list[str] = []  # (the last two strings pushed: STACK_GLOBAL's)
+                for op, arg, _ in pickletools.genops(stream):
+                    if op.name in ("GLOBAL", "STACK_GLOBAL"):
+                        top = _python3_name(*arg.split(" ", 1)) if op.name == "GLOBAL" \
+                            else ".".join(strings)
+                        names.add(top)
+                    elif op.name in ("BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"):
+                        memo[len(memo) if op.name == "MEMOIZE" else arg] = top
+                    elif op.name in ("BINGET", "LONG_BINGET", "GET"):
+                        top = memo.get(arg)
+                    else:
+                        if top == "numpy.dtype" and isinstance(arg, str):
+                            dtype_codes.add(arg)
+                        top = None
+                        strings = (strings + [arg])[-2:] if isinstance(arg, str) else []
+    except Exception:  # noqa: BLE001 - a damaged file: what was read so far
+        pass
+    return names, dtype_codes
+
+
+def _python3_name(module: str, name: str) -> str:
+    """A protocol 2 pickle's global under the name Python 3 unpickles it as
+    (``__builtin__.xrange``: ``builtins.range``), as torch's weights-only loader reads it."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    else:
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+    return f"{module}.{name}"
+
+
+def _unsafe_globals(path: Path, text: str) -> tuple[list[str], list[str]]:
+    """Every global of a torch file's pickle that weights-only loading does not build, and
+    the NumPy dtype classes its dtypes need besides, read from its opcodes; else the one
+    torch's refusal names."""
+    allowed = getattr(torch._weights_only_unpickler, "_get_allowed_globals", dict)()
+    user = getattr(torch._weights_only_unpickler, "_get_user_allowed_globals", dict)()
+    names, dtype_codes = _pickle_globals(path)
+    found = sorted(names - set(allowed) - set(user))
+    if not found:
+        refused = _REFUSED_GLOBAL.search(text)
+        return ([next(g for g in refused.groups() if g)] if refused else []), []
+    dtype_classes = set()
+    for code in dtype_codes:
+        with contextlib.suppress(TypeError, ValueError):
+            dtype_classes.add(f"numpy.dtypes.{type(np.dtype(code)).__name__}")
+    return found, sorted(dtype_classes - set(allowed) - set(user) - set(found)) \
+        if "numpy.dtype" in names else []
 
 
 def _untrusted(path: Path, exc: pickle.UnpicklingError) -> UntrustedPickleError:
     """The refusal of a file that torch.load(weights_only=True) does not read, its cause
     first: a protocol that loader does not parse, or every global it would not build
     (torch's own message, ~900 characters, buries the first alone). add_safe_globals is
-    offered only where none of them runs code: never for os.system or eval."""
+    offered only where each is known to build values alone (``_VALUE_GLOBALS``): never
+    for os.system, eval or a class of the user's."""
     text = _plain(exc)
     protocol = _pickle_protocol(path)
     if "Unsupported operand" in text and protocol is not None and protocol not in (2, 3):
@@ -855,22 +925,27 @@ def _untrusted(path: Path, exc: pickle.UnpicklingError) -> UntrustedPickleError:
             f"{path} was saved with pickle protocol {saved}, which torch.load(weights_only="
             "True) does not read (it reads 2 and 3): re-save it with torch.save's default "
             f"protocol, or pass trust_pickle=True if you trust the file {trusted}")
-    names = _unsafe_globals(path, text)
+    names, dtype_classes = _unsafe_globals(path, text)
     if names:
         held = ", ".join(names)
-        code = [n for n in names if _runs_code(n)]
+        code = [n for n in names if not _builds_values_alone(n)]
         if code:
+            which = "they" if len(code) == len(names) else ", ".join(code)
             return UntrustedPickleError(
-                f"{path} holds {held}, which torch.load(weights_only=True) does not build: "
-                f"{', '.join(code)} can run commands or code as the file loads. Pass "
-                "trust_pickle=True only if you trust the file: a full unpickling runs what "
-                "it names")
-        # (a NumPy dtype is built by its class too: numpy.dtypes.Int64DType, say)
-        dtypes = ", numpy.dtypes.*DType" if "numpy.dtype" in names else ""
+                f"{path} holds {held}, which torch.load(weights_only=True) does not build, "
+                f"and {which} can run commands or code as the file loads (none is a class "
+                "known to hold values alone). Pass trust_pickle=True only if you trust the "
+                "file: a full unpickling runs what it names")
+        # (the first named, then each once in the call to paste: a whole module's are many)
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        modules = any(n.startswith("torch.nn.modules.") for n in names)
         return UntrustedPickleError(
-            f"{path} holds {held}, which torch.load(weights_only=True) does not build "
-            "(loading them could run code): pass trust_pickle=True if you trust the file, "
-            f"or allow them with torch.serialization.add_safe_globals([{held}{dtypes}])")
+            f"{path} holds {'whole modules: ' if modules else ''}{names[0]}{more}, which "
+            "torch.load(weights_only=True) does not build (loading them could run code): "
+            "pass trust_pickle=True if you trust the file"
+            + (" (restore takes each module's state_dict())" if modules else "")
+            + ", or allow them with torch.serialization.add_safe_globals(["
+            + ", ".join(names + dtype_classes) + "])")
     detail = _UNPICKLER_ERROR.search(text)
     lines = [line.strip() for line in text.splitlines() if line.strip() and
              not line.startswith("Check the documentation of torch.load")]

@@ -662,9 +662,77 @@ def test_every_global_a_file_needs_is_named_at_once(tmp_path: Path) -> None:
     message = str(refused.value)
     assert all(name in message for name in ("numpy.dtype", "numpy.ndarray",
                                             "argparse.Namespace", "PosixPath")), message
-    assert "add_safe_globals([" in message and "numpy.dtypes.*DType" in message
+    assert "add_safe_globals([" in message and "numpy.dtypes.Int64DType" in message
+    assert message.count("numpy.ndarray") == 1  # (listed once, in the call to paste)
     allowed = [np._core.multiarray.scalar, np.dtype, np.dtypes.Int64DType,
                np._core.multiarray._reconstruct, np.ndarray, argparse.Namespace, type(Path())]
     with torch.serialization.safe_globals(allowed):
         ck = CheckpointManager(tmp_path / "s").load(tmp_path / "f.pt")
     assert ck.epoch == 7 and ck.extra["args"].lr == 0.1
+
+
+class Calls:
+    """An object whose unpickling calls ``function(*args)``."""
+
+    def __init__(self, function: Any, *args: Any) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.function, self.args)
+
+
+@pytest.mark.parametrize("function", ["timeit.timeit", "cProfile.run", "pydoc.pipepager",
+                                      "numpy.testing._private.utils.runstring"])
+def test_a_function_of_any_module_is_never_offered_to_add_safe_globals(
+        tmp_path: Path, function: str) -> None:
+    """Only modules on a list of those that run code were kept from add_safe_globals:
+    timeit.timeit, cProfile.run, pydoc.pipepager and NumPy's runstring, which run what they
+    are given, were offered."""
+    import importlib
+
+    module, _, name = function.rpartition(".")
+    torch.save({"model": {"w": torch.ones(1)},
+                "x": Calls(getattr(importlib.import_module(module), name), "1")},
+               tmp_path / "f.pt")
+    with pytest.raises(UntrustedPickleError, match="trust_pickle=True only if you trust "
+                                                   "the file") as refused:
+        CheckpointManager(tmp_path / "s").import_file(tmp_path / "f.pt")
+    assert function in str(refused.value)
+    assert "add_safe_globals" not in str(refused.value)
+
+
+def test_plain_value_classes_are_offered_to_add_safe_globals(tmp_path: Path) -> None:
+    """builtins.range, builtins.slice and types.SimpleNamespace were said to run code."""
+    import types
+
+    torch.save({"model": {"w": torch.ones(1)}, "r": range(3), "s": slice(1, 2),
+                "n": types.SimpleNamespace(lr=0.1)}, tmp_path / "f.pt")
+    with pytest.raises(UntrustedPickleError, match=r"add_safe_globals\(\[builtins\.range, "
+                                                   r"builtins\.slice, types\.SimpleNamespace"
+                                                   r"\]\)"):
+        CheckpointManager(tmp_path / "s").import_file(tmp_path / "f.pt")
+    with torch.serialization.safe_globals([range, slice, types.SimpleNamespace]):
+        ck = CheckpointManager(tmp_path / "s").load(tmp_path / "f.pt")
+    assert ck.extra["r"] == range(3) and ck.extra["n"].lr == 0.1
+
+
+def test_a_legacy_file_names_every_global_it_needs(tmp_path: Path) -> None:
+    """A file saved in the format before torch 1.6 named the first global alone."""
+    import argparse
+
+    torch.save({"model": {"w": torch.ones(1)}, "epoch": np.int64(3),
+                "args": argparse.Namespace(a=1), "root": Path("data")}, tmp_path / "f.pt",
+               _use_new_zipfile_serialization=False)
+    with pytest.raises(UntrustedPickleError) as refused:
+        CheckpointManager(tmp_path / "s").import_file(tmp_path / "f.pt")
+    message = str(refused.value)
+    assert all(name in message for name in ("argparse.Namespace", "numpy.dtype,", "PosixPath",
+                                            "numpy.dtypes.Int64DType")), message
+
+
+def test_whole_modules_name_each_class_once_trust_first(tmp_path: Path) -> None:
+    torch.save({"model": torch.nn.Sequential(torch.nn.Linear(2, 2))}, tmp_path / "f.pt")
+    with pytest.raises(UntrustedPickleError, match="holds whole modules: .*pass "
+                                                   "trust_pickle=True") as refused:
+        CheckpointManager(tmp_path / "s").import_file(tmp_path / "f.pt")
+    assert str(refused.value).count("torch.nn.modules.linear.Linear") == 1
