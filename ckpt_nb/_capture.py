@@ -971,8 +971,9 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     if strict and unexpected:
         problems.append(f"{name}: unexpected keys {unexpected[:10]}"
                         + (" ..." if len(unexpected) > 10 else ""))
-    if strict and missing and unexpected:
-        problems += _prefix_hint(name, missing, unexpected)
+    if strict and missing and unexpected:  # (the counters filled in too: they move with
+        # the prefix as the rest do)
+        problems += _prefix_hint(name, [k for k in current if k not in state], unexpected)
     casts: set[tuple[torch.dtype, torch.dtype]] = set()
     on_meta: list[str] = []  # (torch would load nothing into them, and say only a warning)
     for key, saved in state.items():

@@ -212,3 +212,20 @@ def test_a_wrapper_prefixed_state_that_relies_on_a_fill_restores(tmp_path: Path)
     mgr.restore(tmp_path / "tied.pt", model=restored_tied)
     assert restored_tied.out.weight is restored_tied.emb.weight
     assert torch.equal(restored_tied.emb.weight, tied.emb.weight)
+
+
+def test_the_prefix_hint_is_given_for_a_model_with_a_batchnorm(tmp_path: Path) -> None:
+    """The counter torch fills in was left out of the module's keys it compared: a model
+    with a BatchNorm had no hint."""
+    def net() -> torch.nn.Sequential:
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+
+    class LitBN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = net()
+
+    torch.save(net().state_dict(), tmp_path / "inner.pt")
+    with pytest.raises(StateMismatchError, match=r"model: the module's keys are the "
+                                                 r"checkpoint's with 'model\.' before them"):
+        CheckpointManager(tmp_path / "s").restore(tmp_path / "inner.pt", model=LitBN())
