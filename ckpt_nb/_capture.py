@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 import math
+import numbers
 import pickle
 import random
 import signal
@@ -971,6 +972,7 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     if strict and unexpected:
         problems.append(f"{name}: unexpected keys {unexpected[:10]}"
                         + (" ..." if len(unexpected) > 10 else ""))
+    problems += _versions_torch_fails_on(name, module, state)
     if strict and missing and unexpected:  # (the counters filled in too: they move with
         # the prefix as the rest do)
         problems += _prefix_hint(name, [k for k in current if k not in state], unexpected)
@@ -1087,9 +1089,30 @@ def _counters_torch_fills(module: torch.nn.Module, state: Mapping[str, Any]) -> 
             version = local.get("version") if isinstance(local, Mapping) else None
             # (a version of another type, which torch's load fails on: not filled, so the
             # key is named missing before anything changes)
-            if version is None or isinstance(version, (int, float)) and version < 2:
+            if version is None or isinstance(version, numbers.Real) and version < 2:
                 filled.add(f"{path}.num_batches_tracked" if path else "num_batches_tracked")
     return filled
+
+
+def _versions_torch_fails_on(name: str, module: torch.nn.Module,
+                             state: Mapping[str, Any]) -> list[str]:
+    """A BatchNorm's (any ``_NormBase``'s) version in the state's metadata that is not a
+    number (``"2"``): torch's load compares it with 2 before anything else, and fails
+    midway, the modules before it loaded."""
+    metadata = getattr(state, "_metadata", None)
+    if not isinstance(metadata, Mapping):
+        return []
+    problems = []
+    for path, sub in module.named_modules(remove_duplicate=False):
+        local = metadata.get(path, {})
+        version = local.get("version") if isinstance(local, Mapping) else None
+        if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and version is not None \
+                and not isinstance(version, numbers.Real):
+            problems.append(f"{name}: the checkpoint's version of {path or 'the module'} "
+                            f"({type(sub).__name__}) is {version!r}, not a number, which "
+                            "torch's load_state_dict fails on: take the state from load() "
+                            f"and set its _metadata[{path!r}]['version'] to the number")
+    return problems
 
 
 def _tie_conflicts(name: str, current: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:

@@ -229,3 +229,22 @@ def test_the_prefix_hint_is_given_for_a_model_with_a_batchnorm(tmp_path: Path) -
     with pytest.raises(StateMismatchError, match=r"model: the module's keys are the "
                                                  r"checkpoint's with 'model\.' before them"):
         CheckpointManager(tmp_path / "s").restore(tmp_path / "inner.pt", model=LitBN())
+
+
+def test_a_batchnorm_version_that_is_no_number_is_refused_with_every_key_there(
+        tmp_path: Path) -> None:
+    """With every key present, torch's load compared "2" < 2 midway: the Linear before the
+    BatchNorm was loaded, then a StateMismatchError said it may be half loaded."""
+    def net() -> torch.nn.Sequential:
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+
+    state = net().state_dict()
+    state._metadata["1"]["version"] = "2"  # type: ignore[attr-defined]
+    torch.save(state, tmp_path / "bn.pt")
+    model = net()
+    before = model[0].weight.clone()
+    with pytest.raises(StateMismatchError, match=r"nothing was changed:\n  model: the "
+                                                 r"checkpoint's version of 1 \(BatchNorm1d\) "
+                                                 r"is '2', not a number"):
+        CheckpointManager(tmp_path / "s").restore(tmp_path / "bn.pt", model=model)
+    assert torch.equal(model[0].weight, before)
