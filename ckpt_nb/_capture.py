@@ -977,6 +977,7 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
         # the prefix as the rest do)
         problems += _prefix_hint(name, [k for k in current if k not in state], unexpected)
     casts: set[tuple[torch.dtype, torch.dtype]] = set()
+    reshaped = False  # (a shape differs: no cast makes the state fit)
     on_meta: list[str] = []  # (torch would load nothing into them, and say only a warning)
     for key, saved in state.items():
         live = current.get(key)
@@ -988,6 +989,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                                 f"but {_describe(live)} in the live object")
                 if live.shape == saved.shape:
                     casts.add((saved.dtype, live.dtype))
+                else:
+                    reshaped = True
             elif not _copies_in_place(live.dtype):
                 problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
                                 "into in place: take it from load() instead")
@@ -1001,12 +1004,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                 problems.append(f"{name}: {key} is an expanded view (its elements share "
                                 "memory), which torch cannot copy into: make it a tensor of "
                                 "its own (.clone()), or take it from load() instead")
-    if len(casts) == 1:  # (a half-precision file into a float32 model, say)
-        (saved_dtype, live_dtype), = casts
-        problems.append(f"{name}: to restore it as saved, cast {name} first ({name}.to("
-                        f"{saved_dtype})), then back ({name}.to({live_dtype})) if you want; "
-                        f"or take the state from load() and {name}.load_state_dict() it, "
-                        "which casts each tensor as it copies")
+    if casts and not reshaped:
+        problems.append(_cast_hint(name, casts, state))
     if on_meta:
         problems.append(f"{name}: {on_meta[:10]}{' ...' if len(on_meta) > 10 else ''} "
                         f"{'is' if len(on_meta) == 1 else 'are'} on the meta device (built "
@@ -1015,6 +1014,24 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     # (the checks above rule out what the comparison below cannot take: casts, expanded
     # views, memory on the meta device)
     return problems or _tie_conflicts(name, current, state)
+
+
+def _cast_hint(name: str, casts: set[tuple[torch.dtype, torch.dtype]],
+               state: Mapping[str, Any]) -> str:
+    """Advice where tensors differ from the module's in dtype alone. Casting the module
+    restores it as saved only where the file is of one floating dtype throughout (a
+    half-precision file into a float32 model): not mixed precision (float16 weights, float32
+    BatchNorm), nor an integer dtype, which Module.to does not take."""
+    copy_advice = f"take the state from load() and {name}.load_state_dict() it, which " \
+        "casts each tensor as it copies"
+    saved_dtype, live_dtype = next(iter(casts))
+    if len(casts) > 1 or not saved_dtype.is_floating_point or \
+            not live_dtype.is_floating_point or \
+            any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != saved_dtype
+                for t in state.values()):
+        return f"{name}: to restore it, {copy_advice}"
+    return (f"{name}: to restore it as saved, cast {name} first ({name}.to({saved_dtype})), "
+            f"then back ({name}.to({live_dtype})) if you want; or {copy_advice}")
 
 
 def _prefix_hint(name: str, missing: list[str], unexpected: list[str]) -> list[str]:

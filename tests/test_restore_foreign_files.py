@@ -248,3 +248,26 @@ def test_a_batchnorm_version_that_is_no_number_is_refused_with_every_key_there(
                                                  r"is '2', not a number"):
         CheckpointManager(tmp_path / "s").restore(tmp_path / "bn.pt", model=model)
     assert torch.equal(model[0].weight, before)
+
+
+def test_the_cast_hint_is_given_only_where_a_cast_restores_the_file(tmp_path: Path) -> None:
+    """It was given where shapes differed too, for mixed precision (float16 weights, a
+    float32 BatchNorm: cast one way, the other failed), and as model.to(torch.int32)."""
+    def net(width: int = 4) -> torch.nn.Sequential:
+        return torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.BatchNorm1d(width))
+
+    mixed = net().half()
+    mixed[1].float()
+    wider = net(5).half()
+    counter = net().state_dict()
+    counter["1.num_batches_tracked"] = counter["1.num_batches_tracked"].int()
+    mgr = CheckpointManager(tmp_path / "s")
+    for label, state, hint in (("mixed", mixed.state_dict(), "take the state from load()"),
+                               ("wider", wider.state_dict(), None),
+                               ("counter", counter, "take the state from load()")):
+        torch.save(state, tmp_path / f"{label}.pt")
+        with pytest.raises(StateMismatchError) as refused:
+            mgr.restore(tmp_path / f"{label}.pt", model=net())
+        message = str(refused.value)
+        assert "cast model first" not in message, label
+        assert (hint in message) if hint else ("load_state_dict() it" not in message), label
