@@ -979,10 +979,13 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     casts: set[tuple[torch.dtype, torch.dtype]] = set()
     reshaped = False  # (a shape differs: no cast makes the state fit)
     on_meta: list[str] = []  # (torch would load nothing into them, and say only a warning)
+    tied_copies = getattr(state, "_tied_copies", set())
     for key, saved in state.items():
         live = current.get(key)
         if isinstance(live, UninitializedTensorMixin):
             continue  # a lazy module not run yet: load_state_dict gives it the saved shape
+        if key in tied_copies:
+            continue  # (filled from the key it is tied to, alike in memory: named for that)
         if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
             if live.shape != saved.shape or live.dtype != saved.dtype:
                 problems.append(f"{name}: {key} is {_describe(saved)} in the checkpoint "
@@ -1073,6 +1076,7 @@ def _with_tied_copies(module: torch.nn.Module, state: Mapping[str, Any]) -> Mapp
         return state
     filled = OrderedDict(state)
     filled.update(tied)
+    filled._tied_copies = set(tied)  # type: ignore[attr-defined] # (not the file's: not named)
     if hasattr(state, "_metadata"):  # (module versions, which load_state_dict reads)
         filled._metadata = state._metadata  # type: ignore[attr-defined]
     return filled

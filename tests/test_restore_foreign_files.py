@@ -271,3 +271,12 @@ def test_the_cast_hint_is_given_only_where_a_cast_restores_the_file(tmp_path: Pa
         message = str(refused.value)
         assert "cast model first" not in message, label
         assert (hint in message) if hint else ("load_state_dict() it" not in message), label
+
+
+def test_a_refused_tied_state_names_only_the_key_the_file_holds(tmp_path: Path) -> None:
+    """The key filled from its tied one was said to be '(6, 3) float32 in the checkpoint'."""
+    torch.save({"emb.weight": torch.randn(6, 3)}, tmp_path / "t.pt")
+    with pytest.raises(StateMismatchError, match=r"emb\.weight is \(6, 3\) float32 in the "
+                                                 r"checkpoint") as refused:
+        CheckpointManager(tmp_path / "s").restore(tmp_path / "t.pt", model=Tied())
+    assert "out.weight" not in str(refused.value)
