@@ -108,6 +108,9 @@ def _main(argv: list[str]) -> int:
                     say("'best' needs --metric NAME (and --mode max if higher is better): "
                         "no save to this store recorded a metric to rank by")
                     return 1
+                if args.mode is not None and mgr.metric is None:
+                    say(f"warning: --mode {args.mode} ranks nothing: no save to this store "
+                        "recorded a metric to rank by; give --metric NAME with it")
                 try:
                     return args.run(mgr, args)
                 except CheckpointNotFoundError as exc:
@@ -764,10 +767,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 def _note_cell(note: str, cut: bool) -> str:
-    """A note's cell in ls: where ``cut``, its first characters and "…" past
-    ``_NOTE_CHARS``, counted as shown (control characters escaped)."""
-    text = _printable(_cell(note))
-    return text[:_NOTE_CHARS - 1] + "…" if cut and len(text) > _NOTE_CHARS else text
+    """A note's cell in ls: where ``cut``, as much as fits ``_NOTE_CHARS`` columns as
+    shown, and "…" (control characters escaped whole, wide characters two columns)."""
+    shown = [_printable(c) for c in _cell(note)]
+    if not cut or _width("".join(shown)) <= _NOTE_CHARS:
+        return "".join(shown)
+    kept, width = [], 0
+    for piece in shown:  # (an escape is cut whole, never in its middle)
+        width += _width(piece)
+        if width > _NOTE_CHARS - 1:
+            break
+        kept.append(piece)
+    return "".join(kept) + "…"
 
 
 def _width(text: str) -> int:

@@ -1157,7 +1157,7 @@ def test_ls_cuts_a_long_note_on_a_terminal_and_keeps_it_whole_when_piped(
         os.close(reader)
     assert done.returncode == 0, done.stderr
     row = shown.decode().splitlines()[1]
-    assert row.endswith("  " + "n" * 30 + "\\…") and len(row) < 200, row
+    assert row.endswith("  " + "n" * 30 + "…") and len(row) < 200, row
     piped = run_module("ls", tmp_path)
     assert piped.stdout.splitlines()[1].endswith("  " + "n" * 30 + "\\t" + "x" * 169)
     assert ("n" * 30 + "\\t" + "x" * 169) in run_module("show", tmp_path, cid).stdout
@@ -1189,3 +1189,27 @@ def test_mode_without_metric_ranks_by_the_recorded_metric_in_that_mode(
     assert [line.split()[0] for line in out.splitlines() if "best" in line] == [ids[0]]
     with CheckpointManager(tmp_path) as mgr:  # (the record stays as the saves left it)
         assert (mgr.metric, mgr.mode) == ("val_loss", "min")
+
+
+def test_mode_without_metric_on_a_store_that_recorded_none_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ls --mode max` on a store whose saves recorded no ranking marked nothing best,
+    without a word (review)."""
+    with CheckpointManager(tmp_path) as mgr:
+        for v in (1.0, 0.25):
+            mgr.save(torch.nn.Linear(1, 1), rng=False, metrics={"val_loss": v})
+    code, out, err = run(capsys, "ls", tmp_path, "--mode", "max")
+    assert code == 0 and "best" not in out
+    assert "warning: --mode max ranks nothing: no save to this store recorded a metric " \
+        "to rank by; give --metric NAME with it" in err
+
+
+def test_a_note_cut_on_a_terminal_fits_its_columns_and_keeps_escapes_whole() -> None:
+    """A note of wide characters was cut to 31 characters (63 columns), one with an
+    escape in its middle showed a stray backslash (review)."""
+    from ckpt_nb.cli import _note_cell, _width
+    wide = _note_cell("中" * 40, cut=True)
+    assert wide.endswith("…") and _width(wide) <= 32
+    escaped = _note_cell("x" * 30 + "\x1b[31m", cut=True)
+    assert escaped == "x" * 30 + "…"
+    assert _note_cell("x" * 30 + "\x1b[31m", cut=False) == "x" * 30 + "\\x1b[31m"
