@@ -400,6 +400,7 @@ class Explorer(w.VBox):
         # While the status line tells of a rollback: its target and the ids there were then
         # (a save since makes "the next save starts a branch from it" old news).
         self._rolled_back: tuple[str, frozenset[str]] | None = None
+        self._counted_since: set[str] = set()  # (of them, those counted as saved since)
         # Each checkpoint's run record (None: it has none), as read for the --keep-best it
         # gives (``_keep_best``): a refresh reads only the new checkpoints' manifests.
         self._run_records: dict[str, Any] = {}
@@ -580,17 +581,22 @@ class Explorer(w.VBox):
         cid, then = self._rolled_back
         rows = frame.to_dict("records")
         parents = {r["id"]: r["parent"] for r in rows}
+        # (those counted before count their children on: the checkpoint rolled back to
+        # may have been deleted since, its children given its parent)
+        roots = {cid} | self._counted_since
 
         def descends(checkpoint_id: str) -> bool:
             seen = set()
             while checkpoint_id in parents and checkpoint_id not in seen:
                 seen.add(checkpoint_id)
                 checkpoint_id = parents[checkpoint_id]
-                if checkpoint_id == cid:
+                if checkpoint_id in roots:
                     return True
             return False
 
-        new = [r for r in rows if r["id"] not in then and descends(r["id"])]
+        new = [r for r in rows if r["id"] not in then and
+               (r["id"] in self._counted_since or descends(r["id"]))]
+        self._counted_since = {r["id"] for r in new}
         if new:
             self._say(f"rolled back to {cid}; {len(new)} checkpoint"
                       f"{'' if len(new) == 1 else 's'} saved since, the newest "
@@ -1030,6 +1036,7 @@ class Explorer(w.VBox):
         self._say(f"rolled back to {cid}: restored {', '.join(restored)}"
                   f"{left_alone}; the next save starts a branch from it")
         self._rolled_back = cid, frozenset(self.table_frame["id"])
+        self._counted_since: set[str] = set()
         return cid
 
     def _namespace(self) -> dict[str, Any]:

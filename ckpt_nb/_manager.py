@@ -780,12 +780,14 @@ class CheckpointManager:
             print(f"ckpt_nb: {waiting}", file=sys.stderr, flush=True)
             told = self._on_lock_wait
             if told is not None:
-                told(waiting)
+                with contextlib.suppress(Exception):  # (a teller's failure stops no wait)
+                    told(waiting)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX)
             finally:
                 if told is not None:
-                    told(None)
+                    with contextlib.suppress(Exception):
+                        told(None)
             break
 
     def _catalog_mark(self) -> str:

@@ -1938,6 +1938,7 @@ class AutoSession:
         newest: tuple[str, dict[str, Any]] | None = None
         passed_over: tuple[str, str] | None = None  # (the newest live run's checkpoint, owner)
         alive: dict[str, str | None] = {}  # (an owner asked once a pass)
+        live_runs: set[str] = set()  # (the runs passed over: a live process trains them)
         for row in reversed(self.manager.catalog.checkpoints()):
             run = self._run_record(row.id)
             if run is None:
@@ -1949,10 +1950,14 @@ class AutoSession:
                 key = json.dumps(run.get("owner"), sort_keys=True, default=str)
                 if key not in alive:
                     alive[key] = _live_owner(run.get("owner"))
-                if (owner := alive[key]) is not None:
+                if (owner := alive[key]) is not None and not run.get("finished"):
                     passed_over = passed_over or (row.id, owner)
+                    if isinstance(run.get("run"), str):
+                        live_runs.add(run["run"])
                     continue
-                if run.get("finished"):
+                if run.get("run") in live_runs:
+                    continue  # (an earlier part of a run a live process took over)
+                if run.get("finished"):  # (a live process's too: it ran to its end)
                     self._finished = _FinishedRun(row, run)
                 found = None if run.get("finished") or self._ended(run, row.id) else row.id
                 if tell and passed_over is not None:

@@ -1665,3 +1665,59 @@ def test_an_action_waiting_for_the_stores_lock_says_so_in_the_status_line(
         holder.kill()
         holder.wait(timeout=60)
         ui.close()
+
+
+def test_saves_since_a_rollback_count_on_once_its_checkpoint_is_deleted(tmp_path: Path
+                                                                        ) -> None:
+    """Once the checkpoint rolled back to was deleted (its children given its parent), no
+    later save counted: the status line kept "2 checkpoints saved since, the newest X"
+    with X no longer the newest (review)."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    first = ckpt_nb.CheckpointManager(tmp_path).save(model, opt, 0)
+    ui = ckpt_nb.explore(tmp_path, namespace={"model": model, "opt": opt}, poll_seconds=0)
+    try:
+        mgr = ckpt_nb.CheckpointManager(tmp_path)
+        target = mgr.save(model, opt, 1)
+        ui.refresh()
+        ui.rollback(target)
+        mgr.head = target
+        mgr.save(model, opt, 2)
+        second = mgr.save(model, opt, 3)
+        ui.refresh()
+        assert f"2 checkpoints saved since, the newest {second}" in ui.status.value
+        mgr.delete(target)
+        third = mgr.save(model, opt, 4)
+        ui.refresh()
+        assert f"3 checkpoints saved since, the newest {third}" in ui.status.value, \
+            ui.status.value
+        assert first in set(ui.table_frame["id"])
+    finally:
+        ui.close()
+
+
+def test_a_lock_wait_teller_that_fails_stops_no_action(tmp_path: Path) -> None:
+    """A teller of lock waits (the explorer's status line) that raised made the pin it
+    told of fail, though the lock then came free (review)."""
+    import subprocess
+    import sys
+    model = torch.nn.Linear(4, 4)
+    mgr = ckpt_nb.CheckpointManager(tmp_path)
+    cid = mgr.save(model, torch.optim.SGD(model.parameters(), 0.1), 0)
+
+    def told(message: str | None) -> None:
+        raise RuntimeError("the teller failed")
+
+    mgr._on_lock_wait = told
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, ckpt_nb\nwith ckpt_nb.CheckpointManager("
+         "sys.argv[1])._exclusive():\n    print('held', flush=True)\n    time.sleep(1)",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        mgr.pin(cid)
+        assert mgr.catalog.get(cid).pinned
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+        mgr.close()

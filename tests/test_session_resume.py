@@ -464,3 +464,38 @@ def test_a_dead_run_is_resumed_past_a_newer_one_another_live_process_trains(
     out = capsys.readouterr().out
     assert f"resumed from {dead_newest} " in out, out
     assert f"process {alive.pid} (another kernel, still running)" in out, out
+
+
+HOLDING_TRAINER = TRAINER.replace("if epoch == 1:", "if epoch == int(sys.argv[2]):")
+
+
+def test_a_run_a_live_process_took_over_is_not_resumed_from_its_older_checkpoints(
+        tmp_path: Path, capsys) -> None:
+    """A killed kernel's run, resumed by a second kernel that is training it on now:
+    a third kernel passed over the second's checkpoints, then resumed the same run from
+    the dead one's older checkpoint and trained it a second time beside it (review)."""
+    import subprocess
+    import sys
+    trainers = []
+    try:
+        for held_at in (1, 3):  # (the second resumes the first's run, and is held in it)
+            trainers.append(subprocess.Popen(
+                [sys.executable, "-c", HOLDING_TRAINER, str(tmp_path), str(held_at)],
+                stdout=subprocess.PIPE, text=True))
+            assert "trained\n" in iter(trainers[-1].stdout.readline, "")  # type: ignore
+            if len(trainers) == 1:
+                trainers[0].kill()
+                trainers[0].wait(timeout=60)
+        model = torch.nn.Linear(2, 1)
+        ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+        with ckpt_nb.auto(str(tmp_path), name="train", namespace=ns, sync=True):
+            for epoch in ckpt_nb.epochs(100):
+                break
+    finally:
+        for trainer in trainers:
+            trainer.kill()
+            trainer.wait(timeout=60)
+    out = capsys.readouterr().out
+    assert epoch == 0 and "resumed from" not in out, out
+    assert f"process {trainers[1].pid} (another kernel, still running) saved: this cell " \
+        "starts a run of its own" in out, out
