@@ -1501,7 +1501,9 @@ class AutoSession:
                         "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
                         "untracked": self.loop.untracked,
-                        **_loader_now(self.loop.loader)},
+                        # (how the next epoch begins: only a save at an epoch's end uses it)
+                        **_loader_now(self.loop.loader if self.loop.next_batch == 0
+                                      else None)},
                "variables": {n: to_storable(v) for n, v in found.variables.items()},
                "frozen": _frozen(found.statefuls)}
         if not self.config.sync:
@@ -2715,12 +2717,15 @@ _LOADER_PARTS = ("dataset", "sampler", "batch_sampler")
 
 
 def _loader_statefuls(loader: torch.utils.data.DataLoader | None) -> dict[str, Stateful]:
-    """The loader's dataset, sampler and batch sampler that have a state_dict(), by
-    place; a Module's is its weights, tracked by name or not at all."""
+    """The loader's sampler and batch sampler that have a state_dict(), and its dataset
+    where an IterableDataset (a map-style one's __iter__ never runs, so its state cannot
+    change the order; its state_dict() may be its data), by place; a Module's is its
+    weights, tracked by name or not at all."""
     return {} if loader is None else {
         place: part for place in _LOADER_PARTS
         if isinstance(part := getattr(loader, place, None), Stateful)
-        and not isinstance(part, (type, torch.nn.Module))}
+        and not isinstance(part, (type, torch.nn.Module))
+        and (place != "dataset" or isinstance(part, torch.utils.data.IterableDataset))}
 
 
 def _loader_states(loader: torch.utils.data.DataLoader | None

@@ -191,3 +191,49 @@ def test_a_parameter_group_the_loop_adds_is_said_how_to_resume(tmp_path: Path) -
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
+# A map-style dataset and a sampler whose state_dict()s count their calls; the dataset's
+# returns its data, as some "stateful" datasets' do.
+COUNTED = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+calls = {"dataset": 0, "sampler": 0}
+class HeavyDataset(torch.utils.data.TensorDataset):
+    def state_dict(self):
+        calls["dataset"] += 1
+        return {"tensors": self.tensors}
+    def load_state_dict(self, state):
+        self.tensors = state["tensors"]
+class CountedSampler(torch.utils.data.SequentialSampler):
+    def state_dict(self):
+        calls["sampler"] += 1
+        return {}
+    def load_state_dict(self, state):
+        pass
+ds = HeavyDataset(torch.randn(200, 8), torch.randint(0, 2, (200,)))
+loader = torch.utils.data.DataLoader(ds, batch_size=20, sampler=CountedSampler(ds))
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with ckpt_nb.auto("store", every_steps=3, namespace={"model": model, "opt": opt,
+                                                      "loader": loader}):
+    for epoch in ckpt_nb.epochs(2):
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+print("calls", calls["dataset"], calls["sampler"])
+"""
+
+
+def test_a_map_style_datasets_state_is_not_copied_into_each_save(tmp_path: Path) -> None:
+    """A map-style Dataset's state_dict() (its 53 MB of tensors) was deep-copied at each
+    epoch's start and each save and written into every checkpoint (20 saves: twice the
+    time, 42 MB of store where 372 KB): a DataLoader never iterates such a dataset, so
+    its state cannot change the order. A sampler's is taken as an epoch begins and for
+    a save at an epoch's end (the next epoch's start), not for the 6 saves in epochs."""
+    done = script(tmp_path, "train.py", COUNTED)
+    assert done.returncode == 0, done.stderr
+    dataset_calls, sampler_calls = map(int, done.stdout.split()[-2:])
+    assert dataset_calls == 0
+    assert sampler_calls <= 4, done.stdout  # (2 epochs' starts; saves at an epoch's end)
