@@ -709,10 +709,16 @@ class _Gradients:
         # While a save waits: each optimizer seen holding gradients accumulated since its
         # step, by id, and its count of steps then (``AutoSession._gradients_pending``).
         self.waiting_for: dict[int, int] | None = None
-        self.waiting_since: int | None = None  # (the steps seen when a save began to wait)
-        # Those a save stopped waiting for after _MOST_STEPS_WAITED (never waited for again)
+        self.waiting_since: int | None = None  # (the points passed when a save began to wait)
+        # Consistent points passed (a tracked loop's batches, or steps outside loops), and
+        # each optimizer's: the point of its latest step and the points between its last two.
+        self.points = 0
+        self.last_step: dict[int, int] = {}
+        self.interval: dict[int, int] = {}
+        # Those a save stopped waiting for (``AutoSession._overdue``), until they step again
         self.given_up: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.said = False  # (that a save went ahead without them)
+        self.said_given_up = False
 
     def optimizers(self, objects: Iterable[Any]) -> list[torch.optim.Optimizer]:
         """The optimizers among ``objects`` and those that stepped."""
@@ -736,9 +742,13 @@ class _Gradients:
 
     def sample(self, optimizer: torch.optim.Optimizer) -> None:
         """At every optimizer step: the first gradient of its parameters, as ``mark``
-        takes them all (a backward pass reaches every parameter of a dense model)."""
+        takes them all (a backward pass reaches every parameter of a dense model), and the
+        points since its step before."""
         self.stepped.add(optimizer)
         self.given_up.discard(optimizer)
+        if (last := self.last_step.get(id(optimizer))) is not None:
+            self.interval[id(optimizer)] = self.points - last
+        self.last_step[id(optimizer)] = self.points
         first = _first_gradient(optimizer)
         self.samples[id(optimizer)] = None if first is None else \
             (weakref.ref(first), first._version)
@@ -1286,6 +1296,7 @@ class AutoSession:
         ``rng``: the generators' snapshot taken there, if the code since drew from them.
         Where a save is due and gradients wait for an optimizer step
         (``_gradients_pending``), it is none: returns False, and the save waits."""
+        self._gradients.points += 1
         if self.due() is not None and self._gradients_pending():
             self.last_consistent_step = None  # (the state changed since the last one)
             return False
@@ -1316,7 +1327,7 @@ class AutoSession:
         if not holding:
             return False
         if gradients.waiting_for is None or gradients.waiting_since is None:
-            gradients.waiting_for, gradients.waiting_since = {}, self._steps_seen
+            gradients.waiting_for, gradients.waiting_since = {}, gradients.points
         steps = self._steps_by_optimizer
         for optimizer in holding:
             gradients.waiting_for.setdefault(id(optimizer), steps.get(id(optimizer), 0))
@@ -1326,15 +1337,18 @@ class AutoSession:
         consumed = {id(p) for o in stepped for group in o.param_groups for p in group["params"]}
         unstepped = [o for o in holding if o not in stepped and not any(
             id(p) in consumed for group in o.param_groups for p in group["params"])]
-        if unstepped and self._steps_seen - gradients.waiting_since >= self._MOST_STEPS_WAITED:
+        if overdue := [o for o in unstepped if self._overdue(o)]:
             # (an optimizer that no longer steps: its gradients would stop every save)
-            gradients.given_up.update(unstepped)
-            its = "its" if len(unstepped) == 1 else "their"
-            self.say(f"saving without the gradients {self._names_of(unstepped)} accumulated: "
-                     f"the save waited {self._MOST_STEPS_WAITED} optimizer steps for {its} "
-                     "step, which did not come (later saves do not wait for it again); a "
-                     "resume from such a checkpoint goes on without them")
-            return False
+            gradients.given_up.update(overdue)
+            if not gradients.said_given_up:
+                gradients.said_given_up = True
+                self.say(f"saving without the gradients {self._names_of(overdue)} "
+                         f"accumulated: its step had not come in {self._MOST_POINTS_WAITED} "
+                         "points where the loop could save, nor in twice the points between "
+                         "its last two steps; saves wait for it again once it steps, and a "
+                         "resume from one saved without them goes on without them (said "
+                         "once)")
+            unstepped = [o for o in unstepped if o not in overdue]
         if unstepped:
             return True
         if not gradients.said:
@@ -1346,8 +1360,20 @@ class AutoSession:
                      "began to wait)")
         return False
 
-    # Optimizer steps a save waits at most for the step of one holding accumulated gradients
-    _MOST_STEPS_WAITED = 256
+    # Points a save waits at least for the step of one holding accumulated gradients
+    _MOST_POINTS_WAITED = 256
+
+    def _overdue(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether a save stops waiting for ``optimizer``'s step: none came in
+        _MOST_POINTS_WAITED points since its last (since the wait began, where it never
+        stepped), nor in twice its own last interval (a WGAN's generator steps once in 64
+        batches while its critic steps 5 times in each: all optimizers' steps are no
+        measure of it)."""
+        gradients = self._gradients
+        assert gradients.waiting_since is not None  # (a save is waiting)
+        since = gradients.last_step.get(id(optimizer), gradients.waiting_since)
+        limit = max(self._MOST_POINTS_WAITED, 2 * gradients.interval.get(id(optimizer), 0))
+        return gradients.points - since > limit
 
     def _names_of(self, objects: Iterable[Any]) -> str:
         """The tracked objects' names (their type's where untracked), for a message."""

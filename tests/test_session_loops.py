@@ -289,3 +289,54 @@ def test_an_optimizer_left_over_the_same_parameters_holds_no_save_back(
     assert out.count("saving without the gradients accumulated since the last optimizer "
                      "step: this loop backpropagates after its step") == 1
     assert "(opt's, which stepped since this save began to wait)" in out
+
+
+# WGAN-style: the critic steps 5 times at each batch, the generator accumulates over
+# ``every`` batches (``stop``: it no longer steps from that batch on).
+WGAN_SETUP = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+G, D = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+optG = torch.optim.SGD(G.parameters(), lr=1e-3)
+optD = torch.optim.SGD(D.parameters(), lr=1e-3)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4 * 640, 8)),
+                                   batch_size=4)
+"""
+WGAN = """%%ckpt_auto --dir {dir} --every-steps 50
+for epoch in ckpt_nb.epochs(1):
+    for i, (x,) in ckpt_nb.batches(data):
+        for _ in range(5):
+            optD.zero_grad()
+            (D(G(torch.randn(4, 4)).detach()).mean() - D(x).mean()).backward()
+            optD.step()
+        (-D(G(torch.randn(4, 4))).mean() / 64).backward()
+        if (i + 1) % 64 == 0 and i < {stop}:
+            optG.step(); optG.zero_grad()
+"""
+
+
+def test_a_save_waits_for_an_optimizer_by_its_own_steps(shell, tmp_path: Path,
+                                                         capsys) -> None:
+    """The wait was given up after 256 steps of any optimizer: the critic's 5 a batch
+    ended it before the generator's step at every 64th batch (320 steps), at nearly
+    every save, each said "(later saves do not wait for it again)", which they did."""
+    run(shell, WGAN_SETUP)
+    assert run(shell, WGAN.format(dir=tmp_path / "store", stop=640)).success
+    assert "saving without the gradients" not in capsys.readouterr().out
+    rows = ckpt_nb.CheckpointManager(tmp_path / "store").catalog.checkpoints()
+    assert {row.batch_idx % 64 for row in rows if row.note == "every 50 steps"} == {0}
+
+
+def test_an_optimizer_that_stops_stepping_is_given_up_once(shell, tmp_path: Path,
+                                                           capsys) -> None:
+    """One whose step no longer comes holds no save back past 256 points (twice its
+    interval is less), and that is said once, as what it is."""
+    run(shell, WGAN_SETUP)
+    assert run(shell, WGAN.format(dir=tmp_path / "store", stop=200)).success
+    out = capsys.readouterr().out
+    assert out.count("saving without the gradients optG accumulated: its step had not "
+                     "come in 256 points where the loop could save, nor in twice the points "
+                     "between its last two steps; saves wait for it again once it steps")\
+        == 1, out
+    rows = ckpt_nb.CheckpointManager(tmp_path / "store").catalog.checkpoints()
+    assert sum(row.note == "every 50 steps" for row in rows) > 4
