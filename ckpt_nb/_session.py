@@ -1858,12 +1858,14 @@ class AutoSession:
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         return _Pending(ck, saved)
 
-    def _leave_pending(self, why: str) -> None:
+    def _leave_pending(self, why: str, *, go_on: bool = True) -> None:
         """Leave the run found to resume as it is (``why``: what keeps this cell from
         resuming it): say so, unless the kernel's state is its checkpoint's already (a
         rollback to it, or the stop that saved it said so), and keep that checkpoint
         while the cell runs. Retention counts it as this cell's own: under --keep the
-        cell's new saves deleted the crashed run's without a word."""
+        cell's new saves deleted the crashed run's without a word. ``go_on``: whether a
+        rollback to it, then this cell, goes on with that run (not where its position is
+        no loop's the cell tracks: run again, its loops start over on that state)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -1873,10 +1875,37 @@ class AutoSession:
             return
         self.say(f"checkpoint {checkpoint_id} holds an unfinished run of this cell (step "
                  f"{pending.run.step}) that it cannot resume: {why}. This cell trains from "
-                 "the objects as they are now (that checkpoint is kept while it runs); to "
-                 "go on with that run instead, interrupt this cell and "
-                 + _rollback_advice(checkpoint_id, self.config.directory
-                                    or location(self.manager.store)))
+                 "the objects as they are now (that checkpoint is kept while it runs); "
+                 + ("to go on with that run instead, interrupt this cell and "
+                    + _rollback_advice(checkpoint_id, self.config.directory
+                                       or location(self.manager.store)) if go_on else
+                    "for a run that resumes exactly, put its loops in `for epoch in "
+                    "ckpt_nb.epochs(N)` (each epoch tracks its first batches() loop)"))
+
+    def _exact_before(self, later: Checkpoint) -> _Pending | None:
+        """The newest of ``later``'s run's checkpoints before it whose position is exact
+        (saved before a later loop began: ``_untracked_loop``), read, or None: ``later``'s
+        catalog ancestors while their records are that run's (``_PATH_KEPT`` at most)."""
+        run_id = later.extra.get(RUN_KEY, {}).get("run")
+        if not isinstance(run_id, str):
+            return None
+        catalog = self.manager.catalog
+        row = catalog.get(later.id)
+        at, walked = (row.parent if row is not None else None), 0
+        while at is not None and walked < self._PATH_KEPT:
+            run = self._run_record(at)
+            if run is None or run.get("run") != run_id:
+                return None
+            if isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is None:
+                try:
+                    ck = self.manager.load(at)
+                    return _Pending(ck, _SavedRun.read(ck.id, ck.extra[RUN_KEY], resume=True))
+                except CkptError as exc:
+                    self.say(f"cannot read checkpoint {at} ({exc})")
+                    return None
+            row, walked = catalog.get(at), walked + 1
+            at = row.parent if row is not None else None
+        return None
 
     def _count_on(self) -> None:
         """A run of the models and optimizers the kernel's position was saved from or put
@@ -2152,10 +2181,18 @@ class AutoSession:
         putting them back would undo that training."""
         if self._pending is not None and \
                 (untracked := (self._pending.run.loop or {}).get("untracked")) is not None:
-            self._leave_pending(_UNTRACKED_LOOPS.get(untracked, "its position was saved "
-                                                     "outside the loops it tracks")
-                                + " (`for epoch in ckpt_nb.epochs(N)` resumes exactly)")
-            return None
+            why = _UNTRACKED_LOOPS.get(untracked, "its position was saved outside the loops "
+                                       "it tracks")
+            later = self._pending.checkpoint
+            exact = None if _positions.get(self.url) == later.id else self._exact_before(later)
+            if exact is None:
+                self._leave_pending(why, go_on=False)
+                return None
+            self.say(f"checkpoint {later.id} (step {later.step}) holds an unfinished run of "
+                     f"this cell that it cannot resume from: {why}; resuming from "
+                     f"{exact.checkpoint.id}, the run's newest checkpoint saved before its "
+                     "later loop began (an exact position)")
+            self._pending = exact
         pending, self._pending = self._pending, None
         if pending is None:
             return None
@@ -2347,8 +2384,9 @@ class AutoSession:
         self._told_untracked = True
         why = _UNTRACKED_LOOPS[self.loop.untracked or "another"]
         self.say(f"this run cannot resume from its checkpoints from here on: {why}, so a "
-                 "resume would go on from the wrong place (a rerun after a stop trains from "
-                 "the objects as they are; %ckpt_rollback puts a checkpoint back). For a run "
+                 "resume would go on from the wrong place (a rerun after a stop resumes from "
+                 "the newest saved before, or trains from the objects as they are where "
+                 "there is none; %ckpt_rollback puts a checkpoint back). For a run "
                  "that resumes exactly, put its loops in `for epoch in ckpt_nb.epochs(N)` "
                  "(each epoch tracks its first batches() loop)")
 

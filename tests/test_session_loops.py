@@ -144,7 +144,8 @@ def test_batches_outside_epochs_never_resumes_wrong(shell, tmp_path: Path, capsy
                                                     cell: str, crash: int,
                                                     said: str | None) -> None:
     """Outside epochs(), only the cell run's first batches() loop is tracked; a run
-    saved after a later one began is not resumed, and says so."""
+    saved after a later one began is not resumed from there, and says so: it resumes
+    from its newest checkpoint saved before (step 7, in the first loop: exact)."""
     setup = SETUP + LOADER2
     run(shell, setup)
     assert run(shell, cell.format(dir=tmp_path / "ref")).success
@@ -161,15 +162,43 @@ def test_batches_outside_epochs_never_resumes_wrong(shell, tmp_path: Path, capsy
     run(shell, setup)
     assert run(shell, cell.format(dir=store)).success
     out = capsys.readouterr().out
-    if said is None:
-        assert "resumed from" in out and "(epoch None, batch 7, step 7)" in out
-    else:
-        assert "resumed from" not in out
-        assert f"holds an unfinished run of this cell (step {crash}) that it cannot " \
-            f"resume: {said}" in out
-    # (trained from scratch where it says so: the set-up cell seeds the same start)
+    assert "resumed from" in out and "(epoch None, batch 7, step 7)" in out
+    if said is not None:
+        assert f"(step {crash}) holds an unfinished run of this cell that it cannot resume " \
+            f"from: {said}; resuming from" in out
+        assert "the run's newest checkpoint saved before its later loop began (an exact " \
+            "position)" in out
     assert same(weights(shell), expected)
     assert shell.user_ns["step"] == steps
+
+
+def test_a_run_with_no_exact_position_says_to_use_epochs(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its first save in the second pass, the run has no checkpoint to resume exactly:
+    the refusal advised to %ckpt_rollback it and run the cell again, which trained 3
+    more passes on top of it (40 steps, not 30). It trains from scratch, and says that
+    epochs() resumes exactly."""
+    cell = PASSES.replace("--every-steps 7", "--every-steps 12")
+    run(shell, SETUP)
+    assert run(shell, cell.format(dir=tmp_path / "ref")).success
+    expected = weights(shell)
+
+    run(shell, SETUP)
+    (tmp_path / "crash-15").write_text("")
+    store = tmp_path / "run"
+    assert isinstance(run(shell, cell.format(dir=store)).error_in_exec, RuntimeError)
+    new_kernel(monkeypatch)
+    run(shell, SETUP)
+    capsys.readouterr()
+    assert run(shell, cell.format(dir=store)).success
+    out = capsys.readouterr().out
+    assert "resumed from" not in out and "interrupt this cell and %ckpt_rollback" not in out
+    assert "holds an unfinished run of this cell (step 15) that it cannot resume: its " \
+        "ckpt_nb.batches() went over the same loader again outside ckpt_nb.epochs(), and a " \
+        "saved position does not say which pass it is in. This cell trains from the objects " \
+        "as they are now (that checkpoint is kept while it runs); for a run that resumes " \
+        "exactly, put its loops in `for epoch in ckpt_nb.epochs(N)`" in out, out
+    assert same(weights(shell), expected) and shell.user_ns["step"] == 30
 
 
 VALIDATION = """%%ckpt_auto --dir {dir} --every-steps 7
