@@ -55,8 +55,17 @@ class Discovery:
             parts.append(f"variables {shown}")
         line = "; ".join(parts)
         if self.skipped:
-            line += "; skipped " + ", ".join(f"{n} ({why})" for n, why in self.skipped.items())
+            line += "; skipped " + skipped_text(self.skipped)
         return line
+
+
+def skipped_text(skipped: Mapping[str, str]) -> str:
+    """``name (why)``, the names with one reason together (``a, b (why)``): three
+    Datasets were three copies of one paragraph on a line."""
+    names: dict[str, list[str]] = {}
+    for name, why in skipped.items():
+        names.setdefault(why, []).append(name)
+    return ", ".join(f"{', '.join(together)} ({why})" for why, together in names.items())
 
 
 class _Unsupported(Exception):
@@ -210,7 +219,8 @@ def _skip_reason(value: Any) -> str | None:
             "" if not unheld else ", but not the draws from " + ", ".join(
                 f"{place} ({why})" for place, why in unheld.items())
             + ": after a resume they differ from a run never stopped")
-    if isinstance(value, torch.utils.data.Dataset):  # (a Stateful one is tracked)
+    # (a Stateful one is tracked; a map-style one's __iter__ never runs in a DataLoader)
+    if isinstance(value, torch.utils.data.IterableDataset):
         return (f"{type(value).__name__}: a Dataset without state_dict(), so checkpoints hold "
                 "none of its state; where it changes as it is iterated (an epoch counter "
                 "that __iter__ advances), give it state_dict() and load_state_dict() for a "

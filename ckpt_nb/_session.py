@@ -58,7 +58,7 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, l
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
                          assign_in_place, discover, from_storable, is_code, loader_random,
-                         to_storable)
+                         skipped_text, to_storable)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, warn, warnings_worded)
 from ._format import is_count, run_key
@@ -1675,7 +1675,7 @@ class AutoSession:
                if (name, why) not in self._told_skipped}
         if new:
             self._told_skipped.update(new.items())
-            self.say("not saving " + ", ".join(f"{n} ({why})" for n, why in new.items()))
+            self.say("not saving " + skipped_text(new))
 
     def _save_end(self, finished: bool) -> str | None:
         """The cell's end save: its id, or None where it failed (said). Where this run's

@@ -237,3 +237,14 @@ def test_a_map_style_datasets_state_is_not_copied_into_each_save(tmp_path: Path)
     dataset_calls, sampler_calls = map(int, done.stdout.split()[-2:])
     assert dataset_calls == 0
     assert sampler_calls <= 4, done.stdout  # (2 epochs' starts; saves at an epoch's end)
+
+
+def test_map_style_datasets_are_skipped_in_a_word_and_merged() -> None:
+    """Every plain Dataset was said a Dataset without state_dict() whose state
+    __iter__ may change, though a DataLoader never iterates a map-style one: a
+    TensorDataset and its two random_split Subsets put the paragraph three times on the
+    start line."""
+    ds = torch.utils.data.TensorDataset(torch.randn(10, 3))
+    train_ds, val_ds = torch.utils.data.random_split(ds, [8, 2])
+    summary = discover({"ds": ds, "train_ds": train_ds, "val_ds": val_ds}).summary()
+    assert summary.endswith("skipped ds (TensorDataset), train_ds, val_ds (Subset)"), summary
