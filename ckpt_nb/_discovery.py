@@ -15,6 +15,7 @@ import inspect
 import io
 import json
 import random
+import re
 import sys
 import threading
 import types
@@ -66,6 +67,12 @@ def skipped_text(skipped: Mapping[str, str]) -> str:
     for name, why in skipped.items():
         names.setdefault(why, []).append(name)
     return ", ".join(f"{', '.join(together)} ({why})" for why, together in names.items())
+
+
+def passed_to_batches(name: str, code: str) -> bool:
+    """Whether ``code`` passes ``name`` to ``batches()`` (``batches(loader)``,
+    ``ckpt_nb.batches(tqdm(loader))``), as read from its text."""
+    return re.search(rf"\bbatches\([^)]*\b{re.escape(name)}\b", code) is not None
 
 
 class _Unsupported(Exception):
@@ -203,8 +210,9 @@ def _is_frame(value: Any) -> bool:
     return module.startswith("pandas") and type(value).__name__ in ("DataFrame", "Series")
 
 
-def _skip_reason(value: Any) -> str | None:
-    """Why a value is reported as skipped; None for things silently ignored (code)."""
+def _skip_reason(value: Any, batched: bool = False) -> str | None:
+    """Why a value is reported as skipped; None for things silently ignored (code).
+    ``batched``: whether the code that runs passes it to ``batches()``."""
     if isinstance(value, types.GeneratorType) or inspect.isasyncgen(value):
         return "generator"
     if isinstance(value, io.IOBase):
@@ -215,7 +223,8 @@ def _skip_reason(value: Any) -> str | None:
         return "lambda"
     if isinstance(value, torch.utils.data.DataLoader):
         unheld = loader_random(value)[1]
-        return "DataLoader: wrap it in ckpt_nb.batches() to restore its order" + (
+        return ("DataLoader: ckpt_nb.batches() restores its order" if batched else
+                "DataLoader: wrap it in ckpt_nb.batches() to restore its order") + (
             "" if not unheld else ", but not the draws from " + ", ".join(
                 f"{place} ({why})" for place, why in unheld.items())
             + ": after a resume they differ from a run never stopped")
@@ -295,8 +304,10 @@ def _is_stateful(value: Any) -> bool:
 
 
 def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
-             max_variable_bytes: int = 100 << 20) -> Discovery:
-    """Sort a namespace (``track`` names, if given, else everything public)."""
+             max_variable_bytes: int = 100 << 20, code: str | None = None) -> Discovery:
+    """Sort a namespace (``track`` names, if given, else everything public). ``code``:
+    the code that runs (a cell's), where known: a DataLoader it passes to ``batches()``
+    is not told to be wrapped in it."""
     found = Discovery()
     names = track if track is not None else [
         n for n in namespace if not n.startswith("_") and n not in _HIDDEN]
@@ -316,7 +327,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                                    "to_empty() or load it first")
         elif _is_stateful(value):
             found.statefuls[name] = value
-        elif (reason := _skip_reason(value)) is not None:
+        elif (reason := _skip_reason(value, code is not None and passed_to_batches(name, code))
+              ) is not None:
             found.skipped[name] = reason
             _warn_persistent_workers(name, value)
         elif is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):

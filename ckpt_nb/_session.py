@@ -968,6 +968,7 @@ class AutoSession:
         self.best: float | None = None
         self.loop = _Loop()
         self.cell_hash: str | None = None
+        self._code: str | None = None  # (the cell's, where known: discover()'s code)
         self.cell_id: str | None = None
         self._run_id = uuid.uuid4().hex[:16]  # (a resume goes on with the resumed run's)
         self._position: str | None = None  # this session's last save, resume or rollback
@@ -1057,21 +1058,25 @@ class AutoSession:
         first sort is the one the session's start line names (a cell's, or the line
         form's): what it skips a save does not name again."""
         self.discovery = discover(self.namespace, track=self.config.track,
-                                  max_variable_bytes=self.config.max_variable_bytes)
+                                  max_variable_bytes=self.config.max_variable_bytes,
+                                  code=self._code)
         if not self._sorted:
             self._sorted = True
             self._told_skipped.update(self.discovery.skipped.items())
         return self.discovery
 
     def begin_cell(self, source: str | None = None, cell_id: str | None = None,
-                   *, unseen: Iterable[str] = (), store_from: str | None = None) -> None:
+                   *, unseen: Iterable[str] = (), store_from: str | None = None,
+                   code: str | None = None) -> None:
         """Start of a training cell: report what is tracked, find a run to resume.
         ``cell_id`` is the notebook's id of the cell, where the front end sends one;
         ``unseen``, the stateful objects of a function that called ``auto()`` without
         ``namespace=locals()``, which the session does not see; ``store_from``, the
         setting the store came from where the cell named none (the start line names the
-        store then, as it does the default one)."""
+        store then, as it does the default one); ``code``, the code around what runs
+        where ``source`` is not it (an ``auto()`` block's file or cell)."""
         self.cell_hash = hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
+        self._code = code if code is not None else source
         self.cell_id = cell_id
         self._finished = None
         self.begin_line_cell()
@@ -3186,7 +3191,9 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     # ("auto:" is in no notebook's cell id, which are letters, digits, - and _)
     try:
         session.begin_cell(name or _unnamed_block(caller),
-                           cell_id=None if name is None else f"auto:{name}", unseen=unseen)
+                           cell_id=None if name is None else f"auto:{name}", unseen=unseen,
+                           code="".join(linecache.getlines(caller.f_code.co_filename,
+                                                           caller.f_globals)) or None)
         try:
             yield session
         except BaseException as exc:

@@ -248,3 +248,13 @@ def test_map_style_datasets_are_skipped_in_a_word_and_merged() -> None:
     train_ds, val_ds = torch.utils.data.random_split(ds, [8, 2])
     summary = discover({"ds": ds, "train_ds": train_ds, "val_ds": val_ds}).summary()
     assert summary.endswith("skipped ds (TensorDataset), train_ds, val_ds (Subset)"), summary
+
+
+def test_an_auto_block_passing_its_loader_to_batches_is_not_told_to_wrap_it(
+        tmp_path: Path) -> None:
+    """auto()'s start line said "wrap it in ckpt_nb.batches()" of the loader its block
+    passes to batches() (its file is the code it reads)."""
+    done = script(tmp_path, "train.py", COUNTED)
+    assert done.returncode == 0, done.stderr
+    assert "skipped loader (DataLoader: ckpt_nb.batches() restores its order)" in \
+        done.stdout + done.stderr

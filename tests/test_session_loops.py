@@ -369,3 +369,22 @@ def test_an_optimizer_that_stops_stepping_is_given_up_once(shell, tmp_path: Path
         == 1, out
     rows = ckpt_nb.CheckpointManager(tmp_path / "store").catalog.checkpoints()
     assert sum(row.note == "every 50 steps" for row in rows) > 4
+
+
+BATCHES = """%%ckpt_auto --dir {dir} --every-steps 7
+for epoch in ckpt_nb.epochs(1):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
+"""
+
+
+def test_a_loader_is_told_to_be_wrapped_only_where_it_is_not(shell, tmp_path: Path,
+                                                              capsys) -> None:
+    """Every cell's start line said "wrap it in ckpt_nb.batches()", those that do too."""
+    run(shell, SETUP)
+    assert run(shell, BATCHES.format(dir=tmp_path / "a")).success
+    out = capsys.readouterr().out
+    assert "skipped loader (DataLoader: ckpt_nb.batches() restores its order)" in out, out
+    assert run(shell, WHILE_LOOP.format(dir=tmp_path / "b")).success
+    assert "skipped loader (DataLoader: wrap it in ckpt_nb.batches() to restore its order)" \
+        in capsys.readouterr().out
