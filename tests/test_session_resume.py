@@ -4,6 +4,8 @@ of its own, which is what the process's positions and cells run are kept by."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -359,6 +361,26 @@ with ckpt_nb.auto(sys.argv[1], name="train", every_steps=1, sync=True,
 """
 
 
+def trained(store: Path, held_at: int) -> subprocess.Popen:
+    """TRAINER in a process of its own, once it has trained epoch ``held_at`` (held
+    there, alive, as a kernel still training)."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER.replace("if epoch == 1:", f"if epoch == {held_at}:"),
+         str(store)], stdout=subprocess.PIPE, text=True)
+    assert trainer.stdout is not None and "trained\n" in iter(trainer.stdout.readline, "")
+    return trainer
+
+
+def run_the_cell_here(store: Path) -> int:
+    """TRAINER's cell run again in this process (a fresh kernel): the epoch it starts at."""
+    model = torch.nn.Linear(2, 1)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    with ckpt_nb.auto(str(store), name="train", namespace=ns, sync=True):
+        for epoch in ckpt_nb.epochs(100):
+            return epoch
+    return 100
+
+
 def test_a_run_another_live_process_trains_is_not_resumed_one_that_died_is(
         tmp_path: Path, capsys) -> None:
     """The same notebook run in a second kernel took the first kernel's run over mid-way,
@@ -438,25 +460,17 @@ def test_a_dead_run_is_resumed_past_a_newer_one_another_live_process_trains(
     """A killed kernel's fresh restart, with another kernel training the same cell into
     the store, saw that kernel's newer checkpoint, trained from scratch and let retention
     prune its own dead run."""
-    import subprocess
-    import sys
     trainers = []
     try:
         for _ in range(2):  # (the second starts a run of its own: the first is alive)
-            trainers.append(subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path)],
-                                             stdout=subprocess.PIPE, text=True))
-            assert "trained\n" in iter(trainers[-1].stdout.readline, "")  # type: ignore
+            trainers.append(trained(tmp_path, held_at=1))
             if len(trainers) == 1:
                 dead_newest = ckpt_nb.CheckpointManager(tmp_path).resolve("latest")
         died, alive = trainers
         died.kill()
         died.wait(timeout=60)
         assert ckpt_nb.CheckpointManager(tmp_path).resolve("latest") != dead_newest
-        model = torch.nn.Linear(2, 1)
-        ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
-        with ckpt_nb.auto(str(tmp_path), name="train", namespace=ns, sync=True):
-            for _ in ckpt_nb.epochs(100):
-                break
+        run_the_cell_here(tmp_path)
     finally:
         for trainer in trainers:
             trainer.kill()
@@ -466,36 +480,24 @@ def test_a_dead_run_is_resumed_past_a_newer_one_another_live_process_trains(
     assert f"process {alive.pid} (another kernel, still running)" in out, out
 
 
-HOLDING_TRAINER = TRAINER.replace("if epoch == 1:", "if epoch == int(sys.argv[2]):")
-
-
 def test_a_run_a_live_process_took_over_is_not_resumed_from_its_older_checkpoints(
         tmp_path: Path, capsys) -> None:
     """A killed kernel's run, resumed by a second kernel that is training it on now:
     a third kernel passed over the second's checkpoints, then resumed the same run from
     the dead one's older checkpoint and trained it a second time beside it (review)."""
-    import subprocess
-    import sys
     trainers = []
     try:
         for held_at in (1, 3):  # (the second resumes the first's run, and is held in it)
-            trainers.append(subprocess.Popen(
-                [sys.executable, "-c", HOLDING_TRAINER, str(tmp_path), str(held_at)],
-                stdout=subprocess.PIPE, text=True))
-            assert "trained\n" in iter(trainers[-1].stdout.readline, "")  # type: ignore
+            trainers.append(trained(tmp_path, held_at))
             if len(trainers) == 1:
                 trainers[0].kill()
                 trainers[0].wait(timeout=60)
-        model = torch.nn.Linear(2, 1)
-        ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
-        with ckpt_nb.auto(str(tmp_path), name="train", namespace=ns, sync=True):
-            for epoch in ckpt_nb.epochs(100):
-                break
+        started_at = run_the_cell_here(tmp_path)
     finally:
         for trainer in trainers:
             trainer.kill()
             trainer.wait(timeout=60)
     out = capsys.readouterr().out
-    assert epoch == 0 and "resumed from" not in out, out
+    assert started_at == 0 and "resumed from" not in out, out
     assert f"process {trainers[1].pid} (another kernel, still running) saved: this cell " \
         "starts a run of its own" in out, out
