@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -30,12 +31,17 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(200_000, generator=torch.Generator().manual_seed(seed))}
 
 
+# A request's first line: a client sends a request only once the one before it on its
+# connection is answered, so each request's line opens what the relay receives.
+_REQUEST_LINE = re.compile(rb"([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
+
+
 class OutageRelay:
-    """A TCP relay to the S3 server that goes down (closes each connection at its next
-    request, and each new one at once) when ``down`` is set, or at the first request
-    whose head holds ``trip``: that request is not passed on either. Each request that
-    holds ``refuse`` is not passed on, its connection closed (a server failing one
-    object's reads, retries and all)."""
+    """A TCP relay to the S3 server that notes each request as (method, path), and goes
+    down (closes each connection at its next request, and each new one at once) when
+    ``down`` is set, or at the first request whose head holds ``trip``: that request is
+    not passed on either. Each request that holds ``refuse`` is not passed on, its
+    connection closed (a server failing one object's reads, retries and all)."""
 
     def __init__(self, endpoint: str) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -44,6 +50,7 @@ class OutageRelay:
         self.down = False
         self.trip: bytes | None = None
         self.refuse: bytes | None = None
+        self.requests: list[tuple[str, str]] = []
         self.held: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -66,6 +73,8 @@ class OutageRelay:
     def _pump(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(1 << 16):
+                if requests and (line := _REQUEST_LINE.match(data)):
+                    self.requests.append((line[1].decode(), line[2].decode()))
                 if requests and self.trip is not None and self.trip in data:
                     self.down = True
                 if self.down or requests and self.refuse is not None and self.refuse in data:
@@ -74,6 +83,10 @@ class OutageRelay:
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+    def asked(self, method: str, under: str) -> list[str]:
+        """The paths of the ``method`` requests noted under the path ``under``."""
+        return [path for m, path in self.requests if m == method and path.startswith(under)]
 
     def close(self) -> None:
         for sock in (self.listener, *self.held):

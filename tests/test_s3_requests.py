@@ -3,16 +3,13 @@ notes each request's line): what a listing already says is not asked again per o
 
 from __future__ import annotations
 
-import contextlib
-import re
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import Holder
+from test_s3_outages import OutageRelay
 
 from ckpt_nb import CheckpointManager
 from ckpt_nb.cli import main as cli
@@ -20,61 +17,14 @@ from ckpt_nb.cli import main as cli
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-_REQUEST_LINE = re.compile(rb"([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
-
-
-class RecordingRelay:
-    """A TCP relay to the S3 server that notes each request as (method, path). A client
-    sends a request only once the one before it on its connection is answered, so each
-    request's line opens what the relay receives."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.target = int(endpoint.rsplit(":", 1)[1])
-        self.requests: list[tuple[str, str]] = []
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            self.held += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, True),
-                             daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False),
-                             daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(1 << 16):
-                if requests and (line := _REQUEST_LINE.match(data)):
-                    self.requests.append((line[1].decode(), line[2].decode()))
-                sink.sendall(data)
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def asked(self, method: str, under: str) -> list[str]:
-        """The paths of the ``method`` requests noted under the path ``under``."""
-        return [path for m, path in self.requests if m == method and path.startswith(under)]
-
-    def close(self) -> None:
-        for sock in (self.listener, *self.held):
-            sock.close()
-
 
 @pytest.fixture
-def relay(bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingRelay]:
-    """The bucket's server behind a recording relay, which this process (the CLI too)
-    talks to."""
+def relay(bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[OutageRelay]:
+    """The bucket's server behind a relay that notes each request, which this process
+    (the CLI too) talks to."""
     import fsspec.config
 
-    relay = RecordingRelay(endpoint)
+    relay = OutageRelay(endpoint)
     monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", relay.endpoint)
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": relay.endpoint})
     yield relay
@@ -82,7 +32,7 @@ def relay(bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 
 def test_ls_and_a_save_under_a_byte_budget_ask_no_size_per_object(
-        bucket: str, relay: RecordingRelay, capsys: pytest.CaptureFixture[str]) -> None:
+        bucket: str, relay: OutageRelay, capsys: pytest.CaptureFixture[str]) -> None:
     """The store's size came from a HEAD request per pack and per manifest (a 300
     checkpoint store's ls sent 421, in 16 s), and each save under max_bytes sent them
     all again, more than once: the listing holds each object's size."""
@@ -103,7 +53,7 @@ def test_ls_and_a_save_under_a_byte_budget_ask_no_size_per_object(
 
 
 def test_a_command_reads_each_label_once_and_a_label_changed_elsewhere_again(
-        bucket: str, relay: RecordingRelay, tmp_path: Path,
+        bucket: str, relay: OutageRelay, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """Every catch-up with the store read every label (pin, note) again: one `show` got
     each 4-5 times. A label changed elsewhere, to a note as long, is still read again."""
