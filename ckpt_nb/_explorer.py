@@ -1036,7 +1036,7 @@ class Explorer(w.VBox):
         self._say(f"rolled back to {cid}: restored {', '.join(restored)}"
                   f"{left_alone}; the next save starts a branch from it")
         self._rolled_back = cid, frozenset(self.table_frame["id"])
-        self._counted_since: set[str] = set()
+        self._counted_since = set()
         return cid
 
     def _namespace(self) -> dict[str, Any]:

@@ -2614,8 +2614,7 @@ class CheckpointManager:
             unreferenced |= bases_only.keys()
         # As gc does: kept chunks stacked on more than ``whole_over`` of those are stored
         # whole, so that those can go (saves with a long ``full_every``).
-        referenced = (set(chunks) - unreferenced) | self.catalog.referenced(
-            row.digest for row in above)
+        referenced = (set(chunks) - unreferenced) | held  # (every chunk above is held)
         rows = {**chunks, **{row.digest: row for row in above}}
         was_in = {digest: row.pack for digest, row in rows.items()}
         report.chunks_rewritten = self._rewrite_whole(rows, referenced, whole_over)
