@@ -310,6 +310,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         return sub
 
     ls = command("ls", _ls, "list the checkpoints")
+    ls.epilog = ("marks: 'pinned'; 'best', the checkpoint 'best' names; 'best#2' to "
+                 "'best#K', the others among the K best that a %%ckpt_auto --keep-best K "
+                 "run keeps (the store's newest run, where it ranks by the same metric and "
+                 "mode), as %ckpt_list and the explorer mark them")
     ls.add_argument("--branch", help="only this branch's checkpoints (a branch the store "
                     "does not have is an error)")
     ls.add_argument("--all-metrics", action="store_true",
@@ -387,11 +391,16 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     # (list() renames a metric named like one of its columns; these are the table's own)
     labels = [f"metric:{m}" if m in columns or m == "note" else m for m in metrics]
     headers = [*columns, *labels, *(["note"] if with_note else [])]
+    keep_best = _kept_best(mgr)
+    # (ranked in the whole store, as 'best' resolves, on a branch too)
+    places = {cid: place for place, cid in
+              enumerate(mgr._best(mgr.catalog.checkpoints(), keep_best), 1)}
     rows = [[_cell(r["id"]), _cell(r["parent"]), _cell(r["branch"]),
              _time(r["created"].timestamp()), _cell(r["step"]), _cell(r["epoch"]),
              _cell(r["batch_idx"]), _cell(r["strategy"]), human_size(r["stored_bytes"]),
              human_size(r["logical_bytes"]),
-             ",".join(m for m in ("pinned", "best") if r[m]) or "-",
+             ",".join([*(["pinned"] if r["pinned"] else []),
+                       *([_best_mark(places[r["id"]])] if r["id"] in places else [])]) or "-",
              *("nan" if (r["id"], m) in nan_logged else _cell(r[m]) for m in metrics),
              *([_note_cell(r["note"], cut)] if with_note else [])]
             for _, r in frame.iterrows()]
@@ -403,7 +412,32 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     if len(metrics) < len(every):
         print(f"{_count(len(every) - len(metrics), 'more metric')} not shown (--all-metrics "
               "shows them)")
+    if len(places) > 1:
+        print(f"{', '.join(map(_best_mark, range(2, len(places) + 1)))}: the next best by "
+              f"{_printable(str(mgr.metric))} ({mgr.mode}) after best, which the store's run "
+              f"keeps with it (--keep-best {keep_best})")
     return 0
+
+
+def _kept_best(mgr: CheckpointManager) -> int:
+    """How many checkpoints ls marks best: the ``--keep-best K`` of the store's newest
+    run record, where that run ranks as 'best' does here (its metric and mode), as
+    ``%ckpt_list`` and the explorer mark them and the run's retention keeps them; else 1
+    (another ranking, or none recorded)."""
+    from ._session import _written_ranking
+
+    if mgr.metric is None:
+        return 1
+    written = _written_ranking(mgr)
+    if written is None or written[0] != (mgr.metric, mgr.mode):
+        return 1
+    return written[1] or 1
+
+
+def _best_mark(place: int) -> str:
+    """A checkpoint's mark in ls for its place among the best: "best" for the first, the
+    one 'best' names; "best#2" and on for the others a run keeps."""
+    return "best" if place == 1 else f"best#{place}"
 
 
 def _nan_logged(mgr: CheckpointManager, frame: Any, fixed: set[str]) -> set[tuple[str, str]]:
