@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import difflib
 import errno
+import functools
+import inspect
 import io
 import mmap
 import os
@@ -749,6 +752,11 @@ class FsspecStore(Store):
     them in S3's own options (``s3={"config_kwargs": ...}``), or set them in fsspec's
     configuration for others; the keys given there win (S3's own options' first).
 
+    In a chain (``dir::s3://``, ``target_protocol='s3'``), an option given at the top
+    goes to the outermost file system of the chain that takes it (``_routed``): the
+    object store's (``endpoint_url=``, ``key=``, ``secret=``) reach S3, where fsspec gave
+    them to ``dir::``, which ignored them; one that none takes is a ``TypeError``.
+
     A file system on this machine's disk (``file://``, ``local://``, a cache or folder
     over one) is refused, naming the folder: a local store is a ``LocalStore``, which
     every manager of that folder locks, and whose writes are atomic. Through fsspec its
@@ -766,6 +774,7 @@ class FsspecStore(Store):
     def __init__(self, url: str, **storage_options: object) -> None:
         _check_parts(url)
         _check_writable(url, options=storage_options)
+        storage_options = _routed(url, storage_options)
         self.fs, root = _opened(url, storage_options)
         layers = _layers(self.fs, root)
         timed = _with_timeouts(url, storage_options, layers[-1][0])
@@ -1306,14 +1315,112 @@ def _root_in(url: str, layers: list[tuple[Any, str]]) -> str | None:
     return _layers(layers[0][0], layers[0][1])[-1][1].rstrip("/")
 
 
+def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
+    """``options`` (copied) with each one given at the top of a chain (``dir::s3://``, or
+    ``target_protocol=``) moved to the outermost file system of the chain that takes it
+    (``_options_taken``): fsspec gives them all to the outermost, where ``dir::`` ignored
+    S3's ``endpoint_url=``, ``key=`` and ``secret=`` (the store was looked for on AWS).
+    One the outermost takes stays there, as fsspec gives it (``asynchronous=``, an
+    async_wrapper's ``semaphore=``); one given in that file system's own options too
+    (``s3={...}``) is merged with them, theirs winning key by key for a dict, and refused
+    where they differ otherwise; one that no file system of the chain takes is refused
+    (``TypeError``, as an unknown keyword is), naming the closest one taken. Options keyed
+    by a scheme of the chain are fsspec's to give as they are. The same ``options`` where
+    the URL opens one file system, or one that fsspec does not know (it refuses it)."""
+    layers = _option_layers(url, options)
+    if layers is None or len(layers) < 2:
+        return options
+    parts = url.split("::")
+    keyed = {scheme for scheme, _, _ in layers[:len(parts)]}
+    routed = _copied(options)
+    for name, value in options.items():
+        if name in keyed:
+            continue
+        taker = next((layer for layer in layers if name in _options_taken(layer[1])), None)
+        if taker is None:
+            taken = sorted({n for _, cls, _ in layers for n in _options_taken(cls)})
+            close = difflib.get_close_matches(name, taken, n=1)
+            meant = f"; did you mean {close[0]}=?" if close else ""
+            as_given = f"{layers[len(parts) - 1][0]}={{{name!r}: ...}}" if len(parts) > 1 \
+                else f"target_options={{{name!r}: ...}}"
+            raise TypeError(
+                f"{url}: no file system of the chain "
+                f"({', '.join(scheme for scheme, _, _ in layers)}) takes the option "
+                f"{name!r}{meant} (an option in a file system's own options is given to it "
+                f"as it is: {as_given})")
+        path = taker[2]
+        if not path:
+            continue  # (the outermost's: fsspec gives it there)
+        own: Any = routed
+        for key in path:
+            own = own.setdefault(key, {})
+            if not isinstance(own, dict):
+                return options  # (for fsspec to refuse, as it would)
+        del routed[name]
+        if name not in own:
+            own[name] = value
+        elif isinstance(value, dict) and isinstance(own[name], dict):
+            own[name] = {**value, **own[name]}
+        elif own[name] != value:
+            where = path[0] + "=" + "".join(f"[{key!r}]" for key in path[1:])
+            raise TypeError(f"{url}: {name} is given twice, as {name}= and in {where}, "
+                            "with different values: give it once")
+    return routed
+
+
+def _option_layers(url: str, options: dict[str, object]
+                   ) -> list[tuple[str, type, tuple[str, ...]]] | None:
+    """The file systems that ``url`` and ``options`` open, from the outermost to the
+    innermost: each one's scheme, class, and the keys in ``options`` of the options
+    fsspec gives it (the outermost's: the top; a chain's others': their scheme's, such
+    as ``s3``; one a ``target_protocol=`` names: its ``target_options``). None where a
+    scheme is one no installed file system takes (fsspec says which as it opens it)."""
+    import fsspec
+
+    parts = url.split("::")
+    schemes = [part.partition("://")[0] if "://" in part else part for part in parts]
+    paths: list[tuple[str, ...]] = [(), *((scheme,) for scheme in schemes[1:])]
+    own = options if len(parts) == 1 else options.get(schemes[-1])
+    while isinstance(own, dict) and "target_protocol" in own and len(paths) < 16:
+        schemes.append(str(own["target_protocol"]))
+        paths.append((*paths[-1], "target_options"))
+        own = own.get("target_options")
+    try:
+        classes = [fsspec.get_filesystem_class(scheme) for scheme in schemes]
+    except (ValueError, ImportError):
+        return None
+    return list(zip(schemes, classes, paths))
+
+
+@functools.cache
+def _options_taken(cls: type) -> frozenset[str]:
+    """The options a file system class takes by name: its constructor's and its bases'
+    (to which it gives the rest), those fsspec takes for every file system (its
+    listings cache's, ``skip_instance_cache``), and for S3 the botocore session's, to
+    which s3fs gives the rest of its options (``profile=``)."""
+    from fsspec.dircache import DirCache
+
+    functions = [vars(base)["__init__"] for base in cls.__mro__ if "__init__" in vars(base)]
+    functions.append(DirCache.__init__)
+    if _protocols(cls) & {"s3", "s3a"}:
+        from aiobotocore.session import AioSession
+
+        functions.append(AioSession.__init__)
+    named = {"skip_instance_cache"}
+    for function in functions:
+        named |= {parameter.name for parameter in inspect.signature(function).parameters.values()
+                  if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    return frozenset(named - {"self"})
+
+
 def _with_timeouts(url: str, options: dict[str, object], files: Any) -> dict[str, object]:
     """``options`` (copied) with ``S3_TIMEOUTS`` under the botocore settings given, where
     ``files``, the innermost file system the URL opens, is S3's: in fsspec's configuration,
     then the caller's ``config_kwargs``, then those of S3's own options, each winning key by
     key. S3's own options are its scheme's in a chain (``dir::s3://``'s ``s3=``), and
-    ``target_options`` where an option names it (``target_protocol='s3'``); the caller's
-    ``config_kwargs`` are given to it there (fsspec gave them to the chain's outermost file
-    system, which ignored them). The same ``options`` where it is not S3's."""
+    ``target_options`` where an option names it (``target_protocol='s3'``), where
+    ``_routed`` put the caller's ``config_kwargs`` already. The same ``options`` where it
+    is not S3's."""
     import fsspec.config
 
     protocols = _protocols(files)
@@ -1322,9 +1429,9 @@ def _with_timeouts(url: str, options: dict[str, object], files: Any) -> dict[str
     timed = _copied(options)
     parts = url.split("::")
     scheme = parts[-1].partition("://")[0]
+    given = None
     if len(parts) > 1:
         own = timed.setdefault(scheme, {})
-        given = timed.pop("config_kwargs", None)
     else:  # (fsspec gives the URL's file system its scheme's options and the rest, merged)
         nested = timed.pop(scheme, {})
         if not isinstance(nested, dict):
