@@ -215,7 +215,7 @@ def test_an_unknown_id_is_said_without_waiting_for_a_save(
         with mgr._exclusive():  # (as a save in another process would hold it)
             held = threading.Thread(target=lambda: main([argv[0], str(store), *argv[1:]]))
             held.start()
-            held.join(3)
+            held.join(60)  # (a wait for the lock lasts till this block's end: still alive)
             waited = held.is_alive()
         held.join(60)
     err = capsys.readouterr().err
