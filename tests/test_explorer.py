@@ -1704,18 +1704,29 @@ def test_a_lock_wait_teller_that_fails_stops_no_action(tmp_path: Path) -> None:
     model = torch.nn.Linear(4, 4)
     mgr = ckpt_nb.CheckpointManager(tmp_path)
     cid = mgr.save(model, torch.optim.SGD(model.parameters(), 0.1), 0)
+    told_of: list[str | None] = []
 
     def told(message: str | None) -> None:
+        told_of.append(message)
         raise RuntimeError("the teller failed")
 
     mgr._on_lock_wait = told
+    # (held until the teller was told: a holder that let go after a second was gone
+    # before the pin had waited a second, and no teller was told at all)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time, ckpt_nb\nwith ckpt_nb.CheckpointManager("
-         "sys.argv[1])._exclusive():\n    print('held', flush=True)\n    time.sleep(1)",
-         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", "import sys, ckpt_nb\nwith ckpt_nb.CheckpointManager("
+         "sys.argv[1])._exclusive():\n    print('held', flush=True)\n    sys.stdin.readline()",
+         str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        mgr.pin(cid)
+        pinning = threading.Thread(target=mgr.pin, args=(cid,))
+        pinning.start()
+        poll(lambda: bool(told_of), 60)
+        assert told_of and told_of[0] is not None and "waiting for" in told_of[0], told_of
+        assert holder.stdin is not None
+        holder.stdin.close()
+        pinning.join(timeout=60)
+        assert not pinning.is_alive()
         assert mgr.catalog.get(cid).pinned
     finally:
         holder.kill()
