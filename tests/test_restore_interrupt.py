@@ -139,8 +139,8 @@ for _ in range(TRIES):
     change()
     before = parts()
     timer = threading.Timer(random.uniform(0, took), os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     try:
+        timer.start()
         mgr.restore("latest", model, opt, interrupting=interrupting)
         error = None
     except KeyboardInterrupt as stop:
@@ -168,6 +168,10 @@ def test_interrupts_at_random_moments_of_a_restore_leave_no_mix(tmp_path: Path) 
         if seen["error"] == "restore interrupted before anything was put back: nothing " \
                 "was changed":
             assert seen["which"] == ALL_BEFORE, seen
+        elif seen["error"] == "":  # (a bare KeyboardInterrupt: the timer's came outside the
+            # restore's guard, just before it began or just after it ended, as a loaded
+            # machine's scheduling may have it)
+            assert seen["which"] in (ALL_BEFORE, ALL_CKPT), seen
         else:  # (finished first, or the interrupt came after it)
             assert seen["error"] in (finished, None), seen
             assert seen["which"] == ALL_CKPT, seen
