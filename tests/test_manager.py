@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 import weakref
@@ -2470,18 +2471,29 @@ def test_a_wait_for_another_process_s_lock_is_said_with_its_pid(
     """pin, rm and gc waited without a word while another process saved or collected."""
     with CheckpointManager(tmp_path) as mgr:
         cid = mgr.save(torch.nn.Linear(2, 2))
+        # (held until the pin has said it waits: a holder that let go after a fixed time
+        # was gone before a pin started late on a loaded machine had waited a second)
         holder = subprocess.Popen(
-            [sys.executable, "-c", "import fcntl, os, sys, time\n"
+            [sys.executable, "-c", "import fcntl, os, sys\n"
              f"f = open({str(tmp_path / 'catalog.sqlite.lock')!r}, 'a')\n"
              "fcntl.flock(f, fcntl.LOCK_EX); f.truncate(0); f.write(f'{os.getpid()}\\n')\n"
-             "f.flush(); print('held', flush=True); time.sleep(1.5)"],
-            stdout=subprocess.PIPE, text=True)
+             "f.flush(); print('held', flush=True); sys.stdin.readline()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        mgr.pin(cid)  # (waits for it)
+        pinning = threading.Thread(target=mgr.pin, args=(cid,))  # (waits for it)
+        pinning.start()
+        err, deadline = "", time.monotonic() + 60
+        while "waiting for" not in err and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        pinning.join(60)
         holder.wait(timeout=60)
         assert mgr.catalog.get(cid).pinned
         catalog_id = mgr.catalog.uid()
-    err = capsys.readouterr().err
+    err += capsys.readouterr().err
     assert f"waiting for {mgr.store.url}: process {holder.pid} is saving to it" in err, err
     # (and the catalog it wrote with: a manager with another catalog reads the store again)
     # (and what it had seen, the pin too: a copy of the catalog put back has seen less)
