@@ -1216,19 +1216,22 @@ def test_bad_values_fail_clearly_and_keep_the_store(tmp_path: Path, digits: Digi
 
 
 WRITER = textwrap.dedent("""
-    import sys, time, torch
+    import os, sys, torch
     sys.path.insert(0, TESTS)
     from conftest import Holder
     from ckpt_nb import CheckpointManager
 
-    store, seconds, keep = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    store, stop, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
     mgr = CheckpointManager(store, max_to_keep=keep)
     small = [torch.randn(300_000), torch.randn(300_000)]
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:  # each save shares a storage with the one two before,
+    while not os.path.exists(stop):  # each save shares a storage with the one two before,
         small.append(torch.randn(300_000))  # so retention leaves packs to compact
         mgr.save(h=Holder({"old": small[-3], "new": small[-1], "big": torch.randn(1 << 21)}))
 """).replace("TESTS", repr(str(Path(__file__).parent)))
+# The writer saves until its stop file is made: the reader reads for 6 s, and on until it
+# has read 11 times while this many saves were made (not a fixed while of the writer's, in
+# which a loaded machine saved and read too few to fail where they went wrong).
+WRITER_SAVES = 30
 
 
 @pytest.mark.parametrize("keep", [1, 2])
@@ -1240,43 +1243,49 @@ def test_reading_while_another_process_saves_deletes_and_compacts(
     report healthy (or deleted) checkpoints as bad."""
     store = tmp_path / "store"
     CheckpointManager(store).close()
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(store), "6", str(keep)])
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(store), str(stop), str(keep)])
     try:
         mgr = CheckpointManager(store)
         deadline = time.monotonic() + 60
         while not mgr.catalog.checkpoints() and time.monotonic() < deadline:
             time.sleep(0.05)
         restores = verifies = 0
-        while writer.poll() is None:
+        end = time.monotonic() + 6  # (and on, where a loaded machine read or saved less)
+        while time.monotonic() < end or restores <= 10 or \
+                mgr.catalog.counts()[0] < WRITER_SAVES:
+            assert writer.poll() is None, "the writer stopped"
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # (a skip warns)
                 mgr.restore("latest", h=Holder({}))
             report = mgr.verify()
             assert report.ok, (report.bad, report.packs)
             restores, verifies = restores + 1, verifies + 1
-        assert writer.returncode == 0 and restores > 10
+        stop.touch()
+        assert writer.wait(timeout=60) == 0
     finally:
         writer.kill()
         writer.wait()
 
 
 BUDGET_WRITER = textwrap.dedent("""
-    import sys, time, torch
+    import os, sys, torch
     sys.path.insert(0, TESTS)
     from conftest import Holder
     from ckpt_nb import CheckpointManager
 
-    store, seconds = sys.argv[1], float(sys.argv[2])
+    store, stop = sys.argv[1], sys.argv[2]
     mgr = CheckpointManager(store, max_bytes=1_500_000, strategy="incremental",
                             chunk_size=16384)
-    end, step = time.monotonic() + seconds, 0
-    while time.monotonic() < end:  # each save's retention compacts packs
+    step = 0
+    while not os.path.exists(stop):  # each save's retention compacts packs
         w = torch.randn(256, 128, generator=torch.Generator().manual_seed(step // 3))
         w[step % 256] += step
         mgr.save(h=Holder({"w": w, "i": torch.arange(step, step + 30000)}), step=step,
                  rng=False)
         step += 1
 """).replace("TESTS", repr(str(Path(__file__).parent)))
+BUDGET_WRITER_SAVES = 100  # (and 101 reads, 12 s at least: as WRITER_SAVES)
 
 
 def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
@@ -1285,14 +1294,18 @@ def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
     and then reported a healthy checkpoint's pack missing (6 in 6,000 reads)."""
     store = tmp_path / "store"
     CheckpointManager(store).close()
-    writer = subprocess.Popen([sys.executable, "-c", BUDGET_WRITER, str(store), "12"])
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", BUDGET_WRITER, str(store), str(stop)])
     try:
         mgr = CheckpointManager(store)
         deadline = time.monotonic() + 60
         while not mgr.catalog.checkpoints() and time.monotonic() < deadline:
             time.sleep(0.05)
         reads = 0
-        while writer.poll() is None:
+        end = time.monotonic() + 12  # (and on, where a loaded machine read or saved less)
+        while time.monotonic() < end or reads <= 100 or \
+                mgr.catalog.counts()[0] < BUDGET_WRITER_SAVES:
+            assert writer.poll() is None, "the writer stopped"
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -1301,7 +1314,8 @@ def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
                 continue  # deleted while read: said so
             assert ck.state["h"]["i"][0].item() == ck.step
             reads += 1
-        assert writer.returncode == 0 and reads > 100
+        stop.touch()
+        assert writer.wait(timeout=60) == 0
     finally:
         writer.kill()
         writer.wait()
