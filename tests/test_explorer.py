@@ -1229,9 +1229,15 @@ def test_a_diff_that_fails_leaves_no_other_pairs_table(tmp_path: Path) -> None:
     """A pair whose diff fails (a damaged pack) shows no diff: the last pair's bars and
     table under from/to that name the new pair read as its."""
     mgr = ckpt_nb.CheckpointManager(tmp_path / "s", strategy="full")
-    ids = stepped_saves(mgr, torch.nn.Linear(64, 64), 3)
+    model = torch.nn.Linear(64, 64)
+    ids = stepped_saves(mgr, model, 2)
+    packs = tmp_path / "s" / "packs"
+    before = set(packs.glob("*.pack"))
+    with torch.no_grad():  # (the third of stepped_saves, here: the pack it writes is named
+        model.weight.add_(1.0)  # by what it adds, not by an mtime that two saves may share)
+    ids.append(mgr.save(model, step=2, metrics={"loss": 2.0}))
     mgr.close()
-    newest = max((tmp_path / "s" / "packs").glob("*.pack"), key=lambda f: f.stat().st_mtime)
+    newest, = set(packs.glob("*.pack")) - before
     data = bytearray(newest.read_bytes())
     data[len(data) // 3] ^= 0xFF  # the third checkpoint's chunks no longer match
     newest.write_bytes(bytes(data))
