@@ -1603,14 +1603,16 @@ class RestoreInterrupts:
     def commit(self, what: str | None = None) -> None:
         """From here on, hold interrupts; ``what`` names the restore in the messages after."""
         self.what = what or self.what
+        # (the handler goes in first: an interrupt before it stops a restore that changed
+        # nothing, and says so; one after it is held)
+        if threading.current_thread() is threading.main_thread():
+            current = signal.getsignal(signal.SIGINT)
+            # (one set outside Python is not put back; a restore outside holds them)
+            if current is not None and \
+                    not isinstance(getattr(current, "__self__", None), RestoreInterrupts):
+                signal.signal(signal.SIGINT, self._hold)
+                self._previous = current
         self.committing = True
-        if threading.current_thread() is not threading.main_thread():
-            return
-        current = signal.getsignal(signal.SIGINT)
-        if current is None or isinstance(getattr(current, "__self__", None), RestoreInterrupts):
-            return  # (set outside Python, so not put back; or a restore outside holds them)
-        self._previous = current
-        signal.signal(signal.SIGINT, self._hold)
 
     def _hold(self, signum: int, frame: Any) -> None:
         if not self.held:
