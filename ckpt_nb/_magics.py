@@ -24,8 +24,7 @@ from IPython.utils.process import arg_split
 from traitlets import Bool, Int, TraitError, Unicode, validate
 
 from . import _session as session_mod
-from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
-                      warnings_worded)
+from ._errors import RANK_BY_ANOTHER, CaptureError, CkptError, warnings_worded
 from ._session import UNRANKED_BEST_WAYS, AutoConfig, parse_duration, parse_metric_trigger
 from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
 
@@ -303,15 +302,10 @@ class CkptMagics(Magics):
             with warnings_worded(*_RANK_BY_ANOTHER):
                 session_mod.rollback(which, directory=directory,
                                      namespace=self.shell.user_ns, on=ranking)
-        except CheckpointNotFoundError as exc:
-            # (an id not found may be another store's: the notebook ran several)
-            other = "" if args.dir is not None or not _names_an_id(which) else (
-                f"; it looked in the store of the {'active' if session_mod.active() else 'last'}"
-                " session: for a checkpoint of another store, "
-                f"%ckpt_rollback {args.which} --dir PATH")
-            raise UsageError(f"%ckpt_rollback: {_magic_wording(exc, store)}{other}") from None
         except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage knows)
-            raise UsageError(f"%ckpt_rollback: {_magic_wording(exc, store)}") from None
+            text = _magic_wording(exc, store)
+            where = "" if directory is not None else _where_it_looked(text, store, line)
+            raise UsageError(f"%ckpt_rollback: {text}{where}") from None
 
     @line_magic
     def ckpt_list(self, line: str) -> Any:
@@ -468,10 +462,16 @@ def _magic_wording(error: Exception, store: str | None = None) -> str:
     return text
 
 
-def _names_an_id(which: str) -> bool:
-    """Whether a rollback's ``which`` is an id or prefix, not "latest", "best" or "-N":
-    the one a store may lack for being another store's."""
-    return which not in ("latest", "best") and re.fullmatch(r"-\d+", which) is None
+def _where_it_looked(text: str, store: str | None, line: str) -> str:
+    """What a rollback error on the session's store (the line gave no --dir) adds: that
+    store, where ``text`` does not name it ("... in STORE", "... at STORE"), and how to
+    name another. In a notebook that ran several, "no checkpoint has the metric", "-1 is
+    too far back" or an id not found may say the last cell's store is the wrong one."""
+    named = store is None or f" in {store}" in text or f" at {store}" in text
+    session = "active" if session_mod.active() else "last"
+    again = " ".join(part for part in ("%ckpt_rollback", line.strip(), "--dir PATH") if part)
+    return (f"; it looked in{'' if named else f' {store},'} the store of the {session} "
+            f"session: for a checkpoint of another store, {again}")
 
 
 def _unquoted(value: str | None) -> str | None:

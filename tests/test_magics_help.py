@@ -225,3 +225,38 @@ def test_the_line_form_refuses_no_resume(shell) -> None:
         "%ckpt_auto: --no-resume is a %%ckpt_auto cell's (it resumes the cell's unfinished "
         "run); the line form resumes no run")
     assert ckpt_nb.status() == {"active": False}
+
+
+def test_every_rollback_error_names_the_store_it_looked_in(shell, tmp_path: Path) -> None:
+    """Trained in one store with --on, then a cell in another: "no checkpoint has the
+    metric 'val_loss'" and "only 1 checkpoint: -1 is too far back" named no store, and
+    gave no --dir hint (an id not found did), though the last cell's store, which the
+    rollback took, was the wrong one."""
+    run(shell, SMALL)
+    assert run(shell, f"%%ckpt_auto --dir {tmp_path / 'main'} --on val_loss:min\n"
+                      "for epoch in ckpt_nb.epochs(3):\n"
+                      "    opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()\n"
+                      "    ckpt_nb.log(val_loss=1.0 / (epoch + 1))").success
+    scratch = tmp_path / "scratch"
+    assert run(shell, f"%%ckpt_auto --dir {scratch}\nx = 1").success
+    for line, said in (
+            ("best --on val_loss:min", "no checkpoint has the metric 'val_loss'"),
+            ("-1", "only 1 checkpoint: -1 is too far back"),
+            ("best", "'best' needs a metric to rank by, and no save to this store recorded "
+                     "one: %ckpt_rollback best --on METRIC:min|max, or roll back by id "
+                     "(%ckpt_list, then %ckpt_rollback ID)")):
+        assert usage_error(shell, f"%ckpt_rollback {line}") == (
+            f"%ckpt_rollback: {said}; it looked in {scratch}, the store of the last "
+            f"session: for a checkpoint of another store, %ckpt_rollback {line} --dir PATH")
+        # (a store the line gives is the one meant: the line names it)
+        assert usage_error(shell, f"%ckpt_rollback {line} --dir {scratch}") == (
+            f"%ckpt_rollback: {said}")
+    # (one that names the store already says it once)
+    assert usage_error(shell, "%ckpt_rollback nosuchid") == (
+        f"%ckpt_rollback: no checkpoint 'nosuchid' in {scratch}: use an id from %ckpt_list, "
+        "'latest', 'best' or '-N'; it looked in the store of the last session: for a "
+        "checkpoint of another store, %ckpt_rollback nosuchid --dir PATH")
+    assert usage_error(shell, f"%ckpt_rollback -1 --dir {tmp_path / 'main'}x") == (
+        f"%ckpt_rollback: no checkpoint store at {tmp_path / 'main'}x: give the --dir of a "
+        "%ckpt_auto run")
+    assert run(shell, f"%ckpt_rollback best --on val_loss:min --dir {tmp_path / 'main'}").success

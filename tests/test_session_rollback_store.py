@@ -438,23 +438,27 @@ def test_a_rollback_ranked_by_the_stores_own_metric_given_on_says_nothing_of_the
             ckpt_nb.CheckpointManager(tmp_path, metric="acc", mode="max").resolve("best")
 
 
-def test_only_an_id_not_found_is_said_to_be_maybe_another_stores(
+def test_every_rollback_error_says_it_may_be_another_stores(
         shell, tmp_path: Path) -> None:
-    """%ckpt_rollback best of a store with no metric ended "; it looked in the store of
-    the last session: for a checkpoint of another store, %ckpt_rollback best --dir PATH",
-    which a missing metric has nothing to do with."""
+    """%ckpt_rollback best of a store with no metric, or -99, named no store and gave no
+    --dir hint, as an id not found did: the last session's store may be the wrong one."""
     run(shell, SETUP)
     run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --every-steps 2" + LOOP)
-    elsewhere = "; it looked in the store of the last session: for a checkpoint of another " \
-        "store, %ckpt_rollback nosuchid --dir PATH"
+    elsewhere = "the store of the last session: for a checkpoint of another store, " \
+        "%ckpt_rollback {} --dir PATH"
     for line, said in (
             ("best", "'best' needs a metric to rank by, and no save to this store recorded "
                      "one: %ckpt_rollback best --on METRIC:min|max, or roll back by id "
-                     "(%ckpt_list, then %ckpt_rollback ID)"),
-            ("best --on loss:min", "no checkpoint has the metric 'loss'"),
-            ("-99", "only 3 checkpoints: -99 is too far back"),
+                     f"(%ckpt_list, then %ckpt_rollback ID); it looked in {tmp_path / 'a'}, "
+                     + elsewhere.format("best")),
+            ("best --on loss:min", f"no checkpoint has the metric 'loss'; it looked in "
+                                   f"{tmp_path / 'a'}, "
+                                   + elsewhere.format("best --on loss:min")),
+            ("-99", f"only 3 checkpoints: -99 is too far back; it looked in {tmp_path / 'a'}, "
+                    + elsewhere.format("-99")),
             ("nosuchid", f"no checkpoint 'nosuchid' in {tmp_path / 'a'}: use an id from "
-                         f"%ckpt_list, 'latest', 'best' or '-N'{elsewhere}")):
+                         "%ckpt_list, 'latest', 'best' or '-N'; it looked in "
+                         + elsewhere.format("nosuchid"))):
         result = shell.run_cell(f"%ckpt_rollback {line}", store_history=False)
         assert isinstance(result.error_in_exec, UsageError), line
         assert str(result.error_in_exec) == f"%ckpt_rollback: {said}", line
