@@ -273,7 +273,10 @@ class CkptMagics(Magics):
 
     # -- the other magics -----------------------------------------------------------------
     @magic_arguments()
-    @argument("which", nargs="?", default="latest", help="ID (or prefix), latest, best or -N")
+    @argument("which", nargs="?", default="latest", help="ID (or prefix); latest, the "
+              "store's newest checkpoint; best; or -N, the checkpoint saved N before latest "
+              "(-1 the one just before it), counted in save order over the whole store "
+              "(every cell's runs and branches), not back along a branch")
     @argument("--dir", default=None, help="store directory (default: the session's)")
     @argument("--on", default=None, help="rank best by METRIC for this rollback alone, "
               "as a %%%%ckpt_auto cell's --on takes it (METRIC:min or METRIC:max, or a bare "
@@ -282,7 +285,8 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_rollback(self, line: str) -> None:
         """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC:min|max]: restore
-        tracked state in place."""
+        tracked state in place. -1 is the checkpoint saved just before latest (the
+        store's newest), -2 the one before that."""
         args = _arguments(self.ckpt_rollback, line)
         on = _unquoted(args.on)
         if on is not None and _unquoted(args.which) != "best":  # (ignored, it looks obeyed)

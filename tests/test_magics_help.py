@@ -10,6 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets import TraitError
 
 import ckpt_nb
+from ckpt_nb import _session
 from ckpt_nb._magics import CkptMagics
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
@@ -260,3 +261,24 @@ def test_every_rollback_error_names_the_store_it_looked_in(shell, tmp_path: Path
         f"%ckpt_rollback: no checkpoint store at {tmp_path / 'main'}x: give the --dir of a "
         "%ckpt_auto run")
     assert run(shell, f"%ckpt_rollback best --on val_loss:min --dir {tmp_path / 'main'}").success
+
+
+def test_rollback_help_says_what_minus_n_counts_and_it_counts_so(
+        shell, tmp_path: Path) -> None:
+    """%ckpt_rollback? said "-N" and no more (the CLI's help: "N back from latest")."""
+    help_text = " ".join(shell.find_line_magic("ckpt_rollback").__doc__.split())
+    assert "-N, the checkpoint saved N before latest (-1 the one just before it), counted " \
+           "in save order over the whole store" in help_text
+    assert "latest, the store's newest checkpoint" in help_text
+    store = tmp_path / "s"
+    first = saved_store(shell, store)
+    cell = (f"%%ckpt_auto --dir {store}\n"
+            "opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()")
+    assert run(shell, cell).success
+    second = ckpt_nb.CheckpointManager(store).resolve("latest")
+    assert run(shell, f"%ckpt_rollback {first}").success
+    assert run(shell, cell).success  # (saves a child of the first)
+    table = ckpt_nb.CheckpointManager(store).list()
+    assert list(table["parent"].iloc[-1:]) == [first]
+    assert run(shell, "%ckpt_rollback -1").success
+    assert _session.kernel_position(store) == second  # (saved before latest: not its parent)
