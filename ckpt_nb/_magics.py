@@ -1,9 +1,10 @@
 """IPython magics: a thin skin over ``ckpt_nb._session``.
 
 ``%load_ext ckpt_nb`` registers ``%ckpt_auto`` / ``%%ckpt_auto``,
-``%ckpt_rollback``, ``%ckpt_list`` and ``%ckpt_status``; ``%unload_ext
-ckpt_nb`` removes them and every hook. Defaults are traitlets, settable with
-``%config CkptMagics.default_dir = "..."``.
+``%ckpt_rollback``, ``%ckpt_list``, ``%ckpt_status`` and ``%ckpt_ui``; ``%unload_ext
+ckpt_nb`` removes them and every hook. Defaults are ``CkptMagics`` traitlets, settable
+with ``%config CkptMagics.NAME = VALUE`` or in ipython_config.py: ``default_dir``,
+``sync`` and ``max_variable_mb``.
 """
 
 from __future__ import annotations
@@ -77,18 +78,21 @@ class CkptMagics(Magics):
               "CkptMagics.default_dir, else ./checkpoints/<notebook name>, or "
               "./checkpoints/session where the notebook is unknown, as in nbconvert or "
               "papermill jobs)")
-    @argument("--every-steps", type=int, default=None,
+    @argument("--every-steps", type=int, default=None, metavar="N",
               help="save N optimizer steps after the last save")
-    @argument("--every-seconds", default=None, help="save S seconds after the last save: "
+    @argument("--every-seconds", default=None, metavar="S",
+              help="save S seconds after the last save: "
               "a number of seconds (90), or a duration as --every takes (10m)")
-    @argument("--every", default=None, help="save a duration after the last save: 90s, 10m, "
+    @argument("--every", default=None, metavar="DURATION",
+              help="save DURATION after the last save: 90s, 10m, "
               "2h, 1d, or a number of seconds (90)")
-    @argument("--on", default=None, help="save when METRIC (as ckpt_nb.log() names it) "
+    @argument("--on", default=None, metavar="METRIC[:min|max]",
+              help="save when METRIC (as ckpt_nb.log() names it) "
               "improves: METRIC:min or METRIC:max, or a bare name that says which way is "
               "better: --on val_loss (lower), --on accuracy (higher)")
-    @argument("--keep", type=int, default=None,
+    @argument("--keep", type=int, default=None, metavar="N",
               help="keep the newest N checkpoints of this cell's run")
-    @argument("--keep-best", type=int, default=None,
+    @argument("--keep-best", type=int, default=None, metavar="K",
               help="keep the best K checkpoints of this cell's run by the --on metric; "
               "alone (no --keep) it deletes the others but the newest, as Lightning's "
               "save_top_k does")
@@ -96,11 +100,14 @@ class CkptMagics(Magics):
               help="how a checkpoint stores its chunks: full (the default: every chunk, "
               "deduplicated), incremental (a changed chunk as its XOR against the parent's) "
               "or differential (XOR against the branch's last full checkpoint)")
-    @argument("--track", default=None, help="comma-separated names to track (else discovery)")
+    @argument("--track", default=None, metavar="NAMES",
+              help="the names to track, comma-separated without spaces (model,opt); "
+              "without it, discovery finds them")
     @argument("--no-resume", action="store_true",
-              help="do not resume the cell's unfinished run: train on from the objects as "
-                   "they are (new objects start a new root)")
-    @argument("--sync", action="store_true", help="save on the training thread")
+              help="a %%%%ckpt_auto cell's only: do not resume the cell's unfinished run, "
+                   "train on from the objects as they are (new objects start a new root)")
+    @argument("--sync", action="store_true", help="save on the training thread "
+              "(%%config CkptMagics.sync = True: every session does)")
     @argument("--off", action="store_true", help="stop the line form's checkpointing of "
               "the session (%%ckpt_auto --off), letting go of its buffers")
     @line_cell_magic
@@ -273,18 +280,20 @@ class CkptMagics(Magics):
 
     # -- the other magics -----------------------------------------------------------------
     @magic_arguments()
-    @argument("which", nargs="?", default="latest", help="ID (or prefix); latest, the "
+    @argument("which", nargs="?", default="latest", metavar="ID|latest|best|-N",
+              help="ID (or prefix); latest, the "
               "store's newest checkpoint; best; or -N, the checkpoint saved N before latest "
               "(-1 the one just before it), counted in save order over the whole store "
               "(every cell's runs and branches), not back along a branch")
     @argument("--dir", default=None, help="store directory (default: the session's)")
-    @argument("--on", default=None, help="rank best by METRIC for this rollback alone, "
+    @argument("--on", default=None, metavar="METRIC[:min|max]",
+              help="rank best by METRIC for this rollback alone, "
               "as a %%%%ckpt_auto cell's --on takes it (METRIC:min or METRIC:max, or a bare "
               "name that says which way is better): a store saved without --on has no "
               "metric to rank by; the store's own is left as it is")
     @line_magic
     def ckpt_rollback(self, line: str) -> None:
-        """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC:min|max]: restore
+        """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC[:min|max]]: restore
         tracked state in place. -1 is the checkpoint saved just before latest (the
         store's newest), -2 the one before that."""
         args = _arguments(self.ckpt_rollback, line)

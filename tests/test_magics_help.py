@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,20 @@ def test_rollback_help_says_what_minus_n_counts_and_it_counts_so(
     assert list(table["parent"].iloc[-1:]) == [first]
     assert run(shell, "%ckpt_rollback -1").success
     assert _session.kernel_position(store) == second  # (saved before latest: not its parent)
+
+
+def test_help_metavars_are_the_words_the_help_uses(shell) -> None:
+    """%ckpt_auto? showed --every-steps EVERY_STEPS, --keep KEEP, --on ON beside "save
+    every N steps", "the newest N", "METRIC:min"; --no-resume did not say it is a cell's
+    alone (the line form refuses it); the module's docstring left %ckpt_ui out."""
+    auto = " ".join(shell.find_line_magic("ckpt_auto").__doc__.split())
+    for usage in ("[--every-steps N]", "[--every-seconds S]", "[--every DURATION]",
+                  "[--on METRIC[:min|max]]", "[--keep N]", "[--keep-best K]",
+                  "[--track NAMES]"):
+        assert usage in auto, usage
+    assert not re.search(r"\b(EVERY_STEPS|EVERY_SECONDS|EVERY|ON|KEEP|KEEP_BEST|TRACK)\b", auto)
+    assert "--no-resume a %%ckpt_auto cell's only" in auto
+    assert "comma-separated without spaces (model,opt)" in auto
+    rollback = " ".join(shell.find_line_magic("ckpt_rollback").__doc__.split())
+    assert "%ckpt_rollback [--dir DIR] [--on METRIC[:min|max]] [ID|latest|best|-N]" in rollback
+    assert "%ckpt_ui" in " ".join(ckpt_nb._magics.__doc__.split())
