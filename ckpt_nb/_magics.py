@@ -411,25 +411,70 @@ def _arguments(magic: Any, line: str) -> Any:
     try:
         args = parse_argstring(magic, line)
     except (UsageError, ValueError) as exc:
-        raise UsageError(f"%{magic.__name__}: {exc}") from None
+        hint = _stray_words_hint(magic, line) if str(exc).startswith("unrecognized") else ""
+        raise UsageError(f"%{magic.__name__}: {exc}{hint}") from None
     _refuse_repeats(magic, line)
     return args
+
+
+def _option_action(magic: Any, option: str) -> Any:
+    """The argparse action of ``option`` (``--every-s`` too: argparse takes a prefix of
+    one option for it), or None."""
+    actions = magic.parser._option_string_actions  # (option string -> its action)
+    action = actions.get(option)
+    if action is None:
+        found = {action for string, action in actions.items() if string.startswith(option)}
+        action = found.pop() if len(found) == 1 else None
+    return action
+
+
+def _stray_words_hint(magic: Any, line: str) -> str:
+    """What words no option took ("unrecognized arguments") were meant as, where that is
+    clear: a store given bare, as %ckpt_list and %ckpt_ui take it (``%%ckpt_auto
+    runs/o``), the names of ``--track model, opt`` after its comma, a ``--dir`` with a
+    space unquoted; "" otherwise."""
+    option, value, strays = None, "", []  # (the option whose value the strays follow)
+    takes_value = False
+    positionals = sum(not action.option_strings for action in magic.parser._actions)
+    for token in arg_split(line):
+        if takes_value:
+            value, takes_value = token, False
+        elif not token.startswith("-") and positionals:  # (%ckpt_rollback's ID: taken)
+            positionals -= 1
+        elif not token.startswith("-"):
+            strays.append(token)
+        elif strays:  # (the first run of them is the one said)
+            break
+        else:
+            name, equals, value = token.partition("=")
+            action = _option_action(magic, name)
+            takes_value = action is not None and action.nargs is None and not equals
+            option = name if action is None else action.option_strings[0] \
+                if action.nargs is None else None  # (a flag's strays follow no value)
+    if not strays:
+        return ""
+    if option == "--track":
+        names = ",".join(n for word in [value, *strays] for n in word.split(",") if n)
+        return f": give --track its names without spaces, --track {names}"
+    if option == "--dir":
+        return f": quote a --dir with spaces, --dir \"{_unquoted(value)} {' '.join(strays)}\""
+    if option is None and magic.__name__ == "ckpt_auto":
+        store = " ".join(strays)
+        return (": %ckpt_auto and %%ckpt_auto take the store as --dir "
+                + (f'"{store}"' if " " in store else store))
+    return ""
 
 
 def _refuse_repeats(magic: Any, line: str) -> None:
     """An option given twice: argparse keeps the last, silently (``--every-steps 5
     --every-steps 10``), which may not be the one meant."""
     __tracebackhide__ = True
-    actions = magic.parser._option_string_actions  # (option string -> its action)
     seen: set[str] = set()
     for token in arg_split(line):
         option = token.split("=", 1)[0]
         if not option.startswith("--"):
             continue
-        action = actions.get(option)
-        if action is None:  # (argparse takes a prefix of one option for it: --every-s)
-            found = {action for string, action in actions.items() if string.startswith(option)}
-            action = found.pop() if len(found) == 1 else None
+        action = _option_action(magic, option)
         if action is None:
             continue
         if action.dest in seen:

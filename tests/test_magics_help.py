@@ -300,3 +300,30 @@ def test_help_metavars_are_the_words_the_help_uses(shell) -> None:
     rollback = " ".join(shell.find_line_magic("ckpt_rollback").__doc__.split())
     assert "%ckpt_rollback [--dir DIR] [--on METRIC[:min|max]] [ID|latest|best|-N]" in rollback
     assert "%ckpt_ui" in " ".join(ckpt_nb._magics.__doc__.split())
+
+
+@pytest.mark.parametrize(("code", "message"), [
+    ("%%ckpt_auto runs/o\nran = True", "%ckpt_auto: unrecognized arguments: runs/o: "
+     "%ckpt_auto and %%ckpt_auto take the store as --dir runs/o"),
+    ("%ckpt_auto --sync my runs", "%ckpt_auto: unrecognized arguments: my runs: %ckpt_auto "
+     "and %%ckpt_auto take the store as --dir \"my runs\""),
+    ("%%ckpt_auto --track model, opt\nran = True", "%ckpt_auto: unrecognized arguments: "
+     "opt: give --track its names without spaces, --track model,opt"),
+    ("%ckpt_auto --track=model, opt, sched --sync", "%ckpt_auto: unrecognized arguments: "
+     "opt, sched: give --track its names without spaces, --track model,opt,sched"),
+    ("%ckpt_auto --dir my runs --sync", "%ckpt_auto: unrecognized arguments: runs: quote a "
+     "--dir with spaces, --dir \"my runs\""),
+    ("%ckpt_rollback latest --dir 'my' runs", "%ckpt_rollback: unrecognized arguments: runs: "
+     "quote a --dir with spaces, --dir \"my runs\""),
+    # (where the words' meaning is not clear, argparse's complaint alone)
+    ("%ckpt_auto --on val_loss min", "%ckpt_auto: unrecognized arguments: min"),
+    ("%ckpt_auto --bogus x", "%ckpt_auto: unrecognized arguments: --bogus x"),
+    ("%ckpt_rollback latest extra", "%ckpt_rollback: unrecognized arguments: extra"),
+])
+def test_words_no_option_takes_say_what_they_were_meant_as(
+        shell, code: str, message: str) -> None:
+    """%%ckpt_auto runs/o said "unrecognized arguments: runs/o" (%ckpt_list and %ckpt_ui
+    take a bare DIR: users try it), --track model, opt "unrecognized arguments: opt"."""
+    assert usage_error(shell, code) == message
+    assert "ran" not in shell.user_ns
+    assert ckpt_nb.status() == {"active": False}
