@@ -340,9 +340,11 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
             except _Unsupported as exc:
                 found.skipped[name] = str(exc)
                 continue
-            if size > max_variable_bytes:
+            if size > max_variable_bytes:  # (and the cap that takes it: size in MiB, up)
                 found.skipped[name] = (f"{size / 2**20:,.1f} MiB, over the "
-                                       f"{max_variable_bytes / 2**20:,.0f} MiB cap")
+                                       f"{max_variable_bytes / 2**20:,.0f} MiB cap: %config "
+                                       f"CkptMagics.max_variable_mb = {-(-size // 2**20)} "
+                                       "takes it (max_variable_bytes= in auto())")
             else:
                 found.variables[name] = value
     _drop_contained_modules(found.statefuls)

@@ -327,3 +327,22 @@ def test_words_no_option_takes_say_what_they_were_meant_as(
     assert usage_error(shell, code) == message
     assert "ran" not in shell.user_ns
     assert ckpt_nb.status() == {"active": False}
+
+
+def test_a_variable_over_the_cap_is_said_with_the_cap_that_takes_it(
+        shell, tmp_path: Path, capsys) -> None:
+    """"big (2.0 MiB, over the 1 MiB cap)" did not say how to raise the cap."""
+    magics = shell.magics_manager.registry["CkptMagics"]
+    try:
+        run(shell, SMALL + "import numpy as np\nbig = np.zeros((2 << 20) // 8 + 1)")
+        assert run(shell, "%config CkptMagics.max_variable_mb = 1").success
+        cell = f"%%ckpt_auto --dir {tmp_path}\nopt.step()"
+        assert run(shell, cell).success
+        assert ("; skipped big (2.0 MiB, over the 1 MiB cap: %config CkptMagics.max_variable_mb"
+                " = 3 takes it (max_variable_bytes= in auto()))") in capsys.readouterr().out
+        assert run(shell, "%config CkptMagics.max_variable_mb = 3").success  # (as said)
+        assert magics.max_variable_mb == 3
+        assert run(shell, cell).success
+        assert "variables big" in capsys.readouterr().out
+    finally:
+        shell.config.pop("CkptMagics", None)
