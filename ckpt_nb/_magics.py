@@ -3,8 +3,8 @@
 ``%load_ext ckpt_nb`` registers ``%ckpt_auto`` / ``%%ckpt_auto``,
 ``%ckpt_rollback``, ``%ckpt_list``, ``%ckpt_status`` and ``%ckpt_ui``; ``%unload_ext
 ckpt_nb`` removes them and every hook. Defaults are ``CkptMagics`` traitlets, settable
-with ``%config CkptMagics.NAME = VALUE`` or in ipython_config.py: ``default_dir``,
-``sync`` and ``max_variable_mb``.
+with ``%config CkptMagics.NAME = VALUE`` or in ipython_config.py: ``root_dir``,
+``default_dir``, ``sync`` and ``max_variable_mb``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,17 @@ MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status"
 class CkptMagics(Magics):
     """Automatic, resumable checkpoints for training cells."""
 
-    default_dir = Unicode("", help="Store directory when --dir is not given (default: "
+    default_dir = Unicode("", help="The store of this kernel's cells that give no --dir "
+                                   "(default: <root_dir>/<notebook name>: "
                                    "./checkpoints/<notebook name>, or ./checkpoints/session "
                                    "where the notebook is unknown, as in nbconvert or "
-                                   "papermill jobs)").tag(config=True)
+                                   "papermill jobs). One store for every notebook, set in "
+                                   "ipython_config.py: their cells resume and prune each "
+                                   "other's runs; set root_dir there").tag(config=True)
+    root_dir = Unicode("checkpoints", help="The folder (or store URL) of the default stores, "
+                                           "<root_dir>/<notebook name>, each notebook's own "
+                                           "(<root_dir>/session where the notebook is "
+                                           "unknown): for ipython_config.py").tag(config=True)
     sync = Bool(False, help="Write checkpoints on the training thread").tag(config=True)
     max_variable_mb = Int(100, help="Largest plain variable captured, in MiB").tag(config=True)
 
@@ -62,6 +69,15 @@ class CkptMagics(Magics):
                              "the default (./checkpoints/<notebook name>)")
         return proposal["value"]
 
+    @validate("root_dir")
+    def _root_dir(self, proposal: Any) -> str:
+        """A blank one would name a folder of spaces, an empty one no folder at all."""
+        if not proposal["value"].strip():
+            raise TraitError(f"CkptMagics.root_dir is {'blank' if proposal['value'] else 'empty'}"
+                             ": give a folder, \"checkpoints\" (the default) or \".\" (the "
+                             "working directory)")
+        return proposal["value"]
+
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self._line_session: session_mod.AutoSession | None = None
@@ -75,9 +91,9 @@ class CkptMagics(Magics):
     # -- %ckpt_auto ---------------------------------------------------------------
     @magic_arguments()
     @argument("--dir", default=None, help="checkpoint store directory (default: "
-              "CkptMagics.default_dir, else ./checkpoints/<notebook name>, or "
-              "./checkpoints/session where the notebook is unknown, as in nbconvert or "
-              "papermill jobs)")
+              "CkptMagics.default_dir, else <CkptMagics.root_dir>/<notebook name>: "
+              "./checkpoints/<notebook name>, or ./checkpoints/session where the notebook is "
+              "unknown, as in nbconvert or papermill jobs)")
     @argument("--every-steps", type=int, default=None, metavar="N",
               help="save N optimizer steps after the last save")
     @argument("--every-seconds", default=None, metavar="S",
@@ -139,7 +155,8 @@ class CkptMagics(Magics):
         try:
             try:
                 session.begin_cell(cell, cell_id=self._cell_id, store_from=None if args.dir
-                                   else "CkptMagics.default_dir" if self.default_dir else None)
+                                   else "CkptMagics.default_dir" if self.default_dir
+                                   else "the default store")
             except CaptureError as exc:  # (a --track name not defined: nothing ran)
                 raise UsageError(f"%ckpt_auto: {_magic_wording(exc)}") from None
             try:
@@ -172,7 +189,9 @@ class CkptMagics(Magics):
         every_seconds = parse_duration(every) if every is not None else None
         on = parse_metric_trigger(args.on) if args.on else None
         return AutoConfig(  # (which checks the values)
-            directory=args.dir or self.default_dir or None, every_steps=args.every_steps,
+            directory=args.dir or self.default_dir
+            or session_mod.default_directory(self.shell.user_ns, self.root_dir),
+            every_steps=args.every_steps,
             every_seconds=every_seconds, on=on, keep=args.keep, keep_best=args.keep_best,
             strategy=args.strategy,
             track=[n.strip() for n in args.track.split(",") if n.strip()] if args.track else None,

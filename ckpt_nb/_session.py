@@ -306,11 +306,12 @@ def parse_metric_trigger(text: str) -> tuple[str, str]:
     return name, mode
 
 
-def default_directory(namespace: dict[str, Any]) -> str:
-    """./checkpoints/<notebook name>, or ./checkpoints/session outside a known notebook."""
+def default_directory(namespace: dict[str, Any], root: str = "checkpoints") -> str:
+    """<root>/<notebook name>, or <root>/session outside a known notebook (``root``, a
+    folder or a store URL: the magics' CkptMagics.root_dir)."""
     path = os.environ.get("JPY_SESSION_NAME") or namespace.get("__vsc_ipynb_file__") or ""
-    stem = Path(str(path)).stem if path else "session"
-    return str(Path("checkpoints") / (stem or "session"))
+    stem = (Path(str(path)).stem if path else "session") or "session"
+    return f"{root.rstrip('/')}/{stem}" if "://" in root else str(Path(root) / stem)
 
 
 @dataclass

@@ -140,6 +140,8 @@ def test_a_metric_name_no_keyword_can_spell_is_still_watched(shell, tmp_path: Pa
     ("max_variable_mb", -1, "CkptMagics.max_variable_mb is the largest plain variable "
                             "captured, in MiB: 0 or more, not -1"),
     ("default_dir", "  ", "CkptMagics.default_dir is blank: give a directory"),
+    ("root_dir", "", "CkptMagics.root_dir is empty: give a folder, \"checkpoints\""),
+    ("root_dir", " ", "CkptMagics.root_dir is blank: give a folder"),
 ])
 def test_a_bad_config_value_is_refused_where_it_is_set(
         shell, tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, value: object,
@@ -152,7 +154,8 @@ def test_a_bad_config_value_is_refused_where_it_is_set(
     try:
         run(shell, f"%config CkptMagics.{name} = {value!r}")
         assert caplog.text.count(message) == 1
-        assert (magics.max_variable_mb, magics.default_dir) == (100, "")
+        assert (magics.max_variable_mb, magics.default_dir, magics.root_dir) == \
+            (100, "", "checkpoints")
         with pytest.raises(TraitError, match=message):
             setattr(magics, name, value)
         run(shell, SMALL)
@@ -346,3 +349,40 @@ def test_a_variable_over_the_cap_is_said_with_the_cap_that_takes_it(
         assert "variables big" in capsys.readouterr().out
     finally:
         shell.config.pop("CkptMagics", None)
+
+
+def test_root_dir_holds_each_notebooks_default_store(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """%config CkptMagics.default_dir = "runs" (the README's example) made runs/ itself
+    the store, one for every notebook where set in ipython_config.py, whose cells resume
+    and prune each other's runs: root_dir is the folder of each notebook's own."""
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "exp1.ipynb"))
+    magics = shell.magics_manager.registry["CkptMagics"]
+    trait_help = " ".join(CkptMagics.class_traits()["root_dir"].help.split())
+    assert "<root_dir>/<notebook name>, each notebook's own" in trait_help
+    assert "<CkptMagics.root_dir>/<notebook name>" in " ".join(
+        shell.find_line_magic("ckpt_auto").__doc__.split())
+    run(shell, SMALL)
+    cell = "%%ckpt_auto\nopt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()"
+    try:
+        assert run(shell, "%config CkptMagics.root_dir = 'runs'").success
+        assert magics.root_dir == "runs"
+        assert run(shell, cell).success
+        store = tmp_path / "runs" / "exp1"
+        assert f" -> {store} (the default store)\n" in capsys.readouterr().out
+        assert len(ckpt_nb.CheckpointManager(store).list()) == 1
+        assert run(shell, "%ckpt_list").result["id"].tolist() == \
+            ckpt_nb.CheckpointManager(store).list()["id"].tolist()
+        monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "exp2.ipynb"))
+        assert run(shell, "%ckpt_auto").success  # (the line form too)
+        assert f" -> {tmp_path / 'runs' / 'exp2'}\n" in capsys.readouterr().out
+        assert run(shell, "%ckpt_auto --off").success
+        # default_dir, the store itself, wins
+        assert run(shell, f"%config CkptMagics.default_dir = '{tmp_path / 'one'}'").success
+        assert run(shell, cell).success
+        assert f" -> {tmp_path / 'one'} (CkptMagics.default_dir)\n" in capsys.readouterr().out
+    finally:
+        shell.config.pop("CkptMagics", None)
+        magics.default_dir, magics.root_dir = "", "checkpoints"
+    assert _session.default_directory({}, "s3://bucket/runs/") == "s3://bucket/runs/exp2"
+    assert _session.default_directory({}) == str(Path("checkpoints") / "exp2")
