@@ -1465,10 +1465,30 @@ class AutoSession:
         if resumable:
             raise _stopped(f"the cell stopped at step {self.step}: run it again to go "
                            f"on from checkpoint {cid}")
-        raise _stopped(f"the cell stopped at step {self.step}; checkpoint {cid} holds it: "
-                       "running the cell again starts over (resume needs "
-                       "ckpt_nb.epochs()/batches() in a %%ckpt_auto cell); "
-                       f"%ckpt_rollback {cid} puts it back")
+        raise _stopped(f"the cell stopped at step {self.step}; checkpoint {cid} holds it, "
+                       + self._rerun_after_stop(cid))
+
+    def _rerun_after_stop(self, cid: str) -> str:
+        """What running the cell again does after a stop saved as ``cid`` at a position
+        no rerun can go on from, the same in this kernel and a new one (``_resume_now``)."""
+        run = self._run_record(cid) or {}
+        exact = self._exact_ancestor(cid, run["run"]) \
+            if self.cell_hash is not None and self.loop.untracked is not None \
+            and isinstance(run.get("run"), str) else None
+        if exact is not None:
+            row = self.manager.catalog.get(exact)
+            at = f" (step {row.step})" if row is not None and row.step is not None else ""
+            return (f"not its position ({_UNTRACKED_LOOPS[self.loop.untracked or 'another']})"
+                    f": running the cell again resumes from checkpoint {exact}{at}, the run's "
+                    "newest saved before that loop began, in this kernel as in a new one")
+        how = "loop with `for epoch in ckpt_nb.epochs(N)`" \
+            if self.cell_hash is not None and self.loop.untracked is not None else \
+            "loop with ckpt_nb.epochs()/batches() in a %%ckpt_auto cell"
+        return ("not a position to resume: running the cell again runs its loops from their "
+                f"start on the objects as they are (in this kernel, trained to step "
+                f"{self.step}, its steps counted on; in a new one, as the set-up cell makes "
+                f"them; %ckpt_rollback {cid} puts this state back first). To resume where it "
+                f"stopped, {how}")
 
     _PUT_OFF_AFTER = 2.0  # s a due save waits for the one in flight before it is put off
 
@@ -1877,7 +1897,11 @@ class AutoSession:
             return
         checkpoint_id = pending.checkpoint.id
         self.manager.named = {*self.manager.named, checkpoint_id}
-        if _positions.get(self.url) == checkpoint_id:
+        said = _positions.get(self.url) == checkpoint_id
+        # (its steps count on from the kernel's position, as a cell's that finds no run)
+        self._count_on()
+        self._tell_left_unsaved()
+        if said:
             return
         self.say(f"checkpoint {checkpoint_id} holds an unfinished run of this cell (step "
                  f"{pending.run.step}) that it cannot resume: {why}. This cell trains from "
@@ -1890,25 +1914,31 @@ class AutoSession:
 
     def _exact_before(self, later: Checkpoint) -> _Pending | None:
         """The newest of ``later``'s run's checkpoints before it whose position is exact
-        (saved before a later loop began: ``_untracked_loop``), read, or None: ``later``'s
-        catalog ancestors while their records are that run's (``_PATH_KEPT`` at most)."""
+        (``_exact_ancestor``), read, or None."""
         run_id = later.extra.get(RUN_KEY, {}).get("run")
-        if not isinstance(run_id, str):
+        at = self._exact_ancestor(later.id, run_id) if isinstance(run_id, str) else None
+        if at is None:
             return None
+        try:
+            ck = self.manager.load(at)
+            return _Pending(ck, _SavedRun.read(ck.id, ck.extra[RUN_KEY], resume=True))
+        except CkptError as exc:
+            self.say(f"cannot read checkpoint {at} ({exc})")
+            return None
+
+    def _exact_ancestor(self, later: str, run_id: str) -> str | None:
+        """The newest checkpoint of run ``run_id`` before ``later`` whose position is exact
+        (saved before a later loop began: ``_untracked_loop``), or None: ``later``'s
+        catalog ancestors while their records are that run's (``_PATH_KEPT`` at most)."""
         catalog = self.manager.catalog
-        row = catalog.get(later.id)
+        row = catalog.get(later)
         at, walked = (row.parent if row is not None else None), 0
         while at is not None and walked < self._PATH_KEPT:
             run = self._run_record(at)
             if run is None or run.get("run") != run_id:
                 return None
             if isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is None:
-                try:
-                    ck = self.manager.load(at)
-                    return _Pending(ck, _SavedRun.read(ck.id, ck.extra[RUN_KEY], resume=True))
-                except CkptError as exc:
-                    self.say(f"cannot read checkpoint {at} ({exc})")
-                    return None
+                return at
             row, walked = catalog.get(at), walked + 1
             at = row.parent if row is not None else None
         return None
@@ -1926,8 +1956,10 @@ class AutoSession:
             return
         live = {id(obj) for obj in self.discovery.statefuls.values()}
         if any(ref() is not None and id(ref()) in live for ref in trained):
-            if step:
-                self.step = self.last_save_step = self._step_offset = step
+            if step:  # (with the steps the cell took before a run to resume was left)
+                taken = self.step - self._step_offset
+                self.last_save_step = self._step_offset = step
+                self.step = step + taken
         else:
             _forget_position(self.url)
             self.manager.head = None
@@ -2190,7 +2222,12 @@ class AutoSession:
             why = _UNTRACKED_LOOPS.get(untracked, "its position was saved outside the loops "
                                        "it tracks")
             later = self._pending.checkpoint
-            exact = None if _positions.get(self.url) == later.id else self._exact_before(later)
+            # In the kernel that stopped it too (its objects are as that checkpoint holds
+            # them): its loops from the start on them trained the passes before the stop
+            # again. A rollback to it chose that state: its loops start over on it.
+            rolled_back = _positions.get(self.url) == later.id and \
+                _position_events.get(self.url) == "rollback"
+            exact = None if rolled_back else self._exact_before(later)
             if exact is None:
                 self._leave_pending(why, go_on=False)
                 return None

@@ -127,6 +127,7 @@ LOADER2 = "loader2 = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
     "batch_size=30, shuffle=True)"
 
 
+@pytest.mark.parametrize("kernel", ["new", "same"])
 @pytest.mark.parametrize("cell, crash, said", [
     # A crash in the first pass resumes it exactly (saved at step 7), the later passes
     # running as plain loops.
@@ -142,10 +143,12 @@ LOADER2 = "loader2 = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
 def test_batches_outside_epochs_never_resumes_wrong(shell, tmp_path: Path, capsys,
                                                     monkeypatch: pytest.MonkeyPatch,
                                                     cell: str, crash: int,
-                                                    said: str | None) -> None:
+                                                    said: str | None, kernel: str) -> None:
     """Outside epochs(), only the cell run's first batches() loop is tracked; a run
     saved after a later one began is not resumed from there, and says so: it resumes
-    from its newest checkpoint saved before (step 7, in the first loop: exact)."""
+    from its newest checkpoint saved before (step 7, in the first loop: exact), in the
+    kernel that stopped it too (its loops went back to the start on the objects as the
+    stop left them: three more passes on top, its steps counted from 0 again)."""
     setup = SETUP + LOADER2
     run(shell, setup)
     assert run(shell, cell.format(dir=tmp_path / "ref")).success
@@ -158,8 +161,9 @@ def test_batches_outside_epochs_never_resumes_wrong(shell, tmp_path: Path, capsy
     out = capsys.readouterr().out
     if cell is PASSES and said is not None:  # (said as the second pass began)
         assert "this run cannot resume from its checkpoints from here on: " + said in out
-    new_kernel(monkeypatch)
-    run(shell, setup)
+    if kernel == "new":
+        new_kernel(monkeypatch)
+        run(shell, setup)
     assert run(shell, cell.format(dir=store)).success
     out = capsys.readouterr().out
     assert "resumed from" in out and "(epoch None, batch 7, step 7)" in out
@@ -199,6 +203,84 @@ def test_a_run_with_no_exact_position_says_to_use_epochs(
         "as they are now (that checkpoint is kept while it runs); for a run that resumes " \
         "exactly, put its loops in `for epoch in ckpt_nb.epochs(N)`" in out, out
     assert same(weights(shell), expected) and shell.user_ns["step"] == 30
+
+
+def steps_along_branches(store: Path) -> list[tuple[int | None, int | None]]:
+    """Each checkpoint's step and its parent's, where it has one."""
+    rows = {row.id: row for row in ckpt_nb.CheckpointManager(store).catalog.checkpoints()}
+    return [(rows[row.parent].step, row.step) for row in rows.values() if row.parent in rows]
+
+
+def test_a_run_rerun_in_its_kernel_without_resuming_counts_its_steps_on(
+        shell, tmp_path: Path) -> None:
+    """A loop without the helpers, run again after a crash in the same kernel, trains on
+    from the objects as they are: its steps started at 0 again under the crashed run's
+    checkpoint at step 30 (7, then 10), going back along the branch."""
+    store = tmp_path / "store"
+    run(shell, SETUP)
+    (tmp_path / "crash-30").write_text("")
+    assert isinstance(run(shell, WHILE_LOOP.format(dir=store)).error_in_exec, RuntimeError)
+    assert run(shell, WHILE_LOOP.format(dir=store)).success
+    assert (30, 37) in steps_along_branches(store)
+    assert all(parent < child for parent, child in steps_along_branches(store))
+    assert max(checkpoints(store).values()) == 40
+
+
+INTERRUPTED_PASSES = PASSES.replace("crash_at(step)", "interrupt_at(step)")
+INTERRUPT_AT = """
+import signal
+def interrupt_at(n):
+    # A file named interrupt-N interrupts the cell at step N, once.
+    if os.path.exists(f"interrupt-{n}"):
+        os.remove(f"interrupt-{n}")
+        os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+def test_a_stop_in_a_later_pass_says_the_rerun_resumes_before_it(shell, tmp_path: Path,
+                                                                  capsys) -> None:
+    """The stop said 'running the cell again starts over (resume needs
+    ckpt_nb.epochs()/batches() ...)' of a cell that uses batches(): the rerun went on
+    from the objects as they were, its steps from 0 (8, then 3, 6, 8). It says the
+    checkpoint the rerun resumes from, which it does in this kernel, bit-exact."""
+    run(shell, SETUP + INTERRUPT_AT)
+    assert run(shell, INTERRUPTED_PASSES.format(dir=tmp_path / "ref")).success
+    expected, steps = weights(shell), shell.user_ns["step"]
+
+    run(shell, SETUP + INTERRUPT_AT)
+    (tmp_path / "interrupt-15").write_text("")
+    store = tmp_path / "run"
+    error = run(shell, INTERRUPTED_PASSES.format(dir=store)).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    by_step = {step: cid for cid, step in checkpoints(store).items()}
+    assert str(error) == (
+        f"the cell stopped at step 16; checkpoint {by_step[16]} holds it, not its position "
+        "(its ckpt_nb.batches() went over the same loader again outside ckpt_nb.epochs(), "
+        "and a saved position does not say which pass it is in): running the cell again "
+        f"resumes from checkpoint {by_step[7]} (step 7), the run's newest saved before that "
+        "loop began, in this kernel as in a new one")
+    capsys.readouterr()
+    assert run(shell, INTERRUPTED_PASSES.format(dir=store)).success
+    assert f"resuming from {by_step[7]}" in capsys.readouterr().out
+    assert same(weights(shell), expected) and shell.user_ns["step"] == steps
+    assert all(parent < child for parent, child in steps_along_branches(store))
+
+
+def test_a_rollback_to_a_later_pass_trains_on_from_it(shell, tmp_path: Path) -> None:
+    """A rollback chooses that checkpoint's state: the rerun does not resume the run's
+    exact position before it, but runs its loops from the start on that state."""
+    run(shell, SETUP + INTERRUPT_AT)
+    (tmp_path / "interrupt-15").write_text("")
+    store = tmp_path / "run"
+    run(shell, INTERRUPTED_PASSES.format(dir=store))
+    stopped = next(cid for cid, step in checkpoints(store).items() if step == 16)
+    run(shell, "opt.zero_grad(); torch.nn.functional.cross_entropy(model(X), Y).backward()"
+               "; opt.step()")
+    assert run(shell, f"%ckpt_rollback {stopped} --dir {store}").success
+    rolled_back = shell.user_ns["step"]
+    assert run(shell, INTERRUPTED_PASSES.format(dir=store)).success
+    assert shell.user_ns["step"] == rolled_back + 30
+    assert max(checkpoints(store).values()) == 16 + 30
 
 
 VALIDATION = """%%ckpt_auto --dir {dir} --every-steps 7

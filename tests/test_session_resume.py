@@ -236,7 +236,8 @@ PLAIN_LOOP = """for step in range(12):
 def test_an_interrupt_where_no_resume_can_follow_says_what_is_true(shell, tmp_path: Path,
                                                                    form: str) -> None:
     """It said "run it again to go on from checkpoint X" where running it again starts
-    over: a cell without the loop helpers, and any cell of the line form."""
+    its loops over: a cell without the loop helpers, and any cell of the line form. Then
+    it said "starts over", where the rerun trains on from the objects as they are."""
     run(shell, SETUP)
     if form == "line":
         run(shell, f"%ckpt_auto --dir {tmp_path / 'run'}")
@@ -247,9 +248,11 @@ def test_an_interrupt_where_no_resume_can_follow_says_what_is_true(shell, tmp_pa
     assert isinstance(error, KeyboardInterrupt)
     cid = ckpt_nb.CheckpointManager(tmp_path / "run").list()["id"].iloc[-1]
     assert str(error) == (
-        f"the cell stopped at step 9; checkpoint {cid} holds it: running the cell again "
-        "starts over (resume needs ckpt_nb.epochs()/batches() in a %%ckpt_auto cell); "
-        f"%ckpt_rollback {cid} puts it back")
+        f"the cell stopped at step 9; checkpoint {cid} holds it, not a position to resume: "
+        "running the cell again runs its loops from their start on the objects as they are "
+        "(in this kernel, trained to step 9, its steps counted on; in a new one, as the "
+        f"set-up cell makes them; %ckpt_rollback {cid} puts this state back first). To "
+        "resume where it stopped, loop with ckpt_nb.epochs()/batches() in a %%ckpt_auto cell")
 
 
 def test_an_interrupt_in_the_loop_helpers_says_to_run_the_cell_again(shell,
