@@ -21,7 +21,7 @@ import threading
 import types
 import weakref
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,9 +210,23 @@ def _is_frame(value: Any) -> bool:
     return module.startswith("pandas") and type(value).__name__ in ("DataFrame", "Series")
 
 
-def _skip_reason(value: Any, batched: bool = False) -> str | None:
+# What an IterableDataset without state_dict() needs, said of it or of its DataLoader.
+_STATELESS_STREAM = ("checkpoints hold none of its state; where it changes as it is iterated "
+                     "(an epoch counter that __iter__ advances), give it state_dict() and "
+                     "load_state_dict() for a resume to go on with the order an unstopped run "
+                     "has")
+
+
+def _stateless_stream(value: Any) -> bool:
+    """An IterableDataset no checkpoint holds the state of (a map-style one's __iter__
+    never runs in a DataLoader; a Stateful one is tracked, or reached by its loader)."""
+    return isinstance(value, torch.utils.data.IterableDataset) and not _is_stateful(value)
+
+
+def _skip_reason(value: Any, batched: bool = False, named: Container[int] = ()) -> str | None:
     """Why a value is reported as skipped; None for things silently ignored (code).
-    ``batched``: whether the code that runs passes it to ``batches()``."""
+    ``batched``: whether the code that runs passes it to ``batches()``; ``named``: the
+    ids of the values said under names of their own (a loader's dataset said there)."""
     if isinstance(value, types.GeneratorType) or inspect.isasyncgen(value):
         return "generator"
     if isinstance(value, io.IOBase):
@@ -223,17 +237,18 @@ def _skip_reason(value: Any, batched: bool = False) -> str | None:
         return "lambda"
     if isinstance(value, torch.utils.data.DataLoader):
         unheld = loader_random(value)[1]
-        return ("DataLoader: ckpt_nb.batches() restores its order" if batched else
-                "DataLoader: wrap it in ckpt_nb.batches() to restore its order") + (
+        dataset = value.dataset
+        what = "position" if _stateless_stream(dataset) else "order"  # (a stream's is its own)
+        stream = _stateless_stream(dataset) and id(dataset) not in named
+        return (f"DataLoader: ckpt_nb.batches() restores its {what}" if batched else
+                f"DataLoader: wrap it in ckpt_nb.batches() to restore its {what}") + (
             "" if not unheld else ", but not the draws from " + ", ".join(
                 f"{place} ({why})" for place, why in unheld.items())
-            + ": after a resume they differ from a run never stopped")
-    # (a Stateful one is tracked; a map-style one's __iter__ never runs in a DataLoader)
-    if isinstance(value, torch.utils.data.IterableDataset):
-        return (f"{type(value).__name__}: a Dataset without state_dict(), so checkpoints hold "
-                "none of its state; where it changes as it is iterated (an epoch counter "
-                "that __iter__ advances), give it state_dict() and load_state_dict() for a "
-                "resume to go on with the order an unstopped run has")
+            + ": after a resume they differ from a run never stopped") + (
+            f"; its dataset ({type(dataset).__name__}) has no state_dict(), so "
+            f"{_STATELESS_STREAM}" if stream else "")
+    if _stateless_stream(value):
+        return f"{type(value).__name__}: a Dataset without state_dict(), so {_STATELESS_STREAM}"
     return None
 
 
@@ -311,6 +326,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
     found = Discovery()
     names = track if track is not None else [
         n for n in namespace if not n.startswith("_") and n not in _HIDDEN]
+    streams = {id(namespace[n]) for n in names if _stateless_stream(namespace.get(n))}
     for name in names:
         if name not in namespace:
             found.skipped[name] = "not defined"
@@ -327,8 +343,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                                    "to_empty() or load it first")
         elif _is_stateful(value):
             found.statefuls[name] = value
-        elif (reason := _skip_reason(value, code is not None and passed_to_batches(name, code))
-              ) is not None:
+        elif (reason := _skip_reason(value, code is not None and passed_to_batches(name, code),
+                                     streams)) is not None:
             found.skipped[name] = reason
             _warn_persistent_workers(name, value)
         elif is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):

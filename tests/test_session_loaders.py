@@ -141,6 +141,28 @@ def test_a_dataset_without_a_state_dict_is_said_what_it_needs() -> None:
         "__iter__ advances), give it state_dict() and load_state_dict()" in summary, summary
 
 
+def test_a_loader_over_a_stream_without_a_state_dict_says_what_it_needs() -> None:
+    """Reached by its loader alone, the stream was said nothing of: the start line said
+    'ckpt_nb.batches() restores its order' where no checkpoint holds its state. Where it
+    has a name of its own, it is said there, once."""
+    class EpochStream(torch.utils.data.IterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(())
+
+    stream = EpochStream()
+    loader = torch.utils.data.DataLoader(stream, batch_size=None)
+    needs = "checkpoints hold none of its state; where it changes as it is iterated (an " \
+        "epoch counter that __iter__ advances), give it state_dict() and load_state_dict()"
+    alone = discover({"loader": loader}, code="for i, b in ckpt_nb.batches(loader): pass")
+    assert alone.skipped["loader"].startswith(
+        "DataLoader: ckpt_nb.batches() restores its position; its dataset (EpochStream) has "
+        "no state_dict(), so " + needs), alone.skipped
+    named = discover({"ds": stream, "loader": loader}).summary()
+    assert named.count(needs) == 1 and "skipped ds (EpochStream: a Dataset without " \
+        "state_dict()" in named and "loader (DataLoader: wrap it in ckpt_nb.batches() to " \
+        "restore its position)" in named, named
+
+
 # The loop adds a parameter group in its second epoch; ``guard`` is the cell's condition
 # on it, ``before`` what runs before the loop.
 GROUPS = """
