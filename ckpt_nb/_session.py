@@ -2296,8 +2296,10 @@ class AutoSession:
         changed = [_live_name(n) for n in dict.fromkeys([*since, *touched]) if n in targets] + \
             [text for name, text in changed.items() if name in variables]
         changed += _put_back_frozen(targets, ck.extra[RUN_KEY].get("frozen"))
-        self.say(f"resumed from {ck.id} (epoch {loop['epoch']}, batch {loop['next_batch']}, "
-                 f"step {saved.step})"
+        at = ", ".join(f"{name} {value}" for name, value in (
+            ("epoch", loop["epoch"]), ("batch", loop["next_batch"]), ("step", saved.step))
+            if value is not None)  # (outside epochs() it has none, as a rollback says)
+        self.say(f"resumed from {ck.id} ({at})"
                  + (f"; not restored (not defined now): {missing}" if missing else "")
                  + (f"; kept as they are: {', '.join(map(_live_name, kept))} (trained by "
                     "another cell since this one stopped, which does not train them)"

@@ -166,7 +166,7 @@ def test_batches_outside_epochs_never_resumes_wrong(shell, tmp_path: Path, capsy
         run(shell, setup)
     assert run(shell, cell.format(dir=store)).success
     out = capsys.readouterr().out
-    assert "resumed from" in out and "(epoch None, batch 7, step 7)" in out
+    assert "resumed from" in out and " (batch 7, step 7)" in out  # (it said "epoch None")
     if said is not None:
         assert f"(step {crash}) holds an unfinished run of this cell that it cannot resume " \
             f"from: {said}; resuming from" in out
