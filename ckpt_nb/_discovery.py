@@ -291,20 +291,28 @@ def loader_random(loader: Any) -> tuple[dict[str, Any], dict[str, str]]:
     return held, unheld
 
 
-def _warn_persistent_workers(name: str, value: Any) -> None:
-    """Say once per loader that its persistent workers' random state is not saved: they
-    keep it from epoch to epoch, where fresh workers are seeded from the state that
-    ``batches()`` replays, so their random augmentation cannot resume bit-identical (its
-    order does: ``batches()`` keeps or makes the iterator as the run did)."""
+def warn_persistent_workers(value: Any, name: str | None) -> None:
+    """Say once per loader, where it is used (a cell whose code names it, a ``batches()``
+    given it), that its persistent workers' random state is not saved: they keep it from
+    epoch to epoch, where fresh workers are seeded from the state that ``batches()``
+    replays, so their random augmentation cannot resume bit-identical (its order does:
+    ``batches()`` keeps or makes the iterator as the run did). ``name``: the notebook's
+    for it, where it has one."""
     if not isinstance(value, torch.utils.data.DataLoader) or value.num_workers == 0 \
             or not value.persistent_workers or value in _warned_loaders:
         return
     _warned_loaders.add(value)
-    print(f"ckpt_nb: warning: {name}'s persistent workers keep a random state from epoch "
+    owner = f"{name}'s" if name else "the loader's"
+    print(f"ckpt_nb: warning: {owner} persistent workers keep a random state from epoch "
           "to epoch that checkpoints do not hold: after a resume, the random draws in its "
           "workers (a Dataset's augmentation) differ from an unstopped run's, though the "
           "order of its batches is the same; persistent_workers=False resumes bit-identical",
           file=sys.stderr, flush=True)
+
+
+def _code_names(code: str, name: str) -> bool:
+    """Whether ``code`` names ``name`` (not as another name's part or an attribute)."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}\b", code) is not None
 
 
 def is_code(value: Any) -> bool:
@@ -346,7 +354,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
         elif (reason := _skip_reason(value, code is not None and passed_to_batches(name, code),
                                      streams)) is not None:
             found.skipped[name] = reason
-            _warn_persistent_workers(name, value)
+            if code is not None and _code_names(code, name):
+                warn_persistent_workers(value, name)
         elif is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
             if track is not None:
                 found.skipped[name] = f"{type(value).__name__}: code is not state"

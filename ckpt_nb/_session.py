@@ -58,7 +58,7 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, l
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
                          assign_in_place, discover, from_storable, is_code, loader_random,
-                         skipped_text, to_storable)
+                         skipped_text, to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, warn, warnings_worded)
 from ._format import is_count, run_key
@@ -2332,6 +2332,10 @@ class AutoSession:
         loop): its position is the one saved, and skipped on resume. A later one
         (validation, say) is a plain enumeration: a position does not say which loader it
         is in, and a resume would take it for the first's (``_untracked_loop``)."""
+        if (data_loader := _data_loader(loader)) is not None:  # (a loader the code names
+            # is warned of as the cell starts: discover())
+            warn_persistent_workers(data_loader, next(
+                (name for name, value in self.namespace.items() if value is data_loader), None))
         if self.loop.tracked_loader is not None:
             if self.loop.epoch is None:  # (outside epochs(), the cell run's first is tracked)
                 self._untracked_loop(loader)
@@ -2347,7 +2351,6 @@ class AutoSession:
         # are fetched: those go back as at the stop after it, as the global ones do.
         held = _random_states(self.discovery.statefuls) if skip else []
         generators = self.loop.generators = _loader_generators(loader)
-        data_loader = _data_loader(loader)
         self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
         if start is not None:  # (before the generators are set: a new iterator draws)
             self._start_as_saved(data_loader, start)

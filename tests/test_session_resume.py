@@ -264,22 +264,36 @@ def test_an_interrupt_in_the_loop_helpers_says_to_run_the_cell_again(shell,
     assert str(error) == f"the cell stopped at step 4: run it again to go on from checkpoint {cid}"
 
 
-def test_a_loader_with_persistent_workers_is_warned_of_once(shell, tmp_path: Path,
-                                                           capsys) -> None:
+def test_a_loader_with_persistent_workers_is_warned_of_once_where_it_is_used(
+        shell, tmp_path: Path, capsys) -> None:
     """Its workers keep their random state from epoch to epoch, which no checkpoint
-    holds: a resume of augmentation in them differs, and nothing said so."""
+    holds: a resume of augmentation in them differs, and nothing said so. Then it was
+    said in the first cell whose namespace held it, one that did not use it, and not in
+    the cell that did: it is said where a cell's code names it, or its batches() gets it."""
     run(shell, SETUP + "persistent = torch.utils.data.DataLoader(Augmented(), batch_size=30, "
                        "num_workers=2, persistent_workers=True)\n"
-                       "fresh = torch.utils.data.DataLoader(Augmented(), num_workers=2)")
-    cell = f"%%ckpt_auto --dir {tmp_path / 'run'}\nfor epoch in ckpt_nb.epochs(1):\n    pass"
-    capsys.readouterr()
-    assert run(shell, cell).success and run(shell, cell).success
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert warnings == [
-        "ckpt_nb: warning: persistent's persistent workers keep a random state from epoch "
-        "to epoch that checkpoints do not hold: after a resume, the random draws in its "
-        "workers (a Dataset's augmentation) differ from an unstopped run's, though the "
-        "order of its batches is the same; persistent_workers=False resumes bit-identical"]
+                       "fresh = torch.utils.data.DataLoader(Augmented(), num_workers=2)\n"
+                       "handed = torch.utils.data.DataLoader(Augmented(), batch_size=300, "
+                       "num_workers=1, persistent_workers=True)\n"
+                       "def pick():\n    return handed")
+    cell = f"%%ckpt_auto --dir {tmp_path / 'run'}\n"
+
+    def warnings(code: str) -> list[str]:
+        capsys.readouterr()
+        assert run(shell, cell + code).success
+        return [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+
+    assert warnings("for epoch in ckpt_nb.epochs(1):\n    pass") == []
+    said = ("persistent workers keep a random state from epoch to epoch that checkpoints do "
+            "not hold: after a resume, the random draws in its workers (a Dataset's "
+            "augmentation) differ from an unstopped run's, though the order of its batches "
+            "is the same; persistent_workers=False resumes bit-identical")
+    assert warnings("n = len(persistent) + len(fresh)") == [
+        f"ckpt_nb: warning: persistent's {said}"]
+    assert warnings("n = len(persistent)") == []
+    batches = "for i, b in ckpt_nb.batches(pick()):\n    pass"
+    assert warnings(batches) == [f"ckpt_nb: warning: handed's {said}"]
+    assert warnings(batches) == []
 
 
 @pytest.mark.parametrize("metrics, message", [
