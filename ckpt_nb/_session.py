@@ -224,7 +224,7 @@ class AutoConfig:
                                 f"{self.every_seconds!r}")
             self.every_seconds = float(self.every_seconds)  # (a NumPy float, say)
         if isinstance(self.on, str):
-            self.on = parse_metric_trigger(self.on)
+            self.on = parse_metric_trigger(self.on, keyword=True)
         elif isinstance(self.on, list):
             self.on = tuple(self.on)  # type: ignore[assignment]
         elif self.on is not None and not isinstance(self.on, tuple):
@@ -292,17 +292,23 @@ def metric_mode_from_name(name: str) -> str | None:
     return "max" if higher else "min"
 
 
-def parse_metric_trigger(text: str) -> tuple[str, str]:
+def parse_metric_trigger(text: str, *, keyword: bool = False) -> tuple[str, str]:
     """``"val_loss:min"`` -> ("val_loss", "min"); a bare name only where it says which
-    way is better (``"val_loss"``, ``"accuracy"``)."""
+    way is better (``"val_loss"``, ``"accuracy"``). ``keyword``: refused in the Python
+    API's words (``on="val_loss:min"``), not the magics' (``--on val_loss:min``)."""
+    def spelt(value: str) -> str:
+        return f"on={value!r}" if keyword else f"--on {value}"
+
     name, colon, mode = text.partition(":")
     if not colon:
         mode = metric_mode_from_name(name) or ""
         if name and not mode:
-            raise ValueError(f"--on {name}: say whether a lower or a higher {name} is better, "
-                             f"--on {name}:min or --on {name}:max")
+            raise ValueError(f"{spelt(name)}: say whether a lower or a higher {name} is "
+                             f"better, {spelt(name + ':min')} or {spelt(name + ':max')}")
     if not name or mode not in ("min", "max"):
-        raise ValueError(f"--on takes METRIC:min or METRIC:max, not {text!r}")
+        raise ValueError(f"{'on=' if keyword else '--on'} takes "
+                         + ("'METRIC:min' or 'METRIC:max' (or (METRIC, 'min'))" if keyword
+                            else "METRIC:min or METRIC:max") + f", not {text!r}")
     return name, mode
 
 
@@ -3046,8 +3052,9 @@ def _session_for(directory: str | os.PathLike[str] | None,
         return
     if _last is None and (directory is None or namespace is None):
         raise CheckpointNotFoundError(
-            "nothing to roll back: no ckpt_nb session has run in this process; run "
-            "%ckpt_auto first, or pass directory= and namespace=")
+            "nothing to roll back: no ckpt_nb session has run in this process; run a "
+            "ckpt_nb.auto() block first, or pass directory= and namespace= (the store's "
+            "folder or URL, and the namespace to put its objects back into: globals())")
     config, last_namespace = _last or (AutoConfig(), {})
     last_store = config.directory or default_directory(last_namespace)
     config = dataclasses.replace(config, directory=last_store)
@@ -3215,8 +3222,8 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     The options are ``%ckpt_auto``'s, spelt as keywords: ``every_steps=N``,
     ``every="10m"`` (or ``every_seconds=600``), ``on=("val_loss", "min")`` (or
     ``on="val_loss:min"``), ``keep=N``, ``keep_best=K``, ``strategy="full" |
-    "incremental" | "differential"``, ``track=[names]``, ``resume=False``, ``sync=True``
-    and ``max_variable_bytes=N``.
+    "incremental" | "differential"``, ``track=["model", "opt"]`` (or
+    ``track="model,opt"``), ``resume=False``, ``sync=True`` and ``max_variable_bytes=N``.
     """
     caller = sys._getframe(2)
     unseen: list[str] = []
