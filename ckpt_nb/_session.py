@@ -2222,7 +2222,9 @@ class AutoSession:
     def _resume_now(self) -> int | None:
         """Restore the pending run in place; returns the epoch to start at. In the kernel
         that stopped it, the objects that other runs trained since are kept as they are:
-        putting them back would undo that training."""
+        putting them back would undo that training (those the stop left, where the run
+        resumes from a checkpoint before it: ``_exact_before``)."""
+        stopped = self._pending.checkpoint.id if self._pending is not None else None
         if self._pending is not None and \
                 (untracked := (self._pending.run.loop or {}).get("untracked")) is not None:
             why = _UNTRACKED_LOOPS.get(untracked, "its position was saved outside the loops "
@@ -2258,7 +2260,7 @@ class AutoSession:
         changed = self._changed_since(saved)
         since = self._trained_since(ck)
         # (only the very objects the cell left: ones the set-up cell made since go back)
-        left = _left_saved.get(ck.id, {})
+        left = _left_saved.get(stopped or ck.id, {})
         live = {_stored_key(n): obj for n, obj in self.discovery.statefuls.items()}
         same = [key for key, obj in left.items() if obj.ref() is live.get(key)]
         touched = [key for key in same if _versions(live[key]) != left[key].versions]

@@ -242,12 +242,15 @@ def test_a_stop_in_a_later_pass_says_the_rerun_resumes_before_it(shell, tmp_path
     """The stop said 'running the cell again starts over (resume needs
     ckpt_nb.epochs()/batches() ...)' of a cell that uses batches(): the rerun went on
     from the objects as they were, its steps from 0 (8, then 3, 6, 8). It says the
-    checkpoint the rerun resumes from, which it does in this kernel, bit-exact."""
-    run(shell, SETUP + INTERRUPT_AT)
+    checkpoint the rerun resumes from, which it does in this kernel, bit-exact; a model
+    another cell trained since the stop, which this cell does not train, stays as it is."""
+    setup = SETUP + INTERRUPT_AT + "head = torch.nn.Linear(2, 2)\n" \
+        "head_opt = torch.optim.SGD(head.parameters(), lr=0.1)"
+    run(shell, setup)
     assert run(shell, INTERRUPTED_PASSES.format(dir=tmp_path / "ref")).success
     expected, steps = weights(shell), shell.user_ns["step"]
 
-    run(shell, SETUP + INTERRUPT_AT)
+    run(shell, setup)
     (tmp_path / "interrupt-15").write_text("")
     store = tmp_path / "run"
     error = run(shell, INTERRUPTED_PASSES.format(dir=store)).error_in_exec
@@ -259,9 +262,15 @@ def test_a_stop_in_a_later_pass_says_the_rerun_resumes_before_it(shell, tmp_path
         "and a saved position does not say which pass it is in): running the cell again "
         f"resumes from checkpoint {by_step[7]} (step 7), the run's newest saved before that "
         "loop began, in this kernel as in a new one")
+    assert run(shell, "head_opt.zero_grad(); head(torch.ones(1, 2)).sum().backward(); "
+                      "head_opt.step()").success
+    trained_head = [t.clone() for t in shell.user_ns["head"].state_dict().values()]
     capsys.readouterr()
     assert run(shell, INTERRUPTED_PASSES.format(dir=store)).success
-    assert f"resuming from {by_step[7]}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"resuming from {by_step[7]}" in out
+    assert "kept as they are: head (trained by another cell since" in out, out
+    assert same(list(shell.user_ns["head"].state_dict().values()), trained_head)
     assert same(weights(shell), expected) and shell.user_ns["step"] == steps
     assert all(parent < child for parent, child in steps_along_branches(store))
 
