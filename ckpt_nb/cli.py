@@ -286,12 +286,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument("directory", metavar="DIR", help="the checkpoint store")
     ranked = argparse.ArgumentParser(add_help=False, parents=[store])  # (all but gc's)
-    ranked.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
-                       "default: the one the store's saves were ranked by, where recorded)")
-    ranked.add_argument("--mode", choices=("min", "max"), default=None,
-                       help="whether a lower or higher --metric is better (default: min; "
-                       "without --metric, the recorded metric's, which --mode alone "
-                       "overrides)")
+    _ranking_options(ranked)
     parser = argparse.ArgumentParser(
         prog="ckpt-nb", description="Look into, check and tidy a checkpoint store.",
         epilog="IDs: 'latest', 'best' (by --metric, or the store's recorded metric), '-N' "
@@ -299,6 +294,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                "the newest checkpoint that verifies, as a restore takes it, and '-N' counts "
                "back from that one.")
     parser.add_argument("--version", action="version", version=f"ckpt-nb {__version__}")
+    # (only shown here: _command_first hands them to the command, after it or before it)
+    _ranking_options(parser.add_argument_group(
+        "ranking options", "given before the command, or after it: every command but gc "
+        "takes them"))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[CheckpointManager, argparse.Namespace], int],
@@ -354,6 +353,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     rm.add_argument("id", metavar="ID", help=f"the checkpoint to delete: {which}")
     rm.add_argument("--force", action="store_true", help="delete it even if pinned")
     return parser, commands.choices
+
+
+def _ranking_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--metric and --mode, which every command but gc takes: the top parser's --help
+    shows them too, as they may come before the command (``--metric loss ls DIR``)."""
+    parser.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
+                        "default: the one the store's saves were ranked by, where recorded)")
+    parser.add_argument("--mode", choices=("min", "max"), default=None,
+                        help="whether a lower or higher --metric is better (default: min; "
+                        "without --metric, the recorded metric's, which --mode alone "
+                        "overrides)")
 
 
 # -- subcommands ------------------------------------------------------------------
