@@ -24,8 +24,10 @@ import contextvars
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from ._units import natural_order
 
 # Frames a warning never points at: ckpt_nb's own, and the context managers it uses.
 _SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
@@ -127,6 +129,24 @@ DELETED_BY = "(by retention or by hand, in this process or another)"
 # The manager's advice on ranking "best" by another metric, in its own words (its
 # arguments and the CLI's options), which a rollback words as its ``on``.
 RANK_BY_ANOTHER = "give a metric (metric=, --metric) to rank by another"
+
+
+def metrics_logged(names: Iterable[str]) -> str:
+    """What a refusal of a metric no checkpoint logged says of those logged (loss_2
+    before loss_10): said alike by 'best' (the manager, the magics, ``ckpt-nb show``)
+    and ``ckpt-nb ls --metric``."""
+    logged = sorted(set(names), key=natural_order)
+    return f"the metrics logged are: {', '.join(logged)}" if logged else \
+        "no metrics were logged"
+
+
+def too_far_back(which: str, count: int, counted: str = "") -> str:
+    """The refusal of a ``-N`` past the oldest of ``count`` checkpoints (``counted``: from
+    where they are counted), naming the furthest back there is: said alike by the
+    manager, the magics and the CLI."""
+    oldest = "-0 (latest) is the only one" if count == 1 else f"-{count - 1} is the oldest"
+    return (f"only {count} checkpoint{'' if count == 1 else 's'}{counted}: {which} is too "
+            f"far back; {oldest}")
 
 
 @contextlib.contextmanager

@@ -46,7 +46,8 @@ from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, Chu
 from ._diff_values import ValueDiff, ValueSide
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
-                      StateMismatchError, StoreError, StoreFormatError, warn)
+                      StateMismatchError, StoreError, StoreFormatError, metrics_logged,
+                      too_far_back, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, id_of, is_pack_key, is_run_key, label_key,
                       manifest_key, new_deletion_key, pickle_problem, read_pack_index,
@@ -1437,9 +1438,7 @@ class CheckpointManager:
             if back < len(ids):
                 return ids[back]
             if ids:
-                raise CheckpointNotFoundError(
-                    f"only {len(ids)} checkpoint{'' if len(ids) == 1 else 's'}: {which} is "
-                    "too far back")
+                raise CheckpointNotFoundError(too_far_back(which, len(ids)))
         elif which == "best":
             rows = self.catalog.checkpoints()
             metric, mode = ranking or (self.metric, self.mode)
@@ -1462,8 +1461,9 @@ class CheckpointManager:
                 raise CheckpointNotFoundError(f"no checkpoint has a finite {metric!r} "
                                               f"(NaN and ±inf are never best){recorded}")
             if rows:
+                logged = metrics_logged(name for r in rows for name in r.metrics)
                 raise CheckpointNotFoundError(f"no checkpoint has the metric "
-                                              f"{metric!r}{recorded}")
+                                              f"{metric!r}{recorded}; {logged}")
         elif self.catalog.get(which) is not None:
             return which
         elif which and not self.catalog.ids_with_prefix(which):

@@ -1,7 +1,9 @@
-"""Sizes as people read them, the same in the CLI and the explorer: a checkpoint's
-size reads alike wherever it is shown."""
+"""Sizes and names as people read them, the same in the CLI and the explorer: a
+checkpoint's size reads alike wherever it is shown, and metrics come in one order."""
 
 from __future__ import annotations
+
+import re
 
 
 def human_size(n: int) -> str:
@@ -11,3 +13,8 @@ def human_size(n: int) -> str:
     while power < len(units) - 1 and n >= 1024 ** (power + 1):
         power += 1
     return f"{n} B" if power == 0 else f"{n / 1024 ** power:.1f} {units[power]}"
+
+
+def natural_order(name: str) -> list[int | str]:
+    """Sort key putting loss_2 before loss_10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

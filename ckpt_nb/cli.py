@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from . import __version__
 from ._catalog import store_exists
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
-                      MetricNotFoundError, StoreError)
-from ._units import human_size
+                      MetricNotFoundError, StoreError, metrics_logged, too_far_back)
+from ._units import human_size, natural_order
 
 if TYPE_CHECKING:  # loaded by the commands that need them: they bring torch (a second)
     from ._manager import CheckpointManager
@@ -370,7 +370,7 @@ def _ranking_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
 def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     frame = mgr.list(branch=args.branch)
     if frame.empty and args.branch is not None:
-        branches = sorted(set(mgr.list()["branch"]), key=_natural)
+        branches = sorted(set(mgr.list()["branch"]), key=natural_order)
         if branches:  # (a mistyped branch was "no checkpoints", and a success)
             raise CheckpointNotFoundError(
                 f"no branch {args.branch!r} in {mgr.store.url}: its branches are "
@@ -380,12 +380,11 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         return 0
     fixed = {"id", "parent", "branch", "created", "step", "epoch", "batch_idx", "strategy",
              "stored_bytes", "logical_bytes", "pinned", "best", "head", "note"}
-    every = sorted((c for c in frame.columns if c not in fixed), key=_natural)
+    every = sorted((c for c in frame.columns if c not in fixed), key=natural_order)
     on = f" on branch {args.branch!r}" if args.branch else ""
     if args.metric is not None and args.metric not in every and not frame["best"].any():
         raise MetricNotFoundError(
-            f"no checkpoint{on} has the metric {args.metric!r}; " +
-            (f"the metrics logged are: {', '.join(every)}" if every else "no metrics were logged"))
+            f"no checkpoint{on} has the metric {args.metric!r}; {metrics_logged(every)}")
     metrics = every if args.all_metrics else every[:_LS_METRICS]
     # (the one 'best' ranks by, given or recorded: shown)
     if mgr.metric in every and mgr.metric not in metrics:
@@ -507,7 +506,8 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
                if info["depth"] else "every chunk stored whole)") if info["chain"] else ""),
         "stored": human_size(info["stored_bytes"]), "logical": human_size(info["logical_bytes"]),
         "pinned": "yes" if info["pinned"] else "no",
-        "metrics": ", ".join(f"{k}={_metric_cell(v)}" for k, v in sorted(info["metrics"].items())),
+        "metrics": ", ".join(f"{k}={_metric_cell(info['metrics'][k])}"
+                            for k in sorted(info["metrics"], key=natural_order)),
         "objects": ", ".join(f"{k} ({v})" for k, v in info["objects"].items()),
         "pickles": "yes" if info["pickles"] else "no", "note": info["note"],
     }
@@ -604,9 +604,8 @@ def _as_restored_back(mgr: CheckpointManager,
         return mgr.resolve(which), skipped, latest
     older = newest[newest.index(latest):]
     if back >= len(older):
-        raise CheckpointNotFoundError(
-            f"only {len(older)} checkpoint{'' if len(older) == 1 else 's'} from latest "
-            f"({latest}) back: {which} is too far back")
+        raise CheckpointNotFoundError(too_far_back(which, len(older),
+                                                   f" from latest ({latest}) back"))
     return older[back], skipped, latest
 
 
@@ -876,11 +875,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _natural(name: str) -> list[Any]:
-    """Sort key putting loss_2 before loss_10."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _time(timestamp: float) -> str:

@@ -119,7 +119,8 @@ def test_minus_n_counts_back_from_the_latest_that_verifies(
     assert code == 0 and out.endswith(f", checkpoint {ids[0]})\n")
     code, out, err = run(capsys, "show", tmp_path, "-2")
     assert (code, out) == (1, "") and err == (
-        f"ckpt-nb: only 2 checkpoints from latest ({ids[1]}) back: -2 is too far back\n")
+        f"ckpt-nb: only 2 checkpoints from latest ({ids[1]}) back: -2 is too far back; "
+        "-1 is the oldest\n")
     code, out, _ = run(capsys, "diff", tmp_path, "-0", "latest")
     assert code == 0 and out.splitlines()[-1] == (
         f"-0 and latest are the same checkpoint, {ids[1]}")

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 
-import pytest
+from pathlib import Path
 
+import pytest
+import torch
+
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError
 from ckpt_nb.cli import main
 
 
@@ -25,3 +29,53 @@ def test_help_shows_the_ranking_options_that_may_come_before_the_command(
     assert "--metric METRIC the metric that ranks checkpoints" in text
     assert "--mode {min,max} whether a lower or higher --metric is better" in text
     assert "every command but gc takes them" in text
+
+
+def saved(directory: Path, metrics: dict[str, float]) -> list[str]:
+    """Three checkpoints of an nn.Linear, each logging ``metrics``."""
+    with CheckpointManager(directory) as mgr:
+        return [mgr.save(torch.nn.Linear(2, 2), rng=False, metrics=metrics) for _ in range(3)]
+
+
+def test_show_refuses_an_unknown_metric_naming_those_logged_as_ls_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ls --metric nope`` listed the metrics logged; ``show DIR best --metric nope``
+    said only that none had it (and the API's resolve, and so the magics, too)."""
+    saved(tmp_path, {"loss_10": 1.0, "loss_2": 2.0})
+    said = "no checkpoint has the metric 'nope'; the metrics logged are: loss_2, loss_10"
+    assert run(capsys, "show", tmp_path, "best", "--metric", "nope") == \
+        (1, "", f"ckpt-nb: {said}\n")
+    assert run(capsys, "ls", tmp_path, "--metric", "nope") == (1, "", f"ckpt-nb: {said}\n")
+    with CheckpointManager(tmp_path, metric="nope") as mgr:
+        with pytest.raises(CheckpointNotFoundError) as refused:
+            mgr.resolve("best")
+    assert str(refused.value) == said
+
+
+def test_minus_n_too_far_back_names_the_oldest_there_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"only 3 checkpoints ...: -9 is too far back" left the user to work out -2."""
+    ids = saved(tmp_path, {})
+    assert run(capsys, "show", tmp_path, "-9") == (1, "", (
+        f"ckpt-nb: only 3 checkpoints from latest ({ids[-1]}) back: -9 is too far back; "
+        "-2 is the oldest\n"))
+    with CheckpointManager(tmp_path) as mgr:
+        with pytest.raises(CheckpointNotFoundError) as refused:
+            mgr.resolve("-3")
+    assert str(refused.value) == "only 3 checkpoints: -3 is too far back; -2 is the oldest"
+    with CheckpointManager(tmp_path / "one") as mgr:
+        mgr.save(torch.nn.Linear(2, 2), rng=False)
+        with pytest.raises(CheckpointNotFoundError) as refused:
+            mgr.resolve("-1")
+    assert str(refused.value) == ("only 1 checkpoint: -1 is too far back; -0 (latest) is "
+                                  "the only one")
+
+
+def test_show_lists_metrics_in_the_order_ls_shows_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """show listed loss_10 before loss_2 (string order); ls's columns are loss_2, loss_10."""
+    saved(tmp_path, {"loss_10": 1.0, "loss_2": 2.0, "acc": 0.5})
+    code, out, _ = run(capsys, "show", tmp_path, "latest")
+    assert code == 0 and "metrics:   acc=0.5, loss_2=2, loss_10=1\n" in out
+    code, out, _ = run(capsys, "ls", tmp_path)
+    assert code == 0 and out.split()[11:14] == ["acc", "loss_2", "loss_10"]

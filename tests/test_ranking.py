@@ -71,13 +71,15 @@ def test_another_runs_recorded_metric_is_named_where_best_uses_it(tmp_path: Path
         ranked.save(model, metrics={"acc": 0.5})
         with pytest.raises(CheckpointNotFoundError) as given:
             ranked.resolve("best")
-    assert str(given.value) == "no checkpoint has the metric 'val_loss'"
+    assert str(given.value) == ("no checkpoint has the metric 'val_loss'; the metrics "
+                                "logged are: acc")
     with CheckpointManager(tmp_path / "acc_only") as plain:
         with pytest.raises(CheckpointNotFoundError) as taken:
             plain.resolve("best")
     assert str(taken.value) == ("no checkpoint has the metric 'val_loss', the metric an "
                                 "earlier save recorded in this store: give a metric "
-                                "(metric=, --metric) to rank by another")
+                                "(metric=, --metric) to rank by another; the metrics logged "
+                                "are: acc")
 
 
 def test_an_explicit_metric_wins_and_a_reader_records_nothing(

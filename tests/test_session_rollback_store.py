@@ -451,11 +451,11 @@ def test_every_rollback_error_says_it_may_be_another_stores(
                      "one: %ckpt_rollback best --on METRIC:min|max, or roll back by id "
                      f"(%ckpt_list, then %ckpt_rollback ID); it looked in {tmp_path / 'a'}, "
                      + elsewhere.format("best")),
-            ("best --on loss:min", f"no checkpoint has the metric 'loss'; it looked in "
-                                   f"{tmp_path / 'a'}, "
+            ("best --on loss:min", "no checkpoint has the metric 'loss'; the metrics logged "
+                                   f"are: acc, val_loss; it looked in {tmp_path / 'a'}, "
                                    + elsewhere.format("best --on loss:min")),
-            ("-99", f"only 3 checkpoints: -99 is too far back; it looked in {tmp_path / 'a'}, "
-                    + elsewhere.format("-99")),
+            ("-99", "only 3 checkpoints: -99 is too far back; -2 is the oldest; it looked in "
+                    f"{tmp_path / 'a'}, " + elsewhere.format("-99")),
             ("nosuchid", f"no checkpoint 'nosuchid' in {tmp_path / 'a'}: use an id from "
                          "%ckpt_list, 'latest', 'best' or '-N'; it looked in "
                          + elsewhere.format("nosuchid"))):
