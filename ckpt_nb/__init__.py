@@ -15,7 +15,8 @@ _PUBLIC = {
     **dict.fromkeys(["RNGState", "Stateful"], "_capture"),
     **dict.fromkeys(["CaptureError", "CheckpointInUseError", "CheckpointNotFoundError",
                      "CkptError", "CorruptCheckpointError", "DamagedCatalog",
-                     "FileFormatError", "MetricNotFoundError", "StateMismatchError", "StoreError",
+                     "FileFormatError", "MetricNotFoundError", "MissingDependencyError",
+                     "StateMismatchError", "StoreError",
                      "StoreFormatError", "UntrustedPickleError"], "_errors"),
     **dict.fromkeys(["Checkpoint", "CheckpointManager", "GCReport", "PickledValue",
                      "VerifyReport"], "_manager"),
@@ -34,7 +35,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from ._errors import (CaptureError, CheckpointInUseError, CheckpointNotFoundError,
                           CkptError, CorruptCheckpointError, DamagedCatalog,
                           FileFormatError,
-                          MetricNotFoundError, StateMismatchError, StoreError,
+                          MetricNotFoundError, MissingDependencyError,
+                          StateMismatchError, StoreError,
                           StoreFormatError, UntrustedPickleError)
     from ._explorer import Explorer, explore
     from ._manager import Checkpoint, CheckpointManager, GCReport, PickledValue, VerifyReport
@@ -98,4 +100,5 @@ __all__ = [
     "CkptError", "CheckpointNotFoundError", "CorruptCheckpointError", "StateMismatchError",
     "UntrustedPickleError", "StoreFormatError", "CheckpointInUseError", "StoreError",
     "CaptureError", "MetricNotFoundError", "FileFormatError", "DamagedCatalog",
+    "MissingDependencyError",
 ]

@@ -14,7 +14,8 @@ without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
     ├── CheckpointInUseError (+ PermissionError)    delete() of a pinned checkpoint
     ├── StoreError (+ OSError)                      the storage backend failed
     │   └── DamagedCatalog                          the catalog's SQLite file is damaged
-    └── CaptureError (+ TypeError)                  a value cannot be checkpointed
+    ├── CaptureError (+ TypeError)                  a value cannot be checkpointed
+    └── MissingDependencyError (+ ImportError)      a package it needs is not installed
 """
 
 from __future__ import annotations
@@ -115,6 +116,11 @@ class DamagedCatalog(StoreError):
 
 class CaptureError(CkptError, TypeError):
     """A value cannot be turned into checkpoint state."""
+
+
+class MissingDependencyError(CkptError, ImportError):
+    """A package that what was asked needs is not installed, named with what to install
+    (s3fs, for an s3:// store: ``pip install "ckpt_nb[s3]"``)."""
 
 
 # How the call in progress in this thread words ckpt_nb's warnings: a magic gives the

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import _native
 from ._buffers import fill
-from ._errors import CorruptCheckpointError, StoreError
+from ._errors import CorruptCheckpointError, MissingDependencyError, StoreError
 
 try:
     import fcntl
@@ -1247,10 +1247,23 @@ def _opened(url: str, options: dict[str, object]) -> tuple[Any, str]:
         hint = " (check that the server is up, and its address in the URL)" \
             if unreached else ""
         raise StoreError(f"opening {url} failed: {exc}{hint}") from exc
+    except ImportError as exc:  # (fsspec's "Install s3fs to access S3": pip names no package)
+        raise _missing_file_system(url, exc) from exc
     except (AttributeError, TypeError) as exc:  # (a chain missing its target: dir://x)
         raise ValueError(f"{url}: fsspec cannot open it as given ({type(exc).__name__}: "
                          f"{exc}): a chained URL names what it wraps (dir::s3://bucket/"
                          "path), or its options do (target_protocol=)") from exc
+
+
+def _missing_file_system(url: str, exc: ImportError) -> MissingDependencyError:
+    """fsspec's refusal of a URL whose file system's package is not installed (or does
+    not import: the cause says why), with what to install: for S3, ckpt_nb's extra."""
+    why = exc.__cause__ or exc
+    if "s3fs" in str(exc):
+        return MissingDependencyError(f"{url} needs s3fs, which could not be imported "
+                                      f"({why}): pip install \"ckpt_nb[s3]\"")
+    return MissingDependencyError(f"{url}: {exc} (its file system's package could not be "
+                                  f"imported: {why})")
 
 
 def _check_parts(url: str) -> None:
