@@ -1,0 +1,45 @@
+"""The tutorials' files hold what their cells print, not how a run of them went."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_no_cell_keeps_metadata_but_its_tags() -> None:
+    """02-compare-and-rollback's diff-values cell kept the timestamps of the run that
+    stored it (an editor's `execution` metadata): every refresh would change them."""
+    kept = {(path.name, index): sorted(cell["metadata"])
+            for path in NOTEBOOKS
+            for index, cell in enumerate(json.loads(path.read_text())["cells"])
+            if set(cell.get("metadata", {})) - {"tags"}}
+    assert not kept
+
+
+def test_the_readmes_refresh_command_clears_what_a_cell_kept_but_its_tags(
+        tmp_path: Path) -> None:
+    """The README's command kept timings out of the cells it ran, but left those already
+    there (the diff-values cell's). Run here without --execute: what it leaves of the
+    metadata, not the outputs, is what is tested."""
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"`\.venv/bin/(jupyter nbconvert [^`]*?) notebooks/NAME\.ipynb`",
+                      readme)
+    assert found is not None, "the README's refresh command is not where it was"
+    words = [w for w in shlex.split(found.group(1)) if w != "--execute"]
+    notebook = json.loads(NOTEBOOKS[0].read_text())
+    notebook["cells"][1]["metadata"] = {"execution": {"iopub.status.busy": "2026-01-01"},
+                                        "tags": ["nbval-ignore-output"], "scrolled": True}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(notebook))
+    subprocess.run([str(Path(sys.executable).parent / "jupyter"), *words[1:], str(path)],
+                   check=True, capture_output=True, timeout=300)
+    refreshed = json.loads(path.read_text())
+    assert refreshed["cells"][1]["metadata"] == {"tags": ["nbval-ignore-output"]}
+    assert refreshed["metadata"] == notebook["metadata"]  # (its kernel, its language)
