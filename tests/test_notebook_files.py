@@ -43,3 +43,19 @@ def test_the_readmes_refresh_command_clears_what_a_cell_kept_but_its_tags(
     refreshed = json.loads(path.read_text())
     assert refreshed["cells"][1]["metadata"] == {"tags": ["nbval-ignore-output"]}
     assert refreshed["metadata"] == notebook["metadata"]  # (its kernel, its language)
+
+
+def test_the_storage_tutorial_gives_sizes_against_torch_save_as_the_readme_does() -> None:
+    """03-storage's "vs torch.save" was torch.save's size over ckpt_nb's (1.26: higher is
+    smaller), the README's benchmarks ckpt_nb's over torch.save's (0.826: lower is)."""
+    notebook = json.loads((ROOT / "notebooks" / "03-storage.ipynb").read_text())
+    (cell,) = [c for c in notebook["cells"] if "torch.save x 6" in "".join(c["source"])]
+    (shown,) = [o["data"]["text/plain"] for o in cell["outputs"] if "data" in o]
+    header, *rows = "".join(shown).splitlines()
+    assert header.split() == ["stored", "MiB", "÷", "torch.save"]
+    sizes = {row.rsplit(None, 2)[0]: (float(row.split()[-2]), float(row.split()[-1]))
+             for row in rows}
+    baseline = sizes.pop("torch.save x 6")[0]
+    # (each shown to 2 decimals: the ratio of the shown sizes may differ by 0.01)
+    assert len(sizes) == 4 and all(abs(ratio - stored / baseline) < 0.011 and ratio < 1
+                                   for stored, ratio in sizes.values())
