@@ -97,9 +97,11 @@ MOVE_ASIDE = ("once no other process has the store open, move it aside (rename i
 
 class DamagedCatalog(StoreError):
     """A catalog (its SQLite file, or a value in it) that is not of the kind ckpt_nb
-    writes: the store's own files are intact, and rebuild it. ``advice`` says what to do
-    where moving it aside by hand (``MOVE_ASIDE``) is not what to do: an object store's
-    cache, which its next opening moves aside by itself once no manager has it open."""
+    writes: the store's own files are intact, and rebuild it. Its message says to move
+    the catalog aside (rename it, with its -wal and -shm files, once no other process has
+    the store open) and open the store again; ``advice`` says what to do instead where
+    that is not it: an object store's cache, which its next opening moves aside by itself
+    once no manager has it open."""
 
     def __init__(self, what: str, path: os.PathLike[str] | str | None = None,
                  advice: str | None = None) -> None:

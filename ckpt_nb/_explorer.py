@@ -1099,6 +1099,9 @@ class Explorer(w.VBox):
             self.manager._on_lock_wait = None
 
     def pin(self, which: str) -> str:
+        """Pin a checkpoint ("latest", "best", "-N", an id or a prefix), as the Pin button
+        does: retention keeps it until it is unpinned. Returns its id; the table shows it
+        pinned."""
         _checked_name(which, "which")
         self._drop_pending()
         self._check_store()
@@ -1109,6 +1112,8 @@ class Explorer(w.VBox):
         return cid
 
     def unpin(self, which: str) -> str:
+        """Unpin a checkpoint, as the Unpin button does: retention may delete it again.
+        One that was not pinned is said so and left as it is. Returns its id."""
         _checked_name(which, "which")
         self._drop_pending()
         self._check_store()
@@ -1124,6 +1129,10 @@ class Explorer(w.VBox):
         return cid
 
     def delete(self, which: str) -> str:
+        """Delete a checkpoint at once (the Delete button asks to confirm first; this call
+        does not). A pinned one is refused (``CheckpointInUseError``): unpin it first.
+        Where the kernel's state came from it, the status line names the ancestor the DAG
+        marks instead. Returns its id."""
         _checked_name(which, "which")
         self._drop_pending()
         self._check_store()

@@ -1899,8 +1899,9 @@ class CheckpointManager:
         state beside its tensors (``objects/optimizer/param_groups/0/lr``, a scheduler's);
         the objects' types (``types/NAME``); ``extra`` (``extra/KEY``); and the variables a
         notebook session captured (``variables/NAME``). Only the manifests are read: a
-        pickled value is compared by its stored bytes and never unpickled, and stands as an
-        ``UnloadedValue`` saying so, as does a tensor met among values. Left out: the RNG
+        pickled value is compared by its stored bytes and never unpickled, and stands as a
+        placeholder whose repr says so (``<pickled value (312 bytes, 9f8e7d6c)>``), as does
+        a tensor met among values (``<tensor 8x4 float32>``). Left out: the RNG
         state and a session's own records, which change at every save (the RNG's tensors
         are among ``diff``'s rows)."""
         import pandas as pd

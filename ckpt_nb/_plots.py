@@ -38,6 +38,7 @@ LANE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 # Past this many branches a legend of them all would cover the lines: the newest
 # are named, and one entry counts the rest.
 LEGEND_BRANCHES = 8
+# (Each of these is said by its number in its function's docstring: change both.)
 # Past this many tensors plot_diff's names would overlap (its height is capped): the most
 # changed are drawn, and the axis label counts the others.
 DIFF_BARS = 45
@@ -310,8 +311,9 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
     ``kernel ⇢`` on its nearest kept ancestor where that checkpoint was deleted since, as
     the explorer marks it. ``metric`` and ``mode`` say what "best" ranks by (default:
     the store's loss-like metric). ``current`` and ``selected`` take ids, prefixes and
-    aliases, as ``CheckpointManager.resolve``; one it does not know is refused. Past
-    ``DAG_LANES_NAMED`` branches the lanes narrow to fit ``DAG_WIDTH`` and go unnamed."""
+    aliases, as ``CheckpointManager.resolve``; one it does not know is refused. Past 12
+    branches the lanes narrow to fit a figure 16 inches wide and go unnamed (their names
+    would overlap)."""
     if table is None:
         with opened(store) as manager:
             table = manager.list()
@@ -403,8 +405,8 @@ def _branch_of_lane(nodes: Sequence[DagNode], lane: int) -> str:
 def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     """Per-tensor relative change ``|b - a| / |a|`` as bars; byte-identical tensors
     (shared chunks) are marked. A change from all zeros (infinite) is the longest bar,
-    written "inf (from zero)". Past ``DIFF_BARS`` tensors the most changed are drawn (the
-    axis label counts the others)."""
+    written "inf (from zero)". Past 45 tensors the 45 most changed are drawn (the axis
+    label counts the others)."""
     if table is None:
         with opened(store) as manager:
             table = manager.diff(a, b)
@@ -475,7 +477,7 @@ def plot_compare(store: StoreLike, ids: str | Iterable[str],
     y scale (a loss of 0.3 beside a perplexity of 300 would be a flat line), a bar per
     checkpoint named under it (no legend to outgrow the figure). A value missing or
     infinite has no bar (a 0.0 bar would read as a real 0) but a mark: "n/a", "inf". Of
-    more than ``COMPARE_MOST`` checkpoints the first are drawn (the title counts the rest)."""
+    more than 40 checkpoints the first 40 are drawn (the title counts the rest)."""
     ids = id_list(ids)
     if table is None:
         with opened(store) as manager:

@@ -156,8 +156,8 @@ class Store(ABC):
     def modified(self, prefix: str) -> dict[str, float] | None:
         """Keys under ``prefix`` with the time each was written (seconds since the
         epoch), where other machines may write this store (not ``locked_everywhere``):
-        there a file that no catalog names yet may be a save in flight
-        (``GRACE_SECONDS``). None where this machine's lock covers every writer."""
+        there a file that no catalog names yet may be a save in flight (gc leaves one
+        younger than an hour alone). None where this machine's lock covers every writer."""
         return None
 
     @property
@@ -745,17 +745,19 @@ class FsspecStore(Store):
     missing); a failure of the backend (a connection refused, a botocore error) is a
     ``StoreError`` that names the store.
 
-    An S3 store (the innermost file system S3's: ``dir::s3://`` too) waits
-    ``S3_TIMEOUTS`` for a server that does not answer (botocore's own defaults waited
-    minutes, retried by s3fs five times over): pass
-    ``config_kwargs={...}`` (botocore's ``Config``; given to S3 in a chain too), give
-    them in S3's own options (``s3={"config_kwargs": ...}``), or set them in fsspec's
-    configuration for others; the keys given there win (S3's own options' first).
+    An S3 store (the innermost file system S3's: ``dir::s3://`` too) waits 5 seconds to
+    connect and 5 for each read, one attempt of botocore's for each of s3fs's own retries
+    (``{"connect_timeout": 5, "read_timeout": 5, "retries": {"total_max_attempts": 1}}``):
+    a server that takes connections but never answers fails a request in about 30
+    seconds (botocore's own defaults waited minutes, retried by s3fs five times over).
+    For other timeouts, pass ``config_kwargs={...}`` (botocore's ``Config``; given to S3
+    in a chain too), give them in S3's own options (``s3={"config_kwargs": ...}``), or set
+    them in fsspec's configuration; the keys given there win (S3's own options' first).
 
     In a chain (``dir::s3://``, ``target_protocol='s3'``), an option given at the top
-    goes to the outermost file system of the chain that takes it (``_routed``): the
-    object store's (``endpoint_url=``, ``key=``, ``secret=``) reach S3, where fsspec gave
-    them to ``dir::``, which ignored them; one that none takes is a ``TypeError``.
+    goes to the outermost file system of the chain that takes it: the object store's
+    (``endpoint_url=``, ``key=``, ``secret=``) reach S3, where fsspec gave them to
+    ``dir::``, which ignored them; one that none takes is a ``TypeError``.
 
     A file system on this machine's disk (``file://``, ``local://``, a cache or folder
     over one) is refused, naming the folder: a local store is a ``LocalStore``, which
@@ -768,7 +770,7 @@ class FsspecStore(Store):
     (``s3://b/exp::x``, which fsspec opens as ``s3://b/exp``).
 
     A ``dir::`` folder with no path of its own holds the store at the path of what it
-    wraps: ``dir::s3://b/x`` is the store ``s3://b/x`` (``_root_in``).
+    wraps: ``dir::s3://b/x`` is the store ``s3://b/x`` (not ``s3://b/x/b/x``).
     """
 
     def __init__(self, url: str, **storage_options: object) -> None:
@@ -1060,7 +1062,8 @@ GRACE_SECONDS = 3600.0
 
 # How long an S3 store waits (seconds) before it calls a server down. s3fs retries a
 # timeout five times itself, so botocore makes one attempt: a server that takes
-# connections but never answers fails a request in about 30 s, not minutes.
+# connections but never answers fails a request in about 30 s, not minutes. (FsspecStore's
+# docstring gives these values: change both.)
 S3_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
                                "retries": {"total_max_attempts": 1}}
 
