@@ -1804,10 +1804,13 @@ class CheckpointManager:
         return table
 
     def info(self, which: str = "latest") -> dict[str, Any]:
-        """One checkpoint's catalog row and the tensors its manifest lists. ``chain`` is
-        the count of saves since the last full one (what ``full_every`` bounds); ``depth``
-        the most deltas a restore decodes for one chunk (0: every chunk stored whole), a
-        differential save's 1 at most, however long its chain."""
+        """One checkpoint's catalog row and the tensors its manifest lists. ``created`` is
+        when it was saved, in seconds since the epoch, as ``Checkpoint.created`` (and
+        ``list()``'s ``created`` column as a timestamp); ``created_at`` is the same value,
+        under the name it had first. ``chain`` is the count of saves since the last full
+        one (what ``full_every`` bounds); ``depth`` the most deltas a restore decodes for
+        one chunk (0: every chunk stored whole), a differential save's 1 at most, however
+        long its chain."""
         cid = self.resolve(which)
         with self._reading(cid):
             manifest = self._manifest(cid)
@@ -1830,7 +1833,8 @@ class CheckpointManager:
                                          cid) from exc
         depth = max((r.depth for r in self.catalog.chunks(digests).values()), default=0)
         return {**{k: v for k, v in vars(row).items() if k not in ("tags", "seq")},
-                "depth": depth, "children": self.catalog.children(cid), "tensors": tensors,
+                "created": row.created_at, "depth": depth,
+                "children": self.catalog.children(cid), "tensors": tensors,
                 "objects": objects, "pickles": pickles}
 
     def diff(self, a: str, b: str) -> Any:

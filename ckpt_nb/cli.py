@@ -498,7 +498,7 @@ def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     fields = {
         "id": info["id"], **({"skipped": skipped} if skipped else {}),
         "parent": info["parent"], "children": ", ".join(info["children"]),
-        "branch": info["branch"], "created": _time(info["created_at"]),
+        "branch": info["branch"], "created": _time(info["created"]),
         "step": info["step"], "epoch": info["epoch"], "batch_idx": info["batch_idx"],
         "strategy": info["strategy"] + (
             f" ({_count(info['chain'], 'save')} since its full base {info['full_base']}{gone}; "

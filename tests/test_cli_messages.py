@@ -79,3 +79,13 @@ def test_show_lists_metrics_in_the_order_ls_shows_them(
     assert code == 0 and "metrics:   acc=0.5, loss_2=2, loss_10=1\n" in out
     code, out, _ = run(capsys, "ls", tmp_path)
     assert code == 0 and out.split()[11:14] == ["acc", "loss_2", "loss_10"]
+
+
+def test_info_names_the_save_time_created_as_list_and_checkpoint_do(tmp_path: Path) -> None:
+    """info() called it created_at, list() and Checkpoint created: one name for one
+    value (created_at stays, for code written against it)."""
+    (cid, *_) = saved(tmp_path, {})
+    with CheckpointManager(tmp_path) as mgr:
+        info = mgr.info(cid)
+        assert info["created"] == info["created_at"] == mgr.load(cid).created
+        assert abs(info["created"] - mgr.list()["created"].iloc[0].timestamp()) < 1e-6
