@@ -2837,15 +2837,14 @@ _LOADER_PARTS = ("dataset", "sampler", "batch_sampler")
 
 
 def _loader_statefuls(loader: torch.utils.data.DataLoader | None) -> dict[str, Stateful]:
-    """The loader's sampler and batch sampler that have a state_dict(), and its dataset
-    where an IterableDataset (a map-style one's __iter__ never runs, so its state cannot
-    change the order; its state_dict() may be its data), by place; a Module's is its
-    weights, tracked by name or not at all."""
+    """The loader's dataset, sampler and batch sampler that have a state_dict(), by
+    place; a Module's is its weights, tracked by name or not at all. A map-style dataset
+    is one: the replay of a resumed epoch's batches runs its __getitem__ again (an
+    augmentation drawing from its own generator), from its state as the epoch began."""
     return {} if loader is None else {
         place: part for place in _LOADER_PARTS
         if isinstance(part := getattr(loader, place, None), Stateful)
-        and not isinstance(part, (type, torch.nn.Module))
-        and (place != "dataset" or isinstance(part, torch.utils.data.IterableDataset))}
+        and not isinstance(part, (type, torch.nn.Module))}
 
 
 def _loader_states(loader: torch.utils.data.DataLoader | None
