@@ -720,8 +720,11 @@ class _Gradients:
         # Consistent points passed (a tracked loop's batches, or steps outside loops), and
         # each optimizer's: the point of its latest step and the points between its last two.
         self.points = 0
-        self.last_step: dict[int, int] = {}
-        self.interval: dict[int, int] = {}
+        # (weakly: an optimizer made again may take a dead one's id)
+        self.last_step: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = \
+            weakref.WeakKeyDictionary()
+        self.interval: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = \
+            weakref.WeakKeyDictionary()
         # Those a save stopped waiting for (``AutoSession._overdue``), until they step again
         self.given_up: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.said = False  # (that a save went ahead without them)
@@ -753,9 +756,9 @@ class _Gradients:
         points since its step before."""
         self.stepped.add(optimizer)
         self.given_up.discard(optimizer)
-        if (last := self.last_step.get(id(optimizer))) is not None:
-            self.interval[id(optimizer)] = self.points - last
-        self.last_step[id(optimizer)] = self.points
+        if (last := self.last_step.get(optimizer)) is not None:
+            self.interval[optimizer] = self.points - last
+        self.last_step[optimizer] = self.points
         first = _first_gradient(optimizer)
         self.samples[id(optimizer)] = None if first is None else \
             (weakref.ref(first), first._version)
@@ -1363,7 +1366,7 @@ class AutoSession:
             unstepped = [o for o in unstepped if o not in overdue]
         if unstepped:
             return True
-        if not gradients.said:
+        if stepped and not gradients.said:
             gradients.said = True
             self.say("saving without the gradients accumulated since the last optimizer "
                      "step: this loop backpropagates after its step, so no point comes "
@@ -1377,14 +1380,16 @@ class AutoSession:
 
     def _overdue(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether a save stops waiting for ``optimizer``'s step: none came in
-        _MOST_POINTS_WAITED points since its last (since the wait began, where it never
-        stepped), nor in twice its own last interval (a WGAN's generator steps once in 64
-        batches while its critic steps 5 times in each: all optimizers' steps are no
-        measure of it)."""
+        _MOST_POINTS_WAITED points, nor in twice its own last interval (a WGAN's generator
+        steps once in 64 batches while its critic steps 5 times in each: all optimizers'
+        steps are no measure of it), since its last step or, where that came before, since
+        the wait began (a generator that rested for a phase of the critic's training and
+        accumulates again was given up at once)."""
         gradients = self._gradients
         assert gradients.waiting_since is not None  # (a save is waiting)
-        since = gradients.last_step.get(id(optimizer), gradients.waiting_since)
-        limit = max(self._MOST_POINTS_WAITED, 2 * gradients.interval.get(id(optimizer), 0))
+        since = max(gradients.last_step.get(optimizer, gradients.waiting_since),
+                    gradients.waiting_since)
+        limit = max(self._MOST_POINTS_WAITED, 2 * gradients.interval.get(optimizer, 0))
         return gradients.points - since > limit
 
     def _names_of(self, objects: Iterable[Any]) -> str:
