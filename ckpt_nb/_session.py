@@ -960,6 +960,11 @@ class AutoSession:
         self._run_of: dict[str, dict[str, Any] | None] = {}  # id -> whose run it holds
         self._finished: _FinishedRun | None = None  # this cell's last run, ended (begin_cell)
         self._written: dict[str, set[str]] = {}  # run id -> the checkpoints this session saved
+        # The kernel's newest exact position (saved or resumed from outside a later loop:
+        # ``_exact_before``): exact positions taken, and the newest written's (number, run
+        # id, checkpoint id); one taken since but not yet written leaves it unknown.
+        self._exact_taken = 0
+        self._exact_written: tuple[int, str, str] | None = None
         self.manager.runs = self._own_checkpoints
         self.url = self.manager.store.url
         self._follow_position()
@@ -1057,6 +1062,20 @@ class AutoSession:
         _position_objects[self.url] = (ck.step, _trained(objects))
         _deleted_rollbacks.pop(self.url, None)
         _publish(event, ck.id, self.url)
+        # (a resume goes on from an exact position; a rollback's may be none)
+        self._exact_taken += 1
+        run = ck.extra.get(RUN_KEY)
+        if event == "resume" and isinstance(run, dict) and isinstance(run.get("run"), str):
+            self._exact_written = (self._exact_taken, run["run"], ck.id)
+
+    def _newest_exact(self) -> str | None:
+        """The id of this run's newest exact position, as a save in a later loop records
+        it (``_exact_before`` reads it at once, where a walk back would read a manifest
+        for each save since); None where it is not known yet (its save not yet written)."""
+        written = self._exact_written
+        if written is None or written[0] != self._exact_taken or written[1] != self._run_id:
+            return None
+        return written[2]
 
     # -- life cycle ---------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -1564,6 +1583,7 @@ class AutoSession:
                         "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
                         "untracked": self.loop.untracked,
+                        "exact": self._newest_exact() if self.loop.untracked else None,
                         # (how the next epoch begins: only a save at an epoch's end uses it)
                         **_loader_now(self.loop.loader if self.loop.next_batch == 0
                                       else None)},
@@ -1585,11 +1605,16 @@ class AutoSession:
         self._metric_due = False
 
         steps_seen, trained = self._steps_seen, _trained(found.statefuls.values())
+        if self.loop.untracked is None:
+            self._exact_taken += 1
+        exact_taken = self._exact_taken if self.loop.untracked is None else None
 
         def write() -> str:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
             cid = self.manager.save_state(state, **fields)
             self._written.setdefault(run["run"], set()).add(cid)  # (_path_to's)
+            if exact_taken is not None:
+                self._exact_written = (exact_taken, run["run"], cid)
             if finished:
                 self._note_end(cid)
             _position_objects[self.url] = (fields["step"], trained)
@@ -1939,9 +1964,15 @@ class AutoSession:
 
     def _exact_ancestor(self, later: str, run_id: str) -> str | None:
         """The newest checkpoint of run ``run_id`` before ``later`` whose position is exact
-        (saved before a later loop began: ``_untracked_loop``), or None: ``later``'s
-        catalog ancestors while their records are that run's (``_PATH_KEPT`` at most)."""
+        (saved before a later loop began: ``_untracked_loop``), or None: the one ``later``'s
+        record names (``_newest_exact``), else ``later``'s catalog ancestors while their
+        records are that run's (``_PATH_KEPT`` at most: a store of an earlier ckpt_nb)."""
         catalog = self.manager.catalog
+        named = ((self._run_record(later) or {}).get("loop") or {}).get("exact")
+        if isinstance(named, str) and catalog.get(named) is not None and \
+                (run := self._run_record(named)) is not None and run.get("run") == run_id and \
+                isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is None:
+            return named
         row = catalog.get(later)
         at, walked = (row.parent if row is not None else None), 0
         while at is not None and walked < self._PATH_KEPT:

@@ -1,0 +1,57 @@
+"""A run refused for a later loop outside epochs() resumes from its newest checkpoint
+saved before that loop began (an exact position), however many saves the later loop made
+since: in a real in-process IPython shell, crashed and run again in a new kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_magics import run
+from test_session_loops import SETUP, same, weights
+from test_session_rerun import new_kernel
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
+
+# Two passes of 300 batches over one loader outside epochs(), a save at each step: the
+# second pass's saves cannot be resumed from, and the first's newest is ~300 saves back.
+ONE_SAMPLE = "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), " \
+    "batch_size=1, shuffle=True)"
+LONG_PASSES = """%%ckpt_auto --dir {dir} --every-steps 1 --keep 1000
+for epoch in range(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step(); step += 1; crash_at(step)
+"""
+EXACT = "the run's newest checkpoint saved before its later loop began (an exact position)"
+
+
+def test_a_later_loops_many_saves_do_not_hide_the_exact_position(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk back to the exact position read one manifest per save and stopped after
+    256: 280 saves into the second pass, the run said it could not resume and trained
+    from scratch. Resumed from there and crashed again 290 saves into the second pass
+    (no exact save since the resume), the same."""
+    setup = SETUP + ONE_SAMPLE
+    run(shell, setup)
+    assert run(shell, LONG_PASSES.format(dir=tmp_path / "ref")).success
+    expected = weights(shell)
+
+    store = tmp_path / "run"
+    for crash in (580, 590):
+        new_kernel(monkeypatch)
+        run(shell, setup)
+        (tmp_path / f"crash-{crash}").write_text("")
+        capsys.readouterr()
+        assert isinstance(run(shell, LONG_PASSES.format(dir=store)).error_in_exec, RuntimeError)
+        if crash == 590:  # (resumed from the first pass's newest: its batch 299)
+            assert "resumed from" in capsys.readouterr().out
+    new_kernel(monkeypatch)
+    run(shell, setup)
+    capsys.readouterr()
+    assert run(shell, LONG_PASSES.format(dir=store)).success
+    out = capsys.readouterr().out
+    assert "resuming from" in out and EXACT in out, out
+    assert "(epoch None, batch 299, step 299)" in out, out
+    assert same(weights(shell), expected) and shell.user_ns["step"] == 600
