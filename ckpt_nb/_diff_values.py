@@ -5,7 +5,6 @@ never unpickled; a tensor is named in words (``diff`` compares those)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import reprlib
@@ -95,48 +94,6 @@ def diff_value_texts(row: Mapping[str, Any], width: int = 60,
         if texts[0] != texts[1]:
             break
     return texts
-
-
-def value_frame(rows: list[dict[str, Any]]) -> Any:
-    """``diff_values``' DataFrame of ``rows`` (as object: a column of 5 and 0.5 made 5.0).
-    Its ``a`` and ``b`` hold the values themselves, and are shown as the CLI and the
-    explorer show them: pandas prints a value as its ``str()``, and a date and its text
-    (a checkpoint and its re-import from a .pt) read alike, "changed" from 2024-01-01 to
-    2024-01-01."""
-    return _value_frame_class()(rows, columns=["path", "status", "a", "b"], dtype=object)
-
-
-@functools.cache
-def _value_frame_class() -> type:
-    """The DataFrame that shows its values in words (made once pandas is imported: a
-    diff of values is the only part of this module that needs it)."""
-    import pandas as pd
-
-    class ValueDiffFrame(pd.DataFrame):
-        """A DataFrame whose ``a`` and ``b`` print as ``diff_value_texts`` says them
-        (``datetime.date(2024, 1, 1)`` and ``'2024-01-01'``); what is made from it (a
-        slice, a copy) is a plain DataFrame."""
-
-        @property
-        def _constructor(self) -> type:
-            return pd.DataFrame
-
-        def shown(self) -> pd.DataFrame:
-            """The frame with its values as texts, as printed."""
-            frame = pd.DataFrame(self, copy=True)
-            texts = [diff_value_texts(row, missing="None") for _, row in self.iterrows()]
-            frame["a"] = [a for a, _ in texts]
-            frame["b"] = [b for _, b in texts]
-            return frame
-
-        def __repr__(self) -> str:
-            return repr(self.shown())
-
-        def _repr_html_(self) -> str | None:
-            return self.shown()._repr_html_()
-
-    ValueDiffFrame.__qualname__ = "ValueDiffFrame"  # (as type() names it)
-    return ValueDiffFrame
 
 
 def _node_kind(node: Any) -> str:

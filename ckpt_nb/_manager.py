@@ -43,7 +43,7 @@ from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, 
                        trained_storages)
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
                        DamagedCatalog, open_cache)
-from ._diff_values import ValueDiff, ValueSide, value_frame
+from ._diff_values import ValueDiff, ValueSide
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, StoreError, StoreFormatError, metrics_logged,
@@ -1908,13 +1908,16 @@ class CheckpointManager:
         a tensor met among values (``<tensor 8x4 float32>``). Left out: the RNG
         state and a session's own records, which change at every save (the RNG's tensors
         are among ``diff``'s rows)."""
+        import pandas as pd
+
         from ._session import RUN_KEY  # (not at the top: _session imports this module)
 
         sides = []
         for cid in (self.resolve(a), self.resolve(b)):
             with self._reading(cid):
                 sides.append(ValueSide(self, cid, self._manifest(cid), RUN_KEY))
-        return value_frame(ValueDiff(*sides).rows())
+        rows = ValueDiff(*sides).rows()  # (as object: a column of 5 and 0.5 made 5.0)
+        return pd.DataFrame(rows, columns=["path", "status", "a", "b"], dtype=object)
 
     @staticmethod
     def _diff_batches(unread: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:

@@ -349,24 +349,3 @@ def test_a_device_of_a_type_this_torch_knows_that_it_refuses_is_malformed(
         with pytest.raises(CorruptCheckpointError,
                            match=f"checkpoint {bad}: its manifest's extra/device is malformed"):
             mgr.diff_values(good, bad)
-
-
-def test_values_that_print_alike_are_shown_apart(tmp_path: Path) -> None:
-    """A checkpoint against its re-import from a .pt: pandas printed the date and its
-    text alike, "extra/d changed 2024-01-01 2024-01-01". The frame shows them as the CLI
-    and the explorer do; its values are the values themselves."""
-    import datetime
-
-    with CheckpointManager(tmp_path / "store") as mgr:
-        a = mgr.save(torch.nn.Linear(2, 2), rng=False,
-                     extra={"d": datetime.date(2024, 1, 1), "n": 5})
-        mgr.export(a, tmp_path / "a.pt")
-        values = mgr.diff_values(a, mgr.import_file(tmp_path / "a.pt"))
-    row = values[values["path"] == "extra/d"].iloc[0]
-    assert (row["a"], row["b"]) == (datetime.date(2024, 1, 1), "2024-01-01")
-    (line,) = [line for line in repr(values).splitlines() if "extra/d" in line]
-    assert line.split()[1:] == ["extra/d", "changed", "datetime.date(2024,", "1,", "1)",
-                                "'2024-01-01'"]
-    assert "<td>datetime.date(2024, 1, 1)</td>\n      <td>'2024-01-01'</td>" in \
-        values._repr_html_()
-    assert type(values[values["status"] == "changed"]).__name__ == "DataFrame"
