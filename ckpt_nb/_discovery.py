@@ -10,6 +10,7 @@ skipped, with the reason said once.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import io
@@ -17,13 +18,14 @@ import json
 import random
 import re
 import sys
+import textwrap
 import threading
 import types
 import weakref
 from collections import defaultdict
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -67,12 +69,6 @@ def skipped_text(skipped: Mapping[str, str]) -> str:
     for name, why in skipped.items():
         names.setdefault(why, []).append(name)
     return ", ".join(f"{', '.join(together)} ({why})" for why, together in names.items())
-
-
-def passed_to_batches(name: str, code: str) -> bool:
-    """Whether ``code`` passes ``name`` to ``batches()`` (``batches(loader)``,
-    ``ckpt_nb.batches(tqdm(loader))``), as read from its text."""
-    return re.search(rf"\bbatches\([^)]*\b{re.escape(name)}\b", code) is not None
 
 
 class _Unsupported(Exception):
@@ -223,10 +219,16 @@ def _stateless_stream(value: Any) -> bool:
     return isinstance(value, torch.utils.data.IterableDataset) and not _is_stateful(value)
 
 
-def _skip_reason(value: Any, batched: bool = False, named: Container[int] = ()) -> str | None:
+# Which batches() loop restores its loader's order, where the code does not say which.
+_TRACKED = "each epoch's first batches() loop; outside epochs(), the cell's first"
+
+
+def _skip_reason(value: Any, loops: Container[str] = (),
+                 named: Container[int] = ()) -> str | None:
     """Why a value is reported as skipped; None for things silently ignored (code).
-    ``batched``: whether the code that runs passes it to ``batches()``; ``named``: the
-    ids of the values said under names of their own (a loader's dataset said there)."""
+    ``loops``: where the code that runs passes it to ``batches()`` (``_batches_loops``),
+    none where it does not or is not known; ``named``: the ids of the values
+    said under names of their own (a loader's dataset said there)."""
     if isinstance(value, types.GeneratorType) or inspect.isasyncgen(value):
         return "generator"
     if isinstance(value, io.IOBase):
@@ -240,8 +242,17 @@ def _skip_reason(value: Any, batched: bool = False, named: Container[int] = ()) 
         dataset = value.dataset
         what = "position" if _stateless_stream(dataset) else "order"  # (a stream's is its own)
         stream = _stateless_stream(dataset) and id(dataset) not in named
-        return (f"DataLoader: ckpt_nb.batches() restores its {what}" if batched else
-                f"DataLoader: wrap it in ckpt_nb.batches() to restore its {what}") + (
+        if _FIRST in loops:
+            use = f"ckpt_nb.batches() restores its {what}"
+        elif _LATER in loops and _EITHER not in loops:
+            use = ("passed to a later batches() loop alone, a plain enumerate: a resume "
+                   f"does not restore its sampler's or generators' state (batches() tracks "
+                   f"{_TRACKED})")
+        elif _EITHER in loops:
+            use = f"ckpt_nb.batches() restores its {what} in the loop it tracks ({_TRACKED})"
+        else:
+            use = f"wrap it in ckpt_nb.batches() to restore its {what}"
+        return f"DataLoader: {use}" + (
             "" if not unheld else ", but not the draws from " + ", ".join(
                 f"{place} ({why})" for place, why in unheld.items())
             + ": after a resume they differ from a run never stopped") + (
@@ -315,6 +326,242 @@ def _code_names(code: str, name: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(name)}\b", code) is not None
 
 
+# Where the code passes a loader to batches(): the first batches() loop of an epoch (of
+# the cell run, outside epochs()) is the one batches() tracks; one surely after it in the
+# same epoch is a plain enumerate that saves none of its loader's state; where the code
+# does not say which (a branch, a loop that runs it again), it may be either.
+_FIRST, _LATER, _EITHER = "first", "later", "either"
+
+
+class _Code(NamedTuple):
+    module: ast.Module
+    called: frozenset[str]  # the names it calls: a helper may be one (``run_epoch(ld)``)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(code: str) -> _Code | None:
+    """The code as Python (a cell's IPython syntax, ``%time`` or ``!ls``, turned into
+    it), or None where it is none."""
+    try:
+        module = ast.parse(code)
+    except (SyntaxError, ValueError):
+        try:
+            from IPython.core.inputtransformer2 import TransformerManager
+            module = ast.parse(TransformerManager().transform_cell(code))
+        except Exception:  # noqa: BLE001 - IPython absent, or code that is not Python at all
+            return None
+    return _Code(module, frozenset(n.func.id for n in ast.walk(module)
+                                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)))
+
+
+def _is_call_of(node: ast.AST, name: str) -> bool:
+    """A call of ``name`` or ``something.name`` (``ckpt_nb.batches(loader)``)."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == name) or \
+        (isinstance(func, ast.Attribute) and func.attr == name)
+
+
+def _names_in(nodes: list[ast.AST]) -> list[str]:
+    return [n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)]
+
+
+def _call_arguments(call: ast.Call) -> list[ast.AST]:
+    return [*call.args, *(k.value for k in call.keywords)]
+
+
+class _Helper(NamedTuple):
+    """A function that passes its parameters ``batched`` to batches() (``def
+    run_epoch(ld)``); ``positional``, its parameters that a call can pass by position."""
+
+    positional: list[str]
+    batched: list[str]
+
+
+def _as_helper(function: ast.FunctionDef | ast.AsyncFunctionDef) -> _Helper | None:
+    arguments = function.args
+    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+    passed = {name for node in ast.walk(function)
+              if isinstance(node, ast.Call) and _is_call_of(node, "batches")
+              for name in _names_in(_call_arguments(node))}
+    batched = [p for p in (*positional, *(a.arg for a in arguments.kwonlyargs)) if p in passed]
+    return _Helper(positional, batched) if batched else None
+
+
+@functools.lru_cache(maxsize=64)
+def _helper_of(code: types.CodeType) -> _Helper | None:
+    """A namespace function as a helper, read from its source (once: each save sorts the
+    namespace again); None where it is none, or has no source to read (an exec'd one)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
+    except Exception:  # noqa: BLE001 - no source, or source that is no definition alone
+        return None
+    found = tree.body[0] if tree.body else None
+    return _as_helper(found) if isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+        else None
+
+
+def _passed_names(call: ast.Call, defined: Mapping[str, _Helper | None],
+                  functions: Mapping[str, types.CodeType]) -> list[str] | None:
+    """The names a call passes to batches(): its own arguments' (``batches(tqdm(loader))``),
+    or, calling a helper (the code's own, else the namespace's), those it binds to the
+    helper's parameters that it passes; None where it passes none."""
+    if _is_call_of(call, "batches"):
+        return _names_in(_call_arguments(call))
+    if not isinstance(call.func, ast.Name):
+        return None
+    name = call.func.id
+    helper = defined[name] if name in defined else _helper_of(functions[name]) \
+        if name in functions else None
+    if helper is None:
+        return None
+    bound: dict[str, ast.AST] = {k.arg: k.value for k in call.keywords if k.arg}
+    for parameter, argument in zip(helper.positional, call.args):
+        if isinstance(argument, ast.Starred):
+            break
+        bound[parameter] = argument
+    return _names_in([bound[p] for p in helper.batched if p in bound])
+
+
+class _Scope:
+    """An epoch's body (or the code outside epochs()): whether a batches() call came
+    before in it, read in order."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
+class _LoopReader:
+    """Reads where code passes names to batches() (_FIRST, _LATER or _EITHER)."""
+
+    def __init__(self, module: ast.Module, functions: Mapping[str, types.CodeType]) -> None:
+        self.functions = functions  # (the namespace's, by name: their code)
+        self.defined = {n.name: _as_helper(n) for n in ast.walk(module)
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.uses: dict[str, set[str]] = {}
+
+    def block(self, statements: list[ast.stmt], scope: _Scope, repeated: bool,
+              after: bool) -> None:
+        """``repeated``: whether the block may run more than once in a scope's run;
+        ``after``: whether a batches() loop surely ran before it in that run."""
+        for statement in statements:
+            self.statement(statement, scope, repeated, after)
+            after = after or _runs_batches(statement)
+
+    def statement(self, node: ast.AST, scope: _Scope, repeated: bool, after: bool) -> None:
+        """A statement (or a part of one: a ``with`` item, an ``except`` clause)."""
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return  # (its body runs where it is called)
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            self.expression(node.iter, scope, repeated, after)
+            if _iterates(node.iter, "epochs"):  # (each epoch tracks its own first loop)
+                self.block(node.body, _Scope(), False, False)
+            else:
+                self.block(node.body, scope, True, after or _iterates(node.iter, "batches"))
+            self.block(node.orelse, scope, repeated, after)
+            return
+        if isinstance(node, ast.While):
+            self.expression(node.test, scope, True, after)
+            self.block(node.body, scope, True, after)
+            self.block(node.orelse, scope, repeated, after)
+            return
+        for _, value in ast.iter_fields(node):
+            if isinstance(value, ast.expr):
+                self.expression(value, scope, repeated, after)
+            elif isinstance(value, list):
+                statements = [v for v in value if isinstance(v, ast.stmt)]
+                self.block(statements, scope, repeated, after)
+                for part in value:
+                    if isinstance(part, ast.expr):
+                        self.expression(part, scope, repeated, after)
+                    elif isinstance(part, (ast.withitem, ast.excepthandler, ast.match_case)):
+                        self.statement(part, scope, repeated, after)
+
+    def expression(self, node: ast.AST, scope: _Scope, repeated: bool, after: bool) -> None:
+        calls = sorted(_calls(node, repeated), key=lambda c: (c[0].lineno, c[0].col_offset))
+        for call, again in calls:
+            names = _passed_names(call, self.defined, self.functions)
+            if names is None:
+                continue
+            where = _LATER if after else _FIRST if not scope.seen and not again else _EITHER
+            scope.seen = True
+            for name in names:
+                self.uses.setdefault(name, set()).add(where)
+
+
+def _calls(node: ast.AST, repeated: bool) -> list[tuple[ast.Call, bool]]:
+    """The calls in an expression, each with whether it may run more than once (in a
+    comprehension's element, or a loop of it after the first); none in a lambda."""
+    if isinstance(node, ast.Lambda):
+        return []
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        first = node.generators[0]
+        return _calls(first.iter, repeated) + [
+            found for part in ast.iter_child_nodes(node) if part is not first
+            for found in _calls(part, True)] + [
+            found for part in ast.iter_child_nodes(first) if part is not first.iter
+            for found in _calls(part, True)]
+    found = [(node, repeated)] if isinstance(node, ast.Call) else []
+    return found + [c for part in ast.iter_child_nodes(node) for c in _calls(part, repeated)]
+
+
+def _iterates(node: ast.AST, name: str) -> bool:
+    """Whether a ``for`` over this iterates a call of ``name`` (``batches(loader)``,
+    ``tqdm(ckpt_nb.epochs(3))``), not one in a branch of it or in a lambda."""
+    if _is_call_of(node, name):
+        return True
+    return isinstance(node, ast.Call) and any(_iterates(a, name) for a in node.args)
+
+
+def _runs_batches(node: ast.stmt) -> bool:
+    """Whether a statement that completes has surely run a batches() loop: a ``for`` over
+    one, or a ``with`` block holding such a ``for``."""
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return _iterates(node.iter, "batches")
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return any(map(_runs_batches, node.body))
+    return False
+
+
+def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str]] | None:
+    """Where ``code`` passes each object of ``namespace`` (by id) to batches(): _FIRST
+    (the loop batches() tracks), _LATER (a loop surely after it in the same epoch, which
+    saves none of its loader's state), _EITHER; directly, through a helper it calls whose
+    source passes a parameter to batches(), or under another name bound to the same
+    object. None where the code is not Python (never raises: a start line
+    goes on with its general wording)."""
+    parsed = _parsed(code)
+    if parsed is None:
+        return None
+    functions = tuple((name, function.__code__) for name in sorted(parsed.called)
+                      if isinstance(function := namespace.get(name), types.FunctionType))
+    uses = _read_loops(code, functions)
+    if uses is None:
+        return None
+    loops: dict[int, set[str]] = {}
+    for name, where in uses.items():
+        if name in namespace:
+            loops.setdefault(id(namespace[name]), set()).update(where)
+    return loops
+
+
+@functools.lru_cache(maxsize=16)
+def _read_loops(code: str, functions: tuple[tuple[str, types.CodeType], ...]
+                ) -> dict[str, set[str]] | None:
+    """``_batches_loops`` by name, for the code and the namespace's functions it calls
+    (once: each save sorts the namespace again)."""
+    parsed = _parsed(code)
+    if parsed is None:
+        return None
+    try:
+        reader = _LoopReader(parsed.module, dict(functions))
+        reader.block(parsed.module.body, _Scope(), False, False)
+    except Exception:  # noqa: BLE001 - code ast reads in a way this does not expect
+        return None
+    return reader.uses
+
+
 def is_code(value: Any) -> bool:
     """Whether a value is code (a module, class, function, method): never state to capture."""
     return isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
@@ -330,11 +577,15 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
              max_variable_bytes: int = 100 << 20, code: str | None = None) -> Discovery:
     """Sort a namespace (``track`` names, if given, else everything public). ``code``:
     the code that runs (a cell's), where known: a DataLoader it passes to ``batches()``
-    is not told to be wrapped in it."""
+    is not told to be wrapped in it, and one it passes to a later loop alone is told
+    that its state is not restored (``_batches_loops``)."""
     found = Discovery()
     names = track if track is not None else [
         n for n in namespace if not n.startswith("_") and n not in _HIDDEN]
     streams = {id(namespace[n]) for n in names if _stateless_stream(namespace.get(n))}
+    loops = {} if code is None or not any(
+        isinstance(namespace.get(n), torch.utils.data.DataLoader) for n in names) \
+        else _batches_loops(code, namespace)  # (None: code it cannot read, either said)
     for name in names:
         if name not in namespace:
             found.skipped[name] = "not defined"
@@ -351,8 +602,9 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                                    "to_empty() or load it first")
         elif _is_stateful(value):
             found.statefuls[name] = value
-        elif (reason := _skip_reason(value, code is not None and passed_to_batches(name, code),
-                                     streams)) is not None:
+        elif (reason := _skip_reason(
+                value, {_EITHER} if loops is None else loops.get(id(value), set()), streams)
+              ) is not None:
             found.skipped[name] = reason
             if code is not None and _code_names(code, name):
                 warn_persistent_workers(value, name)

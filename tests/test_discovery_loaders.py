@@ -1,0 +1,145 @@
+"""What the start line says of a DataLoader, read from the code that runs: the loop
+batches() tracks (each epoch's first) restores its order, a later one does not; the code
+is read as Python (comments, aliases and helpers included), in an IPython shell too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ckpt_nb._discovery import discover
+from test_magics import run
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")
+
+RESTORES = "DataLoader: ckpt_nb.batches() restores its order"
+WRAP = "DataLoader: wrap it in ckpt_nb.batches() to restore its order"
+LATER = ("DataLoader: passed to a later batches() loop alone, a plain enumerate: a resume "
+         "does not restore its sampler's or generators' state (batches() tracks each "
+         "epoch's first batches() loop; outside epochs(), the cell's first)")
+EITHER = ("DataLoader: ckpt_nb.batches() restores its order in the loop it tracks (each "
+          "epoch's first batches() loop; outside epochs(), the cell's first)")
+
+
+def loaders() -> dict[str, Any]:
+    data = torch.utils.data.TensorDataset(torch.randn(12, 3))
+    return {"loader": torch.utils.data.DataLoader(data, shuffle=True),
+            "val_loader": torch.utils.data.DataLoader(data)}
+
+
+def said(code: str, namespace: dict[str, Any] | None = None) -> dict[str, str]:
+    namespace = {**loaders(), **(namespace or {})}
+    return discover(namespace, code=code).skipped
+
+
+VALIDATION_IN_EPOCHS = """
+for epoch in ckpt_nb.epochs(4):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+    with torch.no_grad():
+        v = sum(loss(a, b) for _, (a, b) in ckpt_nb.batches(val_loader))
+"""
+
+LOOPS_OUTSIDE_EPOCHS = """
+for i, (xb, yb) in ckpt_nb.batches(loader):
+    opt.zero_grad()
+model.eval()
+with torch.no_grad():
+    for j, (vx, vy) in ckpt_nb.batches(val_loader):
+        pass
+"""
+
+
+@pytest.mark.parametrize("code", [VALIDATION_IN_EPOCHS, LOOPS_OUTSIDE_EPOCHS])
+def test_a_loader_in_a_later_loop_is_not_said_to_be_restored(code: str) -> None:
+    """A validation loader in the epoch's second batches() loop was said 'ckpt_nb.batches()
+    restores its order', where batches() runs that loop as a plain enumerate and saves
+    none of its sampler's state (an epoch-counting sampler resumed at 4 where 1)."""
+    skipped = said(code)
+    assert skipped == {"loader": RESTORES, "val_loader": LATER}, skipped
+
+
+def test_a_loader_the_code_may_track_or_not_is_said_in_general() -> None:
+    """Where a branch decides which loop is first, neither is said to be restored or
+    not: the general wording says which loop batches() tracks."""
+    skipped = said("""
+for epoch in ckpt_nb.epochs(2):
+    if epoch % 2:
+        for i, b in ckpt_nb.batches(loader): pass
+    for j, b in ckpt_nb.batches(val_loader): pass
+""")
+    assert skipped == {"loader": RESTORES, "val_loader": EITHER}, skipped
+    assert said("for for\n")["loader"] == EITHER  # (code that is not Python: unknown)
+
+
+def test_a_comment_naming_batches_passes_no_loader() -> None:
+    """A comment '# ... ckpt_nb.batches(val_loader)' made val_loader 'restored'."""
+    skipped = said("""
+for epoch in ckpt_nb.epochs(1):
+    for i, b in ckpt_nb.batches(loader):
+        pass  # and not ckpt_nb.batches(val_loader), nor in "ckpt_nb.batches(val_loader)"
+""")
+    assert skipped == {"loader": RESTORES, "val_loader": WRAP}, skipped
+
+
+def test_another_name_for_a_passed_loader_is_said_restored_too() -> None:
+    """``dl = loader`` and ``batches(dl)``: loader was told to be wrapped in batches()."""
+    namespace = loaders()
+    namespace["dl"] = namespace["loader"]
+    skipped = discover(namespace, code="for i, b in ckpt_nb.batches(dl): pass").skipped
+    assert skipped == {"loader": RESTORES, "val_loader": WRAP, "dl": RESTORES}, skipped
+
+
+def run_epoch(ld: Any, log: bool = False) -> None:
+    import ckpt_nb
+    for _ in ckpt_nb.batches(ld):
+        pass
+
+
+def test_a_loader_passed_to_a_helper_that_batches_it_is_said_restored() -> None:
+    """``run_epoch(loader)``, a function calling batches() with its parameter: loader was
+    told to be wrapped in batches(). The helper's argument is the one counted, by
+    position or by keyword."""
+    helper = {"run_epoch": run_epoch}
+    for code in ("for epoch in ckpt_nb.epochs(1):\n    run_epoch(loader)\n",
+                 "run_epoch(log=True, ld=loader)\n"):
+        skipped = said(code, helper)
+        assert skipped == {"loader": RESTORES, "val_loader": WRAP}, (code, skipped)
+    in_the_code = "def go(a, b):\n    list(ckpt_nb.batches(b))\ngo(val_loader, loader)\n"
+    assert said(in_the_code) == {"loader": RESTORES, "val_loader": WRAP}
+
+
+SETUP = """
+import torch, ckpt_nb
+data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
+loader = torch.utils.data.DataLoader(data, batch_size=10, shuffle=True)
+val_loader = torch.utils.data.DataLoader(data, batch_size=10)
+dl = loader
+model = torch.nn.Linear(3, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def run_epoch(ld):
+    for i, (xb, yb) in ckpt_nb.batches(ld):
+        opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
+"""
+
+HELPER_CELL = """%%ckpt_auto --dir {dir}
+%time x = 1
+for epoch in ckpt_nb.epochs(1):
+    run_epoch(dl)
+    # ckpt_nb.batches(val_loader) is not run
+    for j, b in enumerate(val_loader): pass
+"""
+
+
+def test_a_cell_calling_a_helper_of_another_cell_is_read(shell, tmp_path: Path,
+                                                         capsys) -> None:
+    """The helper defined in an earlier cell is read from its source, the cell with its
+    IPython syntax: 'wrap it' was said of loader and 'restores its order' of val_loader."""
+    run(shell, SETUP)
+    assert run(shell, HELPER_CELL.format(dir=tmp_path / "store")).success
+    out = capsys.readouterr().out
+    assert f"(TensorDataset), loader, dl ({RESTORES}), val_loader ({WRAP})" in out, out
+
