@@ -223,12 +223,13 @@ def _stateless_stream(value: Any) -> bool:
 _TRACKED = "each epoch's first batches() loop; outside epochs(), the cell's first"
 
 
-def _skip_reason(value: Any, loops: Container[str] = (),
-                 named: Container[int] = ()) -> str | None:
+def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] = (),
+                 held: Container[int] = ()) -> str | None:
     """Why a value is reported as skipped; None for things silently ignored (code).
     ``loops``: where the code that runs passes it to ``batches()`` (``_batches_loops``),
     none where it does not or is not known; ``named``: the ids of the values
-    said under names of their own (a loader's dataset said there)."""
+    said under names of their own (a loader's dataset said there); ``held``: the ids of
+    the generators checkpoints hold (``_held_generators``)."""
     if isinstance(value, types.GeneratorType) or inspect.isasyncgen(value):
         return "generator"
     if isinstance(value, io.IOBase):
@@ -260,7 +261,45 @@ def _skip_reason(value: Any, loops: Container[str] = (),
             f"{_STATELESS_STREAM}" if stream else "")
     if _stateless_stream(value):
         return f"{type(value).__name__}: a Dataset without state_dict(), so {_STATELESS_STREAM}"
+    if isinstance(value, torch.utils.data.Dataset) and (places := _unheld_draws(value, held)):
+        them = "it" if len(places) == 1 else "them"
+        return (f"{type(value).__name__}: a Dataset without state_dict() holding "
+                f"{', '.join(places)}, which no checkpoint holds: after a resume the draws of "
+                f"its __getitem__ differ from an unstopped run's (the replayed batches are "
+                f"fetched again); give it state_dict()/load_state_dict() holding "
+                f"{'its' if them == 'it' else 'their'} state, or assign {them} to a notebook "
+                f"variable for checkpoints to hold {them}")
     return None
+
+
+def _unheld_draws(dataset: Any, held: Container[int]) -> list[str]:
+    """The generators a map-style Dataset without state_dict() holds, as attributes or
+    its attributes' (a transform's, a Subset's dataset's), that checkpoints do not: a
+    resume fetches the batches it replays through ``__getitem__`` again, drawing from
+    them as they are."""
+    found: dict[int, str] = {}
+    for attribute, value in getattr(dataset, "__dict__", {}).items():
+        inner = None if isinstance(value, (type, types.ModuleType)) \
+            else getattr(value, "__dict__", None)  # (a module's: the global generators)
+        for place, rng in [(attribute, value), *((f"{attribute}.{a}", v) for a, v
+                                                 in (inner or {}).items())]:
+            if isinstance(rng, _RANDOM_KINDS) and not isinstance(rng, random.SystemRandom) \
+                    and id(rng) not in held:
+                found.setdefault(id(rng), f"{place} ({type(rng).__name__})")
+    return list(found.values())
+
+
+def _held_generators(namespace: Mapping[str, Any], names: list[str]) -> set[int]:
+    """The ids of the generators checkpoints hold: those named in the notebook, and
+    those a loader's ``batches()`` saves as its epoch begins (``loader_random``)."""
+    held: set[int] = set()
+    for name in names:
+        value = namespace.get(name)
+        if isinstance(value, _RANDOM_KINDS) and not isinstance(value, random.SystemRandom):
+            held.add(id(value))
+        elif isinstance(value, torch.utils.data.DataLoader):
+            held.update(map(id, loader_random(value)[0].values()))
+    return held
 
 
 # The generators a checkpoint holds the state of (``RandomState``: not a SystemRandom).
@@ -583,6 +622,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
     names = track if track is not None else [
         n for n in namespace if not n.startswith("_") and n not in _HIDDEN]
     streams = {id(namespace[n]) for n in names if _stateless_stream(namespace.get(n))}
+    held = _held_generators(namespace, names)
     loops = {} if code is None or not any(
         isinstance(namespace.get(n), torch.utils.data.DataLoader) for n in names) \
         else _batches_loops(code, namespace)  # (None: code it cannot read, either said)
@@ -603,8 +643,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
         elif _is_stateful(value):
             found.statefuls[name] = value
         elif (reason := _skip_reason(
-                value, {_EITHER} if loops is None else loops.get(id(value), set()), streams)
-              ) is not None:
+                value, {_EITHER} if loops is None else loops.get(id(value), set()), streams,
+                held)) is not None:
             found.skipped[name] = reason
             if code is not None and _code_names(code, name):
                 warn_persistent_workers(value, name)

@@ -143,3 +143,54 @@ def test_a_cell_calling_a_helper_of_another_cell_is_read(shell, tmp_path: Path,
     out = capsys.readouterr().out
     assert f"(TensorDataset), loader, dl ({RESTORES}), val_loader ({WRAP})" in out, out
 
+
+class Noise:
+    """A transform drawing from its own generator."""
+
+    def __init__(self) -> None:
+        self.g = torch.Generator().manual_seed(1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.randn(x.shape, generator=self.g)
+
+
+class Augmented(torch.utils.data.Dataset):
+    """A map-style Dataset drawing in __getitem__, from its transform's generator, with
+    no state_dict()."""
+
+    def __init__(self) -> None:
+        self.x = torch.randn(8, 3)
+        self.transform = Noise()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.transform(self.x[i])
+
+
+HELD_NOWHERE = ("Augmented: a Dataset without state_dict() holding transform.g (Generator), "
+                "which no checkpoint holds: after a resume the draws of its __getitem__ differ "
+                "from an unstopped run's (the replayed batches are fetched again); give it "
+                "state_dict()/load_state_dict() holding its state, or assign it to a "
+                "notebook variable for checkpoints to hold it")
+
+
+def test_a_dataset_drawing_from_a_generator_no_checkpoint_holds_is_said_so() -> None:
+    """A map-style Dataset without state_dict() was said '(Augmented)' alone, though a
+    resume fetches its replayed batches through __getitem__ again, from a generator no
+    checkpoint holds (a run killed twice trained other weights). A name in the notebook
+    holds it (that resume is exact); so does batches(), for a generator the loader's
+    dataset holds itself; a TensorDataset holds none."""
+    ds = Augmented()
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+    assert discover({"ds": ds, "loader": loader}).skipped["ds"] == HELD_NOWHERE
+    named = {"ds": ds, "loader": loader, "noise_g": ds.transform.g}
+    assert discover(named).skipped["ds"] == "Augmented"
+    ds.g = ds.transform.g  # (the dataset's own: the loader's batches() saves it)
+    del ds.transform
+    assert discover({"ds": ds, "loader": loader}).skipped["ds"] == "Augmented"
+    assert discover({"ds": ds}).skipped["ds"] == HELD_NOWHERE.replace(
+        "transform.g", "g")
+    plain = torch.utils.data.TensorDataset(torch.randn(4, 3))
+    assert discover({"ds": plain}).skipped["ds"] == "TensorDataset"
