@@ -522,12 +522,9 @@ class Explorer(w.VBox):
         ``%ckpt_list`` marks them), read again at each refresh: a run saving since, in
         this process or another, changes it; else 1."""
         manager = self.manager
-        if manager.keep_best is not None or manager.metric is None:
-            return manager.keep_best or 1
-        written = _session._written_ranking(manager, self._run_records)
-        if written is None or written[0] != (manager.metric, manager.mode):
-            return 1
-        return written[1] or 1
+        if manager.keep_best is not None:
+            return manager.keep_best
+        return _session.written_keep_best(manager, self._run_records) or 1
 
     def _show(self, frame: Any) -> None:
         """Show a table the store's catalog gave: rows, choices, DAG and title (the caller

@@ -2711,14 +2711,13 @@ def last_directory() -> str | None:
 
 
 def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
-    """The store opened to list it as the session that wrote it ranks it: that session's
-    ``--on`` metric and ``--keep-best`` (read from the newest run record), the kernel's
-    position as head. A plain manager knows no metric: every row's best was False."""
+    """The store opened to list it as it ranks: by the ranking its last save with a metric
+    recorded, marking the ``--keep-best`` K best where its newest run ranks so too
+    (``written_keep_best``), the kernel's position as head; as ``ckpt-nb ls``, the
+    explorer and a rollback to "best" rank it."""
     manager = CheckpointManager(directory)
     try:
-        ranking = _written_ranking(manager)
-        if ranking is not None:
-            (manager.metric, manager.mode), manager.keep_best = ranking
+        manager.keep_best = written_keep_best(manager)
         manager.head = kernel_position(manager)
     except BaseException:
         manager.close()
@@ -2730,17 +2729,20 @@ def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
 RUN_RECORD_DEPTH = 16
 
 
-def _written_ranking(manager: CheckpointManager, known: dict[str, Any] | None = None
-                     ) -> tuple[tuple[str, str], int | None] | None:
-    """The ``--on`` metric and ``--keep-best`` of the session that wrote the store's newest
-    run record: a store is ranked (its best, listed or rolled back to) as it was written,
-    not by another session's options. None where that run ranked by none, or no run
-    record is found: the caller then keeps the manager's own ranking, the one the store's
-    last save with a metric recorded (an older run's ``--on``), if any. ``known``: each
-    checkpoint's run record (None: it has none) as read before, added to here: a caller
-    that asks at each refresh (the explorer) reads only new checkpoints' manifests. Only
-    the newest ``RUN_RECORD_DEPTH`` checkpoints are looked at: a store only scripts wrote
-    (or wrote last) had every manifest read for none (on an object store, a GET each)."""
+def written_keep_best(manager: CheckpointManager, known: dict[str, Any] | None = None
+                      ) -> int | None:
+    """The ``--keep-best`` K of the session that wrote the store's newest run record, where
+    that run's ``--on`` is the ranking ``manager`` ranks by (its ``metric=``, else the one
+    the store's last save with a metric recorded); else None (one best). One rule for
+    every reader: a script's save with another metric since makes "best" that metric's,
+    and the run's K best by its own are no longer marked (``%ckpt_list`` marked them while
+    ``ckpt-nb ls`` and the explorer named another best). ``known``: each checkpoint's run
+    record (None: it has none) as read before, added to here: a caller that asks at each
+    refresh (the explorer) reads only new checkpoints' manifests. Only the newest
+    ``RUN_RECORD_DEPTH`` checkpoints are looked at: a store only scripts wrote (or wrote
+    last) had every manifest read for none (on an object store, a GET each)."""
+    if manager.metric is None:
+        return None
     for row in reversed(manager.catalog.checkpoints()[-RUN_RECORD_DEPTH:]):
         with contextlib.suppress(CkptError, KeyError, TypeError):
             if known is not None and row.id in known:  # (a checkpoint never changes)
@@ -2751,10 +2753,9 @@ def _written_ranking(manager: CheckpointManager, known: dict[str, Any] | None = 
                     known[row.id] = run
             if isinstance(run, dict):
                 on, keep_best = run.get("on"), run.get("keep_best")
-                if isinstance(on, (list, tuple)) and len(on) == 2 and \
-                        isinstance(on[0], str) and on[1] in ("min", "max"):
-                    return (on[0], on[1]), keep_best if is_count(keep_best) else None
-                return None
+                ranks_alike = isinstance(on, (list, tuple)) and \
+                    tuple(on) == (manager.metric, manager.mode)
+                return keep_best if ranks_alike and is_count(keep_best) else None
     return None
 
 
@@ -3109,10 +3110,6 @@ def _session_for(directory: str | os.PathLike[str] | None,
             else dataclasses.replace(config, directory=os.fspath(directory))
     temporary = AutoSession(config, namespace if namespace is not None else last_namespace)
     try:
-        written = _written_ranking(temporary.manager) if another_store else None
-        if written is not None:
-            temporary.manager.metric, temporary.manager.mode = written[0]
-            temporary.config = dataclasses.replace(config, on=written[0])
         yield temporary
     finally:
         temporary.close()

@@ -433,14 +433,9 @@ def _kept_best(mgr: CheckpointManager) -> int:
     run record, where that run ranks as 'best' does here (its metric and mode), as
     ``%ckpt_list`` and the explorer mark them and the run's retention keeps them; else 1
     (another ranking, or none recorded)."""
-    from ._session import _written_ranking
+    from ._session import written_keep_best
 
-    if mgr.metric is None:
-        return 1
-    written = _written_ranking(mgr)
-    if written is None or written[0] != (mgr.metric, mgr.mode):
-        return 1
-    return written[1] or 1
+    return written_keep_best(mgr) or 1
 
 
 def _best_mark(place: int) -> str:
