@@ -421,8 +421,10 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     if len(metrics) < len(every):
         print(f"{_count(len(every) - len(metrics), 'more metric')} not shown (--all-metrics "
               "shows them)")
-    if len(places) > 1:
-        print(f"{', '.join(map(_best_mark, range(2, len(places) + 1)))}: the next best by "
+    # (the marks the listed rows carry: on a --branch, not those of checkpoints elsewhere)
+    listed_places = sorted(places[cid] for cid in frame["id"] if places.get(cid, 1) > 1)
+    if listed_places:
+        print(f"{', '.join(map(_best_mark, listed_places))}: the next best by "
               f"{_printable(str(mgr.metric))} ({mgr.mode}) after best, which the store's run "
               f"keeps with it (--keep-best {keep_best})")
     return 0
