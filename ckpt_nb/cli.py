@@ -424,7 +424,7 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     # (the marks the listed rows carry: on a --branch, not those of checkpoints elsewhere)
     listed_places = sorted(places[cid] for cid in frame["id"] if places.get(cid, 1) > 1)
     if listed_places:
-        print(f"{', '.join(map(_best_mark, listed_places))}: the next best by "
+        print(f"{_best_marks(listed_places)}: the next best by "
               f"{_printable(str(mgr.metric))} ({mgr.mode}) after best, which the store's run "
               f"keeps with it (--keep-best {keep_best})")
     return 0
@@ -444,6 +444,19 @@ def _best_mark(place: int) -> str:
     """A checkpoint's mark in ls for its place among the best: "best" for the first, the
     one 'best' names; "best#2" and on for the others a run keeps."""
     return "best" if place == 1 else f"best#{place}"
+
+
+def _best_marks(places: list[int]) -> str:
+    """The marks of ``places`` (ascending, each 2 or more) for ls's footer, three or more in
+    a row as "best#2 to best#50": one by one, --keep-best 50 made a line of 525 characters."""
+    runs: list[list[int]] = []
+    for place in places:
+        if runs and place == runs[-1][-1] + 1:
+            runs[-1].append(place)
+        else:
+            runs.append([place])
+    return ", ".join(f"{_best_mark(run[0])} to {_best_mark(run[-1])}" if len(run) > 2
+                     else ", ".join(map(_best_mark, run)) for run in runs)
 
 
 def _nan_logged(mgr: CheckpointManager, frame: Any, fixed: set[str]) -> set[tuple[str, str]]:

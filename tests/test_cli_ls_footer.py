@@ -1,6 +1,6 @@
 """``ckpt-nb ls``'s footer line on the best#k marks: it names only the marks its listed
-rows carry (on a ``--branch``, not those of checkpoints elsewhere). Real sessions, a real
-store, the real command line."""
+rows carry (on a ``--branch``, not those of checkpoints elsewhere), three or more in a row
+as "best#2 to best#N". Real sessions, a real store, the real command line."""
 
 from __future__ import annotations
 
@@ -63,3 +63,12 @@ def test_a_branch_footer_names_the_marks_its_rows_carry(
     assert footer_of_marks(lines) == [f"{mark}: the next best by loss (min) after best, "
                                       "which the store's run keeps with it (--keep-best 3)"]
 
+
+def test_many_marks_are_a_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keep_best_run(tmp_path, [1 / (i + 1) for i in range(12)], keep_best=50)
+    with CheckpointManager(tmp_path) as mgr:
+        ranked = int(mgr.list()["loss"].notna().sum())  # (all marked: fewer than 50)
+    assert ranked > 3
+    footer = footer_of_marks(ls(capsys, str(tmp_path)))
+    assert footer == [f"best#2 to best#{ranked}: the next best by loss (min) after best, "
+                      "which the store's run keeps with it (--keep-best 50)"]
