@@ -1349,21 +1349,14 @@ def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
     parts = url.split("::")
     keyed = {scheme for scheme, _, _ in layers[:len(parts)]}
     routed = _copied(options)
+    unknown: list[str] = []
     for name, value in options.items():
         if name in keyed:
             continue
         taker = next((layer for layer in layers if name in _options_taken(layer[1])), None)
         if taker is None:
-            taken = sorted({n for _, cls, _ in layers for n in _options_taken(cls)})
-            close = difflib.get_close_matches(name, taken, n=1)
-            meant = f"; did you mean {close[0]}=?" if close else ""
-            as_given = f"{layers[len(parts) - 1][0]}={{{name!r}: ...}}" if len(parts) > 1 \
-                else f"target_options={{{name!r}: ...}}"
-            raise TypeError(
-                f"{url}: no file system of the chain "
-                f"({', '.join(scheme for scheme, _, _ in layers)}) takes the option "
-                f"{name!r}{meant} (an option in a file system's own options is given to it "
-                f"as it is: {as_given})")
+            unknown.append(name)
+            continue
         path = taker[2]
         if not path:
             continue  # (the outermost's: fsspec gives it there)
@@ -1381,7 +1374,43 @@ def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
             where = path[0] + "=" + "".join(f"[{key!r}]" for key in path[1:])
             raise TypeError(f"{url}: {name} is given twice, as {name}= and in {where}, "
                             "with different values: give it once")
+    if unknown:
+        raise TypeError(_none_takes(url, layers, unknown, options))
     return routed
+
+
+def _none_takes(url: str, layers: list[tuple[str, type, tuple[str, ...]]],
+                unknown: list[str], options: dict[str, object]) -> str:
+    """The refusal of ``unknown``, the options no file system of the chain takes, all of
+    them: each with the closest option taken, else the way to give it to a file system as
+    it is (its own options), or for a scheme reached by ``target_protocol=`` given its
+    options as a dict, that those are its ``target_options``."""
+    taken = sorted({n for _, cls, _ in layers for n in _options_taken(cls)})
+    by_target = {scheme: path for scheme, _, path in layers
+                 if path and path[-1] == "target_options"}
+    parts = url.split("::")
+    said: list[tuple[str, str | None]] = []  # (each option, what to say of it or None)
+    for name in unknown:
+        value = options[name]
+        close = difflib.get_close_matches(name, taken, n=1)
+        if close:
+            said.append((name, f"did you mean {close[0]}=?"))
+        elif name in by_target and isinstance(value, dict):
+            given = "".join(f"{key}={{" for key in by_target[name]) + \
+                ", ".join(f"{key!r}: ..." for key in value) + "}" * len(by_target[name])
+            said.append((name, f"target_protocol={name!r} takes its options as {given}"))
+        else:
+            said.append((name, None))
+    chain = ", ".join(scheme for scheme, _, _ in layers)
+    refused = f"{url}: no file system of the chain ({chain}) takes the option"
+    if len(said) == 1 and (said[0][1] or "").startswith("did you"):
+        return f"{refused} {said[0][0]!r}; {said[0][1]}"
+    plain = ", ".join(f"{name!r}: ..." for name, why in said if why is None)
+    owner = f"{layers[len(parts) - 1][0]}=" if len(parts) > 1 else "target_options="
+    as_given = f" (an option in a file system's own options is given to it as it is: " \
+        f"{owner}{{{plain}}})" if plain else ""
+    return f"{refused}{'s' if len(said) > 1 else ''} " + ", ".join(
+        repr(name) if why is None else f"{name!r} ({why})" for name, why in said) + as_given
 
 
 def _option_layers(url: str, options: dict[str, object]

@@ -96,8 +96,7 @@ def test_an_option_no_file_system_of_the_chain_takes_is_refused(bucket: str,
     one of them was dropped without a word."""
     with pytest.raises(TypeError, match=re.escape(
             f"dir::s3://{bucket}/x: no file system of the chain (dir, s3) takes the option "
-            "'endpoint'; did you mean endpoint_url=? (an option in a file system's own "
-            "options is given to it as it is: s3={'endpoint': ...})")):
+            "'endpoint'; did you mean endpoint_url=?")):
         FsspecStore(f"dir::s3://{bucket}/x", endpoint=server, key=KEY, secret=SECRET)
     with pytest.raises(TypeError, match=re.escape("(async_wrapper, dir, s3) takes the option "
                                                   "'max_concurrency_tasks'; did you mean ")):

@@ -1,0 +1,83 @@
+"""Where a chained URL's options go that no file system of the chain names: to the
+innermost that takes any in its ``**kwargs`` (SFTP's, for paramiko), refused only where
+none does, every one named in one refusal with the way to give it that works; and
+fsspec's options for every file system (its instance and listings caches') reach the
+innermost, the store's own, as well as the outermost. A real S3 server (moto's, on
+loopback) that this process is told of only through the options."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Holder, s3_server
+
+from ckpt_nb import CheckpointManager, FsspecStore
+
+s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+KEY, SECRET = "routing-key", "routing-secret"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    yield from s3_server()
+
+
+@pytest.fixture
+def bucket(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on the module's server, which nothing but options names."""
+    import fsspec.config
+
+    for name in ("FSSPEC_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.delitem(fsspec.config.conf, "s3", raising=False)
+    name = f"routing-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(endpoint_url=server, key=KEY, secret=SECRET,
+                      skip_instance_cache=True).mkdir(name)
+    return name
+
+
+def test_every_option_no_file_system_takes_is_named_with_a_way_that_works(
+        bucket: str, server: str) -> None:
+    """Only the first was named; a typo's refusal pointed also to s3={'endpoint': ...},
+    which S3 refused at the first request; s3={...} beside target_protocol='s3' pointed to
+    target_options={'s3': ...}, not to S3's own options."""
+    with pytest.raises(TypeError) as refused:
+        FsspecStore(f"dir::s3://{bucket}/x", endpoint=server, secret=SECRET, key=KEY)
+    assert str(refused.value) == (
+        f"dir::s3://{bucket}/x: no file system of the chain (dir, s3) takes the option "
+        "'endpoint'; did you mean endpoint_url=?")
+    with pytest.raises(TypeError) as refused:
+        FsspecStore(f"dir::s3://{bucket}/x", endpoint=server, secrets=SECRET, key=KEY)
+    assert str(refused.value) == (
+        f"dir::s3://{bucket}/x: no file system of the chain (dir, s3) takes the options "
+        "'endpoint' (did you mean endpoint_url=?), 'secrets' (did you mean secret=?)")
+    with pytest.raises(TypeError) as refused:
+        FsspecStore(f"dir::s3://{bucket}/x", endpoint_url=server, key=KEY, secret=SECRET,
+                    regoin="x", zone="y", secrets=SECRET)
+    assert str(refused.value) == (
+        f"dir::s3://{bucket}/x: no file system of the chain (dir, s3) takes the options "
+        "'regoin', 'zone', 'secrets' (did you mean secret=?) (an option in a file system's "
+        "own options is given to it as it is: s3={'regoin': ..., 'zone': ...})")
+    s3_options = {"endpoint_url": server, "key": KEY, "secret": SECRET}
+    with pytest.raises(TypeError, match=re.escape(
+            "dir://: no file system of the chain (dir, s3) takes the option 's3' "
+            "(target_protocol='s3' takes its options as target_options={'endpoint_url': "
+            "..., 'key': ..., 'secret': ...})")):
+        FsspecStore("dir://", path=f"{bucket}/t", target_protocol="s3", s3=s3_options)
+    with CheckpointManager(FsspecStore("dir://", path=f"{bucket}/t", target_protocol="s3",
+                                       target_options=s3_options)) as mgr:
+        saved = mgr.save(h=Holder({"w": torch.arange(4.0)}), rng=False)
+        assert mgr.list()["id"].tolist() == [saved]
+
