@@ -1354,6 +1354,8 @@ def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
         if name in keyed:
             continue
         taker = next((layer for layer in layers if name in _options_taken(layer[1])), None)
+        if taker is None:  # (the innermost that may take it in its **kwargs: SFTP's)
+            taker = next((layer for layer in reversed(layers) if _takes_any(layer[1])), None)
         if taker is None:
             unknown.append(name)
             continue
@@ -1456,6 +1458,47 @@ def _options_taken(cls: type) -> frozenset[str]:
         named |= {parameter.name for parameter in inspect.signature(function).parameters.values()
                   if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
     return frozenset(named - {"self"})
+
+
+@functools.cache
+def _takes_any(cls: type) -> bool:
+    """Whether a file system class may take options it does not name: a constructor of
+    its own or its bases' (but fsspec's abstract ones) with ``**kwargs`` that it keeps or
+    gives to anything but its base's constructor (SFTP's, for paramiko: ``username=``), or whose
+    source is not there to tell. S3's are the botocore session's, which
+    ``_options_taken`` names."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    if _protocols(cls) & {"s3", "s3a"}:
+        return False
+    return any(_keeps_kwargs(vars(base)["__init__"]) for base in cls.__mro__
+               if "__init__" in vars(base)
+               and base not in (AbstractFileSystem, AsyncFileSystem, object))
+
+
+def _keeps_kwargs(init: Callable[..., Any]) -> bool:
+    """Whether ``init`` has ``**kwargs`` and uses them but in ``super().__init__(**kwargs)``
+    (True where its source cannot be read)."""
+    import ast
+    import textwrap
+
+    var = [p.name for p in inspect.signature(init).parameters.values()
+           if p.kind is p.VAR_KEYWORD]
+    if not var:
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    forwarded = {id(call_kw.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+                 and isinstance(node.func.value, ast.Call)
+                 and isinstance(node.func.value.func, ast.Name)
+                 and node.func.value.func.id == "super"
+                 for call_kw in node.keywords if call_kw.arg is None}
+    return any(isinstance(node, ast.Name) and node.id == var[0] and id(node) not in forwarded
+               for node in ast.walk(tree))
 
 
 def _with_timeouts(url: str, options: dict[str, object], files: Any) -> dict[str, object]:

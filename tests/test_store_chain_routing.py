@@ -12,9 +12,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 from conftest import Holder, s3_server
+from fsspec.implementations.memory import MemoryFileSystem
 
 from ckpt_nb import CheckpointManager, FsspecStore
 
@@ -22,6 +24,21 @@ s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 KEY, SECRET = "routing-key", "routing-secret"
+
+
+class KeywordsFS(MemoryFileSystem):
+    """A file system whose real options come in ``**kwargs``, as fsspec's
+    ``SFTPFileSystem(host, **ssh_kwargs)`` hands ``username=`` to paramiko."""
+
+    protocol = "kwfs"
+
+    def __init__(self, host: str | None = None, **ssh_kwargs: object) -> None:
+        self.ssh_kwargs = ssh_kwargs
+        super().__init__()
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return super()._strip_protocol(path.removeprefix("kwfs://"))
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +63,16 @@ def bucket(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     s3fs.S3FileSystem(endpoint_url=server, key=KEY, secret=SECRET,
                       skip_instance_cache=True).mkdir(name)
     return name
+
+
+def test_an_option_a_file_system_takes_in_its_kwargs_reaches_it() -> None:
+    """username= at the top of dir::kwfs:// was refused as taken by no file system."""
+    fsspec.register_implementation("kwfs", KeywordsFS, clobber=True)
+    store = FsspecStore("dir::kwfs://host/x", username="u", password="p")
+    assert store._files.ssh_kwargs == {"username": "u", "password": "p"}
+    with CheckpointManager(store) as mgr:
+        saved = mgr.save(h=Holder({"w": torch.arange(4.0)}), rng=False)
+        assert mgr.list()["id"].tolist() == [saved]
 
 
 def test_every_option_no_file_system_takes_is_named_with_a_way_that_works(
