@@ -1339,10 +1339,13 @@ def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
     One the outermost takes stays there, as fsspec gives it (``asynchronous=``, an
     async_wrapper's ``semaphore=``); one given in that file system's own options too
     (``s3={...}``) is merged with them, theirs winning key by key for a dict, and refused
-    where they differ otherwise; one that no file system of the chain takes is refused
-    (``TypeError``, as an unknown keyword is), naming the closest one taken. Options keyed
-    by a scheme of the chain are fsspec's to give as they are. The same ``options`` where
-    the URL opens one file system, or one that fsspec does not know (it refuses it)."""
+    where they differ otherwise. One that no file system of the chain names goes to the
+    innermost that may take it in its ``**kwargs`` (``_takes_any``: SFTP's ``username=``),
+    and is refused where none may (``TypeError``, as an unknown keyword is: ``_none_takes``,
+    all such in one). fsspec's options for every file system (``skip_instance_cache=``)
+    reach the innermost too. Options keyed by a scheme of the chain are fsspec's to give
+    as they are. The same ``options`` where the URL opens one file system, or one that
+    fsspec does not know (it refuses it)."""
     layers = _option_layers(url, options)
     if layers is None or len(layers) < 2:
         return options
@@ -1378,7 +1381,23 @@ def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
                             "with different values: give it once")
     if unknown:
         raise TypeError(_none_takes(url, layers, unknown, options))
+    innermost = layers[-1][2]
+    for name in _EVERY_FILE_SYSTEMS & options.keys():
+        own = routed
+        for key in innermost:
+            own = own.setdefault(key, {})
+            if not isinstance(own, dict):
+                return options  # (for fsspec to refuse, as it would)
+        own.setdefault(name, options[name])
     return routed
+
+
+# The options fsspec takes for every file system (its instance cache's, its listings
+# cache's): given at the top of a chain, the outermost takes them, and the innermost, the
+# store's own, is given them too (skip_instance_cache=True at the top of dir::s3:// gave
+# dir:: a new instance, and S3 the cached one).
+_EVERY_FILE_SYSTEMS = frozenset(
+    {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths"})
 
 
 def _none_takes(url: str, layers: list[tuple[str, type, tuple[str, ...]]],
@@ -1478,8 +1497,8 @@ def _takes_any(cls: type) -> bool:
 
 
 def _keeps_kwargs(init: Callable[..., Any]) -> bool:
-    """Whether ``init`` has ``**kwargs`` and uses them but in ``super().__init__(**kwargs)``
-    (True where its source cannot be read)."""
+    """Whether ``init`` has ``**kwargs`` and uses them other than in
+    ``super().__init__(**kwargs)`` (True where its source cannot be read)."""
     import ast
     import textwrap
 

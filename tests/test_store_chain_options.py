@@ -82,7 +82,8 @@ def test_an_option_an_outer_file_system_takes_stays_there(bucket: str, server: s
     store = FsspecStore(f"async_wrapper::dir::s3://{bucket}/outer", endpoint_url=server,
                         key=KEY, secret=SECRET, semaphore=semaphore, use_listings_cache=False)
     assert store.fs.semaphore is semaphore and not store.fs.dircache.use_listings_cache
-    assert store._files.dircache.use_listings_cache and store._files.endpoint_url == server
+    # (an option of every file system: the innermost's too, the store's own)
+    assert not store._files.dircache.use_listings_cache and store._files.endpoint_url == server
     store = FsspecStore(f"dir::async_wrapper::s3://{bucket}/middle", endpoint_url=server,
                         key=KEY, secret=SECRET, semaphore=semaphore)
     assert store.fs.fs.semaphore is semaphore and store._files.key == KEY

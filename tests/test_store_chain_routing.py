@@ -108,3 +108,23 @@ def test_every_option_no_file_system_takes_is_named_with_a_way_that_works(
         saved = mgr.save(h=Holder({"w": torch.arange(4.0)}), rng=False)
         assert mgr.list()["id"].tolist() == [saved]
 
+
+def test_every_file_systems_options_reach_the_innermost_too(bucket: str, server: str) -> None:
+    """skip_instance_cache=True at the top of dir::s3:// gave dir:: a new instance and S3
+    the cached one; use_listings_cache=False left S3's listings cached."""
+    options = {"endpoint_url": server, "key": KEY, "secret": SECRET}
+    url = f"dir::s3://{bucket}/x"
+    first = FsspecStore(url, skip_instance_cache=True, **options)
+    second = FsspecStore(url, skip_instance_cache=True, **options)
+    assert first._files is not second._files
+    store = FsspecStore(url, use_listings_cache=False, listings_expiry_time=5, **options)
+    assert not store.fs.dircache.use_listings_cache
+    assert not store._files.dircache.use_listings_cache
+    assert store._files.dircache.listings_expiry_time == 5
+    # (S3's own options win)
+    store = FsspecStore(url, use_listings_cache=False, skip_instance_cache=True,
+                        s3={"use_listings_cache": True}, **options)
+    assert store._files.dircache.use_listings_cache and not store.fs.dircache.use_listings_cache
+    with CheckpointManager(store) as mgr:
+        saved = mgr.save(h=Holder({"w": torch.arange(4.0)}), rng=False)
+        assert mgr.list()["id"].tolist() == [saved]
