@@ -336,7 +336,9 @@ class CkptMagics(Magics):
                                      namespace=self.shell.user_ns, on=ranking)
         except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage knows)
             text = _magic_wording(exc, store)
-            where = "" if directory is not None else _where_it_looked(text, store, line)
+            where = _where_it_looked(text, store, line) if directory is None \
+                else _spaced_dir_hint(line, which) if text.startswith("no checkpoint store") \
+                else ""
             raise UsageError(f"%ckpt_rollback: {text}{where}") from None
 
     @line_magic
@@ -447,19 +449,24 @@ def _option_action(magic: Any, option: str) -> Any:
     return action
 
 
+_ROLLBACK_BACK = re.compile(r"-\d+")  # (%ckpt_rollback -N: the positional, not an option)
+
+
 def _stray_words_hint(magic: Any, line: str) -> str:
     """What words no option took ("unrecognized arguments") were meant as, where that is
     clear: a store given bare, as %ckpt_list and %ckpt_ui take it (``%%ckpt_auto
-    runs/o``), the names of ``--track model, opt`` after its comma, a ``--dir`` with a
-    space unquoted; "" otherwise."""
+    runs/o``, or ``--keep 2 runs/o``: a path after an option's value), the names of
+    ``--track model, opt`` after its comma, a ``--dir`` with a space unquoted; ""
+    otherwise. Each hint pastes as it is: the words lose their quotes, and a path with a
+    space is quoted once."""
     option, value, strays = None, "", []  # (the option whose value the strays follow)
-    takes_value = False
+    takes_value = off = known = False  # (known: option is one the magic takes)
     positionals = sum(not action.option_strings for action in magic.parser._actions)
     for token in arg_split(line):
         if takes_value:
             value, takes_value = token, False
-        elif not token.startswith("-") and positionals:  # (%ckpt_rollback's ID: taken)
-            positionals -= 1
+        elif positionals and (not token.startswith("-") or _ROLLBACK_BACK.fullmatch(token)):
+            positionals -= 1  # (%ckpt_rollback's ID or -N: taken)
         elif not token.startswith("-"):
             strays.append(token)
         elif strays:  # (the first run of them is the one said)
@@ -467,21 +474,44 @@ def _stray_words_hint(magic: Any, line: str) -> str:
         else:
             name, equals, value = token.partition("=")
             action = _option_action(magic, name)
+            off = off or (action is not None and action.dest == "off")
             takes_value = action is not None and action.nargs is None and not equals
             option = name if action is None else action.option_strings[0] \
                 if action.nargs is None else None  # (a flag's strays follow no value)
-    if not strays:
+            known = action is not None
+    words = [str(_unquoted(word)) for word in strays]
+    if not strays or off:  # (--off takes no other option: a --dir hint would be refused)
         return ""
-    if option == "--track":
-        names = ",".join(n for word in [value, *strays] for n in word.split(",") if n)
+    if option == "--track" and value.endswith(","):  # (--track model, opt)
+        names = ",".join(n for word in [value, *words] for n in word.split(",") if n)
         return f": give --track its names without spaces, --track {names}"
     if option == "--dir":
-        return f": quote a --dir with spaces, --dir \"{_unquoted(value)} {' '.join(strays)}\""
-    if option is None and magic.__name__ == "ckpt_auto":
-        store = " ".join(strays)
-        return (": %ckpt_auto and %%ckpt_auto take the store as --dir "
-                + (f'"{store}"' if " " in store else store))
+        spaced = _unquoted(value) != value and " " in value  # (quoted already: not it)
+        paths = "/" in value and any("/" in word for word in words)  # (a second store)
+        if spaced or paths or any(_unquoted(word) != word for word in strays):
+            return ""
+        path = " ".join([str(_unquoted(value)), *words])
+        return f": quote a --dir with spaces, --dir {_quoted(path)}"
+    store = " ".join(words)
+    if magic.__name__ == "ckpt_auto" and (option is None or known and "/" in store):
+        return f": %ckpt_auto and %%ckpt_auto take the store as --dir {_quoted(store)}"
     return ""
+
+
+def _spaced_dir_hint(line: str, which: str) -> str:
+    """For ``%ckpt_rollback --dir my runs``, where argparse took ``runs`` for the ID and
+    found no store at ``my``: that a --dir with a space is quoted; "" otherwise."""
+    tokens = arg_split(line)
+    for i, token in enumerate(tokens[:-2]):
+        if token == "--dir" and _unquoted(tokens[i + 1]) == tokens[i + 1] \
+                and tokens[i + 2] == which:
+            return f"; quote a --dir with spaces, --dir \"{tokens[i + 1]} {which}\""
+    return ""
+
+
+def _quoted(path: str) -> str:
+    """A path as an option's value: quoted where it has a space."""
+    return f'"{path}"' if " " in path else path
 
 
 def _refuse_repeats(magic: Any, line: str) -> None:

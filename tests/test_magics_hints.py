@@ -1,0 +1,77 @@
+"""The hints a magic's usage error gives: each pastes as it is, and none is given where
+the words' meaning is not clear. Driven through a real, in-process IPython shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import ckpt_nb
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
+
+SMALL = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+STEP = "opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()"
+
+
+def usage_error(sh: InteractiveShell, code: str) -> str:
+    result = sh.run_cell(code, store_history=False)
+    assert isinstance(result.error_in_exec, UsageError), (code, result.error_in_exec)
+    return str(result.error_in_exec)
+
+
+@pytest.mark.parametrize(("line", "paste"), [
+    ('"my runs"', '--dir "my runs"'),  # (it said --dir ""my runs"")
+    ("'my runs'", '--dir "my runs"'),  # (it said --dir "'my runs'": a folder with quotes)
+])
+def test_a_quoted_store_given_bare_is_hinted_as_it_pastes(
+        shell, tmp_path: Path, line: str, paste: str) -> None:
+    shell.run_cell(SMALL, store_history=False)
+    message = usage_error(shell, f"%%ckpt_auto {line}\n{STEP}")
+    assert message.endswith(f"take the store as {paste}")
+    assert shell.run_cell(f"%%ckpt_auto {paste}\n{STEP}", store_history=False).success
+    assert len(ckpt_nb.CheckpointManager(tmp_path / "my runs").list()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my runs"]
+
+
+@pytest.mark.parametrize(("code", "message"), [
+    # a path after an option's value is the store, whichever option (it was --sync's alone)
+    ("%ckpt_auto --track model,opt runs/o", "runs/o: %ckpt_auto and %%ckpt_auto take the "
+     "store as --dir runs/o"),  # (it said --track model,opt,runs/o)
+    ("%ckpt_auto --every 10m runs/o", "runs/o: %ckpt_auto and %%ckpt_auto take the store "
+     "as --dir runs/o"),
+    ("%ckpt_auto --every-steps 2 runs/o", "runs/o: %ckpt_auto and %%ckpt_auto take the "
+     "store as --dir runs/o"),
+    ("%ckpt_auto --keep 2 runs/o", "runs/o: %ckpt_auto and %%ckpt_auto take the store as "
+     "--dir runs/o"),
+    ("%ckpt_auto --track model, opt", "opt: give --track its names without spaces, "
+     "--track model,opt"),
+    ("%ckpt_rollback -1 --dir my runs", "runs: quote a --dir with spaces, --dir \"my runs\""),
+    # (no hint: what the words were meant as is not clear, or the hint would be wrong)
+    ("%ckpt_auto --track model,opt extra", "extra"),  # (it said --track model,opt,extra)
+    ("%ckpt_auto --dir 'my runs' extra", "extra"),  # (it said --dir "my runs extra")
+    ("%ckpt_auto --dir runs/a runs/b", "runs/b"),  # (it said --dir "runs/a runs/b")
+    ("%ckpt_auto --off runs/o", "runs/o"),  # (its --dir hint was refused: --off takes none)
+    ("%ckpt_auto --every 10 m", "m"),
+    ("%ckpt_auto --bogus runs/o", "--bogus runs/o"),
+])
+def test_words_no_option_takes_are_hinted_only_where_clear(
+        shell, code: str, message: str) -> None:
+    magic = code.split()[0][1:]
+    assert usage_error(shell, code) == f"%{magic}: unrecognized arguments: {message}"
+
+
+def test_a_rollback_dir_with_a_space_unquoted_says_to_quote_it(shell, tmp_path: Path) -> None:
+    """%ckpt_rollback --dir my runs: argparse takes runs for the ID; the error said "no
+    checkpoint store at my" alone."""
+    (tmp_path / "my runs").mkdir()
+    assert usage_error(shell, "%ckpt_rollback --dir my runs").endswith(
+        "; quote a --dir with spaces, --dir \"my runs\"")
