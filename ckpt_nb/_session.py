@@ -317,7 +317,9 @@ def default_directory(namespace: dict[str, Any], root: str = "checkpoints") -> s
     folder or a store URL: the magics' CkptMagics.root_dir)."""
     path = os.environ.get("JPY_SESSION_NAME") or namespace.get("__vsc_ipynb_file__") or ""
     stem = (Path(str(path)).stem if path else "session") or "session"
-    return f"{root.rstrip('/')}/{stem}" if "://" in root else str(Path(root) / stem)
+    if "://" in root:  # (a URL: memory://'s // is kept)
+        return root + ("" if root.endswith("/") else "/") + stem
+    return str(Path(root) / stem)
 
 
 @dataclass

@@ -75,3 +75,29 @@ def test_a_rollback_dir_with_a_space_unquoted_says_to_quote_it(shell, tmp_path: 
     (tmp_path / "my runs").mkdir()
     assert usage_error(shell, "%ckpt_rollback --dir my runs").endswith(
         "; quote a --dir with spaces, --dir \"my runs\"")
+
+
+@pytest.mark.parametrize(("root", "store"), [
+    ("memory://", "memory://exp"),  # (it was memory:/exp, a local folder "memory:")
+    ("file:///srv/runs", "file:///srv/runs/exp"),
+    ("s3://bucket/runs/", "s3://bucket/runs/exp"),
+    ("s3://bucket/runs", "s3://bucket/runs/exp"),
+])
+def test_a_root_dir_url_keeps_its_scheme(
+        root: str, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JPY_SESSION_NAME", "/work/exp.ipynb")
+    assert ckpt_nb._session.default_directory({}, root) == store
+
+
+def test_a_memory_root_dir_makes_no_local_folder(
+        shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "exp.ipynb"))
+    magics = shell.magics_manager.registry["CkptMagics"]
+    shell.run_cell(SMALL, store_history=False)
+    try:
+        assert shell.run_cell("%config CkptMagics.root_dir = 'memory://'").success
+        assert shell.run_cell(f"%%ckpt_auto\n{STEP}", store_history=False).success
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        shell.config.pop("CkptMagics", None)
+        magics.root_dir = "checkpoints"
