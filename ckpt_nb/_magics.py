@@ -298,13 +298,38 @@ class CkptMagics(Magics):
         self._line_session = None
 
     # -- the other magics -----------------------------------------------------------------
+    def _store_to_open(self, magic: str, nothing: str, again: str) -> str:
+        """The store a magic given no DIR opens: the active or last session's, else (a
+        new kernel, after a crash, say) the default store %%ckpt_auto writes to where one
+        is there, said on the output's first line. A usage error naming the default store
+        looked at where there is none: "%magic: {nothing} (...): {again}"."""
+        __tracebackhide__ = True
+        from ._catalog import store_exists
+
+        store = session_mod.last_directory()
+        if store is not None:
+            return store
+        store = self.default_dir or session_mod.default_directory(self.shell.user_ns,
+                                                                  self.root_dir)
+        try:
+            found = store_exists(store)
+        except (CkptError, ValueError) as exc:  # (a backend that fails, a bad URL)
+            raise UsageError(f"%{magic}: {exc}") from None
+        if not found:
+            raise UsageError(f"%{magic}: {nothing} (no %ckpt_auto or %%ckpt_auto cell has run "
+                             "in this kernel, and there is no checkpoint store at "
+                             f"{store}, the default one): {again}")
+        print(f"ckpt_nb: no session in this kernel: %{magic} opens the default store, {store}")
+        return store
+
     @magic_arguments()
     @argument("which", nargs="?", default="latest", metavar="ID|latest|best|-N",
               help="ID (or prefix); latest, the "
               "store's newest checkpoint; best; or -N, the checkpoint saved N before latest "
               "(-1 the one just before it), counted in save order over the whole store "
               "(every cell's runs and branches), not back along a branch")
-    @argument("--dir", default=None, help="store directory (default: the session's)")
+    @argument("--dir", default=None, help="store directory (default: the session's, else "
+              "in a new kernel the default store, where it is there)")
     @argument("--on", default=None, metavar="METRIC[:min|max]",
               help="rank best by METRIC for this rollback alone, "
               "as a %%%%ckpt_auto cell's --on takes it (METRIC:min or METRIC:max, or a bare "
@@ -324,11 +349,12 @@ class CkptMagics(Magics):
             ranking = parse_metric_trigger(on) if on is not None else None
         except ValueError as exc:
             raise UsageError(f"%ckpt_rollback: {exc}") from None
-        if args.dir is None and session_mod.last_directory() is None:
-            raise UsageError("%ckpt_rollback: no %ckpt_auto or %%ckpt_auto cell has run in "
-                             "this kernel, so there is no store to roll back from: "
-                             f"%ckpt_rollback {args.which} --dir PATH (the store's directory)")
         directory, which = _unquoted(args.dir), _unquoted(args.which)
+        default = None if directory is not None or session_mod.last_directory() is not None \
+            else self._store_to_open(
+                "ckpt_rollback", "no store to roll back from",
+                f"%ckpt_rollback {args.which} --dir PATH (the store's directory)")
+        directory = directory or default
         store = directory if directory is not None else session_mod.last_directory()
         try:
             with warnings_worded(*_RANK_BY_ANOTHER):
@@ -336,7 +362,7 @@ class CkptMagics(Magics):
                                      namespace=self.shell.user_ns, on=ranking)
         except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage knows)
             text = _magic_wording(exc, store)
-            where = _where_it_looked(text, store, line) if directory is None \
+            where = _where_it_looked(text, store, line) if directory in (None, default) \
                 else _spaced_dir_hint(line, which) if text.startswith("no checkpoint store") \
                 else ""
             raise UsageError(f"%ckpt_rollback: {text}{where}") from None
@@ -344,18 +370,17 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_list(self, line: str) -> Any:
         """%ckpt_list [DIR] (or --dir DIR, as %ckpt_rollback takes it): the store as a
-        table (by default the active or last session's, as %ckpt_rollback and %ckpt_ui
-        take). The rest of the line is DIR: a path with spaces needs no quotes."""
+        table (by default the active or last session's, else the default store where it
+        is there, as %ckpt_rollback and %ckpt_ui take). The rest of the line is DIR: a
+        path with spaces needs no quotes."""
         directory = _directory("ckpt_list", line)
         session = session_mod.active()
         if session is not None and directory is None:
             return session.manager.list()
         from ._catalog import store_exists
 
-        directory = directory or session_mod.last_directory()
-        if directory is None:
-            raise UsageError("%ckpt_list: no store to list: %ckpt_list DIR, or run %ckpt_auto "
-                             "first")
+        directory = directory or self._store_to_open("ckpt_list", "no store to list",
+                                                       "%ckpt_list DIR")
         try:
             if not store_exists(directory):
                 raise UsageError(f"%ckpt_list: no checkpoint store at {directory}"
@@ -368,14 +393,12 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_ui(self, line: str) -> Any:
         """%ckpt_ui [DIR] (or --dir DIR, as %ckpt_rollback takes it): the explorer for DIR,
-        or for the active or last session's store. The rest of the line is DIR: a path
-        with spaces needs no quotes."""
+        or for the active or last session's store, else the default store. The rest of
+        the line is DIR: a path with spaces needs no quotes."""
         from ._explorer import explore
 
-        directory = _directory("ckpt_ui", line) or session_mod.last_directory()
-        if directory is None:
-            raise UsageError("%ckpt_ui: no store to explore: %ckpt_ui DIR, or run %ckpt_auto "
-                             "first")
+        directory = _directory("ckpt_ui", line) or self._store_to_open(
+            "ckpt_ui", "no store to explore", "%ckpt_ui DIR")
         try:
             return explore(directory, namespace=self.shell.user_ns)
         except CkptError as exc:
@@ -389,10 +412,19 @@ class CkptMagics(Magics):
                              "shows the active session; %ckpt_list DIR shows a store")
         status = session_mod.status()
         if not status.pop("active"):
-            last = session_mod.last_directory()
+            last, default = session_mod.last_directory(), None
+            if last is None:
+                from ._catalog import store_exists
+
+                store = self.default_dir or session_mod.default_directory(
+                    self.shell.user_ns, self.root_dir)
+                with contextlib.suppress(CkptError, ValueError):  # (a URL that fails)
+                    default = store if store_exists(store) else None
             print("ckpt_nb: no session active (run %ckpt_auto or a %%ckpt_auto cell)"
-                  + ("" if last is None else f"; the last one's store, {last}, is what "
-                     "%ckpt_list, %ckpt_rollback and %ckpt_ui open"))
+                  + (f"; the last one's store, {last}, is what %ckpt_list, %ckpt_rollback "
+                     "and %ckpt_ui open" if last is not None else
+                     f"; the default store, {default}, is what %ckpt_list, %ckpt_rollback "
+                     "and %ckpt_ui open" if default is not None else ""))
             return
         for key, value in status.items():
             print(f"{key:>14}: {value}")
@@ -575,10 +607,11 @@ def _where_it_looked(text: str, store: str | None, line: str) -> str:
     name another. In a notebook that ran several, "no checkpoint has the metric", "-1 is
     too far back" or an id not found may say the last cell's store is the wrong one."""
     named = store is None or f" in {store}" in text or f" at {store}" in text
-    session = "active" if session_mod.active() else "last"
+    whose = "the default store" if session_mod.last_directory() is None else \
+        f"the store of the {'active' if session_mod.active() else 'last'} session"
     again = " ".join(part for part in ("%ckpt_rollback", line.strip(), "--dir PATH") if part)
-    return (f"; it looked in{'' if named else f' {store},'} the store of the {session} "
-            f"session: for a checkpoint of another store, {again}")
+    return (f"; it looked in{'' if named else f' {store},'} {whose}: for a checkpoint of "
+            f"another store, {again}")
 
 
 def _unquoted(value: str | None) -> str | None:

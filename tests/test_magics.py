@@ -525,9 +525,9 @@ def test_rollback_errors_name_the_problem(shell, tmp_path: Path) -> None:
     result = run(shell, "%ckpt_rollback best")
     assert isinstance(result.error_in_exec, UsageError)
     assert str(result.error_in_exec) == (
-        "%ckpt_rollback: no %ckpt_auto or %%ckpt_auto cell has run in this kernel, so there "
-        "is no store to roll back from: %ckpt_rollback best --dir PATH (the store's "
-        "directory)")
+        "%ckpt_rollback: no store to roll back from (no %ckpt_auto or %%ckpt_auto cell has "
+        "run in this kernel, and there is no checkpoint store at checkpoints/session, the "
+        "default one): %ckpt_rollback best --dir PATH (the store's directory)")
     with pytest.raises(ckpt_nb.CkptError, match="no ckpt_nb session has run in this "
                                                 "process; .* pass directory= and namespace="):
         ckpt_nb.rollback("latest")

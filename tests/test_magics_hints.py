@@ -101,3 +101,39 @@ def test_a_memory_root_dir_makes_no_local_folder(
     finally:
         shell.config.pop("CkptMagics", None)
         magics.root_dir = "checkpoints"
+
+
+def test_a_new_kernel_opens_the_default_store_the_last_one_wrote(
+        shell, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a crash, a new kernel's %ckpt_list, %ckpt_rollback, %ckpt_ui and %ckpt_status
+    said "no store to list: ... run %ckpt_auto first" of the store the cells wrote."""
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "exp.ipynb"))
+    magics = shell.magics_manager.registry["CkptMagics"]
+    store = Path("runs") / "exp"  # (as root_dir names it: from the working directory)
+    shell.run_cell(SMALL, store_history=False)
+    try:
+        assert shell.run_cell("%config CkptMagics.root_dir = 'runs'").success
+        assert usage_error(shell, "%ckpt_list") == (
+            "%ckpt_list: no store to list (no %ckpt_auto or %%ckpt_auto cell has run in this "
+            f"kernel, and there is no checkpoint store at {store}, the default one): "
+            "%ckpt_list DIR")
+        assert shell.run_cell(f"%%ckpt_auto\n{STEP}", store_history=False).success
+        saved = shell.user_ns["model"].weight.detach().clone()
+        shell.run_cell("import torch\nwith torch.no_grad(): model.weight.zero_()")
+        monkeypatch.setattr(ckpt_nb._session, "_last", None)  # (a new kernel)
+        monkeypatch.setattr(ckpt_nb._session, "_positions", {})
+        capsys.readouterr()
+        table = shell.run_cell("%ckpt_list", store_history=False).result
+        assert len(table) == 1
+        said = f"ckpt_nb: no session in this kernel: %ckpt_list opens the default store, {store}\n"
+        assert capsys.readouterr().out.startswith(said)
+        assert shell.run_cell("%ckpt_rollback latest", store_history=False).success
+        assert capsys.readouterr().out.startswith(said.replace("ckpt_list", "ckpt_rollback"))
+        assert bool((shell.user_ns["model"].weight == saved).all())
+        assert shell.run_cell("%ckpt_ui", store_history=False).result is not None
+        assert capsys.readouterr().out.startswith(said.replace("ckpt_list", "ckpt_ui"))
+        assert shell.run_cell("%ckpt_status", store_history=False).success
+        assert f"; the default store, {store}, is what %ckpt_list" in capsys.readouterr().out
+    finally:
+        shell.config.pop("CkptMagics", None)
+        magics.root_dir = "checkpoints"
