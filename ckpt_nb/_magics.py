@@ -22,7 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.utils.process import arg_split
-from traitlets import Bool, Int, TraitError, Unicode, validate
+from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 
 from . import _session as session_mod
 from ._errors import RANK_BY_ANOTHER, CaptureError, CkptError, warnings_worded
@@ -60,6 +60,13 @@ class CkptMagics(Magics):
                              "captured, in MiB: 0 or more, not "
                              f"{proposal['value']!r}")
         return proposal["value"]
+
+    @observe("max_variable_mb")
+    def _cap_set(self, change: Any) -> None:
+        """A cap set while the line form runs is the session's from its next cell (its
+        skip message says to set it): the session took the cap in bytes as it started."""
+        if self._line_session is not None:
+            self._line_session.config.max_variable_bytes = change["new"] << 20
 
     @validate("default_dir")
     def _default_dir(self, proposal: Any) -> str:

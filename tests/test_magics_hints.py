@@ -137,3 +137,23 @@ def test_a_new_kernel_opens_the_default_store_the_last_one_wrote(
     finally:
         shell.config.pop("CkptMagics", None)
         magics.root_dir = "checkpoints"
+
+
+def test_a_cap_set_while_the_line_form_runs_takes_the_variable(
+        shell, tmp_path: Path, capsys) -> None:
+    """The skip message's %config CkptMagics.max_variable_mb = N did nothing to the line
+    form running until %ckpt_auto was run again: it took the cap as it started."""
+    magics = shell.magics_manager.registry["CkptMagics"]
+    shell.run_cell(SMALL + "import numpy as np\nbig = np.zeros((2 << 20) // 8 + 1)")
+    try:
+        assert shell.run_cell("%config CkptMagics.max_variable_mb = 1").success
+        assert shell.run_cell(f"%ckpt_auto --dir {tmp_path / 'line'}").success
+        said = capsys.readouterr().out
+        assert "%config CkptMagics.max_variable_mb = 3 takes it" in said
+        assert shell.run_cell("%config CkptMagics.max_variable_mb = 3").success
+        assert shell.run_cell(STEP).success
+        assert "big" in ckpt_nb.status()["variables"]
+    finally:
+        shell.run_cell("%ckpt_auto --off")
+        shell.config.pop("CkptMagics", None)
+        magics.max_variable_mb = 100
