@@ -613,11 +613,13 @@ def _is_stateful(value: Any) -> bool:
 
 
 def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
-             max_variable_bytes: int = 100 << 20, code: str | None = None) -> Discovery:
+             max_variable_bytes: int = 100 << 20, code: str | None = None,
+             magic: bool = False) -> Discovery:
     """Sort a namespace (``track`` names, if given, else everything public). ``code``:
     the code that runs (a cell's), where known: a DataLoader it passes to ``batches()``
     is not told to be wrapped in it, and one it passes to a later loop alone is told
-    that its state is not restored (``_batches_loops``)."""
+    that its state is not restored (``_batches_loops``). ``magic``: the session is a
+    magic's, whose cap is set by ``%config``, not ``auto()``'s ``max_variable_bytes=``."""
     found = Discovery()
     names = track if track is not None else [
         n for n in namespace if not n.startswith("_") and n not in _HIDDEN]
@@ -657,15 +659,36 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
             except _Unsupported as exc:
                 found.skipped[name] = str(exc)
                 continue
-            if size > max_variable_bytes:  # (and the cap that takes it: size in MiB, up)
-                found.skipped[name] = (f"{size / 2**20:,.1f} MiB, over the "
-                                       f"{max_variable_bytes / 2**20:,.0f} MiB cap: %config "
-                                       f"CkptMagics.max_variable_mb = {-(-size // 2**20)} "
-                                       "takes it (max_variable_bytes= in auto())")
+            if size > max_variable_bytes:
+                found.skipped[name] = _over_the_cap(size, max_variable_bytes, magic)
             else:
                 found.variables[name] = value
     _drop_contained_modules(found.statefuls)
     return found
+
+
+def _over_the_cap(size: int, cap: int, magic: bool) -> str:
+    """Why a variable of ``size`` bytes is skipped, and the setting that takes it (its
+    size in MiB, rounded up), in the words of the front end that made the session: "just
+    over" where its size, as shown, is the cap's (100.0 MiB over a 100 MiB cap)."""
+    unit = _unit(size)[0]
+    just = "just " if round(size / unit, 1) <= cap / unit else ""
+    mib = -(-size // 2**20)
+    setting = f"%config CkptMagics.max_variable_mb = {mib}" if magic \
+        else f"max_variable_bytes={mib} << 20"
+    return f"{_amount(size)}, {just}over the {_amount(cap)} cap: {setting} takes it"
+
+
+def _unit(size: int) -> tuple[int, str]:
+    """The largest of MiB, KiB and bytes that ``size`` bytes hold one of."""
+    return next((unit, name) for unit, name in ((2**20, "MiB"), (2**10, "KiB"), (1, "bytes"))
+                if size >= unit or unit == 1)
+
+
+def _amount(size: int) -> str:
+    """``size`` bytes in its unit: 2.4 MiB, 100 MiB, 512 KiB, 3 bytes."""
+    unit, name = _unit(size)
+    return f"{size / unit:,.1f} {name}" if size % unit else f"{size // unit:,} {name}"
 
 
 def _on_meta(module: torch.nn.Module) -> bool:

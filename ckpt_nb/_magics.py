@@ -203,7 +203,7 @@ class CkptMagics(Magics):
             strategy=args.strategy,
             track=[n.strip() for n in args.track.split(",") if n.strip()] if args.track else None,
             resume=not args.no_resume, sync=args.sync or self.sync,
-            max_variable_bytes=self.max_variable_mb << 20)
+            max_variable_bytes=self.max_variable_mb << 20, magic=True)
 
     def _start(self, config: AutoConfig, *, nested: bool) -> session_mod.AutoSession:
         """Start a session; a store that cannot be opened (a --dir that is a file, say)

@@ -145,6 +145,7 @@ class AutoConfig:
     resume: bool = True
     sync: bool = False
     max_variable_bytes: int = 100 << 20
+    magic: bool = False  # (made by %ckpt_auto: its messages name %config, not auto()'s keywords)
 
     @classmethod
     def from_keywords(cls, directory: Any, options: dict[str, Any]) -> AutoConfig:
@@ -158,7 +159,7 @@ class AutoConfig:
                 raise ValueError("every (--every) and every_seconds (--every-seconds) say the "
                                  "same: give one of them")
             options["every_seconds"] = every
-        fields = [f.name for f in dataclasses.fields(cls) if f.name != "directory"]
+        fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("directory", "magic")]
         for name in options:
             if name not in fields:
                 valid = ["directory", "namespace", "name", "every", *fields]
@@ -1090,7 +1091,7 @@ class AutoSession:
         form's): what it skips a save does not name again."""
         self.discovery = discover(self.namespace, track=self.config.track,
                                   max_variable_bytes=self.config.max_variable_bytes,
-                                  code=self._code)
+                                  code=self._code, magic=self.config.magic)
         if not self._sorted:
             self._sorted = True
             self._told_skipped.update(self.discovery.skipped.items())
@@ -3139,7 +3140,7 @@ def _session_for(directory: str | os.PathLike[str] | None,
         # Another store's own settings, not the last session's: its --on ranked a "best"
         # of this store by a metric it never had, and its --track left out what this
         # store's checkpoints hold.
-        config = AutoConfig(directory=os.fspath(directory),
+        config = AutoConfig(directory=os.fspath(directory), magic=config.magic,
                             max_variable_bytes=config.max_variable_bytes) if another_store \
             else dataclasses.replace(config, directory=os.fspath(directory))
     temporary = AutoSession(config, namespace if namespace is not None else last_namespace)

@@ -157,3 +157,35 @@ def test_a_cap_set_while_the_line_form_runs_takes_the_variable(
         shell.run_cell("%ckpt_auto --off")
         shell.config.pop("CkptMagics", None)
         magics.max_variable_mb = 100
+
+
+def test_auto_says_the_cap_in_its_own_keyword(tmp_path: Path, capsys) -> None:
+    """auto() was told %config CkptMagics.max_variable_mb = 3, which it cannot paste, and
+    a cap under 1 MiB was "the 0 MiB cap"."""
+    import numpy as np
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    big = np.zeros(int(2.4 * 2**20) // 8)
+    for cap, said in ((2 << 20, "big (2.4 MiB, over the 2 MiB cap: max_variable_bytes=3 << 20 "
+                                "takes it)"),
+                      (3, "big (2.4 MiB, over the 3 bytes cap: max_variable_bytes=3 << 20 "
+                          "takes it)"),
+                      (1536, "big (2.4 MiB, over the 1.5 KiB cap: max_variable_bytes=3 << 20 "
+                             "takes it)")):
+        with ckpt_nb.auto(str(tmp_path / "runs"), namespace={"model": model, "big": big},
+                          max_variable_bytes=cap):
+            pass
+        assert said in capsys.readouterr().out
+    with pytest.raises(TypeError, match="unexpected keyword argument 'magic'"):
+        with ckpt_nb.auto(str(tmp_path / "runs"), namespace={}, magic=True):
+            pass
+
+
+def test_a_variable_just_over_the_cap_is_said_to_be(shell, tmp_path: Path, capsys) -> None:
+    """100 MiB and 8 bytes was "100.0 MiB, over the 100 MiB cap"."""
+    shell.run_cell(SMALL + "import numpy as np\nbig = np.zeros((100 << 20) // 8 + 1)")
+    assert shell.run_cell(f"%%ckpt_auto --dir {tmp_path}\n{STEP}").success
+    assert ("big (100.0 MiB, just over the 100 MiB cap: %config CkptMagics.max_variable_mb = "
+            "101 takes it)") in capsys.readouterr().out
+
