@@ -77,7 +77,9 @@ class _Unsupported(Exception):
 
 def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
     """Bytes a plain value would take; raises _Unsupported for anything else. A frame
-    over ``limit`` bytes (the caller's cap: skipped anyway) is not checked further."""
+    over ``limit`` bytes (the caller's cap) is checked by its first rows alone: a cap
+    is said to take it only where no column of those fails (its whole round trip, as
+    long as a save, is made once a cap takes it)."""
     if depth > _MAX_DEPTH:
         raise _Unsupported("nested too deeply")
     # Exact types: a subclass (an IntEnum, a namedtuple) would be pickled, or come back
@@ -114,7 +116,9 @@ def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
     if _is_frame(value):
         size = int(value.memory_usage(deep=True).sum()) if hasattr(value, "columns") \
             else int(value.memory_usage(deep=True))
-        if (limit is None or size <= limit) and (problem := _frame_problem(value)) is not None:
+        problem = _frame_problem(value) if limit is None or size <= limit \
+            else _problem_of(value.iloc[:_FRAME_SAMPLE_ROWS])
+        if problem is not None:
             raise _Unsupported(problem)
         return size
     if type(value) is torch.Size:
@@ -127,6 +131,9 @@ def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
         return sum(plain_size(v, depth + 1, limit) for v in value.values()) + 16 * len(value)
     raise _Unsupported(type(value).__name__)
 
+
+# The rows of a frame over the cap whose round trip says whether a cap could take it.
+_FRAME_SAMPLE_ROWS = 1000
 
 # The last verdict on each frame discovery met (by id: it holds a weak reference, to
 # tell a later frame at the same address), for as long as its columns are the same.

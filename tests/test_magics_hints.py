@@ -189,3 +189,19 @@ def test_a_variable_just_over_the_cap_is_said_to_be(shell, tmp_path: Path, capsy
     assert ("big (100.0 MiB, just over the 100 MiB cap: %config CkptMagics.max_variable_mb = "
             "101 takes it)") in capsys.readouterr().out
 
+
+def test_no_cap_is_offered_for_a_frame_no_cap_takes(shell, tmp_path: Path, capsys) -> None:
+    """A frame over the cap was offered the cap that takes it though a column of it
+    would not come back as saved, which a bigger cap then said."""
+    magics = shell.magics_manager.registry["CkptMagics"]
+    shell.run_cell(SMALL + "import pandas as pd\nC = type('C', (), {})\n"
+                   "df = pd.DataFrame({'a': range(100_000), 'o': [C()] * 100_000})")
+    try:
+        assert shell.run_cell("%config CkptMagics.max_variable_mb = 1").success
+        assert shell.run_cell(f"%%ckpt_auto --dir {tmp_path}\n{STEP}").success
+        said = capsys.readouterr().out
+        assert "skipped df (its column 'o' (object) would not come back as saved" in said
+        assert "takes it" not in said
+    finally:
+        shell.config.pop("CkptMagics", None)
+        magics.max_variable_mb = 100
