@@ -73,7 +73,8 @@ class CkptMagics(Magics):
         """A blank one would name a folder of spaces; "" is the default store."""
         if proposal["value"] and not proposal["value"].strip():
             raise TraitError("CkptMagics.default_dir is blank: give a directory, or \"\" for "
-                             "the default (./checkpoints/<notebook name>)")
+                             "the default (<CkptMagics.root_dir>/<notebook name>: "
+                             "./checkpoints/<notebook name> unless root_dir is set)")
         return proposal["value"]
 
     @validate("root_dir")

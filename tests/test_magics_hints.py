@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from traitlets import TraitError
 
 import ckpt_nb
 
@@ -205,3 +206,14 @@ def test_no_cap_is_offered_for_a_frame_no_cap_takes(shell, tmp_path: Path, capsy
     finally:
         shell.config.pop("CkptMagics", None)
         magics.max_variable_mb = 100
+
+
+
+def test_a_blank_default_dir_names_root_dir_as_the_default(shell) -> None:
+    """It said the default is ./checkpoints/<notebook name>, which root_dir changes."""
+    magics = shell.magics_manager.registry["CkptMagics"]
+    with pytest.raises(TraitError) as refused:
+        magics.default_dir = "  "
+    assert str(refused.value).endswith(
+        "the default (<CkptMagics.root_dir>/<notebook name>: ./checkpoints/<notebook name> "
+        "unless root_dir is set)")
