@@ -87,8 +87,9 @@ class CkptMagics(Magics):
         return proposal["value"]
 
     def __init__(self, shell: Any) -> None:
-        super().__init__(shell)
+        # (before the config is loaded: a max_variable_mb set in it calls _cap_set)
         self._line_session: session_mod.AutoSession | None = None
+        super().__init__(shell)
         self._cell_id: str | None = None  # the running cell's, where the front end sends it
 
     def note_cell(self, info: Any) -> None:

@@ -217,3 +217,19 @@ def test_a_blank_default_dir_names_root_dir_as_the_default(shell) -> None:
     assert str(refused.value).endswith(
         "the default (<CkptMagics.root_dir>/<notebook name>: ./checkpoints/<notebook name> "
         "unless root_dir is set)")
+
+
+def test_a_cap_in_the_config_loads(shell, tmp_path: Path, capsys) -> None:
+    """A max_variable_mb of ipython_config.py (set before the magics are made) failed
+    %load_ext ckpt_nb: its observer looked for a line form not made yet."""
+    shell.run_cell("%unload_ext ckpt_nb")
+    shell.config.CkptMagics.max_variable_mb = 1
+    try:
+        assert shell.run_cell("%load_ext ckpt_nb").success
+        assert shell.magics_manager.registry["CkptMagics"].max_variable_mb == 1
+        shell.run_cell(SMALL + "import numpy as np\nbig = np.zeros((2 << 20) // 8 + 1)")
+        assert shell.run_cell(f"%%ckpt_auto --dir {tmp_path}\n{STEP}").success
+        assert "over the 1 MiB cap" in capsys.readouterr().out
+    finally:
+        shell.config.pop("CkptMagics", None)
+        shell.magics_manager.registry["CkptMagics"].max_variable_mb = 100
