@@ -529,7 +529,8 @@ def _stray_words_hint(magic: Any, line: str) -> str:
     if option == "--dir":
         spaced = _unquoted(value) != value and " " in value  # (quoted already: not it)
         paths = "/" in value and any("/" in word for word in words)  # (a second store)
-        if spaced or paths or any(_unquoted(word) != word for word in strays):
+        quotes = any(q in word for word in [str(_unquoted(value)), *strays] for q in "'\"")
+        if spaced or paths or quotes:
             return ""
         path = " ".join([str(_unquoted(value)), *words])
         return f": quote a --dir with spaces, --dir {_quoted(path)}"

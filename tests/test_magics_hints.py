@@ -60,6 +60,7 @@ def test_a_quoted_store_given_bare_is_hinted_as_it_pastes(
     ("%ckpt_auto --track model,opt extra", "extra"),  # (it said --track model,opt,extra)
     ("%ckpt_auto --dir 'my runs' extra", "extra"),  # (it said --dir "my runs extra")
     ("%ckpt_auto --dir runs/a runs/b", "runs/b"),  # (it said --dir "runs/a runs/b")
+    ('%ckpt_auto --dir ""my runs""', 'my runs""'),  # (it said --dir " my runs""")
     ("%ckpt_auto --off runs/o", "runs/o"),  # (its --dir hint was refused: --off takes none)
     ("%ckpt_auto --every 10 m", "m"),
     ("%ckpt_auto --bogus runs/o", "--bogus runs/o"),
