@@ -16,5 +16,8 @@ def human_size(n: int) -> str:
 
 
 def natural_order(name: str) -> list[int | str]:
-    """Sort key putting loss_2 before loss_10."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    """Sort key putting loss_2 before loss_10. Numbers are runs of decimal digits, of any
+    script ('٣'), all of which int() reads; not '²', a digit to isdigit() that int()
+    refuses."""
+    parts = re.split(r"(\d+)", name)
+    return [int(part) if part.isdecimal() else part for part in parts]
