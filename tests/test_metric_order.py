@@ -3,12 +3,16 @@ loss_10), the same from run to run, and for any name a metric may have."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from ckpt_nb import CheckpointManager, CheckpointNotFoundError
+from ckpt_nb._errors import metrics_logged
 from ckpt_nb._units import natural_order
 from ckpt_nb.cli import main
 
@@ -16,6 +20,21 @@ from ckpt_nb.cli import main
 def saved(directory: Path, metrics: dict[str, float]) -> str:
     with CheckpointManager(directory) as mgr:
         return mgr.save(torch.nn.Linear(2, 2), rng=False, metrics=metrics)
+
+
+def test_names_equal_but_for_leading_zeros_keep_one_order() -> None:
+    """loss_2 and loss_02 tie on their numbers: they came in the order of the set they
+    were taken from, which changes with PYTHONHASHSEED."""
+    names = ["loss_2", "loss_02", "acc_1", "acc_01"]
+    assert sorted(names, key=natural_order) == sorted(reversed(names), key=natural_order) \
+        == ["acc_01", "acc_1", "loss_02", "loss_2"]
+    code = ("from ckpt_nb._errors import metrics_logged; "
+            f"print(metrics_logged({names!r}))")
+    said = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
+                           ).stdout for seed in range(8)}
+    assert said == {"the metrics logged are: acc_01, acc_1, loss_02, loss_2\n"}
+    assert metrics_logged(names) == said.pop().rstrip("\n")
 
 
 def test_numbers_are_decimal_digits_of_any_script_and_not_superscripts(
