@@ -56,6 +56,7 @@ from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
 from ._store import Store, local_root, open_store, young
+from ._units import natural_order
 
 STRATEGIES = ("full", "incremental", "differential")
 # Names that are not keywords for Statefuls: checkpoint fields, and restore()'s options
@@ -1762,7 +1763,8 @@ class CheckpointManager:
 
     # -- inspecting -------------------------------------------------------------------------
     def list(self, *, branch: str | None = None) -> Any:
-        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric;
+        """Every checkpoint as a pandas DataFrame, oldest first, a column per metric (in
+        natural order: loss_2 before loss_10, as the CLI and the refusals name them);
         ``created`` is tz-aware UTC (``.dt.tz_convert(None)`` for naive), so that no reader
         takes it for local time."""
         import pandas as pd
@@ -1771,7 +1773,7 @@ class CheckpointManager:
         rows = self.catalog.checkpoints()
         if branch is not None:
             rows = [r for r in rows if r.branch == branch]
-        names = sorted({m for r in rows for m in r.metrics})
+        names = sorted({m for r in rows for m in r.metrics}, key=natural_order)
         # A metric named like a column (a "step" logged as a metric) is "metric:step"
         # (or "metric:metric:step", where a metric has that name too).
         columns: dict[str, str] = {}

@@ -26,6 +26,7 @@ from ._catalog import store_exists
 from ._errors import CheckpointNotFoundError, MetricNotFoundError
 from ._manager import CheckpointManager
 from ._store import why_no_store
+from ._units import natural_order
 
 StoreLike = str | os.PathLike[str] | CheckpointManager
 P = ParamSpec("P")
@@ -105,10 +106,12 @@ def metric_columns(table: Any) -> list[str]:
 
 
 def _check_metrics(asked: Iterable[str], names: Sequence[str]) -> None:
-    """Refuse metrics the store has not logged, naming those it has."""
+    """Refuse metrics the store has not logged, naming those it has (in natural order, as
+    ``resolve`` and the CLI do, whatever the order of a table given)."""
     unknown = [m for m in asked if m not in names]
     if unknown:
-        logged = f"its metrics are {', '.join(map(repr, names))}" if names else \
+        known = ", ".join(map(repr, sorted(names, key=natural_order)))
+        logged = f"its metrics are {known}" if names else \
             "it has no metrics logged yet (ckpt_nb.log or save(metrics=...))"
         raise MetricNotFoundError(f"no metric {', '.join(map(repr, unknown))} in this store: "
                                   f"{logged}")

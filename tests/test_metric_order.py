@@ -11,15 +11,43 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckpt_nb import CheckpointManager, CheckpointNotFoundError
+import ckpt_nb
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError, MetricNotFoundError
 from ckpt_nb._errors import metrics_logged
 from ckpt_nb._units import natural_order
 from ckpt_nb.cli import main
+
+NATURAL = ["acc", "loss_2", "loss_10"]
 
 
 def saved(directory: Path, metrics: dict[str, float]) -> str:
     with CheckpointManager(directory) as mgr:
         return mgr.save(torch.nn.Linear(2, 2), rng=False, metrics=metrics)
+
+
+def test_list_plots_and_the_explorer_order_metrics_as_resolve_and_the_cli_do(
+        tmp_path: Path) -> None:
+    """resolve() and the CLI said acc, loss_2, loss_10; list()'s columns (so the explorer's
+    table and dropdown) and plot_metrics/plot_compare's refusals said loss_10 first."""
+    saved(tmp_path, {"loss_10": 1.0, "loss_2": 2.0, "acc": 0.5})
+    with CheckpointManager(tmp_path) as mgr:
+        assert list(mgr.list().columns)[-3:] == NATURAL
+        table = mgr.list()
+    said = "its metrics are 'acc', 'loss_2', 'loss_10'"
+    with pytest.raises(MetricNotFoundError, match=said):
+        ckpt_nb.plot_metrics(tmp_path, "nope")
+    with pytest.raises(MetricNotFoundError, match=said):
+        ckpt_nb.plot_compare(tmp_path, ["latest", "latest"], ["nope"])
+    # a table given in another order (the caller's own) is refused in the same words
+    with pytest.raises(MetricNotFoundError, match=said):
+        ckpt_nb.plot_metrics(tmp_path, "nope", table=table[[*table.columns[:-3],
+                                                             "loss_10", "loss_2", "acc"]])
+    ui = ckpt_nb.explore(tmp_path, poll_seconds=0)
+    try:
+        assert [name for _, name in ui.metric.options] == NATURAL
+        assert ui.table.columns[-3:] == NATURAL
+    finally:
+        ui.close()
 
 
 def test_names_equal_but_for_leading_zeros_keep_one_order() -> None:
