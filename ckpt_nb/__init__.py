@@ -58,8 +58,10 @@ def __getattr__(name: str):  # noqa: ANN202 - PEP 562: a public name loads on fi
     except ImportError as exc:
         if module_name not in _NOTEBOOK_EXTRA:
             raise
-        raise ImportError(f"ckpt_nb.{name} needs the notebook extra: "
-                          f"pip install 'ckpt_nb[notebook]' ({exc})") from exc
+        from ._errors import MissingDependencyError  # (light: no torch)
+
+        raise MissingDependencyError(f"ckpt_nb.{name} needs the notebook extra ({exc}): "
+                                     "pip install \"ckpt_nb[notebook]\"") from exc
     value = getattr(module, name)
     globals()[name] = value
     return value

@@ -43,7 +43,7 @@ import torch
 from . import _stdlib_values as stdlib_values
 from ._capture import Unflattener, flatten, storage_bytes, torch_has_dtype, uncompiled_keys
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError, FileFormatError,
-                      UntrustedPickleError, warn)
+                      MissingDependencyError, UntrustedPickleError, warn)
 from ._format import is_int64
 from ._store import _DirectWriter
 
@@ -281,6 +281,22 @@ def check_export_path(path: str | bytes | os.PathLike[Any]) -> None:
         raise FileFormatError(f"cannot export to {path!r}: unknown suffix, use a "
                               ".pt or .safetensors path (or .pth, .bin, .ckpt: torch.save's "
                               "too)")
+    if _suffix(path) == ".safetensors":
+        _safetensors(path)
+
+
+def _safetensors(path: str | os.PathLike[str]) -> types.ModuleType:
+    """The safetensors package, which reads and writes ``path``; not installed (it comes
+    with the ``export`` extra), a refusal saying what to install, not a bare
+    ModuleNotFoundError."""
+    try:
+        import safetensors
+        import safetensors.torch  # noqa: F401 - (what export writes with)
+    except ImportError as exc:
+        raise MissingDependencyError(f"{os.fspath(path)} needs safetensors, which could not "
+                                     f"be imported ({exc}): pip install \"ckpt_nb[export]\""
+                                     ) from exc
+    return safetensors
 
 
 def write_file(ck: Checkpoint, path: str | bytes | os.PathLike[Any], *,
@@ -608,13 +624,12 @@ def _some(names: list[str], shown: int = 5) -> str:
 
 
 def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
-    from safetensors import SafetensorError, safe_open
-
+    safetensors = _safetensors(path)
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safetensors.safe_open(str(path), framework="pt") as f:
             meta = (f.metadata() or {}).get("ckpt_nb")
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except SafetensorError as exc:
+    except safetensors.SafetensorError as exc:
         with open(path, "rb") as f:
             head = f.read(16)
         if _sniffed(head) == "torch":
@@ -672,9 +687,7 @@ def _read_safetensors(path: Path, trust_pickle: bool) -> dict[str, Any]:
 def _safetensors_metadata(path: Path) -> dict[str, str]:
     """A safetensors file's ``__metadata__`` (text by name): another tool's is kept in
     an import's extra, as ``safetensors_metadata``."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
+    with _safetensors(path).safe_open(str(path), framework="pt") as f:
         return dict(f.metadata() or {})
 
 
