@@ -124,7 +124,8 @@ class MissingDependencyError(CkptError, ImportError):
     """A package that what was asked needs is not installed, named with what to install:
     s3fs for an s3:// store (``pip install "ckpt_nb[s3]"``), safetensors for a
     .safetensors file (``"ckpt_nb[export]"``), the plots' and the explorer's packages
-    (``"ckpt_nb[notebook]"``)."""
+    (``"ckpt_nb[notebook]"``); another fsspec URL's file system (gcsfs for gs://, adlfs
+    for az:// and abfs://, paramiko for sftp://), in fsspec's words."""
 
 
 # How the call in progress in this thread words ckpt_nb's warnings: a magic gives the

@@ -6,6 +6,7 @@ without the notebook extra."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,35 @@ def test_the_plots_without_matplotlib_name_the_notebook_extra() -> None:
     assert done.stdout == ("MissingDependencyError True ckpt_nb.plot_metrics needs the "
                            "notebook extra (import of matplotlib halted; None in "
                            "sys.modules): pip install \"ckpt_nb[notebook]\"\n"), done.stderr
+
+
+# Each fsspec URL whose file system's package is not installed (hidden, as above): what
+# fsspec says of it, which the error passes on.
+FILE_SYSTEMS = {"gs://bucket/runs": "gcsfs", "az://container/runs": "adlfs",
+                "abfs://container/runs": "adlfs", "sftp://host/runs": "paramiko"}
+WITHOUT_FILE_SYSTEMS = f"""
+import sys
+for package in {sorted(set(FILE_SYSTEMS.values()))!r}:
+    sys.modules[package] = None
+import ckpt_nb
+for url in {list(FILE_SYSTEMS)!r}:
+    try:
+        ckpt_nb.CheckpointManager(url)
+    except ImportError as exc:
+        print(type(exc).__name__, isinstance(exc, ckpt_nb.CkptError), exc)
+"""
+
+
+def test_the_readme_says_which_stores_need_a_package_and_they_do() -> None:
+    """The README's error tree gave MissingDependencyError for s3fs alone; gs://, az://,
+    abfs:// and sftp:// stores raise it too, in fsspec's words."""
+    said = run(WITHOUT_FILE_SYSTEMS).stdout.splitlines()
+    assert [line.split(" ", 3)[:3] for line in said] == [
+        ["MissingDependencyError", "True", f"{url}:"] for url in FILE_SYSTEMS]
+    assert all(package in line for line, package in zip(said, FILE_SYSTEMS.values()))
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    tree = readme.split("└── MissingDependencyError", 1)[1].split("```", 1)[0]
+    entry = " ".join(tree.split())
+    for url, package in FILE_SYSTEMS.items():
+        protocol = url.split("//")[0] + "//"
+        assert re.search(rf"{package} for [^(;]*{protocol}", entry), (protocol, entry)
