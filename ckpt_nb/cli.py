@@ -177,6 +177,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser, commands = _parser()
     argv = _command_first(argv, commands)
     if argv and argv[0] in commands:
+        options = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+        if argv[0] == "gc" and any(o.partition("=")[0] in ("--metric", "--mode")
+                                   for o in options):  # (not "unrecognized: --metric=x")
+            commands["gc"].error("gc takes no --metric/--mode (they rank best; gc ranks "
+                                 "nothing)")
         return commands[argv[0]].parse_intermixed_args(argv[1:])
     return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
 
