@@ -854,10 +854,12 @@ class FsspecStore(Store):
 
     @contextlib.contextmanager
     def _asking(self, what: str, path: str | None = None) -> Iterator[None]:
-        """Ask the backend, fresh: its own errors become StoreErrors."""
-        if path is not None:
-            self.fs.invalidate_cache(path)
+        """Ask the backend, fresh: its own errors become StoreErrors, those of dropping
+        what it cached of ``path`` too (hf:// asks its server there: offline, its
+        ConnectError went out raw, a traceback from ``ckpt-nb ls``)."""
         try:
+            if path is not None:
+                self.fs.invalidate_cache(path)
             yield
         except (FileNotFoundError, StoreError):
             raise
@@ -1038,10 +1040,12 @@ _DENIED = re.compile(r"Forbidden|AccessDenied|InvalidAccessKeyId|SignatureDoesNo
 # Denied"), not of who they are: in a write, by credentials that may only read.
 _WRITE_DENIED = re.compile(r"Access ?Denied|Forbidden")
 # A server not reached: refused, not answering, or a name that does not resolve
-# (botocore's words, and aiohttp's).
+# (botocore's words, aiohttp's, and the resolver's: glibc's, macOS's, Windows').
 _UNREACHABLE = re.compile(r"Could not connect to the endpoint URL|Connect timeout on endpoint|"
                           r"Read timeout on endpoint|Cannot connect to host|"
-                          r"Connection refused|Connection was closed before")
+                          r"Connection refused|Connection was closed before|"
+                          r"Name or service not known|Temporary failure in name resolution|"
+                          r"nodename nor servname provided|getaddrinfo failed")
 # An object in an archive's storage class (S3's GLACIER, DEEP_ARCHIVE), which is not read
 # until restored from it: S3's error code, and its words (s3fs calls it a PermissionError).
 _ARCHIVED = re.compile(r"InvalidObjectState|not valid for the object's storage class")
