@@ -23,26 +23,52 @@ def test_no_cell_keeps_metadata_but_its_tags() -> None:
     assert not kept
 
 
+def refresh_command() -> list[str]:
+    """The README's command that stores a notebook's new outputs, but the notebook."""
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"`\.venv/bin/(jupyter nbconvert [^`]*?)\s+notebooks/NAME\.ipynb`",
+                      readme)
+    assert found is not None, "the README's refresh command is not where it was"
+    words = shlex.split(found.group(1))
+    return [str(Path(sys.executable).parent / "jupyter"), *words[1:]]
+
+
 def test_the_readmes_refresh_command_clears_what_a_cell_kept_but_its_tags(
         tmp_path: Path) -> None:
     """The README's command kept timings out of the cells it ran, but left those already
-    there (the diff-values cell's). Run here without --execute: what it leaves of the
-    metadata, not the outputs, is what is tested."""
-    readme = (ROOT / "README.md").read_text()
-    found = re.search(r"`\.venv/bin/(jupyter nbconvert [^`]*?) notebooks/NAME\.ipynb`",
-                      readme)
-    assert found is not None, "the README's refresh command is not where it was"
-    words = [w for w in shlex.split(found.group(1)) if w != "--execute"]
+    there (the diff-values cell's), and a session's widget state in the notebook's
+    metadata. Run here without --execute: what it leaves of the metadata, not the
+    outputs, is what is tested."""
     notebook = json.loads(NOTEBOOKS[0].read_text())
     notebook["cells"][1]["metadata"] = {"execution": {"iopub.status.busy": "2026-01-01"},
                                         "tags": ["nbval-ignore-output"], "scrolled": True}
+    kept = dict(notebook["metadata"])
+    notebook["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+        "state": {}, "version_major": 2, "version_minor": 0}}
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(notebook))
-    subprocess.run([str(Path(sys.executable).parent / "jupyter"), *words[1:], str(path)],
+    subprocess.run([w for w in refresh_command() if w != "--execute"] + [str(path)],
                    check=True, capture_output=True, timeout=300)
     refreshed = json.loads(path.read_text())
     assert refreshed["cells"][1]["metadata"] == {"tags": ["nbval-ignore-output"]}
-    assert refreshed["metadata"] == notebook["metadata"]  # (its kernel, its language)
+    assert refreshed["metadata"] == kept  # (its kernel, its language)
+
+
+def test_the_readmes_refresh_command_stores_a_cells_printed_lines_as_one_output(
+        tmp_path: Path) -> None:
+    """Lines a cell printed came as one output or several, as the kernel flushed them:
+    a run stored other outputs than the last, with nothing changed."""
+    code = "import time\nprint('a', flush=True)\ntime.sleep(0.5)\nprint('b', flush=True)"
+    notebook = json.loads(NOTEBOOKS[0].read_text())
+    notebook["cells"] = [{"cell_type": "code", "execution_count": None, "id": "printing",
+                          "metadata": {}, "outputs": [], "source": code}]
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(notebook))
+    subprocess.run([*refresh_command(), str(path)], check=True, capture_output=True,
+                   timeout=300, cwd=tmp_path)
+    (cell,) = json.loads(path.read_text())["cells"]
+    assert cell["outputs"] == [{"name": "stdout", "output_type": "stream",
+                                "text": ["a\n", "b\n"]}]
 
 
 def test_the_storage_tutorial_gives_sizes_against_torch_save_as_the_readme_does() -> None:
