@@ -2378,7 +2378,9 @@ class AutoSession:
         """The epoch's first loader is tracked (outside epochs(), the cell run's first
         loop): its position is the one saved, and skipped on resume. A later one
         (validation, say) is a plain enumeration: a position does not say which loader it
-        is in, and a resume would take it for the first's (``_untracked_loop``)."""
+        is in, and a resume would take it for the first's. Its saves say so: a rerun
+        after a stop there resumes from the run's newest checkpoint saved before it
+        began."""
         if (data_loader := _data_loader(loader)) is not None:  # (a loader the code names
             # is warned of as the cell starts: discover())
             warn_persistent_workers(data_loader, next(
@@ -2512,7 +2514,7 @@ class AutoSession:
         and retention rank by its own, a save on another thread meanwhile too). One that
         would restore nothing is refused, and the kernel's position stays. A Ctrl-C
         while it reads changes nothing; one while it puts the state in is taken once that
-        is done (``RestoreInterrupts``)."""
+        is done, saying the rollback finished."""
         with RestoreInterrupts("rollback") as interrupts:
             return self._rollback(which, on, interrupts)
 
@@ -3060,7 +3062,7 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     metric to rank by; the store's record is left as it is. A Ctrl-C while the store is
     opened (a temporary session's) changes nothing, as one while the checkpoint is read,
     and says so; one while a temporary session closes after the state went back is taken
-    once it is closed, saying the rollback finished (``RestoreInterrupts``)."""
+    once it is closed, saying the rollback finished."""
     ranking = _rollback_ranking(which, on)
     with RestoreInterrupts("rollback") as interrupts, _session_for(directory, namespace) \
             as session, warnings_worded(*_RANK_BY_ANOTHER):

@@ -16,11 +16,6 @@ import ckpt_nb
 
 pytest.importorskip("matplotlib")  # (the plots' and the explorer's: the notebook extra)
 
-# Docstrings a change elsewhere rewords (the session's: rollback's RestoreInterrupts,
-# AutoSession.batches' _untracked_loop): not checked here meanwhile.
-ELSEWHERE = frozenset({"ckpt_nb._session"})
-
-
 def private_names() -> set[str]:
     """The names ckpt_nb's modules define (classes, constants) outside ``__all__``."""
     names = set()
@@ -48,9 +43,6 @@ def test_public_docstrings_name_nothing_private() -> None:
     private = private_names()
     named = {}
     for where, value in public_docs():
-        function = value.fget if isinstance(value, property) else value
-        if getattr(function, "__module__", None) in ELSEWHERE:
-            continue
         said = re.findall(r"``([A-Za-z_]\w*)(?:\(\))?``", inspect.getdoc(value) or "")
         bad = sorted({n for n in said if n.startswith("_") and not n.endswith("__")
                       or n in private and n[0].isupper()})
