@@ -3056,8 +3056,9 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
              on: tuple[str, str] | str | None = None) -> str:
     """Restore tracked objects and variables to a checkpoint, in place; the next save
     is its child. Uses the active session, else ``directory`` (default: the store of
-    the last session in this process) and ``namespace`` (default: that session's).
-    ``on`` ranks "best" for this rollback alone, as ``auto(on=...)`` takes it
+    the last session in this process) and ``namespace`` (default: that session's;
+    where none ran, a TypeError asks for it). ``on`` ranks "best" for this rollback
+    alone, as ``auto(on=...)`` takes it
     (``("val_loss", "min")`` or ``"val_loss:min"``): a store saved without one records no
     metric to rank by; the store's record is left as it is. A Ctrl-C while the store is
     opened (a temporary session's) changes nothing, as one while the checkpoint is read,
@@ -3125,7 +3126,12 @@ def _session_for(directory: str | os.PathLike[str] | None,
             and namespace in (None, session.namespace):
         yield session
         return
-    if _last is None and (directory is None or namespace is None):
+    if _last is None and directory is not None and namespace is None:
+        # (a caller's globals() are not guessed: a helper's module is not the notebook)
+        raise TypeError("namespace= is missing: no ckpt_nb session has run in this process "
+                        "to take it from; pass namespace=globals() (the namespace to put the "
+                        "checkpoint's objects back into)")
+    if _last is None and directory is None:
         raise CheckpointNotFoundError(
             "nothing to roll back: no ckpt_nb session has run in this process; run a "
             "ckpt_nb.auto() block first, or pass directory= and namespace= (the store's "
