@@ -1614,6 +1614,10 @@ class AutoSession:
 
         def write() -> str:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
+            if exact_taken is None and (exact := self._newest_exact()) is not None:
+                # (what a rerun after a stop in this later loop resumes from: kept while
+                # the run goes on, whatever --keep says; the saves before are written)
+                self.manager.named = {*self.manager.named, exact}
             cid = self.manager.save_state(state, **fields)
             self._written.setdefault(run["run"], set()).add(cid)  # (_path_to's)
             if exact_taken is not None:
@@ -2278,10 +2282,19 @@ class AutoSession:
             if exact is None:
                 self._leave_pending(why, go_on=False)
                 return None
+            # (both kept while this run goes on, whatever --keep says: its own saves
+            # deleted the stop's, which the stop said a rollback takes back)
+            self.manager.named = {*self.manager.named, later.id, exact.checkpoint.id}
+            rollback = f"`%ckpt_rollback {later.id}`" if _in_ipython() else \
+                f"`ckpt_nb.rollback({later.id!r}, directory=" \
+                f"{self.config.directory or location(self.manager.store)!r}, " \
+                "namespace=globals())` before the block"
             self.say(f"checkpoint {later.id} (step {later.step}) holds an unfinished run of "
                      f"this cell that it cannot resume from: {why}; resuming from "
                      f"{exact.checkpoint.id}, the run's newest checkpoint saved before its "
-                     "later loop began (an exact position)")
+                     f"later loop began (an exact position). {rollback} puts back the state "
+                     "it stopped with instead (its loops then start over on it): both "
+                     "checkpoints are kept while this run goes on")
             self._pending = exact
         pending, self._pending = self._pending, None
         if pending is None:
