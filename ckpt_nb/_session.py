@@ -1483,7 +1483,7 @@ class AutoSession:
             return
         # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
         resumable = self.cell_hash is not None and self.loop.untracked is None and (
-            self.loop.epoch is not None or self.loop.in_batches)
+            self.loop.epoch is not None or self.loop.in_batches) and self.config.resume
         if cid is None:  # (the save failed, said: an older checkpoint does not hold it)
             latest = self._position
             if latest is None:
@@ -1503,7 +1503,15 @@ class AutoSession:
 
     def _rerun_after_stop(self, cid: str) -> str:
         """What running the cell again does after a stop saved as ``cid`` at a position
-        no rerun can go on from, the same in this kernel and a new one (``_resume_now``)."""
+        no rerun can go on from (or with --no-resume, which resumes none), the same in this
+        kernel and a new one (``_resume_now``)."""
+        start_over = ("its loops from their start on the objects as they are (in this "
+                      f"kernel, trained to step {self.step}, its steps counted on; in a new "
+                      f"one, as the set-up cell makes them; %ckpt_rollback {cid} puts this "
+                      "state back first)")
+        if not self.config.resume:
+            return (f"and with --no-resume (resume=False) running the cell again runs "
+                    f"{start_over}; without it, it would resume the run")
         run = self._run_record(cid) or {}
         exact = self._exact_ancestor(cid, run["run"]) \
             if self.cell_hash is not None and self.loop.untracked is not None \
@@ -1516,12 +1524,11 @@ class AutoSession:
                     "newest saved before that loop began, in this kernel as in a new one")
         how = "loop with `for epoch in ckpt_nb.epochs(N)`" \
             if self.cell_hash is not None and self.loop.untracked is not None else \
-            "loop with ckpt_nb.epochs()/batches() in a %%ckpt_auto cell"
-        return ("not a position to resume: running the cell again runs its loops from their "
-                f"start on the objects as they are (in this kernel, trained to step "
-                f"{self.step}, its steps counted on; in a new one, as the set-up cell makes "
-                f"them; %ckpt_rollback {cid} puts this state back first). To resume where it "
-                f"stopped, {how}")
+            "loop with ckpt_nb.epochs()/batches()" if self.cell_hash is not None else \
+            "loop with ckpt_nb.epochs()/batches() in a %%ckpt_auto cell or a ckpt_nb.auto() " \
+            "block"  # (the line form's: a cell or a block of its own)
+        return (f"not a position to resume: running the cell again runs {start_over}. To "
+                f"resume where it stopped, {how}")
 
     _PUT_OFF_AFTER = 2.0  # s a due save waits for the one in flight before it is put off
 

@@ -252,7 +252,8 @@ def test_an_interrupt_where_no_resume_can_follow_says_what_is_true(shell, tmp_pa
         "running the cell again runs its loops from their start on the objects as they are "
         "(in this kernel, trained to step 9, its steps counted on; in a new one, as the "
         f"set-up cell makes them; %ckpt_rollback {cid} puts this state back first). To "
-        "resume where it stopped, loop with ckpt_nb.epochs()/batches() in a %%ckpt_auto cell")
+        "resume where it stopped, loop with ckpt_nb.epochs()/batches()" +
+        (" in a %%ckpt_auto cell or a ckpt_nb.auto() block" if form == "line" else ""))
 
 
 def test_an_interrupt_in_the_loop_helpers_says_to_run_the_cell_again(shell,
