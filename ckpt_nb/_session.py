@@ -1930,8 +1930,6 @@ class AutoSession:
                                            self.discovery, self.namespace):
             warn(f"resuming checkpoint {ck.id}: {notice}", RuntimeWarning)
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
-        if run["cell"] != self.cell_hash:
-            self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         return _Pending(ck, saved)
 
     def _leave_pending(self, why: str, *, go_on: bool = True) -> None:
@@ -2118,12 +2116,27 @@ class AutoSession:
             self._tell_passed_over(*passed_over, None)
         if newest is not None and not newest[1].get("finished") and \
                 not self._ended(newest[1], newest[0]):
-            self.say(f"checkpoint {newest[0]} holds an unfinished run of other code (another "
-                     "cell, or this one before an edit): not resuming it here; "
-                     "to resume it, "
-                     + _rollback_advice(newest[0], self.config.directory
-                                        or location(self.manager.store)))
+            self._tell_other_code(*newest)
         return None
+
+    def _tell_other_code(self, checkpoint_id: str, run: dict[str, Any]) -> None:
+        """Say that ``checkpoint_id`` holds an unfinished run of other code, not resumed
+        here, and the rollback that resumes it: to that checkpoint, or, where it was saved
+        in a later loop (a rollback to it starts the loops over on its state), to the
+        run's exact checkpoint before it (``_exact_ancestor``); none where there is none."""
+        at = checkpoint_id
+        if isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is not None:
+            exact = self._exact_ancestor(checkpoint_id, run["run"]) \
+                if isinstance(run.get("run"), str) else None
+            if exact is None:
+                return  # (no position of that run to resume)
+            at = exact
+        before = "" if at == checkpoint_id else \
+            f" from checkpoint {at}, its newest saved before its later loop began"
+        self.say(f"checkpoint {checkpoint_id} holds an unfinished run of other code (another "
+                 f"cell, or this one before an edit): not resuming it here; to resume it"
+                 f"{before}, " + _rollback_advice(at, self.config.directory
+                                                   or location(self.manager.store)))
 
     def _tell_passed_over(self, checkpoint_id: str, owner: str, found: str | None) -> None:
         """Say that the run of ``checkpoint_id``, which ``owner`` trains now, is not resumed,
@@ -2316,6 +2329,8 @@ class AutoSession:
                 f"{', '.join(map(_live_name, tracked)) or 'nothing'}), and the loop would go "
                 "on from the saved position without their state; define them (or add them "
                 "to --track), or run with --no-resume (auto(resume=False)) not to resume it")
+        if ck.extra[RUN_KEY].get("cell") != self.cell_hash:  # (said once it resumes)
+            self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         changed = self._changed_since(saved)
         since = self._trained_since(ck)
         # (only the very objects the cell left: ones the set-up cell made since go back)

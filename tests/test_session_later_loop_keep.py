@@ -62,3 +62,53 @@ def test_a_rerun_keeps_the_stops_checkpoint_and_names_its_rollback(
     assert f"`%ckpt_rollback {stopped}` puts back the state it stopped with" in out, out
     assert stopped in checkpoints(store)
     assert run(shell, f"%ckpt_rollback {stopped} --dir {store}").success
+
+
+def test_an_edited_cell_is_told_the_rollback_that_resumes_a_later_loops_run(
+        shell, tmp_path: Path, capsys) -> None:
+    """The hint named the stop's checkpoint, saved in the later loop: a rollback to it
+    made the edited cell's loops start over on the stopped state (after 'resuming
+    anyway'). It names the run's exact checkpoint, which the edited cell then resumes."""
+    run(shell, SETUP + INTERRUPT_AT)
+    assert run(shell, passes(tmp_path / "ref", "")).success
+    expected, steps = weights(shell), shell.user_ns["step"]
+
+    run(shell, SETUP + INTERRUPT_AT)
+    (tmp_path / "interrupt-15").write_text("")
+    store = tmp_path / "run"
+    run(shell, passes(store, ""))
+    by_step = {step: cid for cid, step in checkpoints(store).items()}
+    edited = passes(store, "") + "# edited\n"
+    magic, body = edited.split("\n", 1)
+    capsys.readouterr()  # (the edited cell, stopped before its loops: the hint alone)
+    result = run(shell, f"{magic}\nraise SystemError('before the loops')\n{body}")
+    assert isinstance(result.error_in_exec, SystemError)
+    out = capsys.readouterr().out
+    assert (f"checkpoint {by_step[16]} holds an unfinished run of other code (another cell, "
+            "or this one before an edit): not resuming it here; to resume it from checkpoint "
+            f"{by_step[7]}, its newest saved before its later loop began, `%ckpt_rollback "
+            f"{by_step[7]}`, then run this cell again") in out, out
+    assert run(shell, f"%ckpt_rollback {by_step[7]} --dir {store}").success
+    capsys.readouterr()
+    assert run(shell, edited).success
+    out = capsys.readouterr().out
+    assert f"this cell changed since checkpoint {by_step[7]} was saved; resuming anyway" in out
+    assert same(weights(shell), expected) and shell.user_ns["step"] == steps
+
+
+def test_an_edited_cell_of_the_same_id_says_only_the_resume_it_makes(
+        shell, tmp_path: Path, capsys) -> None:
+    """JupyterLab (one cell id, edited) said 'changed since <stop>... resuming anyway',
+    then 'cannot resume from <stop>... resuming from <exact>'."""
+    run(shell, SETUP + INTERRUPT_AT)
+    (tmp_path / "interrupt-15").write_text("")
+    store = tmp_path / "run"
+    run(shell, passes(store, ""), cell_id="cell-1")
+    by_step = {step: cid for cid, step in checkpoints(store).items()}
+    capsys.readouterr()
+    assert run(shell, passes(store, "") + "# edited\n", cell_id="cell-1").success
+    out = capsys.readouterr().out
+    assert f"changed since checkpoint {by_step[16]}" not in out, out
+    assert f"resuming from {by_step[7]}" in out
+    assert out.index(f"resuming from {by_step[7]}") < out.index(
+        f"this cell changed since checkpoint {by_step[7]} was saved; resuming anyway")
