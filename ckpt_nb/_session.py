@@ -1932,20 +1932,21 @@ class AutoSession:
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         return _Pending(ck, saved)
 
-    def _leave_pending(self, why: str, *, go_on: bool = True) -> None:
+    def _leave_pending(self, why: str, *, go_on: bool = True, promised: bool = False) -> None:
         """Leave the run found to resume as it is (``why``: what keeps this cell from
         resuming it): say so, unless the kernel's state is its checkpoint's already (a
         rollback to it, or the stop that saved it said so), and keep that checkpoint
         while the cell runs. Retention counts it as this cell's own: under --keep the
         cell's new saves deleted the crashed run's without a word. ``go_on``: whether a
         rollback to it, then this cell, goes on with that run (not where its position is
-        no loop's the cell tracks: run again, its loops start over on that state)."""
+        no loop's the cell tracks: run again, its loops start over on that state);
+        ``promised``: the stop that saved it said a rerun resumes the run (said even so)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
         checkpoint_id = pending.checkpoint.id
         self.manager.named = {*self.manager.named, checkpoint_id}
-        said = _positions.get(self.url) == checkpoint_id
+        said = _positions.get(self.url) == checkpoint_id and not promised
         # (its steps count on from the kernel's position, as a cell's that finds no run)
         self._count_on()
         self._tell_left_unsaved()
@@ -2299,8 +2300,16 @@ class AutoSession:
             rolled_back = _positions.get(self.url) == later.id and \
                 _position_events.get(self.url) == "rollback"
             exact = None if rolled_back else self._exact_before(later)
+            promised = (self._pending.run.loop or {}).get("exact")  # (the stop named it)
+            if exact is None and not rolled_back and isinstance(promised, str) and \
+                    self.manager.catalog.get(promised) is None:
+                why += (f", and checkpoint {promised}, the run's newest saved before that "
+                        "loop began, which its stop said running the cell again resumes "
+                        "from, was deleted since")
+            else:
+                promised = None
             if exact is None:
-                self._leave_pending(why, go_on=False)
+                self._leave_pending(why, go_on=False, promised=promised is not None)
                 return None
             # (both kept while this run goes on, whatever --keep says: its own saves
             # deleted the stop's, which the stop said a rollback takes back)

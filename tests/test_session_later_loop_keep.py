@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import ckpt_nb
 from test_magics import run
 from test_session_loops import INTERRUPT_AT, INTERRUPTED_PASSES, SETUP, checkpoints, same, \
     weights
@@ -112,3 +113,24 @@ def test_an_edited_cell_of_the_same_id_says_only_the_resume_it_makes(
     assert f"resuming from {by_step[7]}" in out
     assert out.index(f"resuming from {by_step[7]}") < out.index(
         f"this cell changed since checkpoint {by_step[7]} was saved; resuming anyway")
+
+
+def test_a_rerun_says_the_checkpoint_its_stop_promised_is_gone(
+        shell, tmp_path: Path, capsys) -> None:
+    """The stop said 'running the cell again resumes from checkpoint X'; X deleted since
+    (ckpt-nb rm), the rerun trained on from the stopped state without a word."""
+    run(shell, SETUP + INTERRUPT_AT)
+    (tmp_path / "interrupt-15").write_text("")
+    store = tmp_path / "run"
+    error = run(shell, passes(store, "")).error_in_exec
+    by_step = {step: cid for cid, step in checkpoints(store).items()}
+    assert f"resumes from checkpoint {by_step[7]} (step 7)" in str(error)
+    ckpt_nb.CheckpointManager(store).delete(by_step[7])
+    capsys.readouterr()
+    assert run(shell, passes(store, "")).success
+    out = capsys.readouterr().out
+    assert f"checkpoint {by_step[16]} holds an unfinished run of this cell (step 16) that it " \
+        "cannot resume: " in out, out
+    assert f"and checkpoint {by_step[7]}, the run's newest saved before that loop began, " \
+        "which its stop said running the cell again resumes from, was deleted since. This " \
+        "cell trains from the objects as they are now" in out, out
