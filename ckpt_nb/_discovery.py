@@ -279,6 +279,16 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
     return None
 
 
+def _guarded_skip_reason(value: Any, loops: Container[str], named: Container[int],
+                         held: Container[int]) -> str | None:
+    """``_skip_reason``, or a short one where reading the value raised: one odd object
+    (a dead ``weakref.proxy``, a ``__getattr__`` raising KeyError) never stops a cell."""
+    try:
+        return _skip_reason(value, loops, named, held)
+    except Exception as exc:  # noqa: BLE001 - whatever an object's attributes raise
+        return f"{type(value).__name__}: not read ({type(exc).__name__} reading it)"
+
+
 def _unheld_draws(dataset: Any, held: Container[int]) -> list[str]:
     """The generators a map-style Dataset without state_dict() holds, as attributes or
     its attributes' (a transform's, a Subset's dataset's), that checkpoints do not: a
@@ -286,10 +296,14 @@ def _unheld_draws(dataset: Any, held: Container[int]) -> list[str]:
     them as they are."""
     found: dict[int, str] = {}
     for attribute, value in getattr(dataset, "__dict__", {}).items():
-        inner = None if isinstance(value, (type, types.ModuleType)) \
-            else getattr(value, "__dict__", None)  # (a module's: the global generators)
-        for place, rng in [(attribute, value), *((f"{attribute}.{a}", v) for a, v
-                                                 in (inner or {}).items())]:
+        try:
+            inner = None if isinstance(value, (type, types.ModuleType)) \
+                else getattr(value, "__dict__", None)  # (a module's: the global generators)
+            parts = [(attribute, value), *((f"{attribute}.{a}", v) for a, v
+                                           in (inner or {}).items())]
+        except Exception:  # noqa: BLE001 - a dead weakref.proxy, a __getattr__ raising KeyError
+            continue
+        for place, rng in parts:
             if isinstance(rng, _RANDOM_KINDS) and not isinstance(rng, random.SystemRandom) \
                     and id(rng) not in held:
                 found.setdefault(id(rng), f"{place} ({type(rng).__name__})")
@@ -651,7 +665,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                                    "to_empty() or load it first")
         elif _is_stateful(value):
             found.statefuls[name] = value
-        elif (reason := _skip_reason(
+        elif (reason := _guarded_skip_reason(
                 value, {_EITHER} if loops is None else loops.get(id(value), set()), streams,
                 held)) is not None:
             found.skipped[name] = reason

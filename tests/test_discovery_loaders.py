@@ -4,6 +4,7 @@ is read as Python (comments, aliases and helpers included), in an IPython shell 
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,43 @@ def test_a_dataset_drawing_from_a_generator_no_checkpoint_holds_is_said_so() -> 
         "transform.g", "g")
     plain = torch.utils.data.TensorDataset(torch.randn(4, 3))
     assert discover({"ds": plain}).skipped["ds"] == "TensorDataset"
+
+
+class Parent:
+    pass
+
+
+class WithParent(torch.utils.data.Dataset):
+    """A Dataset holding a weak proxy to its parent, which may be gone."""
+
+    def __init__(self, parent: Parent) -> None:
+        self.parent = weakref.proxy(parent)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.zeros(1)
+
+
+class Slotted:
+    """A transform whose __getattr__ raises KeyError (``__dict__`` included)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self) -> None:
+        self.table: dict[str, Any] = {}
+
+    def __getattr__(self, key: str) -> Any:
+        return self.table[key]
+
+
+def test_an_attribute_that_raises_when_read_stops_no_discovery() -> None:
+    """A dead weakref.proxy (ReferenceError) or a __getattr__ raising KeyError on a
+    Dataset's attribute crashed discovery, so every %%ckpt_auto cell failed."""
+    ds = WithParent(Parent())  # (the parent is gone at once)
+    found = discover({"ds": ds, "model": torch.nn.Linear(1, 1)})
+    assert found.skipped == {"ds": "WithParent"} and list(found.statefuls) == ["model"]
+    augmented = Augmented()
+    augmented.transform = Slotted()
+    assert discover({"ds": augmented}).skipped == {"ds": "Augmented"}
