@@ -401,9 +401,11 @@ class _Code(NamedTuple):
 @functools.lru_cache(maxsize=16)
 def _parsed(code: str) -> _Code | None:
     """The code as Python (a cell's IPython syntax, ``%time`` or ``!ls``, turned into
-    it), or None where it is none."""
+    it), or None where it is none or too deeply nested to read."""
     try:
         module = ast.parse(code)
+    except (RecursionError, MemoryError):  # (a 5,000-term sum: too deep to compile)
+        return None
     except (SyntaxError, ValueError):
         try:
             from IPython.core.inputtransformer2 import TransformerManager

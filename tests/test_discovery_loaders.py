@@ -235,3 +235,9 @@ def test_an_attribute_that_raises_when_read_stops_no_discovery() -> None:
     augmented = Augmented()
     augmented.transform = Slotted()
     assert discover({"ds": augmented}).skipped == {"ds": "Augmented"}
+
+
+def test_code_too_deep_to_parse_is_said_in_general() -> None:
+    """A cell too deeply nested to compile (a sum of 5,000 terms) raised RecursionError
+    from discovery; it is code the reader cannot read, said in the general wording."""
+    assert said("x = " + "+".join(["1"] * 5000) + "\n")["loader"] == EITHER
