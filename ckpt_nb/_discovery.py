@@ -15,6 +15,7 @@ import functools
 import inspect
 import io
 import json
+import linecache
 import random
 import re
 import sys
@@ -622,6 +623,25 @@ def _read_loops(code: str, functions: tuple[tuple[str, types.CodeType], ...]
     except Exception:  # noqa: BLE001 - code ast reads in a way this does not expect
         return None
     return reader.uses
+
+
+def code_run_by(frame: types.FrameType) -> str | None:
+    """The code a frame runs, for ``discover(code=)``: its file's, at a module's top
+    level; in a function (``auto(namespace=locals())`` in ``main()``), that function's
+    body alone, which the reader reads from its start (the file's top level skips the
+    bodies of its functions, where each loader then read as passed to no batches()).
+    None where there is no source."""
+    lines = linecache.getlines(frame.f_code.co_filename, frame.f_globals)
+    if frame.f_code.co_name == "<module>" or not lines:
+        return "".join(lines) or None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(frame.f_code)))
+        function = tree.body[0]
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        return ast.unparse(function.body)
+    except Exception:  # noqa: BLE001 - no source, or source that is no definition alone
+        return None
 
 
 def is_code(value: Any) -> bool:

@@ -57,8 +57,8 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, l
                        rng_problem, unwrap)
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
-                         assign_in_place, discover, from_storable, is_code, loader_random,
-                         skipped_text, to_storable, warn_persistent_workers)
+                         assign_in_place, code_run_by, discover, from_storable, is_code,
+                         loader_random, skipped_text, to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, warn, warnings_worded)
 from ._format import is_count, run_key
@@ -3363,8 +3363,7 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     try:
         session.begin_cell(name or _unnamed_block(caller),
                            cell_id=None if name is None else f"auto:{name}", unseen=unseen,
-                           code="".join(linecache.getlines(caller.f_code.co_filename,
-                                                           caller.f_globals)) or None)
+                           code=code_run_by(caller))
         try:
             yield session
         except BaseException as exc:

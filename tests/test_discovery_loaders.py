@@ -4,12 +4,17 @@ is read as Python (comments, aliases and helpers included), in an IPython shell 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+import ckpt_nb
 
 from ckpt_nb._discovery import discover
 from test_magics import run
@@ -241,3 +246,31 @@ def test_code_too_deep_to_parse_is_said_in_general() -> None:
     """A cell too deeply nested to compile (a sum of 5,000 terms) raised RecursionError
     from discovery; it is code the reader cannot read, said in the general wording."""
     assert said("x = " + "+".join(["1"] * 5000) + "\n")["loader"] == EITHER
+
+
+SCRIPT_MAIN = """import torch, ckpt_nb
+
+def main():
+    data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=10, shuffle=True)
+    model = torch.nn.Linear(3, 2)
+    with ckpt_nb.auto({store!r}, namespace=locals()):
+        for epoch in ckpt_nb.epochs(1):
+            for i, (xb, yb) in ckpt_nb.batches(loader):
+                model(xb)
+
+main()
+"""
+
+
+def test_auto_in_a_function_reads_that_functions_code(tmp_path: Path) -> None:
+    """auto(namespace=locals()) in main(): the code read was the whole file from its top
+    level, which skips function bodies, so each loader was told to be wrapped in
+    batches()."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_MAIN.format(store=str(tmp_path / "store")))
+    root = str(Path(ckpt_nb.__file__).parent.parent)  # (this checkout's ckpt_nb)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": root})
+    assert result.returncode == 0, result.stderr
+    assert f"loader ({RESTORES})" in result.stdout + result.stderr, result
