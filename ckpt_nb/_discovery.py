@@ -271,10 +271,14 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
         return f"{type(value).__name__}: a Dataset without state_dict(), so {_STATELESS_STREAM}"
     if isinstance(value, torch.utils.data.Dataset) and (places := _unheld_draws(value, held)):
         them = "it" if len(places) == 1 else "them"
+        own = [place.split(" ")[0] for place in places if "." not in place.split(" ")[0]]
+        unless = "" if not own else (
+            f" unless a DataLoader over it is passed to batches(), which saves "
+            f"{', '.join(own)} (the dataset's own generators, not its attributes')")
         return (f"{type(value).__name__}: a Dataset without state_dict() holding "
-                f"{', '.join(places)}, which no checkpoint holds: after a resume the draws of "
-                f"its __getitem__ differ from an unstopped run's (the replayed batches are "
-                f"fetched again); give it state_dict()/load_state_dict() holding "
+                f"{', '.join(places)}, which no checkpoint holds{unless}: after a resume the "
+                f"draws of its __getitem__ differ from an unstopped run's (the replayed "
+                f"batches are fetched again); give it state_dict()/load_state_dict() holding "
                 f"{'its' if them == 'it' else 'their'} state, or assign {them} to a notebook "
                 f"variable for checkpoints to hold {them}")
     return None

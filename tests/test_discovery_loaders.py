@@ -196,8 +196,27 @@ def test_a_dataset_drawing_from_a_generator_no_checkpoint_holds_is_said_so() -> 
     ds.g = ds.transform.g  # (the dataset's own: the loader's batches() saves it)
     del ds.transform
     assert discover({"ds": ds, "loader": loader}).skipped["ds"] == "Augmented"
-    assert discover({"ds": ds}).skipped["ds"] == HELD_NOWHERE.replace(
-        "transform.g", "g")
+    assert discover({"ds": ds}).skipped["ds"] == OWN_UNLESS_BATCHED
+
+
+OWN_UNLESS_BATCHED = HELD_NOWHERE.replace("transform.g", "g").replace(
+    "which no checkpoint holds", "which no checkpoint holds unless a DataLoader over it is "
+    "passed to batches(), which saves g (the dataset's own generators, not its attributes')")
+
+
+def test_a_datasets_own_generator_is_not_said_unheld_where_a_loader_may_hold_it() -> None:
+    """A Dataset's own generator, its loader made in the training cell, was said held by
+    no checkpoint, though that loader's batches() saves it (the resume was exact)."""
+    ds = Augmented()
+    ds.g = ds.transform.g
+    del ds.transform
+    code = "loader = torch.utils.data.DataLoader(ds)\nfor i, b in ckpt_nb.batches(loader): pass\n"
+    assert discover({"ds": ds}, code=code).skipped["ds"] == OWN_UNLESS_BATCHED
+    both = Augmented()
+    both.g = torch.Generator()
+    assert "holding transform.g (Generator), g (Generator), which no checkpoint holds unless " \
+        "a DataLoader over it is passed to batches(), which saves g " in \
+        discover({"ds": both}).skipped["ds"]
     plain = torch.utils.data.TensorDataset(torch.randn(4, 3))
     assert discover({"ds": plain}).skipped["ds"] == "TensorDataset"
 
