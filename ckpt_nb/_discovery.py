@@ -11,6 +11,7 @@ skipped, with the reason said once.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import inspect
 import io
@@ -403,6 +404,16 @@ class _Code(NamedTuple):
     called: frozenset[str]  # the names it calls: a helper may be one (``run_epoch(ld)``)
 
 
+class _CkptAliases(ast.NodeTransformer):
+    """Names ``from ckpt_nb import batches as B`` binds, read as ``batches``/``epochs``."""
+
+    def __init__(self, aliases: Mapping[str, str]) -> None:
+        self.aliases = aliases
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.copy_location(ast.Name(self.aliases.get(node.id, node.id), node.ctx), node)
+
+
 @functools.lru_cache(maxsize=16)
 def _parsed(code: str) -> _Code | None:
     """The code as Python (a cell's IPython syntax, ``%time`` or ``!ls``, turned into
@@ -417,6 +428,11 @@ def _parsed(code: str) -> _Code | None:
             module = ast.parse(TransformerManager().transform_cell(code))
         except Exception:  # noqa: BLE001 - IPython absent, or code that is not Python at all
             return None
+    aliases = {a.asname: a.name for n in ast.walk(module) if isinstance(n, ast.ImportFrom)
+               and (n.module or "").split(".")[0] == "ckpt_nb" for a in n.names
+               if a.asname and a.name in ("batches", "epochs")}
+    if aliases:
+        module = _CkptAliases(aliases).visit(module)
     return _Code(module, frozenset(n.func.id for n in ast.walk(module)
                                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)))
 
@@ -430,83 +446,97 @@ def _is_call_of(node: ast.AST, name: str) -> bool:
         (isinstance(func, ast.Attribute) and func.attr == name)
 
 
-def _names_in(nodes: list[ast.AST]) -> list[str]:
-    return [n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)]
+def _name_nodes(nodes: list[ast.AST]) -> list[ast.Name]:
+    return [n for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)]
 
 
 def _call_arguments(call: ast.Call) -> list[ast.AST]:
     return [*call.args, *(k.value for k in call.keywords)]
 
 
-class _Helper(NamedTuple):
-    """A function that passes its parameters ``batched`` to batches() (``def
-    run_epoch(ld)``); ``positional``, its parameters that a call can pass by position."""
-
-    positional: list[str]
-    batched: list[str]
-
-
-def _as_helper(function: ast.FunctionDef | ast.AsyncFunctionDef) -> _Helper | None:
-    arguments = function.args
-    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
-    passed = {name for node in ast.walk(function)
-              if isinstance(node, ast.Call) and _is_call_of(node, "batches")
-              for name in _names_in(_call_arguments(node))}
-    batched = [p for p in (*positional, *(a.arg for a in arguments.kwonlyargs)) if p in passed]
-    return _Helper(positional, batched) if batched else None
-
-
 @functools.lru_cache(maxsize=64)
-def _helper_of(code: types.CodeType) -> _Helper | None:
-    """A namespace function as a helper, read from its source (once: each save sorts the
-    namespace again); None where it is none, or has no source to read (an exec'd one)."""
+def _definition_of(code: types.CodeType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """A namespace function's definition, read from its source (once: each save sorts
+    the namespace again); None where it has no source to read (an exec'd one)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
     except Exception:  # noqa: BLE001 - no source, or source that is no definition alone
         return None
     found = tree.body[0] if tree.body else None
-    return _as_helper(found) if isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-        else None
+    return found if isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-def _passed_names(call: ast.Call, defined: Mapping[str, _Helper | None],
-                  functions: Mapping[str, types.CodeType]) -> list[str] | None:
-    """The names a call passes to batches(): its own arguments' (``batches(tqdm(loader))``),
-    or, calling a helper (the code's own, else the namespace's), those it binds to the
-    helper's parameters that it passes; None where it passes none."""
-    if _is_call_of(call, "batches"):
-        return _names_in(_call_arguments(call))
-    if not isinstance(call.func, ast.Name):
-        return None
-    name = call.func.id
-    helper = defined[name] if name in defined else _helper_of(functions[name]) \
-        if name in functions else None
-    if helper is None:
-        return None
-    bound: dict[str, ast.AST] = {k.arg: k.value for k in call.keywords if k.arg}
-    for parameter, argument in zip(helper.positional, call.args):
-        if isinstance(argument, ast.Starred):
-            break
-        bound[parameter] = argument
-    return _names_in([bound[p] for p in helper.batched if p in bound])
+# The top-level modules whose callables run no batches() loop of the notebook's: the
+# reader goes on past a call of one (``print(...)``, ``model.train()``, ``torch.no_grad()``).
+_LIBRARIES = frozenset({"builtins", "torch", "numpy", "math", "random", "time", "tqdm",
+                        "pandas", "itertools", "ckpt_nb", "IPython"})
+
+
+def _library_calls(module: ast.Module, namespace: Mapping[str, Any]) -> frozenset[str]:
+    """The calls in the code (by their text: ``print``, ``torch.no_grad``,
+    ``model.train``) of a library's callables, which call no batches() loop."""
+    found: set[str] = set()
+    for node in ast.walk(module):
+        if not isinstance(node, ast.Call):
+            continue
+        func, target = node.func, None
+        try:
+            if isinstance(func, ast.Name):
+                target = namespace[func.id] if func.id in namespace \
+                    else getattr(builtins, func.id, None)
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                    and func.value.id in namespace:
+                owner = namespace[func.value.id]
+                target = getattr(owner if isinstance(owner, types.ModuleType) else type(owner),
+                                 func.attr, None)
+            elif isinstance(func, ast.Attribute) and _is_call_of(func.value, "get_ipython"):
+                found.add(ast.unparse(func))  # (a magic: its code is not read)
+                continue
+            if not (is_code(target) or isinstance(target, types.BuiltinMethodType)):
+                target = type(target)  # (an instance called: its class's code runs)
+            module_name = getattr(target, "__module__", None)
+        except Exception:  # noqa: BLE001 - an object whose attributes raise: not followed
+            continue
+        if isinstance(module_name, str) and module_name.split(".")[0] in _LIBRARIES:
+            found.add(ast.unparse(func))
+    return frozenset(found)
 
 
 class _Scope:
-    """An epoch's body (or the code outside epochs()): whether a batches() call came
-    before in it, read in order."""
+    """An epoch's body (or the code outside epochs()), read in order: whether a
+    batches() call came before in it, and whether a call the reader cannot see into
+    did (which may have run one)."""
 
     def __init__(self) -> None:
         self.seen = False
+        self.opaque = False
 
 
 class _LoopReader:
-    """Reads where code passes names to batches() (_FIRST, _LATER or _EITHER)."""
+    """Reads where code passes names to batches() (_FIRST, _LATER or _EITHER), going
+    into the helpers it calls whose source it reads, and which names reach code it
+    cannot read (a method, a partial, a container, a subscript): those may be passed
+    to any loop."""
 
-    def __init__(self, module: ast.Module, functions: Mapping[str, types.CodeType]) -> None:
-        self.functions = functions  # (the namespace's, by name: their code)
-        self.defined = {n.name: _as_helper(n) for n in ast.walk(module)
+    def __init__(self, module: ast.Module,
+                 functions: Mapping[str, tuple[types.CodeType, bool]],
+                 library: frozenset[str]) -> None:
+        self.functions = functions  # (the namespace's, by name: their code, and whether
+        self.library = library      # their globals are the namespace)
+        self.defined = {n.name: n for n in module.body
                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        self.uses: dict[str, set[str]] = {}
+        self.passes: list[tuple[tuple[str, ...], str]] = []  # (a batches() call's names)
+        self.escapes: set[str] = set()
+        self.binding: dict[str, list[str]] | None = None  # (a helper's: its parameters)
+        self.shared = True  # (whether the helper read has the namespace as its globals)
+        self.reading: set[str] = set()
+
+    def names(self, node: ast.Name) -> list[str]:
+        """The namespace names a name in the code read stands for (in a helper: its
+        parameter's argument; a global of another module's function: none)."""
+        if self.binding is None or (self.shared and node.id not in self.binding):
+            return [node.id]
+        return self.binding.get(node.id, [])
 
     def block(self, statements: list[ast.stmt], scope: _Scope, repeated: bool,
               after: bool) -> None:
@@ -546,15 +576,73 @@ class _LoopReader:
                         self.statement(part, scope, repeated, after)
 
     def expression(self, node: ast.AST, scope: _Scope, repeated: bool, after: bool) -> None:
+        """The calls in an expression, in order; then the names in it that reached no
+        call the reader follows, which may be passed to any loop."""
         calls = sorted(_calls(node, repeated), key=lambda c: (c[0].lineno, c[0].col_offset))
+        followed: set[int] = set()
         for call, again in calls:
-            names = _passed_names(call, self.defined, self.functions)
-            if names is None:
-                continue
-            where = _LATER if after else _FIRST if not scope.seen and not again else _EITHER
-            scope.seen = True
-            for name in names:
-                self.uses.setdefault(name, set()).add(where)
+            followed.add(id(call.func))
+            if _is_call_of(call, "batches"):
+                arguments = _name_nodes(_call_arguments(call))
+                followed.update(map(id, arguments))
+                where = _LATER if after else _FIRST \
+                    if not scope.seen and not scope.opaque and not again else _EITHER
+                scope.seen = True
+                self.passes.append((tuple(n for a in arguments for n in self.names(a)), where))
+            elif isinstance(call.func, ast.Name) and call.func.id not in self.reading \
+                    and (definition := self.definition(call.func.id)) is not None:
+                followed.update(map(id, self.helper(call, definition, scope, repeated or again,
+                                                    after)))
+            elif _is_call_of(call, "epochs") or ast.unparse(call.func) in self.library:
+                followed.update(id(a) for a in _call_arguments(call) if isinstance(a, ast.Name))
+            else:
+                scope.opaque = True
+        for name in _name_nodes([node]):
+            if id(name) not in followed and isinstance(name.ctx, ast.Load):
+                self.escapes.update(self.names(name))
+
+    def definition(self, name: str) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef,
+                                            bool] | None:
+        """A helper the code calls, and whether its globals are the namespace's."""
+        if self.binding is None and name in self.defined:
+            return self.defined[name], True
+        if self.binding is None and name in self.functions:
+            code, shared = self.functions[name]
+            found = _definition_of(code)
+            return None if found is None else (found, shared)
+        return None  # (a helper's helper: its globals are not known here)
+
+    def helper(self, call: ast.Call, definition: tuple[ast.FunctionDef | ast.AsyncFunctionDef,
+                                                       bool],
+               scope: _Scope, repeated: bool, after: bool) -> list[ast.Name]:
+        """Read a helper's body where it is called, its parameters bound to the call's
+        arguments; the names it binds (the others, passed on through ``*``, escape)."""
+        function, shared = definition
+        arguments = function.args
+        positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+        bound: dict[str, ast.AST] = {k.arg: k.value for k in call.keywords if k.arg}
+        for parameter, argument in zip(positional, call.args):
+            if isinstance(argument, ast.Starred):
+                break
+            bound[parameter] = argument
+        nodes = {p: _name_nodes([a]) for p, a in bound.items()}
+        binding = {p: [n for node in found for n in self.names(node)]
+                   for p, found in nodes.items()}
+        parameters = {*positional, *(a.arg for a in arguments.kwonlyargs)}
+        if arguments.vararg:
+            parameters.add(arguments.vararg.arg)
+        if arguments.kwarg:
+            parameters.add(arguments.kwarg.arg)
+        outer = self.binding, self.shared
+        # (a parameter no argument binds, another module's global: no notebook name)
+        self.binding, self.shared = {**{p: [] for p in parameters}, **binding}, shared
+        self.reading.add(function.name)
+        try:
+            self.block(function.body, scope, repeated, after)
+        finally:
+            self.binding, self.shared = outer
+            self.reading.discard(function.name)
+        return [n for found in nodes.values() for n in found]
 
 
 def _calls(node: ast.AST, repeated: bool) -> list[tuple[ast.Call, bool]]:
@@ -591,42 +679,78 @@ def _runs_batches(node: ast.stmt) -> bool:
     return False
 
 
+def _loaders_in(value: Any) -> list[Any]:
+    """The DataLoaders a value is or holds, one level down (``loaders["train"]``)."""
+    if isinstance(value, torch.utils.data.DataLoader):
+        return [value]
+    if isinstance(value, Mapping):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return []
+    return [v for v in items if isinstance(v, torch.utils.data.DataLoader)]
+
+
 def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str]] | None:
-    """Where ``code`` passes each object of ``namespace`` (by id) to batches(): _FIRST
+    """Where ``code`` passes each DataLoader of ``namespace`` (by id) to batches(): _FIRST
     (the loop batches() tracks), _LATER (a loop surely after it in the same epoch, which
-    saves none of its loader's state), _EITHER; directly, through a helper it calls whose
-    source passes a parameter to batches(), or under another name bound to the same
-    object. None where the code is not Python (never raises: a start line
-    goes on with its general wording)."""
+    saves none of its loader's state), _EITHER; directly, through a helper whose source
+    it reads, or under another name bound to the same object. Conservative: a loader
+    that reaches code the reader cannot follow (a method, a partial, a container, a
+    subscript), a batches() call given what names no loader, and a first loop after a
+    call the reader cannot see into, are _EITHER. None where the code is not Python
+    (never raises: a start line goes on with its general wording)."""
     parsed = _parsed(code)
     if parsed is None:
         return None
-    functions = tuple((name, function.__code__) for name in sorted(parsed.called)
-                      if isinstance(function := namespace.get(name), types.FunctionType))
-    uses = _read_loops(code, functions)
-    if uses is None:
+    functions = []
+    for name in sorted(parsed.called):
+        value = namespace.get(name)
+        if isinstance(value, types.FunctionType):
+            try:
+                unwrapped = inspect.unwrap(value)  # (a decorated helper: its own code)
+            except Exception:  # noqa: BLE001 - a __wrapped__ cycle
+                continue
+            if isinstance(unwrapped, types.FunctionType):
+                functions.append((name, unwrapped.__code__, unwrapped.__globals__ is namespace))
+    read = _read_loops(code, tuple(functions), _library_calls(parsed.module, namespace))
+    if read is None:
         return None
+    passes, escapes = read
+    loaders = [v for v in namespace.values() if isinstance(v, torch.utils.data.DataLoader)]
     loops: dict[int, set[str]] = {}
-    for name, where in uses.items():
-        if name in namespace:
-            loops.setdefault(id(namespace[name]), set()).update(where)
+    for names, where in passes:
+        direct = [namespace[n] for n in names
+                  if isinstance(namespace.get(n), torch.utils.data.DataLoader)]
+        held = [loader for n in names if n in namespace
+                and not isinstance(namespace[n], torch.utils.data.DataLoader)
+                for loader in _loaders_in(namespace[n])]
+        for loader in direct:
+            loops.setdefault(id(loader), set()).add(where)
+        for loader in held if direct or held else loaders:  # (a name it cannot resolve)
+            loops.setdefault(id(loader), set()).add(_EITHER)
+    for name in escapes:
+        for loader in _loaders_in(namespace.get(name)):
+            loops.setdefault(id(loader), set()).add(_EITHER)
     return loops
 
 
 @functools.lru_cache(maxsize=16)
-def _read_loops(code: str, functions: tuple[tuple[str, types.CodeType], ...]
-                ) -> dict[str, set[str]] | None:
-    """``_batches_loops`` by name, for the code and the namespace's functions it calls
-    (once: each save sorts the namespace again)."""
+def _read_loops(code: str, functions: tuple[tuple[str, types.CodeType, bool], ...],
+                library: frozenset[str]
+                ) -> tuple[list[tuple[tuple[str, ...], str]], set[str]] | None:
+    """``_batches_loops`` by name, for the code, the namespace's functions it calls and
+    its library calls (once: each save sorts the namespace again)."""
     parsed = _parsed(code)
     if parsed is None:
         return None
     try:
-        reader = _LoopReader(parsed.module, dict(functions))
+        reader = _LoopReader(parsed.module, {n: (c, s) for n, c, s in functions}, library)
         reader.block(parsed.module.body, _Scope(), False, False)
     except Exception:  # noqa: BLE001 - code ast reads in a way this does not expect
         return None
-    return reader.uses
+    return reader.passes, reader.escapes
 
 
 def code_run_by(frame: types.FrameType) -> str | None:

@@ -4,6 +4,7 @@ is read as Python (comments, aliases and helpers included), in an IPython shell 
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -293,3 +294,71 @@ def test_auto_in_a_function_reads_that_functions_code(tmp_path: Path) -> None:
                             timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": root})
     assert result.returncode == 0, result.stderr
     assert f"loader ({RESTORES})" in result.stdout + result.stderr, result
+
+
+def train_one_epoch(loader: Any) -> None:
+    for _ in ckpt_nb.batches(loader):
+        pass
+
+
+def fit(train: Any, val: Any, epochs: int) -> None:
+    train_one_epoch(train)
+    evaluate(val)
+
+
+@torch.no_grad()
+def evaluate(loader: Any) -> None:
+    for _ in ckpt_nb.batches(loader):
+        pass
+
+
+def train_global() -> None:
+    for _ in ckpt_nb.batches(loader):  # noqa: F821 - this module's global: none
+        pass
+
+
+class Trainer:
+    def train_epoch(self, loader: Any) -> None:
+        for _ in ckpt_nb.batches(loader):
+            pass
+
+
+IN_EPOCHS = "for epoch in ckpt_nb.epochs(3):\n"
+UNFOLLOWED = {
+    "a helper's helper": ("fit(loader, val_loader, 2)\n", EITHER, EITHER),
+    "a subscript": (IN_EPOCHS + "    for i, b in ckpt_nb.batches(loaders['train']): pass\n",
+                    EITHER, EITHER),
+    "a list loop": (IN_EPOCHS + "    for dl in [loader, val_loader]:\n"
+                    "        for i, b in ckpt_nb.batches(dl): pass\n", EITHER, EITHER),
+    "another module's global": (IN_EPOCHS + "    train_global()\n"
+                                "    for i, b in ckpt_nb.batches(val_loader): pass\n",
+                                EITHER, EITHER),
+    "a decorated helper": (IN_EPOCHS + "    for i, b in ckpt_nb.batches(loader): pass\n"
+                           "    evaluate(val_loader)\n", RESTORES, LATER),
+    "a method": (IN_EPOCHS + "    trainer.train_epoch(loader)\n"
+                 "    for i, b in ckpt_nb.batches(val_loader): pass\n", EITHER, EITHER),
+    "a partial": (IN_EPOCHS + "    run_partial(loader)\n", EITHER, WRAP),
+    "an import as": ("from ckpt_nb import batches as B, epochs as E\nfor epoch in E(3):\n"
+                     "    for i, b in B(loader): pass\n    for i, b in B(val_loader): pass\n",
+                     RESTORES, LATER),
+    "library calls first": (IN_EPOCHS + "    model.train()\n    with torch.no_grad():\n"
+                            "        print(len(loader))\n"
+                            "    for i, b in ckpt_nb.batches(loader): pass\n", RESTORES, WRAP),
+}
+
+
+@pytest.mark.parametrize("case", UNFOLLOWED)
+def test_a_loader_reaching_code_the_reader_cannot_follow_is_said_in_general(case: str) -> None:
+    """A loader passed through a subscript, a list loop, a method, a partial, a helper's
+    helper, or batches() imported under another name, was told 'wrap it in
+    ckpt_nb.batches()' though it was wrapped; a val loader after a helper's epoch was
+    told 'restores its order'. Where the loader reaches code the reader cannot follow,
+    or a call it cannot see into comes first, the general wording is said."""
+    code, train, val = UNFOLLOWED[case]
+    namespace = loaders()
+    namespace.update(loaders={"train": namespace["loader"], "val": namespace["val_loader"]},
+                     fit=fit, evaluate=evaluate, train_global=train_global, trainer=Trainer(),
+                     run_partial=functools.partial(run_epoch, log=True),
+                     model=torch.nn.Linear(3, 2), torch=torch)
+    skipped = discover(namespace, code=code).skipped
+    assert (skipped["loader"], skipped["val_loader"]) == (train, val), skipped
