@@ -472,25 +472,43 @@ _LIBRARIES = frozenset({"builtins", "torch", "numpy", "math", "random", "time", 
                         "pandas", "itertools", "ckpt_nb", "IPython"})
 
 
+def _callee(func: ast.expr) -> str | None:
+    """A call's target as text where it is a name or a name's attribute (``print``,
+    ``model.train``), or a method of ``get_ipython()`` (a magic); None where it is other."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return f"{func.value.id}.{func.attr}"
+    if isinstance(func, ast.Attribute) and _is_call_of(func.value, "get_ipython"):
+        return f"get_ipython().{func.attr}"
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _callees(module: ast.Module) -> frozenset[str]:
+    """The targets the code calls, as ``_callee``'s text (once: each save reads them)."""
+    return frozenset(callee for n in ast.walk(module) if isinstance(n, ast.Call)
+                     if (callee := _callee(n.func)) is not None)
+
+
 def _library_calls(module: ast.Module, namespace: Mapping[str, Any]) -> frozenset[str]:
-    """The calls in the code (by their text: ``print``, ``torch.no_grad``,
+    """The calls in the code (``_callee``'s text: ``print``, ``torch.no_grad``,
     ``model.train``) of a library's callables, which call no batches() loop."""
     found: set[str] = set()
-    for node in ast.walk(module):
-        if not isinstance(node, ast.Call):
+    for callee in _callees(module):
+        if callee.startswith("get_ipython()."):
+            found.add(callee)  # (a magic: its code is not read)
             continue
-        func, target = node.func, None
+        owner_name, _, attribute = callee.partition(".")
         try:
-            if isinstance(func, ast.Name):
-                target = namespace[func.id] if func.id in namespace \
-                    else getattr(builtins, func.id, None)
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-                    and func.value.id in namespace:
-                owner = namespace[func.value.id]
+            if not attribute:
+                target = namespace[owner_name] if owner_name in namespace \
+                    else getattr(builtins, owner_name, None)
+            elif owner_name in namespace:
+                owner = namespace[owner_name]
                 target = getattr(owner if isinstance(owner, types.ModuleType) else type(owner),
-                                 func.attr, None)
-            elif isinstance(func, ast.Attribute) and _is_call_of(func.value, "get_ipython"):
-                found.add(ast.unparse(func))  # (a magic: its code is not read)
+                                 attribute, None)
+            else:
                 continue
             if not (is_code(target) or isinstance(target, types.BuiltinMethodType)):
                 target = type(target)  # (an instance called: its class's code runs)
@@ -498,7 +516,7 @@ def _library_calls(module: ast.Module, namespace: Mapping[str, Any]) -> frozense
         except Exception:  # noqa: BLE001 - an object whose attributes raise: not followed
             continue
         if isinstance(module_name, str) and module_name.split(".")[0] in _LIBRARIES:
-            found.add(ast.unparse(func))
+            found.add(callee)
     return frozenset(found)
 
 
@@ -593,7 +611,7 @@ class _LoopReader:
                     and (definition := self.definition(call.func.id)) is not None:
                 followed.update(map(id, self.helper(call, definition, scope, repeated or again,
                                                     after)))
-            elif _is_call_of(call, "epochs") or ast.unparse(call.func) in self.library:
+            elif _is_call_of(call, "epochs") or _callee(call.func) in self.library:
                 followed.update(id(a) for a in _call_arguments(call) if isinstance(a, ast.Name))
             else:
                 scope.opaque = True
