@@ -200,3 +200,36 @@ def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> st
     name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(name)
     return name
+
+
+def unconfigured_bucket(endpoint: str, key: str, secret: str, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on the S3 server at ``endpoint``, which nothing but a store's options
+    will name: no endpoint, credentials or AWS configuration in the environment or
+    fsspec's (nor an instance's metadata)."""
+    import fsspec.config
+    import s3fs
+
+    for name in ("FSSPEC_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.delitem(fsspec.config.conf, "s3", raising=False)
+    name = f"ckpt-nb-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(endpoint_url=endpoint, key=key, secret=secret,
+                      skip_instance_cache=True).mkdir(name)
+    return name
+
+
+def stderr_once_said(capsys: pytest.CaptureFixture[str], text: str,
+                     seconds: float = 60) -> str:
+    """What was written to stderr until it holds ``text`` (or ``seconds`` went by): a
+    wait for a line that another thread writes, not for a fixed time."""
+    err, deadline = "", time.monotonic() + seconds
+    while text not in err and time.monotonic() < deadline:
+        time.sleep(0.05)
+        err += capsys.readouterr().err
+    return err

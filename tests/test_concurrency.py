@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import stderr_once_said
 
 from ckpt_nb import CheckpointManager, MemoryStore, StoreError
 from ckpt_nb.cli import main
@@ -626,10 +627,7 @@ def test_a_wait_for_a_read_under_the_lock_says_reading(
         assert reader.stdout is not None and reader.stdout.readline() == "held\n"
         pinning = threading.Thread(target=mgr.pin, args=(cid,))  # (waits for it)
         pinning.start()
-        err, deadline = "", time.monotonic() + 60
-        while "waiting for" not in err and time.monotonic() < deadline:
-            time.sleep(0.05)
-            err += capsys.readouterr().err
+        err = stderr_once_said(capsys, "waiting for")
         assert reader.stdin is not None
         reader.stdin.write("go\n")
         reader.stdin.flush()

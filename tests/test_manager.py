@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import DigitsRun, Holder, same
+from conftest import DigitsRun, Holder, same, stderr_once_said
 
 import ckpt_nb
 from ckpt_nb import (CaptureError, CheckpointManager, CheckpointNotFoundError,
@@ -2496,10 +2496,7 @@ def test_a_wait_for_another_process_s_lock_is_said_with_its_pid(
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         pinning = threading.Thread(target=mgr.pin, args=(cid,))  # (waits for it)
         pinning.start()
-        err, deadline = "", time.monotonic() + 60
-        while "waiting for" not in err and time.monotonic() < deadline:
-            time.sleep(0.05)
-            err += capsys.readouterr().err
+        err = stderr_once_said(capsys, "waiting for")
         assert holder.stdin is not None
         holder.stdin.write("go\n")
         holder.stdin.flush()

@@ -8,14 +8,13 @@ loopback) that this process is told of only through the options."""
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
 import pytest
 import torch
-from conftest import Holder, s3_server
+from conftest import Holder, s3_server, unconfigured_bucket
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ckpt_nb import CheckpointManager, FsspecStore
@@ -48,21 +47,7 @@ def server() -> Iterator[str]:
 
 @pytest.fixture
 def bucket(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A new bucket on the module's server, which nothing but options names."""
-    import fsspec.config
-
-    for name in ("FSSPEC_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                 "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.delitem(fsspec.config.conf, "s3", raising=False)
-    name = f"routing-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(endpoint_url=server, key=KEY, secret=SECRET,
-                      skip_instance_cache=True).mkdir(name)
-    return name
+    return unconfigured_bucket(server, KEY, SECRET, tmp_path, monkeypatch)
 
 
 def test_an_option_a_file_system_takes_in_its_kwargs_reaches_it() -> None:
