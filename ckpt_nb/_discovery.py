@@ -25,7 +25,7 @@ import threading
 import types
 import weakref
 from collections import defaultdict
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -292,7 +292,21 @@ def _guarded_skip_reason(value: Any, loops: Container[str], named: Container[int
     try:
         return _skip_reason(value, loops, named, held)
     except Exception as exc:  # noqa: BLE001 - whatever an object's attributes raise
-        return f"{type(value).__name__}: not read ({type(exc).__name__} reading it)"
+        return _unread(value, exc)
+
+
+def _unread(value: Any, exc: Exception) -> str:
+    """Why a value whose reading raised is skipped (an ``AttrDict`` config's
+    ``__getattr__`` raising KeyError for ``load_state_dict``, a dead ``weakref.proxy``)."""
+    return f"{type(value).__name__}: not read ({type(exc).__name__} reading it)"
+
+
+def _quietly(read: Callable[[], Any], otherwise: Any = False) -> Any:
+    """``read()``, or ``otherwise`` where reading a value it looks at raised."""
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - whatever an object's attributes raise
+        return otherwise
 
 
 def _unheld_draws(dataset: Any, held: Container[int]) -> list[str]:
@@ -322,10 +336,13 @@ def _held_generators(namespace: Mapping[str, Any], names: list[str]) -> set[int]
     held: set[int] = set()
     for name in names:
         value = namespace.get(name)
-        if isinstance(value, _RANDOM_KINDS) and not isinstance(value, random.SystemRandom):
-            held.add(id(value))
-        elif isinstance(value, torch.utils.data.DataLoader):
-            held.update(map(id, loader_random(value)[0].values()))
+        try:
+            if isinstance(value, _RANDOM_KINDS) and not isinstance(value, random.SystemRandom):
+                held.add(id(value))
+            elif isinstance(value, torch.utils.data.DataLoader):
+                held.update(map(id, loader_random(value)[0].values()))
+        except Exception:  # noqa: BLE001 - an odd object: discover() says it was not read
+            continue
     return held
 
 
@@ -510,6 +527,8 @@ def _library_calls(module: ast.Module, namespace: Mapping[str, Any]) -> frozense
                                  attribute, None)
             else:
                 continue
+            if target is None:  # (a name the namespace does not hold yet, defined or imported
+                continue        # in the cell; an instance's own attribute): not followed
             if not (is_code(target) or isinstance(target, types.BuiltinMethodType)):
                 target = type(target)  # (an instance called: its class's code runs)
             module_name = getattr(target, "__module__", None)
@@ -569,7 +588,8 @@ class _LoopReader:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return  # (its body runs where it is called)
         if isinstance(node, (ast.For, ast.AsyncFor)):
-            self.expression(node.iter, scope, repeated, after)
+            if not isinstance(node.iter, ast.Name):  # (`for x in loader`: no batches() loop)
+                self.expression(node.iter, scope, repeated, after)
             if _iterates(node.iter, "epochs"):  # (each epoch tracks its own first loop)
                 self.block(node.body, _Scope(), False, False)
             else:
@@ -615,8 +635,13 @@ class _LoopReader:
                 followed.update(id(a) for a in _call_arguments(call) if isinstance(a, ast.Name))
             else:
                 scope.opaque = True
+        # (a loader read in place, `loader.dataset` or `[... for x in loader]`, is iterated
+        # or looked at here, not passed to a loop elsewhere)
+        read_here = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)} | \
+            {id(n.iter) for n in ast.walk(node) if isinstance(n, ast.comprehension)}
         for name in _name_nodes([node]):
-            if id(name) not in followed and isinstance(name.ctx, ast.Load):
+            if id(name) not in followed and id(name) not in read_here and \
+                    isinstance(name.ctx, ast.Load):
                 self.escapes.update(self.names(name))
 
     def definition(self, name: str) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef,
@@ -736,7 +761,8 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
     if read is None:
         return None
     passes, escapes = read
-    loaders = [v for v in namespace.values() if isinstance(v, torch.utils.data.DataLoader)]
+    loaders = [v for v in namespace.values()
+               if _quietly(lambda v=v: isinstance(v, torch.utils.data.DataLoader))]
     loops: dict[int, set[str]] = {}
     for names, where in passes:
         direct = [namespace[n] for n in names
@@ -812,46 +838,51 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
     found = Discovery()
     names = track if track is not None else [
         n for n in namespace if not n.startswith("_") and n not in _HIDDEN]
-    streams = {id(namespace[n]) for n in names if _stateless_stream(namespace.get(n))}
+    streams = {id(namespace[n]) for n in names
+               if _quietly(lambda n=n: _stateless_stream(namespace.get(n)))}
     held = _held_generators(namespace, names)
-    loops = {} if code is None or not any(
-        isinstance(namespace.get(n), torch.utils.data.DataLoader) for n in names) \
-        else _batches_loops(code, namespace)  # (None: code it cannot read, either said)
+    loops = {} if code is None or not any(_quietly(
+        lambda n=n: isinstance(namespace.get(n), torch.utils.data.DataLoader)) for n in names) \
+        else _quietly(lambda: _batches_loops(code, namespace), None)  # (None: either said)
     for name in names:
         if name not in namespace:
             found.skipped[name] = "not defined"
             continue
         value = namespace[name]
-        if isinstance(value, torch.Generator):
-            found.statefuls[name] = GeneratorState(value)
-        elif isinstance(value, random.SystemRandom):  # (its getstate() raised in each save)
-            found.skipped[name] = "a SystemRandom, which has no state to save: use random.Random"
-        elif isinstance(value, (np.random.Generator, np.random.RandomState, random.Random)):
-            found.statefuls[name] = RandomState(value)
-        elif isinstance(value, torch.nn.Module) and _on_meta(value):
-            found.skipped[name] = ("module on the meta device, holding no data to save: "
-                                   "to_empty() or load it first")
-        elif _is_stateful(value):
-            found.statefuls[name] = value
-        elif (reason := _guarded_skip_reason(
-                value, {_EITHER} if loops is None else loops.get(id(value), set()), streams,
-                held)) is not None:
-            found.skipped[name] = reason
-            if code is not None and _code_names(code, name):
-                warn_persistent_workers(value, name)
-        elif is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
-            if track is not None:
-                found.skipped[name] = f"{type(value).__name__}: code is not state"
-        else:
-            try:
-                size = plain_size(value, limit=max_variable_bytes)
-            except _Unsupported as exc:
-                found.skipped[name] = str(exc)
-                continue
-            if size > max_variable_bytes:
-                found.skipped[name] = _over_the_cap(size, max_variable_bytes, magic)
+        try:
+            if isinstance(value, torch.Generator):
+                found.statefuls[name] = GeneratorState(value)
+            elif isinstance(value, random.SystemRandom):  # (its getstate() raised at each save)
+                found.skipped[name] = ("a SystemRandom, which has no state to save: use "
+                                       "random.Random")
+            elif isinstance(value, (np.random.Generator, np.random.RandomState, random.Random)):
+                found.statefuls[name] = RandomState(value)
+            elif isinstance(value, torch.nn.Module) and _on_meta(value):
+                found.skipped[name] = ("module on the meta device, holding no data to save: "
+                                       "to_empty() or load it first")
+            elif _is_stateful(value):
+                found.statefuls[name] = value
+            elif (reason := _guarded_skip_reason(
+                    value, {_EITHER} if loops is None else loops.get(id(value), set()), streams,
+                    held)) is not None:
+                found.skipped[name] = reason
+                if code is not None and _code_names(code, name):
+                    warn_persistent_workers(value, name)
+            elif is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
+                if track is not None:
+                    found.skipped[name] = f"{type(value).__name__}: code is not state"
             else:
-                found.variables[name] = value
+                try:
+                    size = plain_size(value, limit=max_variable_bytes)
+                except _Unsupported as exc:
+                    found.skipped[name] = str(exc)
+                    continue
+                if size > max_variable_bytes:
+                    found.skipped[name] = _over_the_cap(size, max_variable_bytes, magic)
+                else:
+                    found.variables[name] = value
+        except Exception as exc:  # noqa: BLE001 - whatever an object's attributes raise
+            found.skipped[name] = _unread(value, exc)
     _drop_contained_modules(found.statefuls)
     return found
 

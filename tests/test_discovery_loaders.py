@@ -362,3 +362,48 @@ def test_a_loader_reaching_code_the_reader_cannot_follow_is_said_in_general(case
                      model=torch.nn.Linear(3, 2), torch=torch)
     skipped = discover(namespace, code=code).skipped
     assert (skipped["loader"], skipped["val_loader"]) == (train, val), skipped
+
+
+@pytest.mark.parametrize("use", ["for xb, in loader:\n        pass",
+                                 "n = len(loader.dataset)",
+                                 "xs = [x for x in loader]"])
+def test_a_loader_used_without_batches_is_told_to_wrap_it(use: str) -> None:
+    """The most common slip, a training loop over the loader itself, was said 'batches()
+    restores its order in the loop it tracks' (a plain `for` over it, or an attribute of
+    it, counted as code the reader cannot follow)."""
+    code = f"for epoch in ckpt_nb.epochs(2):\n    {use}\n"
+    assert said(code)["loader"] == WRAP
+
+
+def test_a_call_of_a_name_the_namespace_lacks_yet_is_not_taken_for_a_builtin() -> None:
+    """A helper imported in the cell itself calls batches(val_loader) first: train's was
+    said restored (an unknown name looked up in builtins gave None, whose type is of
+    'builtins', a known library), and val_loader told to wrap it."""
+    code = ("from myutils import warm\n"
+            "for epoch in ckpt_nb.epochs(2):\n"
+            "    warm(model, val_loader)\n"
+            "    for xb, in ckpt_nb.batches(loader):\n"
+            "        pass\n")
+    assert said(code)["loader"] == EITHER
+
+
+class AttrDict(dict):
+    """A config whose attributes are its keys: reading any other raises KeyError."""
+
+    __getattr__ = dict.__getitem__
+    __setattr__ = dict.__setitem__
+
+
+def test_a_namespace_value_that_raises_when_read_is_skipped_not_raised() -> None:
+    """An AttrDict config (KeyError for load_state_dict), or a dead weakref.proxy at the
+    namespace's top, made every %%ckpt_auto cell fail with a bare traceback."""
+    class Owner:
+        pass
+
+    owner = Owner()
+    proxy = weakref.proxy(owner)
+    del owner
+    skipped = said("for xb, in loader:\n    pass\n", {"cfg": AttrDict(lr=0.1), "gone": proxy})
+    assert skipped["cfg"] == "AttrDict: not read (KeyError reading it)"
+    assert skipped["gone"] == "ProxyType: not read (ReferenceError reading it)"
+    assert skipped["loader"] == WRAP
