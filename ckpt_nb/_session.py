@@ -1004,6 +1004,7 @@ class AutoSession:
         self._told_slow = False  # that due saves wait for a slow store's write (once a cell)
         self._told_dropped = False  # that an --on improvement went unsaved (once)
         self._told_untracked = False  # that its checkpoints from here are not resumed (once)
+        self._kept_exact: str | None = None  # the exact checkpoint its later loop keeps
         self._sorted = False  # whether rediscover() ran: its first sort is the start line's
         self._start_versions: dict[str, tuple[tuple[int, int], ...]] = {}  # (begin_cell's)
         self._interrupts = 0
@@ -1621,10 +1622,13 @@ class AutoSession:
 
         def write() -> str:
             self._follow_position()  # a rollback elsewhere may have moved the kernel
-            if exact_taken is None and (exact := self._newest_exact()) is not None:
+            if exact_taken is None and self._resumable() and \
+                    (exact := self._newest_exact()) is not None:
                 # (what a rerun after a stop in this later loop resumes from: kept while
-                # the run goes on, whatever --keep says; the saves before are written)
-                self.manager.named = {*self.manager.named, exact}
+                # the run goes on, whatever --keep says; the saves before are written; one
+                # at a time: the run's earlier exact checkpoints are not resumed from)
+                kept, self._kept_exact = self._kept_exact, exact
+                self.manager.named = {*(self.manager.named - {kept}), exact}
             cid = self.manager.save_state(state, **fields)
             self._written.setdefault(run["run"], set()).add(cid)  # (_path_to's)
             if exact_taken is not None:
@@ -2524,12 +2528,20 @@ class AutoSession:
             return
         self._told_untracked = True
         why = _UNTRACKED_LOOPS[self.loop.untracked or "another"]
+        if not self._resumable():  # (the line form, --no-resume: no rerun resumes)
+            self.say(f"this run's checkpoints from here on hold no position to resume: {why}")
+            return
         self.say(f"this run cannot resume from its checkpoints from here on: {why}, so a "
                  "resume would go on from the wrong place (a rerun after a stop resumes from "
                  "the newest saved before, or trains from the objects as they are where "
                  "there is none; %ckpt_rollback puts a checkpoint back). For a run "
                  "that resumes exactly, put its loops in `for epoch in ckpt_nb.epochs(N)` "
                  "(each epoch tracks its first batches() loop)")
+
+    def _resumable(self) -> bool:
+        """Whether a rerun of this run's code resumes it: a cell's or a named block's
+        (not the line form's, which runs no code again), without ``--no-resume``."""
+        return self.cell_hash is not None and self.config.resume
 
     # -- rollback and status ---------------------------------------------------------------------
     def rollback_plan(self, which: str = "latest", *,

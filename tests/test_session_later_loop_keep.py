@@ -10,8 +10,8 @@ import pytest
 
 import ckpt_nb
 from test_magics import run
-from test_session_loops import INTERRUPT_AT, INTERRUPTED_PASSES, SETUP, checkpoints, same, \
-    weights
+from test_session_loops import INTERRUPT_AT, INTERRUPTED_PASSES, PASSES, SETUP, checkpoints, \
+    same, weights
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
 
@@ -134,3 +134,22 @@ def test_a_rerun_says_the_checkpoint_its_stop_promised_is_gone(
     assert f"and checkpoint {by_step[7]}, the run's newest saved before that loop began, " \
         "which its stop said running the cell again resumes from, was deleted since. This " \
         "cell trains from the objects as they are now" in out, out
+
+
+def test_the_line_form_keeps_no_exact_checkpoint_and_promises_no_resume(
+        shell, tmp_path: Path, capsys) -> None:
+    """Under %ckpt_auto (the line form, which runs no code again, so resumes nothing) each
+    cell with a later batches() loop kept one more checkpoint whatever --keep said, until
+    --off (four cells: six checkpoints under --keep 2), and its notice promised a rerun
+    that resumes."""
+    run(shell, SETUP)
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'line'} --every-steps 5 --keep 2").success
+    capsys.readouterr()
+    two_loops = "\n".join(line[4:] for line in PASSES.splitlines()[2:]) + \
+        "\n" + "\n".join(line[4:] for line in PASSES.splitlines()[2:])
+    for _ in range(4):
+        assert run(shell, two_loops).success
+    out = capsys.readouterr().out
+    assert run(shell, "%ckpt_auto --off").success
+    assert len(checkpoints(tmp_path / "line")) == 2
+    assert "hold no position to resume" in out and "a rerun after a stop resumes" not in out
