@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("huggingface_hub")
+pytest.importorskip("huggingface_hub")  # (the dev extra installs it: CI runs this)
 
 # The Hub at a name that never resolves (.invalid, RFC 2606), with or without a network.
 OFFLINE = {"HF_ENDPOINT": "http://ckpt-nb-test.invalid", "HF_HUB_OFFLINE": "0",
