@@ -285,19 +285,10 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
     return None
 
 
-def _guarded_skip_reason(value: Any, loops: Container[str], named: Container[int],
-                         held: Container[int]) -> str | None:
-    """``_skip_reason``, or a short one where reading the value raised: one odd object
-    (a dead ``weakref.proxy``, a ``__getattr__`` raising KeyError) never stops a cell."""
-    try:
-        return _skip_reason(value, loops, named, held)
-    except Exception as exc:  # noqa: BLE001 - whatever an object's attributes raise
-        return _unread(value, exc)
-
-
 def _unread(value: Any, exc: Exception) -> str:
     """Why a value whose reading raised is skipped (an ``AttrDict`` config's
-    ``__getattr__`` raising KeyError for ``load_state_dict``, a dead ``weakref.proxy``)."""
+    ``__getattr__`` raising KeyError for ``load_state_dict``, a dead ``weakref.proxy``):
+    one odd object never stops a cell."""
     return f"{type(value).__name__}: not read ({type(exc).__name__} reading it)"
 
 
@@ -862,7 +853,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                                        "to_empty() or load it first")
             elif _is_stateful(value):
                 found.statefuls[name] = value
-            elif (reason := _guarded_skip_reason(
+            elif (reason := _skip_reason(
                     value, {_EITHER} if loops is None else loops.get(id(value), set()), streams,
                     held)) is not None:
                 found.skipped[name] = reason
