@@ -1514,7 +1514,7 @@ class AutoSession:
             return (f"and with --no-resume (resume=False) running the cell again runs "
                     f"{start_over}; without it, it would resume the run")
         run = self._run_record(cid) or {}
-        exact = self._exact_ancestor(cid, run["run"]) \
+        exact = self._exact_ancestor(cid, run) \
             if self.cell_hash is not None and self.loop.untracked is not None \
             and isinstance(run.get("run"), str) else None
         if exact is not None:
@@ -1968,8 +1968,8 @@ class AutoSession:
     def _exact_before(self, later: Checkpoint) -> _Pending | None:
         """The newest of ``later``'s run's checkpoints before it whose position is exact
         (``_exact_ancestor``), read, or None."""
-        run_id = later.extra.get(RUN_KEY, {}).get("run")
-        at = self._exact_ancestor(later.id, run_id) if isinstance(run_id, str) else None
+        run = later.extra.get(RUN_KEY, {})
+        at = self._exact_ancestor(later.id, run) if isinstance(run.get("run"), str) else None
         if at is None:
             return None
         try:
@@ -1979,13 +1979,14 @@ class AutoSession:
             self.say(f"cannot read checkpoint {at} ({exc})")
             return None
 
-    def _exact_ancestor(self, later: str, run_id: str) -> str | None:
-        """The newest checkpoint of run ``run_id`` before ``later`` whose position is exact
-        (saved before a later loop began: ``_untracked_loop``), or None: the one ``later``'s
-        record names (``_newest_exact``), else ``later``'s catalog ancestors while their
-        records are that run's (``_PATH_KEPT`` at most: a store of an earlier ckpt_nb)."""
-        catalog = self.manager.catalog
-        named = ((self._run_record(later) or {}).get("loop") or {}).get("exact")
+    def _exact_ancestor(self, later: str, record: dict[str, Any]) -> str | None:
+        """The newest checkpoint of ``later``'s run (``record``, its run record, as the
+        caller read it) before it whose position is exact (saved before a later loop
+        began: ``_untracked_loop``), or None: the one ``record`` names
+        (``_newest_exact``), else ``later``'s catalog ancestors while their records are
+        that run's (``_PATH_KEPT`` at most: a store of an earlier ckpt_nb)."""
+        catalog, run_id = self.manager.catalog, record["run"]
+        named = (record.get("loop") or {}).get("exact")
         if isinstance(named, str) and catalog.get(named) is not None and \
                 (run := self._run_record(named)) is not None and run.get("run") == run_id and \
                 isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is None:
@@ -2131,7 +2132,7 @@ class AutoSession:
         run's exact checkpoint before it (``_exact_ancestor``); none where there is none."""
         at = checkpoint_id
         if isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is not None:
-            exact = self._exact_ancestor(checkpoint_id, run["run"]) \
+            exact = self._exact_ancestor(checkpoint_id, run) \
                 if isinstance(run.get("run"), str) else None
             if exact is None:
                 return  # (no position of that run to resume)
