@@ -317,8 +317,20 @@ def _unheld_draws(dataset: Any, held: Container[int]) -> list[str]:
         for place, rng in parts:
             if isinstance(rng, _RANDOM_KINDS) and not isinstance(rng, random.SystemRandom) \
                     and id(rng) not in held:
-                found.setdefault(id(rng), f"{place} ({type(rng).__name__})")
+                found.setdefault(id(rng), f"{place} ({_random_kind(rng)})")
     return list(found.values())
+
+
+def _random_kind(rng: Any) -> str:
+    """What a generator is, by its library: a NumPy and a torch ``Generator`` were both
+    said "(Generator)"."""
+    for kind, name in ((torch.Generator, "torch.Generator"),
+                       (np.random.Generator, "np.random.Generator"),
+                       (np.random.RandomState, "np.random.RandomState"),
+                       (random.Random, "random.Random")):
+        if isinstance(rng, kind):
+            return name if type(rng) is kind else f"{type(rng).__name__}, a {name}"
+    return type(rng).__name__
 
 
 def _held_generators(namespace: Mapping[str, Any], names: list[str]) -> set[int]:

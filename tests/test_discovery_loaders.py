@@ -5,6 +5,7 @@ is read as Python (comments, aliases and helpers included), in an IPython shell 
 from __future__ import annotations
 
 import functools
+import random
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,7 +178,7 @@ class Augmented(torch.utils.data.Dataset):
         return self.transform(self.x[i])
 
 
-HELD_NOWHERE = ("Augmented: a Dataset without state_dict() holding transform.g (Generator), "
+HELD_NOWHERE = ("Augmented: a Dataset without state_dict() holding transform.g (torch.Generator), "
                 "which no checkpoint holds: after a resume the draws of its __getitem__ differ "
                 "from an unstopped run's (the replayed batches are fetched again); give it "
                 "state_dict()/load_state_dict() holding its state, or assign it to a "
@@ -215,11 +217,22 @@ def test_a_datasets_own_generator_is_not_said_unheld_where_a_loader_may_hold_it(
     assert discover({"ds": ds}, code=code).skipped["ds"] == OWN_UNLESS_BATCHED
     both = Augmented()
     both.g = torch.Generator()
-    assert "holding transform.g (Generator), g (Generator), which no checkpoint holds unless " \
-        "a DataLoader over it is passed to batches(), which saves g " in \
+    assert "holding transform.g (torch.Generator), g (torch.Generator), which no checkpoint " \
+        "holds unless a DataLoader over it is passed to batches(), which saves g " in \
         discover({"ds": both}).skipped["ds"]
     plain = torch.utils.data.TensorDataset(torch.randn(4, 3))
     assert discover({"ds": plain}).skipped["ds"] == "TensorDataset"
+
+
+def test_generators_a_dataset_holds_are_named_by_their_library() -> None:
+    """A NumPy and a torch Generator were both said "(Generator)": which one to hold was
+    the user's guess."""
+    ds = Augmented()
+    ds.np_g = np.random.default_rng(0)
+    ds.old = np.random.RandomState(0)
+    ds.py = random.Random(0)
+    assert "holding transform.g (torch.Generator), np_g (np.random.Generator), old " \
+        "(np.random.RandomState), py (random.Random), which " in discover({"ds": ds}).skipped["ds"]
 
 
 class Parent:
