@@ -511,6 +511,35 @@ def _callees(module: ast.Module) -> frozenset[str]:
                      if (callee := _callee(n.func)) is not None)
 
 
+def _value_named(namespace: Mapping[str, Any], name: str) -> Any:
+    """The value a name or an attribute of a name (``trainer.loader``) holds, or None."""
+    owner_name, _, attribute = name.partition(".")
+    owner = namespace.get(owner_name)
+    return owner if not attribute or owner is None \
+        else inspect.getattr_static(owner, attribute, None)  # (no property run)
+
+
+def _method_calls(module: ast.Module) -> frozenset[str]:
+    """The methods of named objects the code calls (``trainer.fit``), as ``_callee``'s text."""
+    return frozenset(c for c in _callees(module) if "." in c and "(" not in c)
+
+
+def _method(namespace: Mapping[str, Any], callee: str) -> Any:
+    """The function a call ``owner.name(...)`` of a namespace object runs where it is a
+    plain method of the object's class outside the libraries (``trainer.fit()``, which
+    may pass ``self.loader`` to batches()); None for others (a static or class method,
+    an instance's own attribute, a module's function)."""
+    owner_name, _, attribute = callee.partition(".")
+    owner = namespace.get(owner_name)
+    if owner is None or is_code(owner) or attribute in getattr(owner, "__dict__", {}):
+        return None
+    function = inspect.getattr_static(type(owner), attribute, None)
+    if not isinstance(function, types.FunctionType) or \
+            str(getattr(function, "__module__", "")).split(".")[0] in _LIBRARIES:
+        return None
+    return function
+
+
 def _library_calls(module: ast.Module, namespace: Mapping[str, Any]) -> frozenset[str]:
     """The calls in the code (``_callee``'s text: ``print``, ``torch.no_grad``,
     ``model.train``) of a library's callables, which call no batches() loop."""
@@ -554,9 +583,9 @@ class _Scope:
 
 class _LoopReader:
     """Reads where code passes names to batches() (_FIRST, _LATER or _EITHER), going
-    into the helpers it calls whose source it reads, and which names reach code it
-    cannot read (a method, a partial, a container, a subscript): those may be passed
-    to any loop."""
+    into the helpers and the methods of named objects it calls whose source it reads,
+    and which names reach code it cannot read (a helper's helper, a partial, a container,
+    a subscript, an object whose method it cannot read): those may be passed to any loop."""
 
     def __init__(self, module: ast.Module,
                  functions: Mapping[str, tuple[types.CodeType, bool]],
@@ -629,15 +658,30 @@ class _LoopReader:
                 where = _LATER if after else _FIRST \
                     if not scope.seen and not scope.opaque and not again else _EITHER
                 scope.seen = True
-                self.passes.append((tuple(n for a in arguments for n in self.names(a)), where))
+                # (``batches(self.loader)``: the attribute of the object self stands for)
+                attributes = {id(a.value): a.attr for a in _call_arguments(call)
+                              if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)}
+                self.passes.append((tuple(
+                    f"{n}.{attributes[id(a)]}" if id(a) in attributes else n
+                    for a in arguments for n in self.names(a)), where))
             elif isinstance(call.func, ast.Name) and call.func.id not in self.reading \
                     and (definition := self.definition(call.func.id)) is not None:
                 followed.update(map(id, self.helper(call, definition, scope, repeated or again,
                                                     after)))
+            elif (method := _callee(call.func)) is not None and "." in method \
+                    and method not in self.reading \
+                    and (definition := self.definition(method)) is not None:
+                assert isinstance(call.func, ast.Attribute)  # (a method: its owner is self)
+                bound = ast.Call(call.func, [call.func.value, *call.args], call.keywords)
+                followed.update(map(id, self.helper(bound, definition, scope, repeated or again,
+                                                    after, method)))
             elif _is_call_of(call, "epochs") or _callee(call.func) in self.library:
                 followed.update(id(a) for a in _call_arguments(call) if isinstance(a, ast.Name))
             else:
                 scope.opaque = True
+                if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name):
+                    self.escapes.update(self.names(call.func.value))  # (its method may pass
+                    # the loaders it holds to a loop: ``self.fit()`` in a method read)
         # (a loader read in place, `loader.dataset` or `[... for x in loader]`, is iterated
         # or looked at here, not passed to a loop elsewhere)
         read_here = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)} | \
@@ -660,10 +704,13 @@ class _LoopReader:
 
     def helper(self, call: ast.Call, definition: tuple[ast.FunctionDef | ast.AsyncFunctionDef,
                                                        bool],
-               scope: _Scope, repeated: bool, after: bool) -> list[ast.Name]:
+               scope: _Scope, repeated: bool, after: bool,
+               name: str | None = None) -> list[ast.Name]:
         """Read a helper's body where it is called, its parameters bound to the call's
-        arguments; the names it binds (the others, passed on through ``*``, escape)."""
+        arguments (a method's first, to its owner); the names it binds (the others, passed
+        on through ``*``, escape). ``name``: the call's, where it is not the function's."""
         function, shared = definition
+        name = name or function.name
         arguments = function.args
         positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
         bound: dict[str, ast.AST] = {k.arg: k.value for k in call.keywords if k.arg}
@@ -682,12 +729,12 @@ class _LoopReader:
         outer = self.binding, self.shared
         # (a parameter no argument binds, another module's global: no notebook name)
         self.binding, self.shared = {**{p: [] for p in parameters}, **binding}, shared
-        self.reading.add(function.name)
+        self.reading.add(name)
         try:
             self.block(function.body, scope, repeated, after)
         finally:
             self.binding, self.shared = outer
-            self.reading.discard(function.name)
+            self.reading.discard(name)
         return [n for found in nodes.values() for n in found]
 
 
@@ -726,13 +773,16 @@ def _runs_batches(node: ast.stmt) -> bool:
 
 
 def _loaders_in(value: Any) -> list[Any]:
-    """The DataLoaders a value is or holds, one level down (``loaders["train"]``)."""
+    """The DataLoaders a value is or holds, one level down (``loaders["train"]``,
+    ``trainer.loader``)."""
     if isinstance(value, torch.utils.data.DataLoader):
         return [value]
     if isinstance(value, Mapping):
         items = list(value.values())
     elif isinstance(value, (list, tuple)):
         items = list(value)
+    elif not is_code(value):
+        items = list(_quietly(lambda: vars(value).values(), ()))
     else:
         return []
     return [v for v in items if isinstance(v, torch.utils.data.DataLoader)]
@@ -741,9 +791,10 @@ def _loaders_in(value: Any) -> list[Any]:
 def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str]] | None:
     """Where ``code`` passes each DataLoader of ``namespace`` (by id) to batches(): _FIRST
     (the loop batches() tracks), _LATER (a loop surely after it in the same epoch, which
-    saves none of its loader's state), _EITHER; directly, through a helper whose source
-    it reads, or under another name bound to the same object. Conservative: a loader
-    that reaches code the reader cannot follow (a method, a partial, a container, a
+    saves none of its loader's state), _EITHER; directly, through a helper or a method
+    (``trainer.fit()``, ``self.loader``) whose source it reads, or under another name
+    bound to the same object. Conservative: a loader
+    that reaches code the reader cannot follow (a static method, a partial, a container, a
     subscript), a batches() call given what names no loader, and a first loop after a
     call the reader cannot see into, are _EITHER. None where the code is not Python
     (never raises: a start line goes on with its general wording)."""
@@ -751,8 +802,9 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
     if parsed is None:
         return None
     functions = []
-    for name in sorted(parsed.called):
-        value = namespace.get(name)
+    for name in sorted(parsed.called | _method_calls(parsed.module)):
+        value = namespace.get(name) if "." not in name else \
+            _quietly(lambda name=name: _method(namespace, name), None)
         if isinstance(value, types.FunctionType):
             try:
                 unwrapped = inspect.unwrap(value)  # (a decorated helper: its own code)
@@ -767,12 +819,12 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
     loaders = [v for v in namespace.values()
                if _quietly(lambda v=v: isinstance(v, torch.utils.data.DataLoader))]
     loops: dict[int, set[str]] = {}
-    for names, where in passes:
-        direct = [namespace[n] for n in names
-                  if isinstance(namespace.get(n), torch.utils.data.DataLoader)]
-        held = [loader for n in names if n in namespace
-                and not isinstance(namespace[n], torch.utils.data.DataLoader)
-                for loader in _loaders_in(namespace[n])]
+    for passed, where in passes:
+        values = [_quietly(lambda n=n: _value_named(namespace, n), None) for n in passed]
+        direct = [v for v in values if isinstance(v, torch.utils.data.DataLoader)]
+        held = [loader for v in values if v is not None
+                and not isinstance(v, torch.utils.data.DataLoader)
+                for loader in _loaders_in(v)]
         for loader in direct:
             loops.setdefault(id(loader), set()).add(where)
         for loader in held if direct or held else loaders:  # (a name it cannot resolve)

@@ -121,6 +121,56 @@ def test_a_loader_passed_to_a_helper_that_batches_it_is_said_restored() -> None:
     assert said(in_the_code) == {"loader": RESTORES, "val_loader": WRAP}
 
 
+class LoaderTrainer:
+    """A user's trainer holding its loader, batching it in a method."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def fit(self, epochs: int) -> None:
+        import ckpt_nb
+        for _ in ckpt_nb.epochs(epochs):
+            self.one_epoch()
+
+    def one_epoch(self) -> None:
+        import ckpt_nb
+        for _ in ckpt_nb.batches(self.loader):
+            pass
+
+    def plain(self) -> None:
+        for _ in self.loader:
+            pass
+
+    def then(self, other: Any) -> None:
+        import ckpt_nb
+        self.one_epoch()  # (a method's method: unread, so other's loop is first or later)
+        for _ in ckpt_nb.batches(other):
+            pass
+
+
+def test_a_loader_a_trainer_batches_in_its_method_is_said_restored() -> None:
+    """``trainer.fit()``, whose method passes ``self.loader`` to batches(): loader was
+    told to be wrapped in batches(). The method is read with self bound to trainer; a
+    method that iterates its loader plainly still tells to wrap it; one the reader cannot
+    see into may pass the loaders its object holds to any loop."""
+    def said_of(code: str, ns: dict[str, Any]) -> tuple[str, str]:
+        skipped = said(code, ns)
+        return skipped["loader"], skipped["val_loader"]
+
+    ns = loaders()
+    ns["trainer"] = LoaderTrainer(ns["loader"])
+    assert said_of("trainer.one_epoch()", ns) == (RESTORES, WRAP)
+    assert said_of("trainer.fit(3)", ns) == (EITHER, WRAP)  # (a method's method: unread)
+    assert said_of("trainer.plain()", ns) == (WRAP, WRAP)
+    assert said_of("trainer.then(val_loader)", ns) == (EITHER, EITHER)
+    assert said_of("LoaderTrainer.one_epoch(trainer)",
+                   {**ns, "LoaderTrainer": LoaderTrainer}) == (EITHER, WRAP)
+    assert said_of("for epoch in ckpt_nb.epochs(3):\n    trainer.one_epoch()\n"
+                   "    for i, b in ckpt_nb.batches(val_loader): pass\n", ns) == (RESTORES, EITHER)
+    ns["trainer"].one_epoch = lambda: None  # (an instance's own: not the class's method)
+    assert said_of("trainer.one_epoch()", ns) == (EITHER, WRAP)
+
+
 SETUP = """
 import torch, ckpt_nb
 data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
@@ -337,6 +387,7 @@ class Trainer:
 
 
 IN_EPOCHS = "for epoch in ckpt_nb.epochs(3):\n"
+UNREAD = type("Unread", (), {"train_epoch": eval("lambda self, loader: None")})
 UNFOLLOWED = {
     "a helper's helper": ("fit(loader, val_loader, 2)\n", EITHER, EITHER),
     "a subscript": (IN_EPOCHS + "    for i, b in ckpt_nb.batches(loaders['train']): pass\n",
@@ -348,8 +399,9 @@ UNFOLLOWED = {
                                 EITHER, EITHER),
     "a decorated helper": (IN_EPOCHS + "    for i, b in ckpt_nb.batches(loader): pass\n"
                            "    evaluate(val_loader)\n", RESTORES, LATER),
-    "a method": (IN_EPOCHS + "    trainer.train_epoch(loader)\n"
-                 "    for i, b in ckpt_nb.batches(val_loader): pass\n", EITHER, EITHER),
+    "a method of a class without source": (
+        IN_EPOCHS + "    unread.train_epoch(loader)\n"
+        "    for i, b in ckpt_nb.batches(val_loader): pass\n", EITHER, EITHER),
     "a partial": (IN_EPOCHS + "    run_partial(loader)\n", EITHER, WRAP),
     "an import as": ("from ckpt_nb import batches as B, epochs as E\nfor epoch in E(3):\n"
                      "    for i, b in B(loader): pass\n    for i, b in B(val_loader): pass\n",
@@ -371,6 +423,7 @@ def test_a_loader_reaching_code_the_reader_cannot_follow_is_said_in_general(case
     namespace = loaders()
     namespace.update(loaders={"train": namespace["loader"], "val": namespace["val_loader"]},
                      fit=fit, evaluate=evaluate, train_global=train_global, trainer=Trainer(),
+                     unread=UNREAD(),
                      run_partial=functools.partial(run_epoch, log=True),
                      model=torch.nn.Linear(3, 2), torch=torch)
     skipped = discover(namespace, code=code).skipped
