@@ -1877,7 +1877,7 @@ class AutoSession:
             kept = f"{heir} is the deleted one's nearest kept ancestor" if heir is not None \
                 else "none of the deleted one's ancestors is kept"
             self.say(f"{deleted}, and where its loops stood with it: this cell's loops start "
-                     "from the beginning, on the state in memory (to resume a kept checkpoint "
+                     "from the beginning, on the state in memory (to train from a kept checkpoint "
                      f"instead, interrupt the cell and %ckpt_rollback it; {kept})")
             return
         resumed = pending.checkpoint.id
@@ -1909,8 +1909,10 @@ class AutoSession:
             # finished cell's "Run All" hint advises): this cell's run that went on from
             # it goes on; a rollback to the cell's own checkpoint means to start from there.
             candidate = self._own_run_after(position)
+            # (a deleted rollback's heir stands in for it here, but holds another state
+            # than the kernel's: _tell_rollback_deleted says what the cell does instead)
             if candidate is None and run is not None and not run.get("finished") and \
-                    self._told_apart(run):
+                    self._told_apart(run) and self.url not in _deleted_rollbacks:
                 self.say(f"checkpoint {position}, rolled back to, holds a run of another "
                          "cell: this cell's loops start from its state, not from that run's "
                          "position")

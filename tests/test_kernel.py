@@ -104,9 +104,16 @@ class Kernel:
         assert reply["status"] == "ok", out
         self.pid = int(out.split()[1])
 
-    def execute(self, code: str) -> str:
-        """Start a cell; returns its message id (read it with ``read``)."""
-        msg_id = self.client.execute(code)
+    def execute(self, code: str, cell_id: str | None = None) -> str:
+        """Start a cell; returns its message id (read it with ``read``). ``cell_id``: as
+        JupyterLab sends it, in the request's metadata."""
+        msg = self.client.session.msg("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True})
+        if cell_id is not None:
+            msg["metadata"]["cellId"] = cell_id
+        self.client.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
         self._output[msg_id] = []
         return msg_id
 
@@ -142,9 +149,9 @@ class Kernel:
             if reply["parent_header"].get("msg_id") == msg_id:
                 return out.rstrip("\0"), reply["content"]
 
-    def run(self, code: str) -> tuple[str, dict[str, Any]]:
+    def run(self, code: str, cell_id: str | None = None) -> tuple[str, dict[str, Any]]:
         """Run a cell to its end: (its output, its reply)."""
-        return self.finish(self.execute(code))
+        return self.finish(self.execute(code, cell_id))
 
     def close(self) -> None:
         self.client.stop_channels()
@@ -422,6 +429,38 @@ def test_rollback_then_train_on_creates_branches(reference: Reference) -> None:
     new = after[~after["id"].isin(table["id"])]
     assert len(new) == 1 and new["parent"].iloc[0] == earlier
     assert new["branch"].iloc[0] not in (main_branch, branch["branch"].iloc[0])
+
+
+def test_a_deleted_rollback_then_another_cell_says_only_what_it_does(
+        tmp_path: Path, kernels: Kernels) -> None:
+    """The explorer rolls back to a mid-run checkpoint and deletes it; a cell of another
+    id (the training cell's copy) then said that the deleted one's parent, never rolled
+    back to, was and held another cell's run, before the line that the checkpoint rolled
+    back to was deleted. That line alone is said; the cell's loops start from the
+    beginning on the state in memory, its first save a child of the deleted checkpoint's
+    nearest kept ancestor (as its children were re-parented), its steps counted on."""
+    kernel = kernels.start(tmp_path)
+    out, reply = kernel.run(train_cell("s", tmp_path / "first.pt"), cell_id="train")
+    assert reply["status"] == "ok", out
+    first = catalog(tmp_path / "s")
+    by_step = first.set_index("step")
+    gone, heir = by_step.loc[2 * EVERY, "id"], by_step.loc[EVERY, "id"]
+    out, reply = kernel.run(f"ui = ckpt_nb.explore('s', poll_seconds=0)\n"
+                            f"ui.rollback({gone!r}); ui.delete({gone!r})")
+    assert reply["status"] == "ok", out
+    out, reply = kernel.run(train_cell("s", tmp_path / "copy.pt"), cell_id="copy")
+    assert reply["status"] == "ok", out
+    assert "holds a run of another cell" not in out and "resum" not in out, out
+    assert f"ckpt_nb: checkpoint {gone}, rolled back to, was deleted since, and where its " \
+        "loops stood with it: this cell's loops start from the beginning, on the state in " \
+        "memory (to train from a kept checkpoint instead, interrupt the cell and " \
+        f"%ckpt_rollback it; {heir} is the deleted one's nearest kept ancestor)" in out, out
+    new = catalog(tmp_path / "s")
+    new = new[~new["id"].isin(first["id"])].iloc[0]
+    assert new["parent"] == heir
+    assert (new["epoch"], new["batch_idx"]) == (first["epoch"].iloc[0],
+                                                first["batch_idx"].iloc[0])
+    assert new["step"] == 3 * EVERY
 
 
 BROKEN = """%%ckpt_auto --dir broken --every-steps 5

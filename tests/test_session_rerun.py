@@ -338,7 +338,7 @@ def test_a_rerun_after_a_deleted_rollback_whose_heir_is_another_cells_says_so(
     assert "loops start at 0 0" in out
     assert f"ckpt_nb: checkpoint {rolled_back}, rolled back to, was deleted since, and where " \
         "its loops stood with it: this cell's loops start from the beginning, on the state " \
-        f"in memory (to resume a kept checkpoint instead, interrupt the cell and " \
+        f"in memory (to train from a kept checkpoint instead, interrupt the cell and " \
         f"%ckpt_rollback it; {a_end} is the deleted one's nearest kept ancestor)" in out
 
 
@@ -363,5 +363,5 @@ def test_a_rerun_after_a_deleted_rollback_with_no_kept_ancestor_says_so(
     assert "loops start at 0 0" in out
     assert f"ckpt_nb: checkpoint {root}, rolled back to, was deleted since, and where its " \
         "loops stood with it: this cell's loops start from the beginning, on the state in " \
-        "memory (to resume a kept checkpoint instead, interrupt the cell and %ckpt_rollback " \
+        "memory (to train from a kept checkpoint instead, interrupt the cell and %ckpt_rollback " \
         "it; none of the deleted one's ancestors is kept)" in out
