@@ -975,7 +975,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     problems += _versions_torch_fails_on(name, module, state)
     if strict and missing and unexpected:  # (the counters filled in too: they move with
         # the prefix as the rest do)
-        problems += _prefix_hint(name, [k for k in current if k not in state], unexpected)
+        problems += _prefix_hint(name, current, state, [k for k in current if k not in state],
+                                 unexpected)
     casts: set[tuple[torch.dtype, torch.dtype]] = set()
     reshaped = False  # (a shape differs: no cast makes the state fit)
     on_meta: list[str] = []  # (torch would load nothing into them, and say only a warning)
@@ -1037,10 +1038,13 @@ def _cast_hint(name: str, casts: set[tuple[torch.dtype, torch.dtype]],
             f"then back ({name}.to({live_dtype})) if you want; or {copy_advice}")
 
 
-def _prefix_hint(name: str, missing: list[str], unexpected: list[str]) -> list[str]:
+def _prefix_hint(name: str, current: Mapping[str, Any], state: Mapping[str, Any],
+                 missing: list[str], unexpected: list[str]) -> list[str]:
     """Advice where the checkpoint's keys are the module's with a prefix before them
     (a Lightning module's ``model.``: its inner model restored alone), or the other way
-    round (the inner model's state restored into the Lightning module)."""
+    round (the inner model's state restored into the Lightning module). Keys alike in name
+    only (a Linear's state into a Sequential's first layer) are told apart by their
+    shapes: restoring with the prefix would fail again on them."""
     for longer, shorter, where, other in ((unexpected, missing, "checkpoint's", "module's"),
                                           (missing, unexpected, "module's", "checkpoint's")):
         first = shorter[0]
@@ -1050,10 +1054,24 @@ def _prefix_hint(name: str, missing: list[str], unexpected: list[str]) -> list[s
                 not set(shorter) <= {k.removeprefix(prefix) for k in longer}:
             continue
         attribute = prefix.rstrip(".")
+        said = f"{name}: the {where} keys are the {other} with {prefix!r} before them"
+        pairs = ((prefix + k, k) if where == "checkpoint's" else (k, prefix + k)
+                 for k in shorter)  # (the checkpoint's key, the module's)
+        differ = next(((saved, live) for saved, live in pairs
+                       if isinstance(state[saved], torch.Tensor)
+                       and isinstance(current[live], torch.Tensor)
+                       and not isinstance(current[live], UninitializedTensorMixin)
+                       and state[saved].shape != current[live].shape), None)
+        if differ is not None:  # (a dtype alone differing is not: the cast hint says how)
+            saved, live = differ
+            unfit = f"it does not fit {name}.{attribute} either" if where == "module's" \
+                else f"its part under {prefix!r} does not fit {name} either"
+            return [f"{said}, but not their shapes (the checkpoint's {saved!r} is "
+                    f"{tuple(state[saved].shape)}, {name}'s {live!r} "
+                    f"{tuple(current[live].shape)}): {unfit}"]
         advice = "restore into the module that holds this one as ." + attribute if \
             where == "checkpoint's" else f"restore into {name}.{attribute} instead"
-        return [f"{name}: the {where} keys are the {other} with {prefix!r} before them: "
-                f"{advice}, or take the state from load() and strip the prefix"]
+        return [f"{said}: {advice}, or take the state from load() and strip the prefix"]
     return []
 
 

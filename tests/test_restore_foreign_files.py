@@ -143,6 +143,39 @@ def test_a_lightning_state_into_its_inner_model_names_the_prefix(tmp_path: Path)
         mgr.restore(tmp_path / "inner.pt", model=Lit())
 
 
+def test_keys_alike_in_name_only_give_no_prefix_advice_but_a_shape_that_differs(
+        tmp_path: Path) -> None:
+    """A Linear(2, 2)'s state into a Sequential(Linear(64, 128), ...) was told to restore
+    into model.0 instead, by the keys' names alone: that failed again, on the shapes. The
+    other way round too; a dtype alone differing keeps the advice (the cast hint follows)."""
+    mgr = CheckpointManager(tmp_path / "s")
+    mgr.save(torch.nn.Linear(2, 2), None, 0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    with pytest.raises(StateMismatchError) as raised:
+        mgr.restore("latest", model=model)
+    assert "model: the module's keys are the checkpoint's with '0.' before them, but not " \
+        "their shapes (the checkpoint's 'weight' is (2, 2), model's '0.weight' (128, 64)): " \
+        "it does not fit model.0 either" in str(raised.value)
+    assert "restore into" not in str(raised.value)
+    with pytest.raises(StateMismatchError, match=r"weight is \(2, 2\) float32 in the "
+                                                 r"checkpoint but \(128, 64\) float32"):
+        mgr.restore("latest", model=model[0])  # (what the old advice said)
+
+    wrapper = torch.nn.Module()
+    wrapper.model = torch.nn.Linear(64, 128)
+    mgr.save(wrapper, None, 1)
+    with pytest.raises(StateMismatchError) as raised:
+        mgr.restore("latest", model=torch.nn.Linear(2, 2))
+    assert "model: the checkpoint's keys are the module's with 'model.' before them, but " \
+        "not their shapes (the checkpoint's 'model.weight' is (128, 64), model's 'weight' " \
+        "(2, 2)): its part under 'model.' does not fit model either" in str(raised.value)
+
+    torch.save(inner().half().state_dict(), tmp_path / "half.pt")
+    with pytest.raises(StateMismatchError, match=r"restore into model\.model instead"):
+        mgr.restore(tmp_path / "half.pt", model=Lit())
+
+
 def test_a_half_precision_file_into_a_float32_model_says_what_to_do(tmp_path: Path) -> None:
     torch.save(inner().half().state_dict(), tmp_path / "half.pt")
     model = inner()
