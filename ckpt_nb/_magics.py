@@ -213,7 +213,7 @@ class CkptMagics(Magics):
         __tracebackhide__ = True
         try:
             return session_mod.start(config, self.shell.user_ns, nested=nested)
-        except CkptError as exc:
+        except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage takes)
             raise UsageError(f"%ckpt_auto: {exc}") from None
 
     def _cell_number(self) -> int:

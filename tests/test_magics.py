@@ -1531,3 +1531,9 @@ def test_a_store_url_no_storage_knows_is_a_usage_error(shell) -> None:
         result = run(shell, line)
         assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
         assert "no storage knows the scheme 's4'" in str(result.error_in_exec)
+    # (%%ckpt_auto gave the store's ValueError as a traceback, the cell not run)
+    for line in ("%%ckpt_auto --dir s4://b/x\nran = True", "%ckpt_auto --dir memory://a//b"):
+        result = run(shell, line)
+        assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+        assert str(result.error_in_exec).startswith("%ckpt_auto: "), result.error_in_exec
+        assert "ran" not in shell.user_ns
