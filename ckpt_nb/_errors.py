@@ -1,7 +1,9 @@
 """The exceptions ckpt_nb raises.
 
 Every error is a ``CkptError`` and also the built-in a caller would catch
-without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working::
+without knowing ckpt_nb, so ``except FileNotFoundError`` keeps working; an argument
+wrong in itself (a URL no storage takes, ``max_to_keep=-1``) is a plain ValueError or
+TypeError, as the standard library's are::
 
     CkptError (Exception)
     ├── CheckpointNotFoundError (+ FileNotFoundError, KeyError)
