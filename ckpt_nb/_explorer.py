@@ -418,7 +418,7 @@ class Explorer(w.VBox):
         self.dag_note = w.HTML(NO_CHECKPOINTS)
         self.kernel_note = w.HTML(layout=w.Layout(display="none"))
         self.metric = w.Dropdown(description="metric", layout=w.Layout(width="280px"))
-        self.metric.observe(lambda _: self._draw(self._draw_metrics), names="value")
+        self.metric.observe(self._on_metric_choice, names="value")
         self.metrics_plot = w.Image(format="png")
         self.compare_plot = w.Image(format="png")
         self.compare_box = w.VBox([w.HTML("<b>Selected checkpoints side by side</b>"),
@@ -428,9 +428,10 @@ class Explorer(w.VBox):
         self.diff_a = w.Dropdown(description="from",
                                  layout=w.Layout(width="340px", max_width="100%"))
         self.diff_b = w.Dropdown(description="to", layout=w.Layout(width="340px", max_width="100%"))
-        # While the explorer itself sets from/to (a refresh, a selection), their observers
-        # hold off: it draws once after (each of its four changes drew the diff again).
-        self._choosing_diff = False
+        # While the explorer itself sets from/to or the metric (a refresh, a selection),
+        # their observers hold off: it draws once after (each of its four changes drew the
+        # diff again).
+        self._choosing_values = False
         # The last diff drawn: its pair, its table and its bars (a refresh while the Diff
         # tab is open, after each save of a training run, would compute it again).
         self._drawn_diff: tuple[str, str, Any, bytes] | None = None
@@ -536,11 +537,14 @@ class Explorer(w.VBox):
         ids = list(frame["id"])
         metrics = _plots.metric_columns(frame)
         labels = _metric_labels(metrics)
-        self.metric.options = [(labels[m], m) for m in metrics]  # (named as in the table)
-        if metrics and self.metric.value not in metrics:
-            self.metric.value = _plots.ranked_metric(metrics, self.manager.metric)
         choices = [(_diff_label(r), r["id"]) for r in frame.to_dict("records")]
         with self._choosing():
+            # New options reset a Dropdown to the first: the metric chosen stays where the
+            # store still has it (a save logging a new metric replaced it by the first).
+            chosen = self.metric.value
+            self.metric.options = [(labels[m], m) for m in metrics]  # (named as in the table)
+            self.metric.value = chosen if chosen in metrics else \
+                _plots.ranked_metric(metrics, self.manager.metric)
             for dropdown in (self.diff_a, self.diff_b):
                 value = dropdown.value
                 dropdown.options = choices
@@ -720,17 +724,23 @@ class Explorer(w.VBox):
 
     @contextlib.contextmanager
     def _choosing(self) -> Iterator[None]:
-        """Set from/to without a draw at each change (the caller draws once after)."""
-        held, self._choosing_diff = self._choosing_diff, True
+        """Set from/to and the metric without a draw at each change (the caller draws once
+        after)."""
+        held, self._choosing_values = self._choosing_values, True
         try:
             yield
         finally:
-            self._choosing_diff = held
+            self._choosing_values = held
 
     def _on_diff_choice(self, _: Any) -> None:
         """A from or to the user picked: draw that diff."""
-        if not self._choosing_diff:
+        if not self._choosing_values:
             self._draw(self._draw_diff)
+
+    def _on_metric_choice(self, _: Any) -> None:
+        """A metric the user picked: draw it."""
+        if not self._choosing_values:
+            self._draw(self._draw_metrics)
 
     def _parent(self, cid: str) -> str | None:
         rows = self.table_frame[self.table_frame["id"] == cid]

@@ -833,6 +833,32 @@ def test_created_shows_local_time_as_the_cli_does(tmp_path: Path, monkeypatch) -
         time.tzset()
 
 
+def test_the_metric_chosen_stays_when_a_save_logs_a_new_one(tmp_path: Path) -> None:
+    """New options reset the Metrics dropdown to the first: a save that logged a new
+    metric ("aux") replaced the user's val_acc by it. One the store no longer has gives
+    way to the ranked one."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        mgr.save(model, metrics={"val_loss": 0.5, "val_acc": 0.8}, step=1)
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 1
+        ui.metric.value = "val_acc"
+        with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+            aux = mgr.save(model, metrics={"val_loss": 0.4, "val_acc": 0.9, "aux": 1.0},
+                           step=2)
+        assert ui.refresh() is True
+        assert [name for _, name in ui.metric.options] == ["aux", "val_acc", "val_loss"]
+        assert ui.metric.value == "val_acc"
+        assert ui.figure("metrics").axes[0].get_ylabel() == "val_acc"
+        ui.metric.value = "aux"
+        ui.delete(aux)  # (the only checkpoint that logged aux)
+        assert [name for _, name in ui.metric.options] == ["val_acc", "val_loss"]
+        assert ui.metric.value == "val_loss"
+    finally:
+        ui.close()
+
+
 def test_long_notes_are_cut_and_metric_names_agree(tmp_path: Path) -> None:
     """A 300-character note pushed the metrics out of view; the dropdown named a metric
     otherwise than the table and chose "acc" (alphabetical) over the loss."""
