@@ -139,9 +139,16 @@ function render({ model, el }) {
     for (const n of nodes) {
       if (!n.parent || !at[n.parent]) continue;
       const [x1, y1] = at[n.parent], [x2, y2] = at[n.id];
-      const ym = (y1 + y2) / 2;
+      // A fork leaves its parent's lane within the row gap below the parent, as git log
+      // --graph draws it, then runs down its own lane: down the parent's lane to half way it
+      // passed behind the nodes saved there after the parent, as if it left the last of them.
+      // It crosses the lanes between at mid-gap, clear of their nodes.
+      const down = Math.sign(y2 - y1), side = Math.sign(x2 - x1);
+      const ym = y1 + down * dy / 2, r = Math.min(dy / 2, Math.abs(x2 - x1) / 2);
       const path = document.createElementNS(NS, "path");
-      path.setAttribute("d", `M${x1},${y1} C${x1},${ym} ${x2},${ym} ${x2},${y2}`);
+      path.setAttribute("d", x1 === x2 ? `M${x1},${y1} L${x2},${y2}` :
+        `M${x1},${y1} Q${x1},${ym} ${x1 + side * r},${ym} L${x2 - side * r},${ym} ` +
+        `Q${x2},${ym} ${x2},${ym + down * r} L${x2},${y2}`);
       path.setAttribute("stroke", colors[n.lane % colors.length]);
       path.setAttribute("fill", "none");
       path.setAttribute("stroke-width", "2");

@@ -308,8 +308,10 @@ def plot_metrics(store: StoreLike, metric: str | None = None, *,
 def plot_dag(store: StoreLike, *, current: str | None = None,
              selected: str | Iterable[str] = (),
              metric: str | None = None, mode: str = "min", table: Any = None) -> Figure:
-    """The checkpoint graph: branches as lanes, parent edges, strategy as marker
-    (full ●, incremental ○, differential ◇), pinned ★, best ringed in gold, the
+    """The checkpoint graph, as the explorer's DAG draws it: branches as lanes, parent edges
+    (a fork leaves its parent's lane just below the parent), strategy as marker (full ●,
+    incremental ○, differential ◇), each checkpoint's label in a column right of the lanes
+    (pinned ★ before its id), best ringed in gold, the
     kernel's position (``current``, by default this process's) arrowed, or marked
     ``kernel ⇢`` on its nearest kept ancestor where that checkpoint was deleted since, as
     the explorer marks it. ``metric`` and ``mode`` say what "best" ranks by (default:
@@ -341,8 +343,7 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
     for node in nodes:
         parent = where.get(node.parent) if node.parent else None
         if parent is not None:
-            ax.plot([parent.lane, node.lane], [parent.row, node.row],
-                    color=_lane_color(node.lane), linewidth=1.6, zorder=1)
+            ax.plot(*_edge(parent, node), color=_lane_color(node.lane), linewidth=1.6, zorder=1)
     chosen = set(id_list(selected))
     labels = len(nodes) <= 80
     groups: dict[tuple[str, int], list[DagNode]] = {}
@@ -362,14 +363,15 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
                        marker=marker, facecolors="none", edgecolors=color, linewidths=width,
                        zorder=2, gid=gid)
     pinned = [n for n in nodes if n.pinned]
-    if pinned:
-        ax.scatter([n.lane + 0.18 for n in pinned], [n.row + 0.25 for n in pinned], s=60,
-                   marker="*", color="goldenrod", zorder=4, gid="pinned")
-    if labels:
+    if labels:  # in a column right of the lanes, as the explorer's (no edge crosses them)
         for node in nodes:
             step = "" if node.step is None else f"  step {node.step}"
-            ax.annotate(f"{node.id}{step}", (node.lane, node.row), xytext=(10, -3),
-                        textcoords="offset points", fontsize=7, family="monospace")
+            ax.annotate(f"{'★ ' * node.pinned}{node.id}{step}", (lanes - 1, node.row),
+                        xytext=(10, -3), textcoords="offset points", fontsize=7,
+                        family="monospace")
+    elif pinned:  # (no label to carry it)
+        ax.scatter([n.lane + 0.18 for n in pinned], [n.row + 0.25 for n in pinned], s=60,
+                   marker="*", color="goldenrod", zorder=4, gid="pinned")
     if current in where:
         node = where[current]
         if gone is None:
@@ -398,6 +400,26 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
     for side in ("right", "bottom", "left"):
         ax.spines[side].set_visible(False)
     return fig
+
+
+def _edge(parent: DagNode, node: DagNode) -> tuple[list[float], list[float]]:
+    """A parent edge's line (lanes, rows), as the explorer's DAG draws it: a fork leaves
+    its parent's lane in the row gap below the parent, as ``git log --graph`` draws it,
+    crossing the lanes between at mid-gap, and runs down its own lane to the child (a
+    straight diagonal crossed the labels and nodes on its way), its corners rounded."""
+    (x1, y1), (x2, y2) = (parent.lane, parent.row), (node.lane, node.row)
+    if x1 == x2:
+        return [x1, x2], [y1, y2]
+    down, side = math.copysign(1, y2 - y1), math.copysign(1, x2 - x1)
+    ym, rx, ry = y1 + down / 2, 0.15 * side, 0.3 * down  # (corners: a lane is the wider)
+    xs, ys = [float(x1)], [float(y1)]
+    for start, bend, end in (((x1, ym - ry), (x1, ym), (x1 + rx, ym)),
+                             ((x2 - rx, ym), (x2, ym), (x2, ym + ry))):
+        for k in range(9):  # a quadratic Bézier corner
+            t = k / 8
+            xs.append((1 - t) ** 2 * start[0] + 2 * (1 - t) * t * bend[0] + t ** 2 * end[0])
+            ys.append((1 - t) ** 2 * start[1] + 2 * (1 - t) * t * bend[1] + t ** 2 * end[1])
+    return xs + [float(x2)], ys + [float(y2)]
 
 
 def _branch_of_lane(nodes: Sequence[DagNode], lane: int) -> str:

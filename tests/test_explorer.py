@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import ckpt_nb
@@ -69,6 +70,50 @@ def test_dag_layout_gives_a_lane_per_branch(store) -> None:
     assert {lanes[i] for i in main} == {0} and {lanes[i] for i in branch} == {1}
     parents = {n.id: n.parent for n in nodes}
     assert parents[branch[0]] == main[1] and parents[main[0]] is None
+
+
+def forked_store(path: Path) -> list[str]:
+    """Four checkpoints on main; branch-1 from the second (after the other two), branch-2
+    from the first, main on from the fourth, then branch-3 from the fourth: forks that cross
+    lanes, one of them just above another lane's node. Returns the ids in save order."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(path) as mgr:
+        ids = [mgr.save(model, step=s) for s in range(4)]
+        for parent, steps in ((ids[1], (10, 11)), (ids[0], (20,)), (ids[3], (30,)),
+                              (ids[3], (40,))):
+            mgr.restore(parent, model=model)
+            ids += [mgr.save(model, step=s) for s in steps]
+    return ids
+
+
+def test_the_static_dag_draws_forks_clear_of_other_nodes_and_the_labels(
+        tmp_path: Path) -> None:
+    """plot_dag drew a fork as a straight diagonal from its parent: across the labels of
+    the parent's lane and past the nodes between; the ★ of a pinned one covered its id."""
+    ids = forked_store(tmp_path / "s")
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        mgr.pin(ids[1])
+    fig = ckpt_nb.plot_dag(tmp_path / "s")
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    ax = fig.axes[0]
+    nodes = {n.id: ax.transData.transform((n.lane, n.row))
+             for n in dag_layout(ckpt_nb.CheckpointManager(tmp_path / "s").list())}
+    labels = [t.get_window_extent(renderer) for t in ax.texts]
+    reach = math.sqrt(70 / math.pi) * fig.dpi / 72 + 1.6  # (a node's radius, the stroke)
+    lines = ax.get_lines()
+    assert len(lines) == len(ids) - 1
+    for line in lines:
+        corners = ax.transData.transform(np.column_stack(line.get_data()))
+        points = np.concatenate([np.linspace(a, b, 50) for a, b in zip(corners, corners[1:])])
+        ends = [i for i, c in nodes.items() if min(np.hypot(*(points[[0, -1]] - c).T)) < 0.5]
+        assert len(ends) == 2
+        for cid, centre in nodes.items():
+            if cid not in ends:
+                assert np.hypot(*(points - centre).T).min() > reach, (ends, cid)
+        for box in labels:
+            assert not any(box.contains(x, y) for x, y in points), (ends, box)
+    assert [t.get_text() for t in ax.texts if "★" in t.get_text()] == [f"★ {ids[1]}  step 1"]
 
 
 def test_plots_are_figures_with_what_they_show(store) -> None:
