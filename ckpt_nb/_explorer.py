@@ -93,9 +93,18 @@ function render({ model, el }) {
     .ckpt-nb-table td { padding: 2px 6px; white-space: nowrap;
                         border-bottom: 1px solid var(--jp-border-color2, #ddd);
                         font-family: var(--jp-code-font-family, monospace); }
+    .ckpt-nb-table th:first-child { left: 0; z-index: 2; }
+    .ckpt-nb-table td:first-child {
+      position: sticky; left: 0; z-index: 1;
+      background-color: var(--jp-layout-color1, var(--vscode-editor-background, white)); }
     .ckpt-nb-row { cursor: pointer; }
     .ckpt-nb-row:hover { background: rgba(31, 119, 180, 0.08); }
     .ckpt-nb-selected { background: rgba(31, 119, 180, 0.22) !important; }
+    .ckpt-nb-row:hover td:first-child {
+      background-image: linear-gradient(rgba(31, 119, 180, 0.08), rgba(31, 119, 180, 0.08)); }
+    .ckpt-nb-selected td:first-child {
+      background-image: linear-gradient(rgba(31, 119, 180, 0.22), rgba(31, 119, 180, 0.22))
+                        !important; }
     .ckpt-nb-best { font-weight: bold; color: #a66f00; }`;
   el.parentElement ? el.parentElement.appendChild(style) : document.head.appendChild(style);
   for (const name of ["rows", "columns", "selected", "sort_by", "ascending"]) {
@@ -210,10 +219,13 @@ function render({ model, el }) {
 export default { render };
 """
 
+# The table's own columns; the metric columns go before the last, the note, as in ckpt-nb
+# ls: after it they began past the right edge of a ~950 px output. The id column stays at
+# the left edge as the table scrolls sideways (its cells opaque, in the theme's colour).
 TABLE_COLUMNS = ("id", "branch", "step", "epoch", "created", "strategy", "stored", "logical",
                  "pinned", "note")
-# A longer note is cut in its cell (its whole text is the cell's tooltip): the metric
-# columns after it stay in view.
+# A longer note is cut in its cell (its whole text is the cell's tooltip), so that it
+# widens the table no more than this.
 NOTE_CHARS = 32
 # The DAG tab's most height: a store of hundreds scrolls inside it, the buttons below
 # stay in view.
@@ -556,7 +568,8 @@ class Explorer(w.VBox):
                 value = dropdown.value
                 dropdown.options = choices
                 dropdown.value = value if value in ids else None
-        self.table.columns = list(TABLE_COLUMNS) + list(labels.values())
+        *fields, note = TABLE_COLUMNS
+        self.table.columns = [*fields, *labels.values(), note]
         self._fill_table()
         self.dag.nodes = [vars(n) for n in _plots.dag_layout(frame, self.manager.metric,
                                                              self.manager.mode)]

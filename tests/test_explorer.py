@@ -921,7 +921,8 @@ def test_long_notes_are_cut_and_metric_names_agree(tmp_path: Path) -> None:
         assert ui.dag.layout.max_height == _explorer.DAG_HEIGHT
         assert ui.dag.layout.overflow == "auto"
         labels = [label for label, _ in ui.metric.options]
-        assert labels == ui.table.columns[len(_explorer.TABLE_COLUMNS):]
+        assert labels == ui.table.columns[len(_explorer.TABLE_COLUMNS) - 1:-1]
+        assert ui.table.columns[-1] == "note"  # (last, as in ckpt-nb ls)
         assert "metric:stored" in labels and ui.metric.value == "val_loss"
         ui.select([ids[1]])
         ui.tabs.selected_index = 3  # a tensor removed: no l2, no rel_change

@@ -81,3 +81,48 @@ def test_a_fork_leaves_its_parent_not_a_later_checkpoint(page: Any, tmp_path: Pa
             if cid not in ends:
                 nearest = min(math.dist(centre, q) for q in points)
                 assert nearest > reach, f"the edge {ends} passes {nearest:.1f} px from {cid}"
+
+
+def test_the_ids_stay_in_view_as_the_table_scrolls_sideways(page: Any, tmp_path: Path) -> None:
+    """In a ~950 px output the metric columns began off the right edge (after the note),
+    and scrolling to them took the id column out of view."""
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        for step in range(3):
+            mgr.save(model, step=step, note="a fairly long note about this checkpoint",
+                     metrics={"train_loss": 1.0 / (step + 1), "val_acc": 0.5 + step / 10,
+                              "val_loss": 2.0 / (step + 1), "validation/perplexity": 30.0})
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        state = {name: getattr(ui.table, name)
+                 for name in ("columns", "rows", "selected", "sort_by", "ascending")}
+        state["selected"] = [state["rows"][1]["id"]]
+    finally:
+        ui.close()
+    page.evaluate(RENDER, [_explorer._TABLE_ESM, state, "930px"])
+    table = page.locator(".ckpt-nb-table")
+    shown = page.evaluate("""() => {
+        const el = document.querySelector(".ckpt-nb-table");
+        const right = el.getBoundingClientRect().right;
+        return [...el.querySelectorAll("th")].filter(
+          (th) => th.getBoundingClientRect().right <= right).map((th) => th.textContent); }""")
+    assert {"train_loss", "val_acc"} <= set(shown)  # (in view before any scrolling)
+    table.evaluate("el => { el.scrollLeft = el.scrollWidth; }")
+    table.screenshot(path=artifacts_dir() / "explorer-table-scrolled.png")
+    cells = page.evaluate("""() => {
+        const el = document.querySelector(".ckpt-nb-table"), box = el.getBoundingClientRect();
+        return [...el.querySelectorAll("tr")].map((tr) => {
+          const cell = tr.cells[0], r = cell.getBoundingClientRect();
+          const seen = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+          return [cell.textContent, Math.round(r.left - box.left), seen === cell,
+                  getComputedStyle(cell).backgroundColor]; }); }""")
+    assert page.evaluate("() => document.querySelector('.ckpt-nb-table').scrollLeft") > 0
+    assert [c[0] for c in cells] == ["id"] + [r["id"] for r in state["rows"]]
+    assert all(left == 0 and on_top for _, left, on_top, _ in cells)  # nothing shows through
+    assert {c[3] for c in cells[1:]} == {"rgb(255, 255, 255)"}
+    page.evaluate("() => document.body.style.setProperty('--jp-layout-color1', '#111111')")
+    backgrounds = page.evaluate("""() => [...document.querySelectorAll(
+        ".ckpt-nb-table td:first-child")].map((td) => getComputedStyle(td).backgroundColor)""")
+    assert set(backgrounds) == {"rgb(17, 17, 17)"}  # (JupyterLab Dark's own colour)
