@@ -233,6 +233,10 @@ DAG_HEIGHT = "480px"
 # The values the Diff tab lists (a notebook's hundred variables would push its tensors
 # out of view); the rest are counted.
 DIFF_VALUE_ROWS = 40
+# The Metrics dropdown's width in pixels: the least, and what each character of its longest
+# name adds beyond its 110 px of label and arrow (at 280 px a long name was cut), within
+# the output's width.
+METRIC_WIDTH = (280, 8)
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
 # While saves keep coming (a training run in this kernel saving every few steps), the
 # follower redraws once a gap at most: a redraw reads every row and draws the visible tab
@@ -436,7 +440,8 @@ class Explorer(w.VBox):
         self.table_note = w.HTML(NO_CHECKPOINTS)
         self.dag_note = w.HTML(NO_CHECKPOINTS)
         self.kernel_note = w.HTML(layout=w.Layout(display="none"))
-        self.metric = w.Dropdown(description="metric", layout=w.Layout(width="280px"))
+        self.metric = w.Dropdown(description="metric",
+                                 layout=w.Layout(width=f"{METRIC_WIDTH[0]}px", max_width="100%"))
         self.metric.observe(self._on_metric_choice, names="value")
         self.metrics_plot = w.Image(format="png")
         self.compare_plot = w.Image(format="png")
@@ -568,6 +573,9 @@ class Explorer(w.VBox):
                 value = dropdown.value
                 dropdown.options = choices
                 dropdown.value = value if value in ids else None
+        least, per_character = METRIC_WIDTH
+        longest = max(map(len, labels.values()), default=0)
+        self.metric.layout.width = f"{max(least, 110 + per_character * longest)}px"
         *fields, note = TABLE_COLUMNS
         self.table.columns = [*fields, *labels.values(), note]
         self._fill_table()
@@ -758,7 +766,9 @@ class Explorer(w.VBox):
             self._draw(self._draw_diff)
 
     def _on_metric_choice(self, _: Any) -> None:
-        """A metric the user picked: draw it."""
+        """A metric the user picked: draw it. Its whole name is the dropdown's tooltip
+        (an output narrower than the name cuts it)."""
+        self.metric.tooltip = self.metric.label
         if not self._choosing_values:
             self._draw(self._draw_metrics)
 

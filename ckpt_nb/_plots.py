@@ -13,6 +13,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -53,6 +54,10 @@ COMPARE_MOST = 40
 # A changed tensor whose bar is shorter than this part of the longest gets its value
 # written beside it.
 SMALLEST_BAR = 0.01
+# plot_compare's bars, one shade of slate grey per checkpoint between these, every other
+# one hatched; its marks where there is no bar ("n/a", "inf") in dark text.
+BAR_DARK, BAR_LIGHT = "#3b4a5a", "#b4bfcc"
+TEXT_DARK = "0.15"
 STRATEGY_MARKERS = {"full": ("o", True), "incremental": ("o", False),
                     "differential": ("D", False)}
 
@@ -479,20 +484,30 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     return fig
 
 
-def _id_colors(count: int) -> list[Any]:
-    """A distinct colour per checkpoint: matplotlib's 10, then its 20, then a colormap."""
-    if count <= 10:
-        return [f"C{k}" for k in range(count)]
-    if count <= 20:
-        return [matplotlib.colormaps["tab20"](k) for k in range(count)]
-    return [matplotlib.colormaps["turbo"](k / (count - 1)) for k in range(count)]
+def _bar_colors(count: int) -> list[Any]:
+    """A shade of one slate grey per checkpoint, dark to light: the hues of matplotlib's
+    cycle read as the branches of the line plot above (C0 is main's blue, C1 branch-1's
+    orange), and a light one of its colormap left white text unreadable."""
+    from matplotlib.colors import LinearSegmentedColormap
+
+    ramp = LinearSegmentedColormap.from_list("slate", [BAR_DARK, BAR_LIGHT])
+    return [ramp(k / max(count - 1, 1)) for k in range(count)]
 
 
 def _short(name: str, width: int = 28, most: int = 56) -> str:
-    """A long metric name as a title of two lines at most, its middle elided."""
+    """A long metric name as a title of lines ``width`` wide at most, broken after a "/",
+    "_", ".", "-" or space where it has one (not mid-word), its middle elided past
+    ``most``."""
     if len(name) > most:
         name = f"{name[:most // 2 - 1]}…{name[-(most // 2):]}"
-    return "\n".join(name[i:i + width] for i in range(0, len(name), width))
+    lines = [""]
+    for word in re.findall(r"[^/_.\- ]*[/_.\- ]*", name):
+        if lines[-1] and len(lines[-1]) + len(word) > width:
+            lines.append("")
+        lines[-1] += word
+        while len(lines[-1]) > width:  # (a word longer than a line is cut)
+            lines[-1:] = [lines[-1][:width], lines[-1][width:]]
+    return "\n".join(line for line in lines if line)
 
 
 @_literal_text
@@ -500,7 +515,8 @@ def plot_compare(store: StoreLike, ids: str | Iterable[str],
                  metrics: Sequence[str] | None = None, *, table: Any = None) -> Figure:
     """The metrics of 2+ checkpoints side by side: a panel per metric, each with its own
     y scale (a loss of 0.3 beside a perplexity of 300 would be a flat line), a bar per
-    checkpoint named under it (no legend to outgrow the figure). A value missing or
+    checkpoint named under it (no legend to outgrow the figure), in shades of one grey (no
+    hue of plot_metrics' branches). A value missing or
     infinite has no bar (a 0.0 bar would read as a real 0) but a mark: "n/a", "inf". Of
     more than 40 checkpoints the first 40 are drawn (the title counts the rest)."""
     ids = id_list(ids)
@@ -529,17 +545,19 @@ def plot_compare(store: StoreLike, ids: str | Iterable[str],
     if left_out > 0:
         fig.suptitle(f"the first {COMPARE_MOST} checkpoints asked for: the other {left_out} "
                      "are not drawn", fontsize=9)
-    colors = _id_colors(len(ids))
+    colors = _bar_colors(len(ids))
     for k, name in enumerate(names):
         ax = fig.add_subplot(rows, columns, k + 1)
         values = chosen[name].tolist()
         bars = [(x, v, c) for x, (v, c) in enumerate(zip(values, colors)) if math.isfinite(v)]
-        ax.bar([x for x, _, _ in bars], [v for _, v, _ in bars], width=0.8,
-               color=[c for _, _, c in bars])
-        for x, (value, color) in enumerate(zip(values, colors)):  # no bar: a mark instead
+        drawn = ax.bar([x for x, _, _ in bars], [v for _, v, _ in bars], width=0.8,
+                       color=[c for _, _, c in bars], edgecolor=BAR_DARK, linewidth=0.6)
+        for bar, (x, _, _) in zip(drawn, bars):  # (neighbours apart, in grey print too)
+            bar.set_hatch("///" if x % 2 else "")
+        for x, value in enumerate(values):  # no bar: a mark instead
             if not math.isfinite(value):
                 ax.text(x, 0, "n/a" if math.isnan(value) else f"{value}", rotation=90,
-                        ha="center", va="bottom", fontsize=8, color=color)
+                        ha="center", va="bottom", fontsize=8, color=TEXT_DARK)
         ax.set_xlim(-0.6, len(ids) - 0.4)  # (the marks too, not only bars)
         ax.set_xticks(range(len(ids)), ids, rotation=90, fontsize=7, family="monospace")
         ax.set_title(_short(name), fontsize=9)

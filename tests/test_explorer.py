@@ -757,6 +757,40 @@ def test_compare_gives_each_metric_its_scale_and_each_checkpoint_a_colour(
     assert all(len(line) <= 28 for ax in fig.axes for line in ax.get_title().split("\n"))
 
 
+def test_compare_bars_are_no_branch_colours_and_long_names_break_between_words(
+        tmp_path: Path) -> None:
+    """The compare bars took matplotlib's blue and orange, main's and branch-1's in the
+    line plot above; "n/a" was written in light colours, unreadable on white; a long
+    metric's axis label broke mid-word; the Metrics dropdown cut a long name at 280 px."""
+    from matplotlib.colors import rgb_to_hsv, to_rgb
+
+    long = "validation/cross_entropy_loss_top1"
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    ids = [mgr.save(model, step=i, metrics={long: 0.5 / (i + 1), "acc": 0.1 * i})
+           for i in range(3)]
+    ids.append(mgr.save(model, step=3, metrics={"acc": 0.9}))
+    fig = ckpt_nb.plot_compare(mgr, ids)
+    _plots.to_png(fig)
+    bars = [bar for ax in fig.axes for bar in ax.patches]
+    # (a slate grey; the hues of the line plot, matplotlib's cycle: 0.45 and more, but C7's grey)
+    assert max(rgb_to_hsv(to_rgb(bar.get_facecolor()))[1] for bar in bars) < 0.4
+    panel = next(ax for ax in fig.axes if ax.get_title() == "acc")
+    assert [bool(bar.get_hatch()) for bar in panel.patches] == [False, True, False, True]
+    (mark,) = [t for ax in fig.axes for t in ax.texts]
+    assert mark.get_text() == "n/a" and max(to_rgb(mark.get_color())) < 0.3  # dark text
+    assert ckpt_nb.plot_metrics(mgr, long).axes[0].get_ylabel() == \
+        "validation/cross_entropy_\nloss_top1"
+    mgr.close()
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.metric.value = long
+        assert ui.metric.tooltip == long and ui.metric.layout.max_width == "100%"
+        assert int(ui.metric.layout.width.removesuffix("px")) >= 110 + 8 * len(long)
+    finally:
+        ui.close()
+
+
 def test_an_action_failing_unexpectedly_says_so(store, monkeypatch) -> None:
     """Export's TypeError (of a damaged checkpoint) escaped the button: the click did
     nothing to see."""
