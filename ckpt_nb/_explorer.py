@@ -419,6 +419,9 @@ class Explorer(w.VBox):
         self.table_frame: Any = None
         self.selected: list[str] = []
         self._pending_action: tuple[str, str] | None = None
+        # Why the last selection asked for was not made, the store unreadable (a click queued
+        # meanwhile, a Pin, must not act on the selection before it), till the store reads.
+        self._unmade_selection: str | None = None
         self._transient = False  # the status line shows a failed draw or refresh
         # While the status line tells of a rollback: its target and the ids there were then
         # (a save since makes "the next save starts a branch from it" old news).
@@ -555,6 +558,7 @@ class Explorer(w.VBox):
         """Show a table the store's catalog gave: rows, choices, DAG and title (the caller
         holds the lock, or no other thread runs yet)."""
         self.table_frame = frame
+        self._unmade_selection = None  # (the views show what the buttons act on again)
         self.selected = [i for i in self.selected if i in set(frame["id"])]
         if self._pending_action and self._pending_action[1] not in self.selected:
             self._drop_pending(gone=self._pending_action[1] not in set(frame["id"]))
@@ -719,8 +723,10 @@ class Explorer(w.VBox):
             try:
                 selected = list(dict.fromkeys(self._resolve(i) for i in names))
             except StoreError as exc:
+                self._unmade_selection = f"{', '.join(names)} could not be selected: {exc}"
                 self._say_stale(exc)
                 return self.selected
+            self._unmade_selection = None
             if not set(selected) <= set(self.table_frame["id"]):
                 self.refresh()  # (saved elsewhere since the last poll: rows for them first)
             if selected != self.selected:
@@ -731,12 +737,14 @@ class Explorer(w.VBox):
             return self.selected
 
     def _on_view_select(self, change: Any) -> None:
-        if list(change["new"]) != self.selected and \
-                self._guard(lambda: self.select(change["new"])) is None:
-            # Failed (a checkpoint deleted meanwhile): the views show again what the
-            # buttons act on.
-            self.table.selected = list(self.selected)
-            self.dag.selected = list(self.selected)
+        asked = list(change["new"])
+        if asked != self.selected:
+            self._guard(lambda: self.select(asked))
+            if self.selected != asked:
+                # Not made (a checkpoint deleted meanwhile, the store unreadable): the views
+                # show again what the buttons act on.
+                self.table.selected = list(self.selected)
+                self.dag.selected = list(self.selected)
 
     def _sync_selection(self) -> None:
         self.table.selected = list(self.selected)
@@ -817,7 +825,11 @@ class Explorer(w.VBox):
 
     def _one(self) -> str:
         """The checkpoint a button acts on: the one selected (none, or several, is a usage
-        error: no checkpoint is missing)."""
+        error: no checkpoint is missing). Where the last selection asked for could not be
+        made, the store unreadable, that is the reason given, and nothing is acted on."""
+        if self._unmade_selection is not None:
+            raise StoreError(f"{self._unmade_selection}; nothing done: select again once the "
+                             "store can be read")
         if len(self.selected) != 1:
             several = f": {len(self.selected)} are selected" if self.selected else ""
             raise ValueError(f"select one checkpoint first{several} (click a row in "

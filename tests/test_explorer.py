@@ -1109,6 +1109,46 @@ def test_a_server_down_shows_in_the_status_line_and_goes_when_it_is_back(
         relay.down()
 
 
+def test_a_click_the_store_could_not_select_is_the_reason_a_button_gives(
+        endpoint: str, s3_url: str) -> None:
+    """With the S3 server down a row's click selected nothing, and the Pin clicked after it
+    said "select one checkpoint first" (the read error was not the reason given); with a
+    checkpoint selected before, the view showed the row clicked while Pin acted on the
+    other one."""
+    model = torch.nn.Linear(2, 2)
+    a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
+    relay = Relay(endpoint)
+    mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
+                                                config_kwargs={"retries": {"max_attempts": 1}}))
+    ui = ckpt_nb.explore(mgr, poll_seconds=0)
+    try:
+        relay.down()
+        ui.table.selected = [b]  # (a row's click)
+        assert ui.selected == [] and ui.table.selected == [] and ui.dag.selected == []
+        ui.pin_button.click()
+        said = html.unescape(ui.status.value)
+        assert f"⚠ Pin failed: {b} could not be selected: " in said and s3_url in said
+        assert "select again once the store can be read" in said
+        assert "select one checkpoint first" not in said
+        relay.up()
+        assert ui.refresh() is True
+        ui.table.selected = [a]
+        relay.down()
+        ui.dag.selected = [b]  # (a node's click)
+        assert ui.selected == ui.table.selected == ui.dag.selected == [a]
+        ui.pin_button.click()  # (not a's pin: b was clicked)
+        assert f"⚠ Pin failed: {b} could not be selected: " in html.unescape(ui.status.value)
+        relay.up()
+        assert ui.refresh() is True  # (the views show what Pin acts on again)
+        ui.pin_button.click()
+        assert f"pinned {a}" in ui.status.value
+        assert ui.table_frame.set_index("id")["pinned"].to_dict() == {a: True, b: False}
+    finally:
+        ui.close()
+        mgr.close()
+        relay.down()
+
+
 def test_an_object_store_deleted_while_open_is_named_gone(s3_url: str) -> None:
     """Its manager read the empty prefix as a store of no checkpoints: the table emptied,
     the status line said nothing."""
