@@ -599,6 +599,7 @@ class _LoopReader:
         self.binding: dict[str, list[str]] | None = None  # (a helper's: its parameters)
         self.shared = True  # (whether the helper read has the namespace as its globals)
         self.reading: set[str] = set()
+        self.bare: set[str] = set()  # (a helper's parameters bound to a name alone)
 
     def names(self, node: ast.Name) -> list[str]:
         """The namespace names a name in the code read stands for (in a helper: its
@@ -617,6 +618,12 @@ class _LoopReader:
 
     def statement(self, node: ast.AST, scope: _Scope, repeated: bool, after: bool) -> None:
         """A statement (or a part of one: a ``with`` item, an ``except`` clause)."""
+        if isinstance(node, ast.ClassDef) and self.binding is None:
+            # (its methods run where a call of an instance the namespace does not hold
+            # yet runs them: the names they read may be passed to any loop)
+            self.escapes.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name)
+                                and isinstance(n.ctx, ast.Load))
+            return
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return  # (its body runs where it is called)
         if isinstance(node, (ast.For, ast.AsyncFor)):
@@ -650,6 +657,7 @@ class _LoopReader:
         call the reader follows, which may be passed to any loop."""
         calls = sorted(_calls(node, repeated), key=lambda c: (c[0].lineno, c[0].col_offset))
         followed: set[int] = set()
+        handed: set[int] = set()  # (an attribute's owner an unread call is given it from)
         for call, again in calls:
             followed.add(id(call.func))
             if _is_call_of(call, "batches"):
@@ -662,7 +670,8 @@ class _LoopReader:
                 attributes = {id(a.value): a.attr for a in _call_arguments(call)
                               if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)}
                 self.passes.append((tuple(
-                    f"{n}.{attributes[id(a)]}" if id(a) in attributes else n
+                    (f"{n}.{attributes[id(a)]}" if self.binding is None or a.id in self.bare
+                     or a.id not in self.binding else "?") if id(a) in attributes else n
                     for a in arguments for n in self.names(a)), where))
             elif isinstance(call.func, ast.Name) and call.func.id not in self.reading \
                     and (definition := self.definition(call.func.id)) is not None:
@@ -679,6 +688,8 @@ class _LoopReader:
                 followed.update(id(a) for a in _call_arguments(call) if isinstance(a, ast.Name))
             else:
                 scope.opaque = True
+                handed.update(id(a.value) for a in _call_arguments(call)  # (``f(self.loader)``)
+                              if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name))
                 if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name):
                     self.escapes.update(self.names(call.func.value))  # (its method may pass
                     # the loaders it holds to a loop: ``self.fit()`` in a method read)
@@ -686,6 +697,7 @@ class _LoopReader:
         # or looked at here, not passed to a loop elsewhere)
         read_here = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)} | \
             {id(n.iter) for n in ast.walk(node) if isinstance(n, ast.comprehension)}
+        read_here -= handed
         for name in _name_nodes([node]):
             if id(name) not in followed and id(name) not in read_here and \
                     isinstance(name.ctx, ast.Load):
@@ -718,6 +730,14 @@ class _LoopReader:
             if isinstance(argument, ast.Starred):
                 break
             bound[parameter] = argument
+        rest = call.args[len(positional):]
+        if arguments.vararg and rest:  # (``def wrapper(*a, **k)``: a decorator's)
+            bound[arguments.vararg.arg] = ast.Tuple(list(rest), ast.Load())
+        if arguments.kwarg:
+            left = [k.value for k in call.keywords if k.arg not in bound]
+            if left:
+                bound[arguments.kwarg.arg] = ast.Tuple(left, ast.Load())
+        bare = {p for p, a in bound.items() if isinstance(a, ast.Name)}
         nodes = {p: _name_nodes([a]) for p, a in bound.items()}
         binding = {p: [n for node in found for n in self.names(node)]
                    for p, found in nodes.items()}
@@ -726,14 +746,21 @@ class _LoopReader:
             parameters.add(arguments.vararg.arg)
         if arguments.kwarg:
             parameters.add(arguments.kwarg.arg)
-        outer = self.binding, self.shared
-        # (a parameter no argument binds, another module's global: no notebook name)
-        self.binding, self.shared = {**{p: [] for p in parameters}, **binding}, shared
+        outer = self.binding, self.shared, self.bare
+        # (a parameter no argument binds, another module's global: no notebook name; a
+        # local the body assigns, which a notebook name may share)
+        declared = {n for s in ast.walk(function) if isinstance(s, (ast.Global, ast.Nonlocal))
+                    for n in s.names}
+        assigned = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, (ast.Store, ast.Del))} - parameters - declared
+        self.binding, self.shared = {**dict.fromkeys(assigned, []),
+                                     **{p: [] for p in parameters}, **binding}, shared
+        self.bare = bare
         self.reading.add(name)
         try:
             self.block(function.body, scope, repeated, after)
         finally:
-            self.binding, self.shared = outer
+            self.binding, self.shared, self.bare = outer
             self.reading.discard(name)
         return [n for found in nodes.values() for n in found]
 
@@ -772,20 +799,33 @@ def _runs_batches(node: ast.stmt) -> bool:
     return False
 
 
-def _loaders_in(value: Any) -> list[Any]:
-    """The DataLoaders a value is or holds, one level down (``loaders["train"]``,
-    ``trainer.loader``)."""
+def _loaders_in(value: Any, objects: bool = True) -> list[Any]:
+    """The DataLoaders a value is or holds, one level down (``loaders["train"]``; with
+    ``objects``, an object's attributes too: ``trainer.loader``)."""
     if isinstance(value, torch.utils.data.DataLoader):
         return [value]
     if isinstance(value, Mapping):
         items = list(value.values())
     elif isinstance(value, (list, tuple)):
         items = list(value)
-    elif not is_code(value):
-        items = list(_quietly(lambda: vars(value).values(), ()))
+    elif objects and not is_code(value):
+        items = _quietly(lambda: _attribute_values(value), [])
     else:
         return []
     return [v for v in items if isinstance(v, torch.utils.data.DataLoader)]
+
+
+def _attribute_values(value: Any) -> list[Any]:
+    """An object's attribute values, read without running its code: its ``__dict__``,
+    its ``__slots__`` and its class's attributes (a loader a class method uses)."""
+    found = list(getattr(value, "__dict__", {}).values())
+    for kind in type(value).__mro__:
+        found += kind.__dict__.values()
+        for slot in kind.__dict__.get("__slots__", ()):
+            member = kind.__dict__.get(slot)
+            if isinstance(member, types.MemberDescriptorType):
+                found.append(_quietly(lambda member=member: member.__get__(value), None))
+    return found
 
 
 def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str]] | None:
@@ -824,7 +864,7 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
         direct = [v for v in values if isinstance(v, torch.utils.data.DataLoader)]
         held = [loader for v in values if v is not None
                 and not isinstance(v, torch.utils.data.DataLoader)
-                for loader in _loaders_in(v)]
+                for loader in _loaders_in(v, objects=False)]
         for loader in direct:
             loops.setdefault(id(loader), set()).add(where)
         for loader in held if direct or held else loaders:  # (a name it cannot resolve)

@@ -171,6 +171,67 @@ def test_a_loader_a_trainer_batches_in_its_method_is_said_restored() -> None:
     assert said_of("trainer.one_epoch()", ns) == (EITHER, WRAP)
 
 
+class Task:
+    """A task holding its loader, nested in an experiment (``exp.val.loader``)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+
+class Experiment:
+    def __init__(self, train: Any, val: Any) -> None:
+        self.loader, self.val = train, Task(val)
+
+    def evaluate(self, task: Any) -> None:
+        for _ in ckpt_nb.batches(task.loader):
+            pass
+
+    def aliased(self) -> None:
+        loader = self.val.loader  # (a local, though the notebook has a loader too)
+        for _ in ckpt_nb.batches(loader):
+            pass
+
+    def handed(self) -> None:
+        run_epoch(self.loader)  # (a helper of a method: not read)
+
+
+def run_task(task: Any) -> None:
+    for _ in ckpt_nb.batches(task.loader):
+        pass
+
+
+class SlottedRunner:
+    __slots__ = ("loader",)
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    @staticmethod
+    def go(loader: Any) -> None:
+        for _ in ckpt_nb.batches(loader):
+            pass
+
+
+def test_what_a_method_or_helper_passes_that_the_reader_cannot_name_is_said_in_general() \
+        -> None:
+    """A reader of methods must not say the wrong loader restored: ``exp.val`` was read as
+    ``exp`` (train_loader 'restores', val_loader 'wrap it'); so was a method's local named
+    like the notebook's loader; a method's helper, a static method of a slotted object
+    and a class defined in the cell itself told 'wrap it'."""
+    ns = loaders()
+    ns.update(exp=Experiment(ns["loader"], ns["val_loader"]), run_task=run_task,
+              slotted=SlottedRunner(ns["loader"]))
+    for code in ("run_task(exp.val)", "exp.evaluate(exp.val)",
+                 "for b in ckpt_nb.batches(exp.val.loader): pass", "exp.aliased()"):
+        assert said(code, ns)["val_loader"] == EITHER, code
+        assert said(code, ns)["loader"] in (EITHER, WRAP), code
+    assert said("exp.handed()", ns)["loader"] == EITHER
+    assert said("slotted.go(slotted.loader)", ns)["loader"] == EITHER
+    in_the_cell = ("class Local:\n    def fit(self):\n        for b in ckpt_nb.batches(loader): "
+                   "pass\nLocal().fit()\n")
+    assert said(in_the_cell, ns)["loader"] == EITHER
+
+
 SETUP = """
 import torch, ckpt_nb
 data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
