@@ -829,6 +829,7 @@ class FsspecStore(Store):
         self._doubled_root = former if doubled is not None and not self.locked_everywhere \
             else None
         self._doubled_files = doubled
+        self._fetched = _Fetched()
 
     @property
     def identity(self) -> str:
@@ -916,6 +917,32 @@ class FsspecStore(Store):
                 if start is not None and start >= self.fs.size(path):
                     return b""
                 raise
+
+    def read_into(self, key: str, start: int, out: memoryview) -> int:
+        got = self._fetched.take(key, start, out, functools.partial(self._fetch, key))
+        return got if got is not None else super().read_into(key, start, out)
+
+    def prefetch(self, key: str, ranges: Iterable[tuple[int, int]]) -> None:
+        """Read these ranges of a pack together: near ones (``PREFETCH_GAP`` apart)
+        merged into spans of up to ``PREFETCH_SPAN`` bytes, the first read of one
+        fetching it and the spans after it, ``PREFETCH_AHEAD`` bytes in all, at once
+        (``cat_ranges``: concurrently on S3), each held until ``read_into`` has read every
+        range in it. A restore of many small tensors sent one GET per chunk, one after
+        another: 1,610 for a model of 400 small tensors, 70 times as slow as from local
+        disk. A range larger than a span, or one read where ``PREFETCH_HELD`` bytes are
+        held already, is read as it comes."""
+        self._fetched.plan(key, ranges)
+
+    def _fetch(self, key: str, spans: Sequence[tuple[int, int]]) -> list[Any]:
+        """The bytes of these [start, end) spans of a value, or for each that failed its
+        error (a read of it then asks again, and says why)."""
+        path = self._path(key)
+        try:
+            with self._asking(f"reading {key}"):
+                return list(self.fs.cat_ranges([path] * len(spans), [s for s, _ in spans],
+                                               [e for _, e in spans], on_error="return"))
+        except (OSError, StoreError) as exc:
+            return [exc] * len(spans)
 
     @contextlib.contextmanager
     def writer(self, key: str) -> Iterator[Writer]:
@@ -1055,6 +1082,129 @@ _WRITES = ("upload of", "deleting")
 # plus its size at this rate (bytes a second): a server that stops reading fails the save.
 UPLOAD_SECONDS = 120.0
 UPLOAD_MIN_RATE = 1 << 20
+
+# FsspecStore.prefetch: ranges of a pack at most this many bytes apart are fetched in one
+# span (the bytes between are read and dropped), spans at most this long; a read fetches
+# its span and those after it, this many bytes at most; no more than this many bytes are
+# held at once (a span is dropped once every range in it is read, and one unread for
+# PREFETCH_IDLE seconds, as a restore stopped midway leaves it, by the next prefetch).
+PREFETCH_GAP = 64 << 10
+PREFETCH_SPAN = 16 << 20
+PREFETCH_AHEAD = 32 << 20
+PREFETCH_HELD = 256 << 20
+PREFETCH_IDLE = 60.0
+
+
+class _Span:
+    """A part of a pack to fetch in one request: ``[start, end)``, the ranges in it not
+    read yet, and its bytes once fetched."""
+
+    def __init__(self, start: int, end: int, ranges: list[tuple[int, int]]) -> None:
+        self.start, self.end = start, end
+        self.unread = set(ranges)
+        self.data: bytes | None = None
+        self.fetching = False
+
+
+class _Fetched:
+    """The spans that ``FsspecStore.prefetch`` planned and its reads fetch and read
+    (from several threads at once), each dropped once its ranges are read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._plans: dict[str, list[_Span]] = {}
+        self._used: dict[str, float] = {}  # (when each plan was last read from)
+        self._held = 0
+
+    def plan(self, key: str, ranges: Iterable[tuple[int, int]]) -> None:
+        """Plan the spans for these (start, length) ranges of ``key``: near ones merged,
+        none longer than PREFETCH_SPAN. It replaces an earlier plan for ``key``, and
+        drops those unread for PREFETCH_IDLE seconds."""
+        spans: list[_Span] = []
+        for start, length in sorted(set(ranges)):
+            if length <= 0 or start < 0 or length > PREFETCH_SPAN:
+                continue
+            end = start + length
+            last = spans[-1] if spans else None
+            if last is not None and start - last.end <= PREFETCH_GAP and \
+                    max(end, last.end) - last.start <= PREFETCH_SPAN:
+                last.end = max(end, last.end)
+                last.unread.add((start, length))
+            else:
+                spans.append(_Span(start, end, [(start, length)]))
+        now = time.monotonic()
+        with self._lock:
+            for older in [k for k, used in self._used.items() if now - used > PREFETCH_IDLE]:
+                self._drop(older)
+            self._drop(key)
+            if spans:
+                self._plans[key], self._used[key] = spans, now
+
+    def take(self, key: str, start: int, out: memoryview,
+             fetch: Callable[[Sequence[tuple[int, int]]], list[Any]]) -> int | None:
+        """Fill ``out`` from the span planned around it, fetching it first (with the
+        spans after it) where it is not yet; None where no span holds all of it, its
+        fetch failed or came short (the value ends first), or there is no room."""
+        end = start + len(out)
+        with self._lock:
+            spans = self._plans.get(key, [])
+            span = next((s for s in spans if s.start <= start and end <= s.end), None)
+            while span is not None and span.data is None:
+                if span.fetching:
+                    self._lock.wait()
+                    span = span if span in self._plans.get(key, ()) else None
+                    continue
+                batch, size = [], 0
+                for later in spans[spans.index(span):]:
+                    if later.data is not None or later.fetching or \
+                            size + later.end - later.start > PREFETCH_AHEAD:
+                        break
+                    batch.append(later)
+                    size += later.end - later.start
+                if self._held + size > PREFETCH_HELD:
+                    return None
+                for each in batch:
+                    each.fetching = True
+                self._held += size  # (its room taken while it is fetched)
+                got: list[Any] = []
+                self._lock.release()
+                try:
+                    got = fetch([(each.start, each.end) for each in batch])
+                finally:
+                    self._lock.acquire()
+                    self._held -= size
+                    current = self._plans.get(key) is spans  # (not replaced meanwhile)
+                    for i, each in enumerate(batch):
+                        data = got[i] if i < len(got) else None
+                        each.fetching = False
+                        if current and isinstance(data, bytes) and \
+                                len(data) == each.end - each.start:
+                            each.data = data
+                            self._held += len(data)
+                        elif each in spans:
+                            spans.remove(each)
+                    self._lock.notify_all()
+                if not current or span not in spans:
+                    return None
+            if span is None or span.data is None:
+                return None
+            self._used[key] = time.monotonic()
+            span.unread.discard((start, len(out)))
+            data = span.data
+            if not span.unread:
+                spans.remove(span)
+                self._held -= len(data)
+                if not spans:
+                    self._drop(key)
+        out[:] = memoryview(data)[start - span.start : end - span.start]
+        return len(out)
+
+    def _drop(self, key: str) -> None:
+        """Drop the plan for ``key`` and what it holds (the lock held)."""
+        self._held -= sum(len(span.data) for span in self._plans.pop(key, ())
+                          if span.data is not None)
+        self._used.pop(key, None)
+
 
 # How long (seconds) a pack, manifest or label that no catalog names is left alone in a
 # store that several machines may write at once (``Store.modified``): it may be another
