@@ -1040,17 +1040,39 @@ class FsspecStore(Store):
             return None
         return {key: _written_at(info) for key, info in self._found(prefix, detail=True)}
 
+    def _s3_below(self) -> bool:
+        """Whether the store's file system is S3's, or a ``dir::`` folder right over it,
+        which both take s3fs's ``find(prefix=)``."""
+        from fsspec.implementations.dirfs import DirFileSystem
+
+        return self.fs is self._files or \
+            isinstance(self.fs, DirFileSystem) and self.fs.fs is self._files
+
     def _found(self, prefix: str, detail: bool = False) -> Iterator[Any]:
-        """The keys under ``prefix`` (with ``detail``, each with its info, as pairs)."""
+        """The keys under ``prefix`` (with ``detail``, each with its info, as pairs), from
+        one listing: a folder not there lists nothing, and a value at ``prefix`` itself
+        (which ``find`` gives as its own listing) is no key under it. (An ``isdir`` asked
+        first listed the folder twice, on S3 every page of it: a save to a store of 400
+        checkpoints took a second.)"""
         base = self._path(prefix) if prefix else self.root
+        parent, _, name = base.rpartition("/")
+        where: dict[str, Any] = {"path": base}
+        if self._s3 and parent and self._s3_below():
+            # (as the folder's name after its parent's: s3fs asks whether a folder that
+            # lists nothing is a file, a HEAD and a LIST more for each empty one)
+            where = {"path": parent, "prefix": f"{name}/"}
         with self._asking(f"listing {prefix or 'the store'}", base):
-            found = (self.fs.find(base, detail=True) if detail else
-                     dict.fromkeys(self.fs.find(base))) if self.fs.isdir(base) else {}
+            try:
+                found = self.fs.find(**where, detail=True) if detail else \
+                    dict.fromkeys(self.fs.find(**where))
+            except FileNotFoundError:  # (S3's NoSuchBucket)
+                found = {}
         top = self.root.strip("/")
         cut = len(top) + 1 if top else 0  # (a store at a file system's root: memory://)
+        under = f"{prefix}/" if prefix else ""
         for path, info in found.items():
             key = path.lstrip("/")[cut:]
-            if _is_key(key):  # (a name ckpt_nb could have written)
+            if key.startswith(under) and _is_key(key):  # (a name ckpt_nb could have written)
                 yield (key, info) if detail else key
 
 

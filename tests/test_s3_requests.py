@@ -108,3 +108,27 @@ def test_a_restore_of_many_small_tensors_asks_for_each_pack_not_each_chunk(
     reads = relay.asked("GET", f"/{bucket}/exp/packs/")
     assert 0 < len(reads) <= 2 * len(packs), (len(reads), packs)
     assert held == 0  # (each span dropped once read)
+
+
+def test_a_save_lists_each_folder_of_the_store_once_whatever_its_size(
+        bucket: str, relay: OutageRelay) -> None:
+    """Each listing of a folder asked first whether it was one (s3fs's isdir: a listing
+    of every page of it), then listed it again: packs/ and manifests/ twice per save, a
+    second per save at 400 checkpoints. A save's LISTs are as many at 12 checkpoints as
+    at 2: one per folder (s3fs's find asked whether an empty one was a file too)."""
+    url = f"s3://{bucket}/exp"
+    holder = Holder({"w": torch.zeros(10)})
+    listed = {}
+    with CheckpointManager(url) as mgr:
+        for n in range(1, 13):
+            holder.state["w"] += 1
+            relay.requests.clear()
+            mgr.save(h=holder, rng=False)
+            if n in (2, 12):
+                listed[n] = sorted(path for method, path in relay.requests
+                                   if method == "GET" and "list-type=" in path)
+    assert listed[2] == listed[12], listed
+    assert len(listed[12]) == len({p.partition("prefix=")[2] for p in listed[12]}), listed
+    for folder in ("packs", "manifests"):
+        assert sum(f"prefix=exp%2F{folder}%2F" in p or f"prefix=exp/{folder}/" in p
+                   for p in listed[12]) == 1, listed[12]
