@@ -1523,7 +1523,7 @@ def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
     as they are. The same ``options`` where the URL opens one file system, or one that
     fsspec does not know (it refuses it)."""
     layers = _option_layers(url, options)
-    if layers is None or len(layers) < 2:
+    if layers is None:
         return options
     parts = url.split("::")
     keyed = {scheme for scheme, _, _ in layers[:len(parts)]}
@@ -1565,7 +1565,39 @@ def _routed(url: str, options: dict[str, object]) -> dict[str, object]:
             if not isinstance(own, dict):
                 return options  # (for fsspec to refuse, as it would)
         own.setdefault(name, options[name])
+    if _protocols(layers[-1][1]) & {"s3", "s3a"}:
+        own = routed
+        for key in innermost:
+            own = own.get(key) if isinstance(own, dict) else None
+        if isinstance(own, dict):
+            _check_botocore_options(url, own)
     return routed
+
+
+def _check_botocore_options(url: str, options: dict[str, object]) -> None:
+    """Refuse a name in S3's ``config_kwargs`` that botocore's ``Config`` does not take,
+    or in its ``client_kwargs`` one that its ``create_client`` does not, naming the
+    closest it takes: botocore refused it only at the first request, as a StoreError
+    that did not say which option it was (``AioSession.__init__() got an unexpected
+    keyword argument``)."""
+    from botocore.config import Config
+    from botocore.session import Session
+
+    client = {p.name for p in inspect.signature(Session.create_client).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+    for group, valid in (("config_kwargs", set(Config.OPTION_DEFAULTS)),
+                         ("client_kwargs", client)):
+        given = options.get(group)
+        if not isinstance(given, dict):
+            continue
+        for name in given:
+            if name not in valid:
+                close = difflib.get_close_matches(str(name), sorted(valid), n=1)
+                hint = f"did you mean {close[0]}?" if close else \
+                    f"it takes {', '.join(sorted(valid))}"
+                raise TypeError(f"{url}: {group} has {name!r}, which botocore's "
+                                f"{'Config' if group == 'config_kwargs' else 'create_client'} "
+                                f"does not take: {hint}")
 
 
 # The options fsspec takes for every file system (its instance cache's, its listings
@@ -1599,13 +1631,14 @@ def _none_takes(url: str, layers: list[tuple[str, type, tuple[str, ...]]],
         else:
             said.append((name, None))
     chain = ", ".join(scheme for scheme, _, _ in layers)
-    refused = f"{url}: no file system of the chain ({chain}) takes the option"
+    refused = f"{url}: no file system of the chain ({chain}) takes the option" \
+        if len(layers) > 1 else f"{url}: its file system ({chain}) takes no option"
     if len(said) == 1 and (said[0][1] or "").startswith("did you"):
         return f"{refused} {said[0][0]!r}; {said[0][1]}"
     plain = ", ".join(f"{name!r}: ..." for name, why in said if why is None)
     owner = f"{layers[len(parts) - 1][0]}=" if len(parts) > 1 else "target_options="
     as_given = f" (an option in a file system's own options is given to it as it is: " \
-        f"{owner}{{{plain}}})" if plain else ""
+        f"{owner}{{{plain}}})" if plain and len(layers) > 1 else ""
     return f"{refused}{'s' if len(said) > 1 else ''} " + ", ".join(
         repr(name) if why is None else f"{name!r} ({why})" for name, why in said) + as_given
 
