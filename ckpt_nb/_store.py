@@ -887,6 +887,11 @@ class FsspecStore(Store):
             return (" (the credentials given may not write or delete there: check that "
                     "they are allowed to, not only to read (on S3, s3:PutObject and "
                     "s3:DeleteObject on the bucket's objects))")
+        if self._s3 and getattr(self._files, "anon", False):
+            return (" (the store was opened anonymously, anon=True, which sends no "
+                    "credentials and reads only what is public: drop anon=True to use "
+                    "the AWS credentials configured, or give them: FsspecStore(url, "
+                    "key=..., secret=...))")
         if self._s3:
             return (" (check the credentials: the AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY environment variables, ~/.aws/credentials, "
