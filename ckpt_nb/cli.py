@@ -734,10 +734,28 @@ def _gc(mgr: CheckpointManager, args: argparse.Namespace) -> int:
           f"{_count(report.manifests_deleted, 'manifest')} deleted, "
           f"{_count(report.temporaries_deleted, 'temporary', 'temporaries')} deleted")
     if report.damaged_kept:
-        print(f"kept {report.damaged_kept} damaged file{'' if report.damaged_kept == 1 else 's'}"
-              " or files of a newer ckpt_nb (and, while such a checkpoint is there, every "
-              "pack): `ckpt-nb verify` names them")
+        _print_kept(mgr)
     return 0
+
+
+def _print_kept(mgr: CheckpointManager) -> None:
+    """Name the files gc kept as damaged, each with what is wrong with it, why gc keeps
+    it and how to remove it: gc pointed at `ckpt-nb verify`, which checks checkpoints,
+    and said "ok" of a store whose only damage was a pack that none of them uses."""
+    from ._store import LocalStore
+
+    kept = mgr.catalog.damaged()
+    manifests = any(key.startswith("manifests/") for key in kept)
+    print(f"kept {_count(len(kept), 'damaged file')} or files of a newer ckpt_nb, which gc "
+          "never deletes (what is left in a damaged one may be recovered; a newer ckpt_nb "
+          "reads the others)"
+          + (", and while such a checkpoint is there, every pack:" if manifests else ":"))
+    store = mgr.store
+    for key, why in sorted(kept.items()):
+        where = store.root / key if isinstance(store, LocalStore) else f"{store.url}/{key}"
+        print(f"  {where}: {why}")
+    print("delete one you do not need from the store by hand (with the file system's or "
+          "the object store's own tools); gc then forgets it")
 
 
 def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
