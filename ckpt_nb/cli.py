@@ -496,11 +496,23 @@ def _known(mgr: CheckpointManager, *names: str) -> None:
             mgr.resolve(name)
 
 
+# How verify() begins its error where the store failed to give what it read; `show`
+# checks the newest checkpoints with it, and says it was show that failed.
+_VERIFY_UNREAD = "verify failed, as the store could not be read: "
+
+
 def _show(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     _known(mgr, args.id)
     try:
         cid, skipped, _ = _as_restored_back(mgr, args.id)
         info = mgr.info(cid)
+    except StoreError as exc:  # (verify()'s, finding the newest checkpoint that verifies)
+        said = str(exc).removeprefix(_VERIFY_UNREAD)
+        if said == str(exc):
+            raise
+        raise StoreError(f"show failed, as the store could not be read while finding the "
+                         f"checkpoint {args.id} means (the newest that verifies): {said}"
+                         ) from exc
     except CheckpointNotFoundError:  # ("latest" deleted meanwhile by another process's
         if not _moving(args.id):  # retention: again, where none is deleted)
             raise
