@@ -58,13 +58,16 @@ class ReusedArena:
     when no array or tensor views them: each view holds a reference, which
     ``sys.getrefcount`` counts.
 
-    Two are kept: an optimizer's ``load_state_dict`` takes the tensors it is given
-    as they are, so after a restore its state views that restore's arena, and the
-    next restore can only take the one before (which the optimizer let go of as
-    it loaded). At most ``limit`` bytes are kept in all.
+    A restore takes two: one for the storages it copies into live tensors, free
+    again once it is done, and one for those kept as they are (an optimizer's
+    ``load_state_dict`` keeps the tensors it is given): in one allocation, the
+    optimizer's state held the copied model's memory too. Three are kept, since
+    the next restore cannot take the kept one of the last (the optimizer still
+    holds it); it takes the one before, which the optimizer let go of as it
+    loaded. At most ``limit`` bytes are kept in all.
     """
 
-    SLOTS = 2
+    SLOTS = 3
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -72,13 +75,18 @@ class ReusedArena:
         self._kept: list[np.ndarray] = []  # the most recently handed out last
 
     def take(self, nbytes: int) -> np.ndarray:
-        """``nbytes`` of uint8 memory, warm when one handed out before is free."""
+        """``nbytes`` of uint8 memory, warm when one handed out before is free: the
+        smallest that fits (the most recently used of those: warmest), so that the small
+        take of a restore leaves the large one its own."""
         with self._lock:  # the view is made under the lock, so two takers never share
-            for kept in reversed(self._kept):  # (the most recently used first: warmest)
-                # References: the list, ``kept``, getrefcount's argument; any more are views.
-                if len(kept) >= nbytes and sys.getrefcount(kept) == 3:
-                    self._kept = [k for k in self._kept if k is not kept] + [kept]
-                    return kept[:nbytes]
+            # References: the list, the loop's name, getrefcount's argument; any more are
+            # views.
+            free = [kept for kept in self._kept
+                    if len(kept) >= nbytes and sys.getrefcount(kept) == 3]
+            if free:
+                chosen = min(reversed(free), key=len)
+                self._kept = [k for k in self._kept if k is not chosen] + [chosen]
+                return chosen[:nbytes]
             arena = np.empty(nbytes, dtype=np.uint8)
             if nbytes <= self.limit:
                 self._kept.append(arena)

@@ -1341,10 +1341,13 @@ class CheckpointManager:
         return self._manifest(checkpoint_id, keep=False)["state"]["extra"]
 
     def _decode_storages(self, checkpoint_id: str, manifest: Mapping[str, Any],
-                         progress: ProgressFn | None = None) -> list[torch.Tensor]:
-        """Every storage of a checkpoint, decoded into fresh memory and verified."""
+                         progress: ProgressFn | None = None,
+                         copied_in: AbstractSet[int] = frozenset()) -> list[torch.Tensor]:
+        """Every storage of a checkpoint, decoded into fresh memory and verified;
+        ``copied_in``: those a restore copies into live tensors (``_arena``)."""
         return self._reading_again_if_moved(
-            manifest, lambda rows: self._decode_rows(checkpoint_id, manifest, rows, progress))
+            manifest, lambda rows: self._decode_rows(checkpoint_id, manifest, rows, progress,
+                                                     copied_in))
 
     def _reading_again_if_moved(self, manifest: Mapping[str, Any],
                                 read: Callable[[dict[str, ChunkRow]], T],
@@ -1369,8 +1372,8 @@ class CheckpointManager:
             return read(self._chunk_rows(manifest))
 
     def _decode_rows(self, checkpoint_id: str, manifest: Mapping[str, Any],
-                     rows: dict[str, ChunkRow],
-                     progress: ProgressFn | None) -> list[torch.Tensor]:
+                     rows: dict[str, ChunkRow], progress: ProgressFn | None,
+                     copied_in: AbstractSet[int]) -> list[torch.Tensor]:
         for storage in manifest["storages"]:  # (before memory is taken for them)
             for digest, raw_len in storage["chunks"]:
                 if rows[digest].raw_len != raw_len:
@@ -1384,7 +1387,7 @@ class CheckpointManager:
                     "add up to its size", checkpoint_id)
         sizes = [s["nbytes"] for s in manifest["storages"]]
         try:
-            buffers = _arena(sizes)
+            buffers = _arena(sizes, copied_in)
         except MemoryError:  # (numpy's message names an array of no name)
             raise MemoryError(f"checkpoint {checkpoint_id} holds {sum(sizes) / 2**30:.1f} GiB "
                               "of tensors, more memory than this process could take: free "
@@ -1588,7 +1591,10 @@ class CheckpointManager:
 
                 ck = read_file(path, trust_pickle=trust_pickle)
             else:
-                ck = self._load_verified(path, trust_pickle, progress, targets)
+                # (a module copies its state into its own tensors: decoded apart from what
+                # is kept as it is, which alone stays held)
+                ck = self._load_verified(path, trust_pickle, progress, targets, copied={
+                    name for name, obj in targets.items() if isinstance(obj, torch.nn.Module)})
             interrupts.commit(f"restore of {ck.id}")
             put_back = None
             if rng and ck.rng is not None:  # first, so that a state that does not load is
@@ -1615,13 +1621,15 @@ class CheckpointManager:
         return ck
 
     def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,
-                       needed: Iterable[str], skipped: list[str] | None = None) -> Checkpoint:
+                       needed: Iterable[str], skipped: list[str] | None = None, *,
+                       copied: AbstractSet[str] = frozenset()) -> Checkpoint:
         """``load``'s read of a checkpoint. ``skipped``: where given, each newer checkpoint
         "latest" passes over is added to it ("ID, which ..."), not warned of one by one (the
-        CLI's export said 200 lines for a store of 200 sharing a damaged chunk)."""
+        CLI's export said 200 lines for a store of 200 sharing a damaged chunk). ``copied``:
+        the objects a restore copies into live ones (``_load``)."""
         if which != "latest":
             return self._load(self.resolve(which), trust_pickle=trust_pickle, progress=progress,
-                              needed=needed)
+                              needed=needed, copied=copied)
         self._catch_up()  # (once: the ids below are known ones)
         tried: set[str] = set()
         passed_over: set[str] = set()  # (damaged, or a newer ckpt_nb's)
@@ -1634,8 +1642,8 @@ class CheckpointManager:
                             if cid not in (passed_over if last else tried)]:
                     tried.add(cid)
                     try:
-                        return self._load(cid, trust_pickle=trust_pickle,
-                                          progress=progress, needed=needed)
+                        return self._load(cid, trust_pickle=trust_pickle, progress=progress,
+                                          needed=needed, copied=copied)
                     except CheckpointNotFoundError:
                         continue  # deleted meanwhile: the one before it
                     except CorruptCheckpointError as exc:
@@ -1693,14 +1701,16 @@ class CheckpointManager:
             raise
 
     def _load(self, cid: str, *, trust_pickle: bool, progress: ProgressFn | None,
-              needed: Iterable[str]) -> Checkpoint:
-        """``load`` of a checkpoint by its id."""
+              needed: Iterable[str], copied: AbstractSet[str] = frozenset()) -> Checkpoint:
+        """``load`` of a checkpoint by its id; the storages that only the objects
+        ``copied`` view (modules a restore copies into live ones) are decoded apart."""
         row = self.catalog.get(cid)
         with self._reading(cid):
             if row is None:
                 raise CheckpointNotFoundError(f"no checkpoint {cid!r}")
             manifest = self._manifest(cid)
-            storages = self._decode_storages(cid, manifest, progress)
+            storages = self._decode_storages(cid, manifest, progress,
+                                             _copied_storages(manifest, copied))
         skeleton = manifest["state"]
         unloaded: list[str] = []
 
@@ -2950,22 +2960,55 @@ def _check_chain(row: ChunkRow, above: AbstractSet[str]) -> None:
                                      "bases go round in a loop")
 
 
-def _arena(sizes: list[int]) -> list[torch.Tensor]:
-    """Uint8 buffers of these sizes, 64-byte aligned views of one allocation: the
-    last restore's memory where nothing refers to it any more (``RESTORE_ARENA``).
+def _arena(sizes: list[int], copied_in: AbstractSet[int] = frozenset()) -> list[torch.Tensor]:
+    """Uint8 buffers of these sizes, 64-byte aligned views of two allocations, the last
+    restores' memory where nothing refers to it any more (``RESTORE_ARENA``): one for
+    the storages a restore copies into live tensors (indices ``copied_in``), free once
+    it is done, one for those kept as they are (an optimizer's state), which alone
+    stays held. (In one, the optimizer's state held the copied model's memory too.)
 
     NumPy asks the kernel for huge pages on a big allocation and torch does
     not: first-touch page faults of ``torch.empty`` cost more than decoding.
     """
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += -(-size // 64) * 64
-    arena = RESTORE_ARENA.take(total)
+    offsets, totals = [], [0, 0]  # (the copied ones', the kept ones')
+    for index, size in enumerate(sizes):
+        part = 0 if index in copied_in else 1
+        offsets.append((part, totals[part]))
+        totals[part] += -(-size // 64) * 64
+    arenas = [RESTORE_ARENA.take(total) if total else None for total in totals]
     # An empty storage gets none of the arena's addresses: at the next storage's, two
     # tensors of different dtypes "view the same data" to torch.save, which refuses.
-    return [torch.from_numpy(arena[o : o + n]) if n else torch.empty(0, dtype=torch.uint8)
-            for o, n in zip(offsets, sizes)]
+    return [torch.from_numpy(arenas[part][o : o + n]) if n  # type: ignore[index]
+            else torch.empty(0, dtype=torch.uint8)
+            for (part, o), n in zip(offsets, sizes)]
+
+
+def _copied_storages(manifest: Mapping[str, Any], copied: AbstractSet[str]) -> set[int]:
+    """The storages that only the tensors of objects ``copied`` view (modules a restore
+    loads, which copy them into their own tensors): what else a checkpoint holds may be
+    kept as it is decoded. One taken for copied wrongly only stays held longer."""
+    if not copied:
+        return set()
+    try:
+        objects = manifest["state"]["objects"]
+        objects = objects.get("__dict__", objects)
+        found: set[int] = set()  # the tensors of those objects
+        stack = [objects[name] for name in copied if name in objects]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, dict):
+                if type(value.get("__tensor__")) is int:
+                    found.add(value["__tensor__"])
+                else:
+                    stack.extend(value.values())
+            elif isinstance(value, list):
+                stack.extend(value)
+        theirs, others = set(), set()
+        for index, record in enumerate(manifest["tensors"]):
+            (theirs if index in found else others).add(record["storage"])
+    except (LookupError, TypeError, AttributeError):  # (a damaged manifest: _load says so)
+        return set()
+    return theirs - others
 
 
 class _StateHolder:

@@ -123,6 +123,54 @@ def test_restores_of_a_model_and_its_optimizer_take_warm_memory_again(tmp_path: 
     mgr.close()
 
 
+def test_a_restore_leaves_held_only_the_optimizer_state_it_keeps(tmp_path: Path) -> None:
+    """The optimizer keeps the state tensors a restore gives it; the model copies its
+    own and drops them. Decoded into one allocation, the optimizer's state held the
+    model's bytes too, for the rest of the session."""
+    from ckpt_nb._buffers import RESTORE_ARENA
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
+    for _ in range(3):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(model, opt)
+    want = [t.clone() for t in model.state_dict().values()] + \
+        [t.clone() for st in opt.state.values() for t in st.values()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1)
+    RESTORE_ARENA.release()
+    mgr.restore(cid, model=model, optimizer=opt)
+    assert same([*model.state_dict().values(),
+                 *(t for st in opt.state.values() for t in st.values())], want)
+
+    def holding(t: torch.Tensor) -> list[np.ndarray]:
+        """The arenas whose memory ``t`` lies in."""
+        return [a for a in RESTORE_ARENA._kept
+                if 0 <= t.data_ptr() - a.__array_interface__["data"][0] < len(a)]
+
+    kept = [t for st in opt.state.values() for t in st.values() if t.numel() > 1]
+    model_bytes = sum(p.nbytes for p in model.parameters())
+    state_bytes = sum(t.nbytes for t in kept)
+    (held,) = {id(a): a for t in kept for a in holding(t)}.values()
+    # Beside the optimizer's state: its steps, the random generators' states (8 KiB),
+    # each storage rounded up to 64 bytes; not the model's 75 KiB.
+    assert model_bytes > 64 << 10 and state_bytes <= len(held) < state_bytes + (16 << 10)
+    assert not [p for p in model.parameters() if holding(p)]
+    (copied,) = [a for a in RESTORE_ARENA._kept if a is not held]
+    assert len(copied) >= model_bytes
+    copied_at = copied.__array_interface__["data"][0]
+    del copied  # nothing views the model's: it is handed out again
+    assert RESTORE_ARENA.take(model_bytes).__array_interface__["data"][0] == copied_at
+    mgr.close()
+
+
 def test_rng_states_restored_unless_asked(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path)
     random.seed(3), np.random.seed(3), torch.manual_seed(3)

@@ -82,14 +82,30 @@ def test_the_arena_is_handed_out_again_only_once_nothing_views_it() -> None:
     assert third.__array_interface__["data"][0] == address  # warm memory, reused
 
 
-def test_the_arena_keeps_two_and_nothing_over_its_limit() -> None:
+def test_the_arena_keeps_three_and_nothing_over_its_limit() -> None:
     arena = ReusedArena(limit=1000)
-    small = arena.take(800)
+    held = [arena.take(600)]
     assert len(arena._kept) == 1
-    arena.take(100)  # (``small`` is still held: a second one)
+    held.append(arena.take(100))  # (the first is still held: a second one)
     assert len(arena._kept) == 2
     arena.take(5000)
     assert len(arena._kept) == 2  # over the limit: not kept
-    arena.take(900)  # a third, within the limit: the oldest is forgotten
-    assert [len(k) for k in arena._kept] == [100, 900]
-    del small
+    held.append(arena.take(200))
+    assert len(arena._kept) == 3
+    arena.take(50)  # a fourth: the oldest is forgotten
+    assert [len(k) for k in arena._kept] == [100, 200, 50]
+    arena.take(700)  # over the limit with the others: the oldest go
+    assert [len(k) for k in arena._kept] == [200, 50, 700]
+    del held
+
+
+def test_the_arena_hands_out_the_smallest_free_one_that_fits() -> None:
+    """A restore takes a small arena (what it copies into the model) and a large one (what
+    the optimizer keeps): the small take must not use up the large free one."""
+    arena = ReusedArena(limit=1 << 20)
+    large, small = arena.take(800), arena.take(100)
+    large_at, small_at = (a.__array_interface__["data"][0] for a in (large, small))
+    del large, small
+    first = arena.take(90)
+    assert first.__array_interface__["data"][0] == small_at
+    assert arena.take(500).__array_interface__["data"][0] == large_at
