@@ -1040,6 +1040,7 @@ class CheckpointManager:
                 blob = encode_manifest(manifest)
                 self.store.put(manifest_key(row.id), blob)
 
+            new_rows: list[ChunkRow] = []
             try:
                 new_rows, refs = SavePipeline(self, state, strategy, base_chunks,
                                               progress).run(write_manifest)
@@ -1047,11 +1048,7 @@ class CheckpointManager:
                 row.stored_bytes = sum(r.length for r in new_rows) + len(blob)
                 self.catalog.commit_checkpoint(row, new_rows, refs)
             except BaseException:
-                if blob:  # not committed: nothing refers to it (gc would remove it too)
-                    try:
-                        self.store.delete(manifest_key(row.id))
-                    except Exception:  # noqa: BLE001 - left for gc (a catch-up names it)
-                        self._failed_saves.add(row.id)
+                self._discard_uncommitted(row.id, blob, {r.pack for r in new_rows})
                 raise
             self._check_still_there(row.id, {r.pack for r in new_rows})
             self._keep_manifest(row.id, manifest)
@@ -1066,6 +1063,27 @@ class CheckpointManager:
                      "it deletes a checkpoint; or call gc()", RuntimeWarning)
         self._notify("save", row.id)
         return row.id
+
+    def _discard_uncommitted(self, cid: str, manifest: bytes, packs: AbstractSet[str]) -> None:
+        """Delete what a save whose catalog commit failed wrote (its manifest, where
+        written, and its new pack, whole: a full disk at the commit left it there, and a
+        retry on the same disk failed for want of its room). Nothing refers to them: the
+        pack is this save's own (a chunk the store had went in no pack) and no catalog
+        ever named its chunks; a save holds the store's lock. Not where the catalog does
+        list the checkpoint (interrupted after the commit) or cannot say: gc removes them."""
+        if not (manifest or packs):
+            return
+        try:
+            if self.catalog.get(cid) is not None:
+                return
+        except Exception:  # noqa: BLE001 - unknown: left for gc (a catch-up names it)
+            self._failed_saves.add(cid)
+            return
+        for key in [manifest_key(cid)] * bool(manifest) + sorted(packs):
+            try:
+                self.store.delete(key)
+            except Exception:  # noqa: BLE001 - left for gc (a catch-up names it)
+                self._failed_saves.add(cid)
 
     def _check_still_there(self, cid: str, packs: AbstractSet[str]) -> None:
         """Refuse a save whose manifest or new packs left the store before its commit, in

@@ -1545,6 +1545,34 @@ def test_a_save_whose_catalog_runs_out_of_room_either_fails_whole_or_returns_its
     assert cid is not None and CheckpointManager(tmp_path / f"s{room}").verify().ok
 
 
+def test_a_save_whose_catalog_commit_fails_leaves_no_pack_behind(
+        tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
+    """A real failed commit (the kernel refuses to grow the catalog's log, as a full disk
+    does, after the save's pack was written whole): the pack is deleted with the manifest
+    (it stayed, taking the full disk's room, so that a retry failed for want of it), and
+    the earlier checkpoints restore bit-exact."""
+    model = torch.nn.Linear(64, 64)
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(model, step=0, rng=False)
+    expected = [t.clone() for t in model.state_dict().values()]
+    files = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()
+                   and "catalog.sqlite" not in p.name)
+    with torch.no_grad():
+        model.weight.add_(1.0)  # (a new pack: every chunk changed)
+    file_size_limit((tmp_path / "catalog.sqlite-wal").stat().st_size)  # (the pack fits)
+    with pytest.raises(StoreError, match="catalog"):
+        mgr.save(model, step=1, rng=False)
+    file_size_limit(None)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()
+                  and "catalog.sqlite" not in p.name) == files
+    assert list(mgr.list()["id"]) == [first] and mgr.verify().ok
+    assert same(list(CheckpointManager(tmp_path).load(first).state["model"].values()),
+                expected)
+    second = mgr.save(model, step=1, rng=False)  # (and the retry saves)
+    assert same(list(mgr.load(second).state["model"].values()),
+                list(model.state_dict().values()))
+
+
 def test_a_delete_that_cannot_compact_deletes_and_warns_and_gc_frees_what_takes_no_room(
         tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
     """Compacting takes room: on a full disk delete() raised after deleting (a retry said
