@@ -31,7 +31,7 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, overload
 
 import numpy as np
 import torch
@@ -336,8 +336,9 @@ class CheckpointManager:
         # each label it read then: one unchanged since, in an unchanged catalog, is not read)
         self._labels_read: tuple[Any, dict[str, str]] = (None, {})
         self._failed_saves: set[str] = set()  # ids whose manifest a failed save left behind
-        # A retention's collection failed: the next one collects the whole store (gc), as
-        # the checkpoints that one deleted left what only a whole gc finds.
+        # A deletion's collection failed (retention's, delete()'s): the next one collects
+        # the whole store (gc), as the checkpoints that one deleted left what only a whole
+        # gc finds.
         self._collection_failed = False
         self._format = check_format(self.store)  # (as found: restamped by _stamp_format)
         self.catalog = self._open_catalog(self._catalog_path(catalog))
@@ -2177,32 +2178,52 @@ class CheckpointManager:
             return False
         return label.get("parent", False) if isinstance(label, dict) else False
 
-    def delete(self, which: str, *, force: bool = False) -> str:
+    @overload
+    def delete(self, which: str, *, force: bool = False) -> str: ...
+
+    @overload
+    def delete(self, which: str, second: str, *more: str, force: bool = False
+               ) -> list[str]: ...
+
+    def delete(self, which: str, *more: str, force: bool = False) -> str | list[str]:
         """Delete a checkpoint; other checkpoints keep every chunk they share with it,
         and its children descend from its parent. A pinned one raises
         ``CheckpointInUseError`` unless ``force=True``. Returns its id (``which`` is read
-        under the store's lock, as the deletion is done)."""
+        under the store's lock, as the deletion is done). Several (``delete(a, b, c)``)
+        are read first, then deleted in one pass (none where one is unknown or pinned);
+        that returns their ids. It frees what the deleted checkpoints alone held, work in
+        proportion to them; ``gc()`` sweeps the whole store (a killed save's leftovers)."""
+        named = (which, *more)
         with self._exclusive(), _said_as_stopped(
-                f"delete of {which}", "the other checkpoints are as they were; where it is "
-                "still listed, its deletion may be recorded, which the next gc completes: pin "
-                "it to keep it, or delete it again"):
-            # (under the lock: the pin checked where no other process can set it)
+                f"delete of {', '.join(named)}", "the other checkpoints are as they were; "
+                "where it is still listed, its deletion may be recorded, which the next gc "
+                "completes: pin it to keep it, or delete it again"):
+            # (under the lock: the pins checked where no other process can set them)
             self._catch_up()
-            cid = self._resolve(which)
-            row = self.catalog.get(cid)
-            if row is not None and row.pinned and not force:
-                raise CheckpointInUseError(f"checkpoint {cid} is pinned: unpin it first, "
-                                           "or pass force=True")
+            ids = list(dict.fromkeys(self._resolve(one) for one in named))
+            pinned = [cid for cid in ids if (row := self.catalog.get(cid)) is not None
+                      and row.pinned]
+            if pinned and not force:
+                raise CheckpointInUseError(
+                    f"checkpoint{'s' if len(pinned) > 1 else ''} {', '.join(pinned)} "
+                    f"{'are' if len(pinned) > 1 else 'is'} pinned: unpin "
+                    f"{'them' if len(pinned) > 1 else 'it'} first, or pass force=True"
+                    + (" (nothing was deleted)" if len(ids) > 1 else ""))
             try:
-                self._drop([cid])
-            except OSError as exc:  # (StoreError too) after the catalog let it go
-                if self.catalog.get(cid) is not None:
+                self._drop(ids, whole_store=self._collection_failed)
+                self._collection_failed = False
+            except OSError as exc:  # (StoreError too) after the catalog let them go
+                if any(self.catalog.get(cid) is not None for cid in ids):
                     raise
-                warn(f"checkpoint {cid} was deleted, but what follows failed "
-                     f"({exc}): gc() frees its space and labels its children later",
+                self._collection_failed = True  # (the next deletion collects the whole store)
+                its = "their" if len(ids) > 1 else "its"
+                warn(f"checkpoint{'s' if len(ids) > 1 else ''} {', '.join(ids)} "
+                     f"{'were' if len(ids) > 1 else 'was'} deleted, but what follows failed "
+                     f"({exc}): gc() frees {its} space and labels {its} children later",
                      RuntimeWarning)
-        self._notify("delete", cid)
-        return cid
+        for cid in ids:
+            self._notify("delete", cid)
+        return ids[0] if not more else ids
 
     def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
         """Delete what the retention rules let go; the newest, pinned, best and head stay.

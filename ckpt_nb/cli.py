@@ -354,9 +354,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "id", metavar="ID", help=f"the checkpoint to pin: {which}")
     command("unpin", _unpin, "release a pinned checkpoint").add_argument(
         "id", metavar="ID", help=f"the checkpoint to unpin: {which}")
-    rm = command("rm", _rm, "delete a checkpoint")
-    rm.add_argument("id", metavar="ID", help=f"the checkpoint to delete: {which}")
-    rm.add_argument("--force", action="store_true", help="delete it even if pinned")
+    rm = command("rm", _rm, "delete checkpoints")
+    rm.add_argument("ids", nargs="+", metavar="ID",
+                    help=f"a checkpoint to delete: {which}; several are deleted in one pass, "
+                    "none where one is pinned or unknown")
+    rm.add_argument("--force", action="store_true", help="delete them even if pinned")
     return parser, commands.choices
 
 
@@ -832,7 +834,8 @@ def _set_pin(mgr: CheckpointManager, which: str, pinned: bool) -> int:
 
 
 def _rm(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    print(f"deleted {mgr.delete(args.id, force=args.force)}")  # (the alias read under the lock)
+    deleted = mgr.delete(*args.ids, force=args.force)  # (the aliases read under the lock)
+    print(f"deleted {deleted if isinstance(deleted, str) else ', '.join(deleted)}")
     return 0
 
 

@@ -231,6 +231,19 @@ def test_export_safetensors(store: Store, tmp_path: Path,
     assert safetensors.load_file(target)["model/weight"].shape == (8, 16)
 
 
+def test_rm_of_several_deletes_them_in_one_pass(
+        store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """rm took one id: deleting 200 checkpoints took 200 runs, each a pass over the store."""
+    run(capsys, "pin", store.directory, store.ids[1])
+    code, out, err = run(capsys, "rm", store.directory, store.ids[0], store.ids[1])
+    assert (code, out) == (1, "") and "pinned" in err and "nothing was deleted" in err
+    assert run(capsys, "rm", store.directory, store.ids[0], "-1", "--force")[:2] == \
+        (0, f"deleted {store.ids[0]}, {store.ids[1]}\n")
+    _, out, _ = run(capsys, "ls", store.directory)
+    assert store.ids[0] not in out and store.ids[1] not in out and store.ids[2] in out
+    assert run(capsys, "verify", store.directory)[:2] == (0, "ok: 1 checkpoint verified\n")
+
+
 def test_pin_unpin_rm(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "pin", store.directory, store.ids[1])[:2] == (0, f"pinned {store.ids[1]}\n")
     code, out, err = run(capsys, "rm", store.directory, store.ids[1])
