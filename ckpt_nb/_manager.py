@@ -1408,9 +1408,10 @@ class CheckpointManager:
         try:
             buffers = _arena(sizes, copied_in)
         except MemoryError:  # (numpy's message names an array of no name)
+            doing = "export" if _EXPORT_READING.get() else "restore or load"
             raise MemoryError(f"checkpoint {checkpoint_id} holds {sum(sizes) / 2**30:.1f} GiB "
                               "of tensors, more memory than this process could take: free "
-                              "some, or restore it on a machine with more") from None
+                              f"some, or {doing} it on a machine with more") from None
         jobs = []
         for storage, buf in zip(manifest["storages"], buffers):
             view, pos = buf.numpy(), 0

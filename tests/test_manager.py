@@ -1545,6 +1545,40 @@ def test_a_save_whose_catalog_runs_out_of_room_either_fails_whole_or_returns_its
     assert cid is not None and CheckpointManager(tmp_path / f"s{room}").verify().ok
 
 
+# Saves a 128 MiB tensor (of zeros: a small store) into argv[1], then leaves the process
+# 64 MiB more address space (RLIMIT_AS) and exports it, then loads it: each MemoryError said.
+WITHOUT_THE_MEMORY = """
+import os, resource, sys, torch
+sys.path.insert(0, sys.argv[2])
+from conftest import Holder
+from ckpt_nb import CheckpointManager
+mgr = CheckpointManager(sys.argv[1])
+cid = mgr.save(h=Holder({"w": torch.zeros(32 << 20)}), rng=False)
+mgr.list()  # (pandas imported before the limit)
+size = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (size + (64 << 20), resource.RLIM_INFINITY))
+for read in (lambda: mgr.export(cid, sys.argv[1] + "/out.pt"), lambda: mgr.load(cid)):
+    try:
+        read()
+    except MemoryError as exc:
+        print(exc)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+def test_a_read_without_the_memory_says_so_in_the_words_of_what_reads(tmp_path: Path) -> None:
+    """export()'s MemoryError told to restore the checkpoint on a machine with more."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_THE_MEMORY, str(tmp_path),
+                           str(Path(__file__).parent)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
+    assert len(said) == 2 and all("more memory than this process could take" in line
+                                  for line in said), done.stdout
+    assert said[0].endswith("free some, or export it on a machine with more")
+    assert said[1].endswith("free some, or restore or load it on a machine with more")
+    assert not (tmp_path / "out.pt").exists()
+
+
 def test_a_save_whose_catalog_commit_fails_leaves_no_pack_behind(
         tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
     """A real failed commit (the kernel refuses to grow the catalog's log, as a full disk
