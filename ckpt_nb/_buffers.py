@@ -8,6 +8,7 @@ memory that an earlier restore let go (``RESTORE_ARENA``).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -103,6 +104,22 @@ class ReusedArena:
 
 # Shared by a process's managers: restores into a model of up to 512 MiB reuse memory.
 RESTORE_ARENA = ReusedArena(512 << 20)
+
+
+def give_back_freed_memory() -> None:
+    """Hand the heap memory freed so far back to the system (glibc's ``malloc_trim``):
+    glibc keeps it for the process's next allocations, so the delta bases a closed
+    manager let go (its incremental saves' raw chunks: 285 MiB of a 256 MiB model) stayed
+    in its memory for the rest of the session. Called at ``close()`` only: after a save
+    it cost up to 16 ms, for memory the next save takes again. Elsewhere than glibc (macOS,
+    musl), nothing."""
+    try:
+        glibc = sys.platform.startswith("linux") and \
+            (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+        if glibc:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (ValueError, OSError, AttributeError):  # (no such name, library or function)
+        pass
 
 
 def _fresh_arena_lock() -> None:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from . import _codec as codec
-from ._buffers import RESTORE_ARENA, scratch
+from ._buffers import RESTORE_ARENA, give_back_freed_memory, scratch
 from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
                        Unflattener, as_stateful, flatten, has_pickle, load_all, rng_problem,
                        trained_storages)
@@ -870,7 +870,8 @@ class CheckpointManager:
     def close(self) -> None:
         """Stop the thread pool, close the catalog, and let go of the memory kept for the
         next save's deltas and the next restore (the latter shared by the process's
-        managers: one closing only costs the next restore its warm pages). A save, delete
+        managers: one closing only costs the next restore its warm pages), handing it back
+        to the system (``malloc_trim``, where glibc would keep it). A save, delete
         or gc running in another thread is waited for (closed under it, its pools refused
         it work); a load, restore, verify or diff is not (it may fail, its catalog or its
         pool closed under it): close the manager after them."""
@@ -886,6 +887,7 @@ class CheckpointManager:
             self._delta_bases = {}
             self._manifests = {}
         RESTORE_ARENA.release()
+        give_back_freed_memory()
 
     def __enter__(self) -> CheckpointManager:
         return self
