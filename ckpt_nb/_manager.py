@@ -2096,6 +2096,7 @@ class CheckpointManager:
             if rows[digest].base is not None:
                 on.setdefault(rows[digest].base, []).append(digest)
         views = self._pack_views({digest: rows[digest] for digest in needed})
+        self._prefetch(rows, needed)  # (an object store's: ranges fetched together)
         failed: dict[str, str] = {}
         todo = [(digest, None) for digest in sorted(needed) if rows[digest].base is None]
         while todo:

@@ -108,6 +108,14 @@ def test_a_restore_of_many_small_tensors_asks_for_each_pack_not_each_chunk(
     reads = relay.asked("GET", f"/{bucket}/exp/packs/")
     assert 0 < len(reads) <= 2 * len(packs), (len(reads), packs)
     assert held == 0  # (each span dropped once read)
+    with CheckpointManager(url) as mgr:  # (verify read each chunk alone too: 951 GETs)
+        mgr.list()
+        relay.requests.clear()
+        assert mgr.verify().ok
+        held = mgr.store._fetched._held  # type: ignore[attr-defined]
+    reads = relay.asked("GET", f"/{bucket}/exp/packs/")
+    assert 0 < len(reads) <= 3 * len(packs), (len(reads), packs)  # (its index too)
+    assert held == 0
 
 
 def test_a_save_lists_each_folder_of_the_store_once_whatever_its_size(
