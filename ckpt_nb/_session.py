@@ -53,8 +53,8 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, load_all,
-                       rng_problem, unwrap)
+from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, as_stateful,
+                       load_all, rng_problem, unwrap)
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
                          assign_in_place, code_run_by, discover, from_storable, is_code,
@@ -401,6 +401,17 @@ class _Pending:
 
     checkpoint: Checkpoint
     run: _SavedRun
+
+
+@dataclass
+class _EpochPutBack:
+    """What a mid-epoch resume put back, for the epoch's batches() loop to put back again
+    what the epoch's code ahead of it changed as it ran again (``_undo_epoch_prefix``)."""
+
+    checkpoint: Checkpoint
+    step: int | None
+    objects: dict[str, tuple[Any, Any]]  # stored key: (the object loaded, its _footprint)
+    variables: dict[str, Any]  # copies of those put back, untouched by the notebook
 
 
 @dataclass
@@ -1012,6 +1023,7 @@ class AutoSession:
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
         self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
         self._pending_loader_start: _LoaderStart | None = None  # how its epoch began
+        self._epoch_put_back: _EpochPutBack | None = None  # (a mid-epoch resume's)
         self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
         self._second_sigint: Any = None  # where a second interrupt goes
@@ -2380,6 +2392,11 @@ class AutoSession:
         if loop["epoch_rng"] is not None and loop["next_batch"]:
             RNGState().load_state_dict(loop["epoch_rng"])  # replay the epoch's data order
             self._pending_skip = (loop["next_batch"], ck.rng)
+            if loop["epoch"] is not None:  # (in an epoch: its code ahead of the loop runs next)
+                self._epoch_put_back = _EpochPutBack(
+                    ck, saved.step,
+                    {key: (obj, _footprint(obj)) for key, obj in targets.items()},
+                    copy.deepcopy({name: saved.variables[name] for name in variables}))
             self._pending_loader_rng = loop.get("loader_rng")
             self._pending_loader_start = _LoaderStart(loop.get("loader_iterator_reused"),
                                                       loop.get("loader_states"))
@@ -2405,6 +2422,38 @@ class AutoSession:
                  + (f"; put back as saved: {', '.join(changed)}" if changed else "")
                  + saved.unread())
         return loop["epoch"]
+
+    def _undo_epoch_prefix(self) -> None:
+        """Put back what the epoch's code ahead of its batches() loop changed as it ran
+        again after a mid-epoch resume: the run stopped past it, so its effects (a
+        scheduler stepped, accumulators zeroed, a permutation drawn, an optimizer made
+        anew) are undone, as the unstopped run stood at the save. The tracked objects it
+        rebound or changed are loaded again (others are not: a big model is not loaded
+        twice), and the variables it changed are put back from copies (it may have
+        changed in place the very ones the resume put back)."""
+        put_back = self._epoch_put_back
+        assert put_back is not None  # (batches() calls it where epochs() resumed)
+        ck = put_back.checkpoint
+        live = {_stored_key(n): obj for n, obj in self.rediscover().statefuls.items()}
+        again = {key: obj for key, obj in live.items() if key in put_back.objects
+                 and (obj is not put_back.objects[key][0] or put_back.objects[key][1] is None
+                      or _footprint(obj) != put_back.objects[key][1])}
+        try:
+            load_all(again, ck.state, kinds=ck.kinds)
+        except StateMismatchError as exc:  # (one it made anew, of another shape)
+            raise _unfit(ck.id, put_back.step, exc) from None
+        self._rebaseline(again)
+        if any(obj is not put_back.objects[key][0] for key, obj in again.items()):
+            _position_objects[self.url] = (ck.step, _trained(
+                {**{key: obj for key, (obj, _) in put_back.objects.items()}, **again}.values()))
+        changed = [name for name, value in put_back.variables.items()
+                   if name not in self.namespace or _differs(self.namespace[name], value)]
+        for name in changed:
+            assign_in_place(self.namespace, name, put_back.variables[name])
+        if again or changed:
+            self.say(f"epoch {self.loop.epoch}'s code ahead of its batches() loop ran again "
+                     f"as it resumed; what it changed is put back as saved in {ck.id}: "
+                     + ", ".join([*map(_live_name, again), *changed]))
 
     # -- loop helpers -------------------------------------------------------------------------
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
@@ -2441,9 +2490,15 @@ class AutoSession:
                 self._untracked_loop(loader)
             yield from enumerate(loader)  # (in an epoch, its steps are no consistent points)
             return
+        # (the epoch's resume, before the code ahead of this loop ran again; not one this
+        # loop makes, just now)
+        prefix_ran = self._epoch_put_back is not None
         self._resume_now()
         self.loop.tracked_loader = id(loader)
         skip, rng_after = self._pending_skip or (0, None)
+        if skip and prefix_ran:
+            self._undo_epoch_prefix()
+        self._epoch_put_back = None  # (it holds the checkpoint's state: not kept through)
         loader_rng, self._pending_skip, self._pending_loader_rng = \
             self._pending_loader_rng, None, None
         start, self._pending_loader_start = self._pending_loader_start, None
@@ -2472,6 +2527,10 @@ class AutoSession:
                          f"another order: the loader's {unsaved}")
             self.loop.next_batch = 0
         self.loop.iterator_reused = _reuses_iterator(data_loader)
+        if skip and self.loop.epoch_rng is not None:
+            # (the epoch's order as saved: iter(loader) draws a shuffle's seed from it, and
+            # the code ahead of this loop drew from it since the resume set it)
+            RNGState().load_state_dict(self.loop.epoch_rng)
         iterator = iter(loader)
         for _ in range(skip):
             next(iterator)
@@ -2743,6 +2802,38 @@ def _forget_position(url: str) -> None:
     _position_objects.pop(url, None)
     _position_events.pop(url, None)
     _deleted_rollbacks.pop(url, None)
+
+
+def _footprint(obj: Any) -> Any:
+    """What code changing a tracked object in place changes, read cheaply: a module's
+    and an optimizer's tensors by where they lie and their version counters (with an
+    optimizer's hyperparameters and counts), the rest (schedulers, scalers, generators:
+    small) by a digest of their state. None where it cannot be read: a module with extra
+    state, a state that does not digest."""
+    try:
+        if isinstance(obj, torch.nn.Module):
+            extra = any(type(m).get_extra_state is not torch.nn.Module.get_extra_state
+                        for m in obj.modules())
+            return None if extra else _versions(obj)
+        if isinstance(obj, torch.optim.Optimizer):
+            plain = [{k: v for k, v in group.items() if k != "params"} | {
+                "params": [id(p) for p in group["params"]]} for group in obj.param_groups]
+            plain += [{k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+                      for state in obj.state.values() if isinstance(state, Mapping)]
+            return _versions(obj), _Digest.of(plain)
+        return _Digest.of(as_stateful(obj).state_dict())
+    except Exception:  # noqa: BLE001 - a user's state_dict(), or one that does not digest
+        return None
+
+
+def _differs(live: Any, saved: Any) -> bool:
+    """Whether a live variable holds otherwise than its saved value (by type and data)."""
+    if isinstance(live, _CHEAP) or isinstance(saved, _CHEAP):
+        return not _same(live, saved)
+    try:
+        return _Digest.of(live) != _Digest.of(saved)
+    except Exception:  # noqa: BLE001 - a value that does not digest: put back
+        return True
 
 
 def _trained(objects: Iterable[Any]) -> list[weakref.ref[Any]]:

@@ -531,3 +531,90 @@ def test_discovery_background_failure_rollback_and_unload(tmp_path: Path,
     for magic in ("%ckpt_auto --dir live", "%%ckpt_auto --dir live\npass", "%ckpt_rollback"):
         out, reply = kernel.run(magic)
         assert reply["status"] == "error" and "ckpt_" in out and "not found" in out, out
+
+
+# Code at the top of each epoch, ahead of its batches() loop: a scheduler stepped, a list
+# appended to, a draw ahead of the loader's shuffle, accumulators zeroed. A mid-epoch resume
+# runs it again on the restored state; what it changes is put back as saved.
+PREFIX_TRAIN = """%%ckpt_auto --dir {dir} --every-steps {every}
+for epoch in ckpt_nb.epochs({epochs}):
+    if epoch > 0:
+        sched.step()
+    lrs.append(opt.param_groups[0]["lr"])
+    shift = 0.01 * torch.rand(())
+    running, seen = 0.0, 0
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb + shift), yb)
+        loss.backward()
+        opt.step()
+        running += loss.item() * len(yb); seen += len(yb)
+        pace(epoch * {per_epoch} + i + 1)
+    history.append(round(running / seen, 6))
+    ckpt_nb.log(loss=running / seen)
+torch.save({{"model": model.state_dict(), "opt": opt.state_dict(), "lrs": lrs,
+            "sched": sched.state_dict(), "history": history}}, {result!r})
+"""
+
+
+def prefix_cell(directory: str, result: Path) -> str:
+    return PREFIX_TRAIN.format(dir=directory, every=EVERY, epochs=EPOCHS, per_epoch=PER_EPOCH,
+                               result=str(result))
+
+
+def test_code_ahead_of_the_batches_loop_resumes_bit_identical_after_a_kill_and_an_interrupt(
+        tmp_path: Path, kernels: Kernels) -> None:
+    """That code ran again on the restored state: the scheduler stepped twice, the list
+    held a learning rate twice, the shuffle was drawn after another draw and the epoch's
+    mean loss covered only the batches after the resume. In a fresh kernel after a
+    SIGKILL, and in the same kernel after an interrupt."""
+    kernel = kernels.start(tmp_path)
+    assert kernel.run("lrs = []")[1]["status"] == "ok"
+    out, reply = kernel.run(prefix_cell("ref", tmp_path / "ref.pt"))
+    assert reply["status"] == "ok", out
+    reference = Reference(kernel, tmp_path, out)
+
+    stop_at = PER_EPOCH + 7  # (epoch 1, batch 7: saved there on the interrupt)
+    hold = tmp_path / f"hold-{stop_at}"
+    hold.touch()
+    interrupted = kernels.start(tmp_path)
+    assert interrupted.run("lrs = []")[1]["status"] == "ok"
+    cell = prefix_cell("intr", tmp_path / "intr.pt")
+    msg_id = interrupted.execute(cell)
+    wait_for_file(tmp_path / f"held-{stop_at}", interrupted)
+    interrupted.manager.interrupt_kernel()
+    interrupted.read(msg_id, lambda text: "interrupt received" in text)
+    hold.unlink()
+    out, reply = interrupted.finish(msg_id)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", out
+    out, reply = interrupted.run(cell)
+    assert reply["status"] == "ok", out
+    assert_identical(tmp_path / "intr.pt", reference)
+    assert torch.load(tmp_path / "intr.pt")["lrs"] == reference.result["lrs"]
+    assert "epoch 1's code ahead of its batches() loop ran again" in out, out
+
+    kill_at = PER_EPOCH + 13  # (epoch 1: saved at its batches 4 and 10, in the background)
+    hold = tmp_path / f"hold-{kill_at}"
+    hold.touch()
+    crashed = kernels.start(tmp_path)
+    assert crashed.run("lrs = []")[1]["status"] == "ok"
+    cell = prefix_cell("crash", tmp_path / "crash.pt")
+    crashed.execute(cell)
+    wait_for_file(tmp_path / f"held-{kill_at}", crashed)
+    assert crashed.pid is not None
+    os.kill(crashed.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while crashed.manager.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hold.unlink()
+    newest = catalog(tmp_path / "crash").iloc[-1]
+    assert newest["epoch"] == 1 and newest["batch_idx"] > 0
+
+    fresh = kernels.start(tmp_path)
+    assert fresh.run("lrs = []")[1]["status"] == "ok"
+    out, reply = fresh.run(cell)
+    assert reply["status"] == "ok", out
+    assert resumed_line(newest["id"], newest) in out, out
+    assert_identical(tmp_path / "crash.pt", reference)
+    assert torch.load(tmp_path / "crash.pt")["lrs"] == reference.result["lrs"]
+    assert "epoch 1's code ahead of its batches() loop ran again" in out, out

@@ -1,0 +1,103 @@
+"""A mid-epoch resume is exact where the epoch's code ahead of its batches() loop runs
+again on the restored state: what it changes (accumulators zeroed, a permutation or a
+value drawn, a scheduler stepped, a list appended to, an optimizer made anew) is put back
+as saved, and the loader's shuffle is drawn as in the unstopped run. Scripts killed with
+SIGKILL mid-epoch and run again in a fresh interpreter, against a run never stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_session_jobs import script  # (a script in a fresh interpreter)
+
+# Killed mid-epoch (at epoch 1, batch 7, after a save at batch 6), it prints what it trained
+# and kept.
+SCRIPT = """
+import hashlib, os, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+{setup}
+kept = []
+with ckpt_nb.auto("store", every_steps=4):
+    for epoch in ckpt_nb.epochs(3):
+{prefix}
+        for i, batch in ckpt_nb.batches({loader}):
+            xb, yb = {batch}
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+{body}
+            if os.environ["DIE"] and {die}:
+                os.kill(os.getpid(), 9)
+{end}
+print("kept", kept)
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest())
+"""
+
+LOADER = "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), " \
+    "batch_size=20, shuffle=True)"
+
+PATTERNS = {
+    # per-epoch accumulators, reported at the epoch's end
+    "accumulators": dict(
+        setup=LOADER, loader="loader", batch="batch",
+        prefix="        running, seen = 0.0, 0",
+        body="            running += loss.item() * len(yb); seen += len(yb)",
+        end="        kept.append((running / seen, seen)); ckpt_nb.log(train_loss=running / seen)"),
+    # manual batching over a permutation drawn at the epoch's top
+    "permutation": dict(
+        setup="", loader="range(0, len(X), 20)", batch="X[perm[batch:batch + 20]], "
+        "Y[perm[batch:batch + 20]]",
+        prefix="        perm = torch.randperm(len(X))", body="",
+        end="        kept.append(perm[:3].tolist())"),
+    # the same from a generator of the notebook's
+    "permutation from a generator": dict(
+        setup="g = torch.Generator().manual_seed(3)", loader="range(0, len(X), 20)",
+        batch="X[perm[batch:batch + 20]], Y[perm[batch:batch + 20]]",
+        prefix="        perm = torch.randperm(len(X), generator=g)", body="",
+        end="        kept.append(perm[:3].tolist())"),
+    # a draw ahead of a shuffling loader that has no generator of its own
+    "a draw before the shuffle": dict(
+        setup=LOADER, loader="loader", batch="batch[0] + noise, batch[1]",
+        prefix="        noise = 0.1 * torch.rand(())", body="", end=""),
+    # a scheduler stepped, and a list appended to, at the epoch's top
+    "a scheduler stepped": dict(
+        setup=LOADER + "\nsched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)",
+        loader="loader", batch="batch",
+        prefix="        if epoch > 0:\n            sched.step()\n"
+               "        kept.append(opt.param_groups[0]['lr'])", body="", end=""),
+    # an optimizer made anew each epoch: the resumed epoch trains on with the saved one's
+    # state (killed in epoch 0: the steps counted are the newest optimizer's, so epoch 1
+    # saves none)
+    "an optimizer made anew": dict(
+        setup=LOADER, loader="loader", batch="batch",
+        prefix="        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)",
+        body="", end="", die="epoch == 0 and i == 9"),
+}
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_code_ahead_of_the_batches_loop_resumes_bit_exact_after_a_kill(
+        tmp_path: Path, pattern: str) -> None:
+    """That code ran again on the restored state: the epoch's loss covered only the
+    batches after the resume, the permutation and the loader's order were drawn anew, the
+    scheduler stepped twice and the list held a value twice."""
+    code = SCRIPT.format(**{"die": "epoch == 1 and i == 7", **PATTERNS[pattern]})
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    reference = script(tmp_path / "ref", "train.py", code)
+    assert reference.returncode == 0, reference.stderr
+    script(tmp_path / "run", "train.py", code, die=True)
+    resumed = script(tmp_path / "run", "train.py", code)
+    assert resumed.returncode == 0, resumed.stderr
+    said = resumed.stdout + resumed.stderr
+    assert "resumed from" in said and ", batch " in said, said  # (mid-epoch)
+    assert resumed.stdout.splitlines()[-2:] == reference.stdout.splitlines()[-2:], said
+    assert "'s code ahead of its batches() loop ran again" in said, said
