@@ -1892,6 +1892,8 @@ class AutoSession:
                      "from the beginning, on the state in memory (to train from a kept checkpoint "
                      f"instead, interrupt the cell and %ckpt_rollback it; {kept})")
             return
+        if (pending.run.loop or {}).get("untracked") is not None:
+            return  # (not resumed: the resume says what it does in its place)
         resumed = pending.checkpoint.id
         which = "its nearest kept ancestor" if resumed == heir else \
             f"this cell's run that went on from {heir}, its nearest kept ancestor" \
@@ -1950,7 +1952,8 @@ class AutoSession:
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         return _Pending(ck, saved)
 
-    def _leave_pending(self, why: str, *, go_on: bool = True, promised: bool = False) -> None:
+    def _leave_pending(self, why: str, *, go_on: bool = True, promised: bool = False,
+                       deleted: str | None = None) -> None:
         """Leave the run found to resume as it is (``why``: what keeps this cell from
         resuming it): say so, unless the kernel's state is its checkpoint's already (a
         rollback to it, or the stop that saved it said so), and keep that checkpoint
@@ -1958,21 +1961,26 @@ class AutoSession:
         cell's new saves deleted the crashed run's without a word. ``go_on``: whether a
         rollback to it, then this cell, goes on with that run (not where its position is
         no loop's the cell tracks: run again, its loops start over on that state);
-        ``promised``: the stop that saved it said a rerun resumes the run (said even so)."""
+        ``promised``: the stop that saved it said a rerun resumes the run (said even so);
+        ``deleted``: the checkpoint rolled back to, deleted since, that it stands in for
+        (the kernel holds that one's state, not its own: said too)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
         checkpoint_id = pending.checkpoint.id
         self.manager.named = {*self.manager.named, checkpoint_id}
-        said = _positions.get(self.url) == checkpoint_id and not promised
+        said = _positions.get(self.url) == checkpoint_id and not promised and deleted is None
         # (its steps count on from the kernel's position, as a cell's that finds no run)
         self._count_on()
         self._tell_left_unsaved()
         if said:
             return
-        self.say(f"checkpoint {checkpoint_id} holds an unfinished run of this cell (step "
+        self.say(_in_place_of(deleted)
+                 + f"checkpoint {checkpoint_id} holds an unfinished run of this cell (step "
                  f"{pending.run.step}) that it cannot resume: {why}. This cell trains from "
-                 "the objects as they are now (that checkpoint is kept while it runs); "
+                 "the objects as they are now"
+                 + (" (as the rollback put them back), its loops from the start" if deleted
+                    else "") + " (that checkpoint is kept while it runs); "
                  + ("to go on with that run instead, interrupt this cell and "
                     + _rollback_advice(checkpoint_id, self.config.directory
                                        or location(self.manager.store)) if go_on else
@@ -2315,8 +2323,11 @@ class AutoSession:
             later = self._pending.checkpoint
             # In the kernel that stopped it too (its objects are as that checkpoint holds
             # them): its loops from the start on them trained the passes before the stop
-            # again. A rollback to it chose that state: its loops start over on it.
-            rolled_back = _positions.get(self.url) == later.id and \
+            # again. A rollback to it chose that state: its loops start over on it. Not
+            # where it stands in for a deleted checkpoint rolled back to, whose state the
+            # kernel holds: that run is resumed as after a stop.
+            deleted = _deleted_rollbacks.get(self.url)
+            rolled_back = _positions.get(self.url) == later.id and deleted is None and \
                 _position_events.get(self.url) == "rollback"
             exact = None if rolled_back else self._exact_before(later)
             promised = (self._pending.run.loop or {}).get("exact")  # (the stop named it)
@@ -2328,7 +2339,8 @@ class AutoSession:
             else:
                 promised = None
             if exact is None:
-                self._leave_pending(why, go_on=False, promised=promised is not None)
+                self._leave_pending(why, go_on=False, promised=promised is not None,
+                                    deleted=deleted)
                 return None
             # (both kept while this run goes on, whatever --keep says: its own saves
             # deleted the stop's, which the stop said a rollback takes back)
@@ -2337,12 +2349,15 @@ class AutoSession:
                 f"`ckpt_nb.rollback({later.id!r}, directory=" \
                 f"{self.config.directory or location(self.manager.store)!r}, " \
                 "namespace=globals())` before the block"
-            self.say(f"checkpoint {later.id} (step {later.step}) holds an unfinished run of "
+            self.say(_in_place_of(deleted)
+                     + f"checkpoint {later.id} (step {later.step}) holds an unfinished run of "
                      f"this cell that it cannot resume from: {why}; resuming from "
                      f"{exact.checkpoint.id}, the run's newest checkpoint saved before its "
-                     f"later loop began (an exact position). {rollback} puts back the state "
-                     "it stopped with instead (its loops then start over on it): both "
-                     "checkpoints are kept while this run goes on")
+                     f"later loop began (an exact position)"
+                     + (f" (the state the rollback put back is replaced by "
+                        f"{exact.checkpoint.id}'s)" if deleted else "")
+                     + f". {rollback} puts back the state it stopped with instead (its loops "
+                     "then start over on it): both checkpoints are kept while this run goes on")
             self._pending = exact
         pending, self._pending = self._pending, None
         if pending is None:
@@ -2802,6 +2817,14 @@ def _forget_position(url: str) -> None:
     _position_objects.pop(url, None)
     _position_events.pop(url, None)
     _deleted_rollbacks.pop(url, None)
+
+
+def _in_place_of(deleted: str | None) -> str:
+    """The words a resume's line begins with where the checkpoint it found stands in for
+    ``deleted``, a checkpoint rolled back to and deleted since (its nearest kept ancestor,
+    or this cell's run that went on from that)."""
+    return "" if deleted is None else \
+        f"checkpoint {deleted}, rolled back to, was deleted since; in its place, "
 
 
 def _footprint(obj: Any) -> Any:

@@ -153,3 +153,33 @@ def test_the_line_form_keeps_no_exact_checkpoint_and_promises_no_resume(
     assert run(shell, "%ckpt_auto --off").success
     assert len(checkpoints(tmp_path / "line")) == 2
     assert "hold no position to resume" in out and "a rerun after a stop resumes" not in out
+
+
+def test_a_deleted_rollback_into_a_later_loop_resumes_that_runs_exact_position(
+        shell, tmp_path: Path, capsys) -> None:
+    """Rolled back to a save in the later loop, deleted since, whose nearest kept ancestor
+    was saved in that loop too: the rerun said 'resuming from <the ancestor>, its nearest
+    kept ancestor, in its place', then trained on from the deleted one's state, its loops
+    from the start, without a further word. It resumes the run from its newest checkpoint
+    saved before that loop, as after a stop there, and says so in one line."""
+    run(shell, SETUP)
+    assert run(shell, PASSES.format(dir=tmp_path / "ref")).success
+    expected, steps = weights(shell), shell.user_ns["step"]
+
+    run(shell, SETUP)
+    store = tmp_path / "run"
+    assert run(shell, PASSES.format(dir=store)).success
+    by_step = {step: cid for cid, step in checkpoints(store).items()}
+    assert run(shell, f"%ckpt_rollback {by_step[21]} --dir {store}").success
+    ckpt_nb.CheckpointManager(store).delete(by_step[21])
+    capsys.readouterr()
+    assert run(shell, PASSES.format(dir=store)).success
+    out = capsys.readouterr().out
+    assert f"checkpoint {by_step[21]}, rolled back to, was deleted since; in its place, " \
+        f"checkpoint {by_step[14]} (step 14) holds an unfinished run of this cell that it " \
+        "cannot resume from: " in out, out
+    assert f"resuming from {by_step[7]}, the run's newest checkpoint saved before its later " \
+        f"loop began (an exact position) (the state the rollback put back is replaced by " \
+        f"{by_step[7]}'s)" in out, out
+    assert f"resuming from {by_step[14]}" not in out, out
+    assert same(weights(shell), expected) and shell.user_ns["step"] == steps
