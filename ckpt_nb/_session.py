@@ -1071,8 +1071,8 @@ class AutoSession:
         """The kernel's state came from ``ck``: ``objects`` are what it was put into."""
         self.manager.head = ck.id
         self._position = ck.id
-        # (the checkpoint's metrics, now self.metrics, were measured on what it put back)
-        self._logged_at = dict.fromkeys(self.metrics, self._steps_seen)
+        # (the checkpoint's metrics were measured on what it put back)
+        self._logged_at = dict.fromkeys(ck.metrics, self._steps_seen)
         _positions[self.url] = ck.id
         _position_events[self.url] = event
         _position_objects[self.url] = (ck.step, _trained(objects))
@@ -2394,6 +2394,12 @@ class AutoSession:
             except StateMismatchError as exc:  # (a layer or a parameter group added since)
                 raise _unfit(ck.id, saved.step, exc) from None
         self._rebaseline(targets)
+        # What log() carries into each record goes on as the run stood at the save (its
+        # newest record's): a mid-epoch checkpoint holds no metrics, and the records after
+        # it lacked the epoch's val_loss that the unstopped run's held.
+        carried = {name: value for name, value in (saved.history[-1] if saved.history else {})
+                   .items() if name not in ("step", "epoch")}
+        self.metrics = {**carried, **ck.metrics}
         if isinstance(run_id := ck.extra[RUN_KEY].get("run"), str):
             self._run_id = run_id  # (the run goes on: its end ends it)
         self._moved_to(ck, "resume", targets.values())

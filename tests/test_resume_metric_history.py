@@ -1,0 +1,51 @@
+"""The metric history a mid-epoch resume goes on with is the unstopped run's: each record
+log() appends carries the metrics logged before (the epoch's val_loss) as they stood at the
+save, though a mid-epoch checkpoint holds none of its own. A script killed with SIGKILL and
+run again in a fresh interpreter, against a run never stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_session_jobs import script  # (a script in a fresh interpreter)
+
+# Killed at epoch 1, batch 7 (saved at its batch 6); prints the run's stored history.
+SCRIPT = """
+import json, os, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
+                                     shuffle=True)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with ckpt_nb.auto("store", every_steps=4):
+    for epoch in ckpt_nb.epochs(3):
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            ckpt_nb.log(train_loss=loss.item())
+            if os.environ["DIE"] and epoch == 1 and i == 7:
+                os.kill(os.getpid(), 9)
+        with torch.no_grad():
+            ckpt_nb.log(val_loss=torch.nn.functional.cross_entropy(model(X), Y).item())
+with ckpt_nb.CheckpointManager("store") as store:
+    newest = store.load(store.list().iloc[-1]["id"])
+print("history", json.dumps(newest.extra["ckpt_nb_run"]["history"]))
+"""
+
+
+def test_a_mid_epoch_resume_carries_the_metrics_logged_before_it(tmp_path: Path) -> None:
+    """The resumed records after the save lacked epoch 0's val_loss, which the unstopped
+    run's carried until epoch 1 logged its own."""
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    reference = script(tmp_path / "ref", "train.py", SCRIPT)
+    assert reference.returncode == 0, reference.stderr
+    script(tmp_path / "run", "train.py", SCRIPT, die=True)
+    resumed = script(tmp_path / "run", "train.py", SCRIPT)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout + resumed.stderr and ", batch " in resumed.stdout
+    assert resumed.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1]
