@@ -826,10 +826,12 @@ class Explorer(w.VBox):
     def _one(self) -> str:
         """The checkpoint a button acts on: the one selected (none, or several, is a usage
         error: no checkpoint is missing). Where the last selection asked for could not be
-        made, the store unreadable, that is the reason given, and nothing is acted on."""
-        if self._unmade_selection is not None:
-            raise StoreError(f"{self._unmade_selection}; nothing done: select again once the "
-                             "store can be read")
+        made, the store unreadable, the store is read first: while it still cannot be, that
+        is the reason given, and nothing is acted on; once it can, the selection the views
+        show again is acted on."""
+        if self._unmade_selection is not None and not self.refresh():
+            raise StoreError(f"{self._unmade_selection}; nothing done: press it again once "
+                             "the store can be read (it then acts on the selection shown)")
         if len(self.selected) != 1:
             several = f": {len(self.selected)} are selected" if self.selected else ""
             raise ValueError(f"select one checkpoint first{several} (click a row in "
@@ -1275,9 +1277,9 @@ class Explorer(w.VBox):
         """Refresh after this process's saves (woken) or when what other processes change
         moved (checked every ``seconds``; 0 = only this process's events), once the last
         refresh's gap is over (``REDRAW_SECONDS``): what comes meanwhile is shown by one
-        refresh at its end. A store that cannot be read is said in the status line,
-        and tried again each round: the first read that works refreshes, and clears the
-        message."""
+        refresh at its end. A store that cannot be read, here or for a click, is said in
+        the status line, and tried again each round: the first read that works refreshes,
+        and clears the message and the click's refusal of the buttons."""
         behind = False  # (the last round failed)
         due = 0.0  # (time.monotonic() from which the next refresh may start)
         while not self._stop.is_set():
@@ -1286,7 +1288,8 @@ class Explorer(w.VBox):
             if self._stop.is_set():
                 return
             try:
-                if not (woken or behind) and self._catalog_signature() == self._signature:
+                retry = behind or self._unmade_selection is not None  # (a click's read failed)
+                if not (woken or retry) and self._catalog_signature() == self._signature:
                     continue
                 if due > time.monotonic():
                     if self._stop.wait(due - time.monotonic()):
