@@ -724,6 +724,7 @@ class Explorer(w.VBox):
                 selected = list(dict.fromkeys(self._resolve(i) for i in names))
             except StoreError as exc:
                 self._unmade_selection = f"{', '.join(names)} could not be selected: {exc}"
+                self._drop_pending()  # (a new selection, though unmade, withdraws it too)
                 self._say_stale(exc)
                 return self.selected
             self._unmade_selection = None

@@ -1180,6 +1180,34 @@ def test_the_buttons_act_again_once_the_store_reads_after_a_click_it_could_not_s
         relay.down()
 
 
+def test_a_click_the_store_could_not_select_withdraws_the_question_awaiting_confirm(
+        endpoint: str, s3_url: str) -> None:
+    """Delete asked about a; a click on b failed, the store unreadable; with the store
+    back, Confirm deleted a, which the user had moved away from."""
+    model = torch.nn.Linear(2, 2)
+    a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
+    relay = Relay(endpoint)
+    mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
+                                                config_kwargs={"retries": {"max_attempts": 1}}))
+    ui = ckpt_nb.explore(mgr, poll_seconds=0)
+    try:
+        ui.table.selected = [a]
+        ui.delete_button.click()
+        assert f"Delete checkpoint {a}?" in ui.status.value
+        assert ui.confirm_box.layout.display == "flex"
+        relay.down()
+        ui.table.selected = [b]
+        assert ui.confirm_box.layout.display == "none"
+        relay.up()
+        ui.confirm_button.click()
+        assert f"deleted {a}" not in ui.status.value
+        assert ui.refresh() is True and ui.table_frame["id"].tolist() == [a, b]
+    finally:
+        ui.close()
+        mgr.close()
+        relay.down()
+
+
 def test_an_object_store_deleted_while_open_is_named_gone(s3_url: str) -> None:
     """Its manager read the empty prefix as a store of no checkpoints: the table emptied,
     the status line said nothing."""
