@@ -496,12 +496,12 @@ def _bar_colors(count: int) -> list[Any]:
 
 def _short(name: str, width: int = 28, most: int = 56) -> str:
     """A long metric name as a title of lines ``width`` wide at most, broken after a "/",
-    "_", ".", "-" or space where it has one (not mid-word), its middle elided past
-    ``most``."""
+    "_", ".", "-" or space where it has one (not mid-word, nor mid-number: the "." of
+    "0.99" is no break), its middle elided past ``most``."""
     if len(name) > most:
         name = f"{name[:most // 2 - 1]}…{name[-(most // 2):]}"
     lines = [""]
-    for word in re.findall(r"[^/_.\- ]*[/_.\- ]*", name):
+    for word in re.findall(r"(?:[^/_.\- ]|(?<=\d)\.(?=\d))*[/_.\- ]*", name):
         if lines[-1] and len(lines[-1]) + len(word) > width:
             lines.append("")
         lines[-1] += word

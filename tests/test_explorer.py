@@ -791,6 +791,18 @@ def test_compare_bars_are_no_branch_colours_and_long_names_break_between_words(
         ui.close()
 
 
+def test_a_long_metric_name_breaks_not_inside_a_number(tmp_path: Path) -> None:
+    """"train loss (smoothed, ema 0.99) over the last epoch" broke after the "." of 0.99:
+    "ema 0." over "99) over..."; a "." between letters is still a place to break."""
+    names = ["train loss (smoothed, ema 0.99) over the last epoch",
+             "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s.t"]
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        mgr.save(torch.nn.Linear(2, 2), step=0, metrics={name: 1.0 for name in names})
+        labels = [ckpt_nb.plot_metrics(mgr, name).axes[0].get_ylabel() for name in names]
+    assert labels == ["train loss (smoothed, ema \n0.99) over the last epoch",
+                      "a.b.c.d.e.f.g.h.i.j.k.l.m.n.\no.p.q.r.s.t"]
+
+
 def test_an_action_failing_unexpectedly_says_so(store, monkeypatch) -> None:
     """Export's TypeError (of a damaged checkpoint) escaped the button: the click did
     nothing to see."""
