@@ -445,6 +445,10 @@ class Explorer(w.VBox):
         self.kernel_note = w.HTML(layout=w.Layout(display="none"))
         self.metric = w.Dropdown(description="metric",
                                  layout=w.Layout(width=f"{METRIC_WIDTH[0]}px", max_width="100%"))
+        # Whether the metric shown is one the user picked (kept while the store has it),
+        # not the explorer's first pick (ranked again at each refresh: a loss logged later
+        # comes first).
+        self._metric_picked = False
         self.metric.observe(self._on_metric_choice, names="value")
         self.metrics_plot = w.Image(format="png")
         self.compare_plot = w.Image(format="png")
@@ -567,11 +571,13 @@ class Explorer(w.VBox):
         labels = _metric_labels(metrics)
         choices = [(_diff_label(r), r["id"]) for r in frame.to_dict("records")]
         with self._choosing():
-            # New options reset a Dropdown to the first: the metric chosen stays where the
-            # store still has it (a save logging a new metric replaced it by the first).
+            # New options reset a Dropdown to the first: the metric the user picked stays
+            # where the store still has it (a save logging a new metric replaced it by the
+            # first); else the ranked one shows.
             chosen = self.metric.value
+            self._metric_picked = self._metric_picked and chosen in metrics
             self.metric.options = [(labels[m], m) for m in metrics]  # (named as in the table)
-            self.metric.value = chosen if chosen in metrics else \
+            self.metric.value = chosen if self._metric_picked else \
                 _plots.ranked_metric(metrics, self.manager.metric)
             for dropdown in (self.diff_a, self.diff_b):
                 value = dropdown.value
@@ -779,6 +785,7 @@ class Explorer(w.VBox):
         (an output narrower than the name cuts it)."""
         self.metric.tooltip = self.metric.label
         if not self._choosing_values:
+            self._metric_picked = True
             self._draw(self._draw_metrics)
 
     def _parent(self, cid: str) -> str | None:

@@ -950,6 +950,29 @@ def test_the_metric_chosen_stays_when_a_save_logs_a_new_one(tmp_path: Path) -> N
         ui.close()
 
 
+def test_the_explorers_own_first_metric_gives_way_to_a_loss_logged_later(
+        tmp_path: Path) -> None:
+    """The first save logged only val_acc, the next val_loss too: the dropdown stayed on
+    val_acc, the explorer's own pick kept as if the user had chosen it (it starts at the
+    loss-like one). A metric the user picks stays."""
+    model = torch.nn.Linear(2, 2)
+    mgr = ckpt_nb.CheckpointManager(tmp_path / "s")
+    mgr.save(model, metrics={"val_acc": 0.5}, step=1)
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 1
+        assert ui.metric.value == "val_acc"
+        mgr.save(model, metrics={"val_acc": 0.6, "val_loss": 1.0}, step=2)
+        assert ui.refresh() is True and ui.metric.value == "val_loss"
+        assert ui.figure("metrics").axes[0].get_ylabel() == "val_loss"
+        ui.metric.value = "val_acc"  # (the user's pick)
+        mgr.save(model, metrics={"val_acc": 0.7, "val_loss": 0.9, "aux_loss": 2.0}, step=3)
+        assert ui.refresh() is True and ui.metric.value == "val_acc"
+    finally:
+        ui.close()
+        mgr.close()
+
+
 def test_long_notes_are_cut_and_metric_names_agree(tmp_path: Path) -> None:
     """A 300-character note pushed the metrics out of view; the dropdown named a metric
     otherwise than the table and chose "acc" (alphabetical) over the loss."""
