@@ -96,7 +96,7 @@ function render({ model, el }) {
     .ckpt-nb-table th:first-child { left: 0; z-index: 2; }
     .ckpt-nb-table td:first-child {
       position: sticky; left: 0; z-index: 1;
-      background-color: var(--jp-layout-color1, var(--vscode-editor-background, white)); }
+      background-color: var(--jp-layout-color0, var(--vscode-editor-background, white)); }
     .ckpt-nb-row { cursor: pointer; }
     .ckpt-nb-row:hover { background: rgba(31, 119, 180, 0.08); }
     .ckpt-nb-selected { background: rgba(31, 119, 180, 0.22) !important; }
@@ -125,7 +125,7 @@ function render({ model, el }) {
     .ckpt-nb-dag .ckpt-nb-ring { fill: none; stroke-width: 1.5;
                                  stroke: var(--jp-ui-font-color1,
                                              var(--vscode-editor-foreground, currentColor)); }
-    .ckpt-nb-dag .ckpt-nb-hollow { fill: var(--jp-layout-color1,
+    .ckpt-nb-dag .ckpt-nb-hollow { fill: var(--jp-layout-color0,
                                              var(--vscode-editor-background, white)); }
     .ckpt-nb-dag text.ckpt-nb-kernel { fill: crimson; }`;
   el.parentElement ? el.parentElement.appendChild(style) : document.head.appendChild(style);
@@ -221,7 +221,8 @@ export default { render };
 
 # The table's own columns; the metric columns go before the last, the note, as in ckpt-nb
 # ls: after it they began past the right edge of a ~950 px output. The id column stays at
-# the left edge as the table scrolls sideways (its cells opaque, in the theme's colour).
+# the left edge as the table scrolls sideways (its cells opaque, in the notebook's background
+# colour: JupyterLab's --jp-layout-color0).
 TABLE_COLUMNS = ("id", "branch", "step", "epoch", "created", "strategy", "stored", "logical",
                  "pinned", "note")
 # A longer note is cut in its cell (its whole text is the cell's tooltip), so that it

@@ -1287,7 +1287,7 @@ def test_the_dag_takes_the_themes_colours() -> None:
     assert " ".join(rules[".ckpt-nb-dag text"].split()) == f"fill: {font};"
     assert f"stroke: {font}" in " ".join(rules[".ckpt-nb-dag .ckpt-nb-ring"].split())
     assert " ".join(rules[".ckpt-nb-dag .ckpt-nb-hollow"].split()) == \
-        "fill: var(--jp-layout-color1, var(--vscode-editor-background, white));"
+        "fill: var(--jp-layout-color0, var(--vscode-editor-background, white));"
     assert 'setAttribute("class", "ckpt-nb-ring")' in esm
     assert 'setAttribute("class", "ckpt-nb-hollow")' in esm
     assert "1px solid var(--jp-border-color2, #ddd)" in _explorer._TABLE_ESM

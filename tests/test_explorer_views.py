@@ -122,7 +122,42 @@ def test_the_ids_stay_in_view_as_the_table_scrolls_sideways(page: Any, tmp_path:
     assert [c[0] for c in cells] == ["id"] + [r["id"] for r in state["rows"]]
     assert all(left == 0 and on_top for _, left, on_top, _ in cells)  # nothing shows through
     assert {c[3] for c in cells[1:]} == {"rgb(255, 255, 255)"}
-    page.evaluate("() => document.body.style.setProperty('--jp-layout-color1', '#111111')")
+    # JupyterLab Dark: the notebook's background is --jp-layout-color0; color1, lighter,
+    # made the id column a lighter stripe down it.
+    page.evaluate("""() => { document.body.style.setProperty('--jp-layout-color0', '#111111');
+                             document.body.style.setProperty('--jp-layout-color1', '#212121');
+                           }""")
     backgrounds = page.evaluate("""() => [...document.querySelectorAll(
         ".ckpt-nb-table td:first-child")].map((td) => getComputedStyle(td).backgroundColor)""")
-    assert set(backgrounds) == {"rgb(17, 17, 17)"}  # (JupyterLab Dark's own colour)
+    assert set(backgrounds) == {"rgb(17, 17, 17)"}
+
+
+def test_hollow_nodes_and_the_id_column_take_the_notebooks_background(
+        page: Any, tmp_path: Path) -> None:
+    """In JupyterLab Dark the notebook's background is --jp-layout-color0 (#111); the id
+    column and the hollow (incremental, differential) nodes took color1 (#212121): a
+    lighter stripe down the table, grey dots in the DAG."""
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(tmp_path / "s", strategy="incremental") as mgr:
+        for step in range(3):
+            mgr.save(model, step=step)
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        table = {name: getattr(ui.table, name)
+                 for name in ("columns", "rows", "selected", "sort_by", "ascending")}
+        dag = {"nodes": ui.dag.nodes, "selected": [], "current": None, "current_deleted": None}
+    finally:
+        ui.close()
+    page.evaluate(RENDER, [_explorer._TABLE_ESM, table, "900px"])
+    page.evaluate(RENDER, [_explorer._DAG_ESM, dag, "900px"])
+    page.evaluate("""() => { document.body.style.setProperty('--jp-layout-color0', '#111111');
+                             document.body.style.setProperty('--jp-layout-color1', '#212121');
+                           }""")
+    colours = page.evaluate("""() => [
+        ...[...document.querySelectorAll(".ckpt-nb-table td:first-child")].map(
+            (td) => getComputedStyle(td).backgroundColor),
+        ...[...document.querySelectorAll(".ckpt-nb-hollow")].map(
+            (shape) => getComputedStyle(shape).fill)]""")
+    assert len(colours) >= 3 + 2 and set(colours) == {"rgb(17, 17, 17)"}
