@@ -145,8 +145,13 @@ function render({ model, el }) {
     svg.setAttribute("height", top + nodes.length * dy + 10);
     const at = {};
     for (const n of nodes) at[n.id] = [left + n.lane * dx, top + n.row * dy];
-    for (const n of nodes) {
-      if (!n.parent || !at[n.parent]) continue;
+    // Forks from one parent share the row gap below it: the farthest lane's edge is drawn
+    // first, so that each nearer one lies over its start, in its own colour (the last drawn
+    // covered the others' starts: branch-1 seemed to fork off branch-3).
+    const reach = (n) => Math.abs(at[n.id][0] - at[n.parent][0]);
+    const edges = nodes.filter((n) => n.parent && at[n.parent]);
+    edges.sort((p, q) => reach(q) - reach(p));
+    for (const n of edges) {
       const [x1, y1] = at[n.parent], [x2, y2] = at[n.id];
       // A fork leaves its parent's lane within the row gap below the parent, as git log
       // --graph draws it, then runs down its own lane: down the parent's lane to half way it

@@ -345,10 +345,11 @@ def plot_dag(store: StoreLike, *, current: str | None = None,
         return _empty(fig, "no checkpoints yet")
     ax = fig.add_subplot()
     where = {n.id: n for n in nodes}
-    for node in nodes:
-        parent = where.get(node.parent) if node.parent else None
-        if parent is not None:
-            ax.plot(*_edge(parent, node), color=_lane_color(node.lane), linewidth=1.6, zorder=1)
+    # The farthest lane's fork first: forks from one parent share the row gap below it, and
+    # each nearer one lies over its start (the last drawn covered the others').
+    edges = [(where[node.parent], node) for node in nodes if node.parent in where]
+    for parent, node in sorted(edges, key=lambda edge: -abs(edge[1].lane - edge[0].lane)):
+        ax.plot(*_edge(parent, node), color=_lane_color(node.lane), linewidth=1.6, zorder=1)
     chosen = set(id_list(selected))
     labels = len(nodes) <= 80
     groups: dict[tuple[str, int], list[DagNode]] = {}

@@ -116,6 +116,39 @@ def test_the_static_dag_draws_forks_clear_of_other_nodes_and_the_labels(
     assert [t.get_text() for t in ax.texts if "★" in t.get_text()] == [f"★ {ids[1]}  step 1"]
 
 
+def fanned_store(path: Path) -> list[str]:
+    """A checkpoint on main, main's next, then three forks from the first (branch-1, -2,
+    -3, on lanes 1, 2, 3, each saved after the last), whose edges share the row gap below
+    it. Returns the ids in save order."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(path) as mgr:
+        ids = [mgr.save(model, step=0), mgr.save(model, step=1)]
+        for step in (10, 20, 30):
+            mgr.restore(ids[0], model=model)
+            ids.append(mgr.save(model, step=step))
+    return ids
+
+
+def test_the_static_dag_draws_the_nearest_fork_over_the_farther_ones(tmp_path: Path) -> None:
+    """Forks from one parent run along the same row gap; the last drawn, to the farthest
+    lane, covered the others' starts: branch-1 seemed to fork off branch-3."""
+    from matplotlib.colors import to_rgb
+
+    ids = fanned_store(tmp_path / "s")
+    nodes = {n.id: n for n in dag_layout(ckpt_nb.CheckpointManager(tmp_path / "s").list())}
+    assert [nodes[i].lane for i in ids] == [0, 0, 1, 2, 3]
+    fig = ckpt_nb.plot_dag(tmp_path / "s")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    pixels = np.asarray(canvas.buffer_rgba())[..., :3] / 255
+    parent = nodes[ids[0]]
+    x, y = fig.axes[0].transData.transform((parent.lane + 0.5, parent.row + 0.5))
+    seen = pixels[int(round(pixels.shape[0] - y)), int(round(x))]
+    colours = {lane: np.array(to_rgb(_plots._lane_color(lane))) for lane in (1, 2, 3)}
+    assert min(colours, key=lambda lane: np.abs(colours[lane] - seen).sum()) == 1
+    assert np.abs(colours[1] - seen).max() < 0.15
+
+
 def test_plots_are_figures_with_what_they_show(store) -> None:
     path, main, branch = store
     fig = ckpt_nb.plot_metrics(path, "loss", selected=[main[2]])

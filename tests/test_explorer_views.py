@@ -15,7 +15,7 @@ import pytest
 import ckpt_nb
 from ckpt_nb import _explorer
 
-from test_explorer import forked_store
+from test_explorer import fanned_store, forked_store
 from test_browser import CHROMIUM_ARGS, artifacts_dir, chromium  # noqa: F401 (a fixture)
 
 # What a view's module gets from anywidget, made from the traits' values: a model whose
@@ -81,6 +81,29 @@ def test_a_fork_leaves_its_parent_not_a_later_checkpoint(page: Any, tmp_path: Pa
             if cid not in ends:
                 nearest = min(math.dist(centre, q) for q in points)
                 assert nearest > reach, f"the edge {ends} passes {nearest:.1f} px from {cid}"
+
+
+def test_the_nearest_fork_lies_over_the_farther_ones(page: Any, tmp_path: Path) -> None:
+    """Forks from one parent run along the same row gap; the last drawn, to the farthest
+    lane, covered the others' starts: branch-1 seemed to fork off branch-3."""
+    ids = fanned_store(tmp_path / "s")
+    ui = ckpt_nb.explore(tmp_path / "s", poll_seconds=0)
+    try:
+        nodes = {n["id"]: n for n in ui.dag.nodes}
+    finally:
+        ui.close()
+    assert [nodes[i]["lane"] for i in ids] == [0, 0, 1, 2, 3]
+    page.evaluate(RENDER, [_explorer._DAG_ESM, {"nodes": list(nodes.values()), "selected": [],
+                                                 "current": None, "current_deleted": None},
+                           "900px"])
+    # Half a lane right of the parent, in the row gap below it: the edge on top there.
+    stroke = page.evaluate("""() => {
+        const parent = document.querySelector(".ckpt-nb-node").querySelector("circle, rect");
+        const box = parent.getBoundingClientRect();
+        const x = box.left + box.width / 2 + 13, y = box.top + box.height / 2 + 11;
+        return document.elementFromPoint(x, y).getAttribute("stroke"); }""")
+    page.locator(".ckpt-nb-dag svg").screenshot(path=artifacts_dir() / "explorer-dag-fan.png")
+    assert stroke == "#ff7f0e"  # (lane 1's colour)
 
 
 def test_the_ids_stay_in_view_as_the_table_scrolls_sideways(page: Any, tmp_path: Path) -> None:
