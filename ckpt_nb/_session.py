@@ -987,6 +987,7 @@ class AutoSession:
         self._buffers = SnapshotBuffers()
         self.step = 0
         self._steps_by_optimizer: dict[int, int] = {}
+        self._parameters_by_optimizer: dict[int, frozenset[int]] = {}  # (ids, at its first step)
         self._gradients = _Gradients()  # (as the last optimizer step left them)
         self.history = History()
         self.metrics: dict[str, float] = {}
@@ -1445,7 +1446,9 @@ class AutoSession:
         if active() is not self:
             return
         key = id(optimizer)
-        self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
+        if key not in self._steps_by_optimizer:
+            self._steps_by_optimizer[key] = self._steps_taken_over(optimizer)
+        self._steps_by_optimizer[key] += 1
         self._steps_seen += 1
         if self._metric_due and self.config.on and not self._told_dropped:
             self._told_dropped = True
@@ -1465,6 +1468,20 @@ class AutoSession:
         if not self.loop.in_batches and self.loop.epoch is None:
             self._consistent()
             self.checkpoint_if_due()
+
+    def _steps_taken_over(self, optimizer: torch.optim.Optimizer) -> int:
+        """The steps an optimizer stepping for the first time counts on from: those of
+        the most-stepped earlier one over any of the same parameters (the one it was made
+        anew in place of, a learning rate set by epoch), so that the run's step, the most
+        any optimizer took, goes on; 0 for one over parameters of its own (a GAN's second
+        optimizer, whose steps in the same batches are not steps more)."""
+        parameters = frozenset(id(p) for group in optimizer.param_groups
+                               for p in group["params"])
+        self._parameters_by_optimizer[id(optimizer)] = parameters
+        return max((self._steps_by_optimizer[key]
+                    for key, earlier in self._parameters_by_optimizer.items()
+                    if key in self._steps_by_optimizer and not parameters.isdisjoint(earlier)),
+                   default=0)
 
     def due(self) -> str | None:
         """Why a save is due now, or None."""

@@ -1,0 +1,84 @@
+"""The step count of a run whose loop makes its optimizer anew at every epoch's top (a
+learning rate set by epoch): it went on counting only the newest optimizer's steps, so
+``every_steps`` saved nothing after the first epoch. Scripts in a fresh interpreter,
+trained on random data, killed (SIGKILL) in epoch 2 and run again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ckpt_nb
+from test_session_jobs import script  # (a script file run in a fresh interpreter)
+
+# 6 batches an epoch, 3 epochs: 18 steps; a save every 4 steps.
+REMADE = """
+import hashlib, os, signal, torch, ckpt_nb
+torch.set_num_threads(1)
+torch.manual_seed(0)
+X = torch.randn(60, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=10,
+                                     shuffle=True)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)  # (defined, so a resume tracks it)
+with ckpt_nb.auto("store", every_steps=4, sync=True):
+    for epoch in ckpt_nb.epochs(3):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 / (epoch + 1), momentum=0.9)
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if (epoch, i) == (1, 3) and os.environ["DIE"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest())
+"""
+
+# A GAN's two optimizers, both stepping every batch, the generator's made anew each epoch.
+TWO = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+X = torch.randn(60, 8)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X), batch_size=10)
+gen, disc = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
+with ckpt_nb.auto("store", every_steps=4, sync=True):
+    for epoch in ckpt_nb.epochs(3):
+        opt_g = torch.optim.SGD(gen.parameters(), lr=0.01 / (epoch + 1))
+        for i, (xb,) in ckpt_nb.batches(loader):
+            opt_d.zero_grad()
+            (disc(xb).mean() - disc(gen(xb).detach()).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            disc(gen(xb)).mean().backward()
+            opt_g.step()
+"""
+
+
+def saved_steps(store: Path) -> list[int]:
+    """The steps of the store's checkpoints, in the order they were saved."""
+    return [int(s) for s in ckpt_nb.CheckpointManager(store).list()["step"]]
+
+
+def test_an_optimizer_made_anew_each_epoch_counts_its_steps_on(tmp_path: Path) -> None:
+    done = script(tmp_path, "train.py", REMADE)
+    assert done.returncode == 0, done.stderr
+    assert saved_steps(tmp_path / "store") == [4, 8, 12, 16, 18]
+
+
+def test_two_optimizers_stepping_each_batch_count_one_step_a_batch(tmp_path: Path) -> None:
+    done = script(tmp_path, "train.py", TWO)
+    assert done.returncode == 0, done.stderr
+    assert saved_steps(tmp_path / "store") == [4, 8, 12, 16, 18]
+
+
+def test_a_kill_in_a_later_epoch_resumes_counting_on_and_ends_bit_exact(
+        tmp_path: Path) -> None:
+    (tmp_path / "ref").mkdir()
+    unstopped = script(tmp_path / "ref", "train.py", REMADE)
+    assert unstopped.returncode == 0, unstopped.stderr
+    script(tmp_path, "train.py", REMADE, die=True)  # (killed at step 10, saved at 4 and 8)
+    assert saved_steps(tmp_path / "store") == [4, 8]
+    again = script(tmp_path, "train.py", REMADE)
+    assert again.returncode == 0, again.stderr
+    assert saved_steps(tmp_path / "store") == [4, 8, 12, 16, 18]
+    assert again.stdout.split("params ")[1] == unstopped.stdout.split("params ")[1]
