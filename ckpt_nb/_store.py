@@ -883,15 +883,15 @@ class FsspecStore(Store):
                     "or copy it back to the STANDARD class)")
         if not (isinstance(exc, PermissionError) or _DENIED.search(str(exc))):
             return ""
-        if writing and _WRITE_DENIED.search(str(exc)):
-            return (" (the credentials given may not write or delete there: check that "
-                    "they are allowed to, not only to read (on S3, s3:PutObject and "
-                    "s3:DeleteObject on the bucket's objects))")
         if self._s3 and getattr(self._files, "anon", False):
             return (" (the store was opened anonymously, anon=True, which sends no "
                     "credentials and reads only what is public: drop anon=True to use "
                     "the AWS credentials configured, or give them: FsspecStore(url, "
                     "key=..., secret=...))")
+        if writing and _WRITE_DENIED.search(str(exc)):
+            return (" (the credentials given may not write or delete there: check that "
+                    "they are allowed to, not only to read (on S3, s3:PutObject and "
+                    "s3:DeleteObject on the bucket's objects))")
         if self._s3:
             return (" (check the credentials: the AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY environment variables, ~/.aws/credentials, "
@@ -1590,7 +1590,12 @@ def _check_botocore_options(url: str, options: dict[str, object]) -> None:
 
     client = {p.name for p in inspect.signature(Session.create_client).parameters.values()
               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
-    for group, valid in (("config_kwargs", set(Config.OPTION_DEFAULTS)),
+    from aiobotocore.config import AioConfig  # (s3fs's: connector_args=, http_session_cls=)
+
+    config = set(Config.OPTION_DEFAULTS) | {
+        p.name for p in inspect.signature(AioConfig.__init__).parameters.values()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+    for group, valid in (("config_kwargs", config),
                          ("client_kwargs", client)):
         given = options.get(group)
         if not isinstance(given, dict):

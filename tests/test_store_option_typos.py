@@ -37,3 +37,8 @@ def test_options_spelt_right_are_taken() -> None:
                         client_kwargs={"region_name": "us-east-1"},
                         config_kwargs={"read_timeout": 3, "retries": {"max_attempts": 2}})
     assert store.url == "s3://bucket/x"
+    # (aiobotocore's AioConfig, which s3fs makes, takes more than botocore's Config: a
+    # MinIO server's own CA goes in connector_args, and was refused)
+    FsspecStore("s3://bucket/x", endpoint_url="http://127.0.0.1:9",
+                config_kwargs={"connector_args": {"keepalive_timeout": 12},
+                               "tcp_keepalive": True})
