@@ -1213,8 +1213,22 @@ class CheckpointManager:
                 views[pack] = view
         return views
 
-    def _prefetch(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]) -> None:
-        """Tell the store which chunks (and the delta bases they need) are read next."""
+    @contextlib.contextmanager
+    def _prefetching(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]
+                     ) -> Iterator[None]:
+        """Tell the store which chunks (and the delta bases they need) are read in the
+        block, and that none are once it ends: an object store's fetched bytes a failed
+        or interrupted read left are let go then, not held until the next read."""
+        packs = self._prefetch(rows, digests)
+        try:
+            yield
+        finally:
+            for pack in packs:
+                self.store.prefetch(pack, [])
+
+    def _prefetch(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]) -> list[str]:
+        """Tell the store which chunks (and the delta bases they need) are read next;
+        the packs they are in."""
         ranges: dict[str, list[tuple[int, int]]] = {}
         wanted, seen = list(digests), set()
         while wanted:
@@ -1227,6 +1241,7 @@ class CheckpointManager:
                     wanted.append(row.base)
         for pack, spans in ranges.items():
             self.store.prefetch(pack, spans)
+        return list(ranges)
 
     def _blob(self, row: ChunkRow,
               views: Mapping[str, memoryview] | None) -> memoryview | np.ndarray:
@@ -1421,15 +1436,14 @@ class CheckpointManager:
                 jobs.append((rows[digest], view[pos : pos + raw_len]))
                 pos += raw_len
         views = self._pack_views(rows)
-        self._prefetch(rows, (row.digest for row, _ in jobs))
-
         batches = in_batches(jobs, sum(len(out) for _, out in jobs) // (8 * self.threads),
                              lambda job: len(job[1]))
         try:
-            share_work(self._executor(), self.threads - 1, batches,
-                       lambda batch: self._decode_chunks(batch, rows, views),
-                       None if progress is None else lambda done: progress(done, len(jobs)),
-                       weight=len)
+            with self._prefetching(rows, (row.digest for row, _ in jobs)):
+                share_work(self._executor(), self.threads - 1, batches,
+                           lambda batch: self._decode_chunks(batch, rows, views),
+                           None if progress is None else lambda done: progress(done, len(jobs)),
+                           weight=len)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {exc}",
                                          checkpoint_id) from exc
@@ -2096,7 +2110,14 @@ class CheckpointManager:
             if rows[digest].base is not None:
                 on.setdefault(rows[digest].base, []).append(digest)
         views = self._pack_views({digest: rows[digest] for digest in needed})
-        self._prefetch(rows, needed)  # (an object store's: ranges fetched together)
+        with self._prefetching(rows, needed):  # (an object store's: ranges fetched together)
+            return self._check_decodes(rows, needed, on, views, good)
+
+    def _check_decodes(self, rows: Mapping[str, ChunkRow], needed: set[str],
+                       on: Mapping[str, list[str]], views: Mapping[str, memoryview],
+                       good: set[str]) -> dict[str, str]:
+        """``_check_chunks``' reading: each chunk decoded after its base, and those whose
+        bytes or bases are bad, with why."""
         failed: dict[str, str] = {}
         todo = [(digest, None) for digest in sorted(needed) if rows[digest].base is None]
         while todo:

@@ -944,10 +944,17 @@ class FsspecStore(Store):
         path = self._path(key)
         try:
             with self._asking(f"reading {key}"):
-                return list(self.fs.cat_ranges([path] * len(spans), [s for s, _ in spans],
-                                               [e for _, e in spans], on_error="return"))
+                got = list(self.fs.cat_ranges([path] * len(spans), [s for s, _ in spans],
+                                              [e for _, e in spans], on_error="return"))
         except (OSError, StoreError) as exc:
+            if _unreachable(exc):
+                raise  # (asking again would wait out the timeouts twice)
             return [exc] * len(spans)
+        for each in got:
+            if isinstance(each, Exception) and _unreachable(each):
+                with self._asking(f"reading {key}"):
+                    raise each
+        return got
 
     @contextlib.contextmanager
     def writer(self, key: str) -> Iterator[Writer]:
@@ -1247,6 +1254,12 @@ GRACE_SECONDS = 3600.0
 # docstring gives these values: change both.)
 S3_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
                                "retries": {"total_max_attempts": 1}}
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether an error says the server was not reached (refused, not answering)."""
+    return isinstance(exc, (ConnectionError, TimeoutError)) or \
+        any(_UNREACHABLE.search(said) for said in _told(exc))
 
 
 def _told(exc: BaseException) -> list[str]:

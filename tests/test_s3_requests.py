@@ -140,3 +140,26 @@ def test_a_save_lists_each_folder_of_the_store_once_whatever_its_size(
     for folder in ("packs", "manifests"):
         assert sum(f"prefix=exp%2F{folder}%2F" in p or f"prefix=exp/{folder}/" in p
                    for p in listed[12]) == 1, listed[12]
+
+
+def test_a_restore_that_fails_holds_no_fetched_bytes_after(bucket: str,
+                                                           relay: OutageRelay) -> None:
+    """The spans a restore fetched stayed held (up to 256 MiB) where a chunk was bad or
+    a Ctrl-C came, until the next restore from the store."""
+    from ckpt_nb import CorruptCheckpointError
+
+    url = f"s3://{bucket}/bad"
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(20)])
+    with CheckpointManager(url) as mgr:
+        cid = mgr.save(model, rng=False)
+        pack = next(iter(mgr.store.list("packs")))
+        fs, path = mgr.store.fs, mgr.store._path(pack)  # type: ignore[attr-defined]
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF  # (a chunk's byte: its checksum fails)
+    fs.pipe_file(path, bytes(data))
+    with CheckpointManager(url) as mgr:
+        with pytest.raises(CorruptCheckpointError):
+            mgr.restore(cid, model=model)
+        assert mgr.store._fetched._held == 0  # type: ignore[attr-defined]
+        assert not mgr.verify().ok
+        assert mgr.store._fetched._held == 0  # type: ignore[attr-defined]
