@@ -49,7 +49,7 @@ from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUse
                       StateMismatchError, StoreError, StoreFormatError, metrics_logged,
                       too_far_back, warn)
 from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
-                      encode_manifest, id_of, is_pack_key, is_run_key, label_key,
+                      encode_manifest, id_of, is_deletion_key, is_pack_key, is_run_key, label_key,
                       manifest_key, new_deletion_key, pickle_problem, read_pack_index,
                       stamp_format, write_pack)
 from ._parallel import in_batches, share_work
@@ -1213,6 +1213,12 @@ class CheckpointManager:
                 views[pack] = view
         return views
 
+    def _deletion_pending(self) -> bool:
+        """Whether a deletion cut short (killed after its record, before its catalog's
+        commit) waits in the store: a deletion then collects the whole store, as gc()
+        does, which completes it (one listing, of a folder empty but for such records)."""
+        return any(is_deletion_key(key) for key in self.store.list("deleted"))
+
     @contextlib.contextmanager
     def _prefetching(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]
                      ) -> Iterator[None]:
@@ -2235,7 +2241,7 @@ class CheckpointManager:
                     f"{'them' if len(pinned) > 1 else 'it'} first, or pass force=True"
                     + (" (nothing was deleted)" if len(ids) > 1 else ""))
             try:
-                self._drop(ids, whole_store=self._collection_failed)
+                self._drop(ids, whole_store=self._collection_failed or self._deletion_pending())
                 self._collection_failed = False
             except OSError as exc:  # (StoreError too) after the catalog let them go
                 if any(self.catalog.get(cid) is not None for cid in ids):
