@@ -928,14 +928,13 @@ class FsspecStore(Store):
         return got if got is not None else super().read_into(key, start, out)
 
     def prefetch(self, key: str, ranges: Iterable[tuple[int, int]]) -> None:
-        """Read these ranges of a pack together: near ones (``PREFETCH_GAP`` apart)
-        merged into spans of up to ``PREFETCH_SPAN`` bytes, the first read of one
-        fetching it and the spans after it, ``PREFETCH_AHEAD`` bytes in all, at once
-        (``cat_ranges``: concurrently on S3), each held until ``read_into`` has read every
-        range in it. A restore of many small tensors sent one GET per chunk, one after
-        another: 1,610 for a model of 400 small tensors, 70 times as slow as from local
-        disk. A range larger than a span, or one read where ``PREFETCH_HELD`` bytes are
-        held already, is read as it comes."""
+        """Read these ranges of a pack together: near ones (64 KiB apart) merged into
+        spans of up to 16 MiB, the first read of one fetching it and the spans after it,
+        32 MiB in all, at once (``cat_ranges``: concurrently on S3), each held until
+        ``read_into`` has read every range in it. A restore of many small tensors sent
+        one GET per chunk, one after another: 1,610 for a model of 400 small tensors, 70
+        times as slow as from local disk. A range larger than a span, or one read where
+        256 MiB are held already, is read as it comes; no ranges drop the plan."""
         self._fetched.plan(key, ranges)
 
     def _fetch(self, key: str, spans: Sequence[tuple[int, int]]) -> list[Any]:
