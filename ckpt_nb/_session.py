@@ -330,6 +330,7 @@ class _Loop:
     epoch: int | None = None
     next_batch: int = 0
     epoch_rng: dict[str, Any] | None = None
+    start_rng: dict[str, Any] | None = None  # (as the epoch began, before its prefix)
     # The states of the loader's own generators (DataLoader(generator=g)) as the epoch
     # began: its order comes from them, not from the global generators.
     loader_rng: list[torch.Tensor] | None = None
@@ -1619,6 +1620,7 @@ class AutoSession:
                "history": self.history.storable(), "best": self.best,
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
+                        "start_rng": self.loop.start_rng,
                         "loader_rng_now": [g.get_state() for g in self.loop.generators],
                         "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
@@ -2426,9 +2428,10 @@ class AutoSession:
         assert loop is not None  # (read for a resume)
         self.loop = _Loop(epoch=loop["epoch"], next_batch=loop["next_batch"],
                           epoch_rng=loop["epoch_rng"], loader_rng=loop.get("loader_rng"),
+                          start_rng=loop.get("start_rng"),
                           loader_states=loop.get("loader_states"))
         if loop["epoch_rng"] is not None and loop["next_batch"]:
-            RNGState().load_state_dict(loop["epoch_rng"])  # replay the epoch's data order
+            RNGState().load_state_dict(loop.get("start_rng") or loop["epoch_rng"])
             self._pending_skip = (loop["next_batch"], ck.rng)
             if loop["epoch"] is not None:  # (in an epoch: its code ahead of the loop runs next)
                 self._epoch_put_back = _EpochPutBack(
@@ -2503,6 +2506,7 @@ class AutoSession:
             if self.loop.epoch != epoch or resumed is None:
                 self.loop = _Loop(epoch=epoch, generators=self.loop.generators,
                                   loader=self.loop.loader)
+                self.loop.start_rng = RNGState().state_dict()
             resumed = None
             yield epoch
             # The epoch's body is complete (its loader's generators are the next one's).
@@ -2851,16 +2855,24 @@ def _in_place_of(deleted: str | None) -> str:
 
 
 def _footprint(obj: Any) -> Any:
-    """What code changing a tracked object in place changes, read cheaply: a module's
-    and an optimizer's tensors by where they lie and their version counters (with an
-    optimizer's hyperparameters and counts), the rest (schedulers, scalers, generators:
+    """What code changing a tracked object in place changes: a module's tensors by where
+    they lie, their version counters and a digest of their bytes (an edit through
+    ``.data`` bumps no version), an optimizer's by where they lie and their version
+    counters (with its hyperparameters and counts), the rest (schedulers, scalers, generators:
     small) by a digest of their state. None where it cannot be read: a module with extra
     state, a state that does not digest."""
     try:
         if isinstance(obj, torch.nn.Module):
             extra = any(type(m).get_extra_state is not torch.nn.Module.get_extra_state
                         for m in obj.modules())
-            return None if extra else _versions(obj)
+            if extra:
+                return None
+            contents = hashlib.blake2b(digest_size=16)  # (in place through .data: no version)
+            for t in [*obj.parameters(), *obj.buffers()]:
+                for part in _data_of(t.detach()):
+                    flat = part.cpu().contiguous().reshape(-1)
+                    contents.update(flat.view(torch.uint8).numpy())
+            return _versions(obj), contents.hexdigest()
         if isinstance(obj, torch.optim.Optimizer):
             plain = [{k: v for k, v in group.items() if k != "params"} | {
                 "params": [id(p) for p in group["params"]]} for group in obj.param_groups]

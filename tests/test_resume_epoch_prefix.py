@@ -51,12 +51,25 @@ PATTERNS = {
         prefix="        running, seen = 0.0, 0",
         body="            running += loss.item() * len(yb); seen += len(yb)",
         end="        kept.append((running / seen, seen)); ckpt_nb.log(train_loss=running / seen)"),
-    # manual batching over a permutation drawn at the epoch's top
+    # manual batching over a permutation drawn at the epoch's top (drawn again as it was:
+    # the global generators go back to the epoch's start, so nothing needs putting back)
     "permutation": dict(
         setup="", loader="range(0, len(X), 20)", batch="X[perm[batch:batch + 20]], "
         "Y[perm[batch:batch + 20]]",
         prefix="        perm = torch.randperm(len(X))", body="",
-        end="        kept.append(perm[:3].tolist())"),
+        end="        kept.append(perm[:3].tolist())", said=False),
+    # a draw that goes into no variable: a loader over a random subset, made at the top
+    "a subset drawn into a loader": dict(
+        setup="", loader="loader", batch="batch",
+        prefix="        loader = torch.utils.data.DataLoader(torch.utils.data.Subset("
+               "torch.utils.data.TensorDataset(X, Y), torch.randperm(200)[:120].tolist()), "
+               "batch_size=10, shuffle=True)", body="", end="", said=False,
+        die="epoch == 1 and i == 10"),
+    # weights edited in place through .data, which bumps no version counter
+    "an edit through .data": dict(
+        setup=LOADER, loader="loader", batch="batch",
+        prefix="        if epoch == 1:\n            model.weight.data.mul_(0.5)", body="",
+        end=""),
     # the same from a generator of the notebook's
     "permutation from a generator": dict(
         setup="g = torch.Generator().manual_seed(3)", loader="range(0, len(X), 20)",
@@ -66,7 +79,7 @@ PATTERNS = {
     # a draw ahead of a shuffling loader that has no generator of its own
     "a draw before the shuffle": dict(
         setup=LOADER, loader="loader", batch="batch[0] + noise, batch[1]",
-        prefix="        noise = 0.1 * torch.rand(())", body="", end=""),
+        prefix="        noise = 0.1 * torch.rand(())", body="", end="", said=False),
     # a scheduler stepped, and a list appended to, at the epoch's top
     "a scheduler stepped": dict(
         setup=LOADER + "\nsched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)",
@@ -89,7 +102,9 @@ def test_code_ahead_of_the_batches_loop_resumes_bit_exact_after_a_kill(
     """That code ran again on the restored state: the epoch's loss covered only the
     batches after the resume, the permutation and the loader's order were drawn anew, the
     scheduler stepped twice and the list held a value twice."""
-    code = SCRIPT.format(**{"die": "epoch == 1 and i == 7", **PATTERNS[pattern]})
+    options = dict(PATTERNS[pattern])
+    said_again = options.pop("said", True)  # (whether it changed what it put back)
+    code = SCRIPT.format(**{"die": "epoch == 1 and i == 7", **options})
     (tmp_path / "ref").mkdir()
     (tmp_path / "run").mkdir()
     reference = script(tmp_path / "ref", "train.py", code)
@@ -98,6 +113,7 @@ def test_code_ahead_of_the_batches_loop_resumes_bit_exact_after_a_kill(
     resumed = script(tmp_path / "run", "train.py", code)
     assert resumed.returncode == 0, resumed.stderr
     said = resumed.stdout + resumed.stderr
-    assert "resumed from" in said and ", batch " in said, said  # (mid-epoch)
+    assert "resumed from" in said and ", batch " in said, said
+    assert ", batch 0," not in said, said  # (mid-epoch)
     assert resumed.stdout.splitlines()[-2:] == reference.stdout.splitlines()[-2:], said
-    assert "'s code ahead of its batches() loop ran again" in said, said
+    assert ("'s code ahead of its batches() loop ran again" in said) == said_again, said
