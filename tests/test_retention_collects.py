@@ -24,12 +24,9 @@ from ckpt_nb._format import id_of
 STORE_CALLS = ("list", "modified", "size", "has", "get", "put", "delete", "writer")
 
 
-def store_calls_of_a_retention_save(path: Path, saved: int) -> collections.Counter[str]:
-    """The store's calls (and the catalog's reads of all chunks) made by a save whose
-    retention deletes one checkpoint, in a store of ``saved`` checkpoints."""
-    with CheckpointManager(path, max_to_keep=saved) as mgr:
-        for i in range(saved):
-            mgr.save(h=Holder({"w": torch.full((100,), float(i))}), rng=False)
+def counting(mgr: CheckpointManager) -> collections.Counter[str]:
+    """The calls the manager's store (and its catalog's reads of all chunks) take from
+    now on, by name: the real store's, each counted."""
     calls: collections.Counter[str] = collections.Counter()
 
     def counted(name: str, call: Any) -> Any:
@@ -38,12 +35,22 @@ def store_calls_of_a_retention_save(path: Path, saved: int) -> collections.Count
             return call(*args, **kwargs)
         return wrapped
 
+    for name in STORE_CALLS:
+        setattr(mgr.store, name, counted(name, getattr(mgr.store, name)))
+    for name in ("all_chunks", "packs"):
+        setattr(mgr.catalog, name, counted(name, getattr(mgr.catalog, name)))
+    return calls
+
+
+def store_calls_of_a_retention_save(path: Path, saved: int) -> collections.Counter[str]:
+    """The store's calls (and the catalog's reads of all chunks) made by a save whose
+    retention deletes one checkpoint, in a store of ``saved`` checkpoints."""
+    with CheckpointManager(path, max_to_keep=saved) as mgr:
+        for i in range(saved):
+            mgr.save(h=Holder({"w": torch.full((100,), float(i))}), rng=False)
     with CheckpointManager(path, max_to_keep=saved) as mgr:
         mgr.save(h=Holder({"w": torch.full((100,), -1.0)}), rng=False)  # (opened, caught up)
-        for name in STORE_CALLS:
-            setattr(mgr.store, name, counted(name, getattr(mgr.store, name)))
-        for name in ("all_chunks", "packs"):
-            setattr(mgr.catalog, name, counted(name, getattr(mgr.catalog, name)))
+        calls = counting(mgr)
         mgr.save(h=Holder({"w": torch.full((100,), -2.0)}), rng=False)
         assert len(mgr.list()) == saved
     return calls
@@ -63,20 +70,9 @@ def store_calls_of_a_delete(path: Path, saved: int, deleting: int) -> collection
     with CheckpointManager(path) as mgr:
         ids = [mgr.save(h=Holder({"w": torch.full((100,), float(i))}), rng=False)
                for i in range(saved)]
-    calls: collections.Counter[str] = collections.Counter()
-
-    def counted(name: str, call: Any) -> Any:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
-            return call(*args, **kwargs)
-        return wrapped
-
     with CheckpointManager(path) as mgr:
         mgr.list()  # (opened, caught up)
-        for name in STORE_CALLS:
-            setattr(mgr.store, name, counted(name, getattr(mgr.store, name)))
-        for name in ("all_chunks", "packs"):
-            setattr(mgr.catalog, name, counted(name, getattr(mgr.catalog, name)))
+        calls = counting(mgr)
         middle = ids[2:2 + deleting]
         assert mgr.delete(*middle) == (middle if deleting > 1 else middle[0])
         assert list(mgr.list()["id"]) == [cid for cid in ids if cid not in middle]
