@@ -1216,8 +1216,16 @@ class CheckpointManager:
     def _deletion_pending(self) -> bool:
         """Whether a deletion cut short (killed after its record, before its catalog's
         commit) waits in the store: a deletion then collects the whole store, as gc()
-        does, which completes it (one listing, of a folder empty but for such records)."""
-        return any(is_deletion_key(key) for key in self.store.list("deleted"))
+        does, which completes it. One listing, of a folder mostly empty; a record gc
+        keeps (one that does not read, one a pin withdrew) is no deletion waiting."""
+        if not any(is_deletion_key(key) for key in self.store.list("deleted")):
+            return False
+        # (only one gc can complete: readable, not withdrawn by a pin, naming a checkpoint
+        # still listed or whose manifest is still there)
+        pins = {row.id for row in self.catalog.checkpoints() if row.pinned}
+        records, _ = deletion_records(self.store, pins.__contains__)
+        return any(self.catalog.get(cid) is not None or self.store.has(manifest_key(cid))
+                   for ids in records.values() for cid in ids)
 
     @contextlib.contextmanager
     def _prefetching(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]

@@ -329,3 +329,21 @@ def test_what_a_failed_collection_left_goes_at_the_next_deleting_save(tmp_path: 
         assert not list(mgr.store.list("deleted"))
         report = mgr.gc()
         assert (report.chunks_dropped, report.bytes_freed) == (0, 0)
+
+
+def test_a_deletion_record_gc_keeps_makes_no_delete_collect_the_whole_store(
+        tmp_path: Path) -> None:
+    """A record that does not read stays after gc (it deletes nothing); every delete()
+    then took it for a deletion cut short and collected the whole store."""
+    path = tmp_path / "store"
+    with CheckpointManager(path) as mgr:
+        ids = [mgr.save(h=Holder({"w": torch.full((100,), float(i))}), rng=False)
+               for i in range(5)]
+    (path / "deleted").mkdir(exist_ok=True)
+    (path / "deleted" / f"{'0' * 32}.json").write_text("{cut short")
+    with CheckpointManager(path) as mgr:
+        mgr.gc()
+        calls = counting(mgr)
+        mgr.delete(ids[2])
+        assert list(mgr.list()["id"]) == ids[:2] + ids[3:]
+    assert calls["packs"] == calls["all_chunks"] == 0, calls
