@@ -51,7 +51,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
 
 from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, as_stateful,
                        load_all, rng_problem, unwrap)
@@ -989,6 +990,8 @@ class AutoSession:
         self.step = 0
         self._steps_by_optimizer: dict[int, int] = {}
         self._parameters_by_optimizer: dict[int, frozenset[int]] = {}  # (ids, at its first step)
+        self._first_step_began: dict[int, int] = {}  # (_steps_seen as its first step began)
+        self._stepped_at: dict[int, int] = {}  # (_steps_seen as its last step ended)
         self._gradients = _Gradients()  # (as the last optimizer step left them)
         self.history = History()
         self.metrics: dict[str, float] = {}
@@ -1033,6 +1036,7 @@ class AutoSession:
         self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
         self._ending = False  # end_cell's save is running
         self._hook = register_optimizer_step_post_hook(self._after_step)
+        self._pre_hook = register_optimizer_step_pre_hook(self._before_step)
         self.discovery = Discovery()
         self.closed = False
 
@@ -1292,6 +1296,7 @@ class AutoSession:
         self.closed = True
         self._restore_sigint()
         self._hook.remove()
+        self._pre_hook.remove()
         self.writer.close()
         self._report_background_error()
         self._report_repeats()
@@ -1443,6 +1448,12 @@ class AutoSession:
             return bool(self._gradients.accumulated(self.discovery.statefuls.values()))
         return bool(self._gradients.sampled_changed())
 
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Note when an optimizer's first step began: one stepped inside it (a wrapper's
+        inner optimizer: SAM, ZeroRedundancyOptimizer) is not one it counts on from."""
+        if active() is self and id(optimizer) not in self._steps_by_optimizer:
+            self._first_step_began.setdefault(id(optimizer), self._steps_seen)
+
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if active() is not self:
             return
@@ -1451,6 +1462,7 @@ class AutoSession:
             self._steps_by_optimizer[key] = self._steps_taken_over(optimizer)
         self._steps_by_optimizer[key] += 1
         self._steps_seen += 1
+        self._stepped_at[key] = self._steps_seen
         if self._metric_due and self.config.on and not self._told_dropped:
             self._told_dropped = True
             self.say(f"{self.config.on[0]} improved at step {self.step} but was not saved: "
@@ -1479,9 +1491,11 @@ class AutoSession:
         parameters = frozenset(id(p) for group in optimizer.param_groups
                                for p in group["params"])
         self._parameters_by_optimizer[id(optimizer)] = parameters
+        began = self._first_step_began.pop(id(optimizer), self._steps_seen)
         return max((self._steps_by_optimizer[key]
                     for key, earlier in self._parameters_by_optimizer.items()
-                    if key in self._steps_by_optimizer and not parameters.isdisjoint(earlier)),
+                    if key in self._steps_by_optimizer and not parameters.isdisjoint(earlier)
+                    and self._stepped_at.get(key, 0) <= began),  # (not stepped inside it)
                    default=0)
 
     def due(self) -> str | None:
@@ -2506,6 +2520,8 @@ class AutoSession:
             if self.loop.epoch != epoch or resumed is None:
                 self.loop = _Loop(epoch=epoch, generators=self.loop.generators,
                                   loader=self.loop.loader)
+                self.loop.start_rng = RNGState().state_dict()
+            elif self.loop.start_rng is None:  # (resumed at the epoch's start: none saved)
                 self.loop.start_rng = RNGState().state_dict()
             resumed = None
             yield epoch

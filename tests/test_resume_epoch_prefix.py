@@ -117,3 +117,48 @@ def test_code_ahead_of_the_batches_loop_resumes_bit_exact_after_a_kill(
     assert ", batch 0," not in said, said  # (mid-epoch)
     assert resumed.stdout.splitlines()[-2:] == reference.stdout.splitlines()[-2:], said
     assert ("'s code ahead of its batches() loop ran again" in said) == said_again, said
+
+
+# Killed in epoch 1 after its first batches (resumed at the epoch's start, from the
+# checkpoint saved as epoch 0 ended), then again later in epoch 1 (resumed mid-epoch).
+TWICE = """
+import hashlib, os, time, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+with ckpt_nb.auto("store", every_steps=6, sync=True):
+    for epoch in ckpt_nb.epochs(3):
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(
+            torch.utils.data.TensorDataset(X, Y), torch.randperm(200)[:120].tolist()),
+            batch_size=10, shuffle=True)
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if os.environ["DIE"] and (epoch, i) == (1, 4) and not os.path.exists("once"):
+                open("once", "w").close()
+                os.kill(os.getpid(), 9)
+            if os.environ["DIE"] and (epoch, i) == (1, 9) and os.path.exists("once"):
+                os.kill(os.getpid(), 9)
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest())
+"""
+
+
+def test_a_mid_epoch_resume_after_one_at_the_epochs_start_is_exact(tmp_path: Path) -> None:
+    """A resume at an epoch's start kept the loop it restored, which held no generators'
+    state as the epoch began: a checkpoint saved later in that epoch held none either,
+    and its resume drew the epoch's subset anew."""
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    reference = script(tmp_path / "ref", "train.py", TWICE)
+    assert reference.returncode == 0, reference.stderr
+    script(tmp_path / "run", "train.py", TWICE, die=True)
+    script(tmp_path / "run", "train.py", TWICE, die=True)
+    resumed = script(tmp_path / "run", "train.py", TWICE)
+    assert resumed.returncode == 0, resumed.stderr
+    said = resumed.stdout + resumed.stderr
+    assert "(epoch 1, batch 6," in said, said
+    assert resumed.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1], said

@@ -82,3 +82,36 @@ def test_a_kill_in_a_later_epoch_resumes_counting_on_and_ends_bit_exact(
     assert again.returncode == 0, again.stderr
     assert saved_steps(tmp_path / "store") == [4, 8, 12, 16, 18]
     assert again.stdout.split("params ")[1] == unstopped.stdout.split("params ")[1]
+
+
+# A wrapper optimizer over the same parameters stepping an inner one (SAM's shape, or
+# ZeroRedundancyOptimizer's), made anew each epoch.
+WRAPPED = """
+import torch, ckpt_nb
+class Wrapper(torch.optim.Optimizer):
+    def __init__(self, params):
+        params = list(params)
+        super().__init__(params, {})
+        self.inner = torch.optim.SGD(params, lr=0.1)
+    def step(self, closure=None):
+        return self.inner.step(closure)
+torch.manual_seed(0)
+X = torch.randn(60, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=10)
+model = torch.nn.Linear(8, 2)
+with ckpt_nb.auto("store", every_steps=4, sync=True):
+    for epoch in ckpt_nb.epochs(3):
+        opt = Wrapper(model.parameters())
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+"""
+
+
+def test_a_wrapper_optimizer_counts_its_inner_ones_steps_once(tmp_path: Path) -> None:
+    """The wrapper's first step counted on from its inner optimizer's, stepped inside it:
+    one step too many (an epoch's 6 batches saved as step 7), more at each epoch."""
+    done = script(tmp_path, "train.py", WRAPPED)
+    assert done.returncode == 0, done.stderr
+    assert saved_steps(tmp_path / "store") == [4, 8, 12, 16, 18]
