@@ -1140,18 +1140,31 @@ def s3_url(bucket: str) -> str:
     return f"s3://{bucket}/exp"
 
 
-def test_a_server_down_shows_in_the_status_line_and_goes_when_it_is_back(
-        endpoint: str, s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The follower swallowed the failure (the status line kept "pinned ..." in green);
-    refresh() and select() raised the StoreError; a pin from another machine waited for
-    a refresh by hand."""
+@contextlib.contextmanager
+def explorer_behind_relay(endpoint: str, s3_url: str, poll_seconds: float
+                          ) -> Iterator[tuple[Any, Relay, str, str]]:
+    """An explorer of an S3 store of two checkpoints (a, b), read through a relay the
+    test takes down and brings back up (one try a request)."""
     model = torch.nn.Linear(2, 2)
     a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
     relay = Relay(endpoint)
     mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
                                                 config_kwargs={"retries": {"max_attempts": 1}}))
-    ui = ckpt_nb.explore(mgr, poll_seconds=0.2)
+    ui = ckpt_nb.explore(mgr, poll_seconds=poll_seconds)
     try:
+        yield ui, relay, a, b
+    finally:
+        ui.close()
+        mgr.close()
+        relay.down()
+
+
+def test_a_server_down_shows_in_the_status_line_and_goes_when_it_is_back(
+        endpoint: str, s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The follower swallowed the failure (the status line kept "pinned ..." in green);
+    refresh() and select() raised the StoreError; a pin from another machine waited for
+    a refresh by hand."""
+    with explorer_behind_relay(endpoint, s3_url, 0.2) as (ui, relay, a, b):
         ui.select([a])
         ui.pin_button.click()
         assert f"pinned {a}" in ui.status.value
@@ -1171,10 +1184,6 @@ def test_a_server_down_shows_in_the_status_line_and_goes_when_it_is_back(
         assert ui.table_frame[["pinned", "note"]].values.tolist() == \
             [[True, ""], [False, "from machine 2"]]
         assert ui.refresh() is True and ui.select([b]) == [b]
-    finally:
-        ui.close()
-        mgr.close()
-        relay.down()
 
 
 def test_a_click_the_store_could_not_select_is_the_reason_a_button_gives(
@@ -1183,13 +1192,7 @@ def test_a_click_the_store_could_not_select_is_the_reason_a_button_gives(
     said "select one checkpoint first" (the read error was not the reason given); with a
     checkpoint selected before, the view showed the row clicked while Pin acted on the
     other one."""
-    model = torch.nn.Linear(2, 2)
-    a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
-    relay = Relay(endpoint)
-    mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
-                                                config_kwargs={"retries": {"max_attempts": 1}}))
-    ui = ckpt_nb.explore(mgr, poll_seconds=0)
-    try:
+    with explorer_behind_relay(endpoint, s3_url, 0) as (ui, relay, a, b):
         relay.down()
         ui.table.selected = [b]  # (a row's click)
         assert ui.selected == [] and ui.table.selected == [] and ui.dag.selected == []
@@ -1211,10 +1214,6 @@ def test_a_click_the_store_could_not_select_is_the_reason_a_button_gives(
         ui.pin_button.click()
         assert f"pinned {a}" in ui.status.value
         assert ui.table_frame.set_index("id")["pinned"].to_dict() == {a: True, b: False}
-    finally:
-        ui.close()
-        mgr.close()
-        relay.down()
 
 
 @pytest.mark.parametrize("poll_seconds", [0.2, 0])  # (read by the poll; else the button)
@@ -1223,13 +1222,7 @@ def test_the_buttons_act_again_once_the_store_reads_after_a_click_it_could_not_s
     """After a click the store could not be read for, the buttons kept refusing, and the
     status line kept saying the store could not be read, though the polls read it fine:
     only a click on another row undid it (the one shown selected changed nothing)."""
-    model = torch.nn.Linear(2, 2)
-    a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
-    relay = Relay(endpoint)
-    mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
-                                                config_kwargs={"retries": {"max_attempts": 1}}))
-    ui = ckpt_nb.explore(mgr, poll_seconds=poll_seconds)
-    try:
+    with explorer_behind_relay(endpoint, s3_url, poll_seconds) as (ui, relay, a, b):
         ui.table.selected = [a]
         relay.down()
         ui.table.selected = [b]  # (undone: a stays selected)
@@ -1242,23 +1235,13 @@ def test_the_buttons_act_again_once_the_store_reads_after_a_click_it_could_not_s
         ui.pin_button.click()
         assert f"pinned {a}" in ui.status.value
         assert ui.table_frame.set_index("id")["pinned"].to_dict() == {a: True, b: False}
-    finally:
-        ui.close()
-        mgr.close()
-        relay.down()
 
 
 def test_a_click_the_store_could_not_select_withdraws_the_question_awaiting_confirm(
         endpoint: str, s3_url: str) -> None:
     """Delete asked about a; a click on b failed, the store unreadable; with the store
     back, Confirm deleted a, which the user had moved away from."""
-    model = torch.nn.Linear(2, 2)
-    a, b = (ckpt_nb.CheckpointManager(s3_url).save(model, step=s) for s in (1, 2))
-    relay = Relay(endpoint)
-    mgr = ckpt_nb.CheckpointManager(FsspecStore(s3_url, endpoint_url=relay.url,
-                                                config_kwargs={"retries": {"max_attempts": 1}}))
-    ui = ckpt_nb.explore(mgr, poll_seconds=0)
-    try:
+    with explorer_behind_relay(endpoint, s3_url, 0) as (ui, relay, a, b):
         ui.table.selected = [a]
         ui.delete_button.click()
         assert f"Delete checkpoint {a}?" in ui.status.value
@@ -1270,10 +1253,6 @@ def test_a_click_the_store_could_not_select_withdraws_the_question_awaiting_conf
         ui.confirm_button.click()
         assert f"deleted {a}" not in ui.status.value
         assert ui.refresh() is True and ui.table_frame["id"].tolist() == [a, b]
-    finally:
-        ui.close()
-        mgr.close()
-        relay.down()
 
 
 def test_an_object_store_deleted_while_open_is_named_gone(s3_url: str) -> None:
