@@ -238,6 +238,27 @@ def wait_for_file(path: Path, kernel: Kernel) -> None:
         time.sleep(0.02)
 
 
+def killed_where_held(kernels: Kernels, tmp_path: Path, kill_at: int, setup: str,
+                      cell: str) -> Kernel:
+    """A kernel that ran ``setup``, then ``cell`` up to where it holds at ``kill_at`` (the
+    cell's hold file), SIGKILLed there, dead, its hold file gone."""
+    hold = tmp_path / f"hold-{kill_at}"
+    hold.touch()
+    crashed = kernels.start(tmp_path)
+    out, reply = crashed.run(setup)
+    assert reply["status"] == "ok", out
+    crashed.execute(cell)
+    wait_for_file(tmp_path / f"held-{kill_at}", crashed)
+    assert crashed.pid is not None
+    os.kill(crashed.pid, signal.SIGKILL)  # (a save handed to the background may be mid-write)
+    deadline = time.monotonic() + 60
+    while crashed.manager.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not crashed.manager.is_alive()
+    hold.unlink()
+    return crashed
+
+
 def resumed_line(checkpoint_id: str, row: pd.Series) -> str:
     return (f"ckpt_nb: resumed from {checkpoint_id} (epoch {int(row['epoch'])}, "
             f"batch {int(row['batch_idx'])}, step {int(row['step'])})")
@@ -265,21 +286,8 @@ for epoch in ckpt_nb.epochs(1):
 def test_sigkill_then_notebook_in_a_fresh_kernel_resumes_bit_identical(
         tmp_path: Path, kernels: Kernels, reference: Reference) -> None:
     kill_at = 7 * EVERY + 1  # one step after a save was handed to the background writer
-    hold = tmp_path / f"hold-{kill_at}"
-    hold.touch()
     cell = train_cell("crash", tmp_path / "crash.pt")
-    crashed = kernels.start(tmp_path)
-    out, reply = crashed.run(WARM_UP)
-    assert reply["status"] == "ok", out
-    crashed.execute(cell)
-    wait_for_file(tmp_path / f"held-{kill_at}", crashed)
-    assert crashed.pid is not None
-    os.kill(crashed.pid, signal.SIGKILL)  # the save of step kill_at - 1 may be mid-write
-    deadline = time.monotonic() + 60
-    while crashed.manager.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not crashed.manager.is_alive()
-    hold.unlink()
+    killed_where_held(kernels, tmp_path, kill_at, WARM_UP, cell)
     assert not (tmp_path / "crash.pt").exists()
 
     with ckpt_nb.CheckpointManager(tmp_path / "crash") as mgr:
@@ -328,19 +336,8 @@ def test_sigkill_with_augmentation_in_the_kernel_resumes_bit_identical(
     reference = Reference(kernel, tmp_path, out)
 
     kill_at = 3 * EVERY + 1  # (epoch 0: the kill lands mid-epoch)
-    hold = tmp_path / f"hold-{kill_at}"
-    hold.touch()
-    crashed = kernels.start(tmp_path)
-    crashed.run(AUGMENT)
     cell = train_cell("crash", tmp_path / "crash.pt")
-    crashed.execute(cell)
-    wait_for_file(tmp_path / f"held-{kill_at}", crashed)
-    assert crashed.pid is not None
-    os.kill(crashed.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while crashed.manager.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    hold.unlink()
+    killed_where_held(kernels, tmp_path, kill_at, AUGMENT, cell)
     newest = catalog(tmp_path / "crash").iloc[-1]
     assert newest["batch_idx"] > 0
 
@@ -594,19 +591,8 @@ def test_code_ahead_of_the_batches_loop_resumes_bit_identical_after_a_kill_and_a
     assert "epoch 1's code ahead of its batches() loop ran again" in out, out
 
     kill_at = PER_EPOCH + 13  # (epoch 1: saved at its batches 4 and 10, in the background)
-    hold = tmp_path / f"hold-{kill_at}"
-    hold.touch()
-    crashed = kernels.start(tmp_path)
-    assert crashed.run("lrs = []")[1]["status"] == "ok"
     cell = prefix_cell("crash", tmp_path / "crash.pt")
-    crashed.execute(cell)
-    wait_for_file(tmp_path / f"held-{kill_at}", crashed)
-    assert crashed.pid is not None
-    os.kill(crashed.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while crashed.manager.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    hold.unlink()
+    killed_where_held(kernels, tmp_path, kill_at, "lrs = []", cell)
     newest = catalog(tmp_path / "crash").iloc[-1]
     assert newest["epoch"] == 1 and newest["batch_idx"] > 0
 

@@ -13,7 +13,7 @@ import torch
 import ckpt_nb
 from ckpt_nb._discovery import discover
 from test_magics import final_state, run, same  # (the shell's helpers)
-from test_session_jobs import script  # (a script in a fresh interpreter)
+from test_session_jobs import script, unstopped_and_resumed  # (fresh interpreters)
 
 # A script killed (DIE) mid-epoch, after a save at epoch 1, batch 6; it prints a digest of
 # its parameters. ``data`` defines ``loader``; ``wrap`` is what batches() is given.
@@ -93,13 +93,7 @@ loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch
 def killed_and_resumed(tmp_path: Path, data: str, wrap: str = "loader") -> tuple[str, str]:
     """The parameters' digest of a run never stopped, and of a run killed and run again."""
     code = SCRIPT.format(data=data, wrap=wrap)
-    (tmp_path / "ref").mkdir()
-    (tmp_path / "run").mkdir()
-    reference = script(tmp_path / "ref", "train.py", code)
-    assert reference.returncode == 0, reference.stderr
-    script(tmp_path / "run", "train.py", code, die=True)
-    resumed = script(tmp_path / "run", "train.py", code)
-    assert resumed.returncode == 0, resumed.stderr
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
     assert "resumed from" in resumed.stdout + resumed.stderr
     return reference.stdout.split()[-1], resumed.stdout.split()[-1]
 

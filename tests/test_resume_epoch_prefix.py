@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_session_jobs import script  # (a script in a fresh interpreter)
+from test_session_jobs import unstopped_and_resumed  # (scripts, fresh interpreters)
 
 # Killed mid-epoch (at epoch 1, batch 7, after a save at batch 6), it prints what it trained
 # and kept.
@@ -105,13 +105,7 @@ def test_code_ahead_of_the_batches_loop_resumes_bit_exact_after_a_kill(
     options = dict(PATTERNS[pattern])
     said_again = options.pop("said", True)  # (whether it changed what it put back)
     code = SCRIPT.format(**{"die": "epoch == 1 and i == 7", **options})
-    (tmp_path / "ref").mkdir()
-    (tmp_path / "run").mkdir()
-    reference = script(tmp_path / "ref", "train.py", code)
-    assert reference.returncode == 0, reference.stderr
-    script(tmp_path / "run", "train.py", code, die=True)
-    resumed = script(tmp_path / "run", "train.py", code)
-    assert resumed.returncode == 0, resumed.stderr
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
     said = resumed.stdout + resumed.stderr
     assert "resumed from" in said and ", batch " in said, said
     assert ", batch 0," not in said, said  # (mid-epoch)
@@ -151,14 +145,7 @@ def test_a_mid_epoch_resume_after_one_at_the_epochs_start_is_exact(tmp_path: Pat
     """A resume at an epoch's start kept the loop it restored, which held no generators'
     state as the epoch began: a checkpoint saved later in that epoch held none either,
     and its resume drew the epoch's subset anew."""
-    (tmp_path / "ref").mkdir()
-    (tmp_path / "run").mkdir()
-    reference = script(tmp_path / "ref", "train.py", TWICE)
-    assert reference.returncode == 0, reference.stderr
-    script(tmp_path / "run", "train.py", TWICE, die=True)
-    script(tmp_path / "run", "train.py", TWICE, die=True)
-    resumed = script(tmp_path / "run", "train.py", TWICE)
-    assert resumed.returncode == 0, resumed.stderr
+    reference, resumed = unstopped_and_resumed(tmp_path, TWICE, kills=2)
     said = resumed.stdout + resumed.stderr
     assert "(epoch 1, batch 6," in said, said
     assert resumed.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1], said

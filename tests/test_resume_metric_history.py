@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_session_jobs import script  # (a script in a fresh interpreter)
+from test_session_jobs import unstopped_and_resumed  # (scripts, fresh interpreters)
 
 # Killed at epoch 1, batch 7 (saved at its batch 6); prints the run's stored history.
 SCRIPT = """
@@ -40,12 +40,6 @@ print("history", json.dumps(newest.extra["ckpt_nb_run"]["history"]))
 def test_a_mid_epoch_resume_carries_the_metrics_logged_before_it(tmp_path: Path) -> None:
     """The resumed records after the save lacked epoch 0's val_loss, which the unstopped
     run's carried until epoch 1 logged its own."""
-    (tmp_path / "ref").mkdir()
-    (tmp_path / "run").mkdir()
-    reference = script(tmp_path / "ref", "train.py", SCRIPT)
-    assert reference.returncode == 0, reference.stderr
-    script(tmp_path / "run", "train.py", SCRIPT, die=True)
-    resumed = script(tmp_path / "run", "train.py", SCRIPT)
-    assert resumed.returncode == 0, resumed.stderr
+    reference, resumed = unstopped_and_resumed(tmp_path, SCRIPT)
     assert "resumed from" in resumed.stdout + resumed.stderr and ", batch " in resumed.stdout
     assert resumed.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1]

@@ -46,6 +46,22 @@ def script(tmp_path: Path, name: str, code: str, *, die: bool = False,
     return done
 
 
+def unstopped_and_resumed(tmp_path: Path, code: str, kills: int = 1
+                          ) -> tuple[subprocess.CompletedProcess[str],
+                                     subprocess.CompletedProcess[str]]:
+    """A script run never stopped (in tmp_path/ref), and run killed ``kills`` times and
+    then to its end (in tmp_path/run), each in a store of its own: both succeeded."""
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    unstopped = script(tmp_path / "ref", "train.py", code)
+    assert unstopped.returncode == 0, unstopped.stderr
+    for _ in range(kills):
+        script(tmp_path / "run", "train.py", code, die=True)
+    resumed = script(tmp_path / "run", "train.py", code)
+    assert resumed.returncode == 0, resumed.stderr
+    return unstopped, resumed
+
+
 LOOP = """
 import os, torch, ckpt_nb
 torch.manual_seed(0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ckpt_nb._discovery import discover
-from test_session_jobs import script  # (a script in a fresh interpreter)
+from test_session_jobs import script, unstopped_and_resumed  # (fresh interpreters)
 
 # A run of 3 epochs of 10 batches, killed (DIE) in epoch 2 at batch ``die_at``; it prints
 # the line its resume said, and a digest of the order it saw and of its parameters.
@@ -62,13 +62,7 @@ def killed_and_resumed(tmp_path: Path, data: str, every: int, die_at: int = 6
     """The digest of a run never stopped, of one killed and run again, and what the
     run again said."""
     code = SCRIPT.format(data=data, every=every, die_at=die_at)
-    (tmp_path / "ref").mkdir()
-    (tmp_path / "run").mkdir()
-    reference = script(tmp_path / "ref", "train.py", code)
-    assert reference.returncode == 0, reference.stderr
-    script(tmp_path / "run", "train.py", code, die=True)
-    resumed = script(tmp_path / "run", "train.py", code)
-    assert resumed.returncode == 0, resumed.stderr
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
     said = resumed.stdout + resumed.stderr
     return reference.stdout.split()[-1], resumed.stdout.split()[-1], said
 
