@@ -225,10 +225,6 @@ class PackWriter:
         self._pending.clear()
         self._pending_bytes = 0
 
-    @property
-    def bytes_written(self) -> int:
-        return sum(r.length for r in self.rows)
-
 
 @contextmanager
 def write_pack(store: Store) -> Iterator[PackWriter]:
