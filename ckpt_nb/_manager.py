@@ -1220,12 +1220,14 @@ class CheckpointManager:
         keeps (one that does not read, one a pin withdrew) is no deletion waiting."""
         if not any(is_deletion_key(key) for key in self.store.list("deleted")):
             return False
-        # (only one gc can complete: readable, not withdrawn by a pin, naming a checkpoint
-        # still listed or whose manifest is still there)
+        # (only one gc completes and then deletes: readable, not withdrawn by a pin, and
+        # naming no damaged manifest, which gc keeps. One whose manifests are gone is
+        # still waiting: killed before its record went, its chunks are not yet freed)
         pins = {row.id for row in self.catalog.checkpoints() if row.pinned}
         records, _ = deletion_records(self.store, pins.__contains__)
-        return any(self.catalog.get(cid) is not None or self.store.has(manifest_key(cid))
-                   for ids in records.values() for cid in ids)
+        damaged = self.catalog.damaged()
+        return any(not any(manifest_key(cid) in damaged for cid in ids)
+                   for ids in records.values())
 
     @contextlib.contextmanager
     def _prefetching(self, rows: Mapping[str, ChunkRow], digests: Iterable[str]

@@ -347,3 +347,30 @@ def test_a_deletion_record_gc_keeps_makes_no_delete_collect_the_whole_store(
         mgr.delete(ids[2])
         assert list(mgr.list()["id"]) == ids[:2] + ids[3:]
     assert calls["packs"] == calls["all_chunks"] == 0, calls
+
+
+def test_a_deletion_stopped_after_its_manifests_went_completes_at_the_next_delete(
+        tmp_path: Path) -> None:
+    """Stopped after it deleted its checkpoint's manifest, before its record went: the
+    record names no checkpoint listed or with a manifest, so the next delete() took it
+    for one gc keeps, and the deleted checkpoint's chunks stayed until a gc()."""
+    path = tmp_path / "store"
+    with CheckpointManager(path) as mgr:
+        ids = [mgr.save(h=Holder({"w": torch.randn(20000)}), rng=False) for _ in range(5)]
+    mgr = CheckpointManager(path)
+    real = mgr.store.delete
+
+    def delete(key: str, *args: Any, **kwargs: Any) -> Any:
+        if key.startswith("deleted/"):
+            raise KeyboardInterrupt  # (as its record goes)
+        return real(key, *args, **kwargs)
+
+    mgr.store.delete = delete  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt), mgr:
+        mgr.delete(ids[1])
+    assert list(mgr.store.list("deleted"))
+    with CheckpointManager(path) as mgr:
+        mgr.delete(ids[3])
+        assert list(mgr.list()["id"]) == [ids[0], ids[2], ids[4]]
+        assert not list(mgr.store.list("deleted"))
+        assert mgr.gc().bytes_freed == 0
