@@ -960,6 +960,22 @@ def _unfit(checkpoint_id: str, step: int | None, error: StateMismatchError
         "the cell again")
 
 
+def _inside_own_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether this optimizer step runs inside another step of the same optimizer (its
+    class's step() calling its base class's, each wrapped by torch's hooks): the stack
+    holds two of torch's hooked-step frames for it. (The stack, not a count the hooks
+    keep: a step that raised would leave a count behind.)"""
+    code = getattr(getattr(type(optimizer), "step", None), "__code__", None)
+    frame, found = sys._getframe(1), 0
+    while frame is not None:
+        if frame.f_code is code and frame.f_locals.get("self") is optimizer:
+            found += 1
+            if found > 1:
+                return True
+        frame = frame.f_back
+    return False
+
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -1452,10 +1468,15 @@ class AutoSession:
         """Note when an optimizer's first step began: one stepped inside it (a wrapper's
         inner optimizer: SAM, ZeroRedundancyOptimizer) is not one it counts on from."""
         if active() is self and id(optimizer) not in self._steps_by_optimizer:
-            self._first_step_began.setdefault(id(optimizer), self._steps_seen)
+            # (set anew: a first step that raised before it ended left one behind)
+            self._first_step_began[id(optimizer)] = self._steps_seen
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if active() is not self:
+            return
+        if _inside_own_step(optimizer):
+            # (a subclass's step() calling super().step(), both hooked: one step, counted
+            # as the outer one ends, once the subclass's code after it has run too)
             return
         key = id(optimizer)
         if key not in self._steps_by_optimizer:

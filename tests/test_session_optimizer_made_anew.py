@@ -115,3 +115,35 @@ def test_a_wrapper_optimizer_counts_its_inner_ones_steps_once(tmp_path: Path) ->
     done = script(tmp_path, "train.py", WRAPPED)
     assert done.returncode == 0, done.stderr
     assert saved_steps(tmp_path / "store") == [4, 8, 12, 16, 18]
+
+
+# An optimizer class of its own whose step() calls its base class's, made anew each
+# epoch; a plain SGD made before it, so that SGD's step is hooked too.
+SUBCLASSED = """
+import torch, ckpt_nb
+class ClippedSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        torch.nn.utils.clip_grad_norm_(
+            [p for group in self.param_groups for p in group["params"]], 1.0)
+        return super().step(closure)
+torch.manual_seed(0)
+X = torch.randn(60, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=10)
+model = torch.nn.Linear(8, 2)
+warm_up = torch.optim.SGD(model.parameters(), lr=0.0)
+with ckpt_nb.auto("store", every_steps=4, sync=True):
+    for epoch in ckpt_nb.epochs(3):
+        opt = ClippedSGD(model.parameters(), lr=0.1)
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+"""
+
+
+def test_a_step_calling_its_base_classes_counts_once(tmp_path: Path) -> None:
+    """Both steps were hooked (the subclass's and, inside it, SGD's): each batch counted
+    two steps, so every_steps=4 saved every 2 batches, the steps saved up to 36."""
+    done = script(tmp_path, "train.py", SUBCLASSED)
+    assert done.returncode == 0, done.stderr
+    assert saved_steps(tmp_path / "store") == [4, 8, 12, 16, 18]
