@@ -976,6 +976,37 @@ def _inside_own_step(optimizer: torch.optim.Optimizer) -> bool:
     return False
 
 
+def _stepping_outer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """The optimizer whose step() this one's step runs inside (a wrapper's: SAM's base
+    optimizer), by torch's hooked-step frames on the stack; None at the top."""
+    code = getattr(getattr(type(optimizer), "step", None), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            outer = frame.f_locals.get("self")
+            if isinstance(outer, torch.optim.Optimizer) and outer is not optimizer:
+                return outer
+        frame = frame.f_back
+    return None
+
+
+def _state_left_out(inner: torch.optim.Optimizer, outer: torch.optim.Optimizer) -> list[str]:
+    """The names of ``inner``'s state tensors where ``outer.state_dict()`` holds none of
+    them: a wrapper that saves only its own state (SAM's), so no checkpoint holds its
+    inner optimizer's momentum; [] where it holds them, or there are none."""
+    held = {key: value for state in inner.state.values() if isinstance(state, Mapping)
+            for key, value in state.items() if isinstance(value, torch.Tensor)}
+    if not held:
+        return []
+    try:
+        saved = outer.state_dict().get("state", {})
+    except Exception:  # noqa: BLE001 - a user's state_dict(): the save will say
+        return []
+    ids = {id(value) for state in saved.values() if isinstance(state, Mapping)
+           for value in state.values()}
+    return [] if any(id(value) in ids for value in held.values()) else sorted(held)
+
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -1035,6 +1066,7 @@ class AutoSession:
         self._failure_repeats = 0  # and how many came again since
         self._told_slow = False  # that due saves wait for a slow store's write (once a cell)
         self._told_dropped = False  # that an --on improvement went unsaved (once)
+        self._told_inner_state = False  # that a wrapper's inner optimizer's state is unsaved
         self._told_untracked = False  # that its checkpoints from here are not resumed (once)
         self._kept_exact: str | None = None  # the exact checkpoint its later loop keeps
         self._sorted = False  # whether rediscover() ran: its first sort is the start line's
@@ -1481,6 +1513,8 @@ class AutoSession:
         key = id(optimizer)
         if key not in self._steps_by_optimizer:
             self._steps_by_optimizer[key] = self._steps_taken_over(optimizer)
+            if not self._told_inner_state:
+                self._tell_inner_state_unsaved(optimizer)
         self._steps_by_optimizer[key] += 1
         self._steps_seen += 1
         self._stepped_at[key] = self._steps_seen
@@ -1502,6 +1536,23 @@ class AutoSession:
         if not self.loop.in_batches and self.loop.epoch is None:
             self._consistent()
             self.checkpoint_if_due()
+
+    def _tell_inner_state_unsaved(self, optimizer: torch.optim.Optimizer) -> None:
+        """Say, once, where an optimizer stepped inside another's step() keeps state that
+        the outer one's state_dict() leaves out and nothing tracks: a resume or rollback
+        would train on without it (SAM's base optimizer's momentum), silently."""
+        outer = _stepping_outer(optimizer)
+        if outer is None or any(obj is optimizer for obj in self.discovery.statefuls.values()):
+            return
+        left_out = _state_left_out(optimizer, outer)
+        if left_out:
+            self._told_inner_state = True
+            name = self._names_of([outer])
+            self.say(f"the {type(optimizer).__name__} stepped inside {name}'s step() keeps "
+                     f"state ({', '.join(left_out)}) that {name}.state_dict() leaves out: no "
+                     "checkpoint holds it, so a resume or rollback trains on without it; "
+                     f"give {type(outer).__name__} a state_dict() and load_state_dict() that "
+                     "hold its inner optimizer's too")
 
     def _steps_taken_over(self, optimizer: torch.optim.Optimizer) -> int:
         """The steps an optimizer stepping for the first time counts on from: those of
