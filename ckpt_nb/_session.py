@@ -414,7 +414,7 @@ class _EpochPutBack:
     checkpoint: Checkpoint
     step: int | None
     objects: dict[str, tuple[Any, Any]]  # stored key: (the object loaded, its _footprint)
-    variables: dict[str, Any]  # copies of those put back, untouched by the notebook
+    variables: dict[str, Any]  # name: the _fingerprint of the value put back
 
 
 @dataclass
@@ -2533,7 +2533,7 @@ class AutoSession:
                 self._epoch_put_back = _EpochPutBack(
                     ck, saved.step,
                     {key: (obj, _footprint(obj)) for key, obj in targets.items()},
-                    copy.deepcopy({name: saved.variables[name] for name in variables}))
+                    {name: _fingerprint(saved.variables[name]) for name in variables})
             self._pending_loader_rng = loop.get("loader_rng")
             self._pending_loader_start = _LoaderStart(loop.get("loader_iterator_reused"),
                                                       loop.get("loader_states"))
@@ -2566,8 +2566,9 @@ class AutoSession:
         scheduler stepped, accumulators zeroed, a permutation drawn, an optimizer made
         anew) are undone, as the unstopped run stood at the save. The tracked objects it
         rebound or changed are loaded again (others are not: a big model is not loaded
-        twice), and the variables it changed are put back from copies (it may have
-        changed in place the very ones the resume put back)."""
+        twice), and the variables it rebound or changed (by their fingerprints) are read
+        again from the checkpoint (``_saved_variables``), not held as copies through the
+        epoch's code (as much memory again as the variables)."""
         put_back = self._epoch_put_back
         assert put_back is not None  # (batches() calls it where epochs() resumed)
         ck = put_back.checkpoint
@@ -2583,14 +2584,35 @@ class AutoSession:
         if any(obj is not put_back.objects[key][0] for key, obj in again.items()):
             _position_objects[self.url] = (ck.step, _trained(
                 {**{key: obj for key, (obj, _) in put_back.objects.items()}, **again}.values()))
-        changed = [name for name, value in put_back.variables.items()
-                   if name not in self.namespace or _differs(self.namespace[name], value)]
-        for name in changed:
-            assign_in_place(self.namespace, name, put_back.variables[name])
+        changed = [name for name, fingerprint in put_back.variables.items()
+                   if name not in self.namespace or _differs(self.namespace[name], fingerprint)]
+        for name, value in self._saved_variables(put_back, changed).items():
+            assign_in_place(self.namespace, name, value)
         if again or changed:
             self.say(f"epoch {self.loop.epoch}'s code ahead of its batches() loop ran again "
                      f"as it resumed; what it changed is put back as saved in {ck.id}: "
                      + ", ".join([*map(_live_name, again), *changed]))
+
+    def _saved_variables(self, put_back: _EpochPutBack, names: list[str]) -> dict[str, Any]:
+        """The values the resume put back under ``names``, as saved: a cheap one is its
+        fingerprint; another is decoded again from the run record of the checkpoint the
+        resume loaded, where that still holds it as saved, else read from the store (the
+        notebook held the very object decoded and the epoch's code changed it in place;
+        that read takes the whole checkpoint's memory for a while)."""
+        stored = put_back.checkpoint.extra[RUN_KEY]["variables"]
+        values: dict[str, Any] = {}
+        for name in names:
+            fingerprint = put_back.variables[name]
+            if not isinstance(fingerprint, _Digest) and fingerprint is not _UNDIGESTED:
+                values[name] = fingerprint
+            elif isinstance(fingerprint, _Digest) and \
+                    _fingerprint(value := from_storable(stored[name])) == fingerprint:
+                values[name] = value
+        if len(values) < len(names):
+            stored = self.manager.load(put_back.checkpoint.id).extra[RUN_KEY]["variables"]
+            values.update((name, from_storable(stored[name])) for name in names
+                          if name not in values)
+        return {name: values[name] for name in names}
 
     # -- loop helpers -------------------------------------------------------------------------
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
@@ -2981,14 +3003,27 @@ def _footprint(obj: Any) -> Any:
         return None
 
 
-def _differs(live: Any, saved: Any) -> bool:
-    """Whether a live variable holds otherwise than its saved value (by type and data)."""
-    if isinstance(live, _CHEAP) or isinstance(saved, _CHEAP):
-        return not _same(live, saved)
+# The fingerprint of a value that does not digest: always taken for changed.
+_UNDIGESTED = object()
+
+
+def _fingerprint(value: Any) -> Any:
+    """What a variable's value is compared by (``_differs``) with a later one, without a
+    copy held: a cheap value (immutable) itself, another's digest."""
+    if isinstance(value, _CHEAP):
+        return value
     try:
-        return _Digest.of(live) != _Digest.of(saved)
-    except Exception:  # noqa: BLE001 - a value that does not digest: put back
-        return True
+        return _Digest.of(value)
+    except Exception:  # noqa: BLE001 - a value that does not digest: taken for changed
+        return _UNDIGESTED
+
+
+def _differs(live: Any, fingerprint: Any) -> bool:
+    """Whether a live variable holds otherwise (by type and data) than a value of that
+    ``fingerprint`` (``_fingerprint``'s)."""
+    if isinstance(fingerprint, _Digest):
+        return isinstance(live, _CHEAP) or _fingerprint(live) != fingerprint
+    return fingerprint is _UNDIGESTED or not _same(live, fingerprint)
 
 
 def _trained(objects: Iterable[Any]) -> list[weakref.ref[Any]]:

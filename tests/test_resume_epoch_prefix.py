@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ckpt_nb._session import _Digest
-from test_session_jobs import unstopped_and_resumed  # (scripts, fresh interpreters)
+from test_session_jobs import script, unstopped_and_resumed  # (scripts, fresh interpreters)
 
 # Killed mid-epoch (at epoch 1, batch 7, after a save at batch 6), it prints what it trained
 # and kept.
@@ -97,6 +97,21 @@ PATTERNS = {
         setup=LOADER, loader="loader", batch="batch",
         prefix="        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)",
         body="", end="", die="epoch == 0 and i == 9"),
+    # an array the set-up made, zeroed in place at the epoch's top (the resume copied the
+    # saved one into it)
+    "an array changed in place": dict(
+        setup=LOADER + "\nimport numpy as np\nstats = np.zeros(3)", loader="loader",
+        batch="batch", prefix="        stats[:] = 0", body="            stats += loss.item()",
+        end="        kept.append(stats.tolist())"),
+    # an array and a list the first epoch's batches made, changed in place at a later
+    # epoch's top: resumed in a fresh interpreter, the notebook holds the very ones the
+    # checkpoint was read into (the array is read again from the store)
+    "an array and a list the resume made, changed in place": dict(
+        setup=LOADER + "\nimport numpy as np", loader="loader", batch="batch",
+        prefix="        if epoch > 0:\n            stats *= 0.5; lrs.append(epoch)",
+        body="            if epoch == 0 and i == 0:\n                stats, lrs = np.zeros(3), []"
+             "\n            stats += loss.item()",
+        end="        kept.append((stats.tolist(), list(lrs)))"),
 }
 
 
@@ -153,6 +168,58 @@ def test_a_mid_epoch_resume_after_one_at_the_epochs_start_is_exact(tmp_path: Pat
     said = resumed.stdout + resumed.stderr
     assert "(epoch 1, batch 6," in said, said
     assert resumed.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1], said
+
+
+# Killed at (epoch, batch) KILL, then run again: the resumed run prints by how much its
+# peak memory grew from just before the block to its first batch, and stops there.
+BIG_UNTOUCHED = """
+import os, sys, numpy as np, torch, ckpt_nb
+_KILL = {kill}
+
+def _peak():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status
+                    if line.startswith("VmHWM:"))
+
+big = np.ones(300 << 18, dtype=np.float32)  # (300 MiB, which the epoch's code leaves)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with open("/proc/self/clear_refs", "w") as _f:
+    _f.write("5")  # (the peak from here on)
+_before = _peak()
+with ckpt_nb.auto("store", every_steps=2, max_variable_bytes=512 << 20, sync=True):
+    for epoch in ckpt_nb.epochs(2):
+        running = 0.0
+        for i, _ in ckpt_nb.batches(range(4)):
+            if not os.environ["DIE"]:
+                print("grew", _peak() - _before, flush=True)
+                os._exit(0)
+            opt.zero_grad()
+            model(torch.ones(1, 8)).sum().backward()
+            opt.step()
+            if (epoch, i) == _KILL:
+                os.kill(os.getpid(), 9)
+"""
+
+
+def resume_grew(tmp_path: Path, kill: tuple[int, int], at: str) -> int:
+    """How many bytes the resumed run's peak memory grew by as it resumed ``at``."""
+    tmp_path.mkdir()
+    code = BIG_UNTOUCHED.format(kill=kill)
+    script(tmp_path, "train.py", code, die=True)
+    resumed = script(tmp_path, "train.py", code)
+    assert resumed.returncode == 0 and f"({at}, step" in resumed.stdout, resumed.stderr
+    return int(resumed.stdout.split("grew ")[1].split()[0])
+
+
+def test_a_mid_epoch_resume_holds_no_copy_of_a_variable_its_epoch_code_leaves(
+        tmp_path: Path) -> None:
+    """The put-back held a copy of every variable the resume put back, through the
+    epoch's code, and digested each through another: a 300 MiB array took 300 MiB more
+    at the peak than a resume at the epoch's start, which puts nothing back."""
+    at_start = resume_grew(tmp_path / "start", (1, 0), "epoch 1, batch 0")
+    mid_epoch = resume_grew(tmp_path / "mid", (1, 2), "epoch 1, batch 2")
+    assert mid_epoch - at_start < 64 << 20, (at_start, mid_epoch)
 
 
 def test_values_that_differ_digest_apart_and_one_value_alike_however_it_lies() -> None:
