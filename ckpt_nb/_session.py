@@ -333,6 +333,9 @@ class _Loop:
     next_batch: int = 0
     epoch_rng: dict[str, Any] | None = None
     start_rng: dict[str, Any] | None = None  # (as the epoch began, before its prefix)
+    # The notebook's tracked generators' state_dict()s then, by stored key (a subset drawn
+    # from one ahead of batches() is drawn again on a mid-epoch resume).
+    start_generators: dict[str, Any] | None = None
     # The states of the loader's own generators (DataLoader(generator=g)) as the epoch
     # began: its order comes from them, not from the global generators.
     loader_rng: list[torch.Tensor] | None = None
@@ -415,6 +418,9 @@ class _EpochPutBack:
     step: int | None
     objects: dict[str, tuple[Any, Any]]  # stored key: (the object loaded, its _footprint)
     variables: dict[str, Any]  # name: the _fingerprint of the value put back
+    # The generators set as the epoch began for its code to draw again: their _footprints
+    # then (one its code did not draw from is put back unnamed).
+    rewound: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -1717,6 +1723,7 @@ class AutoSession:
                "loop": {"epoch": self.loop.epoch, "next_batch": self.loop.next_batch,
                         "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
                         "start_rng": self.loop.start_rng,
+                        "start_generators": self.loop.start_generators,
                         "loader_rng_now": [g.get_state() for g in self.loop.generators],
                         "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
@@ -2525,6 +2532,7 @@ class AutoSession:
         self.loop = _Loop(epoch=loop["epoch"], next_batch=loop["next_batch"],
                           epoch_rng=loop["epoch_rng"], loader_rng=loop.get("loader_rng"),
                           start_rng=loop.get("start_rng"),
+                          start_generators=loop.get("start_generators"),
                           loader_states=loop.get("loader_states"))
         if loop["epoch_rng"] is not None and loop["next_batch"]:
             RNGState().load_state_dict(loop.get("start_rng") or loop["epoch_rng"])
@@ -2533,7 +2541,8 @@ class AutoSession:
                 self._epoch_put_back = _EpochPutBack(
                     ck, saved.step,
                     {key: (obj, _footprint(obj)) for key, obj in targets.items()},
-                    {name: _fingerprint(saved.variables[name]) for name in variables})
+                    {name: _fingerprint(saved.variables[name]) for name in variables},
+                    self._rewind_generators(targets, loop.get("start_generators")))
             self._pending_loader_rng = loop.get("loader_rng")
             self._pending_loader_start = _LoaderStart(loop.get("loader_iterator_reused"),
                                                       loop.get("loader_states"))
@@ -2576,6 +2585,10 @@ class AutoSession:
         again = {key: obj for key, obj in live.items() if key in put_back.objects
                  and (obj is not put_back.objects[key][0] or put_back.objects[key][1] is None
                       or _footprint(obj) != put_back.objects[key][1])}
+        # (a generator set as the epoch began is put back as saved; named where its code
+        # drew from it)
+        said = [key for key in again if key not in put_back.rewound
+                or _footprint(again[key]) != put_back.rewound[key]]
         try:
             load_all(again, ck.state, kinds=ck.kinds)
         except StateMismatchError as exc:  # (one it made anew, of another shape)
@@ -2588,10 +2601,10 @@ class AutoSession:
                    if name not in self.namespace or _differs(self.namespace[name], fingerprint)]
         for name, value in self._saved_variables(put_back, changed).items():
             assign_in_place(self.namespace, name, value)
-        if again or changed:
+        if said or changed:
             self.say(f"epoch {self.loop.epoch}'s code ahead of its batches() loop ran again "
                      f"as it resumed; what it changed is put back as saved in {ck.id}: "
-                     + ", ".join([*map(_live_name, again), *changed]))
+                     + ", ".join([*map(_live_name, said), *changed]))
 
     def _saved_variables(self, put_back: _EpochPutBack, names: list[str]) -> dict[str, Any]:
         """The values the resume put back under ``names``, as saved: a cheap one is its
@@ -2614,6 +2627,25 @@ class AutoSession:
                           if name not in values)
         return {name: values[name] for name in names}
 
+    def _generator_states(self) -> dict[str, Any]:
+        """The notebook's tracked generators' state_dict()s, by stored key (small)."""
+        return {_stored_key(name): obj.state_dict()
+                for name, obj in self.discovery.statefuls.items()
+                if isinstance(obj, (GeneratorState, RandomState))}
+
+    def _rewind_generators(self, targets: dict[str, Any], states: dict[str, Any] | None
+                           ) -> dict[str, Any]:
+        """Set the tracked generators the resume loaded to their states as the epoch
+        began, so that its code ahead of batches() draws again what it drew (a subset
+        drawn from a notebook's generator into a loader); their _footprints then."""
+        rewound = {}
+        for key, state in (states or {}).items():
+            if isinstance(obj := targets.get(key), (GeneratorState, RandomState)):
+                with contextlib.suppress(Exception):  # (one of another kind now: as saved)
+                    obj.load_state_dict(state)
+                    rewound[key] = _footprint(obj)
+        return rewound
+
     # -- loop helpers -------------------------------------------------------------------------
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """``range(start, n)`` that records the epoch (each end is a consistent point)
@@ -2625,8 +2657,10 @@ class AutoSession:
                 self.loop = _Loop(epoch=epoch, generators=self.loop.generators,
                                   loader=self.loop.loader)
                 self.loop.start_rng = RNGState().state_dict()
+                self.loop.start_generators = self._generator_states()
             elif self.loop.start_rng is None:  # (resumed at the epoch's start: none saved)
                 self.loop.start_rng = RNGState().state_dict()
+                self.loop.start_generators = self._generator_states()
             resumed = None
             yield epoch
             # The epoch's body is complete (its loader's generators are the next one's).

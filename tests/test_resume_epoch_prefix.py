@@ -112,6 +112,25 @@ PATTERNS = {
         body="            if epoch == 0 and i == 0:\n                stats, lrs = np.zeros(3), []"
              "\n            stats += loss.item()",
         end="        kept.append((stats.tolist(), list(lrs)))"),
+    # a subset drawn into a loader from a generator of the notebook's, torch's and
+    # NumPy's (set as the epoch began, then put back as saved)
+    "a subset drawn from a generator into a loader": dict(
+        setup="g = torch.Generator().manual_seed(3)", loader="loader", batch="batch",
+        prefix="        loader = torch.utils.data.DataLoader(torch.utils.data.Subset("
+               "torch.utils.data.TensorDataset(X, Y), torch.randperm(200, generator=g)"
+               "[:120].tolist()), batch_size=10, shuffle=True)", body="", end="",
+        die="epoch == 1 and i == 10"),
+    "a subset drawn from a NumPy generator into a loader": dict(
+        setup="import numpy as np\nrng = np.random.default_rng(3)", loader="loader",
+        batch="batch", prefix="        loader = torch.utils.data.DataLoader("
+        "torch.utils.data.Subset(torch.utils.data.TensorDataset(X, Y), "
+        "rng.permutation(200)[:120].tolist()), batch_size=10, shuffle=True)", body="",
+        end="", die="epoch == 1 and i == 10"),
+    # a notebook's generator the batches draw from and the epoch's top does not: as saved
+    "a generator drawn from in the batches only": dict(
+        setup=LOADER + "\ng = torch.Generator().manual_seed(3)", loader="loader",
+        batch="batch[0] + 0.1 * torch.rand((), generator=g), batch[1]", prefix="",
+        body="", end="", said=False),
 }
 
 
