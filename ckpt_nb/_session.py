@@ -2196,17 +2196,15 @@ class AutoSession:
     def _own_checkpoints(self) -> set[str]:
         """The checkpoints of this cell's runs (``_is_this_cell``), the only ones its
         retention deletes; the line form's, those this process saved. Never those of a
-        run another live process saves: the same notebook run twice at once (a papermill
-        sweep) has the same cells."""
+        run another live process saves (the same notebook run twice at once, a papermill
+        sweep, has the same cells), nor where a dead one's unfinished run of this cell
+        resumes from (``_resume_points``): the other kernel's --keep deleted a crashed
+        kernel's run within seconds, and its restart trained from scratch."""
         own = set()
         alive: dict[str, bool] = {}  # (an owner asked once a pass)
-        for row in self.manager.catalog.checkpoints():
-            if row.id not in self._run_of:  # (a checkpoint's run record never changes)
-                run = self._run_record(row.id)
-                self._run_of[row.id] = None if run is None else {
-                    **{key: run.get(key) for key in ("cell", "cell_id", "owner")},
-                    "owner_key": json.dumps(run.get("owner"), sort_keys=True, default=str)}
-            run = self._run_of[row.id]
+        rows = self.manager.catalog.checkpoints()
+        for row in rows:
+            run = self._run_summary(row.id)
             if run is None or not self._is_this_cell(run):
                 continue
             owner = run["owner_key"]
@@ -2214,7 +2212,45 @@ class AutoSession:
                 alive[owner] = _live_owner(run["owner"]) is not None
             if not alive[owner] and (self.cell_hash is not None or run["owner"] == _owner()):
                 own.add(row.id)
-        return own
+        if self.cell_hash is None:
+            return own  # (the line form's runs are never resumed)
+        return own - self._resume_points(rows, alive)
+
+    def _run_summary(self, checkpoint_id: str) -> dict[str, Any] | None:
+        """What retention needs of a checkpoint's run record, read once (it never
+        changes): whose cell and run it is, who saved it, whether it ended the run, and
+        the exact checkpoint a resume of it takes where it was saved in a later loop."""
+        if checkpoint_id not in self._run_of:
+            run = self._run_record(checkpoint_id)
+            loop = run.get("loop") if run is not None else None
+            self._run_of[checkpoint_id] = None if run is None else {
+                **{key: run.get(key) for key in ("cell", "cell_id", "owner", "run", "finished")},
+                "owner_key": json.dumps(run.get("owner"), sort_keys=True, default=str),
+                "exact": loop.get("exact") if isinstance(loop, dict)
+                and loop.get("untracked") is not None else None}
+        return self._run_of[checkpoint_id]
+
+    def _resume_points(self, rows: list[CheckpointRow], alive: Mapping[str, bool]) -> set[str]:
+        """The checkpoints a kernel started now would resume this cell's unfinished runs
+        of other, dead processes from (``_newest_of_this_cell``), one run after another
+        as each is taken over: each run's newest checkpoint (and the exact one before it,
+        where that was saved in a later loop), passing over the runs live processes (this
+        one too) train, up to the newest dead run that ended. ``rows``: the catalog's,
+        their summaries read; ``alive``: whether each owner of this cell's runs lives."""
+        taken: set[Any] = set()  # (runs a live process trains on, and those found)
+        points: set[str] = set()
+        for row in reversed(rows):
+            run = self._run_of.get(row.id)
+            if run is None or not self._is_this_cell(run):
+                continue
+            if run["owner"] == _owner() or alive[run["owner_key"]]:
+                taken.add(run["run"])
+            elif run["run"] not in taken:
+                if run["finished"] or self._ended(run, row.id):
+                    break  # (a kernel started now resumes none past it)
+                points.update(cid for cid in (row.id, run["exact"]) if isinstance(cid, str))
+                taken.add(run["run"])
+        return points
 
     def _is_this_cell(self, run: dict[str, Any]) -> bool:
         if self.cell_id is not None and run.get("cell_id") is not None:

@@ -1,0 +1,94 @@
+"""Two real Jupyter kernels training into one store, one of them SIGKILLed: what a kernel
+restarted after the crash resumes, and what the other kernel's retention leaves of the
+crashed run. Each kernel runs in a folder of its own, where the training cell holds at a
+step while a file ``hold-<step>`` exists (test_kernel's ``pace``), so every kernel stops
+where the test says, whatever the machine's speed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ckpt_nb
+from test_kernel import EPOCHS, EVERY, TRAIN, Kernel, Kernels, wait_for_file
+
+
+@pytest.fixture
+def started() -> Iterator[Kernels]:
+    kernels = Kernels()
+    yield kernels
+    kernels.close()
+
+
+def cell(store: Path, options: str = "", epochs: int = EPOCHS) -> str:
+    """The training cell, the same code in every kernel (its result file is each
+    kernel's own, in its folder)."""
+    return TRAIN.format(dir=str(store), every=EVERY, epochs=epochs, result="result.pt") \
+        .replace("--every-steps", f"{options} --every-steps".lstrip())
+
+
+def held(kernels: Kernels, folder: Path, code: str, *steps: int) -> tuple[Kernel, str]:
+    """A kernel started in ``folder`` (made), running ``code`` up to where it holds at
+    ``steps[0]`` (held at each of ``steps`` in turn, as the test lifts the holds); the
+    kernel and the cell's message id."""
+    folder.mkdir()
+    for step in steps:
+        (folder / f"hold-{step}").touch()
+    kernel = kernels.start(folder)
+    msg_id = kernel.execute(code)
+    wait_for_file(folder / f"held-{steps[0]}", kernel)
+    return kernel, msg_id
+
+
+def saved_at(store: Path, step: int) -> str:
+    """The id of the store's checkpoint of ``step``, once it is written (a save is
+    handed to a background writer)."""
+    deadline = time.monotonic() + 60
+    while True:
+        with ckpt_nb.CheckpointManager(store) as mgr:
+            rows = mgr.list()
+        found = rows[rows["step"] == step]
+        if len(found) == 1:
+            return str(found["id"].iloc[0])
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.05)
+
+
+def kill(kernel: Kernel) -> None:
+    assert kernel.pid is not None
+    os.kill(kernel.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while kernel.manager.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not kernel.manager.is_alive()
+
+
+def test_another_kernels_keep_leaves_a_crashed_kernels_run_for_its_restart(
+        tmp_path: Path, started: Kernels) -> None:
+    """Kernels A and B ran the same --keep 2 cell; A was SIGKILLed, and B's retention
+    deleted every checkpoint of A's run within seconds: A's restart said the cell had run
+    to its end (at B's checkpoint) and trained from scratch."""
+    store = tmp_path / "store"
+    code = cell(store, "--keep 2")
+    crashed, _ = held(started, tmp_path / "a", code, 4 * EVERY + 1)
+    dead_newest = saved_at(store, 4 * EVERY)
+    other, _ = held(started, tmp_path / "b", code, 2 * EVERY + 1, 8 * EVERY + 1)
+    kill(crashed)
+    (tmp_path / "b" / f"hold-{2 * EVERY + 1}").unlink()  # (B saves on, A dead)
+    wait_for_file(tmp_path / "b" / f"held-{8 * EVERY + 1}", other)
+    with ckpt_nb.CheckpointManager(store) as mgr:
+        kept = mgr.list()
+    # (B's --keep 2 deleted the runs' older checkpoints, but A's resume point)
+    assert list(kept[kept["step"] <= 4 * EVERY]["id"]) == [dead_newest], kept
+
+    (tmp_path / "c").mkdir()
+    out, reply = started.start(tmp_path / "c").run(code)
+    assert reply["status"] == "ok", out
+    assert f"resumed from {dead_newest} " in out, out
+    assert "ran to its end before" not in out, out
+
