@@ -2267,11 +2267,14 @@ class AutoSession:
         so (where ``tell``) when the store's newest cell run is an unfinished one of other
         code that this cell could resume after a rollback: not the line form's (never
         resumed), nor one that cell ids tell apart from this cell (it never resumes it).
-        Runs another live process saves are passed over (saying so, where ``tell``): a
-        kernel restarted after a crash goes on with its own dead run, not another kernel's
-        newer one that is training now."""
+        Runs another live process saves, finished or not, are passed over (saying so of
+        an unfinished one, where ``tell``): a kernel restarted after a crash goes on with
+        its own dead run, not another kernel's newer one that is training now, nor one
+        that kernel ran to its end since (that end is the one told of, where no dead run
+        is found)."""
         newest: tuple[str, dict[str, Any]] | None = None
         passed_over: tuple[str, str] | None = None  # (the newest live run's checkpoint, owner)
+        finished_live: _FinishedRun | None = None  # (the newest run a live process finished)
         alive: dict[str, str | None] = {}  # (an owner asked once a pass)
         live_runs: set[str] = set()  # (the runs passed over: a live process trains them)
         for row in reversed(self.manager.catalog.checkpoints()):
@@ -2285,19 +2288,25 @@ class AutoSession:
                 key = json.dumps(run.get("owner"), sort_keys=True, default=str)
                 if key not in alive:
                     alive[key] = _live_owner(run.get("owner"))
-                if (owner := alive[key]) is not None and not run.get("finished"):
-                    passed_over = passed_over or (row.id, owner)
+                if (owner := alive[key]) is not None:
+                    if run.get("run") not in live_runs:  # (the run's newest checkpoint)
+                        if run.get("finished"):
+                            finished_live = finished_live or _FinishedRun(row, run)
+                        else:
+                            passed_over = passed_over or (row.id, owner)
                     if isinstance(run.get("run"), str):
                         live_runs.add(run["run"])
                     continue
                 if run.get("run") in live_runs:
                     continue  # (an earlier part of a run a live process took over)
-                if run.get("finished"):  # (a live process's too: it ran to its end)
-                    self._finished = _FinishedRun(row, run)
                 found = None if run.get("finished") or self._ended(run, row.id) else row.id
+                if run.get("finished") or (finished_live is not None and found is None):
+                    self._finished = finished_live or _FinishedRun(row, run)
                 if tell and passed_over is not None:
                     self._tell_passed_over(*passed_over, found)
                 return found
+        if finished_live is not None:
+            self._finished = finished_live
         if tell and passed_over is not None:
             self._tell_passed_over(*passed_over, None)
         if newest is not None and not newest[1].get("finished") and \

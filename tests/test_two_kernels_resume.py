@@ -92,3 +92,25 @@ def test_another_kernels_keep_leaves_a_crashed_kernels_run_for_its_restart(
     assert f"resumed from {dead_newest} " in out, out
     assert "ran to its end before" not in out, out
 
+
+def test_a_restart_resumes_its_crashed_run_past_one_a_live_kernel_finished_since(
+        tmp_path: Path, started: Kernels) -> None:
+    """Kernel B ran the cell to its end after kernel A, which trained it too, was
+    SIGKILLed; B still up, A's restart stopped at B's finished run ("this cell ran to its
+    end before, at checkpoint <B's>") and trained from scratch, A's run never named."""
+    store = tmp_path / "store"
+    code = cell(store)
+    crashed, _ = held(started, tmp_path / "a", code, 4 * EVERY + 1)
+    dead_newest = saved_at(store, 4 * EVERY)
+    other, msg_id = held(started, tmp_path / "b", code, EVERY + 1)
+    kill(crashed)
+    (tmp_path / "b" / f"hold-{EVERY + 1}").unlink()
+    out, reply = other.finish(msg_id)
+    assert reply["status"] == "ok", out
+
+    (tmp_path / "c").mkdir()
+    out, reply = started.start(tmp_path / "c").run(code)
+    assert reply["status"] == "ok", out
+    assert f"resumed from {dead_newest} " in out, out
+    assert "ran to its end before" not in out, out
+
