@@ -322,6 +322,7 @@ class CheckpointManager:
         self._read_only_rebuild = False  # the catalog is rebuilt in memory, to read only
         self._cache_refused = ""  # where an object store's catalog cache cannot be, and why
         self._told_blocked = False  # retention said gc is stopped by a damaged checkpoint
+        self._told_not_caught_up = False  # a read said another catalog's writes went unread
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
@@ -551,7 +552,8 @@ class CheckpointManager:
         rebuild by another manager), at a lock take as a writer's. That costs a stat of
         the folder and one of the catalog; where the catalog file is missing, the next
         writer's lock take rebuilds it (one rebuilt here, from what a ``shutil.rmtree``
-        in progress left, was written into the folder it deletes)."""
+        in progress left, was written into the folder it deletes). Where another catalog
+        wrote the store last, it is read again too (``_catch_up_with_another_catalog``)."""
         if local_root(self.store) is not None:
             self._check_there()
             catalog = self.catalog
@@ -561,6 +563,7 @@ class CheckpointManager:
                 else:  # (a lock take opens it again, and reads the store where it is behind)
                     with self._exclusive(reading=True):
                         pass
+            self._catch_up_with_another_catalog()
         else:
             self._read_store_again()
         self._follow_recorded_ranking()
@@ -713,10 +716,10 @@ class CheckpointManager:
             return
         last = self._last_mark()
         stored = self.catalog.stored_uid()  # (a copy made as a new file keeps it too)
-        if stored is None or not last.startswith(f"{stored}@") or \
-                not _missed_writes(last, f"{stored}@{self._counts()}"):
-            # (another catalog's mark, or one without counts, an older ckpt_nb's: a
-            # writer's lock take reads the store again)
+        if stored is None or not last.startswith(f"{stored}@"):
+            self._catch_up_with_another_catalog()  # (another catalog's mark, if any)
+            return
+        if not _missed_writes(last, f"{stored}@{self._counts()}"):
             return
         why = (f"the catalog of {self.store.url} is older than the store's last write (a copy "
                "of it was put back?)")
@@ -734,6 +737,31 @@ class CheckpointManager:
             return
         if put_back:
             warn(f"{why}, so it was brought up to the store", RuntimeWarning)
+
+    def _catch_up_with_another_catalog(self) -> None:
+        """Read a local store again, under the reading lock, where the lock file says
+        another catalog wrote it last (a manager's ``catalog=`` elsewhere): only a
+        writer's lock take did, and until then this catalog listed what that one's
+        retention deleted (``ckpt-nb verify`` called it damaged: "its manifest is
+        missing") and missed its saves. Where this catalog wrote last (one catalog, the
+        common case) it costs a read of the lock file; a writer holds the lock, caught up.
+        Where that lock cannot be taken (a lock file this user may not write), the read
+        goes on from the catalog as it is, said once."""
+        if self._lock_path is None or self.catalog.read_only or \
+                getattr(self._holding, "lock", False):
+            return
+        last = self._last_mark().partition("@")[0]
+        if not last or last == self.catalog.known_uid():
+            return  # (no mark: none written, or an older ckpt_nb's, read at a writer's take)
+        try:
+            with self._exclusive(reading=True):  # (it reads the store again)
+                pass
+        except CkptError as exc:
+            if not self._told_not_caught_up:
+                self._told_not_caught_up = True
+                warn(f"the store at {self.store.url} was written last through another "
+                     f"catalog, and reading it again failed ({exc}): this catalog may list "
+                     "checkpoints deleted since and miss new ones", RuntimeWarning)
 
     def _open_lock(self) -> IO[str]:
         """The lock file; an object store's catalog cache removed meanwhile (a cache
