@@ -2318,7 +2318,14 @@ class AutoSession:
         """Say that ``checkpoint_id`` holds an unfinished run of other code, not resumed
         here, and the rollback that resumes it: to that checkpoint, or, where it was saved
         in a later loop (a rollback to it starts the loops over on its state), to the
-        run's exact checkpoint before it (``_exact_ancestor``); none where there is none."""
+        run's exact checkpoint before it (``_exact_ancestor``); none where there is none.
+        A run another live process saves is that process's to train on: it is named, and
+        no takeover advised."""
+        if (owner := _live_owner(run.get("owner"))) is not None:
+            self.say(f"checkpoint {checkpoint_id} holds an unfinished run of other code "
+                     f"(another cell, or this one before an edit) that {owner} is "
+                     "training: not resuming it here")
+            return
         at = checkpoint_id
         if isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is not None:
             exact = self._exact_ancestor(checkpoint_id, run) \

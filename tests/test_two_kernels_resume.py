@@ -114,3 +114,18 @@ def test_a_restart_resumes_its_crashed_run_past_one_a_live_kernel_finished_since
     assert f"resumed from {dead_newest} " in out, out
     assert "ran to its end before" not in out, out
 
+
+def test_a_run_of_other_code_a_live_kernel_trains_is_named_not_offered_to_take_over(
+        tmp_path: Path, started: Kernels) -> None:
+    """Kernel B ran another cell into the store while kernel A trained its own: B was
+    told to `%ckpt_rollback` A's checkpoint "to resume it", though A was training it."""
+    store = tmp_path / "store"
+    training, _ = held(started, tmp_path / "a", cell(store), 2 * EVERY + 1)
+    saved_at(store, 2 * EVERY)
+    (tmp_path / "b").mkdir()
+    out, reply = started.start(tmp_path / "b").run(cell(store, epochs=1))
+    assert reply["status"] == "ok", out
+    assert (f"holds an unfinished run of other code (another cell, or this one before an "
+            f"edit) that process {training.pid} (another kernel, still running) is "
+            "training: not resuming it here") in out, out
+    assert "%ckpt_rollback" not in out, out
