@@ -264,6 +264,10 @@ class CkptMagics(Magics):
         session = self._start(config, nested=False)
         store = location(session.manager.store)
         session.say(session.rediscover().summary() + f" -> {store}")  # (a path, as a cell's)
+        # (as a cell's run: steps count on from the checkpoint the model came from, never
+        # below its parent's, and a model a stopped run trained past it is said)
+        session._count_on()
+        session._tell_left_unsaved()
         self._line_session = session
         self.shell.events.register("pre_run_cell", self._pre_run_cell)
         self.shell.events.register("post_run_cell", self._post_run_cell)

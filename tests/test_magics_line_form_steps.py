@@ -1,0 +1,56 @@
+"""The line form's step count, driven through a real, in-process IPython shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import ckpt_nb
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
+
+SETUP = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def train(n):
+    for _ in range(n):
+        opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()
+"""
+
+
+def run(sh: InteractiveShell, code: str) -> None:
+    result = sh.run_cell(code, store_history=False)
+    assert result.success, (code, result.error_in_exec)
+
+
+def saved(store: Path) -> list[tuple[str, str | None, int]]:
+    rows = ckpt_nb.CheckpointManager(store).list()
+    return list(zip(rows["id"], rows["parent"], rows["step"]))
+
+
+def test_the_line_form_counts_its_steps_on_from_the_checkpoint_the_model_came_from(
+        shell, tmp_path: Path) -> None:
+    """It counted from 0: after a cell's run to step 4, the line form's save of 3 steps
+    more said step 3, a child with a lower step than its parent; after a rollback, too."""
+    store = tmp_path / "s"
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {store}\ntrain(4)")
+    run(shell, f"%ckpt_auto --dir {store}")
+    run(shell, "train(3)")
+    run(shell, "%ckpt_auto --off")
+    (cell_end, _, _), line_save = saved(store)
+    assert line_save[1:] == (cell_end, 7)
+    run(shell, f"%ckpt_rollback {cell_end} --dir {store}")
+    run(shell, f"%ckpt_auto --dir {store}")
+    run(shell, "train(2)")
+    run(shell, "%ckpt_auto --off")
+    assert saved(store)[-1][1:] == (cell_end, 6)
+    run(shell, SETUP)  # (new objects: as a cell's run, step 0 in a new root)
+    run(shell, f"%ckpt_auto --dir {store}")
+    run(shell, "train(2)")
+    run(shell, "%ckpt_auto --off")
+    assert saved(store)[-1][1:] == (None, 2)
