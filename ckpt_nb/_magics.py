@@ -336,8 +336,7 @@ class CkptMagics(Magics):
         return store
 
     @magic_arguments()
-    @argument("which", nargs="?", default="latest", metavar="ID|latest|best|-N",
-              help="ID (or prefix); latest, the "
+    @argument("which", metavar="ID|latest|best|-N", help="ID (or prefix); latest, the "
               "store's newest checkpoint; best; or -N, the checkpoint saved N before latest "
               "(-1 the one just before it), counted in save order over the whole store "
               "(every cell's runs and branches), not back along a branch")
@@ -353,7 +352,14 @@ class CkptMagics(Magics):
         """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC[:min|max]]: restore
         tracked state in place. -1 is the checkpoint saved just before latest (the
         store's newest), -2 the one before that."""
-        args = _arguments(self.ckpt_rollback, line)
+        # (none named is refused: latest, taken for it, dropped what the kernel trained since)
+        try:
+            args = _arguments(self.ckpt_rollback, line)
+        except UsageError as exc:
+            if "arguments are required" in str(exc):
+                _refuse_repeats(self.ckpt_rollback, line)  # (said first, as where one is named)
+                raise UsageError(_ROLLBACK_WHICH_MISSING) from None
+            raise
         on = _unquoted(args.on)
         if on is not None and _unquoted(args.which) != "best":  # (ignored, it looks obeyed)
             raise UsageError(f"%ckpt_rollback: --on ranks best and nothing else: "
@@ -494,6 +500,10 @@ def _option_action(magic: Any, option: str) -> Any:
     return action
 
 
+_ROLLBACK_WHICH_MISSING = (
+    "%ckpt_rollback: name the checkpoint to roll back to, nothing was changed: "
+    "%ckpt_rollback ID (or a prefix of it, as %ckpt_list shows), latest (the store's newest), "
+    "best, or -N (the one saved N before latest: -1 the one just before it)")
 _ROLLBACK_BACK = re.compile(r"-\d+")  # (%ckpt_rollback -N: the positional, not an option)
 
 

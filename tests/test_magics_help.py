@@ -104,6 +104,24 @@ def test_usage_errors_name_their_magic(shell, code: str, message: str) -> None:
     assert ckpt_nb.status() == {"active": False}
 
 
+def test_a_rollback_that_names_no_checkpoint_is_refused_and_changes_nothing(
+        shell, tmp_path: Path) -> None:
+    """A bare %ckpt_rollback rolled back to latest at once, dropping what the kernel
+    trained since, though the README gives the ID as required."""
+    store = tmp_path / "s"
+    saved_store(shell, store)
+    assert run(shell, "opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()"
+               ).success
+    trained = [p.clone() for p in shell.user_ns["model"].parameters()]
+    for line in ("%ckpt_rollback", f"%ckpt_rollback --dir {store}",
+                 f"%ckpt_rollback --on loss:min --dir {store}"):
+        assert usage_error(shell, line) == (
+            "%ckpt_rollback: name the checkpoint to roll back to, nothing was changed: "
+            "%ckpt_rollback ID (or a prefix of it, as %ckpt_list shows), latest (the store's "
+            "newest), best, or -N (the one saved N before latest: -1 the one just before it)")
+        assert all(p.equal(t) for p, t in zip(shell.user_ns["model"].parameters(), trained))
+
+
 def test_ckpt_list_of_no_store_names_the_magic(shell, tmp_path: Path) -> None:
     message = usage_error(shell, f"%ckpt_list --dir {tmp_path / 'nowhere'}")
     assert message == f"%ckpt_list: no checkpoint store at {tmp_path / 'nowhere'}"
@@ -302,7 +320,7 @@ def test_help_metavars_are_the_words_the_help_uses(shell) -> None:
     assert "--no-resume a %%ckpt_auto cell's only" in auto
     assert "comma-separated without spaces (model,opt)" in auto
     rollback = " ".join(shell.find_line_magic("ckpt_rollback").__doc__.split())
-    assert "%ckpt_rollback [--dir DIR] [--on METRIC[:min|max]] [ID|latest|best|-N]" in rollback
+    assert "%ckpt_rollback [--dir DIR] [--on METRIC[:min|max]] ID|latest|best|-N" in rollback
     assert "%ckpt_ui" in " ".join(ckpt_nb._magics.__doc__.split())
 
 
