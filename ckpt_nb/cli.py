@@ -561,9 +561,10 @@ def _diff(mgr: CheckpointManager, args: argparse.Namespace) -> int:
 
 
 def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
-    a, skipped, latest = _as_restored_back(mgr, args.a)
+    found: dict[str, tuple[str, str | None]] = {}  # (latest verified once for both)
+    a, skipped, latest = _as_restored_back(mgr, args.a, found)
     b, skipped_b, latest_b = (a, skipped, latest) if args.b == args.a else \
-        _as_restored_back(mgr, args.b)
+        _as_restored_back(mgr, args.b, found)
     skipped, latest = skipped or skipped_b, latest or latest_b
     frame = mgr.diff(a, b)
     values: Any = []
@@ -617,17 +618,24 @@ def _values_table(values: Any) -> str:
     return _table(["value", "status", "A", "B"], rows)
 
 
-def _as_restored_back(mgr: CheckpointManager,
-                      which: str) -> tuple[str, str | None, str | None]:
+def _as_restored_back(mgr: CheckpointManager, which: str,
+                      found: dict[str, tuple[str, str | None]] | None = None
+                      ) -> tuple[str, str | None, str | None]:
     """``_as_restored``, with "-N" counted back from the checkpoint "latest" names there,
     and the id "latest" is where ``which`` is "latest" or "-N" (else None): where the
     newest checkpoint failed verification, ``diff DIR -1 latest`` compared one checkpoint
-    with itself, "-1" counting from that newest and "latest" skipping it."""
+    with itself, "-1" counting from that newest and "latest" skipping it. ``found``
+    keeps what "latest" named for the next call (a diff's other side), which verifies
+    the newest checkpoint once, not again."""
+    found = {} if found is None else found
     back = int(which[1:]) if re.fullmatch(r"-\d+", which) else None
+    if back is None and which != "latest":
+        return mgr.resolve(which), None, None
+    if "latest" not in found:
+        found["latest"] = _as_restored(mgr, "latest")
+    latest, skipped = found["latest"]
     if back is None:
-        cid, skipped = _as_restored(mgr, which)
-        return cid, skipped, cid if which == "latest" else None
-    latest, skipped = _as_restored(mgr, "latest")
+        return latest, skipped, latest
     newest = list(reversed(mgr.list()["id"]))
     if latest not in newest:  # (deleted meanwhile)
         return mgr.resolve(which), skipped, latest
