@@ -808,7 +808,7 @@ class CheckpointManager:
                 "saving to it or collecting it"
             waiting = f"waiting for {self.store.url}: {who} is {doing} (lock file " \
                 f"{self._lock_path})"
-            print(f"ckpt_nb: {waiting}", file=sys.stderr, flush=True)
+            self._say_lock_wait(waiting)
             told = self._on_lock_wait
             if told is not None:
                 with contextlib.suppress(Exception):  # (a teller's failure stops no wait)
@@ -820,6 +820,11 @@ class CheckpointManager:
                     with contextlib.suppress(Exception):
                         told(None)
             break
+
+    def _say_lock_wait(self, waiting: str) -> None:
+        """Say a wait for another process's lock, on stderr (the CLI's manager says it
+        above its progress bar, in the CLI's words)."""
+        print(f"ckpt_nb: {waiting}", file=sys.stderr, flush=True)
 
     def _catalog_mark(self) -> str:
         """The catalog's id, how many checkpoints it ever listed and how many it lists,

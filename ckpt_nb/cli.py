@@ -89,7 +89,6 @@ def _main(argv: list[str]) -> int:
     named = [getattr(args, k, None) for k in ("id", "a", "b")] + getattr(args, "ids", [])
     with _warnings_as_lines(own):
         try:
-            from ._manager import CheckpointManager
             from ._store import open_store, why_no_store
 
             try:
@@ -101,7 +100,8 @@ def _main(argv: list[str]) -> int:
                 say(f"no checkpoint store at {location}{why_no_store(location)}")
                 return 2
             store = open_store(location)
-            with CheckpointManager(store, metric=args.metric, mode=args.mode or "min") as mgr:
+            with _command_line_manager(store, own, metric=args.metric,
+                                       mode=args.mode or "min") as mgr:
                 if args.metric is None and args.mode is not None and mgr.metric is not None:
                     mgr.mode = args.mode  # (--mode alone: the recorded metric's, turned)
                 if "best" in named and mgr.metric is None:  # (none given, and none recorded)
@@ -128,6 +128,31 @@ def _main(argv: list[str]) -> int:
             say(f"{args.command} interrupted")
             return 130
     return 1
+
+
+def _command_line_manager(store: Store, own: Callable[[object], str],
+                          **options: Any) -> CheckpointManager:
+    """The command's manager: it says a wait for another process's lock as the CLI's
+    other lines are (``ckpt-nb: ``, the store as the user named it), above a progress bar
+    on stderr, not onto it."""
+    from ._manager import CheckpointManager
+
+    class CommandLineManager(CheckpointManager):
+        def _say_lock_wait(self, waiting: str) -> None:
+            _line_above_bars(f"ckpt-nb: {own(waiting)}")
+
+    return CommandLineManager(store, **options)
+
+
+def _line_above_bars(line: str) -> None:
+    """Write ``line`` to stderr; a progress bar drawn there (``_progress``) is cleared
+    first and drawn again under it."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print(line, file=sys.stderr, flush=True)
+        return
+    tqdm.write(line, file=sys.stderr)
 
 
 # The API's words for what a shell user does otherwise: a class to define in the process,
