@@ -6,6 +6,7 @@ Run it with ``python -m ckpt_nb.demo [DIR]``; it needs scikit-learn.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shlex
 import shutil
@@ -14,19 +15,45 @@ from pathlib import Path
 
 import torch
 
+from ._errors import CkptError, MissingDependencyError
 from ._manager import CheckpointManager
+from .cli import _ignore_interrupts, _reader_may_leave
 
 DEMO_MARK = "ckpt_nb-demo.txt"  # (the demo deletes a folder only where it finds this)
+PROG = "python -m ckpt_nb.demo"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the demo (``argv``: ``sys.argv[1:]`` by default); return the exit code. As
+    ``ckpt-nb`` does, a reader that leaves (``| head -1``), a Ctrl-C and a missing
+    scikit-learn end it with a line, not a traceback."""
+    try:
+        with _reader_may_leave():
+            return _demo(argv)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except CkptError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if argv is None:  # (a Ctrl-C while the interpreter unloads torch: ignored)
+            atexit.register(_ignore_interrupts)
+
+
+def _demo(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ckpt_nb.demo", description=__doc__.splitlines()[0],
+        prog=PROG, description=__doc__.splitlines()[0],
         epilog="DIR starts afresh: it must be new, empty, or an earlier run of the demo.")
     parser.add_argument("directory", nargs="?", default="runs/demo", metavar="DIR",
                         help="where the demo's store goes (default: runs/demo)")
     args = parser.parse_args(argv)
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the demo trains on scikit-learn's digits, and scikit-learn could not be "
+            f"imported ({exc}): pip install scikit-learn") from exc
 
     directory = Path(args.directory)
     if directory.exists() and not (directory / DEMO_MARK).is_file():
