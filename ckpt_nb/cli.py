@@ -748,8 +748,10 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     summary = f"{len(report.bad)} of {len(report.checked)} checkpoints fail verification" \
         if report.checked else "no checkpoint was checked"
     if report.newer:  # (not 0, as a script's `verify && ...` must not take them for checked)
-        summary += (f"; {len(report.newer)} written by a newer ckpt_nb were not checked "
-                    "(upgrade ckpt_nb to verify them)")
+        one = len(report.newer) == 1
+        summary += (f"; {_count(len(report.newer), 'checkpoint')} written by a newer ckpt_nb "
+                    f"{'was' if one else 'were'} not checked (upgrade ckpt_nb to verify "
+                    f"{'it' if one else 'them'})")
     # (a pack that a failed checkpoint's chunks lie in was cut short or is damaged: gc
     # leaves it as it is; one whose chunks all read has only its index to rewrite)
     unreadable = {key for key in report.packs
@@ -789,14 +791,32 @@ def _print_kept(mgr: CheckpointManager) -> None:
     """Name the files gc kept as damaged, each with what is wrong with it, why gc keeps
     it and how to remove it: gc pointed at `ckpt-nb verify`, which checks checkpoints,
     and said "ok" of a store whose only damage was a pack that none of them uses."""
+    from ._rebuild import is_newer
     from ._store import LocalStore
 
     kept = mgr.catalog.damaged()
-    manifests = any(key.startswith("manifests/") for key in kept)
-    print(f"kept {_count(len(kept), 'damaged file')} or files of a newer ckpt_nb, which gc "
-          "never deletes (what is left in a damaged one may be recovered; a newer ckpt_nb "
-          "reads the others)"
-          + (", and while such a checkpoint is there, every pack:" if manifests else ":"))
+    newer = sum(map(is_newer, kept.values()))
+    damaged = len(kept) - newer
+    what = " and ".join(
+        ([_count(damaged, "damaged file")] if damaged else [])
+        + ([f"{_count(newer, 'file')} written by a newer ckpt_nb"] if newer else []))
+    if damaged and newer:
+        why = "what is left in a damaged one may be recovered; a newer ckpt_nb reads the others"
+    elif damaged:
+        why = f"what is left in {'it' if damaged == 1 else 'them'} may be recovered"
+    else:
+        why = f"a newer ckpt_nb reads {'it' if newer == 1 else 'them'}"
+    # (a checkpoint gc cannot read: the chunks it uses are not known, so no pack goes)
+    checkpoints = sum(key.startswith("manifests/") for key in kept)
+    if checkpoints == 1:
+        those = "that checkpoint is" if len(kept) == 1 else "the checkpoint among them is"
+    else:
+        those = "those checkpoints are" if checkpoints == len(kept) else \
+            f"the {checkpoints} checkpoints among them are"
+    print(f"kept {what}, which gc never deletes ({why})"
+          + (f"; while {those} there, gc deletes no pack either (it cannot tell which "
+             f"chunks {'the checkpoint uses' if checkpoints == 1 else 'they use'}):"
+             if checkpoints else ":"))
     store = mgr.store
     for key, why in sorted(kept.items()):
         where = store.root / key if isinstance(store, LocalStore) else f"{store.url}/{key}"

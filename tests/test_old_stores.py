@@ -251,8 +251,9 @@ def test_the_cli_says_a_checkpoint_of_a_newer_format_was_not_checked(
     assert main(["verify", str(store)]) == 1  # (a script's `verify && ...` must stop)
     out = capsys.readouterr().out
     assert f"not checked: {ids[2]}\n  written by a newer ckpt_nb, not checked" in out, out
-    assert out.rstrip().endswith("0 of 2 checkpoints fail verification; 1 written by a newer "
-                                 "ckpt_nb were not checked (upgrade ckpt_nb to verify them)")
+    assert out.rstrip().endswith("0 of 2 checkpoints fail verification; 1 checkpoint written "
+                                 "by a newer ckpt_nb was not checked (upgrade ckpt_nb to verify "
+                                 "it)")
     assert main(["show", str(store), "latest"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"id:        {ids[1]}"
