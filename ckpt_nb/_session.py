@@ -551,6 +551,15 @@ def _feed(digest: Any, value: Any) -> None:
     digest.update(f"<{type(value).__qualname__}".encode())
     if isinstance(value, torch.Tensor):
         digest.update(f"{value.dtype}{tuple(value.shape)}{value.layout}".encode())
+        if value.is_quantized:  # (its integers alone: a scale doubled with them halved)
+            scheme = value.qscheme()
+            digest.update(str(scheme).encode())
+            if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+                digest.update(f"{value.q_scale()!r},{value.q_zero_point()}".encode())
+            else:
+                digest.update(f"{value.q_per_channel_axis()}".encode())
+                digest.update(_raw_bytes(value.q_per_channel_scales()))
+                digest.update(_raw_bytes(value.q_per_channel_zero_points()))
         for part in _data_of(value.detach()):
             digest.update(_raw_bytes(part))
     elif isinstance(value, np.ndarray) and value.dtype != object:
@@ -573,7 +582,9 @@ def _feed(digest: Any, value: Any) -> None:
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
     """A dense tensor's data as flat bytes: a view of its memory where it lies contiguous
     on the CPU, a copy only of one that does not (strided, on another device)."""
-    return t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    # (a conjugate or negative view holds its data unconjugated: resolved, a copy)
+    return t.cpu().resolve_conj().resolve_neg().contiguous().reshape(-1) \
+        .view(torch.uint8).numpy()
 
 
 def _data_of(t: torch.Tensor) -> list[torch.Tensor]:
@@ -1008,19 +1019,39 @@ def _stepping_outer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer |
 
 def _state_left_out(inner: torch.optim.Optimizer, outer: torch.optim.Optimizer) -> list[str]:
     """The names of ``inner``'s state tensors where ``outer.state_dict()`` holds none of
-    them: a wrapper that saves only its own state (SAM's), so no checkpoint holds its
-    inner optimizer's momentum; [] where it holds them, or there are none."""
-    held = {key: value for state in inner.state.values() if isinstance(state, Mapping)
-            for key, value in state.items() if isinstance(value, torch.Tensor)}
+    them, anywhere in it (under "state", a key of its own as a fixed SAM's "base", a
+    Lookahead's "fast_state"), as the very tensors or as copies of them: a wrapper that
+    saves only its own state (SAM's), so no checkpoint holds its inner optimizer's
+    momentum; [] where it holds them, or there are none."""
+    held = [(key, value) for state in inner.state.values() if isinstance(state, Mapping)
+            for key, value in state.items()
+            if isinstance(value, torch.Tensor) and value.dim() > 0]
     if not held:
         return []
     try:
-        saved = outer.state_dict().get("state", {})
+        saved = outer.state_dict()
     except Exception:  # noqa: BLE001 - a user's state_dict(): the save will say
         return []
-    ids = {id(value) for state in saved.values() if isinstance(state, Mapping)
-           for value in state.values()}
-    return [] if any(id(value) in ids for value in held.values()) else sorted(held)
+    found: list[torch.Tensor] = []
+    pending, seen = [saved], 0
+    while pending and seen < 100_000:
+        item = pending.pop()
+        seen += 1
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    ids = {id(t) for t in found}
+
+    def kept(value: torch.Tensor) -> bool:
+        return id(value) in ids or any(
+            t.shape == value.shape and t.dtype == value.dtype and t.device == value.device
+            and torch.equal(t, value) for t in found)
+
+    # (one is enough: a wrapper that saves its inner optimizer's state saves all of it)
+    return [] if kept(held[0][1]) else sorted({k for k, _ in held})
 
 
 class AutoSession:
@@ -1557,14 +1588,23 @@ class AutoSession:
         """Say, once, where an optimizer stepped inside another's step() keeps state that
         the outer one's state_dict() leaves out and nothing tracks: a resume or rollback
         would train on without it (SAM's base optimizer's momentum), silently."""
-        outer = _stepping_outer(optimizer)
-        if outer is None or any(obj is optimizer for obj in self.discovery.statefuls.values()):
+        if any(obj is optimizer for obj in self.discovery.statefuls.values()):
+            return
+        # (or a tracked one sharing its very parameter groups, which steps it from a method
+        # of its own: SAM's second_step(), as its README uses it)
+        outer = _stepping_outer(optimizer) or next(
+            (obj for obj in self.discovery.statefuls.values()
+             if isinstance(obj, torch.optim.Optimizer) and obj is not optimizer
+             and (obj.param_groups is optimizer.param_groups
+                  or any(g is h for g in obj.param_groups for h in optimizer.param_groups))),
+            None)
+        if outer is None:
             return
         left_out = _state_left_out(optimizer, outer)
         if left_out:
             self._told_inner_state = True
             name = self._names_of([outer])
-            self.say(f"the {type(optimizer).__name__} stepped inside {name}'s step() keeps "
+            self.say(f"the {type(optimizer).__name__} that {name} steps keeps "
                      f"state ({', '.join(left_out)}) that {name}.state_dict() leaves out: no "
                      "checkpoint holds it, so a resume or rollback trains on without it; "
                      f"give {type(outer).__name__} a state_dict() and load_state_dict() that "
@@ -2641,8 +2681,15 @@ class AutoSession:
         # drew from it)
         said = [key for key in again if key not in put_back.rewound
                 or _footprint(again[key]) != put_back.rewound[key]]
+        state = ck.state
+        stepped = [key for key, obj in again.items() if obj is put_back.objects[key][0]
+                   and isinstance(obj, torch.optim.Optimizer)]
+        if stepped:
+            # (changed in place: the optimizer's load_state_dict() kept the very tensors
+            # of ck.state, which the epoch's code stepped; read them again as saved)
+            state = self._read_again(put_back, map(_live_name, stepped)).state
         try:
-            load_all(again, ck.state, kinds=ck.kinds)
+            load_all(again, state, kinds=ck.kinds)
         except StateMismatchError as exc:  # (one it made anew, of another shape)
             raise _unfit(ck.id, put_back.step, exc) from None
         self._rebaseline(again)
@@ -2674,10 +2721,24 @@ class AutoSession:
                     _fingerprint(value := from_storable(stored[name])) == fingerprint:
                 values[name] = value
         if len(values) < len(names):
-            stored = self.manager.load(put_back.checkpoint.id).extra[RUN_KEY]["variables"]
-            values.update((name, from_storable(stored[name])) for name in names
-                          if name not in values)
+            lost = [name for name in names if name not in values]
+            stored = self._read_again(put_back, lost).extra[RUN_KEY]["variables"]
+            values.update((name, from_storable(stored[name])) for name in lost)
         return {name: values[name] for name in names}
+
+    def _read_again(self, put_back: _EpochPutBack, changed: Iterable[str]) -> Checkpoint:
+        """The resumed checkpoint read again from the store, for what the epoch's code
+        changed in place where the resume's own copy changed with it."""
+        try:
+            return self.manager.load(put_back.checkpoint.id)
+        except (CkptError, OSError) as exc:  # (deleted meanwhile: retention, another
+            # process's delete; a store that stopped reading)
+            raise StateMismatchError(
+                f"epoch {self.loop.epoch}'s code ahead of its batches() loop changed "
+                f"{', '.join(changed)} in place as it ran again on the resume from "
+                f"checkpoint {put_back.checkpoint.id}, and that checkpoint no longer reads "
+                f"({type(exc).__name__}: {exc}), so they cannot be put back as saved; run "
+                "the cell again to resume from the newest checkpoint") from exc
 
     def _generator_states(self) -> dict[str, Any]:
         """The notebook's tracked generators' state_dict()s, by stored key (small)."""

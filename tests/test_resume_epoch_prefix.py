@@ -126,6 +126,12 @@ PATTERNS = {
         "torch.utils.data.Subset(torch.utils.data.TensorDataset(X, Y), "
         "rng.permutation(200)[:120].tolist()), batch_size=10, shuffle=True)", body="",
         end="", die="epoch == 1 and i == 10"),
+    # a warm-up step at the epoch's top: the optimizer's momentum (which its
+    # load_state_dict() shares with the checkpoint read) stepped in place
+    "an optimizer stepped at the epoch's top": dict(
+        setup=LOADER, loader="loader", batch="batch",
+        prefix="        opt.zero_grad()\n        torch.nn.functional.cross_entropy("
+               "model(X[:20]), Y[:20]).backward()\n        opt.step()", body="", end=""),
     # a notebook's generator the batches draw from and the epoch's top does not: as saved
     "a generator drawn from in the batches only": dict(
         setup=LOADER + "\ng = torch.Generator().manual_seed(3)", loader="loader",
@@ -258,6 +264,14 @@ def test_values_that_differ_digest_apart_and_one_value_alike_however_it_lies() -
     drawn_from = _Digest.of(held)
     torch.rand(1, generator=held[0])
     assert _Digest.of(held) != drawn_from
+    # (a quantized tensor by its scale too, not its integers alone; a conjugate view as
+    # the values it shows)
+    small = torch.quantize_per_tensor(torch.tensor([0.1, 0.2]), 0.1, 0, torch.qint8)
+    large = torch.quantize_per_tensor(torch.tensor([0.2, 0.4]), 0.2, 0, torch.qint8)
+    assert _Digest.of(small) != _Digest.of(large)
+    values = torch.tensor([1 + 2j, 3 - 1j])
+    assert _Digest.of(values.conj()) == _Digest.of(values.conj().resolve_conj())
+    assert _Digest.of(values.conj()) != _Digest.of(values)
 
 
 def test_a_digest_reads_the_data_where_it_lies() -> None:

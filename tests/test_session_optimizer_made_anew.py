@@ -154,7 +154,7 @@ def test_a_step_calling_its_base_classes_counts_once(tmp_path: Path) -> None:
 # A wrapper made once whose inner optimizer keeps momentum: SAM's state_dict() holds only
 # its own state; HOLDING's holds the inner one's too; TRACKED holds it in a variable.
 INNER_STATE = """
-import torch, ckpt_nb
+import copy, torch, ckpt_nb
 class Wrapper(torch.optim.Optimizer):
     def __init__(self, params):
         params = list(params)
@@ -167,6 +167,20 @@ class Holding(Wrapper):
         return self.base_optimizer.state_dict()
     def load_state_dict(self, state):
         self.base_optimizer.load_state_dict(state)
+class Copying(Wrapper):
+    def state_dict(self):
+        return {"own": super().state_dict(),
+                "base": copy.deepcopy(self.base_optimizer.state_dict())}
+    def load_state_dict(self, state):
+        super().load_state_dict(state["own"])
+        self.base_optimizer.load_state_dict(state["base"])
+class TwoSteps(torch.optim.Optimizer):  # (SAM's shape: its base stepped by second_step())
+    def __init__(self, params):
+        self.base_optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        super().__init__(self.base_optimizer.param_groups, {})
+        self.param_groups = self.base_optimizer.param_groups
+    def second_step(self):
+        self.base_optimizer.step()
 torch.manual_seed(0)
 X = torch.randn(60, 8); Y = (X.sum(1) > 0).long()
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=10)
@@ -178,24 +192,25 @@ with ckpt_nb.auto("store", every_steps=4, sync=True):
         for i, (xb, yb) in ckpt_nb.batches(loader):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xb), yb).backward()
-            opt.step()
+            STEP
 """
 
 
 @pytest.mark.parametrize(("cls", "base", "told"), [
-    ("Wrapper", "", True), ("Holding", "", False),
-    ("Wrapper", "base = opt.base_optimizer", False)])
+    ("Wrapper", "", True), ("Holding", "", False), ("Copying", "", False),
+    ("TwoSteps", "", True), ("Wrapper", "base = opt.base_optimizer", False)])
 def test_an_inner_optimizers_state_no_checkpoint_holds_is_said(
         tmp_path: Path, cls: str, base: str, told: bool) -> None:
     """SAM's base optimizer's momentum: no checkpoint held it, and a resume trained on
     without it, silently. Said once, where neither the wrapper's state_dict() nor a
     tracked variable holds it."""
     done = script(tmp_path, "train.py",
-                  INNER_STATE.replace("CLASS", cls).replace("BASE", base))
+                  INNER_STATE.replace("CLASS", cls).replace("BASE", base).replace(
+                      "STEP", "opt.second_step()" if cls == "TwoSteps" else "opt.step()"))
     assert done.returncode == 0, done.stderr
-    said = [line for line in done.stdout.splitlines() if "stepped inside" in line]
+    said = [line for line in done.stdout.splitlines() if "leaves out" in line]
     assert said == ([
-        "ckpt_nb: the SGD stepped inside opt's step() keeps state (momentum_buffer) that "
+        "ckpt_nb: the SGD that opt steps keeps state (momentum_buffer) that "
         "opt.state_dict() leaves out: no checkpoint holds it, so a resume or rollback "
-        "trains on without it; give Wrapper a state_dict() and load_state_dict() that "
+        f"trains on without it; give {cls} a state_dict() and load_state_dict() that "
         "hold its inner optimizer's too"] if told else []), done.stdout
