@@ -59,11 +59,12 @@ class ReusedArena:
     when no array or tensor views them: each view holds a reference, which
     ``sys.getrefcount`` counts.
 
-    A restore takes two: one for the storages it copies into live tensors, free
-    again once it is done, and one for those kept as they are (an optimizer's
-    ``load_state_dict`` keeps the tensors it is given): in one allocation, the
-    optimizer's state held the copied model's memory too. Three are kept, since
-    the next restore cannot take the kept one of the last (the optimizer still
+    A restore takes one for the storages it copies into live tensors, free again
+    once it is done, and one for each owner of those kept as they are (an
+    optimizer's ``load_state_dict`` keeps the tensors it is given; a value of
+    ``extra`` is handed out): in one allocation, the optimizer's state held the
+    copied model's memory too, and any other value's. Three are kept, since the
+    next restore cannot take the optimizer's of the last (the optimizer still
     holds it); it takes the one before, which the optimizer let go of as it
     loaded. At most ``limit`` bytes are kept in all.
     """

@@ -1427,12 +1427,12 @@ class CheckpointManager:
 
     def _decode_storages(self, checkpoint_id: str, manifest: Mapping[str, Any],
                          progress: ProgressFn | None = None,
-                         copied_in: AbstractSet[int] = frozenset()) -> list[torch.Tensor]:
+                         groups: list[int] | None = None) -> list[torch.Tensor]:
         """Every storage of a checkpoint, decoded into fresh memory and verified;
-        ``copied_in``: those a restore copies into live tensors (``_arena``)."""
+        ``groups``: the allocation each is decoded into (``_storage_groups``)."""
         return self._reading_again_if_moved(
             manifest, lambda rows: self._decode_rows(checkpoint_id, manifest, rows, progress,
-                                                     copied_in))
+                                                     groups))
 
     def _reading_again_if_moved(self, manifest: Mapping[str, Any],
                                 read: Callable[[dict[str, ChunkRow]], T],
@@ -1458,7 +1458,7 @@ class CheckpointManager:
 
     def _decode_rows(self, checkpoint_id: str, manifest: Mapping[str, Any],
                      rows: dict[str, ChunkRow], progress: ProgressFn | None,
-                     copied_in: AbstractSet[int]) -> list[torch.Tensor]:
+                     groups: list[int] | None) -> list[torch.Tensor]:
         for storage in manifest["storages"]:  # (before memory is taken for them)
             for digest, raw_len in storage["chunks"]:
                 if rows[digest].raw_len != raw_len:
@@ -1472,7 +1472,7 @@ class CheckpointManager:
                     "add up to its size", checkpoint_id)
         sizes = [s["nbytes"] for s in manifest["storages"]]
         try:
-            buffers = _arena(sizes, copied_in)
+            buffers = _arena(sizes, groups)
         except MemoryError:  # (numpy's message names an array of no name)
             doing = "export" if _EXPORT_READING.get() else "restore or load"
             raise MemoryError(f"checkpoint {checkpoint_id} holds {sum(sizes) / 2**30:.1f} GiB "
@@ -1788,14 +1788,15 @@ class CheckpointManager:
     def _load(self, cid: str, *, trust_pickle: bool, progress: ProgressFn | None,
               needed: Iterable[str], copied: AbstractSet[str] = frozenset()) -> Checkpoint:
         """``load`` of a checkpoint by its id; the storages that only the objects
-        ``copied`` view (modules a restore copies into live ones) are decoded apart."""
+        ``copied`` view (modules a restore copies into live ones) are decoded apart, and
+        each other owner's apart (``_storage_groups``)."""
         row = self.catalog.get(cid)
         with self._reading(cid):
             if row is None:
                 raise CheckpointNotFoundError(f"no checkpoint {cid!r}")
             manifest = self._manifest(cid)
             storages = self._decode_storages(cid, manifest, progress,
-                                             _copied_storages(manifest, copied))
+                                             _storage_groups(manifest, copied))
         skeleton = manifest["state"]
         unloaded: list[str] = []
 
@@ -3073,55 +3074,85 @@ def _check_chain(row: ChunkRow, above: AbstractSet[str]) -> None:
                                      "bases go round in a loop")
 
 
-def _arena(sizes: list[int], copied_in: AbstractSet[int] = frozenset()) -> list[torch.Tensor]:
-    """Uint8 buffers of these sizes, 64-byte aligned views of two allocations, the last
-    restores' memory where nothing refers to it any more (``RESTORE_ARENA``): one for
-    the storages a restore copies into live tensors (indices ``copied_in``), free once
-    it is done, one for those kept as they are (an optimizer's state), which alone
-    stays held. (In one, the optimizer's state held the copied model's memory too.)
+# Of the groups a restore decodes into, the arena serves the one it copies into live
+# tensors, the largest other and those of at least this size; smaller ones get memory of
+# their own from malloc (warm too), leaving the arena's few slots to the large ones.
+_ARENA_SMALLEST = 64 << 10
 
+
+def _arena(sizes: list[int], groups: list[int] | None = None) -> list[torch.Tensor]:
+    """Uint8 buffers of these sizes, 64-byte aligned views of one allocation per group
+    (``groups[i]``: storage i's, from ``_storage_groups``; all in one where None), the
+    last restores' memory where nothing refers to it any more (``RESTORE_ARENA``). A
+    view that outlives the restore (an optimizer's state, a value of
+    ``Checkpoint.extra``) holds its own group's memory alone: in one allocation, a
+    0.3 MiB optimizer state held a 1 GiB ``extra`` value for as long as it lived.
+
+    Groups are taken from the smallest up, so that the arena keeps the largest.
     NumPy asks the kernel for huge pages on a big allocation and torch does
     not: first-touch page faults of ``torch.empty`` cost more than decoding.
     """
-    offsets, totals = [], [0, 0]  # (the copied ones', the kept ones')
-    for index, size in enumerate(sizes):
-        part = 0 if index in copied_in else 1
-        offsets.append((part, totals[part]))
-        totals[part] += -(-size // 64) * 64
-    arenas = [RESTORE_ARENA.take(total) if total else None for total in totals]
+    groups = groups if groups is not None else [1] * len(sizes)
+    offsets, totals = [], dict.fromkeys(groups, 0)
+    for group, size in zip(groups, sizes):
+        offsets.append(totals[group])
+        totals[group] += -(-size // 64) * 64
+    kept = [(total, group) for group, total in totals.items() if group != 0 and total]
+    largest_kept = max(kept)[1] if kept else None
+    arenas = {group: RESTORE_ARENA.take(total)
+              if group in (0, largest_kept) or total >= _ARENA_SMALLEST
+              else np.empty(total, dtype=np.uint8)
+              for total, group in sorted((t, g) for g, t in totals.items() if t)}
     # An empty storage gets none of the arena's addresses: at the next storage's, two
     # tensors of different dtypes "view the same data" to torch.save, which refuses.
-    return [torch.from_numpy(arenas[part][o : o + n]) if n  # type: ignore[index]
+    return [torch.from_numpy(arenas[group][o : o + n]) if n
             else torch.empty(0, dtype=torch.uint8)
-            for (part, o), n in zip(offsets, sizes)]
+            for group, o, n in zip(groups, offsets, sizes)]
 
 
-def _copied_storages(manifest: Mapping[str, Any], copied: AbstractSet[str]) -> set[int]:
-    """The storages that only the tensors of objects ``copied`` view (modules a restore
-    loads, which copy them into their own tensors): what else a checkpoint holds may be
-    kept as it is decoded. One taken for copied wrongly only stays held longer."""
-    if not copied:
-        return set()
+def _storage_groups(manifest: Mapping[str, Any], copied: AbstractSet[str]) -> list[int]:
+    """The allocation each storage of a checkpoint is decoded into (``_arena``): 0 for
+    those that only the objects ``copied`` view (modules a restore loads, which copy
+    them into their own tensors), and one group for each other set of owners viewing a
+    storage (an object, a value of ``extra``, a notebook variable a session saved, a
+    random generator's state: a tensor's name up to its second "/", a variable's up to
+    its fourth), so that what a restore leaves referenced holds memory in proportion to
+    its owner, not to the checkpoint. All in one where the manifest names no tensors (a
+    damaged one: ``_load`` says so)."""
+    from ._session import RUN_KEY  # (not at the top: _session imports this module)
+
+    run, variables = f"extra/{RUN_KEY}", f"extra/{RUN_KEY}/variables/"
     try:
-        objects = manifest["state"]["objects"]
-        objects = objects.get("__dict__", objects)
-        found: set[int] = set()  # the tensors of those objects
-        stack = [objects[name] for name in copied if name in objects]
-        while stack:
-            value = stack.pop()
-            if isinstance(value, dict):
-                if type(value.get("__tensor__")) is int:
-                    found.add(value["__tensor__"])
-                else:
-                    stack.extend(value.values())
-            elif isinstance(value, list):
-                stack.extend(value)
-        theirs, others = set(), set()
-        for index, record in enumerate(manifest["tensors"]):
-            (theirs if index in found else others).add(record["storage"])
-    except (LookupError, TypeError, AttributeError):  # (a damaged manifest: _load says so)
-        return set()
-    return theirs - others
+        owner_of: list[str | None] = [None] * len(manifest["storages"])
+        shared: dict[int, set[str]] = {}  # storages that more than one owner views
+        owner, within = "", "\0"  # the last record's owner, and the names within it
+        for record in manifest["tensors"]:  # (tens of thousands, in their owners' order)
+            name, storage = record["name"], record["storage"]
+            if not name.startswith(within):
+                cut = name.find("/", name.find("/") + 1)
+                owner = name if cut < 0 else name[:cut]
+                if owner == run and name.startswith(variables):
+                    cut = name.find("/", len(variables))
+                    owner = name if cut < 0 else name[:cut]
+                within = owner + "/" if owner != run else "\0"  # (its variables apart)
+            seen = owner_of[storage]
+            if seen is None:
+                owner_of[storage] = owner
+            elif seen != owner:
+                shared.setdefault(storage, {seen}).add(owner)
+    except (LookupError, TypeError, AttributeError):
+        return [1] * len(manifest.get("storages") or ())
+    copied_owners = {f"objects/{name}" for name in copied}
+    numbers: dict[str | frozenset[str] | None, int] = {}
+    groups = []
+    for storage, owner in enumerate(owner_of):
+        owners = shared.get(storage)
+        if owners is None and owner in copied_owners or owners and owners <= copied_owners:
+            groups.append(0)
+        else:
+            key = owner if owners is None else frozenset(owners)
+            groups.append(numbers.setdefault(key, len(numbers) + 1))
+    return groups
 
 
 class _StateHolder:
