@@ -1321,14 +1321,35 @@ class Explorer(w.VBox):
                 behind = True
 
     def close(self) -> None:
-        """Stop following the store and close the widgets."""
+        """Stop following the store and close the widgets: each of them, since
+        ipywidgets' ``close`` closes the one box alone, and the registry of open widgets
+        kept the rest, and through their callbacks every closed explorer, for the rest of
+        the session."""
         self._stop.set()
         self._wake.set()
         self._unsubscribe()
         if self._owns_manager:
             with contextlib.suppress(Exception):
                 self.manager.close()
+        for widget in _widgets_within(self):
+            widget.close()
         super().close()
+
+
+def _widgets_within(root: w.Widget) -> list[w.Widget]:
+    """The widgets under ``root``: those its traits refer to (children, a tab's pages,
+    layouts, styles), those held in its attributes (a pane not shown now), and theirs."""
+    found: dict[int, w.Widget] = {}
+    stack: list[Any] = [getattr(root, name, None) for name in root.keys]
+    stack.extend(vars(root).values())
+    while stack:
+        value = stack.pop()
+        if isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, w.Widget) and value is not root and id(value) not in found:
+            found[id(value)] = value
+            stack.extend(getattr(value, name, None) for name in value.keys)
+    return list(found.values())
 
 
 # The explorers each notebook cell opened, with the run (IPython's ExecutionResult) that
