@@ -596,10 +596,12 @@ class CheckpointManager:
                 label = json.loads(self.store.get(key))
             except (FileNotFoundError, ValueError):
                 continue  # (deleted meanwhile, or damaged: the catalog's stands)
-            if row is None or not isinstance(label, dict):
-                continue
-            found = {"pinned": bool(label.get("pinned", row.pinned)),
-                     "note": str(label.get("note", row.note))}
+            if row is None or not isinstance(label, dict) or \
+                    not isinstance(label.get("pinned", False), bool) or \
+                    not isinstance(label.get("note", ""), str):
+                continue  # (one no save writes, left out as a rebuild leaves it out)
+            found = {"pinned": label.get("pinned", row.pinned),
+                     "note": label.get("note", row.note)}
             change = {name: value for name, value in found.items()
                       if value != getattr(row, name)}
             if change:
