@@ -76,15 +76,19 @@ class ReusedArena:
         self._lock = threading.Lock()
         self._kept: list[np.ndarray] = []  # the most recently handed out last
 
-    def take(self, nbytes: int) -> np.ndarray:
+    def take(self, nbytes: int, *, long_lived: bool = False) -> np.ndarray:
         """``nbytes`` of uint8 memory, warm when one handed out before is free: the
         smallest that fits (the most recently used of those: warmest), so that the small
-        take of a restore leaves the large one its own."""
+        take of a restore leaves the large one its own. ``long_lived``: the memory may stay
+        held after the restore (an optimizer's state, a value of ``extra``), so no free
+        allocation over twice its size is taken for it: a 256 KiB value kept from a
+        re-run restore held the 64 MiB the model's storages were decoded into before."""
         with self._lock:  # the view is made under the lock, so two takers never share
             # References: the list, the loop's name, getrefcount's argument; any more are
             # views.
             free = [kept for kept in self._kept
-                    if len(kept) >= nbytes and sys.getrefcount(kept) == 3]
+                    if nbytes <= len(kept) <= (2 * nbytes if long_lived else len(kept))
+                    and sys.getrefcount(kept) == 3]
             if free:
                 chosen = min(reversed(free), key=len)
                 self._kept = [k for k in self._kept if k is not chosen] + [chosen]

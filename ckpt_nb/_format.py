@@ -146,6 +146,12 @@ def label_key(checkpoint_id: str) -> str:
     return f"labels/{_checked_id(checkpoint_id)}.json"
 
 
+# The key of a checkpoint's ``extra`` under which a session saves its run record (its
+# notebook variables under "variables"): a name of the format, which restores (``_manager``)
+# and sessions (``_session``) both read.
+RUN_KEY = "ckpt_nb_run"
+
+
 def run_key(run_id: str) -> str:
     """Where the ends of a run of ``%%ckpt_auto`` (``auto()``) are noted."""
     if not _ID.fullmatch(run_id):
@@ -155,10 +161,10 @@ def run_key(run_id: str) -> str:
 
 def is_run_key(key: str) -> bool:
     """Whether ``key`` is a name ``run_key`` makes: gc deletes no other file."""
-    return _RUN_KEY.fullmatch(key) is not None
+    return _RUN_FILE.fullmatch(key) is not None
 
 
-_RUN_KEY = re.compile(r"runs/[0-9a-f]{6,32}\.json")
+_RUN_FILE = re.compile(r"runs/[0-9a-f]{6,32}\.json")
 
 
 def id_of(key: str) -> str | None:

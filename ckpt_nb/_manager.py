@@ -48,9 +48,9 @@ from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUse
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, StoreError, StoreFormatError, metrics_logged,
                       too_far_back, warn)
-from ._format import (FORMAT, check_format, chunk_row_problem, decode_manifest,
-                      encode_manifest, id_of, is_deletion_key, is_pack_key, is_run_key, label_key,
-                      manifest_key, new_deletion_key, pickle_problem, read_pack_index,
+from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_manifest,
+                      encode_manifest, id_of, is_deletion_key, is_pack_key, is_run_key,
+                      label_key, manifest_key, new_deletion_key, pickle_problem, read_pack_index,
                       stamp_format, write_pack)
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
@@ -67,6 +67,10 @@ RESERVED = frozenset({"epoch", "step", "batch_idx", "metrics", "extra", "rng", "
 ProgressFn = Callable[[int, int], None]
 # What makes two tensor records the same view of their storage's bytes (diff)
 _VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
+# The lock files this thread holds, through any manager: a read through another catalog
+# of the same store in that thread (a progress callback, a warning hook) would wait on
+# its own thread's flock for ever, so it reads from its catalog as it is
+_HELD_HERE = threading.local()
 
 T = TypeVar("T")
 # list()'s columns before its metrics'
@@ -654,6 +658,8 @@ class CheckpointManager:
                 return
             with self._busy, self._folder_locked(), self._open_lock() as handle:
                 self._wait_for(handle)
+                held = _HELD_HERE.__dict__.setdefault("paths", Counter())
+                held[str(self._lock_path)] += 1
                 caught_up = False  # (whether this catalog has seen what the note says)
                 try:
                     self._reopen_if_removed()
@@ -680,6 +686,9 @@ class CheckpointManager:
                         with contextlib.suppress(CkptError, OSError, sqlite3.Error):
                             self._note_holder(handle, self._catalog_mark())
                     fcntl.flock(handle, fcntl.LOCK_UN)
+                    held[str(self._lock_path)] -= 1
+                    if not held[str(self._lock_path)]:
+                        del held[str(self._lock_path)]
         finally:
             self._holding.lock = False
 
@@ -750,7 +759,8 @@ class CheckpointManager:
         Where that lock cannot be taken (a lock file this user may not write), the read
         goes on from the catalog as it is, said once."""
         if self._lock_path is None or self.catalog.read_only or \
-                getattr(self._holding, "lock", False):
+                getattr(self._holding, "lock", False) or \
+                str(self._lock_path) in getattr(_HELD_HERE, "paths", ()):
             return
         last = self._last_mark().partition("@")[0]
         if not last or last == self.catalog.known_uid():
@@ -2010,8 +2020,6 @@ class CheckpointManager:
         are among ``diff``'s rows)."""
         import pandas as pd
 
-        from ._session import RUN_KEY  # (not at the top: _session imports this module)
-
         sides = []
         for cid in (self.resolve(a), self.resolve(b)):
             with self._reading(cid):
@@ -3101,7 +3109,7 @@ def _arena(sizes: list[int], groups: list[int] | None = None) -> list[torch.Tens
         totals[group] += -(-size // 64) * 64
     kept = [(total, group) for group, total in totals.items() if group != 0 and total]
     largest_kept = max(kept)[1] if kept else None
-    arenas = {group: RESTORE_ARENA.take(total)
+    arenas = {group: RESTORE_ARENA.take(total, long_lived=group != 0)
               if group in (0, largest_kept) or total >= _ARENA_SMALLEST
               else np.empty(total, dtype=np.uint8)
               for total, group in sorted((t, g) for g, t in totals.items() if t)}
@@ -3121,8 +3129,6 @@ def _storage_groups(manifest: Mapping[str, Any], copied: AbstractSet[str]) -> li
     its fourth), so that what a restore leaves referenced holds memory in proportion to
     its owner, not to the checkpoint. All in one where the manifest names no tensors (a
     damaged one: ``_load`` says so)."""
-    from ._session import RUN_KEY  # (not at the top: _session imports this module)
-
     run, variables = f"extra/{RUN_KEY}", f"extra/{RUN_KEY}/variables/"
     try:
         owner_of: list[str | None] = [None] * len(manifest["storages"])

@@ -109,3 +109,16 @@ def test_the_arena_hands_out_the_smallest_free_one_that_fits() -> None:
     first = arena.take(90)
     assert first.__array_interface__["data"][0] == small_at
     assert arena.take(500).__array_interface__["data"][0] == large_at
+
+
+def test_a_long_lived_take_leaves_a_much_larger_free_one_alone() -> None:
+    """What may stay held after a restore (a value of ``extra``) takes no free allocation
+    over twice its size: a 256 KiB value kept from a re-run restore held the 64 MiB the
+    model's storages were decoded into the time before."""
+    arena = ReusedArena(limit=1 << 20)
+    large = arena.take(800)
+    large_at = large.__array_interface__["data"][0]
+    del large
+    kept = arena.take(100, long_lived=True)
+    assert kept.__array_interface__["data"][0] != large_at
+    assert arena.take(500, long_lived=True).__array_interface__["data"][0] == large_at

@@ -35,3 +35,28 @@ def test_the_stores_own_catalog_reads_what_another_catalog_deleted_and_saved(
     cli = subprocess.run([sys.executable, "-m", "ckpt_nb", "verify", str(store)],
                          capture_output=True, text=True)
     assert cli.returncode == 0 and first not in cli.stdout, cli.stdout + cli.stderr
+
+
+HELD_AND_READ = """
+import sys, torch, ckpt_nb
+store, other = sys.argv[1], sys.argv[2]
+a = ckpt_nb.CheckpointManager(store)
+b = ckpt_nb.CheckpointManager(store, catalog=other)
+b.save(torch.nn.Linear(8, 8), step=0)
+a.list()  # (a catches up: its mark is the store's last)
+seen = []
+a.save(torch.nn.Linear(8, 8), step=1, progress=lambda done, total: seen.append(len(b.list())))
+print("seen", sorted(set(seen)))
+"""
+
+
+def test_a_read_through_another_catalog_inside_a_save_of_this_thread_goes_on(
+        tmp_path: Path) -> None:
+    """A save's progress callback reading the store through a manager with its own
+    catalog (a dashboard beside the save) waited for the lock its own thread held: the
+    process hung for ever. It reads from its catalog as it is."""
+    done = subprocess.run(
+        [sys.executable, "-c", HELD_AND_READ, str(tmp_path / "store"),
+         str(tmp_path / "other.sqlite")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:2] == ["seen", "[1]"], done.stdout
