@@ -63,12 +63,11 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomS
                          loader_random, skipped_text, to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, warn, warnings_worded)
-from ._format import is_count, run_key
+from ._format import RUN_KEY, is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
 from ._store import LOCAL_SCHEMES, canonical_url, file_url_path, location, why_no_store
 
-RUN_KEY = "ckpt_nb_run"
 _ENDED = "ckpt_nb_run_end:"  # + a run's id: the catalog's key of the checkpoint it ended at
 
 
@@ -2271,13 +2270,13 @@ class AutoSession:
         return self._run_of[checkpoint_id]
 
     def _resume_points(self, rows: list[CheckpointRow], alive: Mapping[str, bool]) -> set[str]:
-        """The checkpoints a kernel started now would resume this cell's unfinished runs
-        of other, dead processes from (``_newest_of_this_cell``), one run after another
-        as each is taken over: each run's newest checkpoint (and the exact one before it,
-        where that was saved in a later loop), passing over the runs live processes (this
-        one too) train, up to the newest dead run that ended. ``rows``: the catalog's,
-        their summaries read; ``alive``: whether each owner of this cell's runs lives."""
-        taken: set[Any] = set()  # (runs a live process trains on, and those found)
+        """The checkpoints a kernel started now would resume this cell's unfinished run
+        of another, dead process from (``_newest_of_this_cell``): the newest such run's
+        newest checkpoint (and the exact one before it, where that was saved in a later
+        loop), passing over the runs live processes (this one too) train; none past a
+        newer dead run that ended. ``rows``: the catalog's, their summaries read;
+        ``alive``: whether each owner of this cell's runs lives."""
+        taken: set[Any] = set()  # (runs a live process trains on)
         points: set[str] = set()
         for row in reversed(rows):
             run = self._run_of.get(row.id)
@@ -2288,8 +2287,10 @@ class AutoSession:
             elif run["run"] not in taken:
                 if run["finished"] or self._ended(run, row.id):
                     break  # (a kernel started now resumes none past it)
+                # (a kernel started now resumes this one run and no older: each crash of a
+                # --no-resume run, never taken over, kept one more for ever)
                 points.update(cid for cid in (row.id, run["exact"]) if isinstance(cid, str))
-                taken.add(run["run"])
+                break
         return points
 
     def _is_this_cell(self, run: dict[str, Any]) -> bool:
@@ -2363,8 +2364,8 @@ class AutoSession:
         no takeover advised."""
         if (owner := _live_owner(run.get("owner"))) is not None:
             self.say(f"checkpoint {checkpoint_id} holds an unfinished run of other code "
-                     f"(another cell, or this one before an edit) that {owner} is "
-                     "training: not resuming it here")
+                     f"(another cell, or this one before an edit) of {owner}, which "
+                     "trains it or goes on with it there: not resuming it here")
             return
         at = checkpoint_id
         if isinstance(loop := run.get("loop"), dict) and loop.get("untracked") is not None:

@@ -126,6 +126,24 @@ def test_a_run_of_other_code_a_live_kernel_trains_is_named_not_offered_to_take_o
     out, reply = started.start(tmp_path / "b").run(cell(store, epochs=1))
     assert reply["status"] == "ok", out
     assert (f"holds an unfinished run of other code (another cell, or this one before an "
-            f"edit) that process {training.pid} (another kernel, still running) is "
-            "training: not resuming it here") in out, out
+            f"edit) of process {training.pid} (another kernel, still running), which "
+            "trains it or goes on with it there: not resuming it here") in out, out
     assert "%ckpt_rollback" not in out, out
+
+
+def test_crashed_runs_never_resumed_keep_one_resume_point_in_all(
+        tmp_path: Path, started: Kernels) -> None:
+    """A --no-resume --keep 2 cell SIGKILLed mid-run again and again, one kernel at a
+    time: each crashed run kept its resume point for a restart that never took it over
+    (2, 4, 4, 5, ... kept), while only the newest is one a restart resumes."""
+    store = tmp_path / "store"
+    code = cell(store, "--no-resume --keep 2")
+    kept = []
+    for n in range(4):
+        kernel, _ = held(started, tmp_path / f"k{n}", code, 4 * EVERY + 1)
+        kill(kernel)
+        with ckpt_nb.CheckpointManager(store) as mgr:
+            kept.append(len(mgr.list()))
+    # (the newest dead run's resume point beside the --keep 2, and at most one save
+    # more that the kill left before its retention ran)
+    assert kept[-1] <= 4, kept
