@@ -1053,6 +1053,45 @@ def _state_left_out(inner: torch.optim.Optimizer, outer: torch.optim.Optimizer) 
     return [] if kept(held[0][1]) else sorted({k for k, _ in held})
 
 
+def _holds_state_of(obj: Any, saved: Any) -> bool:
+    """Whether ``obj`` (loaded from ``saved``) still holds any of ``saved``'s own tensors
+    or arrays, so that a change in place to it changed the checkpoint read too."""
+    if isinstance(obj, torch.optim.Optimizer):
+        return True
+    if saved is None or isinstance(obj, torch.nn.Module):  # (its load copies)
+        return False
+
+    def leaves(item: Any, out: list[Any], budget: list[int]) -> list[Any]:
+        if budget[0] <= 0:
+            return out
+        budget[0] -= 1
+        if isinstance(item, (torch.Tensor, np.ndarray)):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            for value in item.values():
+                leaves(value, out, budget)
+        elif isinstance(item, (list, tuple)):
+            for value in item:
+                leaves(value, out, budget)
+        return out
+
+    mine = leaves(saved, [], [100_000])
+    if not mine:
+        return False
+    state = getattr(obj, "state_dict", None)
+    try:
+        now = leaves(state() if callable(state) else obj, [], [100_000])
+    except Exception:  # noqa: BLE001 - a user's state_dict(): read it again to be safe
+        return True
+    ptrs = {t.untyped_storage().data_ptr() for t in mine if isinstance(t, torch.Tensor)
+            and t.numel()}
+    arrays = [a for a in mine if isinstance(a, np.ndarray)]
+    return any((isinstance(t, torch.Tensor) and t.numel()
+                and t.untyped_storage().data_ptr() in ptrs)
+               or (isinstance(t, np.ndarray) and any(np.shares_memory(t, a) for a in arrays))
+               for t in now)
+
+
 class AutoSession:
     """Automatic checkpoints for the code run while it is active."""
 
@@ -2683,8 +2722,10 @@ class AutoSession:
         said = [key for key in again if key not in put_back.rewound
                 or _footprint(again[key]) != put_back.rewound[key]]
         state = ck.state
+        # (any object changed in place whose load_state_dict() kept the very tensors or
+        # arrays of ck.state: an optimizer, a user's EMA that keeps the dict it is given)
         stepped = [key for key, obj in again.items() if obj is put_back.objects[key][0]
-                   and isinstance(obj, torch.optim.Optimizer)]
+                   and _holds_state_of(obj, ck.state.get(key))]
         if stepped:
             # (changed in place: the optimizer's load_state_dict() kept the very tensors
             # of ck.state, which the epoch's code stepped; read them again as saved)

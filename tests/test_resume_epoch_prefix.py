@@ -132,6 +132,19 @@ PATTERNS = {
         setup=LOADER, loader="loader", batch="batch",
         prefix="        opt.zero_grad()\n        torch.nn.functional.cross_entropy("
                "model(X[:20]), Y[:20]).backward()\n        opt.step()", body="", end=""),
+    # an object of the notebook's whose load_state_dict() keeps the tensors it is given
+    # (an EMA), updated in place at the epoch's top: read again as saved
+    "an EMA that keeps the tensors it loads, updated at the epoch's top": dict(
+        setup=LOADER + "\nclass EMA:\n    def __init__(self, m): self.shadow = "
+        "{k: v.detach().clone() for k, v in m.state_dict().items()}\n"
+        "    def update(self, m, d):\n        for k, v in m.state_dict().items(): "
+        "self.shadow[k].mul_(d).add_(v.detach(), alpha=1 - d)\n"
+        "    def state_dict(self): return {'shadow': self.shadow}\n"
+        "    def load_state_dict(self, s): self.shadow = s['shadow']\nema = EMA(model)",
+        loader="loader", batch="batch",
+        prefix="        if epoch > 0:\n            ema.update(model, 0.5)",
+        body="            ema.update(model, 0.9)",
+        end="        kept.append(float(ema.shadow['weight'].sum()))"),
     # a notebook's generator the batches draw from and the epoch's top does not: as saved
     "a generator drawn from in the batches only": dict(
         setup=LOADER + "\ng = torch.Generator().manual_seed(3)", loader="loader",
