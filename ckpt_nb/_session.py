@@ -2722,13 +2722,12 @@ class AutoSession:
         said = [key for key in again if key not in put_back.rewound
                 or _footprint(again[key]) != put_back.rewound[key]]
         state = ck.state
-        # (any object changed in place whose load_state_dict() kept the very tensors or
-        # arrays of ck.state: an optimizer, a user's EMA that keeps the dict it is given)
+        # (an object changed in place whose load_state_dict() kept the very tensors or
+        # arrays of ck.state, which the epoch's code changed with it: an optimizer, a
+        # user's EMA that keeps the dict it is given; read again as saved)
         stepped = [key for key, obj in again.items() if obj is put_back.objects[key][0]
                    and _holds_state_of(obj, ck.state.get(key))]
         if stepped:
-            # (changed in place: the optimizer's load_state_dict() kept the very tensors
-            # of ck.state, which the epoch's code stepped; read them again as saved)
             state = self._read_again(put_back, map(_live_name, stepped)).state
         try:
             load_all(again, state, kinds=ck.kinds)
