@@ -68,6 +68,15 @@ def kill(kernel: Kernel) -> None:
     assert not kernel.manager.is_alive()
 
 
+def restart_resumes(kernels: Kernels, folder: Path, code: str, checkpoint: str) -> None:
+    """A kernel started now runs the cell: it resumes ``checkpoint``, the dead run's."""
+    folder.mkdir()
+    out, reply = kernels.start(folder).run(code)
+    assert reply["status"] == "ok", out
+    assert f"resumed from {checkpoint} " in out, out
+    assert "ran to its end before" not in out, out
+
+
 def test_another_kernels_keep_leaves_a_crashed_kernels_run_for_its_restart(
         tmp_path: Path, started: Kernels) -> None:
     """Kernels A and B ran the same --keep 2 cell; A was SIGKILLed, and B's retention
@@ -85,12 +94,7 @@ def test_another_kernels_keep_leaves_a_crashed_kernels_run_for_its_restart(
         kept = mgr.list()
     # (B's --keep 2 deleted the runs' older checkpoints, but A's resume point)
     assert list(kept[kept["step"] <= 4 * EVERY]["id"]) == [dead_newest], kept
-
-    (tmp_path / "c").mkdir()
-    out, reply = started.start(tmp_path / "c").run(code)
-    assert reply["status"] == "ok", out
-    assert f"resumed from {dead_newest} " in out, out
-    assert "ran to its end before" not in out, out
+    restart_resumes(started, tmp_path / "c", code, dead_newest)
 
 
 def test_a_restart_resumes_its_crashed_run_past_one_a_live_kernel_finished_since(
@@ -107,12 +111,7 @@ def test_a_restart_resumes_its_crashed_run_past_one_a_live_kernel_finished_since
     (tmp_path / "b" / f"hold-{EVERY + 1}").unlink()
     out, reply = other.finish(msg_id)
     assert reply["status"] == "ok", out
-
-    (tmp_path / "c").mkdir()
-    out, reply = started.start(tmp_path / "c").run(code)
-    assert reply["status"] == "ok", out
-    assert f"resumed from {dead_newest} " in out, out
-    assert "ran to its end before" not in out, out
+    restart_resumes(started, tmp_path / "c", code, dead_newest)
 
 
 def test_a_run_of_other_code_a_live_kernel_trains_is_named_not_offered_to_take_over(
