@@ -986,34 +986,46 @@ def _unfit(checkpoint_id: str, step: int | None, error: StateMismatchError
         "the cell again")
 
 
-def _inside_own_step(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether this optimizer step runs inside another step of the same optimizer (its
-    class's step() calling its base class's, each wrapped by torch's hooks): the stack
-    holds two of torch's hooked-step frames for it. (The stack, not a count the hooks
-    keep: a step that raised would leave a count behind.)"""
-    code = getattr(getattr(type(optimizer), "step", None), "__code__", None)
-    frame, found = sys._getframe(1), 0
-    while frame is not None:
-        if frame.f_code is code and frame.f_locals.get("self") is optimizer:
-            found += 1
-            if found > 1:
-                return True
-        frame = frame.f_back
-    return False
-
-
-def _stepping_outer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
-    """The optimizer whose step() this one's step runs inside (a wrapper's: SAM's base
-    optimizer), by torch's hooked-step frames on the stack; None at the top."""
+def _stepping(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
+    """The optimizers whose steps are under way on this thread's stack, innermost first:
+    the ``self`` of each of torch's hooked-step frames (one code for every class). The
+    stack, not a count the hooks keep: a step that raised would leave a count behind."""
     code = getattr(getattr(type(optimizer), "step", None), "__code__", None)
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
-            outer = frame.f_locals.get("self")
-            if isinstance(outer, torch.optim.Optimizer) and outer is not optimizer:
-                return outer
+            yield frame.f_locals.get("self")
         frame = frame.f_back
-    return None
+
+
+def _inside_own_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether this optimizer step runs inside another step of the same optimizer (its
+    class's step() calling its base class's, each wrapped by torch's hooks)."""
+    return sum(1 for stepping in _stepping(optimizer) if stepping is optimizer) > 1
+
+
+def _stepping_outer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """The optimizer whose step() this one's step runs inside (a wrapper's: SAM's base
+    optimizer); None at the top."""
+    return next((stepping for stepping in _stepping(optimizer)
+                 if isinstance(stepping, torch.optim.Optimizer) and stepping is not optimizer),
+                None)
+
+
+def _leaves(value: Any, kinds: tuple[type, ...], most: int = 100_000) -> list[Any]:
+    """The values of ``kinds`` within nested mappings, lists and tuples (a state_dict()),
+    looking at ``most`` items at most."""
+    found, pending, seen = [], [value], 0
+    while pending and seen < most:
+        item = pending.pop()
+        seen += 1
+        if isinstance(item, kinds):
+            found.append(item)
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return found
 
 
 def _state_left_out(inner: torch.optim.Optimizer, outer: torch.optim.Optimizer) -> list[str]:
@@ -1031,17 +1043,7 @@ def _state_left_out(inner: torch.optim.Optimizer, outer: torch.optim.Optimizer) 
         saved = outer.state_dict()
     except Exception:  # noqa: BLE001 - a user's state_dict(): the save will say
         return []
-    found: list[torch.Tensor] = []
-    pending, seen = [saved], 0
-    while pending and seen < 100_000:
-        item = pending.pop()
-        seen += 1
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, Mapping):
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
+    found = _leaves(saved, (torch.Tensor,))
     ids = {id(t) for t in found}
 
     def kept(value: torch.Tensor) -> bool:
@@ -1060,27 +1062,12 @@ def _holds_state_of(obj: Any, saved: Any) -> bool:
         return True
     if saved is None or isinstance(obj, torch.nn.Module):  # (its load copies)
         return False
-
-    def leaves(item: Any, out: list[Any], budget: list[int]) -> list[Any]:
-        if budget[0] <= 0:
-            return out
-        budget[0] -= 1
-        if isinstance(item, (torch.Tensor, np.ndarray)):
-            out.append(item)
-        elif isinstance(item, Mapping):
-            for value in item.values():
-                leaves(value, out, budget)
-        elif isinstance(item, (list, tuple)):
-            for value in item:
-                leaves(value, out, budget)
-        return out
-
-    mine = leaves(saved, [], [100_000])
+    mine = _leaves(saved, (torch.Tensor, np.ndarray))
     if not mine:
         return False
     state = getattr(obj, "state_dict", None)
     try:
-        now = leaves(state() if callable(state) else obj, [], [100_000])
+        now = _leaves(state() if callable(state) else obj, (torch.Tensor, np.ndarray))
     except Exception:  # noqa: BLE001 - a user's state_dict(): read it again to be safe
         return True
     ptrs = {t.untyped_storage().data_ptr() for t in mine if isinstance(t, torch.Tensor)
