@@ -2611,8 +2611,10 @@ class AutoSession:
                 f"not resuming checkpoint {ck.id} (step {saved.step}): it holds "
                 f"{', '.join(untracked)}, which this cell does not track now (it tracks "
                 f"{', '.join(map(_live_name, tracked)) or 'nothing'}), and the loop would go "
-                "on from the saved position without their state; define them (or add them "
-                "to --track), or run with --no-resume (auto(resume=False)) not to resume it")
+                "on from the saved position without their state; define them ahead of the "
+                "cell's loops (one made inside a loop, a generator seeded by epoch say, is "
+                "not there yet as a resume begins), or add them to --track, or run with "
+                "--no-resume (auto(resume=False)) not to resume it")
         if ck.extra[RUN_KEY].get("cell") != self.cell_hash:  # (said once it resumes)
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         changed = self._changed_since(saved)

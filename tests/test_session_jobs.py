@@ -196,6 +196,7 @@ def test_a_magic_with_a_track_typo_is_refused_and_a_resume_of_untracked_objects_
     assert isinstance(partial.error_in_exec, ckpt_nb.StateMismatchError)
     message = str(partial.error_in_exec)
     assert "holds model, which this cell does not track now (it tracks opt)" in message
+    assert "define them ahead of the cell's loops" in message, message
     assert "--no-resume" in message and "resumed from" not in capsys.readouterr().out
     resumed = run(shell, TRAIN.format(dir=tmp_path, track="model,opt"), cell_id="train")
     assert resumed.error_in_exec is None and "resumed from" in capsys.readouterr().out
