@@ -45,14 +45,23 @@ _NOTE_CHARS = 32  # a note's width in ls on a terminal, as in the explorer (whol
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (``sys.argv[1:]`` by default); return the exit code.
     Run as the program (no ``argv``), it ignores a Ctrl-C in the process's exit."""
+    return _run_as_command("ckpt-nb", lambda: _main(sys.argv[1:] if argv is None else argv),
+                          as_program=argv is None)
+
+
+def _run_as_command(prog: str, work: Callable[[], int], *, as_program: bool) -> int:
+    """``work()``'s exit code, where its reader may stop reading (``| head -1``; --help's
+    output too) and a Ctrl-C is one line, exit 130 (outside the work's own catch: in
+    parsing, or the last flush); ``as_program``: a Ctrl-C in the process's exit is
+    ignored."""
     try:
-        with _reader_may_leave():  # (--help's output too)
-            return _main(sys.argv[1:] if argv is None else argv)
-    except KeyboardInterrupt:  # (outside _main's own catch: in parsing, or the last flush)
-        print("ckpt-nb: interrupted", file=sys.stderr)
+        with _reader_may_leave():
+            return work()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     finally:
-        if argv is None:  # (registered last, it runs first: before torch's and logging's)
+        if as_program:  # (registered last, it runs first: before torch's and logging's)
             atexit.register(_ignore_interrupts)
 
 

@@ -6,7 +6,6 @@ Run it with ``python -m ckpt_nb.demo [DIR]``; it needs scikit-learn.
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import shlex
 import shutil
@@ -17,7 +16,7 @@ import torch
 
 from ._errors import CkptError, MissingDependencyError
 from ._manager import CheckpointManager
-from .cli import _ignore_interrupts, _reader_may_leave
+from .cli import _run_as_command
 
 DEMO_MARK = "ckpt_nb-demo.txt"  # (the demo deletes a folder only where it finds this)
 PROG = "python -m ckpt_nb.demo"
@@ -27,18 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo (``argv``: ``sys.argv[1:]`` by default); return the exit code. As
     ``ckpt-nb`` does, a reader that leaves (``| head -1``), a Ctrl-C and a missing
     scikit-learn end it with a line, not a traceback."""
+    return _run_as_command(PROG, lambda: _demo_said(argv), as_program=argv is None)
+
+
+def _demo_said(argv: list[str] | None) -> int:
+    """``_demo``, its errors (a missing scikit-learn, a store's) said in one line."""
     try:
-        with _reader_may_leave():
-            return _demo(argv)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return _demo(argv)
     except CkptError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if argv is None:  # (a Ctrl-C while the interpreter unloads torch: ignored)
-            atexit.register(_ignore_interrupts)
 
 
 def _demo(argv: list[str] | None) -> int:
