@@ -11,7 +11,6 @@ metric and mode the store's saves recorded (``CheckpointManager(metric=...)``, `
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import io
 import math
@@ -61,12 +60,15 @@ def _run_as_command(prog: str, work: Callable[[], int], *, as_program: bool) -> 
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     finally:
-        if as_program:  # (registered last, it runs first: before torch's and logging's)
-            atexit.register(_ignore_interrupts)
+        # (now, the work and its output done: Python's exit joins its threads before it
+        # runs atexit's functions, and a Ctrl-C there was an "Exception ignored in
+        # <module 'threading'>" traceback)
+        if as_program:
+            _ignore_interrupts()
 
 
 def _ignore_interrupts() -> None:
-    """Ignore Ctrl-C from here on: run at exit, after the command's work and output.
+    """Ignore Ctrl-C from here on: run as the program ends, after its work and output.
     Python's exit then sets SIGINT back to its default action and unloads torch (a
     while), and a Ctrl-C meanwhile killed the process, exit -2 for a command that had
     done its work; a signal ignored is left ignored."""

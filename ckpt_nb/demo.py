@@ -12,10 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-import torch
-
 from ._errors import CkptError, MissingDependencyError
-from ._manager import CheckpointManager
 from .cli import _run_as_command
 
 DEMO_MARK = "ckpt_nb-demo.txt"  # (the demo deletes a folder only where it finds this)
@@ -45,6 +42,10 @@ def _demo(argv: list[str] | None) -> int:
     parser.add_argument("directory", nargs="?", default="runs/demo", metavar="DIR",
                         help="where the demo's store goes (default: runs/demo)")
     args = parser.parse_args(argv)
+    # (here, not as the module loads: a Ctrl-C while torch loads, seconds, is one line)
+    import torch
+
+    from ._manager import CheckpointManager
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
