@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import inspect
 import re
 import sys
 import traceback
@@ -143,6 +144,8 @@ class CkptMagics(Magics):
         --every-steps and the clock of --every / --every-seconds.
         """
         __tracebackhide__ = True
+        if _help_shown(self.ckpt_auto, line, cell):
+            return None
         # A negative value would be taken for an option ("expected one argument"): bind it
         # to its option, for the check that names it.
         line = _NEGATIVE_VALUE.sub(r"\1=\2", line)
@@ -352,6 +355,8 @@ class CkptMagics(Magics):
         """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC[:min|max]]: restore
         tracked state in place. -1 is the checkpoint saved just before latest (the
         store's newest), -2 the one before that."""
+        if _help_shown(self.ckpt_rollback, line):
+            return
         # (none named is refused: latest, taken for it, dropped what the kernel trained since)
         try:
             args = _arguments(self.ckpt_rollback, line)
@@ -392,6 +397,8 @@ class CkptMagics(Magics):
         table (by default the active or last session's, else the default store where it
         is there, as %ckpt_rollback and %ckpt_ui take). The rest of the line is DIR: a
         path with spaces needs no quotes."""
+        if _help_shown(self.ckpt_list, line):
+            return None
         directory = _directory("ckpt_list", line)
         session = session_mod.active()
         if session is not None and directory is None:
@@ -414,6 +421,8 @@ class CkptMagics(Magics):
         """%ckpt_ui [DIR] (or --dir DIR, as %ckpt_rollback takes it): the explorer for DIR,
         or for the active or last session's store, else the default store. The rest of
         the line is DIR: a path with spaces needs no quotes."""
+        if _help_shown(self.ckpt_ui, line):
+            return None
         from ._explorer import explore
 
         directory = _directory("ckpt_ui", line) or self._store_to_open(
@@ -426,6 +435,8 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_status(self, line: str) -> None:
         """%ckpt_status: what is tracked, the triggers, the last save, pending writes."""
+        if _help_shown(self.ckpt_status, line):
+            return
         if line.strip():  # (an ignored one would look obeyed: "%ckpt_status DIR", say)
             raise UsageError(f"%ckpt_status takes no arguments, not {line.strip()!r}: it "
                              "shows the active session; %ckpt_list DIR shows a store")
@@ -474,6 +485,40 @@ def unload(shell: Any, magics: CkptMagics) -> None:
     for kind, names in MAGIC_NAMES.items():
         for name in names:
             table[kind].pop(name, None)
+
+
+def _help_shown(magic: Any, line: str, cell: str | None = None) -> bool:
+    """Print the magic's help where its line has a word ``-h`` or ``--help`` (as argparse
+    takes it, wherever it stands), and say so: the magic then does nothing else. The
+    magics' parsers have no -h of their own (IPython's make none), which made ``-h`` a
+    usage error, or a store or checkpoint named "-h"."""
+    try:
+        words = arg_split(line)
+    except ValueError:  # (an unclosed quote: the words as they stand)
+        words = line.split()
+    if not _HELP_WORDS.intersection(words):
+        return False
+    print(_help_text(magic))
+    if cell is not None:
+        print(f"\n(help only: the %%{magic.__name__} cell was not run)")
+    return True
+
+
+_HELP_WORDS = frozenset({"-h", "--help"})
+
+
+def _help_text(magic: Any) -> str:
+    """The text ``%magic?`` shows: an argparse magic's usage opens it as a reST literal
+    block ("::", then the usage indented), shown here as the usage alone, its wrapped
+    lines under its first option (argparse indented them by the "::" too)."""
+    doc = magic.__doc__ or ""
+    if not doc.startswith("::\n\n"):
+        return inspect.cleandoc(doc)
+    usage, _, rest = doc.removeprefix("::\n\n").partition("\n\n")
+    first, *wrapped = usage.splitlines()
+    indent = " " * (len(magic.__name__) + 2)  # ("%ckpt_auto ")
+    return "\n".join([first.strip(), *(indent + line.strip() for line in wrapped),
+                      "", rest.strip()])
 
 
 def _arguments(magic: Any, line: str) -> Any:

@@ -12,7 +12,7 @@ from traitlets import TraitError
 
 import ckpt_nb
 from ckpt_nb import _session
-from ckpt_nb._magics import CkptMagics
+from ckpt_nb._magics import MAGIC_NAMES, CkptMagics
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
 
@@ -405,3 +405,43 @@ def test_root_dir_holds_each_notebooks_default_store(
         magics.default_dir, magics.root_dir = "", "checkpoints"
     assert _session.default_directory({}, "s3://bucket/runs/") == "s3://bucket/runs/exp2"
     assert _session.default_directory({}) == str(Path("checkpoints") / "exp2")
+
+
+@pytest.mark.parametrize("word", ["-h", "--help"])
+def test_help_words_print_each_magics_help_and_do_nothing_else(
+        shell, tmp_path: Path, capsys, word: str) -> None:
+    """IPython's magic parsers take no -h: %ckpt_rollback -h said "name the checkpoint to
+    roll back to", %ckpt_auto -h "unrecognized arguments: -h", %ckpt_list -h and %ckpt_ui
+    -h looked for a store at "-h", and %%ckpt_auto -h ran nothing but said nothing."""
+    store = tmp_path / "s"
+    saved_store(shell, store)  # (a rollback has a session's store to roll back in)
+    assert run(shell, "opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()"
+               ).success
+    trained = [p.clone() for p in shell.user_ns["model"].parameters()]
+    saved = ckpt_nb.CheckpointManager(store).list()["id"].tolist()
+    other = tmp_path / "other"
+    codes = [*(f"%{name} {word}" for name in MAGIC_NAMES["line"]),
+             *(f"%%{name} {word}\nran = True" for name in MAGIC_NAMES["cell"]),
+             f"%ckpt_rollback -1 {word}", f"%ckpt_rollback --dir {store} {word} latest",
+             f"%ckpt_auto --dir {other} --every-steps 5 {word}",
+             f"%%ckpt_auto --dir {other} {word} --keep 2\nran = True"]
+    capsys.readouterr()
+    for code in codes:
+        result = run(shell, code)
+        assert result.success and result.result is None, (code, result.error_in_exec)
+        name = code.lstrip("%").split()[0]
+        shown = " ".join(capsys.readouterr().out.split())
+        # (the text %name? shows, its usage without the reST "::" that opens it)
+        help_text = " ".join(shell.find_line_magic(name).__doc__.split()).removeprefix(":: ")
+        ends = " (help only: the %%ckpt_auto cell was not run)" if "\n" in code else ""
+        assert shown == help_text + ends, code
+        assert re.match(f"%{name}[ :]", shown), shown
+    assert "ran" not in shell.user_ns
+    assert ckpt_nb.status() == {"active": False}
+    assert all(p.equal(t) for p, t in zip(shell.user_ns["model"].parameters(), trained))
+    assert ckpt_nb.CheckpointManager(store).list()["id"].tolist() == saved
+    assert not other.exists() and not (tmp_path / "checkpoints").exists()
+    # (a store named "-h", quoted, is that store; a -N is no option, as before)
+    assert usage_error(shell, f"%ckpt_list '{word}'") == \
+        f"%ckpt_list: no checkpoint store at {word}"
+    assert run(shell, "%ckpt_rollback -0").success
