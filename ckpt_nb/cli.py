@@ -16,9 +16,11 @@ import io
 import math
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import sys
+import textwrap
 import unicodedata
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +41,7 @@ ProgressFn = Callable[[int, int], None]
 _NUMERIC = frozenset({"step", "epoch", "batch_idx", "stored", "logical", "l2", "rel_change"})
 _LS_METRICS = 8  # metric columns ls shows without --all-metrics (25 made rows of 900 characters)
 _NOTE_CHARS = 32  # a note's width in ls on a terminal, as in the explorer (whole in show)
+_NOTE_FEWEST = 8  # the fewest columns a note is cut to on a narrow terminal, else left out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,11 +356,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     ls.epilog = ("marks: 'pinned'; 'best', the checkpoint 'best' names; 'best#2' to "
                  "'best#K', the others among the K best that a %%ckpt_auto --keep-best K "
                  "run keeps (the store's newest run, where it ranks by the same metric and "
-                 "mode), as %ckpt_list and the explorer mark them")
+                 "mode), as %ckpt_list and the explorer mark them. On a terminal, ls fits "
+                 "its width (COLUMNS where set): it leaves out the least important columns "
+                 "first (logical, strategy, parent, batch_idx, then stored and the metrics "
+                 "but the one 'best' ranks by, with branch before them where every row has "
+                 "the same), shortens created and the note, and says so under the table; "
+                 "piped, it prints every column whole")
     ls.add_argument("--branch", help="only this branch's checkpoints (a branch the store "
                     "does not have is an error)")
     ls.add_argument("--all-metrics", action="store_true",
-                    help=f"a column for every metric (by default the first {_LS_METRICS})")
+                    help=f"a column for every metric (by default the first {_LS_METRICS}), "
+                    "kept on a narrow terminal too")
     which = ("'latest', 'best' (by --metric, or the store's recorded metric), '-N' or an id "
              "prefix")
     command("show", _show, "one checkpoint's fields and tensors").add_argument(
@@ -456,11 +465,27 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
              *("nan" if (r["id"], m) in nan_logged else _cell(r[m]) for m in metrics),
              *([_note_cell(r["note"], cut)] if with_note else [])]
             for _, r in frame.iterrows()]
+    fitted = ""
+    if cut:  # (on a terminal: 136 columns for the demo's store; piped, every column)
+        table = dict(zip(headers, map(list, zip(*rows))))
+        # (given up least important first; a branch's name matters where rows differ)
+        one_branch = frame["branch"].nunique() == 1
+        ranked = labels[metrics.index(mgr.metric)] if mgr.metric in metrics else None
+        order = ["logical", "strategy", "parent", "batch_idx", _SHORTEN_CREATED,
+                 *(["branch"] if one_branch else []), "stored",
+                 *([] if args.all_metrics else [m for m in reversed(labels) if m != ranked]),
+                 *([] if one_branch else ["branch"]), "note", "created", "epoch", "step"]
+        fitted = _fit_to_terminal(table, shutil.get_terminal_size().columns, order,
+                                  created=[r.timestamp() for r in frame["created"]],
+                                  notes=list(frame["note"]))
+        headers, rows = list(table), [list(row) for row in zip(*table.values())]
     print(_table(headers, rows, right=_NUMERIC | set(labels)))
     # (a row's stored bytes are what its save added: a deleted base's chunks that its
     # deltas still need are in no row, but in the store's total)
     print(f"\n{len(frame)} checkpoint{'' if len(frame) == 1 else 's'}{on}; "
           f"{stored} in the store")
+    if fitted:
+        print(fitted)
     if len(metrics) < len(every):
         print(f"{_count(len(every) - len(metrics), 'more metric')} not shown (--all-metrics "
               "shows them)")
@@ -471,6 +496,58 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
               f"{_printable(str(mgr.metric))} ({mgr.mode}) after best, which the store's run "
               f"keeps with it (--keep-best {keep_best})")
     return 0
+
+
+_SHORTEN_CREATED = "created, shortened"  # (a step of _fit_to_terminal's order)
+
+
+def _fit_to_terminal(table: dict[str, list[str]], width: int, order: Sequence[str], *,
+                     created: list[float], notes: list[str]) -> str:
+    """Fit ls's ``table`` (header: cells, changed in place) to a terminal ``width``
+    columns wide, taking the steps of ``order`` until it fits: a column named is left
+    out, ``_SHORTEN_CREATED`` gives "created" without its year and seconds, "note" is
+    cut to the room left (left out under ``_NOTE_FEWEST`` columns). The table's wider
+    where even the columns no step names (id, marks, the ranked metric) do not fit.
+    Returns the footer line that says what was done ("" where it fitted as it was)."""
+    left_out: list[str] = []
+    shortened: list[str] = []
+    for step in order:
+        excess = _table_width(table) - width
+        if excess <= 0:
+            break
+        if step == _SHORTEN_CREATED:
+            table["created"] = [datetime.fromtimestamp(t).strftime("%m-%d %H:%M")
+                                for t in created]
+            shortened.append("created")
+            continue
+        if step not in table:
+            continue
+        if step == "note":
+            room = _column_width("note", table["note"]) - excess
+            if room >= _NOTE_FEWEST:
+                table["note"] = [_note_cell(n, True, chars=room) for n in notes]
+                shortened.append("note")
+                continue
+        del table[step]
+        left_out.append(_printable(step))
+    shortened = [c for c in shortened if c not in left_out]
+    if not left_out and not shortened:
+        return ""
+    said = [f"left out: {', '.join(left_out)}"] if left_out else []
+    said += [f"shortened: {', '.join(shortened)}"] if shortened else []
+    return textwrap.fill(f"to fit {width} columns, {'; '.join(said)} (piped, as into "
+                         "`less -S`, ls shows every column whole)", width,
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def _column_width(header: str, cells: Sequence[str]) -> int:
+    """The columns a table's column takes, as ``_table`` pads it."""
+    return max(_width(_printable(header)), *(_width(_printable(c)) for c in cells))
+
+
+def _table_width(table: dict[str, list[str]]) -> int:
+    """The columns ``_table`` takes for ``table``'s widest line, two between columns."""
+    return sum(_column_width(h, cells) for h, cells in table.items()) + 2 * (len(table) - 1)
 
 
 def _kept_best(mgr: CheckpointManager) -> int:
@@ -921,16 +998,16 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
     return "\n".join([line(headers), *map(line, rows)])
 
 
-def _note_cell(note: str, cut: bool) -> str:
-    """A note's cell in ls: where ``cut``, as much as fits ``_NOTE_CHARS`` columns as
-    shown, and "…" (control characters escaped whole, wide characters two columns)."""
+def _note_cell(note: str, cut: bool, chars: int = _NOTE_CHARS) -> str:
+    """A note's cell in ls: where ``cut``, as much as fits ``chars`` columns as shown,
+    and "…" (control characters escaped whole, wide characters two columns)."""
     shown = [_printable(c) for c in _cell(note)]
-    if not cut or _width("".join(shown)) <= _NOTE_CHARS:
+    if not cut or _width("".join(shown)) <= chars:
         return "".join(shown)
     kept, width = [], 0
     for piece in shown:  # (an escape is cut whole, never in its middle)
         width += _width(piece)
-        if width > _NOTE_CHARS - 1:
+        if width > chars - 1:
             break
         kept.append(piece)
     return "".join(kept) + "…"

@@ -1,0 +1,122 @@
+"""``ckpt-nb ls`` on a terminal fits its width (COLUMNS, as shutil reads it), leaving out
+the least important columns first; piped, it prints every column. The real command, in
+a real pseudo-terminal, on a real store."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ckpt_nb import CheckpointManager
+from test_cli import module_env, run_module
+
+
+def on_terminal(columns: int, *argv: object) -> list[str]:
+    """The lines ``python -m ckpt_nb ARGV`` shows on a terminal ``columns`` wide."""
+    reader, writer = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
+                              stdout=writer, stderr=subprocess.PIPE, timeout=120,
+                              env={**module_env(), "COLUMNS": str(columns)})
+        os.close(writer)
+        shown = b""
+        with contextlib.suppress(OSError):  # (EIO: the terminal's writer is gone)
+            while chunk := os.read(reader, 1 << 16):
+                shown += chunk
+    finally:
+        os.close(reader)
+    assert done.returncode == 0, done.stderr
+    return shown.decode().replace("\r\n", "\n").splitlines()
+
+
+def demo_like(directory: Path, note: str = "") -> list[str]:
+    """Three incremental saves ranked by val_loss, with val_acc too, as the demo's store."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    with CheckpointManager(directory, metric="val_loss", strategy="incremental") as mgr:
+        return [mgr.save(model, epoch=epoch, step=15 * epoch, note=note,
+                         metrics={"val_loss": 1 / epoch, "val_acc": 0.8 + epoch / 100})
+                for epoch in range(5, 8)]
+
+
+def test_ls_fits_the_terminal_least_important_columns_first(tmp_path: Path) -> None:
+    """The demo's store made lines of 136 columns on a terminal of 80, each wrapped in
+    two. Piped, as a script reads it, the table stays whole."""
+    ids = demo_like(tmp_path)
+    every = on_terminal(200, "ls", tmp_path)
+    assert every[0].split() == ["id", "parent", "branch", "created", "step", "epoch",
+                                "batch_idx", "strategy", "stored", "logical", "marks",
+                                "val_acc", "val_loss"]
+    assert not any("to fit" in line for line in every)
+    width = max(map(len, every[:4]))
+    for columns, header, footer in (
+            (width - 1, ["id", "parent", "branch", "created", "step", "epoch", "batch_idx",
+                         "strategy", "stored", "marks", "val_acc", "val_loss"],
+             [f"to fit {width - 1} columns, left out: logical (piped, as into `less -S`, ls "
+              "shows every column whole)"]),
+            (80, ["id", "branch", "created", "step", "epoch", "stored", "marks", "val_acc",
+                  "val_loss"],
+             ["to fit 80 columns, left out: logical, strategy, parent, batch_idx; shortened:",
+              "created (piped, as into `less -S`, ls shows every column whole)"]),
+            (40, ["id", "step", "epoch", "marks", "val_loss"],
+             ["to fit 40 columns, left out: logical,", "strategy, parent, batch_idx, branch,",
+              "stored, val_acc, created (piped, as into",
+              "`less -S`, ls shows every column whole)"])):
+        lines = on_terminal(columns, "ls", tmp_path)
+        assert lines[0].split() == header, columns
+        assert all(len(line) <= columns for line in lines), (columns, lines)
+        assert lines[-len(footer):] == footer, lines
+        # (each row's cells under their own headers: the best one is marked, its loss kept)
+        best = lines[3].split()
+        assert best[0] == ids[2] and best[-1] == "0.1429" and "best" in best
+    shortened = on_terminal(80, "ls", tmp_path)[1]
+    assert re.search(r"  \d\d-\d\d \d\d:\d\d  ", shortened), shortened  # (MM-DD HH:MM)
+    piped = run_module("ls", tmp_path)  # (COLUMNS set, as a shell that exports it sets it)
+    piped_narrow = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(tmp_path)],
+                                  capture_output=True, text=True, timeout=120,
+                                  env={**module_env(), "COLUMNS": "40"})
+    assert piped_narrow.stdout == piped.stdout
+    assert piped.stdout.splitlines()[0].split() == every[0].split()
+    assert "to fit" not in piped.stdout
+
+
+def test_a_narrow_terminal_cuts_the_note_to_the_room_left(tmp_path: Path) -> None:
+    """A note takes what room the columns before it leave, down to 8 columns, then goes."""
+    demo_like(tmp_path, note="a long note that says what this run tried " * 3)
+    whole = on_terminal(90, "ls", tmp_path)  # (the metrics but the ranked one go first)
+    assert whole[0].split()[-3:] == ["marks", "val_loss", "note"]
+    assert whole[1].endswith("  a long note that says what this…")
+    lines = on_terminal(70, "ls", tmp_path)
+    assert lines[0].split()[-3:] == ["marks", "val_loss", "note"]
+    assert all(len(line) <= 70 for line in lines), lines
+    assert lines[1].endswith("  a long note th…") and len(lines[1]) == 70
+    assert "; shortened: created, note (piped" in " ".join(lines[-3:])
+    narrow = on_terminal(60, "ls", tmp_path)
+    assert "note" not in narrow[0].split() and "val_loss" in narrow[0].split()
+
+
+def test_all_metrics_and_branches_that_differ_are_kept_longer(tmp_path: Path) -> None:
+    """--all-metrics asks for every metric: they stay on a narrow terminal; a branch
+    column that tells rows apart outlasts the stored sizes."""
+    with CheckpointManager(tmp_path, metric="m01") as mgr:
+        first = mgr.save(torch.nn.Linear(2, 2), rng=False,
+                         metrics={f"m{i:02}": i / 10 for i in range(12)})
+        mgr.save(torch.nn.Linear(2, 2), rng=False, metrics={"m01": 0.5})
+        mgr.head = first
+        mgr.save(torch.nn.Linear(2, 2), rng=False, metrics={"m01": 0.2})
+    header = on_terminal(100, "ls", tmp_path, "--all-metrics")[0].split()
+    assert header == ["id", "step", "epoch", "marks", *(f"m{i:02}" for i in range(12))]
+    header = on_terminal(100, "ls", tmp_path)[0].split()  # (the first 8, by default)
+    assert header[:2] == ["id", "branch"] and "stored" not in header
+    assert [h for h in header if h.startswith("m") and h != "marks"] == \
+        [f"m{i:02}" for i in range(8)]
+    rows = on_terminal(100, "ls", tmp_path)[1:4]
+    assert sorted(row.split()[1] for row in rows) == ["branch-1", "main", "main"]
