@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import os
 import sys
 import warnings
@@ -135,6 +136,42 @@ class MissingDependencyError(CkptError, ImportError):
 WARNING_WORDS: contextvars.ContextVar[Callable[[str], str] | None] = \
     contextvars.ContextVar("ckpt_nb_warning_words", default=None)
 
+
+@dataclasses.dataclass
+class Told:
+    """What ckpt_nb told the user in this thread while ``telling`` ran: a session's lines
+    (``said``) and its warnings (``warned``), in order."""
+
+    said: list[str] = dataclasses.field(default_factory=list)
+    warned: list[str] = dataclasses.field(default_factory=list)
+
+
+# Where the calls in progress in this thread keep what ckpt_nb tells the user, as well as
+# telling it, the outermost first: an explorer's button has no cell output to show it in.
+_TOLD: contextvars.ContextVar[tuple[Told, ...]] = contextvars.ContextVar("ckpt_nb_told",
+                                                                        default=())
+
+
+@contextlib.contextmanager
+def telling() -> Iterator[Told]:
+    """Keep ckpt_nb's warnings and a session's lines in this thread, inside, for the
+    caller to show (a ``telling`` further out keeps them too). They are said and warned
+    as ever as well, for a script; but a button's handler in a browser shows neither (it
+    has no cell output, and the kernel's stderr goes to no page)."""
+    told = Told()
+    token = _TOLD.set((*_TOLD.get(), told))
+    try:
+        yield told
+    finally:
+        _TOLD.reset(token)
+
+
+def tell(line: str) -> None:
+    """Keep a line a session said where ``telling`` asks for it."""
+    for told in _TOLD.get():
+        told.said.append(line)
+
+
 # Who may have deleted a checkpoint that a caller still names: said alike by the manager
 # and the explorer.
 DELETED_BY = "(by retention or by hand, in this process or another)"
@@ -193,5 +230,7 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
         level += 1
     if frame is not None and str(frame.f_globals.get("__name__")).startswith(_HOSTS):
         warnings.warn_explicit(message, category, "ckpt_nb", 0, module="ckpt_nb")
-        return
-    warnings.warn(message, category, stacklevel=level)
+    else:
+        warnings.warn(message, category, stacklevel=level)
+    for told in _TOLD.get():  # (after: a filter that makes it an error raises it instead)
+        told.warned.append(message)

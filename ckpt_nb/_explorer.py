@@ -31,7 +31,8 @@ import traitlets
 from . import _plots, _session
 from ._catalog import store_exists
 from ._errors import (DELETED_BY, CheckpointInUseError, CheckpointNotFoundError, CkptError,
-                      FileFormatError, MetricNotFoundError, StateMismatchError, StoreError)
+                      FileFormatError, MetricNotFoundError, StateMismatchError, StoreError,
+                      Told, telling)
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
 from ._store import FsspecStore
@@ -252,6 +253,9 @@ NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
 # end. A click redraws at once.
 REDRAW_SECONDS = (1.0, 2.0)
 REDRAW_GAP_PER_COST = 10
+# The status line's colour for what ckpt_nb said or warned during an action (a success's
+# green, a failure's red, are the action's own).
+NOTE_COLOR = "#b26a00"
 # After a read of the store that failed, in the status line: the rows are not current.
 STALE = "the table shows what was last read; it follows the store again once it can be read"
 # The explorer's own rules, for a narrow output (a side panel, a split view): tab titles
@@ -346,6 +350,23 @@ def _failure(exc: Exception) -> str:
     their message (they name the problem), any other with its type."""
     expected = isinstance(exc, (CkptError, OSError, ValueError))
     return f"⚠ {exc}" if expected else f"⚠ failed: {type(exc).__name__}: {exc}"
+
+
+def _notes(told: Told, *, own: str | None = None) -> list[str]:
+    """What ckpt_nb said and warned during an action, for the status line below the
+    action's own message: each warning marked ⚠. A line said that starts with ``own`` is
+    the action's own message in the session's words (a rollback's), left out; a warning
+    that starts so is said without it."""
+    return [line for line in told.said if own is None or not line.startswith(own)] + \
+        [f"⚠ {text.removeprefix(f'{own}: ') if own else text}" for text in told.warned]
+
+
+def _unread(told: Told, cid: str) -> str:
+    """The variables a rollback to ``cid`` left out as they do not read back, as the
+    session's line names them ("" where none): the explorer's line names those the plan
+    restores, read before the values were."""
+    said = next((line for line in told.said if line.startswith(f"rolled back to {cid}")), "")
+    return said.partition(_session.LEFT_UNREAD)[2].removesuffix(_session.BRANCH_NEXT)
 
 
 # What an argument naming checkpoints takes, as its usage errors say it.
@@ -1012,13 +1033,17 @@ class Explorer(w.VBox):
         """Say that reading the store failed, and that the rows shown are older."""
         self._say(f"{_failure(exc)}\n{STALE}", error=True, transient=True)
 
-    def _say(self, text: str, *, error: bool = False, transient: bool = False) -> None:
+    def _say(self, text: str, *, error: bool = False, transient: bool = False,
+             notes: Iterable[str] = ()) -> None:
         """Show a message; a ``transient`` error (a draw or refresh that failed) goes at the
-        next one that succeeds."""
+        next one that succeeds. ``notes`` (``_notes``: what ckpt_nb said and warned on the
+        way) follow it in amber."""
         color = "#b00020" if error else "#1b5e20"
         self._rolled_back = None  # (a message that replaces the rollback's)
-        lines = "<br>".join(html.escape(line) for line in text.splitlines())
-        self.status.value = f"<span style='color:{color}'>{lines}</span>"
+        said = [f"<span style='color:{hue}'>{'<br>'.join(map(html.escape, t.splitlines()))}"
+                "</span>" for t, hue in [(text, color), *((n, NOTE_COLOR) for n in notes)]
+                if t]
+        self.status.value = "<br>".join(said)
         self._transient = error and transient
 
     def _clear_transient(self) -> None:
@@ -1026,11 +1051,11 @@ class Explorer(w.VBox):
             self.status.value = ""
             self._transient = False
 
-    def _ask(self, action: str, cid: str, question: str) -> None:
+    def _ask(self, action: str, cid: str, question: str, notes: Iterable[str] = ()) -> None:
         self._pending_action = (action, cid)
         self.confirm_button.description = "Confirm"
         self.confirm_box.layout.display = "flex"
-        self._say(question)
+        self._say(question, notes=notes)
 
     def _drop_pending(self, *, gone: bool = False) -> None:
         """Withdraw the question awaiting Confirm, if any: any other action, or a new
@@ -1053,18 +1078,21 @@ class Explorer(w.VBox):
                       error=True)
 
     def _ask_rollback(self) -> None:
-        self._check_store()
-        cid = self._resolve(self._one())
-        restored, left_alone = self._restorable(cid, self._namespace())
+        with telling() as told:
+            self._check_store()
+            cid = self._resolve(self._one())
+            restored, left_alone, orphaned = self._restorable(cid, self._namespace())
         self._ask("rollback", cid, f"Roll the kernel's tracked objects and variables back to "
                                    f"{cid}? It restores {', '.join(restored)}{left_alone}. The "
-                                   "next save starts a branch from it.")
+                                   "next save starts a branch from it.",
+                  [*_notes(told), *(f"⚠ {notice}" for notice in orphaned)])
 
     def _ask_delete(self) -> None:
-        self._check_store()
-        cid = self._refuse_pinned(self._resolve(self._one()))
+        with telling() as told:
+            self._check_store()
+            cid = self._refuse_pinned(self._resolve(self._one()))
         self._ask("delete", cid, f"Delete checkpoint {cid}? Other checkpoints keep what they "
-                                 "share with it.")
+                                 "share with it.", _notes(told))
 
     def _confirm(self) -> None:
         """Do what the question awaiting Confirm asked. With none it does nothing, the
@@ -1088,18 +1116,23 @@ class Explorer(w.VBox):
         names they were saved under)."""
         _checked_name(which, "which")
         self._drop_pending()
-        self._check_store()
-        namespace = self._namespace()
-        cid = self._resolve(which)
-        restored, left_alone = self._restorable(cid, namespace)
-        self._progress(0, 1)
-        try:
-            _session.rollback(cid, directory=self._directory(), namespace=namespace)
-        finally:
-            self._progress(1, 1)
-        self.refresh()
-        self._say(f"rolled back to {cid}: restored {', '.join(restored)}"
-                  f"{left_alone}; the next save starts a branch from it")
+        with telling() as told:
+            self._check_store()
+            namespace = self._namespace()
+            cid = self._resolve(which)
+            restored, left_alone, _ = self._restorable(cid, namespace)
+            self._progress(0, 1)
+            try:
+                _session.rollback(cid, directory=self._directory(), namespace=namespace)
+            finally:
+                self._progress(1, 1)
+            self.refresh()
+        unread = _unread(told, cid)  # (each "name (why)", joined by ", ")
+        restored = [n for n in restored if not unread.startswith(f"{n} (")
+                    and f", {n} (" not in unread]
+        self._say(f"rolled back to {cid}: restored {', '.join(restored)}{left_alone}"
+                  f"{f'; {_session.LEFT_UNREAD}{unread}' if unread else ''}"
+                  f"{_session.BRANCH_NEXT}", notes=_notes(told, own=f"rolled back to {cid}"))
         self._rolled_back = cid, frozenset(self.table_frame["id"])
         self._counted_since = set()
         return cid
@@ -1117,10 +1150,12 @@ class Explorer(w.VBox):
         raise StateMismatchError("no kernel namespace to roll back: outside IPython, pass "
                                  "explore(store, namespace=globals())")
 
-    def _restorable(self, cid: str, namespace: dict[str, Any]) -> tuple[list[str], str]:
-        """What a rollback to ``cid`` would restore, and the part of a message that names
-        what it would not (``_not_restored``), asked before the question (the rollback
-        itself refuses one that restores nothing)."""
+    def _restorable(self, cid: str,
+                    namespace: dict[str, Any]) -> tuple[list[str], str, list[str]]:
+        """What a rollback to ``cid`` would restore, the part of a message that names
+        what it would not (``_not_restored``), and what it would warn of (an optimizer that
+        steps a model made anew), asked before the question (the rollback itself refuses
+        one that restores nothing)."""
         plan = _session.rollback_plan(cid, directory=self._directory(), namespace=namespace)
         if not plan.restored:
             raise StateMismatchError(plan.refusal())
@@ -1129,7 +1164,7 @@ class Explorer(w.VBox):
         kinds = {_session._live_name(key): kind.rsplit(".", 1)[-1]
                  for key, kind in (types if isinstance(types, dict) else {}).items()
                  if isinstance(kind, str) and "." in kind}  # (not "imported": class unknown)
-        return plan.restored, _not_restored(plan.not_restored, namespace, kinds)
+        return plan.restored, _not_restored(plan.not_restored, namespace, kinds), plan.orphaned
 
     def _display_name(self) -> str:
         """The store as its user would write it: a path relative to here, else the URL."""
@@ -1169,11 +1204,12 @@ class Explorer(w.VBox):
         pinned."""
         _checked_name(which, "which")
         self._drop_pending()
-        self._check_store()
-        with self._saying_lock_waits():
-            cid = self.manager.pin(self._resolve(which))
-        self.refresh()
-        self._say(f"pinned {cid}: retention will keep it")
+        with telling() as told:
+            self._check_store()
+            with self._saying_lock_waits():
+                cid = self.manager.pin(self._resolve(which))
+            self.refresh()
+        self._say(f"pinned {cid}: retention will keep it", notes=_notes(told))
         return cid
 
     def unpin(self, which: str) -> str:
@@ -1181,16 +1217,17 @@ class Explorer(w.VBox):
         One that was not pinned is said so and left as it is. Returns its id."""
         _checked_name(which, "which")
         self._drop_pending()
-        self._check_store()
-        cid = self._resolve(which)
-        row = self.manager.catalog.get(cid)
-        if row is not None and not row.pinned:
-            self._say(f"{cid} was not pinned: nothing to unpin")
-            return cid
-        with self._saying_lock_waits():
-            self.manager.unpin(cid)
-        self.refresh()
-        self._say(f"unpinned {cid}")
+        with telling() as told:
+            self._check_store()
+            cid = self._resolve(which)
+            row = self.manager.catalog.get(cid)
+            if row is not None and not row.pinned:
+                self._say(f"{cid} was not pinned: nothing to unpin", notes=_notes(told))
+                return cid
+            with self._saying_lock_waits():
+                self.manager.unpin(cid)
+            self.refresh()
+        self._say(f"unpinned {cid}", notes=_notes(told))
         return cid
 
     def delete(self, which: str) -> str:
@@ -1200,19 +1237,20 @@ class Explorer(w.VBox):
         marks instead. Returns its id."""
         _checked_name(which, "which")
         self._drop_pending()
-        self._check_store()
-        cid = self._refuse_pinned(self._resolve(which))
-        with self._saying_lock_waits():
-            self.manager.delete(cid)
-        self.selected = [i for i in self.selected if i != cid]
-        self.refresh()
+        with telling() as told:
+            self._check_store()
+            cid = self._refuse_pinned(self._resolve(which))
+            with self._saying_lock_waits():
+                self.manager.delete(cid)
+            self.selected = [i for i in self.selected if i != cid]
+            self.refresh()
         said = f"deleted {cid}"
         if self.dag.current_deleted == cid:  # (the kernel's state came from it)
             heir = self.dag.current
             said += "; the kernel's state came from it: " + (
                 f"the DAG marks the kernel (⇢) at {heir}, its nearest kept ancestor" if heir
                 else "no ancestor of it is kept")
-        self._say(said)
+        self._say(said, notes=_notes(told))
         return cid
 
     def _refuse_pinned(self, cid: str) -> str:
@@ -1231,21 +1269,22 @@ class Explorer(w.VBox):
             raise TypeError(f"path takes a file path ending in .pt or .safetensors, not "
                             f"{type(path).__name__} {path!r}")
         self._drop_pending()
-        self._check_store()
-        if not path:
-            raise FileFormatError("type a file name ending in .pt or .safetensors first")
-        from ._interop import check_export_path, write_file
+        with telling() as told:
+            self._check_store()
+            if not path:
+                raise FileFormatError("type a file name ending in .pt or .safetensors first")
+            from ._interop import check_export_path, write_file
 
-        target = os.path.expanduser(path)
-        check_export_path(target)  # a wrong suffix fails before any decoding
-        cid = self._resolve(which)
-        self._progress(0, 1)
-        try:  # CheckpointManager.export, with the decode's progress shown
-            written = write_file(self.manager._read_for_export(cid, progress=self._progress),
-                                 target)
-        finally:
-            self._progress(1, 1)
-        self._say(f"exported {cid} to {os.path.abspath(written)}")
+            target = os.path.expanduser(path)
+            check_export_path(target)  # a wrong suffix fails before any decoding
+            cid = self._resolve(which)
+            self._progress(0, 1)
+            try:  # CheckpointManager.export, with the decode's progress shown
+                written = write_file(self.manager._read_for_export(cid, progress=self._progress),
+                                     target)
+            finally:
+                self._progress(1, 1)
+        self._say(f"exported {cid} to {os.path.abspath(written)}", notes=_notes(told))
         return written
 
     def _progress(self, done: int, total: int) -> None:

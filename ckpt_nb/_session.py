@@ -64,7 +64,7 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomS
                          assign_in_place, code_run_by, discover, from_storable, is_code,
                          loader_random, skipped_text, to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, StateMismatchError, warn, warnings_worded)
+                      CorruptCheckpointError, StateMismatchError, tell, warn, warnings_worded)
 from ._format import RUN_KEY, is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
@@ -368,14 +368,25 @@ _UNTRACKED_LOOPS = {
 }
 
 
+# What a rollback's or a resume's line names the variables it left out by, as they do not
+# read back (the explorer's status line finds them in its rollback's line).
+LEFT_UNREAD = "left out (they do not read back): "
+# How a rollback's line ends.
+BRANCH_NEXT = "; the next save starts a branch from it"
+
+
 class RollbackPlan(NamedTuple):
     """What a rollback would restore: the tracked objects of its objects' names and its
-    variables (``restored``), and the objects it holds that nothing here would take."""
+    variables (``restored``), the objects it holds that nothing here would take, and
+    what it would warn of."""
 
     id: str
     restored: list[str]
     not_restored: list[str]
     tracked: list[str]  # the kernel's tracked objects
+    # A notice for each optimizer it restores that may step a module made anew since
+    # (``_orphaned_optimizers``): known before the rollback, for a question to say.
+    orphaned: list[str]
 
     def refusal(self) -> str:
         """Why a rollback that would restore nothing is refused, and what to do."""
@@ -505,7 +516,7 @@ class _SavedRun:
         or resume says; empty where there are none."""
         if not self.unreadable:
             return ""
-        return "; left out (they do not read back): " + ", ".join(
+        return f"; {LEFT_UNREAD}" + ", ".join(
             f"{name} ({why})" for name, why in self.unreadable.items())
 
 
@@ -1235,9 +1246,11 @@ class AutoSession:
         return written[2]
 
     # -- life cycle ---------------------------------------------------------------
-    def say(self, message: str) -> None:
-        """Tell the user one line, as ckpt_nb's, in the cell's output."""
-        print(f"ckpt_nb: {message}", file=self.out, flush=True)
+    def say(self, message: str, *, failure: bool = False) -> None:
+        """Tell the user one line, as ckpt_nb's, in the cell's output (a ``failure``: on
+        stderr)."""
+        print(f"ckpt_nb: {message}", file=sys.stderr if failure else self.out, flush=True)
+        tell(message)
 
     def rediscover(self) -> Discovery:
         """Sort the namespace again: what is tracked changes as the notebook runs. The
@@ -2028,14 +2041,14 @@ class AutoSession:
         for i, error in enumerate(errors):
             line = f"{type(error).__name__}: {error}"
             if unsaved is not None and i == len(errors) - 1:
-                print(f"ckpt_nb: {unsaved} was NOT saved: {line}; the latest checkpoint "
-                      f"is {self._latest()}", file=sys.stderr, flush=True)
+                self.say(f"{unsaved} was NOT saved: {line}; the latest checkpoint is "
+                         f"{self._latest()}", failure=True)
             elif _FILE_ID.sub("", line) in self._said_failures:
                 self._failure_repeats += 1
             else:
                 self._said_failures.add(_FILE_ID.sub("", line))
-                print(f"ckpt_nb: a {'' if self.config.sync else 'background '}save failed: "
-                      f"{line}", file=sys.stderr, flush=True)
+                self.say(f"a {'' if self.config.sync else 'background '}save failed: {line}",
+                         failure=True)
 
     def _latest(self) -> str:
         """The latest checkpoint of this session's (its last save that went in, or the
@@ -2976,9 +2989,10 @@ class AutoSession:
         live = found.statefuls
         objects = [_live_name(key) for key in state.get("types") or {}]
         variables = [n for n in names if self._assignable(n, live)]
-        return RollbackPlan(cid, [n for n in objects if n in live] + variables,
-                            [n for n in objects if n not in live]
-                            + [n for n in names if n not in variables], list(live))
+        restored = [n for n in objects if n in live] + variables
+        return RollbackPlan(cid, restored, [n for n in objects if n not in live]
+                            + [n for n in names if n not in variables], list(live),
+                            _orphaned_optimizers(restored, found, self.namespace))
 
     def rollback(self, which: str = "latest", *, on: tuple[str, str] | None = None) -> str:
         """Put tracked objects and variables back to a checkpoint, in place; "best" is by
@@ -2998,7 +3012,6 @@ class AutoSession:
         if not plan.restored:
             raise StateMismatchError(plan.refusal())
         cid, missing = plan.id, plan.not_restored
-        orphaned = _orphaned_optimizers(plan.restored, self.discovery, self.namespace)
         ck = self.manager.load(cid)
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
         interrupts.commit(f"rollback to {ck.id}")
@@ -3016,9 +3029,8 @@ class AutoSession:
         metric, mode = on or (self.manager.metric, self.manager.mode)
         best = f", best by {metric} ({mode})" if str(which) == "best" else ""
         self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}{best}: restored "
-                 f"{', '.join(restored)}{left}{saved.unread()}; the next save starts a branch "
-                 "from it")
-        for notice in orphaned:  # (after the line: what was restored, then what to check)
+                 f"{', '.join(restored)}{left}{saved.unread()}{BRANCH_NEXT}")
+        for notice in plan.orphaned:  # (after the line: what was restored, then what to check)
             warn(f"rolled back to {ck.id}: {notice}", RuntimeWarning)
         return ck.id
 
