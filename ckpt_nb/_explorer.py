@@ -256,6 +256,9 @@ REDRAW_GAP_PER_COST = 10
 # The status line's colour for what ckpt_nb said or warned during an action (a success's
 # green, a failure's red, are the action's own).
 NOTE_COLOR = "#b26a00"
+# What an explorer's actions say once it is closed (its catalog closed, the store no longer
+# followed).
+CLOSED = "this explorer was closed (ui.close()): open a new one with ckpt_nb.explore(...)"
 # After a read of the store that failed, in the status line: the rows are not current.
 STALE = "the table shows what was last read; it follows the store again once it can be read"
 # The explorer's own rules, for a narrow output (a side panel, a split view): tab titles
@@ -431,6 +434,7 @@ class Explorer(w.VBox):
                  namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> None:
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._closed = False
         self._unsubscribe: Any = lambda: None
         self._owns_manager = False
         _check_arguments(store, namespace, poll_seconds)
@@ -550,7 +554,8 @@ class Explorer(w.VBox):
         that cannot be read (removed, its server down) is said in the status line, never
         raised (the follower's refreshes have no caller to raise to): the rows shown stay,
         and the next refresh that reads the store clears the message. Returns whether
-        this one read it."""
+        this one read it. A closed explorer's refuses (a StoreError), as its actions do."""
+        self._check_open()
         with self._lock:
             try:
                 self._check_store()
@@ -729,6 +734,7 @@ class Explorer(w.VBox):
 
     def sort(self, column: str, ascending: bool = True) -> list[str]:
         """Sort the table by a column; returns the ids in their new order."""
+        self._check_open()
         if not isinstance(column, str):
             raise TypeError(f"column takes a column's name (a str), not "
                             f"{type(column).__name__} {column!r}")
@@ -750,6 +756,7 @@ class Explorer(w.VBox):
         string) or several; each once, however many names it was given by. A new selection
         withdraws a question awaiting Confirm. A store that cannot be read (its server down)
         is said in the status line, and the selection stays."""
+        self._check_open()
         with self._lock:
             names = _checked_names(ids)
             self._check_store()
@@ -996,6 +1003,7 @@ class Explorer(w.VBox):
 
     def figure(self, kind: str) -> Any:
         """The Figure behind a tab: "metrics", "compare", "dag" or "diff"."""
+        self._check_open()
         frame = self.table_frame
         if kind == "metrics":
             return _plots.plot_metrics(self.manager, self.metric.value, selected=self.selected,
@@ -1114,6 +1122,7 @@ class Explorer(w.VBox):
         """The same operation as ``%ckpt_rollback which``, on this store. Refused where the
         kernel holds nothing the checkpoint can restore (its objects are put back by the
         names they were saved under)."""
+        self._check_open()
         _checked_name(which, "which")
         self._drop_pending()
         with telling() as told:
@@ -1202,6 +1211,7 @@ class Explorer(w.VBox):
         """Pin a checkpoint ("latest", "best", "-N", an id or a prefix), as the Pin button
         does: retention keeps it until it is unpinned. Returns its id; the table shows it
         pinned."""
+        self._check_open()
         _checked_name(which, "which")
         self._drop_pending()
         with telling() as told:
@@ -1215,6 +1225,7 @@ class Explorer(w.VBox):
     def unpin(self, which: str) -> str:
         """Unpin a checkpoint, as the Unpin button does: retention may delete it again.
         One that was not pinned is said so and left as it is. Returns its id."""
+        self._check_open()
         _checked_name(which, "which")
         self._drop_pending()
         with telling() as told:
@@ -1235,6 +1246,7 @@ class Explorer(w.VBox):
         does not). A pinned one is refused (``CheckpointInUseError``): unpin it first.
         Where the kernel's state came from it, the status line names the ancestor the DAG
         marks instead. Returns its id."""
+        self._check_open()
         _checked_name(which, "which")
         self._drop_pending()
         with telling() as told:
@@ -1264,6 +1276,7 @@ class Explorer(w.VBox):
     def export(self, which: str, path: str | os.PathLike[str]) -> Path:
         """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``;
         "~" in ``path`` is the home directory, as in a shell."""
+        self._check_open()
         _checked_name(which, "which")
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path takes a file path ending in .pt or .safetensors, not "
@@ -1359,11 +1372,27 @@ class Explorer(w.VBox):
                     self._say_stale(exc)
                 behind = True
 
+    def _check_open(self) -> None:
+        """Refuse an action of a closed explorer: its catalog is closed, and the
+        catalog's own refusal blamed CheckpointManager.close() (a refresh said it would
+        follow the store again once it could)."""
+        if self._closed:
+            raise StoreError(CLOSED)
+
+    def __repr__(self) -> str:
+        """A closed explorer's is one line (shown again, it printed every widget's
+        state: ipywidgets shows a closed widget as its text)."""
+        if self._closed:
+            return f"<ckpt_nb explorer of {self.url}, closed: open a new one with " \
+                "ckpt_nb.explore(...)>"
+        return super().__repr__()
+
     def close(self) -> None:
         """Stop following the store and close the widgets: each of them, since
         ipywidgets' ``close`` closes the one box alone, and the registry of open widgets
         kept the rest, and through their callbacks every closed explorer, for the rest of
-        the session."""
+        the session. Its actions then refuse (a StoreError: open a new one)."""
+        self._closed = True
         self._stop.set()
         self._wake.set()
         self._unsubscribe()

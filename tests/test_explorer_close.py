@@ -1,12 +1,16 @@
 """A closed explorer leaves no widget of its own open: ipywidgets' registry of open
-widgets kept them, and through their callbacks every closed explorer, for the session."""
+widgets kept them, and through their callbacks every closed explorer, for the session; and
+its actions refuse by its own close."""
 
 from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from ipywidgets.widgets.widget import _instances  # (Widget.widgets, deprecated)
 
 import ckpt_nb
@@ -40,3 +44,28 @@ def test_closed_explorers_leave_no_widgets_open_and_are_freed(tmp_path: Path,
                  if key not in open_before]
     assert left_open == []
     assert [ref for ref in closed if ref() is not None] == []
+
+
+@pytest.mark.parametrize("action", [
+    lambda ui: ui.refresh(), lambda ui: ui.select("latest"), lambda ui: ui.sort("step"),
+    lambda ui: ui.pin("latest"), lambda ui: ui.unpin("latest"), lambda ui: ui.delete("latest"),
+    lambda ui: ui.rollback("latest"), lambda ui: ui.export("latest", "a.pt"),
+    lambda ui: ui.figure("metrics")])
+def test_a_closed_explorer_refuses_its_actions_by_its_own_close(
+        tmp_path: Path, digits: DigitsRun, action: Callable[[Explorer], Any]) -> None:
+    """After ui.close(), a Pin blamed CheckpointManager.close(), which the user never
+    called; select() returned [] and said the table "follows the store again once it can
+    be read", which a closed explorer never does; shown again, it printed every widget."""
+    path = tmp_path / "store"
+    with ckpt_nb.CheckpointManager(path, metric="loss") as mgr:
+        cid = mgr.save(digits.model, digits.optimizer, 0, metrics={"loss": digits.train_step()})
+    ui = Explorer(path, namespace={"model": digits.model}, poll_seconds=0)
+    ui.close()
+    with pytest.raises(ckpt_nb.CkptError) as refused:
+        action(ui)
+    assert str(refused.value) == "this explorer was closed (ui.close()): open a new one with " \
+        "ckpt_nb.explore(...)"
+    assert repr(ui) == f"<ckpt_nb explorer of {ui.url}, closed: open a new one with " \
+        "ckpt_nb.explore(...)>"
+    with ckpt_nb.CheckpointManager(path) as mgr:  # (nothing was done)
+        assert mgr.list()["id"].tolist() == [cid] and not mgr.list()["pinned"].any()
