@@ -898,6 +898,10 @@ class Explorer(w.VBox):
             self._say(f"⚠ cannot draw this tab: {exc}", error=True, transient=True)
         else:
             self._clear_transient()
+        finally:  # (an image never drawn, its first draw failed, shows as a broken one)
+            for image in (self.metrics_plot, self.compare_plot, self.diff_plot):
+                if not image.value:
+                    image.layout.display = "none"
 
     def _compared_metrics(self) -> list[str] | None:
         """The metrics the side-by-side compare draws: those one or more of the selected
@@ -914,12 +918,14 @@ class Explorer(w.VBox):
         frame = self.table_frame
         self.metrics_plot.value = _plots.to_png(_plots.plot_metrics(
             self.manager, self.metric.value, selected=self.selected, table=frame))
+        self.metrics_plot.layout.display = None
         comparing = len(self.selected) >= 2  # the side-by-side bars need two or more
         self.compare_box.layout.display = "flex" if comparing else "none"
         self.compare_hint.layout.display = "none" if comparing else "flex"
         if comparing:
             self.compare_plot.value = _plots.to_png(_plots.plot_compare(
                 self.manager, self.selected, self._compared_metrics(), table=frame))
+            self.compare_plot.layout.display = None
 
     def _draw_diff(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 3:

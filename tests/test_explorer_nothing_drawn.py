@@ -1,0 +1,41 @@
+"""Where the explorer has nothing to draw, it shows no image (an empty one is a broken-image
+icon in the browser) and says why. Real stores, real training on digits."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import ckpt_nb
+
+from conftest import DigitsRun
+
+
+def saved(path: Path, digits: DigitsRun, count: int) -> list[str]:
+    with ckpt_nb.CheckpointManager(path, metric="loss") as mgr:
+        return [mgr.save(digits.model, digits.optimizer, epoch,
+                         metrics={"loss": sum(digits.train_step() for _ in range(2)) / 2})
+                for epoch in range(count)]
+
+
+def test_a_tab_first_opened_on_a_store_that_cannot_be_read_shows_no_image(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """The store removed before Metrics or Diff was ever drawn: the status line said so,
+    and under it the tab showed a broken-image icon."""
+    ids = saved(tmp_path / "s", digits, 3)
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        ui.select(ids[1])
+        shutil.rmtree(tmp_path / "s")
+        for tab, image in ((1, ui.metrics_plot), (3, ui.diff_plot)):
+            ui.tabs.selected_index = tab
+            assert "no longer exists" in ui.status.value
+            assert image.value == b"" and image.layout.display == "none", tab
+        saved(tmp_path / "s", digits, 2)  # (a store there again: drawn and shown)
+        assert ui.refresh()
+        ui.select(["-1", "latest"])
+        for tab, image in ((1, ui.metrics_plot), (1, ui.compare_plot), (3, ui.diff_plot)):
+            ui.tabs.selected_index = tab
+            assert image.value and image.layout.display is None, tab
+    finally:
+        ui.close()
