@@ -945,6 +945,13 @@ class Explorer(w.VBox):
                 why = "choose from and to above, or select two checkpoints (ctrl-click rows)"
             self.diff_table.value = f"<i>{why}</i>"
             return
+        if a == b:  # (drawn, every tensor "identical" on a ±0.04 axis, with no word why)
+            self.diff_plot.layout.display = "none"
+            same = f"from and to are the same checkpoint, {a}: nothing differs; choose " \
+                "another from or to"
+            self.diff_table.value = f"<i>{html.escape(same)}</i>"
+            self._say(same)
+            return
         self._render_diff(a, b)
 
     def _render_diff(self, a: str, b: str) -> None:

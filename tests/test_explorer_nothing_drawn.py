@@ -39,3 +39,24 @@ def test_a_tab_first_opened_on_a_store_that_cannot_be_read_shows_no_image(
             assert image.value and image.layout.display is None, tab
     finally:
         ui.close()
+
+
+def test_a_diff_of_a_checkpoint_with_itself_says_so(tmp_path: Path, digits: DigitsRun) -> None:
+    """From and to the same: a plot of every tensor "identical", "+0" for each metric, and
+    no word on why."""
+    ids = saved(tmp_path / "s", digits, 2)
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 3
+        ui.diff_a.value = ids[0]
+        ui.diff_b.value = ids[0]
+        same = f"from and to are the same checkpoint, {ids[0]}: nothing differs; choose " \
+            "another from or to"
+        assert same in ui.status.value and "⚠" not in ui.status.value
+        assert ui.diff_table.value == f"<i>{same}</i>"
+        assert ui.diff_plot.layout.display == "none"
+        ui.diff_b.value = ids[1]  # (another: drawn)
+        assert ui.diff_plot.layout.display is None and ui.diff_plot.value
+        assert "byte-identical" in ui.diff_table.value
+    finally:
+        ui.close()
