@@ -989,7 +989,8 @@ class Explorer(w.VBox):
                                 values[~values["path"].isin(in_deltas)])
             + f"<p><b>byte-identical (shared chunks)</b>: {len(same)} of {len(diff)} tensors</p>"
             + "<div class='ckpt-nb-scroll'>"
-            + shown.to_html(index=False, classes="ckpt-nb-diff", border=0) + "</div>")
+            + shown.to_html(index=False, classes="ckpt-nb-diff", border=0, justify="left")
+            + "</div>")  # (headers over their cells, left: to_html put them right)
 
     @staticmethod
     def _values_html(values: Any) -> str:
