@@ -38,9 +38,34 @@ from ._manager import CheckpointManager
 from ._store import FsspecStore
 from ._units import human_size
 
-_TABLE_ESM = """
+# Both views' scrolling of their own box (not the page) to a row or node out of its view: in
+# a store of hundreds the selection (a click in the other view, ui.select()), the newest
+# checkpoint and the kernel's mark were below the box's fold. ``reveal(find)`` asks for the
+# element ``find()`` gives once the box is laid out (a view drawn in a hidden tab has no size
+# yet: it is tried again as the box gets one); ``under`` is what covers the box's top (the
+# table's sticky header).
+_REVEAL_JS = """
+function revealer(el, under) {
+  let wanted = null;
+  const attempt = () => {
+    const node = wanted && wanted(), box = el.getBoundingClientRect();
+    if (!node || box.height === 0) return;
+    wanted = null;
+    const at = node.getBoundingClientRect();
+    if (at.top < box.top + under() || at.bottom > box.bottom) {
+      el.scrollTop += at.top - box.top - (box.height - at.height) / 2;
+    }
+  };
+  new ResizeObserver(attempt).observe(el);
+  return (find) => { wanted = find; requestAnimationFrame(attempt); };
+}
+"""
+
+_TABLE_ESM = _REVEAL_JS + """
 function render({ model, el }) {
   el.classList.add("ckpt-nb-table");
+  const reveal = revealer(el, () => el.querySelector("thead")?.offsetHeight ?? 0);
+  let shownSelection = null;  // (the selection last scrolled to; null: none drawn yet)
   const draw = () => {
     const columns = model.get("columns"), rows = model.get("rows");
     const selected = new Set(model.get("selected"));
@@ -64,6 +89,7 @@ function render({ model, el }) {
       const tr = body.insertRow();
       tr.className = "ckpt-nb-row" + (selected.has(r.id) ? " ckpt-nb-selected" : "");
       tr.dataset.id = r.id;
+      tr.dataset.created = r.cells.created;
       for (const c of columns) {
         const td = tr.insertCell(), value = r.cells[c];
         td.textContent = value === null || value === undefined ? "—" : String(value);
@@ -83,6 +109,22 @@ function render({ model, el }) {
       };
     }
     el.replaceChildren(table);
+    const selection = JSON.stringify(model.get("selected"));
+    if (selection !== shownSelection) {  // (at first: the selection, else the newest row)
+      const first = shownSelection === null;
+      shownSelection = selection;
+      reveal(() => el.querySelector(".ckpt-nb-selected") ||
+                   (first ? newest(el.querySelector("tbody")) : null));
+    }
+  };
+  const newest = (body) => {  // (the last of the latest created: ties in catalog order)
+    let found = null;
+    for (const tr of body ? body.rows : []) {
+      const created = tr.dataset.created;
+      if (!found || created > found.dataset.created ||
+          (created === found.dataset.created && model.get("ascending"))) found = tr;
+    }
+    return found;
   };
   const style = document.createElement("style");
   style.textContent = `
@@ -116,9 +158,11 @@ function render({ model, el }) {
 export default { render };
 """
 
-_DAG_ESM = """
+_DAG_ESM = _REVEAL_JS + """
 function render({ model, el }) {
   el.classList.add("ckpt-nb-dag");
+  const reveal = revealer(el, () => 0);
+  let shown = null;  // (the selection and mark last scrolled to; null: none drawn yet)
   const style = document.createElement("style");
   style.textContent = `
     .ckpt-nb-dag text { fill: var(--jp-ui-font-color1, var(--vscode-editor-foreground,
@@ -216,6 +260,18 @@ function render({ model, el }) {
       svg.appendChild(g);
     }
     el.replaceChildren(svg);
+    // At first the selection, else the kernel's mark, else the newest (the lowest row);
+    // then the selection or the mark as either moves.
+    const node = (id) => id ? el.querySelector(`g[data-id="${CSS.escape(id)}"]`) : null;
+    const now = [model.get("selected")[0] ?? null, current];
+    if (shown === null) {
+      const newest = nodes.reduce((a, n) => (a === null || n.row > a.row ? n : a), null);
+      reveal(() => node(now[0]) || node(now[1]) || node(newest && newest.id));
+    } else if (now[0] !== shown[0] || now[1] !== shown[1]) {
+      const moved = now[0] !== shown[0] ? now[0] : now[1];
+      reveal(() => node(moved));
+    }
+    shown = now;
   };
   for (const name of ["nodes", "selected", "current", "current_deleted"]) {
     model.on("change:" + name, draw);

@@ -1,0 +1,118 @@
+"""In a store of many checkpoints the newest, the selection and the kernel's mark are
+scrolled into the table's and the DAG's boxes. The views are their own ES modules in
+Chromium, fed what an explorer of a real store syncs (as ``test_explorer_views``'s);
+without /usr/bin/chromium they are skipped, except in CI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ckpt_nb
+from ckpt_nb import _explorer
+
+from test_browser import CHROMIUM_ARGS, chromium  # noqa: F401 (a fixture)
+
+# A view's module rendered in a box as the explorer lays it out (the DAG's box is the
+# widget's layout: at most DAG_HEIGHT, scrolling), with a model whose set() changes what
+# get() reads and calls the view's change handlers, as anywidget's does.
+RENDER = """async ([esm, state, boxStyle]) => {
+  const url = URL.createObjectURL(new Blob([esm], {type: "text/javascript"}));
+  const view = (await import(url)).default;
+  const handlers = {};
+  const model = {get: (name) => state[name],
+                 set: (name, value) => { state[name] = value;
+                                         (handlers[name] || []).forEach((h) => h()); },
+                 save_changes: () => {},
+                 on: (event, h) => { const name = event.replace("change:", "");
+                                     (handlers[name] = handlers[name] || []).push(h); }};
+  const el = document.createElement("div");
+  el.setAttribute("style", boxStyle);
+  document.body.appendChild(el);
+  view.render({model, el});
+  window.viewModel = model;
+}"""
+
+# Whether the element is wholly inside its view's box (below the table's sticky header).
+IN_VIEW = """(selector) => {
+  const node = document.querySelector(selector);
+  const box = node.closest(".ckpt-nb-table, .ckpt-nb-dag").getBoundingClientRect();
+  const head = document.querySelector(".ckpt-nb-table thead");
+  const under = node.closest(".ckpt-nb-table") && head ? head.offsetHeight : 0;
+  const at = node.getBoundingClientRect();
+  return at.top >= box.top + under - 1 && at.bottom <= box.bottom + 1;
+}"""
+
+
+@pytest.fixture
+def page(chromium: Path) -> Iterator[Any]:  # noqa: F811 (the fixture imported above)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page(viewport={"width": 950, "height": 900})
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def many(tmp_path: Path) -> dict[str, Any]:
+    """The table's and the DAG's state for a store of 80 checkpoints (tens of rows past
+    either box's fold), and their ids in save order."""
+    model = torch.nn.Linear(2, 2)
+    with ckpt_nb.CheckpointManager(tmp_path / "s", metric="loss") as mgr:
+        ids = [mgr.save(model, step=step, metrics={"loss": 1 / (step + 1)})
+               for step in range(80)]
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        table = {name: getattr(ui.table, name)
+                 for name in ("columns", "rows", "selected", "sort_by", "ascending")}
+        dag = {"nodes": ui.dag.nodes, "selected": [], "current": None, "current_deleted": None}
+    finally:
+        ui.close()
+    return {"ids": ids, "table": table, "dag": dag}
+
+
+def settled(page: Any) -> None:
+    """Wait two frames: a view scrolls at the next one after it draws."""
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => "
+                  "requestAnimationFrame(done)))")
+
+
+def test_the_table_opens_at_the_newest_and_scrolls_to_a_selection(page: Any,
+                                                                   many: dict[str, Any]) -> None:
+    """Sorted by created, oldest first, the newest rows were below the 360 px box; a
+    checkpoint selected elsewhere (the DAG, ui.select) stayed out of view."""
+    ids = many["ids"]
+    page.evaluate(RENDER, [_explorer._TABLE_ESM, many["table"], "width: 900px"])
+    settled(page)
+    assert page.evaluate(IN_VIEW, f'tr[data-id="{ids[-1]}"]')
+    assert not page.evaluate(IN_VIEW, f'tr[data-id="{ids[0]}"]')
+    for picked in (ids[3], ids[40]):
+        page.evaluate(f"() => window.viewModel.set('selected', ['{picked}'])")
+        settled(page)
+        assert page.evaluate(IN_VIEW, f'tr[data-id="{picked}"]'), picked
+
+
+def test_the_dag_opens_at_the_kernels_mark_and_scrolls_to_a_selection(
+        page: Any, many: dict[str, Any]) -> None:
+    """The DAG starts at the root: in its 480 px box the kernel's mark and the newest
+    checkpoints were out of view until scrolled."""
+    ids = many["ids"]
+    box = f"width: 900px; max-height: {_explorer.DAG_HEIGHT}; overflow: auto"
+    page.evaluate(RENDER, [_explorer._DAG_ESM, {**many["dag"], "current": ids[60]}, box])
+    settled(page)
+    assert page.evaluate(IN_VIEW, f'g[data-id="{ids[60]}"]')
+    assert not page.evaluate(IN_VIEW, f'g[data-id="{ids[0]}"]')
+    page.evaluate(f"() => window.viewModel.set('selected', ['{ids[2]}'])")
+    settled(page)
+    assert page.evaluate(IN_VIEW, f'g[data-id="{ids[2]}"]')
+    page.evaluate("() => document.body.replaceChildren()")  # (no mark: the newest)
+    page.evaluate(RENDER, [_explorer._DAG_ESM, many["dag"], box])
+    settled(page)
+    assert page.evaluate(IN_VIEW, f'g[data-id="{ids[-1]}"]')
