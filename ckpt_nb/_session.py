@@ -888,24 +888,31 @@ def _orphaned_optimizers(names: Iterable[str], found: Discovery,
             suspects[name] = like, storages
     if not suspects:  # (the walk only then: most optimizers drive a tracked module)
         return []
-    held = _held_storages(namespace, set().union(*(s for _, s in suspects.values())))
+    # (an optimizer's own groups, reached through a loop's `g` or `p` left in the
+    # namespace, hold nothing: nor does a variable holding fewer than half of them)
+    own = {id(kept) for name in suspects for group in found.statefuls[name].param_groups
+           for kept in (group, group["params"])}
+    held = _held_storages(namespace, set().union(*(s for _, s in suspects.values())), own)
     return [f"{name} drives parameters no tracked module holds: if the training uses it, "
             f"re-create it after `{module}` (run its cell again); if it's left from earlier, "
             f"`del {name}` or leave it out with --track (track=)"
-            for name, (module, storages) in suspects.items() if not storages & held]
+            for name, (module, storages) in suspects.items()
+            if 2 * len(storages & held) <= len(storages)]
 
 
-def _held_storages(namespace: Mapping[str, Any], wanted: set[int]) -> set[int]:
+def _held_storages(namespace: Mapping[str, Any], wanted: set[int],
+                   passed_over: AbstractSet[int] = frozenset()) -> set[int]:
     """Which of the ``wanted`` tensor storages a public name of the namespace reaches,
     tracked or not (a variable over the size cap, a module in a dict, an object's
     attribute), other than through an optimizer: those are held, not orphaned. Stops
-    once all are found; modules give their parameters and buffers, not a state_dict.
+    once all are found; modules give their parameters and buffers, not a state_dict;
+    values whose ids are ``passed_over`` are not walked.
     Only plain dicts, lists, tuples, sets and instance ``__dict__``s are walked, read
     without the object's own hooks (a lazy proxy's ``__getattr__``, a shelf's unpickling);
     a walk past ``_HELD_WALK_MOST`` values, or one that fails, takes all as held: the
     warning it serves is not worth a slow or failed rollback."""
     held: set[int] = set()
-    seen: set[int] = set()
+    seen: set[int] = set(passed_over)
     queue = deque((value, 0) for name, value in namespace.items()
                   if not name.startswith("_") and name not in _HIDDEN)
     try:

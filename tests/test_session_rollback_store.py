@@ -192,6 +192,23 @@ def test_a_rollback_into_a_model_re_created_after_its_optimizer_says_so(
     assert not torch.equal(shell.user_ns["model"].weight, after)
 
 
+@pytest.mark.parametrize("leftover", [
+    pytest.param("for g in opt.param_groups:\n    g['lr'] = 0.1", id="g"),
+    pytest.param("for p in opt.param_groups[0]['params']:\n    pass\n"
+                 "groups = opt.param_groups", id="p and the groups"),
+])
+def test_a_loop_variable_over_the_optimizers_groups_hides_no_re_created_model(
+        shell, tmp_path: Path, leftover: str) -> None:
+    """A `for g in opt.param_groups` loop leaves `g`, the optimizer's own group, in the
+    namespace, and a `for p in ...` loop the old model's last parameter: neither keeps the
+    old model as a user's own value does, yet either silenced the warning."""
+    run(shell, REBIND_SETUP)
+    run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    run(shell, leftover)
+    run(shell, "model = torch.nn.Linear(4, 2)")
+    assert any(ORPHAN_NOTICE in message for message in rollback_warnings(shell))
+
+
 def test_a_resume_into_a_model_re_created_after_its_optimizer_says_so(
         shell, tmp_path: Path) -> None:
     run(shell, REBIND_SETUP)
