@@ -20,7 +20,6 @@ import shutil
 import signal
 import sqlite3
 import sys
-import textwrap
 import unicodedata
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -471,13 +470,20 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         # (given up least important first; a branch's name matters where rows differ)
         one_branch = frame["branch"].nunique() == 1
         ranked = labels[metrics.index(mgr.metric)] if mgr.metric in metrics else None
+        # (a metric the same in every row first: it tells no row from another)
+        constant = {label for label, m in zip(labels, metrics) if frame[m].nunique() < 2}
+        dropped = sorted((m for m in reversed(labels) if m != ranked),
+                         key=lambda label: label not in constant)
         order = ["logical", "strategy", "parent", "batch_idx", _SHORTEN_CREATED,
                  *(["branch"] if one_branch else []), "stored",
-                 *([] if args.all_metrics else [m for m in reversed(labels) if m != ranked]),
+                 *([] if args.all_metrics else dropped),
                  *([] if one_branch else ["branch"]), "note", "created", "epoch", "step"]
         fitted = _fit_to_terminal(table, shutil.get_terminal_size().columns, order,
                                   created=[r.timestamp() for r in frame["created"]],
-                                  notes=list(frame["note"]))
+                                  notes=list(frame["note"]),
+                                  # (given up only where that makes the table fit)
+                                  telling=[*([] if one_branch else ["branch"]), "note",
+                                           "created", "epoch", "step"])
         headers, rows = list(table), [list(row) for row in zip(*table.values())]
     print(_table(headers, rows, right=_NUMERIC | set(labels)))
     # (a row's stored bytes are what its save added: a deleted base's chunks that its
@@ -502,13 +508,38 @@ _SHORTEN_CREATED = "created, shortened"  # (a step of _fit_to_terminal's order)
 
 
 def _fit_to_terminal(table: dict[str, list[str]], width: int, order: Sequence[str], *,
-                     created: list[float], notes: list[str]) -> str:
+                     created: list[float], notes: list[str],
+                     telling: Sequence[str] = ()) -> str:
     """Fit ls's ``table`` (header: cells, changed in place) to a terminal ``width``
     columns wide, taking the steps of ``order`` until it fits: a column named is left
     out, ``_SHORTEN_CREATED`` gives "created" without its year and seconds, "note" is
-    cut to the room left (left out under ``_NOTE_FEWEST`` columns). The table's wider
-    where even the columns no step names (id, marks, the ranked metric) do not fit.
+    cut to the room left (left out under ``_NOTE_FEWEST`` columns). The steps named in
+    ``telling`` (the columns that tell rows apart) are taken only where the table then
+    fits: where even the columns no step names (id, marks, the ranked metric, every
+    metric with --all-metrics) do not fit, they stay, and the table is wider.
     Returns the footer line that says what was done ("" where it fitted as it was)."""
+    whole = {header: list(cells) for header, cells in table.items()}
+    left_out, shortened = _fitting_steps(table, width, order, created, notes)
+    fits = _table_width(table) <= width
+    if not fits and telling:  # (leaving them out would not make it fit: kept)
+        table.clear()
+        table.update(whole)
+        left_out, shortened = _fitting_steps(
+            table, width, [step for step in order if step not in telling], created, notes)
+    if not left_out and not shortened:
+        return ""
+    said = [f"left out: {', '.join(left_out)}"] if left_out else []
+    said += [f"shortened: {', '.join(shortened)}"] if shortened else []
+    opening = f"to fit {width} columns" if fits else \
+        f"the table is wider than {width} columns even so"
+    return _wrap(f"{opening}, {'; '.join(said)} (piped, as into `less -S`, ls shows every "
+                 "column whole)", width)
+
+
+def _fitting_steps(table: dict[str, list[str]], width: int, order: Sequence[str],
+                   created: list[float], notes: list[str]) -> tuple[list[str], list[str]]:
+    """The steps of ``_fit_to_terminal``, taken on ``table`` until it fits: the columns
+    left out, and those shortened."""
     left_out: list[str] = []
     shortened: list[str] = []
     for step in order:
@@ -530,14 +561,22 @@ def _fit_to_terminal(table: dict[str, list[str]], width: int, order: Sequence[st
                 continue
         del table[step]
         left_out.append(_printable(step))
-    shortened = [c for c in shortened if c not in left_out]
-    if not left_out and not shortened:
-        return ""
-    said = [f"left out: {', '.join(left_out)}"] if left_out else []
-    said += [f"shortened: {', '.join(shortened)}"] if shortened else []
-    return textwrap.fill(f"to fit {width} columns, {'; '.join(said)} (piped, as into "
-                         "`less -S`, ls shows every column whole)", width,
-                         break_on_hyphens=False, break_long_words=False)
+    return left_out, [c for c in shortened if c not in left_out]
+
+
+def _wrap(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width`` columns as a terminal shows them (a wide
+    character takes two, which textwrap counts as one), broken at spaces only."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        joined = f"{line} {word}" if line else word
+        if line and _width(joined) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = joined
+    return "\n".join([*lines, line])
 
 
 def _column_width(header: str, cells: Sequence[str]) -> int:

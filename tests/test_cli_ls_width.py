@@ -120,3 +120,59 @@ def test_all_metrics_and_branches_that_differ_are_kept_longer(tmp_path: Path) ->
         [f"m{i:02}" for i in range(8)]
     rows = on_terminal(100, "ls", tmp_path)[1:4]
     assert sorted(row.split()[1] for row in rows) == ["branch-1", "main", "main"]
+
+
+def test_the_footer_fits_wide_characters_and_says_where_the_table_cannot_fit(
+        tmp_path: Path) -> None:
+    """textwrap counts a wide character as one column: a footer naming metrics in CJK ran
+    past the terminal. And where even id, marks and every metric of --all-metrics are
+    wider than the terminal, the footer said "to fit 80 columns" of a table 238 wide, and
+    had left out the columns that tell its rows apart (branch, note, step...) for nothing."""
+    with CheckpointManager(tmp_path / "wide", metric="val_loss") as mgr:
+        mgr.save(torch.nn.Linear(2, 2), rng=False, step=1, epoch=1,
+                 metrics={"val_loss": 0.5, "精度_検証": 0.9, "損失_訓練": 0.3})
+    for columns in range(34, 70, 2):  # (under 33 the "1 checkpoint; ..." line is wider)
+        lines = on_terminal(columns, "ls", tmp_path / "wide")
+        assert all(_shown_width(line) <= columns for line in lines), (columns, lines)
+    with CheckpointManager(tmp_path / "many", metric="m01") as mgr:
+        first = mgr.save(torch.nn.Linear(2, 2), rng=False, step=3, metrics={
+            "m01": 0.3, **{f"metric_number_{i:02}": i / 10 for i in range(12)}})
+        mgr.save(torch.nn.Linear(2, 2), rng=False, step=4, metrics={"m01": 0.5},
+                 note="second")
+        mgr.head = first
+        mgr.save(torch.nn.Linear(2, 2), rng=False, step=4, metrics={"m01": 0.2})
+    lines = on_terminal(80, "ls", tmp_path / "many", "--all-metrics")
+    assert lines[0].split()[:6] == ["id", "branch", "created", "step", "epoch", "marks"]
+    assert lines[0].split()[-1] == "note"
+    footer = " ".join(lines[lines.index("") + 2:])
+    assert footer.startswith("the table is wider than 80 columns even so, left out: "
+                             "logical, strategy, parent, batch_idx, stored; shortened: "
+                             "created"), footer
+    assert "to fit" not in footer
+
+
+def _shown_width(line: str) -> int:
+    import unicodedata
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line)
+
+
+def test_a_metric_the_same_in_every_row_goes_before_one_that_differs(tmp_path: Path) -> None:
+    """A constant metric (a learning rate never changed) tells no row from another: it
+    went last, after val_acc, where it sorted before it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    with CheckpointManager(tmp_path, metric="val_loss") as mgr:
+        for epoch in range(3):
+            mgr.save(model, epoch=epoch, metrics={"val_loss": 1 / (epoch + 1),
+                                                  "val_acc": 0.5 + epoch / 10, "lr": 0.1})
+    whole = on_terminal(200, "ls", tmp_path)[0].split()
+    assert whole[-3:] == ["lr", "val_acc", "val_loss"]
+    narrow, wide = 20, 200  # (the widest terminal that leaves lr out: columns only go)
+    while wide - narrow > 1:
+        middle = (narrow + wide) // 2
+        if "lr" in on_terminal(middle, "ls", tmp_path)[0].split():
+            wide = middle
+        else:
+            narrow = middle
+    header = on_terminal(narrow, "ls", tmp_path)[0].split()
+    assert "lr" not in header and "val_acc" in header, header
