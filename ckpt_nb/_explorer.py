@@ -104,6 +104,9 @@ function render({ model, el }) {
         } else {
           next = [r.id];
         }
+        // (a selection made here, the row clicked in view: scrolled to, the box jumped to
+        // the first selected row, far from a row ctrl-clicked below it)
+        shownSelection = JSON.stringify(next);
         model.set("selected", next);
         model.save_changes();
       };
@@ -553,6 +556,10 @@ class Explorer(w.VBox):
         # The last diff drawn: its pair, its table and its bars (a refresh while the Diff
         # tab is open, after each save of a training run, would compute it again).
         self._drawn_diff: tuple[str, str, Any, bytes] | None = None
+        # The checkpoint from and to were both last said to be, and the status line that
+        # said so: said once (a refresh drawing it again must not say it over another
+        # action's message), and gone once another pair is drawn.
+        self._said_same: tuple[str, str] | None = None
         self.diff_a.observe(self._on_diff_choice, names="value")
         self.diff_b.observe(self._on_diff_choice, names="value")
         self.diff_plot = w.Image(format="png")
@@ -989,6 +996,7 @@ class Explorer(w.VBox):
         a, b = self.diff_a.value, self.diff_b.value
         if not a or not b:  # (text alone: an empty image shows as a broken one)
             self.diff_plot.layout.display = "none"
+            self._unsay_same()
             if not len(self.table_frame):
                 why = "no checkpoints yet: nothing to diff"
             elif len(self.selected) == 1 and not self._parent(self.selected[0]):
@@ -1006,9 +1014,19 @@ class Explorer(w.VBox):
             same = f"from and to are the same checkpoint, {a}: nothing differs; choose " \
                 "another from or to"
             self.diff_table.value = f"<i>{html.escape(same)}</i>"
-            self._say(same)
+            if self._said_same is None or self._said_same[0] != a:
+                self._say(same)
+                self._said_same = a, self.status.value
             return
+        self._unsay_same()
         self._render_diff(a, b)
+
+    def _unsay_same(self) -> None:
+        """Clear the status line's "the same checkpoint" where it still says so: from and
+        to are no longer the same."""
+        if self._said_same is not None and self.status.value == self._said_same[1]:
+            self.status.value = ""
+        self._said_same = None
 
     def _render_diff(self, a: str, b: str) -> None:
         if self._drawn_diff is None or self._drawn_diff[:2] != (a, b):
@@ -1156,6 +1174,7 @@ class Explorer(w.VBox):
                       error=True)
 
     def _ask_rollback(self) -> None:
+        self._check_open()  # (else the catalog's own refusal blamed CheckpointManager.close())
         with telling() as told:
             self._check_store()
             cid = self._resolve(self._one())
@@ -1166,6 +1185,7 @@ class Explorer(w.VBox):
                   [*_notes(told), *(f"⚠ {notice}" for notice in orphaned)])
 
     def _ask_delete(self) -> None:
+        self._check_open()  # (else the catalog's own refusal blamed CheckpointManager.close())
         with telling() as told:
             self._check_store()
             cid = self._refuse_pinned(self._resolve(self._one()))

@@ -69,3 +69,20 @@ def test_a_closed_explorer_refuses_its_actions_by_its_own_close(
         "ckpt_nb.explore(...)>"
     with ckpt_nb.CheckpointManager(path) as mgr:  # (nothing was done)
         assert mgr.list()["id"].tolist() == [cid] and not mgr.list()["pinned"].any()
+
+
+@pytest.mark.parametrize("button", ["rollback_button", "delete_button"])
+def test_a_closed_explorers_question_buttons_say_it_was_closed(
+        tmp_path: Path, digits: DigitsRun, button: str) -> None:
+    """Roll back and Delete ask first; their question's reads went to the closed catalog,
+    whose refusal blamed CheckpointManager.close(), never called."""
+    path = tmp_path / "store"
+    with ckpt_nb.CheckpointManager(path, metric="loss") as mgr:
+        cid = mgr.save(digits.model, digits.optimizer, 0, metrics={"loss": digits.train_step()})
+    ui = Explorer(path, namespace={"model": digits.model}, poll_seconds=0)
+    ui.select(cid)
+    ui.close()
+    getattr(ui, button).click()
+    assert "this explorer was closed (ui.close())" in ui.status.value, ui.status.value
+    assert "CheckpointManager.close()" not in ui.status.value
+    assert ui.confirm_box.layout.display != "flex"

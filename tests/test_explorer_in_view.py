@@ -116,3 +116,26 @@ def test_the_dag_opens_at_the_kernels_mark_and_scrolls_to_a_selection(
     page.evaluate(RENDER, [_explorer._DAG_ESM, many["dag"], box])
     settled(page)
     assert page.evaluate(IN_VIEW, f'g[data-id="{ids[-1]}"]')
+
+
+def test_a_row_ctrl_clicked_in_the_table_stays_in_view(page: Any,
+                                                       many: dict[str, Any]) -> None:
+    """A row selected near the top, the table scrolled down and a row there ctrl-clicked:
+    the box jumped back to the first selected row, and the row just clicked left the view."""
+    ids = many["ids"]
+    page.evaluate(RENDER, [_explorer._TABLE_ESM, many["table"], "width: 900px"])
+    settled(page)
+    box = page.locator(".ckpt-nb-table")
+    box.evaluate("(el) => el.scrollTop = 0")
+    page.click(f'tr[data-id="{ids[3]}"]')
+    settled(page)
+    box.evaluate("(el) => el.scrollTop = el.scrollHeight")
+    settled(page)
+    page.click(f'tr[data-id="{ids[75]}"]', modifiers=["Control"])
+    settled(page)
+    assert page.evaluate("() => window.viewModel.get('selected')") == [ids[3], ids[75]]
+    assert page.evaluate(IN_VIEW, f'tr[data-id="{ids[75]}"]')
+    page.evaluate(f"() => window.viewModel.set('selected', ['{ids[3]}', '{ids[75]}', "
+                  f"'{ids[10]}'])")  # (made elsewhere, as ui.select: scrolled to)
+    settled(page)
+    assert page.evaluate(IN_VIEW, f'tr[data-id="{ids[3]}"]')

@@ -60,3 +60,27 @@ def test_a_diff_of_a_checkpoint_with_itself_says_so(tmp_path: Path, digits: Digi
         assert "byte-identical" in ui.diff_table.value
     finally:
         ui.close()
+
+
+def test_the_same_checkpoint_said_goes_once_another_pair_is_drawn(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """'from and to are the same checkpoint' stayed in the status line after another pair
+    was chosen and drawn, and a refresh said it again over an action's message."""
+    ids = saved(tmp_path / "s", digits, 3)
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 3
+        ui.diff_a.value = ids[0]
+        ui.diff_b.value = ids[0]
+        assert "the same checkpoint" in ui.status.value
+        ui.diff_b.value = ids[2]  # (another: drawn, and the status line no longer says so)
+        assert "byte-identical" in ui.diff_table.value
+        assert "the same checkpoint" not in ui.status.value, ui.status.value
+        ui.diff_b.value = ids[0]
+        assert "the same checkpoint" in ui.status.value
+        ui._say(f"pinned {ids[1]}: retention will keep it")  # (as Pin says, then a refresh)
+        assert ui.refresh()
+        assert f"pinned {ids[1]}" in ui.status.value, ui.status.value
+        assert "the same checkpoint" in ui.diff_table.value  # (the tab still says it)
+    finally:
+        ui.close()
