@@ -954,7 +954,9 @@ def has_pickle(skeleton: Any) -> bool:
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+        layout = "" if value.layout is torch.strided else \
+            f" {str(value.layout).removeprefix('torch.')}"
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}{layout}"
     return type(value).__name__
 
 
@@ -995,6 +997,17 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                     casts.add((saved.dtype, live.dtype))
                 else:
                     reshaped = True
+            elif live.layout != saved.layout:
+                problems.append(f"{name}: {key} is {_describe(saved)} in the checkpoint "
+                                f"but {_describe(live)} in the live object, which torch "
+                                "cannot copy between: give the module a buffer of the "
+                                "checkpoint's layout, or take it from load() instead")
+            elif live.layout in _COMPRESSED_INDICES and live._nnz() != saved._nnz():
+                problems.append(f"{name}: {key} is {_describe(live)} with {live._nnz()} "
+                                f"elements set, the checkpoint's with {saved._nnz()}, and "
+                                "torch copies only between compressed sparse tensors of "
+                                f"as many: take it from load() and assign it "
+                                f"({name}.{key} = ...) instead")
             elif not _copies_in_place(live.dtype):
                 problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
                                 "into in place: take it from load() instead")
@@ -1004,7 +1017,8 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                 problems.append(f"{name}: {key} was made under torch.inference_mode(), and "
                                 "torch cannot copy into it outside: build the module outside "
                                 "inference mode, or take it from load() instead")
-            elif any(n > 1 and step == 0 for n, step in zip(live.shape, live.stride())):
+            elif live.layout is torch.strided and \
+                    any(n > 1 and step == 0 for n, step in zip(live.shape, live.stride())):
                 problems.append(f"{name}: {key} is an expanded view (its elements share "
                                 "memory), which torch cannot copy into: make it a tensor of "
                                 "its own (.clone()), or take it from load() instead")
