@@ -576,7 +576,7 @@ class _Flattener:
             return {"__tuple__": [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]}
         if isinstance(value, list):
             return [self.encode(v, f"{name}/{i}") for i, v in enumerate(value)]
-        metadata = getattr(value, "_metadata", None)
+        metadata = module_versions(value)
         if isinstance(value, dict) and isinstance(metadata, dict):
             # nn.Module.state_dict()'s module versions, which load_state_dict reads
             # (a quantized Linear's cannot load without them), as torch.save keeps them
@@ -950,6 +950,17 @@ def has_pickle(skeleton: Any) -> bool:
 
 
 # -- validating and loading in place --------------------------------------------
+
+
+def module_versions(value: Any) -> Any:
+    """A state dict's ``_metadata`` (its module versions, which ``state_dict()`` sets on
+    the instance), or None: read past the type's ``__getattr__``, which a config dict with
+    attribute access (``__getattr__ = dict.__getitem__``, a DotMap) would answer with a
+    KeyError or with a new child stored in the user's object."""
+    try:
+        return object.__getattribute__(value, "_metadata")
+    except AttributeError:
+        return None
 
 
 def _describe(value: Any) -> str:

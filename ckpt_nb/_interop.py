@@ -41,7 +41,8 @@ import numpy as np
 import torch
 
 from . import _stdlib_values as stdlib_values
-from ._capture import Unflattener, flatten, storage_bytes, torch_has_dtype, uncompiled_keys
+from ._capture import (Unflattener, flatten, module_versions, storage_bytes, torch_has_dtype,
+                       uncompiled_keys)
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError, FileFormatError,
                       MissingDependencyError, UntrustedPickleError, warn)
 from ._format import is_int64
@@ -96,7 +97,7 @@ def _portable(value: Any, name: str, dropped: list[str], *, weights_only: bool) 
                 where = k.name
             if key is not _LEFT_OUT:
                 plain[key] = portable(v, where)
-        metadata = getattr(value, "_metadata", None)
+        metadata = module_versions(value)
         if metadata is None:
             return plain
         state = OrderedDict(plain)  # a state dict: its module versions, as torch.save keeps
@@ -1109,7 +1110,7 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
     if not isinstance(data, Mapping):
         raise FileFormatError(f"{source} holds a {type(data).__name__}, not a dict of state: "
                               "save a dict ({\"model\": model.state_dict(), ...}) to import it")
-    if isinstance(getattr(data, "_metadata", None), Mapping):
+    if isinstance(versions := module_versions(data), Mapping):
         # torch.save(model.state_dict()): a module's, whatever its values (a quantized
         # layer's dtype and packed parameters, a get_extra_state()'s dict), versions kept;
         # but for values added to it by hand (sd["epoch"] = 3): top-level, not tensors
@@ -1118,7 +1119,7 @@ def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Ch
         model = data
         if added:
             model = OrderedDict((k, v) for k, v in data.items() if k not in added)
-            model._metadata = data._metadata  # type: ignore[attr-defined]
+            model._metadata = versions  # type: ignore[attr-defined]
         state, meta = _split_state(added, export=False) if added else ({}, {})
         if "model" in state:  # (sd["model"] = ...: kept, where it cannot be the model)
             meta.setdefault("extra", {})["model"] = state.pop("model")

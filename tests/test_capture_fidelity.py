@@ -257,3 +257,34 @@ def test_an_mkldnn_tensor_is_refused_with_what_to_do(tmp_path: Path) -> None:
     """It was 'neither JSON, a tensor nor picklable'."""
     with pytest.raises(CaptureError, match=r"extra/x is an MKL-DNN tensor.*\.to_dense\(\)"):
         CheckpointManager(tmp_path).save(extra={"x": torch.ones(2, 2).to_mkldnn()})
+
+
+class KeyAttrDict(dict):  # (the copy-paste idiom: a missing attribute is a KeyError)
+    __getattr__ = dict.__getitem__
+
+
+class GrowingDict(dict):  # (as a DotMap: a missing attribute is a new child, kept)
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        return self.setdefault(key, GrowingDict())
+
+
+@pytest.mark.parametrize("kind", [KeyAttrDict, GrowingDict])
+def test_a_dict_with_attribute_access_saves_untouched_and_comes_back_a_dict(
+        tmp_path: Path, kind: type) -> None:
+    mgr = CheckpointManager(tmp_path / "s")
+    model = torch.nn.Linear(2, 2)
+    cfg = kind(lr=0.1, nested=kind(depth=2))
+    cid = mgr.save(model, None, 0, extra={"cfg": cfg})
+    assert cfg == {"lr": 0.1, "nested": {"depth": 2}}  # (no key added by the save)
+    back = mgr.load(cid).extra["cfg"]
+    assert type(back) is dict and type(back["nested"]) is dict
+    assert back == {"lr": 0.1, "nested": {"depth": 2}}
+
+    torch.save({"model": model.state_dict(), "cfg": cfg}, tmp_path / "run.pt")
+    imported = mgr.load(mgr.import_file(tmp_path / "run.pt", trust_pickle=True))
+    assert imported.extra["cfg"] == {"lr": 0.1, "nested": {"depth": 2}}
+    torch.save(kind(model=model.state_dict(), epoch=3), tmp_path / "top.pt")
+    top = mgr.load(mgr.import_file(tmp_path / "top.pt", trust_pickle=True))
+    assert torch.equal(top.state["model"]["weight"], model.weight.detach())
