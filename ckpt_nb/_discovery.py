@@ -34,8 +34,7 @@ import torch
 
 from . import _capture as capture
 from . import _stdlib_values as stdlib_values
-from ._capture import (_DICT_KINDS, Stateful, Unflattener, array_to_json, flatten,
-                       torch_has_dtype)
+from ._capture import _DICT_KINDS, Unflattener, array_to_json, flatten, torch_has_dtype
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -918,8 +917,12 @@ def is_code(value: Any) -> bool:
 
 
 def _is_stateful(value: Any) -> bool:
-    return isinstance(value, Stateful) and not isinstance(value, type) \
-        and callable(getattr(value, "state_dict", None))
+    """Whether a value's class gives it ``state_dict()`` and ``load_state_dict()``: asked
+    of the class, since the Protocol's check asks the instance, whose ``__getattr__`` (a
+    DotMap config's) would store a new child under each name asked for."""
+    kind = type(value)
+    return not isinstance(value, type) and all(
+        callable(getattr(kind, method, None)) for method in ("state_dict", "load_state_dict"))
 
 
 def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,

@@ -61,8 +61,9 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, a
                        load_all, rng_problem, unwrap)
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
-                         assign_in_place, code_run_by, discover, from_storable, is_code,
-                         loader_random, skipped_text, to_storable, warn_persistent_workers)
+                         _is_stateful, assign_in_place, code_run_by, discover, from_storable,
+                         is_code, loader_random, skipped_text, to_storable,
+                         warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, tell, warn, warnings_worded)
 from ._format import RUN_KEY, is_count, run_key
@@ -3859,7 +3860,7 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
         namespace = caller.f_globals
         if caller.f_locals is not namespace:  # (called in a function)
             unseen = [n for n, value in caller.f_locals.items() if namespace.get(n) is not value
-                      and isinstance(value, Stateful) and not isinstance(value, type)]
+                      and _is_stateful(value)]
     elif not isinstance(namespace, dict):
         raise TypeError(f"namespace takes a dict (globals() or locals()), not "
                         f"{type(namespace).__name__}")

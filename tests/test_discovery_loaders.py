@@ -522,8 +522,9 @@ class AttrDict(dict):
 
 
 def test_a_namespace_value_that_raises_when_read_is_skipped_not_raised() -> None:
-    """An AttrDict config (KeyError for load_state_dict), or a dead weakref.proxy at the
-    namespace's top, made every %%ckpt_auto cell fail with a bare traceback."""
+    """A dead weakref.proxy at the namespace's top made every %%ckpt_auto cell fail with
+    a bare traceback. An AttrDict config (KeyError for load_state_dict) did too, then was
+    skipped; asked of its class, it is a variable like any dict."""
     class Owner:
         pass
 
@@ -531,6 +532,34 @@ def test_a_namespace_value_that_raises_when_read_is_skipped_not_raised() -> None
     proxy = weakref.proxy(owner)
     del owner
     skipped = said("for xb, in loader:\n    pass\n", {"cfg": AttrDict(lr=0.1), "gone": proxy})
-    assert skipped["cfg"] == "AttrDict: not read (KeyError reading it)"
+    assert "cfg" not in skipped
     assert skipped["gone"] == "ProxyType: not read (ReferenceError reading it)"
     assert skipped["loader"] == WRAP
+
+
+class GrowingConfig(dict):  # (as a DotMap: a missing attribute is a new child, kept)
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        return self.setdefault(key, GrowingConfig())
+
+
+class KeyConfig(dict):  # (the copy-paste idiom: a missing attribute is a KeyError)
+    __getattr__ = dict.__getitem__
+
+
+class OwnState:  # (a class of its own with the methods: tracked as before)
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_discovery_asks_a_config_dicts_class_not_its_getattr() -> None:
+    grown, keyed = GrowingConfig(lr=0.1), KeyConfig(epochs=2)
+    found = discover({"dm": grown, "cfg": keyed, "model": torch.nn.Linear(2, 2),
+                      "state": OwnState()})
+    assert grown == {"lr": 0.1} and keyed == {"epochs": 2}  # (no key added)
+    assert set(found.statefuls) == {"model", "state"}
+    assert set(found.variables) == {"dm", "cfg"} and not found.skipped
