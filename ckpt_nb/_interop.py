@@ -1059,7 +1059,11 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
             "file stores for them (torch.load does not check it, and would read wrong "
             "values): save or copy the file again from a good source")
     try:
-        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+        # A zip archive's tensors are mapped from the file, as safetensors' are, not read
+        # into memory first (a 1 GiB file took 1.3 GiB where mapped it takes 0.3); a
+        # legacy pickle cannot be mapped.
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle,
+                          mmap=head[:4] == b"PK\x03\x04")
     except pickle.UnpicklingError as exc:
         if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE) or \
                 _pickle_is_damaged(path):
@@ -1072,6 +1076,31 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
         raise CorruptCheckpointError(f"{path} cannot be read as a torch.save file ({why}it is "
                                      f"damaged or cut short): {type(exc).__name__}: "
                                      f"{_plain(exc)}") from exc
+
+
+def out_of_file(value: Any, memo: dict[int, Any]) -> Any:
+    """``value`` with each tensor in its dicts, lists and tuples copied into memory of its
+    own, and each other object it holds deep-copied where that works (tensors sharing a
+    storage share one copy, through ``memo``): read from a mapped file (a .pt zip, a
+    .safetensors), a tensor a live object keeps (an optimizer's state, which its
+    load_state_dict does not copy) would be killed by SIGBUS once the file is saved over."""
+    if isinstance(value, torch.Tensor):
+        return copy.deepcopy(value, memo)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = out_of_file(item, memo)
+        return value
+    if isinstance(value, list):
+        value[:] = [out_of_file(item, memo) for item in value]
+        return value
+    if type(value) is tuple:
+        return tuple(out_of_file(item, memo) for item in value)
+    if isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return value
+    try:
+        return copy.deepcopy(value, memo)
+    except Exception:  # noqa: BLE001 - an object that cannot be copied stays as it is
+        return value
 
 
 def read_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Checkpoint:

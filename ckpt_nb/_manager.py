@@ -39,8 +39,8 @@ import torch
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, give_back_freed_memory, scratch
 from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
-                       Unflattener, as_stateful, flatten, has_pickle, load_all, rng_problem,
-                       trained_storages)
+                       Unflattener, _runs_own_load_code, as_stateful, flatten, has_pickle,
+                       load_all, rng_problem, trained_storages)
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
                        DamagedCatalog, open_cache)
 from ._diff_values import ValueDiff, ValueSide
@@ -1684,9 +1684,16 @@ class CheckpointManager:
             path = os.fspath(which)
             from_file = self._names_a_file(path)
             if from_file:
-                from ._interop import read_file
+                from ._interop import out_of_file, read_file
 
                 ck = read_file(path, trust_pickle=trust_pickle)
+                # (the file is mapped: a module copies its state out of it, the rest is
+                # copied here, so that nothing live or returned holds the file's pages)
+                memo: dict[int, Any] = {}
+                ck.state = {name: state if isinstance(targets.get(name), torch.nn.Module)
+                            and not _runs_own_load_code(targets[name])
+                            else out_of_file(state, memo) for name, state in ck.state.items()}
+                ck.extra, ck.rng = out_of_file(ck.extra, memo), out_of_file(ck.rng, memo)
             else:
                 # (a module copies its state into its own tensors: decoded apart from what
                 # is kept as it is, which alone stays held)
