@@ -825,6 +825,9 @@ def _pickle_protocol(path: Path) -> int | None:
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)|"
                              r"unsupported GLOBAL (\S+) whose module \S+ is blocked")
 _UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")
+# pickle's words for a class that its module lacks here (one defined in the saving
+# script's or notebook's __main__, say)
+_MISSING_CLASS = re.compile(r"Can't get attribute '([^']+)' on <module '([^']+)'")
 # Globals known to build values alone (data, no commands, code or files), which a refusal
 # may offer to torch.serialization.add_safe_globals; any other (os.system, eval,
 # timeit.timeit, a class of the user's) gets the trust_pickle advice alone. Besides these,
@@ -1072,10 +1075,33 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
     except PermissionError:
         raise
     except Exception as exc:  # (a damaged file fails in torch's readers in many ways)
+        if (missing := _missing_code(path, exc)) is not None:
+            raise missing from exc
         why = "an object in it failed to load, or " if trust_pickle else ""
         raise CorruptCheckpointError(f"{path} cannot be read as a torch.save file ({why}it is "
                                      f"damaged or cut short): {type(exc).__name__}: "
                                      f"{_plain(exc)}") from exc
+
+
+def _missing_code(path: Path, exc: Exception) -> FileFormatError | None:
+    """The refusal of an intact file whose pickle names a class, or a module, that Python
+    cannot find here; None for any other failure. Not damage: the code is to be defined
+    or imported first."""
+    if isinstance(exc, AttributeError) and (found := _MISSING_CLASS.search(str(exc))):
+        name, module = found.groups()
+        if repr(sys.modules.get("__main__")).startswith(f"<module {module!r}"):
+            module = "__main__"  # (as the pickle names it: under python -m, its spec's name)
+        where = " (the script or notebook that saved it)" if module == "__main__" else ""
+        return FileFormatError(
+            f"{path} needs class {name} from module {module}{where}, which is not defined "
+            "here, and is not damaged: define it "
+            f"(or import it{'' if module == '__main__' else f' from {module}'}) first, then "
+            f"read the file again with trust_pickle=True ({_plain(exc)})")
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return FileFormatError(
+            f"{path} needs module {exc.name}, which cannot be imported here: install it or "
+            "put it on sys.path first, then read the file again with trust_pickle=True")
+    return None
 
 
 def out_of_file(value: Any, memo: dict[int, Any]) -> Any:

@@ -10,6 +10,8 @@ import os
 import pickle
 import random
 import struct
+import subprocess
+import sys
 import warnings
 import zipfile
 from pathlib import Path
@@ -21,7 +23,8 @@ import torch
 from conftest import same
 
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CkptError,
-                     CorruptCheckpointError, StateMismatchError, UntrustedPickleError)
+                     CorruptCheckpointError, FileFormatError, StateMismatchError,
+                     UntrustedPickleError)
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -756,3 +759,29 @@ def test_a_record_longer_than_a_crc_block_is_checked_to_its_end(tmp_path: Path) 
         f.write(b"\0" * 8)
     with pytest.raises(CorruptCheckpointError, match=r"the bytes of f/data/0 do not match"):
         mgr.load(tmp_path / "f.pt")
+
+
+def test_a_file_needing_a_class_not_defined_here_says_so_not_damaged(tmp_path: Path) -> None:
+    """A model class from the saving script's __main__, or from a module not importable
+    here: the file is intact, and the refusal says what to define or import."""
+    (tmp_path / "shapes_lib.py").write_text(
+        "import torch\nclass Shape(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(3, 2)\n")
+    saver = ("import torch, shapes_lib\n"
+             "class Local(torch.nn.Module):\n"
+             "    def __init__(self):\n        super().__init__()\n"
+             "        self.lin = torch.nn.Linear(3, 2)\n"
+             "torch.save({'model': Local()}, 'main_class.pt')\n"
+             "torch.save({'model': shapes_lib.Shape()}, 'module_class.pt')\n")
+    subprocess.run([sys.executable, "-c", saver], cwd=tmp_path, check=True,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                       [str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    mgr = CheckpointManager(tmp_path / "s")
+    with pytest.raises(FileFormatError, match=r"needs class Local from module __main__ "
+                       r"\(the script or notebook that saved it\).*not damaged"):
+        mgr.import_file(tmp_path / "main_class.pt", trust_pickle=True)
+    with pytest.raises(FileFormatError, match="needs module shapes_lib, which cannot be "
+                       "imported here: install it or put it on sys.path"):
+        mgr.restore(tmp_path / "module_class.pt", model=torch.nn.Linear(3, 2),
+                    trust_pickle=True)
