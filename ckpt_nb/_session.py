@@ -1783,7 +1783,15 @@ class AutoSession:
         return True
 
     def log(self, **metrics: float) -> None:
-        """Record metrics: they go into the next checkpoint and drive ``--on``."""
+        """Record metrics: they go into the next checkpoint and drive ``--on``. Not while
+        the epoch's code ahead of its batches() loop runs again on a mid-epoch resume: the
+        unstopped run logged there before the save, which holds its records; a value
+        measured again now, on the mid-epoch state, is none of the run's (it became its
+        best, and an --on improvement no checkpoint held). Not recording it leaves all
+        that log() sets (the history, the metrics, best, a due save) as the run stood
+        at the save, without a put-back that must list each."""
+        if self._epoch_put_back is not None:
+            return
         for name, value in metrics.items():
             self.metrics[name] = _metric_value(name, value)
             self._logged_at[name] = self._steps_seen
@@ -2842,6 +2850,7 @@ class AutoSession:
                 self.loop.start_generators = self._generator_states()
             resumed = None
             yield epoch
+            self._epoch_put_back = None  # (an epoch with no batches() loop: its log()s count)
             # The epoch's body is complete (its loader's generators are the next one's).
             self.loop = _Loop(epoch=epoch + 1, generators=self.loop.generators,
                               loader=self.loop.loader)

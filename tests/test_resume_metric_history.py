@@ -5,6 +5,7 @@ run again in a fresh interpreter, against a run never stopped."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from test_session_jobs import unstopped_and_resumed  # (scripts, fresh interpreters)
@@ -43,3 +44,44 @@ def test_a_mid_epoch_resume_carries_the_metrics_logged_before_it(tmp_path: Path)
     reference, resumed = unstopped_and_resumed(tmp_path, SCRIPT)
     assert "resumed from" in resumed.stdout + resumed.stderr and ", batch " in resumed.stdout
     assert resumed.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1]
+
+
+# The epoch validates first (its val_loss logged ahead of the batches() loop, as the
+# --on metric); killed at epoch 1, batch 10 (saved at its batches 1 and 8, steps 21 and
+# 28: the newest written resumes).
+VALIDATE_FIRST = """
+import json, os, torch, ckpt_nb
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(400, 8); Y = (X.sum(1) > 0).long(); Xv, Yv = X[:100], Y[:100]
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
+                                     shuffle=True)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with ckpt_nb.auto("store", every_steps=7, on="val_loss:min"):
+    for epoch in ckpt_nb.epochs(3):
+        with torch.no_grad():
+            ckpt_nb.log(val_loss=torch.nn.functional.cross_entropy(model(Xv), Yv).item())
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if os.environ["DIE"] and epoch == 1 and i == 10:
+                os.kill(os.getpid(), 9)
+with ckpt_nb.CheckpointManager("store") as store:
+    run = store.load(store.list().iloc[-1]["id"]).extra["ckpt_nb_run"]
+print("history", json.dumps(run["history"]), "best", run["best"])
+"""
+
+
+def test_a_log_ahead_of_the_batches_loop_is_not_recorded_again_on_a_mid_epoch_resume(
+        tmp_path: Path) -> None:
+    """The epoch's code ahead of batches() runs again as a mid-epoch resume begins; its
+    log() recorded a val_loss the unstopped run never logged (measured at step 28, on the
+    mid-epoch state), which could become the run's best and said that it improved at
+    step 28 but was not saved."""
+    reference, resumed = unstopped_and_resumed(tmp_path, VALIDATE_FIRST)
+    at = re.search(r"resumed from \w+ \(epoch 1, batch \d+, step (\d+)\)", resumed.stdout)
+    assert at is not None, resumed.stdout
+    assert resumed.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1]
+    assert f"improved at step {at[1]} " not in resumed.stdout + resumed.stderr
