@@ -25,7 +25,7 @@ import threading
 import types
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -404,6 +404,28 @@ def warn_persistent_workers(value: Any, name: str | None) -> None:
           "workers (a Dataset's augmentation) differ from an unstopped run's, though the "
           "order of its batches is the same; persistent_workers=False resumes bit-identical",
           file=sys.stderr, flush=True)
+
+
+class LoopIterator:
+    """What ``ckpt_nb.epochs()`` and ``batches()`` return: their loop, with the length
+    of what it goes over where that has one, so that ``tqdm()`` around it shows a total
+    (a generator has none). ckpt_nb's own, never state: a save does not name one a
+    variable holds (``it = ckpt_nb.epochs(4)``) as left out."""
+
+    def __init__(self, loop: Iterator[Any], length: int | None) -> None:
+        self._loop = loop
+        self._length = length
+
+    def __iter__(self) -> LoopIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._loop)
+
+    def __len__(self) -> int:
+        if self._length is None:  # (as len() of a DataLoader over an IterableDataset)
+            raise TypeError("the iterable this loop goes over has no len()")
+        return self._length
 
 
 def _code_names(code: str, name: str) -> bool:
@@ -966,7 +988,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.skipped[name] = reason
                 if code is not None and _code_names(code, name):
                     warn_persistent_workers(value, name)
-            elif is_code(value) or type(value).__module__.startswith(("IPython", "ipykernel")):
+            elif is_code(value) or isinstance(value, LoopIterator) or \
+                    type(value).__module__.startswith(("IPython", "ipykernel")):
                 if track is not None:
                     found.skipped[name] = f"{type(value).__name__}: code is not state"
             else:

@@ -60,8 +60,9 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, as_stateful,
                        load_all, rng_problem, unwrap)
 from ._catalog import CheckpointRow, store_exists
-from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, RandomState,
-                         _is_stateful, assign_in_place, code_run_by, discover, from_storable,
+from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator,
+                         RandomState, _is_stateful, assign_in_place, code_run_by, discover,
+                         from_storable,
                          is_code, loader_random, skipped_text, to_storable,
                          warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
@@ -3576,16 +3577,30 @@ def _put_random(states: list[tuple[Any, Any]]) -> None:
             rng.bit_generator.state = state
 
 
-def epochs(n: int, start: int = 0) -> Iterator[int]:
-    """``range(start, n)`` that records the epoch, and resumes it after a crash."""
+def epochs(n: int, start: int = 0) -> LoopIterator:
+    """``range(start, n)`` that records the epoch, and resumes it after a crash; its
+    len() is the range's (resumed, the loop yields the epochs left)."""
     session = active()
-    return iter(range(start, n)) if session is None else session.epochs(n, start)
+    return LoopIterator(iter(range(start, n)) if session is None else session.epochs(n, start),
+                        _length(lambda: len(range(start, n))))
 
 
-def batches(loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
-    """``enumerate(loader)`` that records the position and saves when a save is due."""
+def batches(loader: Iterable[Any]) -> LoopIterator:
+    """``enumerate(loader)`` that records the position and saves when a save is due; its
+    len() is the loader's, where that has one (resumed, the loop yields the batches left)."""
     session = active()
-    return enumerate(loader) if session is None else session.batches(loader)
+    return LoopIterator(enumerate(loader) if session is None else session.batches(loader),
+                        _length(lambda: len(loader)))  # type: ignore[arg-type]
+
+
+def _length(measure: Callable[[], int]) -> int | None:
+    """A loop's length, or None where what it goes over has none (an iterator, a loader
+    over an IterableDataset, a float count of epochs): a progress bar's total, which no
+    loop is stopped for."""
+    try:
+        return measure()
+    except Exception:  # noqa: BLE001 - whatever a __len__ raises
+        return None
 
 
 _RECORD_FIELDS = frozenset({"step", "epoch"})  # what each record of the history holds

@@ -479,3 +479,23 @@ def test_a_loader_is_told_to_be_wrapped_only_where_it_is_not(shell, tmp_path: Pa
     assert run(shell, WHILE_LOOP.format(dir=tmp_path / "b")).success
     assert "skipped loader (DataLoader: wrap it in ckpt_nb.batches() to restore its order)" \
         in capsys.readouterr().out
+
+
+def test_the_loop_helpers_have_a_length_and_are_no_unsaved_variable(
+        shell, tmp_path: Path, capsys) -> None:
+    """``tqdm(ckpt_nb.epochs(3))`` drew no total (epochs() returned a generator), and
+    ``it = ckpt_nb.epochs(3)`` made the saves say "not saving it (generator)"."""
+    run(shell, SETUP + "from tqdm import tqdm")
+    cell = f"""%%ckpt_auto --dir {tmp_path / "store"} --every-steps 4
+it = ckpt_nb.epochs(3)
+for epoch in tqdm(it, desc="epochs"):
+    for i, (xb, yb) in tqdm(ckpt_nb.batches(loader), desc="batches"):
+        opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
+"""
+    assert run(shell, cell).success
+    out, err = capsys.readouterr()
+    assert "epochs: 100%" in err and "| 3/3 [" in err and "| 10/10 [" in err, err
+    assert "not saving" not in out and " it (" not in out, out
+    assert len(ckpt_nb.epochs(2, start=1)) == 1  # (outside a session too)
+    with pytest.raises(TypeError, match="has no len"):  # (tqdm draws no total, as for it)
+        len(ckpt_nb.batches(iter([1])))
