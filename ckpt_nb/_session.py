@@ -62,8 +62,7 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, a
 from ._catalog import CheckpointRow, store_exists
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
-                         from_storable,
-                         is_code, loader_random, skipped_text, to_storable,
+                         from_storable, is_code, loader_random, skipped_text, to_storable,
                          warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, StateMismatchError, tell, warn, warnings_worded)
