@@ -2129,11 +2129,20 @@ class CheckpointManager:
                     # the backend failed (a server down): not damage, as restore says
                     raise _unread(exc, bad) from exc
                 problems = [str(exc)]
-            if self.catalog.get(cid) is None:
-                continue  # deleted meanwhile (retention, in this process or another)
-            checked.append(cid)
             if problems:
-                bad[cid] = problems
+                try:  # (another catalog's delete, which this one hears of only now)
+                    self._catch_up()
+                except StoreError as exc:
+                    if isinstance(exc, DamagedCatalog) or isinstance(exc.__cause__, sqlite3.Error):
+                        raise
+                    raise _unread(exc, bad) from exc
+            # Not deleted meanwhile (retention, here or in another process); one a catch-up
+            # found damaged is said below, as a rebuild's
+            if self.catalog.get(cid) is not None or \
+                    ids is not None and cid in _damaged_checkpoints(self.catalog):
+                checked.append(cid)
+                if problems:
+                    bad[cid] = problems
             if progress is not None:
                 progress(n, len(wanted))
         order = {cid: n for n, cid in enumerate(wanted)}  # (said in the order asked for)
@@ -2152,6 +2161,9 @@ class CheckpointManager:
                     bad[cid] = [f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}"]
             for key in sorted(packs):
                 if (problem := self._index_problem(key)) is not None:
+                    self._catch_up()  # (a pack another catalog's delete or gc took?)
+                    problem = self._index_problem(key)
+                if problem is not None:
                     damaged_indexes[key] = problem
         except StoreError as exc:
             if isinstance(exc, DamagedCatalog) or isinstance(exc.__cause__, sqlite3.Error):

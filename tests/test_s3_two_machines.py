@@ -271,3 +271,35 @@ def test_a_failed_saves_leftover_is_named_as_this_managers_not_as_a_change_elsew
         mgr.save(h=Holder({"w": torch.randn(1000)}))
         assert store.reads[left[0][len("exp/"):]] == reads
         assert mgr.gc().manifests_deleted == 1
+
+
+def test_checkpoints_another_machine_deletes_during_a_verify_are_not_called_damaged(
+        bucket: str, tmp_path: Path) -> None:
+    """Another machine deleted a checkpoint while a verify here ran: verify() called it
+    damaged ("its manifest is missing"), and its pack "missing from the store", where
+    this catalog had not heard of the delete yet. A real damage is still said."""
+    url = f"s3://{bucket}/exp"
+    trainer = machine(url, tmp_path, 1, strategy="full")
+    ids = [trainer.save(h=Holder({"w": torch.randn(10_000)}), step=n) for n in range(4)]
+    with pytest.warns(RuntimeWarning, match="rebuilt"):  # (its cache, made)
+        laptop = machine(url, tmp_path, 2)
+    assert laptop.list()["id"].tolist() == ids
+
+    def delete_meanwhile(n: int, total: int) -> None:
+        if n == 1:  # (the newest read: the oldest's manifest goes before it is read)
+            trainer.delete(ids[0])
+        if n == total:  # (every manifest read: a pack goes before the packs are read)
+            trainer.delete(ids[2])
+
+    report = laptop.verify(progress=delete_meanwhile)
+    assert report.ok, (report.bad, report.packs)
+    assert report.checked == [ids[1], ids[2], ids[3]]  # (the third read before it went)
+    assert laptop.list()["id"].tolist() == [ids[1], ids[3]]
+    digest = laptop._manifest(ids[1])["storages"][0]["chunks"][0][0]
+    pack = f"{bucket}/exp/{laptop.catalog.chunks([digest])[digest].pack}"
+    fs = s3fs.S3FileSystem()
+    data = bytearray(fs.cat_file(pack))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(pack, bytes(data))
+    report = laptop.verify()
+    assert list(report.bad) == [ids[1]] and report.checked == [ids[1], ids[3]]
