@@ -47,6 +47,9 @@ RANKING = "ranking"
 # The meta key of the store keys the last rebuild listed and left out, not as damaged: see
 # ``Seed.left_out_keys``.
 LEFT_OUT_KEYS = "left_out_keys"
+# The meta key of the ids of failed saves whose files the store may keep, until their
+# deletion is recorded in the store: see ``Catalog.failed_saves``.
+FAILED_SAVES = "failed_saves"
 
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
@@ -741,6 +744,30 @@ class Catalog:
                     when is None or isinstance(when, (int, float)) for when in keys.values()):
                 return keys
         return {}
+
+    def failed_saves(self) -> list[str]:
+        """The ids of saves that failed after writing files the store may keep (an
+        upload whose reply was lost may have landed), until their deletion is recorded
+        in the store: noted here first, since the store may not answer then."""
+        with self._lock:
+            found = self._meta(FAILED_SAVES)
+        with contextlib.suppress(ValueError, RecursionError):
+            ids = json.loads(found) if found else []
+            if isinstance(ids, list) and all(isinstance(cid, str) for cid in ids):
+                return ids
+        return []
+
+    def note_failed_save(self, checkpoint_id: str) -> None:
+        """Add a failed save's id to ``failed_saves``."""
+        with self.transaction():
+            self._set_meta(FAILED_SAVES,
+                           json.dumps(sorted({*self.failed_saves(), checkpoint_id})))
+
+    def forget_failed_saves(self, ids: Iterable[str]) -> None:
+        """Take ids out of ``failed_saves`` (their deletion is recorded in the store)."""
+        with self.transaction():
+            self._set_meta(FAILED_SAVES,
+                           json.dumps(sorted(set(self.failed_saves()) - set(ids))))
 
     @staticmethod
     def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow]) -> None:

@@ -26,7 +26,7 @@ import time
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -413,9 +413,10 @@ class CheckpointManager:
         delete what it saved."""
         found: list[Rebuilt] = []
 
-        def read_store(committed: AbstractSet[str] = frozenset()) -> Rebuilt:
+        def read_store(committed: AbstractSet[str] = frozenset(),
+                       failed: Collection[str] = ()) -> Rebuilt:
             try:
-                found.append(rebuild(self.store, committed))
+                found.append(rebuild(self.store, committed, failed))
             except OSError as exc:
                 raise StoreError(f"the catalog of {self.store.url} is missing or stale, and "
                                  f"reading the store to rebuild it failed ({exc}); nothing "
@@ -430,7 +431,7 @@ class CheckpointManager:
                 why = ("no longer matched the store (written from elsewhere, or a save here "
                        "was cut short)")
                 with self._exclusive():
-                    catalog.reseed(read_store(_committed(catalog)))
+                    catalog.reseed(read_store(_committed(catalog), catalog.failed_saves()))
 
         aside = None
         if local_root(self.store) is None and path != ":memory:":  # (a cache of the store)
@@ -496,7 +497,7 @@ class CheckpointManager:
         rows = catalog.checkpoints()
         pins = {row.id for row in rows if row.pinned}
         records, _ = deletion_records(self.store, pins.__contains__)
-        deleted = {cid for ids in records.values() for cid in ids}
+        deleted = {cid for ids in records.values() for cid in ids} | {*catalog.failed_saves()}
         listed = {row.id for row in rows}
         if listed & deleted:
             return True
@@ -521,8 +522,17 @@ class CheckpointManager:
             self._check_there()
             intact = "" if "intact" in str(exc) else \
                 " (the checkpoints saved before are intact)"
+            unrecorded: list[str] = []
+            with contextlib.suppress(Exception):  # (a catalog failing too: said as it was)
+                unrecorded = self.catalog.failed_saves()
+            told = "" if not unrecorded else (
+                f"; what reached the store of it could not be deleted: checkpoint"
+                f"{'s' * (len(unrecorded) > 1)} {', '.join(unrecorded)} "
+                f"{'is' if len(unrecorded) == 1 else 'are'} recorded as deleted in this "
+                "catalog, and will be in the store at this manager's next call that reaches "
+                "it (until then a catalog on another machine may list it)")
             failed = StoreError(f"saving a checkpoint failed, so it was not saved{intact}: "
-                                f"{exc}")
+                                f"{exc}{told}")
             failed.errno = exc.errno
             raise failed from exc
 
@@ -557,7 +567,9 @@ class CheckpointManager:
         the folder and one of the catalog; where the catalog file is missing, the next
         writer's lock take rebuilds it (one rebuilt here, from what a ``shutil.rmtree``
         in progress left, was written into the folder it deletes). Where another catalog
-        wrote the store last, it is read again too (``_catch_up_with_another_catalog``)."""
+        wrote the store last, it is read again too (``_catch_up_with_another_catalog``).
+        A failed save's deletion that the store could not be told of then is told first."""
+        self._record_failed_saves()
         if local_root(self.store) is not None:
             self._check_there()
             catalog = self.catalog
@@ -576,7 +588,7 @@ class CheckpointManager:
         """Bring the catalog up to the store where it is behind (rebuilt from the
         store), and its pins and notes up to the store's labels."""
         if self._behind_the_store(self.catalog):
-            found = rebuild(self.store, _committed(self.catalog))
+            found = rebuild(self.store, _committed(self.catalog), self.catalog.failed_saves())
             self.catalog.reseed(found)
             new = [line for line in found.left_out if line not in self._left_out_named]
             if new:  # (once each: a killed save's leftover stays until gc)
@@ -1132,6 +1144,24 @@ class CheckpointManager:
                 self.store.delete(key)
             except Exception:  # noqa: BLE001 - left for gc (a catch-up names it)
                 self._failed_saves.add(cid)
+        if manifest and cid in self._failed_saves:
+            with contextlib.suppress(Exception):  # (a catalog failing too: a catch-up names it)
+                self.catalog.note_failed_save(cid)
+                self._record_failed_saves()
+
+    def _record_failed_saves(self) -> None:
+        """Record in the store, as deletions, the failed saves whose manifest could not be
+        deleted (``Catalog.failed_saves``): an upload whose reply was lost as the server
+        went away may have landed whole, and a catalog read again from the store (here,
+        or on another machine) listed the save, as "latest", though it had raised. A
+        deletion record keeps every rebuild from listing it, and gc() deletes its files
+        (then the record). Where the store does not answer, the catalog keeps them, and
+        leaves them out of its own rebuilds, until a later call records them."""
+        if self.catalog.read_only or not (failed := self.catalog.failed_saves()):
+            return
+        with contextlib.suppress(OSError):  # (StoreError too: told at the next call)
+            self.store.put(new_deletion_key(), json.dumps({"ids": failed}).encode())
+            self.catalog.forget_failed_saves(failed)
 
     def _check_still_there(self, cid: str, packs: AbstractSet[str]) -> None:
         """Refuse a save whose manifest or new packs left the store before its commit, in

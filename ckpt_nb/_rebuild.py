@@ -121,14 +121,17 @@ class Rebuilt(Seed):
         return text
 
 
-def rebuild(store: Store, committed: Collection[str] = ()) -> Rebuilt:
+def rebuild(store: Store, committed: Collection[str] = (),
+            failed: Collection[str] = ()) -> Rebuilt:
     """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows;
-    ``committed``, the ids a catalog listed (one a pack of is gone is then damaged)."""
+    ``committed``, the ids a catalog listed (one a pack of is gone is then damaged);
+    ``failed``, the ids of failed saves whose deletion the store does not record yet
+    (``Catalog.failed_saves``), left out as deleted ones are."""
     found = Rebuilt()
     records, unreadable = deletion_records(store)
     for key, why in unreadable.items():
         found.leave_out(f"the deletion record {key}", why)
-    deleted = {cid for ids in records.values() for cid in ids}
+    deleted = {cid for ids in records.values() for cid in ids} | set(failed)
     pack_times, manifest_times = store.modified("packs"), store.modified("manifests")
     pack_keys = sorted(store.list("packs") if pack_times is None else pack_times)
     manifest_keys = sorted(store.list("manifests") if manifest_times is None else manifest_times)

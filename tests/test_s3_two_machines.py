@@ -7,6 +7,7 @@ and a damaged checkpoint does not stop retention.
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from collections import Counter
@@ -240,32 +241,27 @@ class _NetworkGoneForPacks(_Counting):
         super().delete(key)
 
 
-def test_a_failed_saves_leftover_is_named_as_this_managers_not_as_a_change_elsewhere(
+def test_a_failed_saves_leftover_is_recorded_deleted_not_a_change_elsewhere(
         bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A save whose pack upload failed, and whose manifest could not be deleted then,
     left it in the store: the catalog was read again at every call after, and the
-    warning said that the store "changed elsewhere", not that it was this manager's
-    failed save, nor that gc() deletes it."""
-    monkeypatch.setattr(_store, "GRACE_SECONDS", 0.0)  # (old at once: named at once)
+    warning said that the store "changed elsewhere". Its deletion is recorded in the
+    store: nothing is said, nothing read again, and gc() deletes it."""
+    monkeypatch.setattr(_store, "GRACE_SECONDS", 0.0)  # (old at once)
     url = f"s3://{bucket}/exp"
     store = _NetworkGoneForPacks(url)
     mgr = machine(store, tmp_path, 1)
     first = mgr.save(h=Holder({"w": torch.randn(1000)}))
     store.gone = True
-    with pytest.raises(StoreError, match="saving a checkpoint failed"):
+    with pytest.raises(StoreError, match="saving a checkpoint failed") as failed:
         mgr.save(h=Holder({"w": torch.randn(1000)}))
+    assert "recorded as deleted" not in str(failed.value)  # (recorded in the store at once)
     store.gone = False
     left = [key for key in files(bucket, "exp/manifests") if first not in key]
     assert len(left) == 1
-    failed = left[0].rsplit("/", 1)[-1].split(".")[0]
-    with pytest.warns(RuntimeWarning) as said:
-        assert mgr.list()["id"].tolist() == [first]
-    assert len(said) == 1
-    message = str(said[0].message)
-    assert f"checkpoint {failed}, which a save here that failed left in the store" in message
-    assert "gc() deletes it" in message and "changed elsewhere" not in message
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # (named once, and not read again)
+        warnings.simplefilter("error")  # (not said, and not read again)
+        assert mgr.list()["id"].tolist() == [first]
         reads = store.reads[left[0][len("exp/"):]]
         mgr.list()
         mgr.save(h=Holder({"w": torch.randn(1000)}))
@@ -303,3 +299,54 @@ def test_checkpoints_another_machine_deletes_during_a_verify_are_not_called_dama
     fs.pipe_file(pack, bytes(data))
     report = laptop.verify()
     assert list(report.bad) == [ids[1]] and report.checked == [ids[1], ids[3]]
+
+
+class _RepliesLost(FsspecStore):
+    """An S3 store whose server goes away (``gone``) with a pack upload's reply: the
+    pack landed whole, but the save was told its upload failed; deletes and the
+    deletion records' uploads fail while it is gone."""
+
+    gone = False
+
+    def _put(self, local: str, path: str, size: int) -> None:
+        if self.gone and "/deleted/" in path:
+            raise ConnectionError("the network is gone")
+        super()._put(local, path, size)
+        if self.gone and "/packs/" in path:
+            raise ConnectionError("the network went with the reply")
+
+    def delete(self, key: str) -> None:
+        if self.gone:
+            raise StoreError(f"deleting {key} at {self.url} failed: the network is gone")
+        super().delete(key)
+
+
+def test_a_save_that_failed_as_its_upload_replies_were_lost_is_never_listed(
+        bucket: str, tmp_path: Path) -> None:
+    """A save's pack upload landed whole, but its reply was lost as the server went
+    away: the save raised "it was not saved", its files could not be deleted, and once
+    the server was back the catalog read again from the store listed it as "latest";
+    a catalog rebuilt elsewhere too, and retention counted it."""
+    url = f"s3://{bucket}/exp"
+    store = _RepliesLost(url)
+    mgr = machine(store, tmp_path, 1)
+    first = mgr.save(h=Holder({"w": torch.randn(1000)}))
+    store.gone = True
+    with pytest.raises(StoreError, match=r"not saved.*: checkpoint (\w+) is recorded as "
+                                         "deleted in this catalog.*another machine") as failed:
+        mgr.save(h=Holder({"w": torch.randn(1000)}))
+    store.gone = False
+    cid = re.search(r"checkpoint (\w+) is recorded", str(failed.value))[1]
+    assert f"exp/manifests/{cid}.json.zst" in files(bucket, "exp/manifests")
+    restarted = machine(url, tmp_path, 1)  # (the kernel restarted: the catalog remembers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (its files are no change elsewhere)
+        assert restarted.list()["id"].tolist() == [first]
+        assert restarted.resolve("latest") == first
+    with pytest.warns(RuntimeWarning, match="rebuilt"):  # (another machine's cache, made)
+        elsewhere = machine(url, tmp_path, 2)
+    assert elsewhere.list()["id"].tolist() == [first]
+    assert mgr.list()["id"].tolist() == [first] and mgr.resolve("latest") == first
+    assert restarted.gc().manifests_deleted == 1
+    assert list(files(bucket, "exp/manifests")) == [f"exp/manifests/{first}.json.zst"]
+    assert restarted.verify().ok and elsewhere.list()["id"].tolist() == [first]
