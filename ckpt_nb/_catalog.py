@@ -58,9 +58,10 @@ def store_exists(location: str | os.PathLike[str]) -> bool:
     trip). Lets callers refuse a typo before ``CheckpointManager`` would create an
     empty store there (and, on an object store, its bucket)."""
     from ._format import FORMAT_KEY  # (the format module builds on this one)
-    from ._store import LOCAL_SCHEMES, file_url_path, open_store
+    from ._store import LOCAL_SCHEMES, file_url_path, open_store, refuse_empty_location
 
     text = os.fspath(location)
+    refuse_empty_location(text)
     if "://" in text and not text.startswith(LOCAL_SCHEMES):
         return text != "memory://" and open_store(text).has(FORMAT_KEY)
     if text.startswith(LOCAL_SCHEMES):

@@ -174,6 +174,7 @@ class LocalStore(Store):
     """A directory on local disk; values are files, fsynced before they appear."""
 
     def __init__(self, root: str | os.PathLike[str], *, durable: bool = True) -> None:
+        refuse_empty_location(os.fspath(root))
         self.root = Path(root).expanduser().absolute()
         self.durable = durable
         self.url = self.root.as_uri()
@@ -1818,6 +1819,7 @@ def open_store(location: str | os.PathLike[str] | Store, **options: object) -> S
     if isinstance(location, Store):
         return location
     text = os.fspath(location)
+    refuse_empty_location(text)
     if "://" not in text:
         return LocalStore(text, **options)  # type: ignore[arg-type]
     if text.startswith(LOCAL_SCHEMES):
@@ -1825,6 +1827,16 @@ def open_store(location: str | os.PathLike[str] | Store, **options: object) -> S
     if text == "memory://":
         return MemoryStore()
     return FsspecStore(text, **options)
+
+
+def refuse_empty_location(text: str) -> None:
+    """Refuse an empty location (an unset variable's ``os.environ.get("DIR", "")``): taken
+    as a path, it was the current folder, and a store's files landed among the
+    notebook's own without a word."""
+    if text in ("", *LOCAL_SCHEMES):
+        raise ValueError(f"the store's location is empty ({text!r}): pass a folder "
+                         "('runs/exp'; '.' for the current one) or a URL "
+                         "('s3://bucket/prefix')")
 
 
 def file_url_path(url: str) -> Path:

@@ -199,3 +199,19 @@ def test_a_dir_folder_holds_the_store_at_the_urls_path(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^dir::dir::memory://q: fsspec gives each dir:: "
                                          r".*give one dir::"):
         FsspecStore("dir::dir::memory://q")
+
+
+def test_an_empty_location_is_refused_not_taken_as_the_current_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``CheckpointManager(os.environ.get("CKPT_DIR", ""))`` with the variable unset made
+    a store in the current folder, among the notebook's files, without a word; ``ckpt-nb
+    ls ""`` listed that folder."""
+    monkeypatch.chdir(tmp_path)
+    for location in ("", "file://"):
+        with pytest.raises(ValueError, match="location is empty.*pass a folder.*or a URL"):
+            CheckpointManager(location)
+        assert cli(["ls", location]) == 2 and "location is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    CheckpointManager(".")  # (the current folder, named)
+    assert (tmp_path / "ckpt_nb.json").is_file()
