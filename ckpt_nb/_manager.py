@@ -1826,9 +1826,15 @@ class CheckpointManager:
         deleted it meanwhile (a file it needed went with it) says so, not "damaged"."""
         try:
             yield
-        except CkptError:
-            self._catch_up()  # (another manager's delete, where the catalog is this one's;
-            if self.catalog.get(cid) is None:  # a store removed whole is named so there)
+        except CkptError as exc:
+            try:
+                self._catch_up()  # (another manager's delete, where the catalog is this
+                # one's; a store removed whole is named so there)
+            except StoreError:
+                if isinstance(exc, StoreError):  # (the server gone meanwhile: the read's
+                    raise exc from exc.__cause__  # failure is named, not the look's)
+                raise
+            if self.catalog.get(cid) is None:
                 raise CheckpointNotFoundError(
                     f"checkpoint {cid} was deleted (by retention, here or in another "
                     "process) while it was being read") from None

@@ -353,3 +353,23 @@ def test_a_gc_or_delete_the_server_stops_answering_says_which_stopped(
     relay.down = False
     mgr.gc()
     assert list(CheckpointManager(url).list()["id"]) == ids
+
+
+def test_a_restore_cut_off_mid_read_names_the_read_that_failed(
+        bucket: str, relay: OutageRelay) -> None:
+    """The server went away while a restore read a pack: the error named "listing
+    deleted at s3://... failed" (the catch-up that looks for a deletion meanwhile, which
+    failed too), not the pack read that failed. The target is left as it was."""
+    url = f"s3://{bucket}/exp"
+    ids, newest_pack = saved(url, 2)
+    mgr = CheckpointManager(url)
+    assert mgr.list()["id"].tolist() == ids
+    relay.trip = newest_pack
+    target = Holder({"w": torch.zeros(3)})
+    with pytest.raises(StoreError, match="packs/") as failed:
+        mgr.restore(ids[-1], h=target)
+    assert "listing" not in str(failed.value) and "deleted" not in str(failed.value)
+    assert torch.equal(target.state["w"], torch.zeros(3))
+    relay.down, relay.trip = False, None
+    mgr.restore(ids[-1], h=target)
+    assert torch.equal(target.state["w"], weights(1)["w"])
