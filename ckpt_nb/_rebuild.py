@@ -89,6 +89,9 @@ class Rebuilt(Seed):
     rejoined: list[str] = field(default_factory=list)  # ids whose parent was gone
     # the checkpoints left out as a killed or failed save's leftovers, each with its line
     leftovers: dict[str, str] = field(default_factory=dict)
+    # whether a file listed was gone when read (another process's deletion or gc ran
+    # meanwhile, whose compacted packs the listing may lack: ``rebuild`` reads again)
+    overtaken: bool = False
 
     def leave_out(self, what: str, why: object, damaged: str | None = None) -> None:
         """Name something left out, and why; ``damaged``, its key: kept from ``gc()``."""
@@ -126,7 +129,20 @@ def rebuild(store: Store, committed: Collection[str] = (),
     """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows;
     ``committed``, the ids a catalog listed (one a pack of is gone is then damaged);
     ``failed``, the ids of failed saves whose deletion the store does not record yet
-    (``Catalog.failed_saves``), left out as deleted ones are."""
+    (``Catalog.failed_saves``), left out as deleted ones are. Read again where another
+    process deleted what was listed meanwhile (its gc may have compacted a pack whose
+    chunks a kept checkpoint needs into one written after the listing: that checkpoint
+    was left out as damaged, and its manifest kept from gc)."""
+    for _ in range(3):
+        found = _read_store(store, committed, failed)
+        if not found.overtaken:
+            break
+    return found
+
+
+def _read_store(store: Store, committed: Collection[str], failed: Collection[str]
+                ) -> Rebuilt:
+    """``rebuild``'s one reading of the store."""
     found = Rebuilt()
     records, unreadable = deletion_records(store)
     for key, why in unreadable.items():
@@ -146,8 +162,8 @@ def rebuild(store: Store, committed: Collection[str] = (),
         try:
             blob = store.get(key)
             manifest = decode_manifest(blob, cid)
-        except FileNotFoundError as exc:
-            found.leave_out(f"checkpoint {cid}", exc)
+        except FileNotFoundError:  # (deleted since the listing: another process's
+            found.overtaken = True  # retention or gc, which it is no change to warn of)
             continue
         except CorruptCheckpointError as exc:
             found.leave_out(f"checkpoint {cid}", exc, damaged=key)
@@ -320,8 +336,8 @@ def _copies(store: Store, found: Rebuilt, keys: Iterable[str]) -> dict[str, list
             continue
         try:
             rows = read_pack_index(store, key)
-        except FileNotFoundError as exc:
-            found.leave_out(f"pack {key}", exc)
+        except FileNotFoundError:  # (deleted since the listing, as a manifest below)
+            found.overtaken = True
             continue
         except CorruptCheckpointError as exc:
             found.leave_out("a pack", exc, damaged=key)

@@ -350,3 +350,37 @@ def test_a_save_that_failed_as_its_upload_replies_were_lost_is_never_listed(
     assert restarted.gc().manifests_deleted == 1
     assert list(files(bucket, "exp/manifests")) == [f"exp/manifests/{first}.json.zst"]
     assert restarted.verify().ok and elsewhere.list()["id"].tolist() == [first]
+
+
+class _ThenAfterListing(FsspecStore):
+    """An S3 store that runs ``then`` once, as soon as it has listed the manifests with
+    their times (a catalog read again has listed the store, and reads what it lists)."""
+
+    then: Callable[[], None] | None = None
+
+    def modified(self, prefix: str) -> dict[str, float] | None:
+        found = super().modified(prefix)
+        if prefix == "manifests" and self.then is not None:
+            then, self.then = self.then, None
+            then()
+        return found
+
+
+def test_a_checkpoint_deleted_elsewhere_while_the_store_is_read_again_is_not_left_out(
+        bucket: str, tmp_path: Path) -> None:
+    """Another machine's retention deleted a checkpoint between a catch-up's listing
+    and its reads: the warning said "left out: pack packs/... (bucket/exp/packs/...)",
+    which reads as damage; and where its gc moved a chunk a kept checkpoint needs into a
+    new pack, which the listing lacked, that checkpoint was left out as damaged."""
+    url = f"s3://{bucket}/exp"
+    trainer = machine(url, tmp_path, 1, strategy="full")
+    ids = [trainer.save(h=Holder({"w": torch.randn(1000)}), step=n) for n in range(2)]
+    store = _ThenAfterListing(url)
+    with pytest.warns(RuntimeWarning, match="rebuilt"):  # (its cache, made)
+        laptop = machine(store, tmp_path, 2)
+    ids.append(trainer.save(h=Holder({"w": torch.randn(1000)}), step=2))
+    store.then = lambda: trainer.delete(ids[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (nothing left out, nothing damaged)
+        assert laptop.list()["id"].tolist() == ids[1:] and store.then is None
+        assert laptop.verify().ok and laptop.catalog.damaged() == {}
