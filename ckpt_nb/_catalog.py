@@ -50,6 +50,8 @@ LEFT_OUT_KEYS = "left_out_keys"
 # The meta key of the ids of failed saves whose files the store may keep, until their
 # deletion is recorded in the store: see ``Catalog.failed_saves``.
 FAILED_SAVES = "failed_saves"
+# The meta key of how many transactions ever changed the catalog: see ``Catalog.generation``.
+GENERATION = "generation"
 
 
 def store_exists(location: str | os.PathLike[str]) -> bool:
@@ -543,12 +545,24 @@ class Catalog:
                 with _OPEN_CATALOGS_LOCK:
                     _OPEN_CATALOGS.discard(self)
 
-    def reseed(self, start: Seed) -> None:
+    def generation(self) -> int:
+        """How many transactions ever changed the catalog, in any process: a reseed from
+        a store read at one generation is stale at another (``reseed``'s ``since``)."""
+        with self._lock:
+            return int(self._meta(GENERATION) or 0)
+
+    def reseed(self, start: Seed, since: int | None = None) -> bool:
         """Replace every checkpoint and chunk row with ``start``, in one transaction. Each
         checkpoint it no longer holds (deleted elsewhere) gets its parent as its heir, as
         a delete here records (``heir_of``), so that a manager whose live objects came
-        from it saves under its nearest kept ancestor, not as a new root."""
+        from it saves under its nearest kept ancestor, not as a new root. With ``since``
+        (the ``generation`` at which the store was read for ``start``), nothing is
+        replaced where another manager of this catalog wrote it meanwhile (a save's
+        commit, on a catalog that processes share: ``start`` would drop its row);
+        returns whether it was replaced."""
         with self.transaction() as db:
+            if since is not None and self.generation() != since:
+                return False
             kept = {row.id for row in start.checkpoints}
             for cid, parent in db.execute("SELECT id, parent FROM checkpoints").fetchall():
                 if cid not in kept:
@@ -557,6 +571,7 @@ class Catalog:
             for table in ("refs", "chunks", "checkpoints", "branches"):
                 db.execute(f"DELETE FROM {table}")
             self._seed(db, start)
+        return True
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -565,6 +580,8 @@ class Catalog:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("INSERT INTO meta VALUES (?, '1') ON CONFLICT(key) DO UPDATE "
+                                 "SET value = CAST(value AS INTEGER) + 1", (GENERATION,))
             except BaseException:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")

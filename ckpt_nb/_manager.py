@@ -588,8 +588,11 @@ class CheckpointManager:
         """Bring the catalog up to the store where it is behind (rebuilt from the
         store), and its pins and notes up to the store's labels."""
         if self._behind_the_store(self.catalog):
+            since = self.catalog.generation()
             found = rebuild(self.store, _committed(self.catalog), self.catalog.failed_saves())
-            self.catalog.reseed(found)
+            if not self.catalog.reseed(found, since):
+                return  # (written meanwhile by another manager of this catalog, outside any
+                # lock: its commit stands, and a later call reads the store again if behind)
             new = [line for line in found.left_out if line not in self._left_out_named]
             if new:  # (once each: a killed save's leftover stays until gc)
                 self._left_out_named.update(new)

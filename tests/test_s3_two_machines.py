@@ -384,3 +384,25 @@ def test_a_checkpoint_deleted_elsewhere_while_the_store_is_read_again_is_not_lef
         warnings.simplefilter("error")  # (nothing left out, nothing damaged)
         assert laptop.list()["id"].tolist() == ids[1:] and store.then is None
         assert laptop.verify().ok and laptop.catalog.damaged() == {}
+
+
+def test_a_save_committed_while_a_reader_on_its_catalog_reads_the_store_again_stays(
+        bucket: str, tmp_path: Path) -> None:
+    """A reader and a saver on one catalog (the default cache on this machine): the
+    reader's catch-up read the store without the lock, the saver committed a save
+    meanwhile, and the reader's reseed put back the catalog as the store was before it:
+    the save's row was gone from the catalog, and the reader's list() lacked it."""
+    url = f"s3://{bucket}/exp"
+    saver = CheckpointManager(url)
+    first = saver.save(h=Holder({"w": torch.randn(1000)}))
+    store = _ThenAfterListing(url)
+    reader = CheckpointManager(store)
+    assert reader.catalog.path == saver.catalog.path
+    elsewhere = machine(url, tmp_path, 3).save(h=Holder({"w": torch.randn(1000)}))
+    saved: list[str] = []
+    store.then = lambda: saved.append(saver.save(h=Holder({"w": torch.randn(1000)})))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (read again: the other machine's)
+        listed = reader.list()["id"].tolist()
+    assert saved and saver.catalog.get(saved[0]) is not None
+    assert listed == [first, elsewhere, saved[0]]
