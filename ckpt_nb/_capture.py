@@ -1019,6 +1019,21 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
                                 "torch copies only between compressed sparse tensors of "
                                 f"as many: take it from load() and assign it "
                                 f"({name}.{key} = ...) instead")
+            elif live.layout in _COMPRESSED_INDICES and \
+                    live.values().shape[1:] != saved.values().shape[1:]:
+                problems.append(f"{name}: {key}'s blocks or dense part are "
+                                f"{tuple(saved.values().shape[1:])} in the checkpoint but "
+                                f"{tuple(live.values().shape[1:])} in the live object, which "
+                                "torch cannot copy between: take it from load() and assign "
+                                f"it ({name}.{key} = ...) instead")
+            elif live.layout is torch.sparse_coo and live._nnz() and \
+                    (live.sparse_dim(), live.dense_dim()) != (saved.sparse_dim(),
+                                                              saved.dense_dim()):
+                problems.append(f"{name}: {key} has {saved.sparse_dim()} sparse and "
+                                f"{saved.dense_dim()} dense dimensions in the checkpoint but "
+                                f"{live.sparse_dim()} and {live.dense_dim()} in the live "
+                                "object, which torch cannot copy between: take it from load() "
+                                f"and assign it ({name}.{key} = ...) instead")
             elif not _copies_in_place(live.dtype):
                 problems.append(f"{name}: {key} is {_describe(live)}, which torch cannot copy "
                                 "into in place: take it from load() instead")
@@ -1441,6 +1456,27 @@ def _runs_own_load_code(module: torch.nn.Module) -> bool:
         if any(not _from_torch(getattr(h, "hook", h)) for h in hooks):
             return True
     return False
+
+
+# torch's own loaders that copy each tensor given into the module's own (nn.Module's,
+# and the norms', which fill in or drop running statistics first): torch.ao's quantized
+# modules load by packing, and the packed weights keep the tensors given (the bias)
+_COPYING_LOADERS = ("torch.nn.modules.module", "torch.nn.modules.batchnorm",
+                    "torch.nn.modules.instancenorm")
+
+
+@functools.cache
+def _class_copies_what_it_loads(cls: type) -> bool:
+    return all(next(c for c in cls.__mro__ if attr in vars(c)).__module__ in _COPYING_LOADERS
+               for attr in ("load_state_dict", "_load_from_state_dict", "set_extra_state"))
+
+
+def copies_what_it_loads(module: torch.nn.Module) -> bool:
+    """Whether ``module.load_state_dict`` keeps none of the tensors it is given (each is
+    copied into the module's own): where it may, a state read from a mapped file is to be
+    copied out of the mapping first (the file saved over would change or kill them)."""
+    return not _runs_own_load_code(module) and \
+        all(_class_copies_what_it_loads(type(m)) for m in module.modules())
 
 
 def _backup(obj: Any) -> dict[str, Any]:

@@ -942,9 +942,17 @@ def _is_stateful(value: Any) -> bool:
     """Whether a value's class gives it ``state_dict()`` and ``load_state_dict()``: asked
     of the class, since the Protocol's check asks the instance, whose ``__getattr__`` (a
     DotMap config's) would store a new child under each name asked for."""
-    kind = type(value)
-    return not isinstance(value, type) and all(
-        callable(getattr(kind, method, None)) for method in ("state_dict", "load_state_dict"))
+    if isinstance(value, type):
+        return False
+    methods = ("state_dict", "load_state_dict")
+    if all(callable(getattr(type(value), method, None)) for method in methods):
+        return True
+    # A proxy or wrapper forwarding them (wrapt's ObjectProxy, a class delegating to its
+    # model by __getattr__) is asked itself, as before; a mapping (a config dict with
+    # attribute access) never is: its answer would be a new child stored in it, or a
+    # KeyError, for a value that is no state of the kind.
+    return not isinstance(value, Mapping) and \
+        all(callable(getattr(value, method, None)) for method in methods)
 
 
 def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,

@@ -1010,6 +1010,18 @@ def _damaged_records(path: Path) -> list[str]:
     return damaged
 
 
+def _records_stored(path: Path) -> bool:
+    """Whether each record of a zip is stored as it is, as torch.save writes them: mapped,
+    torch takes a record's bytes as they lie in the file, where a zip re-packed by another
+    tool (Info-ZIP's zip deflates what shrinks) holds them compressed, which torch's reader
+    inflates when it reads the file whole."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return all(info.compress_type == zipfile.ZIP_STORED for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False
+
+
 def _stored_crc(mapped: mmap.mmap, info: zipfile.ZipInfo) -> int | None:
     """The CRC-32 of a stored (uncompressed) record's bytes, computed over the mapped file
     a block at a time, as they lie (zipfile's reads copy each block twice over: 3 times
@@ -1066,7 +1078,7 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
         # into memory first (a 1 GiB file took 1.3 GiB where mapped it takes 0.3); a
         # legacy pickle cannot be mapped.
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle,
-                          mmap=head[:4] == b"PK\x03\x04")
+                          mmap=head[:4] == b"PK\x03\x04" and _records_stored(path))
     except pickle.UnpicklingError as exc:
         if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE) or \
                 _pickle_is_damaged(path):

@@ -39,7 +39,7 @@ import torch
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, give_back_freed_memory, scratch
 from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
-                       Unflattener, _runs_own_load_code, as_stateful, flatten, has_pickle,
+                       Unflattener, as_stateful, copies_what_it_loads, flatten, has_pickle,
                        load_all, rng_problem, trained_storages)
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
                        DamagedCatalog, open_cache)
@@ -1724,7 +1724,7 @@ class CheckpointManager:
                 # copied here, so that nothing live or returned holds the file's pages)
                 memo: dict[int, Any] = {}
                 ck.state = {name: state if isinstance(targets.get(name), torch.nn.Module)
-                            and not _runs_own_load_code(targets[name])
+                            and copies_what_it_loads(targets[name])
                             else out_of_file(state, memo) for name, state in ck.state.items()}
                 ck.extra, ck.rng = out_of_file(ck.extra, memo), out_of_file(ck.rng, memo)
             else:
@@ -1807,9 +1807,18 @@ class CheckpointManager:
         """
         path = os.fspath(which)
         if self._names_a_file(path):
-            from ._interop import read_file
+            from ._interop import out_of_file, read_file
 
-            return read_file(path, trust_pickle=trust_pickle)
+            ck = read_file(path, trust_pickle=trust_pickle)
+            if not _EXPORT_READING.get():  # (an export writes the file and drops it)
+                # The file is mapped: what is returned is copied out of it, as a store's
+                # checkpoint is read into memory of its own (saved over in place, the file
+                # would change the values held, or kill the process with SIGBUS).
+                memo: dict[int, Any] = {}
+                ck.state, ck.extra, ck.rng = (out_of_file(ck.state, memo),
+                                              out_of_file(ck.extra, memo),
+                                              out_of_file(ck.rng, memo))
+            return ck
         return self._load_verified(path, trust_pickle, progress, needed)
 
     def _names_a_file(self, which: str) -> bool:

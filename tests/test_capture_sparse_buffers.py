@@ -72,3 +72,32 @@ def test_a_compressed_buffer_of_another_count_is_refused_before_anything_changes
     with pytest.raises(StateMismatchError, match="elements set.*take it from load"):
         mgr.restore(cid, model=fresh)
     assert torch.equal(fresh.lin.weight, before)
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self, adj: torch.Tensor) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)  # (loaded ahead of the buffer)
+        self.register_buffer("adj", adj)
+
+
+DIAGONAL = torch.eye(4)
+CORNERS = torch.zeros(4, 4).index_put_((torch.tensor([0, 3]), torch.tensor([0, 3])),
+                                       torch.tensor([1.0, 1.0]))
+
+
+@pytest.mark.parametrize("saved, live, said", [
+    # (as many blocks set, of another size: torch's copy_ refuses once it gets there)
+    (DIAGONAL.to_sparse_bsr((2, 2)), CORNERS.to_sparse_bsr((4, 1)), "blocks or dense part"),
+    # (sparse and dense dimensions split otherwise: resize_ refuses on a non-empty tensor)
+    (DIAGONAL.to_sparse(1), CORNERS.to_sparse(), "1 sparse and 1 dense dimensions"),
+], ids=["bsr-block-size", "coo-hybrid"])
+def test_a_sparse_buffer_torch_cannot_copy_is_refused_before_anything_changes(
+        tmp_path: Path, saved: torch.Tensor, live: torch.Tensor, said: str) -> None:
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(Blocks(saved), None, 0)
+    fresh = Blocks(live)
+    before = fresh.lin.weight.clone()
+    with pytest.raises(StateMismatchError, match=f"(?s)nothing was changed.*{said}"):
+        mgr.restore(cid, model=fresh)
+    assert torch.equal(fresh.lin.weight, before)

@@ -563,3 +563,21 @@ def test_discovery_asks_a_config_dicts_class_not_its_getattr() -> None:
     assert grown == {"lr": 0.1} and keyed == {"epochs": 2}  # (no key added)
     assert set(found.statefuls) == {"model", "state"}
     assert set(found.variables) == {"dm", "cfg"} and not found.skipped
+
+
+class Delegating:  # (a wrapper of a model, forwarding what it lacks to it)
+    def __init__(self, inner: torch.nn.Module) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_wrapper_forwarding_state_dict_by_getattr_is_still_tracked() -> None:
+    """Asking the class alone (for a config dict's sake) left out a wrapper whose
+    state_dict() is its model's, forwarded by __getattr__: skipped as 'Delegating', its
+    model was in no checkpoint."""
+    wrapped = Delegating(torch.nn.Linear(2, 2))
+    found = discover({"model": wrapped, "cfg": GrowingConfig(lr=0.1)})
+    assert set(found.statefuls) == {"model"} and not found.skipped
+    assert set(found.variables) == {"cfg"}

@@ -785,3 +785,29 @@ def test_a_file_needing_a_class_not_defined_here_says_so_not_damaged(tmp_path: P
                        "imported here: install it or put it on sys.path"):
         mgr.restore(tmp_path / "module_class.pt", model=torch.nn.Linear(3, 2),
                     trust_pickle=True)
+
+
+def test_a_torch_save_zip_packed_again_with_deflated_records_reads_exactly(
+        tmp_path: Path) -> None:
+    """A .pt re-packed by another tool (Info-ZIP's zip deflates each record that shrinks,
+    stores the rest) is read as torch.load reads it: a deflated record is not mapped as
+    if its bytes were the tensor's (a zero bias read the next records' bytes, silently)."""
+    import zlib
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    with torch.no_grad():
+        model[0].bias.zero_()
+    torch.save({"model": model.state_dict()}, tmp_path / "raw.pt")
+    with zipfile.ZipFile(tmp_path / "raw.pt") as src, \
+            zipfile.ZipFile(tmp_path / "packed.pt", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            dst.writestr(info.filename, data, zipfile.ZIP_DEFLATED
+                         if len(zlib.compress(data)) < len(data) * 0.9 else zipfile.ZIP_STORED)
+    mgr = CheckpointManager(tmp_path / "s")
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    mgr.restore(tmp_path / "packed.pt", model=fresh)
+    for read in (mgr.load(tmp_path / "packed.pt").state["model"], fresh.state_dict(),
+                 mgr.load(mgr.import_file(tmp_path / "packed.pt")).state["model"]):
+        assert all(torch.equal(read[k], v) for k, v in model.state_dict().items())

@@ -352,3 +352,53 @@ def test_what_a_restore_from_a_file_keeps_outlives_the_file_saved_over(
                            str(tmp_path / f"run{suffix}")], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr
+
+
+# (in a process of its own: a tensor left mapped from the file dies of SIGBUS there)
+QUANTIZED_SAVED_OVER = textwrap.dedent("""
+    import sys, warnings, torch
+    from ckpt_nb import CheckpointManager
+    warnings.simplefilter("ignore")
+    store, path = sys.argv[1:]
+
+    def build(seed):
+        torch.manual_seed(seed)
+        return torch.ao.quantization.quantize_dynamic(
+            torch.nn.Sequential(torch.nn.Linear(16, 16)), {torch.nn.Linear}, dtype=torch.qint8)
+
+    saved, x = build(0), torch.randn(2, 16)
+    torch.save({"model": saved.state_dict()}, path)
+    live = build(1)
+    CheckpointManager(store).restore(path, model=live)
+    torch.save({"model": build(2).state_dict()}, path)  # (the next save, in place)
+    assert torch.equal(live(x), saved(x)), "the restored model changed with the file"
+    print("read")
+""")
+
+
+def test_a_quantized_model_restored_from_a_file_keeps_nothing_of_the_file(
+        tmp_path: Path) -> None:
+    """torch's quantized modules load by packing their weights, and the packed weights
+    keep the bias tensor they are given: read from a mapped .pt it changed (or died of
+    SIGBUS) once the file was saved over."""
+    done = subprocess.run([sys.executable, "-c", QUANTIZED_SAVED_OVER, str(tmp_path / "s"),
+                           str(tmp_path / "q.pt")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr
+
+
+def test_what_load_of_a_file_returns_does_not_change_with_the_file_saved_over(
+        tmp_path: Path) -> None:
+    """load(path) of a mapped .pt returned tensors of the mapping: the next torch.save to
+    the same path, in place, changed the values held (silently, where the new file is as
+    long) or killed the process with SIGBUS (where it is shorter)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    path = tmp_path / "last.pt"
+    torch.save({"model": model.state_dict(), "best": model.weight.detach() * 2}, path)
+    ck = CheckpointManager(tmp_path / "s").load(path)
+    held, best = ck.state["model"]["weight"], ck.extra["best"]
+    first = held.clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    torch.save({"model": model.state_dict(), "best": model.weight.detach() * 2}, path)
+    assert torch.equal(held, first) and torch.equal(best, first * 2)
