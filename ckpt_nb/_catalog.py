@@ -724,8 +724,13 @@ class Catalog:
     def commit_checkpoint(
         self, row: CheckpointRow, new_chunks: Iterable[ChunkRow], refs: Iterable[str]
     ) -> None:
-        """Make a checkpoint visible: chunks, refs, row and branch tip in one transaction."""
+        """Make a checkpoint visible: chunks, refs, row and branch tip in one transaction.
+        A row of the same save already there (its manifest's digest: a reader sharing
+        this catalog read the store again without the lock after the save's files had
+        landed, and listed it) gives way to this one: the save is committed, not refused."""
         with self.transaction() as db:
+            db.execute("DELETE FROM checkpoints WHERE id=? AND manifest_digest=?",
+                       (row.id, row.manifest_digest))
             self._insert(db, row, new_chunks, refs)
 
     def _seed(self, db: sqlite3.Connection, start: Seed) -> None:

@@ -341,6 +341,7 @@ class CheckpointManager:
         # each label it read then: one unchanged since, in an unchanged catalog, is not read)
         self._labels_read: tuple[Any, dict[str, str]] = (None, {})
         self._failed_saves: set[str] = set()  # ids whose manifest a failed save left behind
+        self._noted_now: set[str] = set()  # (the id the failing save now noted: _saving)
         # A deletion's collection failed (retention's, delete()'s): the next one collects
         # the whole store (gc), as the checkpoints that one deleted left what only a whole
         # gc finds.
@@ -516,6 +517,7 @@ class CheckpointManager:
         failed" said neither that the save failed nor that what was saved before is intact
         (what fails before the commit leaves no checkpoint; a half-written pack is gc's).
         A full disk's error says the last already, and is not made to say it twice."""
+        self._noted_now = set()  # (the id a failure of this save notes)
         try:
             yield
         except StoreError as exc:
@@ -524,7 +526,10 @@ class CheckpointManager:
                 " (the checkpoints saved before are intact)"
             unrecorded: list[str] = []
             with contextlib.suppress(Exception):  # (a catalog failing too: said as it was)
-                unrecorded = self.catalog.failed_saves()
+                # (this save's own: an earlier failed save's, or another process's on a
+                # shared catalog, is no part of what reached the store of this one)
+                unrecorded = [cid for cid in self.catalog.failed_saves()
+                              if cid in self._noted_now]
             told = "" if not unrecorded else (
                 f"; what reached the store of it could not be deleted: checkpoint"
                 f"{'s' * (len(unrecorded) > 1)} {', '.join(unrecorded)} "
@@ -1150,6 +1155,7 @@ class CheckpointManager:
         if manifest and cid in self._failed_saves:
             with contextlib.suppress(Exception):  # (a catalog failing too: a catch-up names it)
                 self.catalog.note_failed_save(cid)
+                self._noted_now = {cid}
                 self._record_failed_saves()
 
     def _record_failed_saves(self) -> None:

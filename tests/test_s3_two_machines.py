@@ -406,3 +406,53 @@ def test_a_save_committed_while_a_reader_on_its_catalog_reads_the_store_again_st
         listed = reader.list()["id"].tolist()
     assert saved and saver.catalog.get(saved[0]) is not None
     assert listed == [first, elsewhere, saved[0]]
+
+
+def test_a_save_a_reader_on_its_catalog_listed_before_its_commit_is_saved(
+        bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader sharing the saver's catalog (the default cache) read the store again
+    without the lock once the save's manifest and pack had landed, before its commit, and
+    listed it; the save's commit then failed on its own row ('UNIQUE constraint failed'),
+    and the save raised 'it was not saved' though it was listed, as latest."""
+    from ckpt_nb import _catalog
+    from ckpt_nb._rebuild import rebuild
+
+    url = f"s3://{bucket}/exp"
+    saver = CheckpointManager(url)
+    first = saver.save(h=Holder({"w": torch.randn(1000)}))
+    reader = CheckpointManager(url)
+    assert reader.catalog.path == saver.catalog.path
+    commit = _catalog.Catalog.commit_checkpoint
+
+    def read_first(self: _catalog.Catalog, *args: object) -> None:
+        # (the reader's catch-up, at this moment: its reseed, from the store as it is)
+        reader.catalog.reseed(rebuild(reader.store), reader.catalog.generation())
+        commit(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_catalog.Catalog, "commit_checkpoint", read_first)
+    second = saver.save(h=Holder({"w": torch.randn(1000)}))
+    monkeypatch.undo()
+    assert saver.list()["id"].tolist() == [first, second]
+    assert reader.list()["id"].tolist() == [first, second]
+    assert saver.verify().ok
+
+
+def test_a_failed_saves_error_names_its_own_leftover_not_an_earlier_saves(
+        bucket: str, tmp_path: Path) -> None:
+    """Two saves fail in turn as the server goes away with their pack upload's reply:
+    the second's error said "what reached the store of it could not be deleted:
+    checkpoints A, B are recorded as deleted", A being the first save's (and, on a catalog
+    that processes share, any other process's failed save was named as this one's)."""
+    store = _RepliesLost(f"s3://{bucket}/exp")
+    mgr = machine(store, tmp_path, 1)
+    mgr.save(h=Holder({"w": torch.randn(1000)}))
+    store.gone = True
+    named = []
+    for _ in range(2):
+        with pytest.raises(StoreError, match="recorded as deleted") as failed:
+            mgr.save(h=Holder({"w": torch.randn(1000)}))
+        named.append(re.findall(r"checkpoints? ([\w, ]+?) (?:is|are) recorded",
+                                str(failed.value))[0].split(", "))
+    store.gone = False
+    assert len(named[0]) == 1 and len(named[1]) == 1 and named[0] != named[1], named
+    assert sorted(mgr.catalog.failed_saves()) == sorted(named[0] + named[1])
