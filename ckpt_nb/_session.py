@@ -2839,6 +2839,25 @@ class AutoSession:
         and, resuming, starts at the saved epoch."""
         resumed = self._resume_now()
         epoch = resumed if resumed is not None else start
+        try:
+            yield from self._epochs_from(epoch, n, resumed)
+        finally:
+            # (the loop left before the resumed epoch's batches() began: a break or a
+            # return in its code ahead of the loop, an error caught around it, no epochs
+            # left; the log()s after it count, and a batches() loop after it skips nothing)
+            self._drop_resume_position()
+
+    def _drop_resume_position(self) -> None:
+        """Forget where a mid-epoch resume goes on in its epoch's batches() loop, once
+        that epoch is left without one (its body took another way than the run it
+        resumes: a skip or stop file, a time budget): the resume's silence of log(), and
+        the batches it skips, which the next batches() loop took (the next epoch's, or an
+        evaluation's after the loop, lost that many)."""
+        self._epoch_put_back = None
+        self._pending_skip = self._pending_loader_rng = self._pending_loader_start = None
+
+    def _epochs_from(self, epoch: int, n: int, resumed: int | None) -> Iterator[int]:
+        """epochs()'s loop, from ``epoch`` (``resumed``: the epoch a resume began in)."""
         while epoch < n:
             if self.loop.epoch != epoch or resumed is None:
                 self.loop = _Loop(epoch=epoch, generators=self.loop.generators,
@@ -2850,7 +2869,7 @@ class AutoSession:
                 self.loop.start_generators = self._generator_states()
             resumed = None
             yield epoch
-            self._epoch_put_back = None  # (an epoch with no batches() loop: its log()s count)
+            self._drop_resume_position()  # (an epoch with no batches() loop)
             # The epoch's body is complete (its loader's generators are the next one's).
             self.loop = _Loop(epoch=epoch + 1, generators=self.loop.generators,
                               loader=self.loop.loader)
