@@ -465,7 +465,10 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
              *([_note_cell(r["note"], cut)] if with_note else [])]
             for _, r in frame.iterrows()]
     fitted = ""
-    if cut:  # (on a terminal: 136 columns for the demo's store; piped, every column)
+    # (on a terminal: 136 columns for the demo's store; piped, every column; from a
+    # notebook's `!ckpt-nb ls`, every column too: the kernel's pty is 80 columns wide
+    # whatever the output area, which scrolls)
+    if cut and not os.environ.get("JPY_PARENT_PID"):
         table = dict(zip(headers, map(list, zip(*rows))))
         # (given up least important first; a branch's name matters where rows differ)
         one_branch = frame["branch"].nunique() == 1

@@ -18,13 +18,17 @@ from ckpt_nb import CheckpointManager
 from test_cli import module_env, run_module
 
 
-def on_terminal(columns: int, *argv: object) -> list[str]:
-    """The lines ``python -m ckpt_nb ARGV`` shows on a terminal ``columns`` wide."""
+def on_terminal(columns: int, *argv: object, in_a_kernel: bool = False) -> list[str]:
+    """The lines ``python -m ckpt_nb ARGV`` shows on a terminal ``columns`` wide (run
+    from a notebook kernel's ``!`` where ``in_a_kernel``)."""
+    env = {**module_env(), "COLUMNS": str(columns)}
+    env.pop("JPY_PARENT_PID", None)  # (these tests run from a notebook too)
+    if in_a_kernel:
+        env["JPY_PARENT_PID"] = str(os.getpid())  # (as a kernel's environment has it)
     reader, writer = pty.openpty()
     try:
         done = subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
-                              stdout=writer, stderr=subprocess.PIPE, timeout=120,
-                              env={**module_env(), "COLUMNS": str(columns)})
+                              stdout=writer, stderr=subprocess.PIPE, timeout=120, env=env)
         os.close(writer)
         shown = b""
         with contextlib.suppress(OSError):  # (EIO: the terminal's writer is gone)
@@ -176,3 +180,11 @@ def test_a_metric_the_same_in_every_row_goes_before_one_that_differs(tmp_path: P
             narrow = middle
     header = on_terminal(narrow, "ls", tmp_path)[0].split()
     assert "lr" not in header and "val_acc" in header, header
+
+
+def test_ls_from_a_notebooks_shell_escape_shows_every_column(tmp_path: Path) -> None:
+    """A kernel's `!ckpt-nb ls` runs on a pty 80 columns wide whatever the notebook's
+    output area (which scrolls): the table stays whole there, as the tutorials show it."""
+    demo_like(tmp_path)
+    assert on_terminal(60, "ls", tmp_path, in_a_kernel=True) == \
+        on_terminal(200, "ls", tmp_path)
