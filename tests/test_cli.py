@@ -78,6 +78,30 @@ def module_env() -> dict[str, str]:
     return env
 
 
+def on_terminal(columns: int, *argv: object, in_a_kernel: bool = False) -> list[str]:
+    """The lines ``python -m ckpt_nb ARGV`` shows on a terminal ``columns`` wide (run
+    from a notebook kernel's ``!`` where ``in_a_kernel``)."""
+    import pty
+
+    env = {**module_env(), "COLUMNS": str(columns)}
+    env.pop("JPY_PARENT_PID", None)  # (these tests run from a notebook too)
+    if in_a_kernel:
+        env["JPY_PARENT_PID"] = str(os.getpid())  # (as a kernel's environment has it)
+    reader, writer = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
+                              stdout=writer, stderr=subprocess.PIPE, timeout=120, env=env)
+        os.close(writer)
+        shown = b""
+        with contextlib.suppress(OSError):  # (EIO: the terminal's writer is gone)
+            while chunk := os.read(reader, 1 << 16):
+                shown += chunk
+    finally:
+        os.close(reader)
+    assert done.returncode == 0, done.stderr
+    return shown.decode().replace("\r\n", "\n").splitlines()
+
+
 def run_module(*argv: object) -> subprocess.CompletedProcess[str]:
     """``python -m ckpt_nb ARGV`` in a fresh interpreter: stderr as a terminal would get it."""
     return subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
@@ -1158,24 +1182,10 @@ def test_ls_cuts_a_long_note_on_a_terminal_and_keeps_it_whole_when_piped(
         tmp_path: Path) -> None:
     """A note of 200 characters made table lines of 489 on a terminal; `show`, and ls
     piped into another program, give it whole."""
-    import pty
-
     note = "n" * 30 + "\t" + "x" * 169
     with CheckpointManager(tmp_path) as mgr:
         cid = mgr.save(torch.nn.Linear(1, 1), rng=False, note=note)
-    reader, writer = pty.openpty()
-    try:
-        done = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", tmp_path], stdout=writer,
-                              stderr=subprocess.PIPE, timeout=120)
-        os.close(writer)
-        shown = b""
-        with contextlib.suppress(OSError):  # (EIO: the terminal's writer is gone)
-            while chunk := os.read(reader, 1 << 16):
-                shown += chunk
-    finally:
-        os.close(reader)
-    assert done.returncode == 0, done.stderr
-    row = shown.decode().splitlines()[1]
+    row = on_terminal(80, "ls", tmp_path)[1]
     assert row.endswith("  " + "n" * 30 + "…") and len(row) < 200, row
     piped = run_module("ls", tmp_path)
     assert piped.stdout.splitlines()[1].endswith("  " + "n" * 30 + "\\t" + "x" * 169)

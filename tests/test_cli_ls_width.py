@@ -4,9 +4,6 @@ a real pseudo-terminal, on a real store."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pty
 import re
 import subprocess
 import sys
@@ -15,29 +12,7 @@ from pathlib import Path
 import torch
 
 from ckpt_nb import CheckpointManager
-from test_cli import module_env, run_module
-
-
-def on_terminal(columns: int, *argv: object, in_a_kernel: bool = False) -> list[str]:
-    """The lines ``python -m ckpt_nb ARGV`` shows on a terminal ``columns`` wide (run
-    from a notebook kernel's ``!`` where ``in_a_kernel``)."""
-    env = {**module_env(), "COLUMNS": str(columns)}
-    env.pop("JPY_PARENT_PID", None)  # (these tests run from a notebook too)
-    if in_a_kernel:
-        env["JPY_PARENT_PID"] = str(os.getpid())  # (as a kernel's environment has it)
-    reader, writer = pty.openpty()
-    try:
-        done = subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
-                              stdout=writer, stderr=subprocess.PIPE, timeout=120, env=env)
-        os.close(writer)
-        shown = b""
-        with contextlib.suppress(OSError):  # (EIO: the terminal's writer is gone)
-            while chunk := os.read(reader, 1 << 16):
-                shown += chunk
-    finally:
-        os.close(reader)
-    assert done.returncode == 0, done.stderr
-    return shown.decode().replace("\r\n", "\n").splitlines()
+from test_cli import module_env, on_terminal, run_module
 
 
 def demo_like(directory: Path, note: str = "") -> list[str]:
