@@ -7,7 +7,6 @@ second process."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -19,6 +18,7 @@ import torch
 import ckpt_nb
 from ckpt_nb import CheckpointManager, _session
 from ckpt_nb.cli import main
+import warm_python  # (fresh interpreters forked from a warm one)
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")
 
@@ -70,8 +70,7 @@ def rolled_back_best(store: Path) -> str:
         print(ckpt_nb.rollback("best", directory={str(store)!r},
                                namespace={{"model": torch.nn.Linear(4, 2)}}))
         """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, check=True)
+    done = warm_python.run([sys.executable, "-c", code], timeout=300, check=True)
     return done.stdout.split()[-1]
 
 

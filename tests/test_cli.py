@@ -24,6 +24,7 @@ import torch
 from ckpt_nb import CheckpointManager, StoreError
 from ckpt_nb._units import human_size
 from ckpt_nb.cli import main
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 @dataclass
@@ -647,7 +648,7 @@ def test_export_trust_pickle_of_a_class_this_process_lacks_is_one_line(tmp_path:
     script = ("import torch, ckpt_nb\nclass Foo: pass\n"
               f"ckpt_nb.CheckpointManager({str(tmp_path / 's')!r}).save("
               "torch.nn.Linear(2, 2), extra={'obj': Foo()})\n")
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    warm_python.run([sys.executable, "-c", script], check=True, timeout=120)
     done = run_module("export", tmp_path / "s", "latest", tmp_path / "o.safetensors",
                       "--trust-pickle")
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
@@ -868,8 +869,7 @@ def test_a_read_only_store_whose_catalog_has_a_journal_but_no_shm_is_read(
               "m = CheckpointManager(sys.argv[1]); lin = torch.nn.Linear(4, 4)\n"
               "print(*(m.save(lin, epoch=i) for i in range(3)))\n"
               "os._exit(0)  # (killed: the catalog's WAL is left as it was)")
-    ids = subprocess.run([sys.executable, "-c", killed, str(directory)], check=True,
-                         capture_output=True, text=True).stdout.split()
+    ids = warm_python.run([sys.executable, "-c", killed, str(directory)], check=True).stdout.split()
     assert (directory / "catalog.sqlite-wal").stat().st_size > 0
     (directory / "catalog.sqlite-shm").unlink()
     view = tmp_path / "read-only"
@@ -933,7 +933,7 @@ def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> No
     (tmp_path / "mods" / "mycfg.py").write_text("class Cfg:\n    lr = 0.1\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(tmp_path / "mods"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    subprocess.run([sys.executable, "-c", (
+    warm_python.run([sys.executable, "-c", (
         "import sys, torch, mycfg; from ckpt_nb import CheckpointManager\n"
         "CheckpointManager(sys.argv[1]).save(torch.nn.Linear(2, 2), extra={'cfg': "
         "mycfg.Cfg()})"), str(tmp_path / "store")], check=True, env=env)
@@ -954,12 +954,11 @@ def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> No
         "torch.load(weights_only=True) refuses: export to .safetensors)\n")
     done = export("a.safetensors", env)
     assert (done.returncode, done.stderr) == (0, "")
-    kept = subprocess.run([sys.executable, "-c", (
+    kept = warm_python.run([sys.executable, "-c", (
         "import sys; from ckpt_nb import CheckpointManager\n"
         "m = CheckpointManager(sys.argv[2]); cid = m.import_file(sys.argv[1], trust_pickle=True)\n"
         "print(type(m.load(cid, trust_pickle=True).extra['cfg']).__name__)"),
-        str(tmp_path / "a.safetensors"), str(tmp_path / "again")],
-        capture_output=True, text=True, env=env)
+        str(tmp_path / "a.safetensors"), str(tmp_path / "again")], env=env)
     assert kept.stdout == "Cfg\n", kept.stderr
     help_text = " ".join(subprocess.run([sys.executable, "-m", "ckpt_nb", "export", "--help"],
                                         capture_output=True, text=True).stdout.split())
@@ -1089,7 +1088,7 @@ def test_help_and_usage_errors_answer_before_torch_loads() -> None:
             "loaded = [getattr(ckpt_nb, name) for name in ckpt_nb.__all__]\n"
             "print(len(loaded), set(ckpt_nb.__all__) <= set(dir(ckpt_nb)))\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True)
+                         timeout=120, check=True)  # (not forked: torch must not be loaded)
     assert run.stdout.splitlines()[-2:] == ["[0, 2] False", "40 True"], run.stdout
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from test_cli import module_env
+import warm_python  # (fresh interpreters forked from a warm one)
 
 # The demo as `python -m ckpt_nb.demo DIR` runs it, on a machine without scikit-learn
 # (None in sys.modules: its import fails).
@@ -56,8 +57,8 @@ def test_the_demo_interrupted_says_so_in_a_line(tmp_path: Path) -> None:
 
 def test_the_demo_without_scikit_learn_says_what_to_install(tmp_path: Path) -> None:
     """A ModuleNotFoundError traceback, from the demo's line importing sklearn."""
-    done = subprocess.run([sys.executable, "-c", WITHOUT_SKLEARN, str(tmp_path / "demo")],
-                          capture_output=True, text=True, env=module_env(), timeout=120)
+    done = warm_python.run([sys.executable, "-c", WITHOUT_SKLEARN, str(tmp_path / "demo")],
+                           env=module_env(), timeout=120)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("python -m ckpt_nb.demo: the demo trains on scikit-learn's "
                                   "digits, and scikit-learn could not be imported (")

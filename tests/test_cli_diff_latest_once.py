@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from ckpt_nb import CheckpointManager
+import warm_python  # (fresh interpreters forked from a warm one)
 
 # The CLI in a fresh interpreter that counts the packs it opens (Python's audit hook sees
 # every open), said as the last line of stderr.
@@ -29,8 +29,7 @@ sys.exit(code)
 def packs_opened(*argv: object) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", COUNTING, *map(str, argv)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = warm_python.run([sys.executable, "-c", COUNTING, *map(str, argv)], env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     last = done.stderr.splitlines()[-1]
     assert last.startswith("packs opened: "), done.stderr

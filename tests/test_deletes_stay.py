@@ -25,6 +25,7 @@ import torch
 from conftest import Holder
 
 from ckpt_nb import CheckpointManager
+import warm_python  # (fresh interpreters forked from a warm one)
 
 TESTS = Path(__file__).parent
 
@@ -198,8 +199,8 @@ M.CheckpointManager(sys.argv[1], catalog=sys.argv[2] or None, max_to_keep=2).sav
 
 
 def kill_before_its_gc(store: str, catalog: Path | None = None) -> None:
-    done = subprocess.run([sys.executable, "-c", KILLED_BEFORE_ITS_GC, store,
-                           str(catalog or ""), str(TESTS)], capture_output=True, text=True)
+    done = warm_python.run([sys.executable, "-c", KILLED_BEFORE_ITS_GC, store,
+                           str(catalog or ""), str(TESTS)])
     assert done.returncode == -9, done.stderr
 
 
@@ -252,13 +253,13 @@ def test_a_pin_withdraws_a_deletion_cut_short_before_its_commit(tmp_path: Path) 
     with CheckpointManager(store) as mgr:
         first = mgr.save(h=Holder({"w": torch.zeros(3000)}), rng=False)
         mgr.save(h=Holder({"w": torch.ones(3000)}), rng=False)
-    done = subprocess.run([sys.executable, "-c", f"""
+    done = warm_python.run([sys.executable, "-c", f"""
 import os, signal
 import ckpt_nb._catalog as C
 C.Catalog.delete_checkpoints = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 from ckpt_nb import CheckpointManager
 CheckpointManager({str(store)!r}).delete({first!r})
-"""], capture_output=True, text=True)
+"""])
     assert done.returncode == -9, done.stderr
     assert len(list((store / "deleted").iterdir())) == 1 and first in listed(store)
     with CheckpointManager(store) as mgr:
@@ -279,13 +280,13 @@ def test_a_pin_given_where_records_are_not_read_wins_over_the_record(tmp_path: P
         first = mgr.save(h=Holder({"w": torch.zeros(3000)}), rng=False)
         mgr.save(h=Holder({"w": torch.ones(3000)}), rng=False)
         mgr.pin(first)
-    done = subprocess.run([sys.executable, "-c", f"""
+    done = warm_python.run([sys.executable, "-c", f"""
 import os, signal
 import ckpt_nb._catalog as C
 C.Catalog.delete_checkpoints = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 from ckpt_nb import CheckpointManager
 CheckpointManager({str(store)!r}).delete({first!r}, force=True)
-"""], capture_output=True, text=True)
+"""])
     assert done.returncode == -9, done.stderr
     assert json.loads((store / "labels" / f"{first}.json").read_text())["pinned"] is False
     # (pinned as an older ckpt_nb pins: the label and the catalog, the record left)
@@ -371,13 +372,13 @@ def test_a_deletion_completed_by_gc_labels_the_branch_its_checkpoint_began(
     with CheckpointManager(store) as mgr:
         ids = [mgr.save(h=Holder({"w": torch.full((3000,), float(i))}), rng=False)
                for i in range(4)]
-    done = subprocess.run([sys.executable, "-c", f"""
+    done = warm_python.run([sys.executable, "-c", f"""
 import os, signal
 import ckpt_nb._catalog as C
 C.Catalog.delete_checkpoints = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 from ckpt_nb import CheckpointManager
 CheckpointManager({str(store)!r}).delete({ids[1]!r})
-"""], capture_output=True, text=True)
+"""])
     assert done.returncode == -9, done.stderr
     with CheckpointManager(store) as mgr:
         mgr.restore(ids[1], h=Holder({}))

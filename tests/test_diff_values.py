@@ -5,7 +5,6 @@ the manifests of real saves, a pickle compared by its bytes and never unpickled.
 from __future__ import annotations
 
 import enum
-import subprocess
 import sys
 import pickle
 from pathlib import Path
@@ -18,6 +17,7 @@ import ckpt_nb
 from ckpt_nb import CheckpointManager, CorruptCheckpointError
 from ckpt_nb._diff_values import UnloadedValue, diff_value_text, diff_value_texts
 from test_hostile import catalog, damaged, rewrite_manifest
+import warm_python  # (fresh interpreters forked from a warm one)
 
 UNPICKLED: list[str] = []  # what a Tripwire's unpickling recorded
 
@@ -221,7 +221,7 @@ def test_a_device_or_dtype_this_torch_cannot_rebuild_is_named_not_malformed(
               "        mgr.save(torch.nn.Linear(2, 2), rng=False, step=i, extra={\n"
               "            'device': torch.device(f'npu:{i}'), 'dtype': torch.float32,\n"
               "            'devices': [torch.device('npu:0'), i]})\n")
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    warm_python.run([sys.executable, "-c", script], check=True, timeout=120)
     with pytest.raises(RuntimeError):  # (the backend is registered there, not here)
         torch.device("npu:0")
     with CheckpointManager(tmp_path) as mgr:

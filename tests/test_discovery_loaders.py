@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import random
 import os
-import subprocess
 import sys
 import weakref
 from pathlib import Path
@@ -21,6 +20,7 @@ import ckpt_nb
 
 from ckpt_nb._discovery import discover
 from test_magics import run
+import warm_python  # (fresh interpreters forked from a warm one)
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")
 
@@ -414,8 +414,8 @@ def test_auto_in_a_function_reads_that_functions_code(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT_MAIN.format(store=str(tmp_path / "store")))
     root = str(Path(ckpt_nb.__file__).parent.parent)  # (this checkout's ckpt_nb)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": root})
+    result = warm_python.run([sys.executable, str(script)], timeout=120, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": root})
     assert result.returncode == 0, result.stderr
     assert f"loader ({RESTORES})" in result.stdout + result.stderr, result
 

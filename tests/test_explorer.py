@@ -33,6 +33,7 @@ from ckpt_nb._plots import dag_layout
 from ckpt_nb._store import FsspecStore
 
 from conftest import DigitsRun, Holder, same
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def poll(condition: Callable[[], bool], seconds: float = 20) -> None:
@@ -1866,7 +1867,6 @@ def test_numbers_of_any_kind_are_taken_where_the_explorer_takes_numbers(tmp_path
 def test_saves_since_a_rollback_count_only_those_that_go_on_from_it(tmp_path: Path) -> None:
     """Another process's save of an unrelated root was counted as this kernel's: "rolled
     back to X; 1 checkpoint saved since, the newest Y on branch-1"."""
-    import subprocess
     import sys
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), 0.1)
@@ -1876,10 +1876,10 @@ def test_saves_since_a_rollback_count_only_those_that_go_on_from_it(tmp_path: Pa
         ui.rollback(mine)
         rolled_back = ui.status.value
         assert "the next save starts a branch from it" in rolled_back
-        subprocess.run([sys.executable, "-c", "import sys, torch, ckpt_nb\n"
-                        "m = torch.nn.Linear(4, 4)\nckpt_nb.CheckpointManager(sys.argv[1])"
-                        ".save(m, torch.optim.SGD(m.parameters(), 0.1), 5)", str(tmp_path)],
-                       check=True)
+        warm_python.run([sys.executable, "-c", "import sys, torch, ckpt_nb\n"
+                         "m = torch.nn.Linear(4, 4)\nckpt_nb.CheckpointManager(sys.argv[1])"
+                         ".save(m, torch.optim.SGD(m.parameters(), 0.1), 5)", str(tmp_path)],
+                        check=True)
         ui.refresh()
         assert len(ui.table_frame) == 2 and ui.status.value == rolled_back
         mgr = ckpt_nb.CheckpointManager(tmp_path)

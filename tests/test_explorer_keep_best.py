@@ -5,7 +5,6 @@ sessions, another real process."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 import ckpt_nb
 from ckpt_nb import CheckpointManager, _plots, _session
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def marked_best(ui: ckpt_nb.Explorer) -> tuple[set[str], set[str]]:
@@ -48,7 +48,7 @@ def test_the_explorer_follows_the_keep_best_of_the_stores_runs(tmp_path: Path) -
         assert ui.refresh()
         two = listed_best(store)
         assert len(two) == 2 and marked_best(ui) == (two, two)
-        subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        warm_python.run([sys.executable, "-c", textwrap.dedent(f"""
             import torch, ckpt_nb
             ns = {{"model": torch.nn.Linear(4, 2)}}
             with ckpt_nb.auto({str(store)!r}, namespace=ns, on=("loss", "min"), keep_best=3,
@@ -56,7 +56,7 @@ def test_the_explorer_follows_the_keep_best_of_the_stores_runs(tmp_path: Path) -
                 for loss in (0.4, 0.1, 0.8, 0.7, 0.6):
                     ckpt_nb.log(loss=loss)
                     session.save(wait=True)
-            """)], check=True, capture_output=True, timeout=300)
+            """)], check=True, timeout=300)
         assert ui.refresh()
         three = listed_best(store)
         assert len(three) == 3 and marked_best(ui) == (three, three)

@@ -5,7 +5,6 @@ folder: a user's notes, and a store inside it, whose saves then failed)."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from ckpt_nb import CheckpointManager, LocalStore, StoreError
 from conftest import Holder
+import warm_python  # (fresh interpreters forked from a warm one)
 
 TESTS = Path(__file__).parent
 
@@ -80,8 +80,7 @@ def test_a_killed_saves_temporaries_are_still_swept(tmp_path: Path) -> None:
     store = tmp_path / "store"
     first = CheckpointManager(store).save(h=Holder({"w": torch.zeros(1000)}), rng=False)
     write_users_files(store)
-    done = subprocess.run([sys.executable, "-c", KILLED_MID_SAVE, str(store), str(TESTS)],
-                          capture_output=True, text=True)
+    done = warm_python.run([sys.executable, "-c", KILLED_MID_SAVE, str(store), str(TESTS)])
     assert done.returncode == -9, done.stderr
     left = [name for name in temporaries(store) if name not in USERS_FILES]
     assert left and all(name.startswith(("packs/", "manifests/")) for name in left), left

@@ -10,7 +10,6 @@ import os
 import pickle
 import random
 import struct
-import subprocess
 import sys
 import warnings
 import zipfile
@@ -25,6 +24,7 @@ from conftest import same
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CkptError,
                      CorruptCheckpointError, FileFormatError, StateMismatchError,
                      UntrustedPickleError)
+import warm_python  # (fresh interpreters forked from a warm one)
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -774,9 +774,9 @@ def test_a_file_needing_a_class_not_defined_here_says_so_not_damaged(tmp_path: P
              "        self.lin = torch.nn.Linear(3, 2)\n"
              "torch.save({'model': Local()}, 'main_class.pt')\n"
              "torch.save({'model': shapes_lib.Shape()}, 'module_class.pt')\n")
-    subprocess.run([sys.executable, "-c", saver], cwd=tmp_path, check=True,
-                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                       [str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    warm_python.run([sys.executable, "-c", saver], cwd=tmp_path, check=True,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                        [str(tmp_path), os.environ.get("PYTHONPATH", "")])})
     mgr = CheckpointManager(tmp_path / "s")
     with pytest.raises(FileFormatError, match=r"needs class Local from module __main__ "
                        r"\(the script or notebook that saved it\).*not damaged"):

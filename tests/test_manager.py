@@ -35,6 +35,7 @@ from ckpt_nb import (CaptureError, CheckpointManager, CheckpointNotFoundError,
                      CorruptCheckpointError, LocalStore, PickledValue, StateMismatchError,
                      StoreError, StoreFormatError, UntrustedPickleError)
 from ckpt_nb._format import FORMAT
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def test_resume_continues_bit_exact(tmp_path: Path) -> None:
@@ -1575,8 +1576,8 @@ print(before, anonymous())
 def test_close_hands_the_memory_it_frees_back_to_the_system(tmp_path: Path) -> None:
     """glibc kept the delta bases a closed manager freed (600 MiB of a 512 MiB model)
     for the process's next allocations: the process held them for the session."""
-    done = subprocess.run([sys.executable, "-c", CLOSED_AFTER_INCREMENTAL_SAVES,
-                           str(tmp_path)], capture_output=True, text=True)
+    done = warm_python.run([sys.executable, "-c", CLOSED_AFTER_INCREMENTAL_SAVES,
+                           str(tmp_path)])
     assert done.returncode == 0, done.stderr
     before, after = map(float, done.stdout.split())
     assert before - after > 96, (before, after)  # (of the 192 MiB saved: 175 here, 0 before)
@@ -1605,8 +1606,8 @@ for read in (lambda: mgr.export(cid, sys.argv[1] + "/out.pt"), lambda: mgr.load(
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
 def test_a_read_without_the_memory_says_so_in_the_words_of_what_reads(tmp_path: Path) -> None:
     """export()'s MemoryError told to restore the checkpoint on a machine with more."""
-    done = subprocess.run([sys.executable, "-c", WITHOUT_THE_MEMORY, str(tmp_path),
-                           str(Path(__file__).parent)], capture_output=True, text=True)
+    done = warm_python.run([sys.executable, "-c", WITHOUT_THE_MEMORY, str(tmp_path),
+                           str(Path(__file__).parent)])
     assert done.returncode == 0, done.stderr
     said = done.stdout.splitlines()
     assert len(said) == 2 and all("more memory than this process could take" in line

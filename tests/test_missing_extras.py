@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ckpt_nb import CheckpointManager
+import warm_python  # (fresh interpreters forked from a warm one)
 
 # Packages hidden from the interpreter (None in sys.modules: their import fails), as on a
 # machine without the extra; then each refusal, one a line.
@@ -46,8 +47,7 @@ except ImportError as exc:
 def run(code: str, *argv: object) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return warm_python.run([sys.executable, "-c", code, *map(str, argv)], env=env, timeout=120)
 
 
 def test_safetensors_files_without_safetensors_name_the_export_extra(tmp_path: Path) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
+import warm_python  # (fresh interpreters forked from a warm one)
 
 # s3fs hidden from the interpreter (None in sys.modules: "import s3fs" fails), as on a
 # machine without the extra; then the API's and the CLI's refusals, one a line.
@@ -27,8 +27,7 @@ def test_an_s3_store_without_s3fs_names_the_extra_to_install() -> None:
     README's is ``ckpt_nb[s3]``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", HIDDEN], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = warm_python.run([sys.executable, "-c", HIDDEN], env=env, timeout=120)
     said = ("s3://bucket/runs needs s3fs, which could not be imported (import of s3fs "
             "halted; None in sys.modules): pip install \"ckpt_nb[s3]\"")
     assert done.stdout.splitlines() == [f"MissingDependencyError True {said}", "exit 1"]

@@ -4,7 +4,6 @@ gives for the usual layouts."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from collections import OrderedDict
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from ckpt_nb import CheckpointManager, StateMismatchError
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def old_batchnorm_state(version: int | None) -> OrderedDict[str, torch.Tensor]:
@@ -348,9 +348,8 @@ def test_what_a_restore_from_a_file_keeps_outlives_the_file_saved_over(
         tmp_path: Path, suffix: str) -> None:
     """A file's tensors are mapped, not read whole: an optimizer keeps the tensors its
     load_state_dict is given, which must be copied out of the mapping first."""
-    done = subprocess.run([sys.executable, "-c", SAVED_OVER, str(tmp_path / "s"),
-                           str(tmp_path / f"run{suffix}")], capture_output=True, text=True,
-                          timeout=120)
+    done = warm_python.run([sys.executable, "-c", SAVED_OVER, str(tmp_path / "s"),
+                           str(tmp_path / f"run{suffix}")], timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr
 
 
@@ -381,8 +380,8 @@ def test_a_quantized_model_restored_from_a_file_keeps_nothing_of_the_file(
     """torch's quantized modules load by packing their weights, and the packed weights
     keep the bias tensor they are given: read from a mapped .pt it changed (or died of
     SIGBUS) once the file was saved over."""
-    done = subprocess.run([sys.executable, "-c", QUANTIZED_SAVED_OVER, str(tmp_path / "s"),
-                           str(tmp_path / "q.pt")], capture_output=True, text=True, timeout=120)
+    done = warm_python.run([sys.executable, "-c", QUANTIZED_SAVED_OVER, str(tmp_path / "s"),
+                           str(tmp_path / "q.pt")], timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import shutil
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +19,7 @@ from conftest import Holder
 
 from ckpt_nb import CheckpointManager
 from ckpt_nb._format import id_of
+import warm_python  # (fresh interpreters forked from a warm one)
 
 STORE_CALLS = ("list", "modified", "size", "has", "get", "put", "delete", "writer")
 
@@ -184,8 +184,7 @@ def test_a_retention_killed_at_any_step_of_its_collection_loses_nothing_kept(
         tmp_path: Path) -> None:
     """Each store a kill left lists the newest two, each whole; gc() then leaves only
     their files."""
-    done = subprocess.run([sys.executable, "-c", KILL_IN_THE_COLLECTION, str(tmp_path)],
-                          capture_output=True, text=True)
+    done = warm_python.run([sys.executable, "-c", KILL_IN_THE_COLLECTION, str(tmp_path)])
     assert done.returncode == 0, done.stderr
     expected = torch.load(tmp_path / "expected.pt")
     points = sorted((p for p in tmp_path.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))

@@ -27,6 +27,7 @@ from conftest import CREDENTIALS, Holder, s3_server
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CorruptCheckpointError,
                      FsspecStore, StoreError)
 from ckpt_nb.cli import main as cli
+import warm_python  # (fresh interpreters forked from a warm one)
 
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -68,8 +69,8 @@ def test_another_process_save_is_seen_not_taken_for_corruption(bucket: str) -> N
         from ckpt_nb import CheckpointManager
         print(CheckpointManager({url!r}).save(h=Holder(weights(2)), step=2))
     """)
-    new = subprocess.run([sys.executable, "-c", writer], env=os.environ, check=True,
-                         capture_output=True, text=True).stdout.split()[-1]
+    new = warm_python.run([sys.executable, "-c", writer], env=os.environ,
+                          check=True).stdout.split()[-1]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert mgr.list()["id"].tolist()[-1] == new and mgr.verify().ok
@@ -273,8 +274,7 @@ def test_a_user_with_no_home_opens_the_store_to_read_and_says_why(bucket: str) -
            if name not in ("HOME", "XDG_CACHE_HOME")}
     # (it becomes that user once Python, torch, pandas and the S3 client are loaded, as root: the
     # interpreter here may lie in root's home, which no other user can read)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(f"""
+    done = warm_python.run([sys.executable, "-c", textwrap.dedent(f"""
             import os, warnings
             import pandas, s3fs
             from ckpt_nb import CheckpointManager, StoreError
@@ -290,8 +290,7 @@ def test_a_user_with_no_home_opens_the_store_to_read_and_says_why(bucket: str) -
                 mgr.delete({saved!r})
             except StoreError as exc:
                 print("refused:", exc)
-            """)],
-        capture_output=True, text=True, timeout=120, env=env, cwd="/")
+            """)], timeout=120, env=env, cwd="/")
     assert done.returncode == 0, done.stderr
     listed, warned, refused = done.stdout.splitlines()[:3]
     assert listed == f"[{saved!r}]"
@@ -389,7 +388,7 @@ def test_a_damaged_catalog_cache_is_moved_aside_and_rebuilt_from_the_store(
     finally:
         holder.communicate("\n", timeout=60)
     # A journal left by a process killed after a write (page 1's), beside the damage.
-    subprocess.run([sys.executable, "-c", "import os, sqlite3, sys\n"
+    warm_python.run([sys.executable, "-c", "import os, sqlite3, sys\n"
                     "db = sqlite3.connect(sys.argv[1]); db.execute('PRAGMA user_version = 7')\n"
                     "os._exit(0)\n", str(cache)], check=True, timeout=60)
     assert Path(f"{cache}-wal").stat().st_size > 0 and Path(f"{cache}-shm").exists()

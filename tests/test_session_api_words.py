@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import ckpt_nb
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 @pytest.mark.parametrize("on, message", [
@@ -33,10 +33,10 @@ def test_rollback_with_no_store_known_says_what_to_do_in_plain_python(tmp_path: 
     """It said "run %ckpt_auto first", a magic a script cannot run."""
     code = ("import ckpt_nb\ntry:\n    ckpt_nb.rollback()\nexcept ckpt_nb.CheckpointNotFoundError"
             " as exc:\n    print(exc)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              filter(None, [str(Path(ckpt_nb.__file__).parents[1]),
-                                            os.environ.get("PYTHONPATH")]))}, timeout=120)
+    done = warm_python.run([sys.executable, "-c", code], cwd=tmp_path, timeout=120,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               filter(None, [str(Path(ckpt_nb.__file__).parents[1]),
+                                             os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "nothing to roll back: no ckpt_nb session has run in this process; run a "

@@ -18,6 +18,7 @@ from nbclient import NotebookClient
 
 import ckpt_nb
 from ckpt_nb import _session
+import warm_python
 from test_magics import run  # (the shell's helper)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,13 +35,13 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
 def script(tmp_path: Path, name: str, code: str, *, die: bool = False,
            prefix: str = "") -> subprocess.CompletedProcess[str]:
     """Run ``code`` as a script file of its own in a fresh interpreter (``DIE`` set: it
-    kills itself with SIGKILL where the code says); ``prefix`` shifts its lines."""
+    kills itself with SIGKILL where the code says); ``prefix`` shifts its lines. The
+    interpreter is forked from a warm one (warm_python), as fresh but for torch imported."""
     path = tmp_path / name
     path.write_text(prefix + code)
     env = {**os.environ, "PYTHONPATH": str(REPO), "DIE": "1" if die else ""}
     env.pop("JPY_SESSION_NAME", None)
-    done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, text=True,
-                          capture_output=True, timeout=300)
+    done = warm_python.run([sys.executable, str(path)], cwd=tmp_path, env=env, timeout=300)
     if die:
         assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
     return done

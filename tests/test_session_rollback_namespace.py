@@ -4,13 +4,13 @@ namespace=: the refusal names the argument missing, not the directory given."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 import ckpt_nb
+import warm_python  # (fresh interpreters forked from a warm one)
 
 ROLLBACK_DIRECTORY_ONLY = """
 import ckpt_nb, torch
@@ -30,10 +30,10 @@ def test_rollback_with_a_directory_and_no_namespace_asks_for_the_namespace(
     with ckpt_nb.auto(str(store), namespace={"model": torch.nn.Linear(2, 2)}):
         pass
     code = ROLLBACK_DIRECTORY_ONLY.format(store=str(store))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              filter(None, [str(Path(ckpt_nb.__file__).parents[1]),
-                                            os.environ.get("PYTHONPATH")]))}, timeout=120)
+    done = warm_python.run([sys.executable, "-c", code], cwd=tmp_path, timeout=120,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               filter(None, [str(Path(ckpt_nb.__file__).parents[1]),
+                                             os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0, done.stderr
     said = ("TypeError namespace= is missing: no ckpt_nb session has run in this process "
             "to take it from; pass namespace=globals() (the namespace to put the "

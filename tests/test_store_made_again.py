@@ -20,12 +20,12 @@ from conftest import Holder
 
 import ckpt_nb
 from ckpt_nb import CheckpointManager, StoreError, StoreFormatError
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def run_python(code: str) -> list[str]:
     """What another Python process prints, a word a line, once it has run ``code``."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=120)
+    done = warm_python.run([sys.executable, "-c", textwrap.dedent(code)], timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 

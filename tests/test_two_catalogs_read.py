@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ckpt_nb import CheckpointManager
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def test_the_stores_own_catalog_reads_what_another_catalog_deleted_and_saved(
@@ -55,8 +56,7 @@ def test_a_read_through_another_catalog_inside_a_save_of_this_thread_goes_on(
     """A save's progress callback reading the store through a manager with its own
     catalog (a dashboard beside the save) waited for the lock its own thread held: the
     process hung for ever. It reads from its catalog as it is."""
-    done = subprocess.run(
-        [sys.executable, "-c", HELD_AND_READ, str(tmp_path / "store"),
-         str(tmp_path / "other.sqlite")], capture_output=True, text=True, timeout=60)
+    done = warm_python.run([sys.executable, "-c", HELD_AND_READ, str(tmp_path / "store"),
+         str(tmp_path / "other.sqlite")], timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[:2] == ["seen", "[1]"], done.stdout

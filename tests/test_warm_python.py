@@ -1,0 +1,67 @@
+"""The crash tests' forked interpreters (warm_python) start and end as fresh ones would:
+argv, ``__main__``, directory, environment, streams and exit status are the script's own,
+ckpt_nb is imported afresh, and an exit waits for threads and runs atexit callbacks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import warm_python
+
+SCRIPT = """
+import atexit, os, sys, threading, time
+import numpy
+print(sys.argv, __name__, __file__, os.getcwd(), os.environ["ASKED"], sys.path[0])
+print("ckpt_nb" in sys.modules, "torch" in sys.modules, numpy.random.random())
+print("to stderr", file=sys.stderr)
+atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread ended"))).start()
+"""
+
+
+def test_a_script_runs_as_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT)
+    env = {**os.environ, "ASKED": "yes"}
+    runs = [warm_python.run([sys.executable, path, "a", 1], cwd=tmp_path, env=env)
+            for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 0 and done.stderr == "to stderr\n", done.stderr
+        said = done.stdout.splitlines()
+        assert said[0] == f"{[str(path), 'a', '1']} __main__ {path} {tmp_path} yes {tmp_path}"
+        assert said[1].startswith("False True ")
+        assert said[2:] == ["thread ended", "atexit ran"]
+    assert runs[0].stdout != runs[1].stdout  # (NumPy seeded afresh in each)
+
+
+@pytest.mark.parametrize(("code", "status", "said"), [
+    ("import sys; sys.exit(3)", 3, ""),
+    ("import sys; sys.exit('no')", 1, "no\n"),
+    ("raise ValueError('bad')", 1, "ValueError: bad\n"),
+    ("import os; os.kill(os.getpid(), 9)", -signal.SIGKILL, ""),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGINT)", -signal.SIGINT,
+     "KeyboardInterrupt\n"),
+])
+def test_its_exit_status_is_the_scripts(code: str, status: int, said: str) -> None:
+    done = warm_python.run([sys.executable, "-c", code, "x"])
+    assert done.returncode == status and done.stderr.endswith(said), done.stderr
+
+
+def test_input_check_and_timeout_are_as_subprocess_runs() -> None:
+    echo = "import sys; print(sys.stdin.read().upper(), sys.argv)"
+    assert warm_python.run([sys.executable, "-c", echo], input="hi").stdout == "HI ['-c']\n"
+    with pytest.raises(subprocess.CalledProcessError):
+        warm_python.run([sys.executable, "-c", "raise SystemExit(2)"], check=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm_python.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
+
+
+def test_what_is_not_a_script_of_this_interpreter_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a script or -c run"):
+        warm_python.run([sys.executable, "-m", "ckpt_nb"])
