@@ -192,11 +192,18 @@ def test_a_variable_just_over_the_cap_is_said_to_be(shell, tmp_path: Path, capsy
             "101 takes it)") in capsys.readouterr().out
 
 
+class Opaque:
+    """An object a checkpoint holds only as a pickle. A module's class, as a kernel's
+    are (the test shell's namespace has no __name__: a class made in it had no module,
+    and each pickle of it searched every loaded module, ~10 ms, for it)."""
+
+
 def test_no_cap_is_offered_for_a_frame_no_cap_takes(shell, tmp_path: Path, capsys) -> None:
     """A frame over the cap was offered the cap that takes it though a column of it
     would not come back as saved, which a bigger cap then said."""
     magics = shell.magics_manager.registry["CkptMagics"]
-    shell.run_cell(SMALL + "import pandas as pd\nC = type('C', (), {})\n"
+    shell.user_ns["C"] = Opaque
+    shell.run_cell(SMALL + "import pandas as pd\n"
                    "df = pd.DataFrame({'a': range(100_000), 'o': [C()] * 100_000})")
     try:
         assert shell.run_cell("%config CkptMagics.max_variable_mb = 1").success
