@@ -103,6 +103,44 @@ def on_terminal(columns: int, *argv: object, in_a_kernel: bool = False) -> list[
     return shown.decode().replace("\r\n", "\n").splitlines()
 
 
+def on_terminal_here(columns: int, *argv: object) -> list[str]:
+    """The lines ``on_terminal`` shows, from ``main(ARGV)`` in this process, its standard
+    output a real pseudo-terminal ``columns`` wide (COLUMNS): the same code path without
+    a new interpreter's start (seconds each, where a test tries many widths)."""
+    import pty
+    import threading
+
+    reader, writer = pty.openpty()
+    shown = bytearray()
+
+    def drain() -> None:  # (a pty holds a few KiB: read as ls writes)
+        with contextlib.suppress(OSError):  # (EIO: the terminal's writer is gone)
+            while chunk := os.read(reader, 1 << 16):
+                shown.extend(chunk)
+
+    draining = threading.Thread(target=drain)
+    draining.start()
+    saved = {name: os.environ.get(name) for name in ("COLUMNS", "JPY_PARENT_PID")}
+    stdout = sys.stdout
+    try:
+        os.environ["COLUMNS"] = str(columns)
+        os.environ.pop("JPY_PARENT_PID", None)  # (these tests run from a notebook too)
+        with open(writer, "w", encoding="utf-8") as terminal:
+            sys.stdout = terminal
+            code = main([*map(str, argv)])
+    finally:
+        sys.stdout = stdout
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        draining.join(timeout=60)
+        os.close(reader)
+    assert code == 0
+    return bytes(shown).decode().replace("\r\n", "\n").splitlines()
+
+
 def run_module(*argv: object) -> subprocess.CompletedProcess[str]:
     """``python -m ckpt_nb ARGV`` in a fresh interpreter: stderr as a terminal would get it."""
     return subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],

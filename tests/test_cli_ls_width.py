@@ -1,6 +1,7 @@
 """``ckpt-nb ls`` on a terminal fits its width (COLUMNS, as shutil reads it), leaving out
 the least important columns first; piped, it prints every column. The real command, in
-a real pseudo-terminal, on a real store."""
+a real pseudo-terminal, on a real store (where a test tries many widths, its main() in
+this process, on a real pseudo-terminal, as test_ls_fits_the_terminal... checks)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ckpt_nb import CheckpointManager
-from test_cli import module_env, on_terminal, run_module
+from test_cli import module_env, on_terminal, on_terminal_here, run_module
 
 
 def demo_like(directory: Path, note: str = "") -> list[str]:
@@ -49,14 +50,16 @@ def test_ls_fits_the_terminal_least_important_columns_first(tmp_path: Path) -> N
              ["to fit 40 columns, left out: logical,", "strategy, parent, batch_idx, branch,",
               "stored, val_acc, created (piped, as into",
               "`less -S`, ls shows every column whole)"])):
-        lines = on_terminal(columns, "ls", tmp_path)
+        lines = on_terminal_here(columns, "ls", tmp_path)
         assert lines[0].split() == header, columns
         assert all(len(line) <= columns for line in lines), (columns, lines)
         assert lines[-len(footer):] == footer, lines
         # (each row's cells under their own headers: the best one is marked, its loss kept)
         best = lines[3].split()
         assert best[0] == ids[2] and best[-1] == "0.1429" and "best" in best
-    shortened = on_terminal(80, "ls", tmp_path)[1]
+    at_80 = on_terminal(80, "ls", tmp_path)  # (a real process, as the ones above run)
+    assert at_80 == on_terminal_here(80, "ls", tmp_path)
+    shortened = at_80[1]
     assert re.search(r"  \d\d-\d\d \d\d:\d\d  ", shortened), shortened  # (MM-DD HH:MM)
     piped = run_module("ls", tmp_path)  # (COLUMNS set, as a shell that exports it sets it)
     piped_narrow = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(tmp_path)],
@@ -70,15 +73,15 @@ def test_ls_fits_the_terminal_least_important_columns_first(tmp_path: Path) -> N
 def test_a_narrow_terminal_cuts_the_note_to_the_room_left(tmp_path: Path) -> None:
     """A note takes what room the columns before it leave, down to 8 columns, then goes."""
     demo_like(tmp_path, note="a long note that says what this run tried " * 3)
-    whole = on_terminal(90, "ls", tmp_path)  # (the metrics but the ranked one go first)
+    whole = on_terminal_here(90, "ls", tmp_path)  # (the metrics but the ranked one go first)
     assert whole[0].split()[-3:] == ["marks", "val_loss", "note"]
     assert whole[1].endswith("  a long note that says what this…")
-    lines = on_terminal(70, "ls", tmp_path)
+    lines = on_terminal_here(70, "ls", tmp_path)
     assert lines[0].split()[-3:] == ["marks", "val_loss", "note"]
     assert all(len(line) <= 70 for line in lines), lines
     assert lines[1].endswith("  a long note th…") and len(lines[1]) == 70
     assert "; shortened: created, note (piped" in " ".join(lines[-3:])
-    narrow = on_terminal(60, "ls", tmp_path)
+    narrow = on_terminal_here(60, "ls", tmp_path)
     assert "note" not in narrow[0].split() and "val_loss" in narrow[0].split()
 
 
@@ -91,13 +94,13 @@ def test_all_metrics_and_branches_that_differ_are_kept_longer(tmp_path: Path) ->
         mgr.save(torch.nn.Linear(2, 2), rng=False, metrics={"m01": 0.5})
         mgr.head = first
         mgr.save(torch.nn.Linear(2, 2), rng=False, metrics={"m01": 0.2})
-    header = on_terminal(100, "ls", tmp_path, "--all-metrics")[0].split()
+    header = on_terminal_here(100, "ls", tmp_path, "--all-metrics")[0].split()
     assert header == ["id", "step", "epoch", "marks", *(f"m{i:02}" for i in range(12))]
-    header = on_terminal(100, "ls", tmp_path)[0].split()  # (the first 8, by default)
+    header = on_terminal_here(100, "ls", tmp_path)[0].split()  # (the first 8, by default)
     assert header[:2] == ["id", "branch"] and "stored" not in header
     assert [h for h in header if h.startswith("m") and h != "marks"] == \
         [f"m{i:02}" for i in range(8)]
-    rows = on_terminal(100, "ls", tmp_path)[1:4]
+    rows = on_terminal_here(100, "ls", tmp_path)[1:4]
     assert sorted(row.split()[1] for row in rows) == ["branch-1", "main", "main"]
 
 
@@ -111,7 +114,7 @@ def test_the_footer_fits_wide_characters_and_says_where_the_table_cannot_fit(
         mgr.save(torch.nn.Linear(2, 2), rng=False, step=1, epoch=1,
                  metrics={"val_loss": 0.5, "精度_検証": 0.9, "損失_訓練": 0.3})
     for columns in range(34, 70, 2):  # (under 33 the "1 checkpoint; ..." line is wider)
-        lines = on_terminal(columns, "ls", tmp_path / "wide")
+        lines = on_terminal_here(columns, "ls", tmp_path / "wide")
         assert all(_shown_width(line) <= columns for line in lines), (columns, lines)
     with CheckpointManager(tmp_path / "many", metric="m01") as mgr:
         first = mgr.save(torch.nn.Linear(2, 2), rng=False, step=3, metrics={
@@ -120,7 +123,7 @@ def test_the_footer_fits_wide_characters_and_says_where_the_table_cannot_fit(
                  note="second")
         mgr.head = first
         mgr.save(torch.nn.Linear(2, 2), rng=False, step=4, metrics={"m01": 0.2})
-    lines = on_terminal(80, "ls", tmp_path / "many", "--all-metrics")
+    lines = on_terminal_here(80, "ls", tmp_path / "many", "--all-metrics")
     assert lines[0].split()[:6] == ["id", "branch", "created", "step", "epoch", "marks"]
     assert lines[0].split()[-1] == "note"
     footer = " ".join(lines[lines.index("") + 2:])
@@ -144,16 +147,16 @@ def test_a_metric_the_same_in_every_row_goes_before_one_that_differs(tmp_path: P
         for epoch in range(3):
             mgr.save(model, epoch=epoch, metrics={"val_loss": 1 / (epoch + 1),
                                                   "val_acc": 0.5 + epoch / 10, "lr": 0.1})
-    whole = on_terminal(200, "ls", tmp_path)[0].split()
+    whole = on_terminal_here(200, "ls", tmp_path)[0].split()
     assert whole[-3:] == ["lr", "val_acc", "val_loss"]
     narrow, wide = 20, 200  # (the widest terminal that leaves lr out: columns only go)
     while wide - narrow > 1:
         middle = (narrow + wide) // 2
-        if "lr" in on_terminal(middle, "ls", tmp_path)[0].split():
+        if "lr" in on_terminal_here(middle, "ls", tmp_path)[0].split():
             wide = middle
         else:
             narrow = middle
-    header = on_terminal(narrow, "ls", tmp_path)[0].split()
+    header = on_terminal_here(narrow, "ls", tmp_path)[0].split()
     assert "lr" not in header and "val_acc" in header, header
 
 
