@@ -466,18 +466,31 @@ def test_a_catalog_cache_damaged_where_its_catch_up_reads_is_moved_aside_too(
 
 def test_a_server_that_never_answers_fails_in_seconds_not_minutes(
         bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """botocore's defaults, retried by s3fs, waited 7 minutes before a read timeout."""
+    """botocore's defaults, retried by s3fs, waited 7 minutes before a read timeout.
+    The store's timeouts reach botocore's client; the dead server is waited for with
+    them at 1 s (the same settings and retries; at 5 s, ~27 s of waiting, now ~7)."""
     import fsspec.config
 
-    with socket.socket() as mute:  # takes connections (its backlog), answers nothing
-        mute.bind(("127.0.0.1", 0))
+    from ckpt_nb import _store
+
+    timeouts = {"connect_timeout": 5, "read_timeout": 5, "retries": {"total_max_attempts": 1}}
+    assert _store.S3_TIMEOUTS == timeouts
+    live = FsspecStore(f"s3://{bucket}/exp")
+    assert not live.has("anything")  # (botocore's client is made at the first request)
+    config = live._files.s3.meta.config
+    assert (config.connect_timeout, config.read_timeout,
+            config.retries.get("total_max_attempts")) == (5, 5, 1)
+    with monkeypatch.context() as scaled, socket.socket() as mute:
+        scaled.setattr(_store, "S3_TIMEOUTS", {**timeouts, "connect_timeout": 1,
+                                               "read_timeout": 1})
+        mute.bind(("127.0.0.1", 0))  # takes connections (its backlog), answers nothing
         mute.listen(16)
         dead = f"http://127.0.0.1:{mute.getsockname()[1]}"
-        monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", dead)
-        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": dead})
+        scaled.setenv("FSSPEC_S3_ENDPOINT_URL", dead)
+        scaled.setitem(fsspec.config.conf, "s3", {"endpoint_url": dead})
         start = time.monotonic()
         assert cli(["ls", f"s3://{bucket}/exp"]) == 1
-        assert time.monotonic() - start < 45
+        assert time.monotonic() - start < 45  # (without the store's own: minutes)
     assert "Read timeout" in capsys.readouterr().err
     # What the caller gives wins, key by key.
     store = FsspecStore(f"s3://{bucket}/exp", config_kwargs={"read_timeout": 120})
