@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,14 +33,17 @@ def cell(store: Path, options: str = "", epochs: int = EPOCHS) -> str:
         .replace("--every-steps", f"{options} --every-steps".lstrip())
 
 
-def held(kernels: Kernels, folder: Path, code: str, *steps: int) -> tuple[Kernel, str]:
+def held(kernels: Kernels, folder: Path, code: str, *steps: int,
+         kernel: Kernel | None = None) -> tuple[Kernel, str]:
     """A kernel started in ``folder`` (made), running ``code`` up to where it holds at
     ``steps[0]`` (held at each of ``steps`` in turn, as the test lifts the holds); the
-    kernel and the cell's message id."""
-    folder.mkdir()
+    kernel and the cell's message id. ``kernel``: one started in ``folder`` already."""
+    if kernel is None:
+        folder.mkdir()
     for step in steps:
         (folder / f"hold-{step}").touch()
-    kernel = kernels.start(folder)
+    if kernel is None:
+        kernel = kernels.start(folder)
     msg_id = kernel.execute(code)
     wait_for_file(folder / f"held-{steps[0]}", kernel)
     return kernel, msg_id
@@ -138,11 +142,23 @@ def test_crashed_runs_never_resumed_keep_one_resume_point_in_all(
     store = tmp_path / "store"
     code = cell(store, "--no-resume --keep 2")
     kept = []
-    for n in range(4):
-        kernel, _ = held(started, tmp_path / f"k{n}", code, 4 * EVERY + 1)
-        kill(kernel)
-        with ckpt_nb.CheckpointManager(store) as mgr:
-            kept.append(len(mgr.list()))
+
+    def set_up(folder: Path) -> Kernel:
+        folder.mkdir()
+        return started.start(folder)
+
+    # (each kernel starts and sets up while the one before trains: it runs the cell, its
+    # first touch of the store, only once that one is dead)
+    with ThreadPoolExecutor(1) as ahead:
+        coming = ahead.submit(set_up, tmp_path / "k0")
+        for n in range(4):
+            ready = coming.result()
+            if n < 3:
+                coming = ahead.submit(set_up, tmp_path / f"k{n + 1}")
+            kernel, _ = held(started, tmp_path / f"k{n}", code, 4 * EVERY + 1, kernel=ready)
+            kill(kernel)
+            with ckpt_nb.CheckpointManager(store) as mgr:
+                kept.append(len(mgr.list()))
     # (the newest dead run's resume point beside the --keep 2, and at most one save
     # more that the kill left before its retention ran)
     assert kept[-1] <= 4, kept
