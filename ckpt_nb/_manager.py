@@ -2383,11 +2383,20 @@ class CheckpointManager:
             self._notify("delete", cid)
         return ids[0] if not more else ids
 
+    def _nothing_to_delete(self) -> bool:
+        """Whether retention can delete nothing: no rule, or ``max_to_keep`` alone with no
+        more checkpoints in the store than it keeps, known without a row read. (Each
+        save's retention decoded every row of the catalog: 40 ms a save at 500
+        checkpoints under a notebook's --keep 1000, which deleted none.)"""
+        if self.keep_best is not None or self.max_bytes is not None:
+            return False
+        return self.max_to_keep is None or self.catalog.counts()[1] <= self.max_to_keep
+
     def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
         """Delete what the retention rules let go; the newest, pinned, best and head stay.
         ``among``: the checkpoints the rules count, rank and may delete (the notebook
         layer's, its cell's runs: the store may hold other notebooks'); None, all."""
-        if self.max_to_keep is None and self.keep_best is None and self.max_bytes is None:
+        if self._nothing_to_delete():
             return
         rows = self.catalog.checkpoints()
         protected = protect | {r.id for r in rows if r.pinned} | {rows[-1].id}

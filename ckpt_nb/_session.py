@@ -752,6 +752,8 @@ class _RunsManager(CheckpointManager):
     named: AbstractSet[str] = frozenset()
 
     def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
+        if self._nothing_to_delete():
+            return  # (before the runs: they read every row of the catalog)
         limits = self.max_to_keep, self.keep_best, self.max_bytes
         if among is None and self.runs is not None and limits != (None, None, None):
             among = self.runs()  # (which reads the manifests it has not read yet)

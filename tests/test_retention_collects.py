@@ -373,3 +373,25 @@ def test_a_deletion_stopped_after_its_manifests_went_completes_at_the_next_delet
         assert list(mgr.list()["id"]) == [ids[0], ids[2], ids[4]]
         assert not list(mgr.store.list("deleted"))
         assert mgr.gc().bytes_freed == 0
+
+
+def test_a_save_under_its_keep_reads_no_row_of_the_catalog(tmp_path: Path) -> None:
+    """Each save's retention decoded every row of the catalog, though a store holding
+    no more than max_to_keep has none to delete: 40 ms a save at 500 checkpoints under a
+    notebook's --keep 1000. Past the keep, retention deletes the oldest, as before."""
+    with CheckpointManager(tmp_path, max_to_keep=4) as mgr:
+        ids = [mgr.save(h=Holder({"w": torch.full((100,), 0.0)}), rng=False)]  # (caught up)
+        listed = collections.Counter[str]()
+        every_row = mgr.catalog.checkpoints
+
+        def counted() -> Any:
+            listed["checkpoints"] += 1
+            return every_row()
+
+        mgr.catalog.checkpoints = counted  # type: ignore[method-assign]
+        ids += [mgr.save(h=Holder({"w": torch.full((100,), float(i))}), rng=False)
+                for i in range(1, 4)]
+        assert listed["checkpoints"] == 0
+        ids.append(mgr.save(h=Holder({"w": torch.full((100,), 4.0)}), rng=False))
+        assert listed["checkpoints"] >= 1
+        assert list(mgr.list()["id"]) == ids[1:]
