@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new 
 # (the crashes below, 260 and 265 saves into the second pass, past the 256 of the walk).
 ONE_SAMPLE = "loader = torch.utils.data.DataLoader(" \
     "torch.utils.data.TensorDataset(X[:270], Y[:270]), batch_size=1, shuffle=True)"
-LONG_PASSES = """%%ckpt_auto --dir {dir} --every-steps {every}
+LONG_PASSES = """%%ckpt_auto --dir {dir} --every-steps {every} --keep 1000
 for epoch in range(2):
     for i, (xb, yb) in ckpt_nb.batches(loader):
         opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward()
