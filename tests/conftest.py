@@ -115,6 +115,7 @@ def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
     """The process's IPython shell, with ckpt_nb loaded and the test's folder as cwd."""
     sh = InteractiveShell.instance()
     sh.user_ns.clear()
+    sh.user_ns["__name__"] = "__main__"  # (as a kernel's: a cell's classes are __main__'s)
     sh.init_user_ns()
     sh.run_cell("%load_ext ckpt_nb", store_history=False)
     old = os.getcwd()
