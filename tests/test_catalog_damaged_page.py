@@ -15,6 +15,7 @@ from conftest import Holder
 from ckpt_nb import CheckpointManager, StoreError
 from ckpt_nb._catalog import DamagedCatalog
 from ckpt_nb.cli import main as cli
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def garble_a_chunks_page(catalog: Path, table: str = "chunks") -> None:
@@ -90,7 +91,7 @@ def test_a_catalog_moved_aside_while_another_process_has_it_open_names_its_journ
     import sys
 
     root = tmp_path / "exp"
-    holder = subprocess.Popen(
+    holder = warm_python.Popen(
         [sys.executable, "-c",
          "import sys, torch, ckpt_nb\n"
          "m = ckpt_nb.CheckpointManager(sys.argv[1])\n"

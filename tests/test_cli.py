@@ -143,8 +143,8 @@ def on_terminal_here(columns: int, *argv: object) -> list[str]:
 
 def run_module(*argv: object) -> subprocess.CompletedProcess[str]:
     """``python -m ckpt_nb ARGV`` in a fresh interpreter: stderr as a terminal would get it."""
-    return subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
-                          capture_output=True, text=True, env=module_env(), timeout=120)
+    return warm_python.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
+                           env=module_env(), timeout=120)
 
 
 def flip_byte_in_blobs(pack: Path) -> None:
@@ -525,8 +525,8 @@ def test_python_dash_m_ckpt_nb_cli_runs_the_cli(store: Store) -> None:
     data = bytearray(store.packs[-1].read_bytes())
     data[len(data) // 3] ^= 0xFF
     store.packs[-1].write_bytes(bytes(data))
-    done = subprocess.run([sys.executable, "-m", "ckpt_nb.cli", "verify", store.directory],
-                          capture_output=True, text=True, timeout=120)
+    done = warm_python.run([sys.executable, "-m", "ckpt_nb.cli", "verify", store.directory],
+                           timeout=120)
     assert done.returncode == 1 and store.ids[-1] in done.stdout
 
 
@@ -977,9 +977,8 @@ def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> No
         "mycfg.Cfg()})"), str(tmp_path / "store")], check=True, env=env)
 
     def export(out: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ckpt_nb", "export", str(tmp_path / "store"),
-                               "latest", str(tmp_path / out), "--trust-pickle"],
-                              capture_output=True, text=True, env=environ)
+        return warm_python.run([sys.executable, "-m", "ckpt_nb", "export", str(tmp_path / "store"),
+                               "latest", str(tmp_path / out), "--trust-pickle"], env=environ)
 
     done = export("a.pt", dict(os.environ))
     assert done.returncode == 1 and done.stderr == (
@@ -998,8 +997,8 @@ def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> No
         "print(type(m.load(cid, trust_pickle=True).extra['cfg']).__name__)"),
         str(tmp_path / "a.safetensors"), str(tmp_path / "again")], env=env)
     assert kept.stdout == "Cfg\n", kept.stderr
-    help_text = " ".join(subprocess.run([sys.executable, "-m", "ckpt_nb", "export", "--help"],
-                                        capture_output=True, text=True).stdout.split())
+    help_text = " ".join(warm_python.run([sys.executable, "-m", "ckpt_nb", "export",
+                                          "--help"]).stdout.split())
     assert "a .safetensors OUT keeps them, a .pt leaves them out" in help_text
 
 

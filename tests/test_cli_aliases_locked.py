@@ -13,6 +13,7 @@ import torch
 
 from ckpt_nb import CheckpointManager
 from test_cli import module_env
+import warm_python  # (fresh interpreters forked from a warm one)
 
 # Holds STORE's lock until a line comes on stdin, then deletes ID under it.
 HOLDER = """
@@ -39,12 +40,12 @@ def test_an_alias_names_the_checkpoint_it_names_once_the_lock_is_taken(
                 mgr.pin(cid)
         named_first = mgr.resolve("-2")
     env = module_env()
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), named_first],
+    holder = warm_python.Popen([sys.executable, "-c", HOLDER, str(tmp_path), named_first],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     cli = None
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        cli = subprocess.Popen([sys.executable, "-m", "ckpt_nb", command, str(tmp_path), "-2"],
+        cli = warm_python.Popen([sys.executable, "-m", "ckpt_nb", command, str(tmp_path), "-2"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env)
         assert cli.stderr is not None

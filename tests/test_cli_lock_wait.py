@@ -18,6 +18,7 @@ import torch
 
 from ckpt_nb import CheckpointManager
 from test_cli import module_env
+import warm_python  # (fresh interpreters forked from a warm one)
 
 # Holds STORE's lock until a line comes on stdin.
 HOLDER = """
@@ -52,14 +53,14 @@ def test_a_lock_wait_is_a_ckpt_nb_line_above_the_progress_bar(tmp_path: Path) ->
     with CheckpointManager(tmp_path) as mgr:
         mgr.save(torch.nn.Linear(4, 2), step=0)
     env = module_env()
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)],
+    holder = warm_python.Popen([sys.executable, "-c", HOLDER, str(tmp_path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     terminal, side = os.openpty()
     fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     cli = None
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        cli = subprocess.Popen([sys.executable, "-m", "ckpt_nb", "gc", str(tmp_path)],
+        cli = warm_python.Popen([sys.executable, "-m", "ckpt_nb", "gc", str(tmp_path)],
                                stdin=side, stdout=side, stderr=side, env=env)
         os.close(side)
         shown = read_until(terminal, b"waiting for", 120)

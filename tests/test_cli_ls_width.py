@@ -6,7 +6,6 @@ this process, on a real pseudo-terminal, as test_ls_fits_the_terminal... checks)
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 
 from ckpt_nb import CheckpointManager
 from test_cli import module_env, on_terminal, on_terminal_here, run_module
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def demo_like(directory: Path, note: str = "") -> list[str]:
@@ -62,9 +62,8 @@ def test_ls_fits_the_terminal_least_important_columns_first(tmp_path: Path) -> N
     shortened = at_80[1]
     assert re.search(r"  \d\d-\d\d \d\d:\d\d  ", shortened), shortened  # (MM-DD HH:MM)
     piped = run_module("ls", tmp_path)  # (COLUMNS set, as a shell that exports it sets it)
-    piped_narrow = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(tmp_path)],
-                                  capture_output=True, text=True, timeout=120,
-                                  env={**module_env(), "COLUMNS": "40"})
+    piped_narrow = warm_python.run([sys.executable, "-m", "ckpt_nb", "ls", str(tmp_path)],
+                                   timeout=120, env={**module_env(), "COLUMNS": "40"})
     assert piped_narrow.stdout == piped.stdout
     assert piped.stdout.splitlines()[0].split() == every[0].split()
     assert "to fit" not in piped.stdout

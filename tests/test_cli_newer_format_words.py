@@ -13,11 +13,12 @@ import torch
 from ckpt_nb import CheckpointManager
 from test_cli import module_env
 from test_old_stores import from_a_newer_ckpt_nb
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def cli(*argv: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
-                          capture_output=True, text=True, env=module_env(), timeout=120)
+    return warm_python.run([sys.executable, "-m", "ckpt_nb", *map(str, argv)],
+                           env=module_env(), timeout=120)
 
 
 @pytest.mark.parametrize(("newer", "verified", "kept"), [

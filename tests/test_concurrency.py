@@ -25,11 +25,12 @@ from conftest import stderr_once_said
 
 from ckpt_nb import CheckpointManager, MemoryStore, StoreError
 from ckpt_nb.cli import main
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 def python(code: str, *, stdin: int | None = None) -> subprocess.Popen[str]:
     """``code`` run by another Python process, its output piped."""
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=stdin,
+    return warm_python.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -378,8 +379,7 @@ def test_gc_beside_the_store_keeps_what_a_copy_of_its_catalog_saved(tmp_path: Pa
             with torch.no_grad():
                 model.weight.add_(1)
             ids.append(run.save(model, epoch=epoch))
-        gc = subprocess.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)],
-                            capture_output=True, text=True, timeout=120)
+        gc = warm_python.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)], timeout=120)
         assert gc.returncode == 0, gc.stderr
     every_one_loads(store, ids)
 
@@ -407,8 +407,7 @@ def test_a_backup_of_the_catalog_put_back_is_brought_up_to_the_store(
     if later == "an older ckpt_nb's lock take":  # (its note: the pid and the id alone)
         (store / "catalog.sqlite.lock").write_text(f"{os.getpid()} {catalog_id}\n")
     shutil.copyfile(backup, store / "catalog.sqlite")  # (in place: the same inode)
-    gc = subprocess.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)],
-                        capture_output=True, text=True, timeout=120)
+    gc = warm_python.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)], timeout=120)
     said = "(a copy of it was put back?)" in gc.stderr  # (not where the note cannot tell)
     assert gc.returncode == 0 and said == ("older" not in later), gc.stderr
     assert "0 packs deleted" in gc.stdout, gc.stdout
@@ -464,8 +463,7 @@ def test_a_backup_put_back_is_read_again_before_anything_is_listed_or_loaded(
     else:
         shutil.copy(backup, store / "catalog.sqlite.tmp")
         os.replace(store / "catalog.sqlite.tmp", store / "catalog.sqlite")
-    ls = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", str(store)],
-                        capture_output=True, text=True, timeout=120)
+    ls = warm_python.run([sys.executable, "-m", "ckpt_nb", "ls", str(store)], timeout=120)
     assert ls.returncode == 0 and all(cid in ls.stdout for cid in ids), ls.stdout
     assert "older than the store's last write (a copy of it was put back?)" in ls.stderr
     with warnings.catch_warnings(record=True) as said:
@@ -551,8 +549,7 @@ def test_a_catch_up_cut_short_leaves_the_next_gc_to_read_the_store_again(
             catching_up.kill()
             catching_up.communicate()
     assert catching_up.returncode != 0, said
-    gc = subprocess.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)],
-                        capture_output=True, text=True, timeout=120)
+    gc = warm_python.run([sys.executable, "-m", "ckpt_nb", "gc", str(store)], timeout=120)
     assert gc.returncode == 0 and "0 packs deleted" in gc.stdout, (gc.stdout, gc.stderr)
     assert "0 manifests deleted" in gc.stdout, gc.stdout
     with CheckpointManager(store) as reopened:

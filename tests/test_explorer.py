@@ -1903,7 +1903,7 @@ def test_an_action_waiting_for_the_stores_lock_says_so_in_the_status_line(
     with ckpt_nb.CheckpointManager(tmp_path) as mgr:
         cid = mgr.save(model, torch.optim.SGD(model.parameters(), 0.1), 0)
     ui = ckpt_nb.explore(tmp_path, poll_seconds=0)
-    holder = subprocess.Popen(
+    holder = warm_python.Popen(
         [sys.executable, "-c", "import sys, ckpt_nb\nwith ckpt_nb.CheckpointManager(sys.argv[1])"
          "._exclusive():\n    print('held', flush=True)\n    sys.stdin.readline()",
          str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -1971,7 +1971,7 @@ def test_a_lock_wait_teller_that_fails_stops_no_action(tmp_path: Path) -> None:
     mgr._on_lock_wait = told
     # (held until the teller was told: a holder that let go after a second was gone
     # before the pin had waited a second, and no teller was told at all)
-    holder = subprocess.Popen(
+    holder = warm_python.Popen(
         [sys.executable, "-c", "import sys, ckpt_nb\nwith ckpt_nb.CheckpointManager("
          "sys.argv[1])._exclusive():\n    print('held', flush=True)\n    sys.stdin.readline()",
          str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -22,6 +22,7 @@ from test_scale import _peak_mib  # (a script run in a fresh process: its memory
 from ckpt_nb import CheckpointManager
 from ckpt_nb._errors import FileFormatError
 from ckpt_nb._interop import read_file
+import warm_python  # (fresh interpreters forked from a warm one)
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from safetensors import safe_open  # noqa: E402
@@ -152,7 +153,7 @@ def test_an_export_killed_mid_write_leaves_a_temporary_the_next_export_removes(
     out.mkdir()
     killed = None
     for _ in range(5):  # (a try where the export ends before it is seen writing is retried)
-        child = subprocess.Popen([sys.executable, "-c", EXPORT, tmp_path / "s",
+        child = warm_python.Popen([sys.executable, "-c", EXPORT, tmp_path / "s",
                                   out / "model.safetensors"])
         deadline = time.monotonic() + 60
         while child.poll() is None and time.monotonic() < deadline:

@@ -5,7 +5,6 @@ API, the CLI and the explorer alike."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 import ckpt_nb
 from ckpt_nb import CheckpointManager
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 class Point:
@@ -57,8 +57,8 @@ def test_the_python_export_says_one_warning_for_a_pickle(tmp_path: Path) -> None
 
 def test_the_cli_and_the_explorer_export_say_one_warning_for_a_pickle(tmp_path: Path) -> None:
     cid = saved_with_a_pickle(tmp_path / "store")
-    done = subprocess.run([sys.executable, "-m", "ckpt_nb", "export", str(tmp_path / "store"),
-                           cid, str(tmp_path / "a.pt")], capture_output=True, text=True)
+    done = warm_python.run([sys.executable, "-m", "ckpt_nb", "export", str(tmp_path / "store"),
+                           cid, str(tmp_path / "a.pt")])
     assert done.returncode == 0, done.stderr
     assert done.stderr == "ckpt-nb: warning: " + left_out("a.pt").replace(
         "trust_pickle=True", "--trust-pickle") + "\n"

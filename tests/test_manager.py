@@ -1293,7 +1293,7 @@ def test_reading_while_another_process_saves_deletes_and_compacts(
     store = tmp_path / "store"
     CheckpointManager(store).close()
     stop = tmp_path / "stop"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(store), str(stop), str(keep)])
+    writer = warm_python.Popen([sys.executable, "-c", WRITER, str(store), str(stop), str(keep)])
     try:
         mgr = CheckpointManager(store)
         deadline = time.monotonic() + 60
@@ -1344,7 +1344,7 @@ def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
     store = tmp_path / "store"
     CheckpointManager(store).close()
     stop = tmp_path / "stop"
-    writer = subprocess.Popen([sys.executable, "-c", BUDGET_WRITER, str(store), str(stop)])
+    writer = warm_python.Popen([sys.executable, "-c", BUDGET_WRITER, str(store), str(stop)])
     try:
         mgr = CheckpointManager(store)
         deadline = time.monotonic() + 60
@@ -2443,7 +2443,7 @@ def test_a_pin_and_a_delete_in_two_processes_never_lose_a_pinned_checkpoint(
     mgr.save(model, None, 1)
     lock = open(tmp_path / "catalog.sqlite.lock", "a")  # another process's save, under way
     fcntl.flock(lock, fcntl.LOCK_EX)
-    deleting = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    deleting = warm_python.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from ckpt_nb import CheckpointManager, CheckpointInUseError
         mgr = CheckpointManager({str(tmp_path)!r})
         print("ready", flush=True)
@@ -2455,7 +2455,7 @@ def test_a_pin_and_a_delete_in_two_processes_never_lose_a_pinned_checkpoint(
         """)], stdout=subprocess.PIPE, text=True)
     assert deleting.stdout is not None and deleting.stdout.readline().strip() == "ready"
     time.sleep(0.5)  # (the delete now waits for the lock)
-    pinning = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    pinning = warm_python.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from ckpt_nb import CheckpointManager
         CheckpointManager({str(tmp_path)!r}).pin({cid!r})
         """)], stderr=subprocess.DEVNULL)
@@ -2635,7 +2635,7 @@ def test_a_wait_for_another_process_s_lock_is_said_with_its_pid(
         cid = mgr.save(torch.nn.Linear(2, 2))
         # (held until the pin has said it waits: a holder that let go after a fixed time
         # was gone before a pin started late on a loaded machine had waited a second)
-        holder = subprocess.Popen(
+        holder = warm_python.Popen(
             [sys.executable, "-c", "import fcntl, os, sys\n"
              f"f = open({str(tmp_path / 'catalog.sqlite.lock')!r}, 'a')\n"
              "fcntl.flock(f, fcntl.LOCK_EX); f.truncate(0); f.write(f'{os.getpid()}\\n')\n"

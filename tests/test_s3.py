@@ -253,8 +253,7 @@ def test_an_unwritable_catalog_cache_opens_the_store_to_read_and_says_why(
     with pytest.raises(StoreError, match="open to read only, since its catalog cannot be "
                                          "cached in .*XDG_CACHE_HOME"):
         mgr.save(h=Holder(weights(2)))
-    done = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", url], capture_output=True,
-                          text=True, timeout=120)
+    done = warm_python.run([sys.executable, "-m", "ckpt_nb", "ls", url], timeout=120)
     assert done.returncode == 0 and saved in done.stdout
     assert done.stderr.startswith(f"ckpt-nb: warning: the catalog of {url} cannot be cached")
     assert done.stderr.count("\n") == 1 and "XDG_CACHE_HOME" in done.stderr, done.stderr
@@ -371,7 +370,7 @@ def test_a_damaged_catalog_cache_is_moved_aside_and_rebuilt_from_the_store(
     [cache] = (tmp_path / "cache" / "ckpt_nb").glob("*/catalog.sqlite")
     garble_a_chunks_page(cache, "meta")
     # Another process has it open: it is left where it is, and said damaged as before.
-    holder = subprocess.Popen(
+    holder = warm_python.Popen(
         [sys.executable, "-c", "import sqlite3, sys\n"
          "db = sqlite3.connect(sys.argv[1]); db.execute('PRAGMA user_version').fetchone()\n"
          "print('open', flush=True); sys.stdin.readline()\n", str(cache)],
@@ -637,8 +636,8 @@ def test_no_credentials_or_half_of_them_say_where_credentials_come_from(
                 AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
     for env, said in ((bare, "Unable to locate credentials"),
                       ({**bare, "AWS_ACCESS_KEY_ID": "testing"}, "Partial credentials found")):
-        done = subprocess.run([sys.executable, "-m", "ckpt_nb", "ls", f"s3://{bucket}/exp"],
-                              capture_output=True, text=True, timeout=120, env=env)
+        done = warm_python.run([sys.executable, "-m", "ckpt_nb", "ls", f"s3://{bucket}/exp"],
+                               timeout=120, env=env)
         assert done.returncode == 1 and said in done.stderr, done.stderr
         assert "(check the credentials: the AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY " \
                "environment variables, ~/.aws/credentials" in done.stderr, done.stderr

@@ -381,16 +381,15 @@ def test_a_run_of_the_same_code_in_another_live_process_is_not_its_retention(
     path.write_text(SWEEP)
     env = {**os.environ, "PYTHONPATH": str(REPO), "SEED": "1", "STAY": "1"}
     env.pop("JPY_SESSION_NAME", None)
-    staying = subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, env=env, text=True,
+    staying = warm_python.Popen([sys.executable, str(path)], cwd=tmp_path, env=env, text=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert staying.stdout is not None
         assert "saved\n" in iter(staying.stdout.readline, "")
         theirs = set(ckpt_nb.CheckpointManager(tmp_path / "store").list()["id"])
         assert len(theirs) == 2
-        done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, text=True,
-                              env={**env, "SEED": "2", "STAY": ""}, capture_output=True,
-                              timeout=300)
+        done = warm_python.run([sys.executable, str(path)], cwd=tmp_path, timeout=300,
+                               env={**env, "SEED": "2", "STAY": ""})
         assert done.returncode == 0, done.stderr
         assert theirs < set(ckpt_nb.CheckpointManager(tmp_path / "store").list()["id"])
     finally:

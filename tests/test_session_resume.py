@@ -13,6 +13,7 @@ import torch
 
 import ckpt_nb
 from test_magics import final_state, run, same  # (the shell's helpers)
+import warm_python  # (fresh interpreters forked from a warm one)
 
 # A Dataset that augments in this process, as torchvision's random transforms do with
 # num_workers=0: each batch fetched draws from torch's global generator.
@@ -382,7 +383,7 @@ with ckpt_nb.auto(sys.argv[1], name="train", every_steps=1, sync=True,
 def trained(store: Path, held_at: int) -> subprocess.Popen:
     """TRAINER in a process of its own, once it has trained epoch ``held_at`` (held
     there, alive, as a kernel still training)."""
-    trainer = subprocess.Popen(
+    trainer = warm_python.Popen(
         [sys.executable, "-c", TRAINER.replace("if epoch == 1:", f"if epoch == {held_at}:"),
          str(store)], stdout=subprocess.PIPE, text=True)
     assert trainer.stdout is not None and "trained\n" in iter(trainer.stdout.readline, "")
@@ -406,7 +407,7 @@ def test_a_run_another_live_process_trains_is_not_resumed_one_that_died_is(
     import subprocess
     import sys
     for store, alive in ((tmp_path / "alive", True), (tmp_path / "died", False)):
-        trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(store)],
+        trainer = warm_python.Popen([sys.executable, "-c", TRAINER, str(store)],
                                    stdout=subprocess.PIPE, text=True)
         try:
             assert trainer.stdout is not None

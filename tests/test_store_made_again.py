@@ -166,7 +166,7 @@ def test_a_list_of_an_unchanged_store_takes_no_lock(tmp_path: Path) -> None:
     mgr = CheckpointManager(store)
     mgr.save(h=Holder({"w": torch.zeros(1000)}))
     catalog = mgr.catalog
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = warm_python.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import fcntl, os, sys, time
         folder = os.open({str(store)!r}, os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(folder, fcntl.LOCK_EX)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_python  # (fresh interpreters forked from a warm one)
 
 pytest.importorskip("huggingface_hub")  # (the dev extra installs it: CI runs this)
 
@@ -31,8 +32,7 @@ except ckpt_nb.StoreError as exc:
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return warm_python.run([sys.executable, *argv], env=env, timeout=120)
 
 
 def test_an_unreachable_hub_is_a_store_error_saying_to_check_the_server() -> None:

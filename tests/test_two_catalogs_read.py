@@ -3,7 +3,6 @@ store's own), read through the one that did not write last."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,8 +32,7 @@ def test_the_stores_own_catalog_reads_what_another_catalog_deleted_and_saved(
     report = own.verify()
     assert report.ok and not report.bad, report
     own.close()
-    cli = subprocess.run([sys.executable, "-m", "ckpt_nb", "verify", str(store)],
-                         capture_output=True, text=True)
+    cli = warm_python.run([sys.executable, "-m", "ckpt_nb", "verify", str(store)])
     assert cli.returncode == 0 and first not in cli.stdout, cli.stdout + cli.stderr
 
 

@@ -62,6 +62,31 @@ def test_input_check_and_timeout_are_as_subprocess_runs() -> None:
         warm_python.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
 
 
-def test_what_is_not_a_script_of_this_interpreter_is_refused() -> None:
-    with pytest.raises(ValueError, match="not a script or -c run"):
-        warm_python.run([sys.executable, "-m", "ckpt_nb"])
+def test_a_module_runs_as_python_m_runs_it(tmp_path: Path) -> None:
+    (tmp_path / "mod.py").write_text("import sys\nprint(__name__, sys.argv, sys.path[0])\n"
+                                     "sys.exit(4)")
+    done = warm_python.run([sys.executable, "-m", "mod", "x"], cwd=tmp_path)
+    assert done.returncode == 4, done.stderr
+    assert done.stdout == f"__main__ {[str(tmp_path / 'mod.py'), 'x']} {tmp_path}\n"
+
+
+def test_a_popen_streams_and_signals_as_subprocess_popen_does(tmp_path: Path) -> None:
+    echo = "import sys\nprint('ready', flush=True)\nprint(sys.stdin.readline().upper())"
+    with warm_python.Popen([sys.executable, "-c", echo], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        assert process.poll() is None
+        assert process.communicate("hi\n", timeout=60) == ("HI\n\n", None)
+    assert process.returncode == 0
+    with (tmp_path / "err").open("w") as err:
+        process = warm_python.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                    stdout=subprocess.DEVNULL, stderr=err)
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=0.5)
+        process.terminate()
+        assert process.wait(timeout=60) == -signal.SIGTERM
+
+
+def test_what_is_not_a_run_of_this_interpreter_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a script, -c or -m run"):
+        warm_python.run([sys.executable, "-X", "importtime", "-c", "pass"])

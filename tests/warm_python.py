@@ -1,27 +1,30 @@
-"""Scripts run in fresh interpreters forked from a warm one, for the tests' crash trials.
+"""Fresh interpreters forked from a warm one, for the tests' scripts and commands.
 
 A script that imports torch and makes an optimizer spends ~3.5 s importing (torch, then
 torch._dynamo, which an optimizer imports) and ~1 s tearing the modules down at exit,
-where its own work takes a second. The crash tests run hundreds of them. ``run`` asks a
-server process (one per test process) that has imported torch, torch._dynamo and NumPy,
-and nothing else, to fork; the child takes the caller's argv, working directory,
-environment and standard streams, installs a new ``__main__`` and runs the script there, so
-it starts as a new interpreter would, ckpt_nb imported afresh. It is a real process: it can
-be killed with SIGKILL or interrupted with SIGINT, and its exit status is what the caller
-sees. After the script it waits for its threads and runs its atexit callbacks as an
-interpreter's exit does, then leaves without tearing down modules; an uncaught
-exception other than SystemExit goes to the interpreter's own handling (its traceback,
-exit 1, or -SIGINT for KeyboardInterrupt).
+where its own work takes a second; ``python -m ckpt_nb`` imports torch too. The tests
+start hundreds of them. ``Popen`` and ``run`` ask a server process (one per test process)
+that has imported torch, torch._dynamo and NumPy, and nothing else, to fork; the child
+takes the caller's argv (a script, ``-c`` code or ``-m`` module), working directory,
+environment and standard streams, and runs as ``__main__``, so it starts as a new
+interpreter would, ckpt_nb imported afresh. It is a real process: it can be killed with
+SIGKILL or interrupted with SIGINT, and its exit status is what the caller sees. After its
+code it waits for its threads and runs its atexit callbacks as an interpreter's exit does,
+then leaves without tearing down modules; an uncaught exception other than SystemExit
+goes to the interpreter's own handling (its traceback, exit 1, or -SIGINT for
+KeyboardInterrupt). What cannot be told apart from a fresh interpreter is torch already
+imported: a test of what happens before torch loads starts a real one.
 
 What environment variables change at start-up (PYTHON*, thread counts, torch's own) a
 forked child cannot take, so each set of them has a server of its own.
 """
-
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
+import runpy
 import selectors
 import shutil
 import signal
@@ -32,8 +35,9 @@ import tempfile
 import threading
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 PRELOADED = ("torch", "torch._dynamo", "torch.utils.data", "numpy")
 # Read at start-up: each set of their values has its own server.
@@ -78,88 +82,191 @@ def _server_for(environment: dict[str, str]) -> _Server:
         return _servers[start_up]
 
 
+def _words(argv: list[Any]) -> list[str]:
+    words = [str(word) for word in argv]
+    if not (len(words) >= 2 and words[0] == sys.executable and not words[1].startswith("-")
+            or len(words) >= 3 and words[0] == sys.executable and words[1] in ("-c", "-m")):
+        raise ValueError(f"not a script, -c or -m run of this interpreter: {words}")
+    return words
+
+
+class Popen:
+    """``subprocess.Popen`` for ``python script.py ...``, ``python -c code ...`` or
+    ``python -m module ...``, forked from a warm interpreter: each of stdin, stdout and
+    stderr is PIPE, DEVNULL, a file descriptor or file object, or None (this process's)."""
+
+    def __init__(self, argv: list[Any], *, cwd: str | os.PathLike[str] | None = None,
+                 env: dict[str, str] | None = None, stdin: Any = None, stdout: Any = None,
+                 stderr: Any = None, text: bool = False) -> None:
+        self.args = _words(argv)
+        environment = dict(os.environ if env is None else env)
+        self.returncode: int | None = None
+        self.stdin: IO[Any] | None = None
+        self.stdout: IO[Any] | None = None
+        self.stderr: IO[Any] | None = None
+        given: list[int] = []
+        theirs: list[int] = []  # (ends opened here for the child: closed once it has them)
+        for number, (asked, reading) in enumerate([(stdin, False), (stdout, True),
+                                                   (stderr, True)]):
+            if asked == subprocess.PIPE:
+                read_end, write_end = os.pipe()
+                ours, child = (read_end, write_end) if reading else (write_end, read_end)
+                stream = os.fdopen(ours, "r" if reading else "w", buffering=-1 if text else 0,
+                                   **({"encoding": "utf-8"} if text else {}))
+                setattr(self, ("stdin", "stdout", "stderr")[number], stream)
+                theirs.append(child)
+            elif asked == subprocess.DEVNULL:
+                child = os.open(os.devnull, os.O_RDWR)
+                theirs.append(child)
+            elif asked is None:
+                child = number
+            else:
+                child = asked if isinstance(asked, int) else asked.fileno()
+            given.append(child)
+        self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._connection.connect(_server_for(environment).address)
+            request = json.dumps({"words": self.args[1:], "env": environment,
+                                  "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
+            socket.send_fds(self._connection, [request + b"\n"], given)
+        finally:
+            for end in theirs:
+                os.close(end)
+        self._received = b""
+        line = self._line(timeout=None)
+        assert line is not None
+        self.pid = int(line)
+
+    def poll(self) -> int | None:
+        return self._status(block=False)
+
+    def wait(self, timeout: float | None = None) -> int:
+        status = self._status(block=True, timeout=timeout)
+        if status is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return status
+
+    def _status(self, block: bool, timeout: float | None = None) -> int | None:
+        """The exit status, once the server has sent it (waiting ``timeout`` if ``block``)."""
+        if self.returncode is None:
+            line = self._line(timeout if block else 0)
+            if line is None:
+                return None
+            self.returncode = os.waitstatus_to_exitcode(int(line))
+            self._connection.close()
+        return self.returncode
+
+    def _line(self, timeout: float | None) -> bytes | None:
+        """The server's next line, or None if none came within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._received:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            self._connection.settimeout(left)
+            try:
+                piece = self._connection.recv(4096)
+            except (BlockingIOError, TimeoutError):
+                return None
+            if not piece:
+                raise RuntimeError(f"the warm interpreter's server went away: {self.args}")
+            self._received += piece
+        line, self._received = self._received.split(b"\n", 1)
+        return line
+
+    def communicate(self, input: Any = None, timeout: float | None = None
+                    ) -> tuple[Any, Any]:
+        """Write ``input``, read stdout and stderr to their ends, then wait."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = b""
+        if self.stdin is not None:
+            pending = input.encode() if isinstance(input, str) else (input or b"")
+            self.stdin.flush()
+            stdin_fd = self.stdin.fileno()
+            os.set_blocking(stdin_fd, False)
+        read = {stream.fileno(): (stream, []) for stream in (self.stdout, self.stderr)
+                if stream is not None}
+        selector = selectors.DefaultSelector()
+        for fd in read:
+            selector.register(fd, selectors.EVENT_READ)
+        if self.stdin is not None:
+            if pending:
+                selector.register(stdin_fd, selectors.EVENT_WRITE)
+            else:
+                self.stdin.close()
+        try:
+            while selector.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0)
+                for key, _ in selector.select(left):
+                    if key.fd in read:
+                        piece = os.read(key.fd, 65536)
+                        if piece:
+                            read[key.fd][1].append(piece)
+                        else:
+                            selector.unregister(key.fd)
+                        continue
+                    try:
+                        pending = pending[os.write(key.fd, pending):]
+                    except BrokenPipeError:
+                        pending = b""
+                    if not pending:
+                        selector.unregister(key.fd)
+                        assert self.stdin is not None
+                        self.stdin.close()
+        finally:
+            selector.close()
+        said = []
+        for stream in (self.stdout, self.stderr):
+            if stream is None:
+                said.append(None)
+                continue
+            data = b"".join(read[stream.fileno()][1])
+            stream.close()
+            said.append(_as_text(data) if isinstance(stream, io.TextIOBase) else data)
+        self.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
+        return said[0], said[1]
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, number)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def __enter__(self) -> Popen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr, self.stdin):
+            if stream is not None and not stream.closed:
+                stream.close()
+        self.wait()
+
+
 def run(argv: list[Any], *, cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None, timeout: float | None = None,
         input: str | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(argv, text=True, capture_output=True, ...)`` for ``python
-    script.py ...`` or ``python -c code ...``, forked from a warm interpreter."""
-    environment = dict(os.environ if env is None else env)
-    words = [str(word) for word in argv]
-    if not (len(words) >= 2 and words[0] == sys.executable and not words[1].startswith("-")
-            or len(words) >= 3 and words[0] == sys.executable and words[1] == "-c"):
-        raise ValueError(f"not a script or -c run of this interpreter: {words}")
-    done = _forked(_server_for(environment).address, words[1:],
-                   os.path.abspath(cwd or os.getcwd()), environment, timeout, input)
+    """``subprocess.run(argv, text=True, capture_output=True, ...)``, forked from a warm
+    interpreter (see Popen)."""
+    with Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True) as process:
+        try:
+            out, err = process.communicate(input, timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
     if check:
         done.check_returncode()
     return done
 
 
-def _forked(address: str, words: list[str], cwd: str, environment: dict[str, str],
-            timeout: float | None, input: str | None) -> subprocess.CompletedProcess[str]:
-    stdin_read, stdin_write = os.pipe()
-    out_read, out_write = os.pipe()
-    err_read, err_write = os.pipe()
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(address)
-        request = json.dumps({"words": words, "cwd": cwd, "env": environment}).encode()
-        socket.send_fds(connection, [request + b"\n"], [stdin_read, out_write, err_write])
-    finally:
-        for end in (stdin_read, out_write, err_write):
-            os.close(end)
-    replies = connection.makefile("rb")
-    pid = int(replies.readline())
-    pieces: dict[int, list[bytes]] = {out_read: [], err_read: []}
-    pending = (input or "").encode()
-    selector = selectors.DefaultSelector()
-    for end in pieces:
-        selector.register(end, selectors.EVENT_READ)
-    if pending:
-        os.set_blocking(stdin_write, False)
-        selector.register(stdin_write, selectors.EVENT_WRITE)
-    else:
-        os.close(stdin_write)
-        stdin_write = -1
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while selector.get_map():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired([sys.executable, *words], timeout or 0)
-            for key, _ in selector.select(left):
-                if key.fd == stdin_write:
-                    try:
-                        pending = pending[os.write(stdin_write, pending):]
-                    except BrokenPipeError:
-                        pending = b""
-                    if not pending:
-                        selector.unregister(stdin_write)
-                        os.close(stdin_write)
-                        stdin_write = -1
-                    continue
-                piece = os.read(key.fd, 65536)
-                if piece:
-                    pieces[key.fd].append(piece)
-                else:
-                    selector.unregister(key.fd)
-        status = int(replies.readline())
-    finally:
-        selector.close()
-        for end in (out_read, err_read, stdin_write):
-            if end != -1:
-                os.close(end)
-        replies.close()
-        connection.close()
-    return subprocess.CompletedProcess([sys.executable, *words],
-                                       os.waitstatus_to_exitcode(status),
-                                       _as_text(pieces[out_read]), _as_text(pieces[err_read]))
-
-
-def _as_text(pieces: list[bytes]) -> str:
+def _as_text(data: bytes) -> str:
     """As ``text=True`` reads a stream: UTF-8, universal newlines."""
-    return b"".join(pieces).decode().replace("\r\n", "\n").replace("\r", "\n")
+    return data.decode().replace("\r\n", "\n").replace("\r", "\n")
 
 
 # -- the server's side --------------------------------------------------------------------
@@ -215,29 +322,34 @@ def _serve(address: str) -> dict[str, Any]:
                 connection.close()
 
 
-def _start_as_a_new_interpreter(request: dict[str, Any]) -> types.CodeType:
-    """Take the request's place: its directory, environment, argv, ``__main__``."""
+def _start_as_a_new_interpreter(request: dict[str, Any]) -> Callable[[], object]:
+    """Take the request's place (its directory, environment, argv, standard streams);
+    return what runs its script, module or code as ``__main__``."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    sys.stdout.reconfigure(line_buffering=os.isatty(1))  # (as a new interpreter sets it)
+    import numpy
+    numpy.random.seed()  # (random reseeds itself in a forked child; NumPy does not)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     words = request["words"]
+    if words[0] == "-m":
+        sys.argv = ["-m", *words[2:]]
+        sys.path[0] = os.getcwd()
+        return lambda: runpy._run_module_as_main(words[1])  # type: ignore[attr-defined]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
     if words[0] == "-c":
         source, filename, sys.argv = words[1], "<string>", ["-c", *words[2:]]
         sys.path[0] = ""
     else:
-        filename = words[0]
+        filename = main.__file__ = words[0]
         source = Path(filename).read_text()
         sys.argv = words
         sys.path[0] = os.path.dirname(os.path.realpath(filename))
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
-    if filename != "<string>":
-        main.__file__ = filename
     sys.modules["__main__"] = main
-    import numpy
-    numpy.random.seed()  # (random reseeds itself in a forked child; NumPy does not)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    return compile(source, filename, "exec")
+    code = compile(source, filename, "exec")
+    return lambda: exec(code, main.__dict__)
 
 
 def _leave(code: int) -> None:
@@ -266,10 +378,9 @@ if __name__ == "__main__":
     sys.path.insert(0, "")
     for name in PRELOADED:
         __import__(name)
-    _request = _serve(sys.argv[1])
-    _code = _start_as_a_new_interpreter(_request)
+    _run_it = _start_as_a_new_interpreter(_serve(sys.argv[1]))
     try:
-        exec(_code, sys.modules["__main__"].__dict__)
+        _run_it()
     except SystemExit as _exit:
         _leave(_exit_code(_exit))
     _leave(0)
