@@ -182,8 +182,9 @@ class Popen:
             self.stdin.flush()
             stdin_fd = self.stdin.fileno()
             os.set_blocking(stdin_fd, False)
-        read = {stream.fileno(): (stream, []) for stream in (self.stdout, self.stderr)
-                if stream is not None}
+        read: dict[int, list[bytes]] = {stream.fileno(): [] for stream in (self.stdout,
+                                                                            self.stderr)
+                                        if stream is not None}
         selector = selectors.DefaultSelector()
         for fd in read:
             selector.register(fd, selectors.EVENT_READ)
@@ -201,7 +202,7 @@ class Popen:
                     if key.fd in read:
                         piece = os.read(key.fd, 65536)
                         if piece:
-                            read[key.fd][1].append(piece)
+                            read[key.fd].append(piece)
                         else:
                             selector.unregister(key.fd)
                         continue
@@ -220,7 +221,7 @@ class Popen:
             if stream is None:
                 said.append(None)
                 continue
-            data = b"".join(read[stream.fileno()][1])
+            data = b"".join(read[stream.fileno()])
             stream.close()
             said.append(_as_text(data) if isinstance(stream, io.TextIOBase) else data)
         self.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
