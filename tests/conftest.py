@@ -24,7 +24,12 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 from sklearn.datasets import load_digits
 
+import warm_python
 from ckpt_nb import _session
+
+# The kernels jupyter_client starts here (the kernel tests', and nbval's for the notebooks:
+# every worker imports this file) are forked from a warm interpreter: see warm_python.
+warm_python.fork_kernels()
 
 
 class DigitsRun:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,8 @@ SCRIPT = """
 import atexit, os, sys, threading, time
 import numpy
 print(sys.argv, __name__, __file__, os.getcwd(), os.environ["ASKED"], sys.path[0])
-print("ckpt_nb" in sys.modules, "torch" in sys.modules, numpy.random.random())
+print("ckpt_nb" in sys.modules, "torch" in sys.modules, "IPython" in sys.modules,
+      numpy.random.random())
 print("to stderr", file=sys.stderr)
 atexit.register(lambda: print("atexit ran"))
 threading.Thread(target=lambda: (time.sleep(0.2), print("thread ended"))).start()
@@ -35,7 +37,7 @@ def test_a_script_runs_as_in_a_fresh_interpreter(tmp_path: Path) -> None:
         assert done.returncode == 0 and done.stderr == "to stderr\n", done.stderr
         said = done.stdout.splitlines()
         assert said[0] == f"{[str(path), 'a', '1']} __main__ {path} {tmp_path} yes {tmp_path}"
-        assert said[1].startswith("False True ")
+        assert said[1].startswith("False True False ")
         assert said[2:] == ["thread ended", "atexit ran"]
     assert runs[0].stdout != runs[1].stdout  # (NumPy seeded afresh in each)
 
@@ -90,3 +92,74 @@ def test_a_popen_streams_and_signals_as_subprocess_popen_does(tmp_path: Path) ->
 def test_what_is_not_a_run_of_this_interpreter_is_refused() -> None:
     with pytest.raises(ValueError, match="not a script, -c or -m run"):
         warm_python.run([sys.executable, "-X", "importtime", "-c", "pass"])
+
+
+def test_a_new_session_is_there_before_the_pid_comes_back() -> None:
+    """jupyter_client signals a kernel's process group, asked of its pid at once."""
+    process = warm_python.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                start_new_session=True)
+    try:
+        assert os.getsid(process.pid) == os.getpgid(process.pid) == process.pid
+    finally:
+        process.kill()
+    assert process.wait(timeout=60) == -signal.SIGKILL
+
+
+PROBE = ("import os, sys; print(sys.argv[1:2], sys.path[0], os.getcwd(), __name__, "
+         "os.getsid(0) == os.getpid() == os.getpgid(0), 'IPython' in sys.modules)")
+
+
+def _kernel_says(manager: Any, code: str, timeout: float = 120) -> tuple[str, dict[str, Any]]:
+    client = manager.blocking_client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=timeout)
+        said: list[str] = []
+        reply = client.execute_interactive(
+            code, timeout=timeout,
+            output_hook=lambda msg: said.append(msg["content"].get("text", "")))
+        return "".join(said), reply["content"]
+    finally:
+        client.stop_channels()
+
+
+def test_a_kernel_is_forked_and_starts_as_a_fresh_ones_does(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """The same cell in a kernel started from a fresh interpreter and in a forked one says
+    the same; the forked one is interrupted and killed as jupyter_client does it."""
+    from jupyter_client.manager import KernelManager
+    said = {}
+    for way in ("fresh", "forked"):
+        with monkeypatch.context() as patch:
+            if way == "fresh":
+                patch.setattr("jupyter_client.launcher.Popen", subprocess.Popen)
+            manager = KernelManager(kernel_name="python3")
+            manager.start_kernel(cwd=str(tmp_path))
+        try:
+            forked = isinstance(manager.provisioner.process, warm_python.Popen)
+            assert forked == (way == "forked")
+            said[way], reply = _kernel_says(manager, PROBE)
+            assert reply["status"] == "ok", said[way]
+            if forked:
+                client = manager.blocking_client()
+                client.start_channels()
+                client.wait_for_ready(timeout=60)
+                client.execute("import time; print('sleeping', flush=True); time.sleep(60)")
+                while "sleeping" not in str(client.get_iopub_msg(timeout=60)["content"]):
+                    pass
+                manager.interrupt_kernel()
+                reply = client.get_shell_msg(timeout=60)["content"]
+                client.stop_channels()
+                assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+                pid = manager.provisioner.pid
+                manager.signal_kernel(signal.SIGKILL)  # (to its process group)
+                assert manager.provisioner.process.wait(timeout=60) == -signal.SIGKILL
+                assert not manager.is_alive()
+                with pytest.raises(ProcessLookupError):
+                    os.kill(pid, 0)
+        finally:
+            if manager.has_kernel:
+                manager.shutdown_kernel(now=True)
+    assert said["forked"] == said["fresh"]
+    assert said["fresh"].startswith("['-f'] ")
+    assert said["fresh"].endswith(f" {tmp_path} __main__ True True\n")

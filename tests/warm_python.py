@@ -15,6 +15,10 @@ goes to the interpreter's own handling (its traceback, exit 1, or -SIGINT for
 KeyboardInterrupt). What cannot be told apart from a fresh interpreter is torch already
 imported: a test of what happens before torch loads starts a real one.
 
+``fork_kernels`` has jupyter_client start its ipykernels the same way, from a server that
+has imported ipykernel as well; a kernel started by a Jupyter server in another process (the
+browser test's) is a fresh interpreter still.
+
 What environment variables change at start-up (PYTHON*, thread counts, torch's own) a
 forked child cannot take, so each set of them has a server of its own.
 """
@@ -40,6 +44,9 @@ from pathlib import Path
 from typing import IO, Any
 
 PRELOADED = ("torch", "torch._dynamo", "torch.utils.data", "numpy")
+# A kernel's server also holds what ipykernel imports before its first cell; scripts get a
+# server without them, so that nothing they check finds IPython already imported.
+KERNEL_PRELOADED = (*PRELOADED, "ipykernel.kernelapp")
 # Read at start-up: each set of their values has its own server.
 START_UP_VARIABLES = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS", "TORCH", "LD_",
                       "CUDA", "NUMPY", "MALLOC")
@@ -49,11 +56,11 @@ SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)  # (by importing torch._dynamo, in t
 class _Server:
     """A warm interpreter, started on first use with the start-up environment it serves."""
 
-    def __init__(self, environment: dict[str, str]) -> None:
+    def __init__(self, environment: dict[str, str], preloaded: tuple[str, ...]) -> None:
         self.directory = tempfile.mkdtemp(prefix="warm-python-")
         self.address = os.path.join(self.directory, "socket")
         self.process = subprocess.Popen(
-            [sys.executable, __file__, self.address], stdin=subprocess.PIPE,
+            [sys.executable, __file__, self.address, *preloaded], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=environment, cwd=self.directory)
         assert self.process.stdout is not None
         if self.process.stdout.readline() != b"ready\n":
@@ -68,18 +75,18 @@ class _Server:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-_servers: dict[tuple[tuple[str, str], ...], _Server] = {}
+_servers: dict[tuple[object, ...], _Server] = {}
 _servers_lock = threading.Lock()
 
 
-def _server_for(environment: dict[str, str]) -> _Server:
+def _server_for(environment: dict[str, str], preloaded: tuple[str, ...]) -> _Server:
     """The server whose children start as an interpreter with this environment would."""
     start_up = tuple(sorted((name, value) for name, value in environment.items()
                             if name.startswith(START_UP_VARIABLES) and name not in SET_BY_TORCH))
     with _servers_lock:
-        if start_up not in _servers:
-            _servers[start_up] = _Server(environment)
-        return _servers[start_up]
+        if (start_up, preloaded) not in _servers:
+            _servers[start_up, preloaded] = _Server(environment, preloaded)
+        return _servers[start_up, preloaded]
 
 
 def _words(argv: list[Any]) -> list[str]:
@@ -93,11 +100,14 @@ def _words(argv: list[Any]) -> list[str]:
 class Popen:
     """``subprocess.Popen`` for ``python script.py ...``, ``python -c code ...`` or
     ``python -m module ...``, forked from a warm interpreter: each of stdin, stdout and
-    stderr is PIPE, DEVNULL, a file descriptor or file object, or None (this process's)."""
+    stderr is PIPE, DEVNULL, a file descriptor or file object, or None (this process's).
+    ``start_new_session``: the child is a session's leader (its process group's too) before
+    its pid comes back, as ``subprocess.Popen``'s is."""
 
     def __init__(self, argv: list[Any], *, cwd: str | os.PathLike[str] | None = None,
                  env: dict[str, str] | None = None, stdin: Any = None, stdout: Any = None,
-                 stderr: Any = None, text: bool = False) -> None:
+                 stderr: Any = None, text: bool = False, start_new_session: bool = False,
+                 preloaded: tuple[str, ...] = PRELOADED) -> None:
         self.args = _words(argv)
         environment = dict(os.environ if env is None else env)
         self.returncode: int | None = None
@@ -111,7 +121,8 @@ class Popen:
             if asked == subprocess.PIPE:
                 read_end, write_end = os.pipe()
                 ours, child = (read_end, write_end) if reading else (write_end, read_end)
-                stream = os.fdopen(ours, "r" if reading else "w", buffering=-1 if text else 0,
+                mode = ("r" if reading else "w") + ("" if text else "b")
+                stream = os.fdopen(ours, mode, buffering=-1 if text else 0,
                                    **({"encoding": "utf-8"} if text else {}))
                 setattr(self, ("stdin", "stdout", "stderr")[number], stream)
                 theirs.append(child)
@@ -125,9 +136,10 @@ class Popen:
             given.append(child)
         self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._connection.connect(_server_for(environment).address)
+            self._connection.connect(_server_for(environment, preloaded).address)
             request = json.dumps({"words": self.args[1:], "env": environment,
-                                  "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
+                                  "cwd": os.path.abspath(cwd or os.getcwd()),
+                                  "new_session": start_new_session}).encode()
             socket.send_fds(self._connection, [request + b"\n"], given)
         finally:
             for end in theirs:
@@ -265,6 +277,23 @@ def run(argv: list[Any], *, cwd: str | os.PathLike[str] | None = None,
     return done
 
 
+def kernel_popen(cmd: list[str], **options: Any) -> Any:
+    """What jupyter_client's launcher starts a kernel with: an ipykernel of this interpreter
+    is forked from a warm one that has imported ipykernel too (``KERNEL_PRELOADED``); any
+    other command, or options ``Popen`` here does not take, start as they would."""
+    if (cmd[:3] == [sys.executable, "-m", "ipykernel_launcher"]
+            and set(options) <= {"stdin", "stdout", "stderr", "cwd", "env",
+                                 "start_new_session"}):
+        return Popen(cmd, preloaded=KERNEL_PRELOADED, **options)
+    return subprocess.Popen(cmd, **options)
+
+
+def fork_kernels() -> None:
+    """Have every kernel jupyter_client starts in this process come from ``kernel_popen``."""
+    import jupyter_client.launcher
+    jupyter_client.launcher.Popen = kernel_popen  # type: ignore[assignment,misc]
+
+
 def _as_text(data: bytes) -> str:
     """As ``text=True`` reads a stream: UTF-8, universal newlines."""
     return data.decode().replace("\r\n", "\n").replace("\r", "\n")
@@ -297,8 +326,13 @@ def _serve(address: str) -> dict[str, Any]:
             request = json.loads(message)
             sys.stdout.flush()
             sys.stderr.flush()
+            started, starting = os.pipe()
             pid = os.fork()
             if pid == 0:
+                if request["new_session"]:
+                    os.setsid()
+                os.close(started)
+                os.close(starting)  # (the pid goes out once the session is there)
                 selector.close()
                 listener.close()
                 connection.close()
@@ -306,6 +340,9 @@ def _serve(address: str) -> dict[str, Any]:
                     os.dup2(fd, target)
                     os.close(fd)
                 return request
+            os.close(starting)
+            os.read(started, 1)
+            os.close(started)
             for fd in fds:
                 os.close(fd)
             connection.sendall(b"%d\n" % pid)
@@ -377,7 +414,7 @@ def _exit_code(exit: SystemExit) -> int:
 if __name__ == "__main__":
     sys.path.pop(0)  # (this file's directory: a child's script has its own)
     sys.path.insert(0, "")
-    for name in PRELOADED:
+    for name in sys.argv[2:]:
         __import__(name)
     _run_it = _start_as_a_new_interpreter(_serve(sys.argv[1]))
     try:
