@@ -1378,11 +1378,11 @@ def _fits_parameter(state: torch.Tensor, param: torch.Tensor) -> bool:
     """Whether a per-parameter state tensor of one of torch's optimizers can be this
     parameter's: torch's load_state_dict takes any shape, and the optimizer's next step
     fails. Moments have the parameter's shape, factored ones (Adafactor's) 1 where they
-    sum; a state of another number of dimensions is checked only by its number of
-    elements (the same number in another shape is a parameter reshaped)."""
-    if state.dim() != param.dim():
-        return state.numel() != param.numel()
-    return all(s in (p, 1) for s, p in zip(state.shape, param.shape))
+    sum: always the parameter's number of dimensions (its scalars, a step, are not asked
+    about). One of another number is another parameter's (the groups' order changed) or
+    a parameter reshaped since."""
+    return state.dim() == param.dim() and \
+        all(s in (p, 1) for s, p in zip(state.shape, param.shape))
 
 
 def _other_kind(name: str, obj: Any, saved: str | None, state: Any) -> str | None:
