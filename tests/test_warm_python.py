@@ -145,8 +145,8 @@ def test_a_kernel_is_forked_and_starts_as_a_fresh_ones_does(tmp_path: Path,
                 client.start_channels()
                 client.wait_for_ready(timeout=60)
                 client.execute("import time; print('sleeping', flush=True); time.sleep(60)")
-                while "sleeping" not in str(client.get_iopub_msg(timeout=60)["content"]):
-                    pass
+                while client.get_iopub_msg(timeout=60)["content"].get("text") != "sleeping\n":
+                    pass  # (the cell's own output: it is in its sleep)
                 manager.interrupt_kernel()
                 reply = client.get_shell_msg(timeout=60)["content"]
                 client.stop_channels()

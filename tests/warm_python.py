@@ -72,6 +72,8 @@ class _Server:
             assert self.process.stdin is not None
             self.process.stdin.close()
             self.process.wait(timeout=30)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
