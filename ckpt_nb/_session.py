@@ -972,6 +972,44 @@ def _frozen(statefuls: Mapping[str, Any]) -> dict[str, list[str]]:
     return frozen
 
 
+def _in_eval(statefuls: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The submodules of each tracked module in eval mode (a BatchNorm frozen with
+    ``.eval()`` in the loop; "" the module itself), by stored key, where any: no
+    state_dict holds the mode either, so a resume puts it back from the run record
+    (``_put_back_modes``)."""
+    modes = {}
+    for name, obj in statefuls.items():
+        if isinstance(obj, torch.nn.Module):
+            off = [n for n, m in unwrap(obj).named_modules() if not m.training]
+            if off:
+                modes[_stored_key(name)] = off
+    return modes
+
+
+def _put_back_modes(objects: Mapping[str, Any], in_eval: Any) -> list[str]:
+    """Set the train/eval mode of the modules' submodules as the run record has them
+    (``_in_eval``): a BatchNorm the loop had put in eval mode trained again after a
+    resume. Returns what it changed, for the resume's line; a record saved before the
+    modes were (no ``eval``) changes nothing."""
+    if not isinstance(in_eval, dict):
+        return []
+    changed = []
+    for key, obj in objects.items():
+        off = in_eval.get(key, [])
+        if not isinstance(obj, torch.nn.Module) or not isinstance(off, list):
+            continue
+        flipped: dict[bool, list[str]] = {True: [], False: []}
+        for name, module in unwrap(obj).named_modules():
+            if module.training != (name not in off):
+                module.training = name not in off
+                flipped[module.training].append(name or "itself")
+        changed += [f"{'training' if on else 'eval'} mode (was {'eval' if on else 'training'}) "
+                    f"for {_live_name(key)}'s " + ", ".join(names[:3])
+                    + (f" and {len(names) - 3} more" if names[3:] else "")
+                    for on, names in flipped.items() if names]
+    return changed
+
+
 def _put_back_frozen(objects: Mapping[str, Any], frozen: Any) -> list[str]:
     """Set the requires_grad of the modules' parameters as the run record has them (off
     for those ``_frozen`` names, on for the others): a backbone unfrozen in the loop came
@@ -1844,7 +1882,7 @@ class AutoSession:
                         **_loader_now(self.loop.loader if self.loop.next_batch == 0
                                       else None)},
                "variables": {n: to_storable(v) for n, v in found.variables.items()},
-               "frozen": _frozen(found.statefuls)}
+               "frozen": _frozen(found.statefuls), "eval": _in_eval(found.statefuls)}
         if not self.config.sync:
             self._buffers.start()
         objects = {_stored_key(n): obj for n, obj in found.statefuls.items()}
@@ -2724,6 +2762,7 @@ class AutoSession:
         changed = [_live_name(n) for n in dict.fromkeys([*since, *touched]) if n in targets] + \
             [text for name, text in changed.items() if name in variables]
         changed += _put_back_frozen(targets, ck.extra[RUN_KEY].get("frozen"))
+        changed += _put_back_modes(targets, ck.extra[RUN_KEY].get("eval"))
         at = ", ".join(f"{name} {value}" for name, value in (
             ("epoch", loop["epoch"]), ("batch", loop["next_batch"]), ("step", saved.step))
             if value is not None)  # (outside epochs() it has none, as a rollback says)

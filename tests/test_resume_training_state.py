@@ -164,6 +164,36 @@ def test_a_resume_puts_back_requires_grad_as_the_run_left_it(tmp_path: Path) -> 
     assert again.stdout.split("params ")[1].strip() == reference(tmp_path, UNFREEZE)
 
 
+EVAL_MODE = HEAD + """
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                            torch.nn.Dropout(0.2), torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with ckpt_nb.auto("store", every_steps=5, sync=True):
+    for epoch in ckpt_nb.epochs(2):
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            if (epoch, i) == (1, 2):
+                model[1].eval()  # its running statistics frozen from here on
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            stop_at(epoch, i, signal.SIGKILL)
+print("modes", [m.training for m in model])
+print("params", digest(model), model[1].running_mean.sum().item())
+"""
+
+
+def test_a_resume_puts_back_train_and_eval_modes_as_the_run_left_them(tmp_path: Path) -> None:
+    """A BatchNorm put in eval mode in the loop trained again after a kill (no state_dict
+    holds a module's mode): its running statistics and the weights came out otherwise."""
+    script(tmp_path, "train.py", EVAL_MODE, die=True)
+    again = script(tmp_path, "train.py", EVAL_MODE)
+    assert again.returncode == 0, again.stderr
+    assert "put back as saved: eval mode (was training) for model's 1" in again.stdout, \
+        again.stdout
+    assert "modes [True, False, True, True, True]" in again.stdout
+    assert again.stdout.split("params ")[1].strip() == reference(tmp_path, EVAL_MODE)
+
+
 # A parameter group added by the loop itself at epoch 1: a checkpoint saved after that
 # holds two groups, and the optimizer made again holds one.
 ADD_GROUP = HEAD + """
