@@ -959,77 +959,54 @@ def _first_gradient(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
                  if (g := p.grad) is not None), None)
 
 
-def _frozen(statefuls: Mapping[str, Any]) -> dict[str, list[str]]:
-    """The parameters of each tracked module whose requires_grad is off (a frozen
-    backbone), by stored key, where any: no state_dict holds the flag, so a resume puts
-    it back from the run record (``_put_back_frozen``)."""
-    frozen = {}
-    for name, obj in statefuls.items():
-        if isinstance(obj, torch.nn.Module):
-            off = [n for n, p in unwrap(obj).named_parameters() if not p.requires_grad]
-            if off:
-                frozen[_stored_key(name)] = off
-    return frozen
+# Flags of a tracked module's members that no state_dict holds, kept in the run record
+# (its key, the members, the flag's attribute, how the resume's line names its values):
+# a resume puts them back as the run left them (``_flags_off``, ``_put_back_flags``).
+_MODULE_FLAGS = (
+    # a backbone unfrozen in the loop came back frozen
+    ("frozen", torch.nn.Module.named_parameters, "requires_grad",
+     lambda on: f"requires_grad = {on} (was {not on})"),
+    # a BatchNorm the loop put in eval mode trained again ("" is the module itself)
+    ("eval", torch.nn.Module.named_modules, "training",
+     lambda on: f"{'training' if on else 'eval'} mode (was {'eval' if on else 'training'})"),
+)
 
 
-def _in_eval(statefuls: Mapping[str, Any]) -> dict[str, list[str]]:
-    """The submodules of each tracked module in eval mode (a BatchNorm frozen with
-    ``.eval()`` in the loop; "" the module itself), by stored key, where any: no
-    state_dict holds the mode either, so a resume puts it back from the run record
-    (``_put_back_modes``)."""
-    modes = {}
-    for name, obj in statefuls.items():
-        if isinstance(obj, torch.nn.Module):
-            off = [n for n, m in unwrap(obj).named_modules() if not m.training]
-            if off:
-                modes[_stored_key(name)] = off
-    return modes
+def _flags_off(statefuls: Mapping[str, Any]) -> dict[str, dict[str, list[str]]]:
+    """For each of ``_MODULE_FLAGS``, the members of each tracked module whose flag is off,
+    by stored key, where any."""
+    record: dict[str, dict[str, list[str]]] = {}
+    for field, members, flag, _ in _MODULE_FLAGS:
+        record[field] = {}
+        for name, obj in statefuls.items():
+            if isinstance(obj, torch.nn.Module):
+                off = [n for n, member in members(unwrap(obj)) if not getattr(member, flag)]
+                if off:
+                    record[field][_stored_key(name)] = off
+    return record
 
 
-def _put_back_modes(objects: Mapping[str, Any], in_eval: Any) -> list[str]:
-    """Set the train/eval mode of the modules' submodules as the run record has them
-    (``_in_eval``): a BatchNorm the loop had put in eval mode trained again after a
-    resume. Returns what it changed, for the resume's line; a record saved before the
-    modes were (no ``eval``) changes nothing."""
-    if not isinstance(in_eval, dict):
-        return []
+def _put_back_flags(objects: Mapping[str, Any], run: Mapping[str, Any]) -> list[str]:
+    """Set the ``_MODULE_FLAGS`` of the modules' members as the run record has them (off
+    for the names it lists, on for the others). Returns what it changed, for the resume's
+    line; a record saved before a flag was kept changes nothing of it."""
     changed = []
-    for key, obj in objects.items():
-        off = in_eval.get(key, [])
-        if not isinstance(obj, torch.nn.Module) or not isinstance(off, list):
+    for field, members, flag, say in _MODULE_FLAGS:
+        offs = run.get(field)
+        if not isinstance(offs, dict):
             continue
-        flipped: dict[bool, list[str]] = {True: [], False: []}
-        for name, module in unwrap(obj).named_modules():
-            if module.training != (name not in off):
-                module.training = name not in off
-                flipped[module.training].append(name or "itself")
-        changed += [f"{'training' if on else 'eval'} mode (was {'eval' if on else 'training'}) "
-                    f"for {_live_name(key)}'s " + ", ".join(names[:3])
-                    + (f" and {len(names) - 3} more" if names[3:] else "")
-                    for on, names in flipped.items() if names]
-    return changed
-
-
-def _put_back_frozen(objects: Mapping[str, Any], frozen: Any) -> list[str]:
-    """Set the requires_grad of the modules' parameters as the run record has them (off
-    for those ``_frozen`` names, on for the others): a backbone unfrozen in the loop came
-    back frozen. Returns what it changed, for the resume's line; a record saved before
-    the flags were (no ``frozen``) changes nothing."""
-    if not isinstance(frozen, dict):
-        return []
-    changed = []
-    for key, obj in objects.items():
-        off = frozen.get(key, [])
-        if not isinstance(obj, torch.nn.Module) or not isinstance(off, list):
-            continue
-        flipped: dict[bool, list[str]] = {True: [], False: []}
-        for name, p in unwrap(obj).named_parameters():
-            if p.requires_grad != (name not in off):
-                p.requires_grad_(name not in off)
-                flipped[name not in off].append(name)
-        changed += [f"requires_grad = {on} (was {not on}) for {_live_name(key)}'s "
-                    + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
-                    for on, names in flipped.items() if names]
+        for key, obj in objects.items():
+            off = offs.get(key, [])
+            if not isinstance(obj, torch.nn.Module) or not isinstance(off, list):
+                continue
+            flipped: dict[bool, list[str]] = {True: [], False: []}
+            for name, member in members(unwrap(obj)):
+                if getattr(member, flag) != (name not in off):
+                    setattr(member, flag, name not in off)
+                    flipped[name not in off].append(name or "itself")
+            changed += [f"{say(on)} for {_live_name(key)}'s " + ", ".join(names[:3])
+                        + (f" and {len(names) - 3} more" if names[3:] else "")
+                        for on, names in flipped.items() if names]
     return changed
 
 
@@ -1882,7 +1859,7 @@ class AutoSession:
                         **_loader_now(self.loop.loader if self.loop.next_batch == 0
                                       else None)},
                "variables": {n: to_storable(v) for n, v in found.variables.items()},
-               "frozen": _frozen(found.statefuls), "eval": _in_eval(found.statefuls)}
+               **_flags_off(found.statefuls)}
         if not self.config.sync:
             self._buffers.start()
         objects = {_stored_key(n): obj for n, obj in found.statefuls.items()}
@@ -2761,8 +2738,7 @@ class AutoSession:
             [n for n in saved.variables if n not in variables]
         changed = [_live_name(n) for n in dict.fromkeys([*since, *touched]) if n in targets] + \
             [text for name, text in changed.items() if name in variables]
-        changed += _put_back_frozen(targets, ck.extra[RUN_KEY].get("frozen"))
-        changed += _put_back_modes(targets, ck.extra[RUN_KEY].get("eval"))
+        changed += _put_back_flags(targets, ck.extra[RUN_KEY])
         at = ", ".join(f"{name} {value}" for name, value in (
             ("epoch", loop["epoch"]), ("batch", loop["next_batch"]), ("step", saved.step))
             if value is not None)  # (outside epochs() it has none, as a rollback says)
