@@ -420,6 +420,7 @@ class LoopIterator:
         return self
 
     def __next__(self) -> Any:
+        __tracebackhide__ = True  # (IPython: a refusal to resume shows the cell's frame)
         return next(self._loop)
 
     def __len__(self) -> int:

@@ -2617,6 +2617,7 @@ class AutoSession:
         that stopped it, the objects that other runs trained since are kept as they are:
         putting them back would undo that training (those the stop left, where the run
         resumes from a checkpoint before it: ``_exact_before``)."""
+        __tracebackhide__ = True
         stopped = self._pending.checkpoint.id if self._pending is not None else None
         if self._pending is not None and \
                 (untracked := (self._pending.run.loop or {}).get("untracked")) is not None:
@@ -2854,6 +2855,7 @@ class AutoSession:
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """``range(start, n)`` that records the epoch (each end is a consistent point)
         and, resuming, starts at the saved epoch."""
+        __tracebackhide__ = True  # (its refusals to resume are not ckpt_nb's faults)
         resumed = self._resume_now()
         epoch = resumed if resumed is not None else start
         try:

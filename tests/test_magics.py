@@ -16,7 +16,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
 import ckpt_nb
-from ckpt_nb import _session
+from ckpt_nb import StateMismatchError, _session
 
 SETUP = """
 import torch, ckpt_nb, threading
@@ -879,6 +879,27 @@ def test_a_cell_that_does_not_parse_or_is_interrupted_shows_none_of_ckpt_nbs_fra
         assert "_session.py" not in out and "optimizer.py" not in out, out
         if interrupts == 1:
             assert "KeyboardInterrupt: the cell stopped at step 3: run it again" in out, out
+
+
+def test_a_refused_resume_shows_the_cells_frame_not_ckpt_nbs(shell, tmp_path: Path,
+                                                              capsys) -> None:
+    """A resume refused (the model built wider since the stop) showed the three frames of
+    ckpt_nb that raised it: its loop helper's, epochs()' and the resume's. IPython hides
+    none but the last, where the error is raised."""
+    run(shell, SETUP)
+    run(shell, "STOP_AT = (0, 2)")
+    stopped = run(shell, TRAIN.format(dir=tmp_path / "r", stop=INTERRUPT))
+    assert isinstance(stopped.error_in_exec, KeyboardInterrupt)
+    run(shell, "model = torch.nn.Sequential(torch.nn.Linear(64, 40), torch.nn.ReLU(), "
+               "torch.nn.Dropout(0.1), torch.nn.Linear(40, 10))\n"
+               "opt = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
+               "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)")
+    capsys.readouterr()
+    refused = run(shell, TRAIN.format(dir=tmp_path / "r", stop=INTERRUPT))
+    assert isinstance(refused.error_in_exec, StateMismatchError), refused
+    out = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+    assert "for epoch in ckpt_nb.epochs(3):" in out and "not resuming checkpoint" in out, out
+    assert re.findall(r"ckpt_nb/_\w+\.py:\d+, in ([\w.]+)", out) == ["AutoSession._resume_now"], out
 
 
 def test_a_metric_trigger_on_a_metric_never_logged_says_so(shell, tmp_path: Path,
