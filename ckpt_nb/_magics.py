@@ -26,8 +26,10 @@ from IPython.utils.process import arg_split
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 
 from . import _session as session_mod
-from ._errors import RANK_BY_ANOTHER, CaptureError, CkptError, warnings_worded
-from ._session import UNRANKED_BEST_WAYS, AutoConfig, parse_duration, parse_metric_trigger
+from ._errors import (RANK_BY_ANOTHER, CaptureError, CkptError, UntrustedPickleError,
+                      warnings_worded)
+from ._session import (TRUST_PICKLE_ROLLBACK, UNRANKED_BEST_WAYS, AutoConfig, parse_duration,
+                       parse_metric_trigger)
 from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
@@ -132,6 +134,11 @@ class CkptMagics(Magics):
     @argument("--no-resume", action="store_true",
               help="a %%%%ckpt_auto cell's only: do not resume the cell's unfinished run, "
                    "train on from the objects as they are (new objects start a new root)")
+    @argument("--trust-pickle", action="store_true",
+              help="a %%%%ckpt_auto cell's only: its resume unpickles the values that the "
+                   "tracked objects' states hold as pickles (an Enum, a deque, an object of "
+                   "your own class), which it refuses otherwise; only for a store you "
+                   "trust: unpickling runs code that the store names")
     @argument("--sync", action="store_true", help="save on the training thread "
               "(%%config CkptMagics.sync = True: every session does)")
     @argument("--off", action="store_true", help="stop the line form's checkpointing of "
@@ -156,6 +163,10 @@ class CkptMagics(Magics):
         if cell is None and args.no_resume:  # (an ignored one would look obeyed)
             raise UsageError("%ckpt_auto: --no-resume is a %%ckpt_auto cell's (it resumes the "
                              "cell's unfinished run); the line form resumes no run")
+        if cell is None and args.trust_pickle:
+            raise UsageError("%ckpt_auto: --trust-pickle is a %%ckpt_auto cell's (its resume "
+                             "loads the pickles); the line form resumes no run: "
+                             "%ckpt_rollback ID --trust-pickle loads them in a rollback")
         try:
             config = self._config(args)
         except ValueError as exc:
@@ -208,6 +219,7 @@ class CkptMagics(Magics):
             strategy=args.strategy,
             track=[n.strip() for n in args.track.split(",") if n.strip()] if args.track else None,
             resume=not args.no_resume, sync=args.sync or self.sync,
+            trust_pickle=args.trust_pickle,
             max_variable_bytes=self.max_variable_mb << 20, magic=True)
 
     def _start(self, config: AutoConfig, *, nested: bool) -> session_mod.AutoSession:
@@ -350,11 +362,15 @@ class CkptMagics(Magics):
               "as a %%%%ckpt_auto cell's --on takes it (METRIC:min or METRIC:max, or a bare "
               "name that says which way is better): a store saved without --on has no "
               "metric to rank by; the store's own is left as it is")
+    @argument("--trust-pickle", action="store_true",
+              help="unpickle the values that the objects' states hold as pickles (an Enum, "
+              "a deque, an object of your own class), which a rollback refuses otherwise; "
+              "only for a store you trust: unpickling runs code that the store names")
     @line_magic
     def ckpt_rollback(self, line: str) -> None:
-        """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC[:min|max]]: restore
-        tracked state in place. -1 is the checkpoint saved just before latest (the
-        store's newest), -2 the one before that."""
+        """%ckpt_rollback ID|latest|best|-N [--dir DIR] [--on METRIC[:min|max]]
+        [--trust-pickle]: restore tracked state in place. -1 is the checkpoint saved just
+        before latest (the store's newest), -2 the one before that."""
         if _help_shown(self.ckpt_rollback, line):
             return
         # (none named is refused: latest, taken for it, dropped what the kernel trained since)
@@ -382,8 +398,11 @@ class CkptMagics(Magics):
         store = directory if directory is not None else session_mod.last_directory()
         try:
             with warnings_worded(*_RANK_BY_ANOTHER):
-                session_mod.rollback(which, directory=directory,
-                                     namespace=self.shell.user_ns, on=ranking)
+                session_mod.rollback(which, directory=directory, namespace=self.shell.user_ns,
+                                     on=ranking, trust_pickle=args.trust_pickle)
+        except UntrustedPickleError as exc:  # (the store is found: no "it looked in")
+            raise UsageError("%ckpt_rollback: " + _magic_wording(exc, store).replace(
+                TRUST_PICKLE_ROLLBACK, f"%ckpt_rollback {line.strip()} --trust-pickle")) from None
         except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage knows)
             text = _magic_wording(exc, store)
             where = _where_it_looked(text, store, line) if directory in (None, default) \

@@ -1765,14 +1765,16 @@ class CheckpointManager:
 
     def _load_verified(self, which: str, trust_pickle: bool, progress: ProgressFn | None,
                        needed: Iterable[str], skipped: list[str] | None = None, *,
-                       copied: AbstractSet[str] = frozenset()) -> Checkpoint:
+                       copied: AbstractSet[str] = frozenset(),
+                       tell_pickles: bool = True) -> Checkpoint:
         """``load``'s read of a checkpoint. ``skipped``: where given, each newer checkpoint
         "latest" passes over is added to it ("ID, which ..."), not warned of one by one (the
         CLI's export said 200 lines for a store of 200 sharing a damaged chunk). ``copied``:
-        the objects a restore copies into live ones (``_load``)."""
+        the objects a restore copies into live ones (``_load``); ``tell_pickles``, as
+        ``load`` takes it."""
         if which != "latest":
             return self._load(self.resolve(which), trust_pickle=trust_pickle, progress=progress,
-                              needed=needed, copied=copied)
+                              needed=needed, copied=copied, tell_pickles=tell_pickles)
         self._catch_up()  # (once: the ids below are known ones)
         tried: set[str] = set()
         passed_over: set[str] = set()  # (damaged, or a newer ckpt_nb's)
@@ -1786,7 +1788,8 @@ class CheckpointManager:
                     tried.add(cid)
                     try:
                         return self._load(cid, trust_pickle=trust_pickle, progress=progress,
-                                          needed=needed, copied=copied)
+                                          needed=needed, copied=copied,
+                                          tell_pickles=tell_pickles)
                     except CheckpointNotFoundError:
                         continue  # deleted meanwhile: the one before it
                     except CorruptCheckpointError as exc:
@@ -1803,13 +1806,16 @@ class CheckpointManager:
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
 
     def load(self, which: str | os.PathLike[str] = "latest", *, trust_pickle: bool = False,
-             progress: ProgressFn | None = None, needed: Iterable[str] = ()) -> Checkpoint:
+             progress: ProgressFn | None = None, needed: Iterable[str] = (),
+             tell_pickles: bool = True) -> Checkpoint:
         """Read a checkpoint into fresh objects, touching nothing live.
 
         ``"latest"`` is the newest checkpoint that reads whole, as for ``restore``: one
         that fails verification is skipped with a warning. Pickled values are left as
-        ``PickledValue`` placeholders unless ``trust_pickle``; in the objects named in
-        ``needed`` they raise instead. A file's path reads that file, as ``restore`` does.
+        ``PickledValue`` placeholders unless ``trust_pickle``, and a warning names them
+        (``tell_pickles=False``: the caller says what they mean, a notebook's resume
+        refusing them); in the objects named in ``needed`` they raise instead. A file's
+        path reads that file, as ``restore`` does.
         """
         path = os.fspath(which)
         if self._names_a_file(path):
@@ -1825,7 +1831,8 @@ class CheckpointManager:
                                               out_of_file(ck.extra, memo),
                                               out_of_file(ck.rng, memo))
             return ck
-        return self._load_verified(path, trust_pickle, progress, needed)
+        return self._load_verified(path, trust_pickle, progress, needed,
+                                   tell_pickles=tell_pickles)
 
     def _names_a_file(self, which: str) -> bool:
         """Whether ``which`` means a file, not a checkpoint: it has a path separator or a
@@ -1859,7 +1866,8 @@ class CheckpointManager:
             raise
 
     def _load(self, cid: str, *, trust_pickle: bool, progress: ProgressFn | None,
-              needed: Iterable[str], copied: AbstractSet[str] = frozenset()) -> Checkpoint:
+              needed: Iterable[str], copied: AbstractSet[str] = frozenset(),
+              tell_pickles: bool = True) -> Checkpoint:
         """``load`` of a checkpoint by its id; the storages that only the objects
         ``copied`` view (modules a restore copies into live ones) are decoded apart, and
         each other owner's apart (``_storage_groups``)."""
@@ -1921,7 +1929,7 @@ class CheckpointManager:
             unpickled = Unflattener(manifest["tensors"], storages, on_pickle=lambda name: None)
             decode(unpickled, unpickled)
             raise
-        if unloaded and not _EXPORT_READING.get():
+        if unloaded and tell_pickles and not _EXPORT_READING.get():
             warn(f"checkpoint {cid}: {unloaded} are pickles and were not loaded; "
                  "pass trust_pickle=True to load them")
         return Checkpoint(

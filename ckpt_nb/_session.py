@@ -65,7 +65,8 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIte
                          from_storable, is_code, loader_random, skipped_text, to_storable,
                          warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, StateMismatchError, tell, warn, warnings_worded)
+                      CorruptCheckpointError, StateMismatchError, UntrustedPickleError, tell,
+                      warn, warnings_worded)
 from ._format import RUN_KEY, is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
@@ -148,6 +149,7 @@ class AutoConfig:
     track: list[str] | None = None
     resume: bool = True
     sync: bool = False
+    trust_pickle: bool = False
     max_variable_bytes: int = 100 << 20
     magic: bool = False  # (made by %ckpt_auto: its messages name %config, not auto()'s keywords)
 
@@ -247,7 +249,8 @@ class AutoConfig:
             raise ValueError("track (--track) is empty: name what it should track ('model,opt')")
         if not isinstance(self.strategy, str):
             raise TypeError(f"strategy (--strategy) takes a string, not {self.strategy!r}")
-        for name, flag in (("resume", "--no-resume"), ("sync", "--sync")):
+        for name, flag in (("resume", "--no-resume"), ("sync", "--sync"),
+                           ("trust_pickle", "--trust-pickle")):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} ({flag}) takes True or False, not "
                                 f"{getattr(self, name)!r}")
@@ -374,6 +377,8 @@ _UNTRACKED_LOOPS = {
 LEFT_UNREAD = "left out (they do not read back): "
 # How a rollback's line ends.
 BRANCH_NEXT = "; the next save starts a branch from it"
+# How a rollback refused for pickles is done with them loaded (the magic says its line).
+TRUST_PICKLE_ROLLBACK = "rollback(..., trust_pickle=True)"
 
 
 class RollbackPlan(NamedTuple):
@@ -466,7 +471,7 @@ class _SavedRun:
         variables, unreadable = {}, {}
         for name in names:
             stored = run["variables"][name]
-            if _holds_pickle(stored):  # (one an older version captured)
+            if _pickled_names(stored):  # (one an older version captured)
                 unreadable[name] = "it holds values stored as pickles, which are not loaded"
                 continue
             try:
@@ -521,16 +526,39 @@ class _SavedRun:
             f"{name} ({why})" for name, why in self.unreadable.items())
 
 
-def _holds_pickle(value: Any) -> bool:
-    """Whether a stored variable holds a pickle's placeholder: a restore would put it
-    back in place of the value (as a DataFrame's cell, say) without a word."""
+def _pickled_names(value: Any) -> list[str]:
+    """The names of the pickles' placeholders a decoded value holds: a restore would put
+    them back in place of the values (a variable's DataFrame cell, an object's Enum or
+    deque handed to its load_state_dict()) without a word."""
     if isinstance(value, PickledValue):
-        return True
+        return [value.name]
     if isinstance(value, dict):  # (its keys too: an Enum key is pickled)
-        return any(_holds_pickle(k) or _holds_pickle(v) for k, v in value.items())
+        return [name for item in value.items() for part in item for name in _pickled_names(part)]
     if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_holds_pickle(v) for v in value)
-    return False
+        return [name for v in value for name in _pickled_names(v)]
+    return []
+
+
+_PICKLES_NAMED = 8  # (the keys a refusal names; the rest are counted)
+_LOADER_STATE_PATH = re.compile(rf"^extra/{RUN_KEY}/loop/loader_states(_now)?/")
+
+
+def _pickled_states(states: Mapping[str, Any]) -> str:
+    """What of ``states`` (by their owners' names) a checkpoint holds as pickles, which
+    were left as placeholders, in words; "" where nothing. A resume or rollback would hand
+    them to the owners' load_state_dict(), as values, where restore() refuses them."""
+    found = {owner: names for owner, state in states.items() if (names := _pickled_names(state))}
+    if not found:
+        return ""
+    # (a loader's state in a run record, named from its place: dataset/last)
+    keys = [_LOADER_STATE_PATH.sub("", name) for names in found.values() for name in names]
+    more = len(keys) - _PICKLES_NAMED
+    owners = list(found)
+    return ((f"the state of {owners[0]} holds" if len(owners) == 1 else
+             f"the states of {', '.join(owners)} hold")
+            + " values stored as pickles (" + ", ".join(keys[:_PICKLES_NAMED])
+            + (f" and {more} more" if more > 0 else "") + "), which are loaded only where "
+            "you trust the store: unpickling runs code that the store names")
 
 
 # Values a resume compares with the saved ones cheaply, to say which it puts back.
@@ -2181,7 +2209,12 @@ class AutoSession:
         if candidate is None:
             return None
         try:
-            ck = self.manager.load(candidate)
+            ck = self._read(candidate)
+        except StateMismatchError as exc:  # (--trust-pickle: a pickle's class not defined;
+            # starting afresh, the cell's --keep would delete the run it was asked to resume)
+            raise StateMismatchError(f"not resuming checkpoint {candidate}: {exc}; or run the "
+                                     "cell with --no-resume (auto(resume=False)) not to "
+                                     "resume it") from exc
         except CkptError as exc:
             self.say(f"cannot read checkpoint {candidate} ({exc}); starting afresh")
             return None
@@ -2199,6 +2232,13 @@ class AutoSession:
             warn(f"resuming checkpoint {ck.id}: {notice}", RuntimeWarning)
         saved = _SavedRun.read(ck.id, run, resume=True)  # (before the cell runs a line)
         return _Pending(ck, saved)
+
+    def _read(self, checkpoint_id: str) -> Checkpoint:
+        """A checkpoint a resume reads: its pickles loaded where the cell trusts the store
+        (--trust-pickle), else left as placeholders, unsaid: the resume refuses those of
+        its objects (``_resume_now``), and leaves out a variable holding one, said."""
+        return self.manager.load(checkpoint_id, trust_pickle=self.config.trust_pickle,
+                                 tell_pickles=False)
 
     def _leave_pending(self, why: str, *, go_on: bool = True, promised: bool = False,
                        deleted: str | None = None) -> None:
@@ -2243,7 +2283,7 @@ class AutoSession:
         if at is None:
             return None
         try:
-            ck = self.manager.load(at)
+            ck = self._read(at)
             return _Pending(ck, _SavedRun.read(ck.id, ck.extra[RUN_KEY], resume=True))
         except CkptError as exc:
             self.say(f"cannot read checkpoint {at} ({exc})")
@@ -2690,6 +2730,17 @@ class AutoSession:
         # this cell's run: kept. What the run trains goes back, said where it had changed.
         kept = [key for key in same if (key in since or key in touched)
                 and not left[key].trained]
+        # (what load_state_dict() would be handed: the objects put back, and the loader's
+        # dataset, sampler and batch sampler as the run record holds them)
+        pickled = _pickled_states(
+            {_live_name(key): state for key, state in ck.state.items() if key not in kept}
+            | {f"the loader's {place}": state for when in ("loader_states", "loader_states_now")
+               for place, state in ((saved.loop or {}).get(when) or {}).items()})
+        if pickled:
+            raise UntrustedPickleError(
+                f"not resuming checkpoint {ck.id} (step {saved.step}): {pickled}; nothing was "
+                "loaded. Run the cell with --trust-pickle (auto(trust_pickle=True)) if you "
+                "trust this store, or with --no-resume (auto(resume=False)) not to resume it")
         # (a Ctrl-C as it goes in is held, then this cell's: saved at the next consistent
         # point, as one during training)
         with RestoreInterrupts(f"resume from {ck.id}", resume=True) as interrupts:
@@ -2822,7 +2873,7 @@ class AutoSession:
         """The resumed checkpoint read again from the store, for what the epoch's code
         changed in place where the resume's own copy changed with it."""
         try:
-            return self.manager.load(put_back.checkpoint.id)
+            return self._read(put_back.checkpoint.id)
         except (CkptError, OSError) as exc:  # (deleted meanwhile: retention, another
             # process's delete; a store that stopped reading)
             raise StateMismatchError(
@@ -3049,25 +3100,34 @@ class AutoSession:
                             + [n for n in names if n not in variables], list(live),
                             _orphaned_optimizers(restored, found, self.namespace))
 
-    def rollback(self, which: str = "latest", *, on: tuple[str, str] | None = None) -> str:
+    def rollback(self, which: str = "latest", *, on: tuple[str, str] | None = None,
+                 trust_pickle: bool = False) -> str:
         """Put tracked objects and variables back to a checkpoint, in place; "best" is by
         ``on`` (metric, mode) where given, for this rollback alone (the session's saves
         and retention rank by its own, a save on another thread meanwhile too). One that
-        would restore nothing is refused, and the kernel's position stays. A Ctrl-C
-        while it reads changes nothing; one while it puts the state in is taken once that
-        is done, saying the rollback finished."""
+        would restore nothing is refused, and the kernel's position stays, as one whose
+        objects' states hold pickles without ``trust_pickle`` (which unpickles them: only
+        for a store you trust). A Ctrl-C while it reads changes nothing; one while it
+        puts the state in is taken once that is done, saying the rollback finished."""
         with RestoreInterrupts("rollback") as interrupts:
-            return self._rollback(which, on, interrupts)
+            return self._rollback(which, on, interrupts, trust_pickle=trust_pickle)
 
     def _rollback(self, which: str, on: tuple[str, str] | None,
-                  interrupts: RestoreInterrupts) -> str:
+                  interrupts: RestoreInterrupts, *, trust_pickle: bool = False) -> str:
         self.writer.wait()
         self._report_background_error()
         plan = self.rollback_plan(which, on=on)
         if not plan.restored:
             raise StateMismatchError(plan.refusal())
         cid, missing = plan.id, plan.not_restored
-        ck = self.manager.load(cid)
+        # (its own trust, not the session's: a cell's --trust-pickle is for its resume)
+        ck = self.manager.load(cid, trust_pickle=trust_pickle, tell_pickles=False)
+        pickled = _pickled_states({name: ck.state[_stored_key(name)] for name in plan.restored
+                                   if _stored_key(name) in ck.state})
+        if pickled:
+            raise UntrustedPickleError(
+                f"not rolling back to {ck.id}: {pickled}; nothing was changed: "
+                f"{TRUST_PICKLE_ROLLBACK} loads them, if you trust this store")
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
         interrupts.commit(f"rollback to {ck.id}")
         targets, variables = self._apply(ck, saved)
@@ -3666,22 +3726,27 @@ def log(**metrics: float) -> None:
 
 def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,
              namespace: dict[str, Any] | None = None,
-             on: tuple[str, str] | str | None = None) -> str:
+             on: tuple[str, str] | str | None = None, trust_pickle: bool = False) -> str:
     """Restore tracked objects and variables to a checkpoint, in place; the next save
     is its child. Uses the active session, else ``directory`` (default: the store of
     the last session in this process) and ``namespace`` (default: that session's;
     where none ran, a TypeError asks for it). ``on`` ranks "best" for this rollback
     alone, as ``auto(on=...)`` takes it
     (``("val_loss", "min")`` or ``"val_loss:min"``): a store saved without one records no
-    metric to rank by; the store's record is left as it is. A Ctrl-C while the store is
+    metric to rank by; the store's record is left as it is. ``trust_pickle=True``
+    unpickles values stored as pickles (an Enum, a deque in an object's state: only for a
+    store you trust); without it a checkpoint whose objects' states hold them is refused
+    (``UntrustedPickleError``), nothing changed. A Ctrl-C while the store is
     opened (a temporary session's) changes nothing, as one while the checkpoint is read,
     and says so; one while a temporary session closes after the state went back is taken
     once it is closed, saying the rollback finished."""
     ranking = _rollback_ranking(which, on)
+    if not isinstance(trust_pickle, bool):  # ("no" would trust: a string is true)
+        raise TypeError(f"trust_pickle takes True or False, not {trust_pickle!r}")
     with RestoreInterrupts("rollback") as interrupts, _session_for(directory, namespace) \
             as session, warnings_worded(*_RANK_BY_ANOTHER):
         _refuse_unranked_best(session, which, ranking)
-        return session._rollback(which, ranking, interrupts)
+        return session._rollback(which, ranking, interrupts, trust_pickle=trust_pickle)
 
 
 def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,
@@ -3913,7 +3978,9 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     ``every="10m"`` (or ``every_seconds=600``), ``on=("val_loss", "min")`` (or
     ``on="val_loss:min"``), ``keep=N``, ``keep_best=K``, ``strategy="full" |
     "incremental" | "differential"``, ``track=["model", "opt"]`` (or
-    ``track="model,opt"``), ``resume=False``, ``sync=True`` and ``max_variable_bytes=N``.
+    ``track="model,opt"``), ``resume=False``, ``sync=True``, ``trust_pickle=True`` (a
+    resume unpickles values its objects' states hold as pickles: only for a store you
+    trust; without it such a resume is refused) and ``max_variable_bytes=N``.
     """
     caller = sys._getframe(2)
     unseen: list[str] = []

@@ -320,7 +320,8 @@ def test_help_metavars_are_the_words_the_help_uses(shell) -> None:
     assert "--no-resume a %%ckpt_auto cell's only" in auto
     assert "comma-separated without spaces (model,opt)" in auto
     rollback = " ".join(shell.find_line_magic("ckpt_rollback").__doc__.split())
-    assert "%ckpt_rollback [--dir DIR] [--on METRIC[:min|max]] ID|latest|best|-N" in rollback
+    assert "%ckpt_rollback [--dir DIR] [--on METRIC[:min|max]] [--trust-pickle] " \
+           "ID|latest|best|-N" in rollback
     assert "%ckpt_ui" in " ".join(ckpt_nb._magics.__doc__.split())
 
 
