@@ -34,8 +34,8 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin
 
 from . import _stdlib_values as stdlib_values
-from ._errors import (CaptureError, CorruptCheckpointError, StateMismatchError, StoreFormatError,
-                      UntrustedPickleError, warn)
+from ._errors import (CaptureError, CorruptCheckpointError, ParameterOrderError,
+                      StateMismatchError, StoreFormatError, UntrustedPickleError, warn)
 
 
 @runtime_checkable
@@ -1374,6 +1374,111 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer,
     return problems
 
 
+SlotNames = list[list[str | None]]
+"""An optimizer's parameter names, group by group and slot by slot (None: not known)."""
+
+
+def parameter_names(optimizer: torch.optim.Optimizer,
+                    modules: Mapping[str, torch.nn.Module]) -> SlotNames:
+    """The name of each of the optimizer's parameters among ``modules`` ("model.0.weight"),
+    None where none of them holds it. Recorded at save: optimizer state goes to parameters
+    by position, and groups built from a set of names come out in another order in each
+    process. A parameter under several names (tied, or in two modules) takes the least, so
+    that it is named alike whatever order the modules come in."""
+    names: dict[int, str] = {}
+    for key, module in modules.items():
+        for name, param in module.named_parameters(remove_duplicate=False):
+            full = f"{key}.{name}"
+            if id(param) not in names or full < names[id(param)]:
+                names[id(param)] = full
+    return [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
+
+
+def _live_names(optimizer: torch.optim.Optimizer, modules: Mapping[str, torch.nn.Module],
+                saved: SlotNames) -> SlotNames:
+    """The live optimizer's parameters named as ``saved`` names them: each by the one of
+    its names among the live ``modules`` that the record holds (None for none, or two)."""
+    wanted = {name for group in saved for name in group if name is not None}
+    found: dict[int, list[str]] = defaultdict(list)
+    for key, module in modules.items():
+        for name, param in module.named_parameters(remove_duplicate=False):
+            if f"{key}.{name}" in wanted:
+                found[id(param)].append(f"{key}.{name}")
+    return [[names[0] if len(names := found.get(id(p), [])) == 1 else None
+             for p in group["params"]] for group in optimizer.param_groups]
+
+
+def _slot_names(optimizer: torch.optim.Optimizer, state: Any, recorded: SlotNames | None,
+                modules: Mapping[str, torch.nn.Module]) -> list[tuple[SlotNames, SlotNames]]:
+    """The saved and the live names of the optimizer's parameters, in the ways known:
+    torch's own ``param_names`` (an optimizer built from ``named_parameters()``) where
+    both have them, then the names recorded at save against the live modules'."""
+    groups = state.get("param_groups") if isinstance(state, Mapping) else None
+    if not isinstance(groups, list) or not all(
+            isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in groups):
+        return []  # (check_optimizer names what is wrong with it)
+    sizes = [len(g["params"]) for g in groups]
+    ways = []
+    live = optimizer.param_groups
+    if groups and live and all("param_names" in g for g in live) and all(
+            isinstance(g.get("param_names"), list) for g in groups):
+        ways.append(([list(g["param_names"]) for g in groups],
+                     [list(g["param_names"]) for g in live]))
+    if recorded is not None and modules:
+        ways.append((recorded, _live_names(optimizer, modules, recorded)))
+    return [(saved, now) for saved, now in ways if [len(names) for names in saved] == sizes
+            and all(isinstance(n, str) or n is None for names in saved for n in names)]
+
+
+def _by_name(state: Mapping[str, Any], saved: SlotNames, live: SlotNames
+             ) -> Mapping[str, Any] | None:
+    """``state`` with its groups' parameters in the live optimizer's order, name by name
+    (torch then puts each saved state on the parameter of its name); None where the names
+    do not match one to one (a name missing, or twice). Parameters moved between groups
+    take their state along; a group takes the hyper-parameters (lr, weight decay) of the
+    saved group its parameters all come from, and where they come from several, those of
+    the saved group in its place."""
+    every_saved = [name for names in saved for name in names]
+    every_live = [name for names in live for name in names]
+    if not all(isinstance(name, str) for name in every_saved + every_live) or \
+            len(set(every_saved)) != len(every_saved) or \
+            len(every_live) != len(every_saved) or set(every_live) != set(every_saved):
+        return None
+    groups = state["param_groups"]
+    if saved == live or len(groups) != len(live):
+        return state  # (the same order; or check_optimizer refuses the count)
+    torch_names = {pid: name for g in groups
+                   for pid, name in zip(g["params"], g.get("param_names") or ())}
+    slot = {name: pid for g, names in zip(groups, saved) for pid, name in zip(g["params"], names)}
+    home = {name: k for k, names in enumerate(saved) for name in names}
+    sources = [{home[name] for name in names} for names in live]
+    whole = all(len(s) == 1 for s in sources) and len(set.union(*sources)) == len(sources)
+    reordered = []
+    for i, names in enumerate(live):
+        like = groups[min(sources[i])] if whole else groups[i]
+        params = [slot[name] for name in names]
+        group = {**like, "params": params}
+        if "param_names" in like:  # (torch keeps the loaded names: the live ones' order)
+            if not all(pid in torch_names for pid in params):
+                return None
+            group["param_names"] = [torch_names[pid] for pid in params]
+        reordered.append(group)
+    return {**state, "param_groups": reordered}
+
+
+def _swapped(saved: SlotNames, live: SlotNames) -> tuple[str, str] | None:
+    """Two parameters the optimizer holds in another order than when it was saved: the
+    one whose saved state would go, by position, to the other; None where the groups'
+    sizes differ or no parameter held then is elsewhere now."""
+    if [len(names) for names in saved] != [len(names) for names in live]:
+        return None
+    every_saved = [name for names in saved for name in names]
+    every_live = [name for names in live for name in names]
+    return next(((was, now) for was, now in zip(every_saved, every_live)
+                 if was is not None and now is not None and was != now
+                 and was in every_live and now in every_saved), None)
+
+
 def _fits_parameter(state: torch.Tensor, param: torch.Tensor) -> bool:
     """Whether a per-parameter state tensor of one of torch's optimizers can be this
     parameter's: torch's load_state_dict takes any shape, and the optimizer's next step
@@ -1737,12 +1842,17 @@ def _is_session_handler(handler: Any) -> bool:
 
 
 def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True,
-             kinds: Mapping[str, str] | None = None) -> None:
+             kinds: Mapping[str, str] | None = None,
+             param_names: Mapping[str, SlotNames] | None = None,
+             modules: Mapping[str, Any] | None = None) -> None:
     """Validate every target against its state, then load them all or none.
 
     Modules and optimizers are checked structurally before anything changes, and
     an optimizer or LR scheduler against the class its state was saved from
-    (``kinds``, where known). What runs code of its own as it loads (other
+    (``kinds``, where known). An optimizer's state goes to its parameters by name where
+    the names are known on both sides (torch's ``param_names``, or ``param_names``
+    recorded at save against the target modules and ``modules``), else by position, as
+    torch's load_state_dict puts it. What runs code of its own as it loads (other
     Statefuls; modules with extra state, load hooks or a load method from outside
     torch) can still refuse: those load first, each but the last backed up, and are
     put back if one of them refuses. A Ctrl-C during the loads waits for them to end
@@ -1753,7 +1863,22 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
               if isinstance(targets.get(name), torch.nn.Module) and isinstance(state, Mapping)
               and all(isinstance(k, str) for k in state) else state
               for name, state in states.items()}
+    named_by = {key: module for key, module in
+                {**targets, **{k: as_stateful(m) for k, m in (modules or {}).items()}}.items()
+                if isinstance(module, torch.nn.Module)}
+    orders: dict[str, tuple[SlotNames, SlotNames]] = {}
+    for name, obj in targets.items():
+        if isinstance(obj, torch.optim.Optimizer) and name in states and \
+                not isinstance(obj, torch.optim.LBFGS):  # (its state is flat vectors)
+            ways = _slot_names(obj, states[name], (param_names or {}).get(name), named_by)
+            matched = next((state for state in (_by_name(states[name], *names)
+                                                for names in ways) if state is not None), None)
+            if matched is not None:
+                states[name] = matched
+            elif ways:
+                orders[name] = ways[0]
     problems: list[str] = []
+    reordered: list[str] = []
     for name, obj in targets.items():
         if name not in states:
             problems.append(f"{name}: not in the checkpoint (it holds {sorted(states)})")
@@ -1769,10 +1894,22 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
             found = check_module(name, obj, states[name], strict)
             problems += found + (_wrapper_hint(name, states[name]) if found else [])
         elif isinstance(obj, torch.optim.Optimizer):
-            problems += check_optimizer(name, obj, states[name])
+            found = check_optimizer(name, obj, states[name])
+            swapped = _swapped(*orders[name]) if found and name in orders else None
+            if swapped is None:
+                problems += found
+            else:
+                reordered.append(name)
+                problems.append(
+                    f"{name}: its parameters are in another order than when it was saved "
+                    f"(the state saved for {swapped[0]} would go to {swapped[1]}), and not all "
+                    "of them have a name in the modules restored with it to put it back by: "
+                    "build its parameter groups in the order saved (the checkpoint's "
+                    f"param_names[{name!r}], from load(), lists it), and from sorted(names), "
+                    "not a set of names, whose order changes with each process")
     if problems:
-        raise StateMismatchError("checkpoint does not fit; nothing was changed:\n  "
-                                 + "\n  ".join(problems))
+        error = ParameterOrderError if len(reordered) == len(problems) else StateMismatchError
+        raise error("checkpoint does not fit; nothing was changed:\n  " + "\n  ".join(problems))
     checked = (torch.nn.Module, torch.optim.Optimizer)
     risky = [n for n, obj in targets.items() if not isinstance(obj, checked)] + \
         [n for n, obj in targets.items()

@@ -71,6 +71,11 @@ class StateMismatchError(CkptError, ValueError):
     """The objects to restore into do not match what the checkpoint holds."""
 
 
+class ParameterOrderError(StateMismatchError):
+    """An optimizer's state does not fit because its parameters are in another order than
+    when it was saved (groups built from a set of names), not because the model changed."""
+
+
 class FileFormatError(CkptError, ValueError):
     """A file to import, restore or export is not of a kind ckpt_nb handles: its suffix,
     its contents (a .pt holding a list), or a dtype its format cannot hold."""

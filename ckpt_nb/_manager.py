@@ -39,8 +39,8 @@ import torch
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, give_back_freed_memory, scratch
 from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
-                       Unflattener, as_stateful, copies_what_it_loads, flatten, has_pickle,
-                       load_all, rng_problem, trained_storages)
+                       SlotNames, Unflattener, as_stateful, copies_what_it_loads, flatten,
+                       has_pickle, load_all, parameter_names, rng_problem, trained_storages)
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
                        DamagedCatalog, open_cache)
 from ._diff_values import ValueDiff, ValueSide
@@ -113,6 +113,10 @@ class Checkpoint:
     rng: dict[str, Any] | None = None
     kinds: dict[str, str] = field(default_factory=dict)
     """The class of each object whose state was saved ("torch.optim.adam.Adam")."""
+    param_names: dict[str, SlotNames] = field(default_factory=dict)
+    """Each optimizer's parameters' names ("model.0.weight"), group by group in the order
+    saved, None for one outside the modules saved with it; a restore puts the state on the
+    parameters by these names."""
 
     def __repr__(self) -> str:
         where = ", ".join(f"{k}={v}" for k, v in
@@ -1048,6 +1052,14 @@ class CheckpointManager:
                            copy_tensors=copy_tensors,
                            trained=trained_storages(objects.values()))
         flat.skeleton["types"] = kinds
+        # Each optimizer's parameters by name: a restore puts its state back by them where
+        # the live optimizer holds them in another order (groups built from a set).
+        modules = {name: obj for name, obj in objects.items()
+                   if isinstance(obj, torch.nn.Module)}
+        named = {name: parameter_names(obj, modules) for name, obj in objects.items()
+                 if isinstance(obj, torch.optim.Optimizer)} if modules else {}
+        if named:
+            flat.skeleton["param_names"] = named
         flat.metrics = measured
         return flat
 
@@ -1749,7 +1761,8 @@ class CheckpointManager:
                         f"({problem}); nothing was changed (rng=False restores the rest)")
                 RNGState().load_state_dict(ck.rng)
             try:
-                load_all(targets, ck.state, strict=strict, kinds=ck.kinds)
+                load_all(targets, ck.state, strict=strict, kinds=ck.kinds,
+                         param_names=ck.param_names)
             except BaseException:
                 if put_back is not None:
                     RNGState().load_state_dict(put_back)
@@ -1936,7 +1949,7 @@ class CheckpointManager:
             id=cid, parent=row.parent, branch=row.branch, created=row.created_at,
             step=row.step, epoch=row.epoch, batch_idx=row.batch_idx, metrics=row.metrics,
             extra=extra, strategy=row.strategy, note=row.note, pinned=row.pinned,
-            state=objects, rng=rng, kinds=kinds)
+            state=objects, rng=rng, kinds=kinds, param_names=_param_names(skeleton))
 
     # -- inspecting -------------------------------------------------------------------------
     def list(self, *, branch: str | None = None) -> Any:
@@ -3127,6 +3140,18 @@ def _kinds(skeleton: Mapping[str, Any]) -> dict[str, str]:
     if not isinstance(kinds, dict) or not all(isinstance(v, str) for v in kinds.values()):
         raise TypeError(f"its types are {type(kinds).__name__}, not names of kinds")
     return dict(kinds)
+
+
+def _param_names(skeleton: Mapping[str, Any]) -> dict[str, SlotNames]:
+    """Each optimizer's parameter names as a manifest's state records them (none before
+    they were recorded); one not laid out as names is left out, and its state goes to
+    parameters by position, as it did before."""
+    recorded = skeleton.get("param_names")
+    if not isinstance(recorded, dict):
+        return {}
+    return {name: groups for name, groups in recorded.items()
+            if isinstance(groups, list) and all(isinstance(names, list) and all(
+                n is None or isinstance(n, str) for n in names) for names in groups)}
 
 
 def _checked_row(row: ChunkRow) -> ChunkRow:

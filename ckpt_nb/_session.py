@@ -65,7 +65,8 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIte
                          from_storable, is_code, loader_random, skipped_text, to_storable,
                          warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, StateMismatchError, UntrustedPickleError, tell,
+                      CorruptCheckpointError, ParameterOrderError, StateMismatchError,
+                      UntrustedPickleError, tell,
                       warn, warnings_worded)
 from ._format import RUN_KEY, is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
@@ -1042,14 +1043,17 @@ def _unfit(checkpoint_id: str, step: int | None, error: StateMismatchError
            ) -> StateMismatchError:
     """The refusal to resume a run whose checkpoint does not fit the objects as they are
     now (a layer or a parameter group added since, or by the loop after its start), and
-    the ways on, where it was load_all's bare error, every time the cell ran."""
+    the ways on, where it was load_all's bare error, every time the cell ran. Parameters
+    in another order (groups built from a set of names) are named as that, not as a change."""
+    why = "an optimizer's parameters are in another order than when it was saved" \
+        if isinstance(error, ParameterOrderError) else \
+        "the tracked objects are not as they were when it was saved (a layer or a parameter " \
+        "group added since, or by the loop after the saved position)"
     return StateMismatchError(
-        f"not resuming checkpoint {checkpoint_id} (step {step}): {error}\nthe tracked "
-        "objects are not as they were when it was saved (a layer or a parameter group added "
-        "since, or by the loop after the saved position): build them as they were, or run "
-        "with --no-resume (auto(resume=False)) not to resume it, or %ckpt_rollback ID "
-        "(ckpt_nb.rollback(ID)) to an earlier checkpoint of the run that fits them, then run "
-        "the cell again")
+        f"not resuming checkpoint {checkpoint_id} (step {step}): {error}\n{why}: build them "
+        "as they were, or run with --no-resume (auto(resume=False)) not to resume it, or "
+        "%ckpt_rollback ID (ckpt_nb.rollback(ID)) to an earlier checkpoint of the run that "
+        "fits them, then run the cell again")
 
 
 def _stepping(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
@@ -2540,7 +2544,8 @@ class AutoSession:
         targets = {_stored_key(n): obj for n, obj in found.statefuls.items()
                    if _stored_key(n) in ck.state and _stored_key(n) not in keep}
         variables = [n for n in saved.variables if self._assignable(n, found.statefuls)]
-        load_all(targets, ck.state, kinds=ck.kinds)
+        load_all(targets, ck.state, kinds=ck.kinds, param_names=ck.param_names,
+                 modules={_stored_key(n): obj for n, obj in found.statefuls.items()})
         for name in variables:
             assign_in_place(self.namespace, name, saved.variables[name])
         self.history = saved.history
@@ -2832,7 +2837,8 @@ class AutoSession:
         if stepped:
             state = self._read_again(put_back, map(_live_name, stepped)).state
         try:
-            load_all(again, state, kinds=ck.kinds)
+            # (an optimizer made anew here: its parameters named by the live modules)
+            load_all(again, state, kinds=ck.kinds, param_names=ck.param_names, modules=live)
         except StateMismatchError as exc:  # (one it made anew, of another shape)
             raise _unfit(ck.id, put_back.step, exc) from None
         self._rebaseline(again)
