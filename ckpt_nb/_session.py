@@ -66,8 +66,7 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIte
                          warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, ParameterOrderError, StateMismatchError,
-                      UntrustedPickleError, tell,
-                      warn, warnings_worded)
+                      UntrustedPickleError, tell, warn, warnings_worded)
 from ._format import RUN_KEY, is_count, run_key
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
