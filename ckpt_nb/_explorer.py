@@ -423,12 +423,24 @@ def _notes(told: Told, *, own: str | None = None) -> list[str]:
         [f"⚠ {text.removeprefix(f'{own}: ') if own else text}" for text in told.warned]
 
 
+def _rollback_said(told: Told, cid: str) -> str:
+    """The session's line for a rollback to ``cid`` ("" where none)."""
+    return next((line for line in told.said if line.startswith(f"rolled back to {cid}")), "")
+
+
 def _unread(told: Told, cid: str) -> str:
     """The variables a rollback to ``cid`` left out as they do not read back, as the
     session's line names them ("" where none): the explorer's line names those the plan
     restores, read before the values were."""
-    said = next((line for line in told.said if line.startswith(f"rolled back to {cid}")), "")
-    return said.partition(_session.LEFT_UNREAD)[2].removesuffix(_session.BRANCH_NEXT)
+    return _rollback_said(told, cid).partition(_session.LEFT_UNREAD)[2] \
+        .partition(_session.BRANCH_NEXT)[0]
+
+
+def _after_branch(told: Told, cid: str) -> str:
+    """What the session's line for a rollback to ``cid`` says after its branch (the tracked
+    objects it left as they are, not in the checkpoint), for the explorer's line to end
+    with too; "" where nothing."""
+    return _rollback_said(told, cid).partition(_session.BRANCH_NEXT)[2]
 
 
 # What an argument naming checkpoints takes, as its usage errors say it.
@@ -1231,7 +1243,8 @@ class Explorer(w.VBox):
                     and f", {n} (" not in unread]
         self._say(f"rolled back to {cid}: restored {', '.join(restored)}{left_alone}"
                   f"{f'; {_session.LEFT_UNREAD}{unread}' if unread else ''}"
-                  f"{_session.BRANCH_NEXT}", notes=_notes(told, own=f"rolled back to {cid}"))
+                  f"{_session.BRANCH_NEXT}{_after_branch(told, cid)}",
+                  notes=_notes(told, own=f"rolled back to {cid}"))
         self._rolled_back = cid, frozenset(self.table_frame["id"])
         self._counted_since = set()
         return cid

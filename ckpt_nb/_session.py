@@ -3149,7 +3149,8 @@ class AutoSession:
         metric, mode = on or (self.manager.metric, self.manager.mode)
         best = f", best by {metric} ({mode})" if str(which) == "best" else ""
         self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}{best}: restored "
-                 f"{', '.join(restored)}{left}{saved.unread()}{BRANCH_NEXT}")
+                 f"{', '.join(restored)}{left}{saved.unread()}{BRANCH_NEXT}"
+                 f"{_left_as_they_are(ck, self.discovery.statefuls, targets.values())}")
         for notice in plan.orphaned:  # (after the line: what was restored, then what to check)
             warn(f"rolled back to {ck.id}: {notice}", RuntimeWarning)
         return ck.id
@@ -3205,6 +3206,30 @@ class _LeftUnsaved:
     step: int  # where it stopped
     position: str | None  # the kernel's position then (what its state came from)
     objects: dict[str, _LeftObject]
+
+
+def _left_as_they_are(ck: Checkpoint, statefuls: Mapping[str, Any],
+                      restored: Iterable[Any]) -> str:
+    """The tracked objects that a rollback to ``ck`` leaves as they are because it does
+    not hold them (made after it was saved: a fine-tune's optimizer), for the end of its
+    line; "" where none. They keep what later training gave them (an optimizer's momentum),
+    and a run from the rolled-back state trains on with it: said, the user can choose."""
+    put_back = {id(_wrapped_object(obj)) for obj in restored}  # (another name of one: put back)
+    left = [(name, _wrapped_object(obj)) for name, obj in statefuls.items()
+            if _stored_key(name) not in ck.state and id(_wrapped_object(obj)) not in put_back]
+    if not left:
+        return ""
+    names = ", ".join(f"{name} ({type(obj).__name__})" for name, obj in left)
+    one = len(left) == 1
+    return (f"; not in {ck.id}, left as {'it is' if one else 'they are'}: {names}; run the "
+            f"cell{'' if one else 's'} that make{'s' if one else ''} {'it' if one else 'them'} "
+            f"again to start {'it' if one else 'them'} afresh")
+
+
+def _wrapped_object(stateful: Any) -> Any:
+    """The notebook's object a tracked one stands for: a generator's, not its wrapper."""
+    return stateful.generator if isinstance(stateful, (GeneratorState, RandomState)) \
+        else stateful
 
 
 def _weak_objects(statefuls: dict[str, Any], start: dict[str, tuple[tuple[int, int], ...]]

@@ -104,6 +104,34 @@ def test_a_rollback_by_button_names_the_variables_left_out_as_unreadable(
         ui.close()
 
 
+def test_a_rollback_by_button_names_the_optimizer_the_checkpoint_does_not_hold(
+        tmp_path: Path, digits: DigitsRun, fresh_session: None) -> None:
+    """%ckpt_rollback's line names a tracked object made after the checkpoint, left as it
+    is (a fine-tune's optimizer, with its momentum); the explorer's own line, which
+    replaces the session's, did not."""
+    namespace = {"model": digits.model, "opt": digits.optimizer}
+    with ckpt_nb.auto(tmp_path / "s", namespace=namespace, name="train", every_steps=3):
+        for _ in ckpt_nb.epochs(1):
+            for _ in range(3):
+                digits.train_step()
+    opt2 = namespace["opt2"] = torch.optim.SGD(digits.model.parameters(), lr=0.1,
+                                               momentum=0.9)
+    digits.model(digits.x).sum().backward()
+    opt2.step()
+    ui = ckpt_nb.explore(tmp_path / "s", namespace=namespace, poll_seconds=0)
+    try:
+        cid = ui.select("latest")[0]
+        ui.rollback_button.click()
+        ui.confirm_button.click()
+        assert f"rolled back to {cid}: restored model, opt; the next save starts a branch " \
+            f"from it; not in {cid}, left as it is: opt2 (SGD); run the cell that makes it " \
+            "again to start it afresh" in html.unescape(ui.status.value), ui.status.value
+        assert notes(ui) == [], ui.status.value
+        assert len(opt2.state) == 4  # (its momentum, as it was)
+    finally:
+        ui.close()
+
+
 def test_an_export_by_button_says_what_it_left_out(tmp_path: Path) -> None:
     """A pickled value is left out of the file: said under "exported", and warned."""
     with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:

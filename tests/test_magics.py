@@ -1193,6 +1193,44 @@ def test_a_rollback_line_leaves_out_what_the_checkpoint_does_not_have(
     assert "restored model (not ema: nothing here takes it)" in capsys.readouterr().out
 
 
+FINE_TUNE_OPT2 = """%%ckpt_auto --dir {dir}
+for epoch in ckpt_nb.epochs(1):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt2.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt2.step()
+    sched2.step()
+"""
+
+
+def test_a_rollback_names_the_tracked_objects_the_checkpoint_does_not_hold(
+        shell, tmp_path: Path, capsys) -> None:
+    """A rollback to the pre-train's end left the fine-tune's optimizer, made after that
+    end was saved, with the momentum the fine-tune gave it, and said nothing: the
+    fine-tune run again from the rolled-back model went otherwise than the first."""
+    run(shell, SETUP)
+    assert run(shell, TRAIN.format(dir=tmp_path, stop="pass")).success
+    end = str(ckpt_nb.CheckpointManager(tmp_path).list().id.iloc[-1])
+    run(shell, "opt2 = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n"
+               "sched2 = torch.optim.lr_scheduler.StepLR(opt2, 5)\nnet = model")
+    assert run(shell, FINE_TUNE_OPT2.format(dir=tmp_path)).success
+    momentum = [s["momentum_buffer"].clone() for s in shell.user_ns["opt2"].state.values()]
+    capsys.readouterr()
+    assert run(shell, f"%ckpt_rollback {end}").success
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"ckpt_nb: rolled back to {end} ") and line.endswith(
+        f"; the next save starts a branch from it; not in {end}, left as they are: opt2 "
+        "(SGD), sched2 (StepLR); run the cells that make them again to start them afresh"), line
+    assert "net" not in line.partition("left as")[2]  # (model's other name: put back)
+    assert len(momentum) == 4 and same(  # (left as they are, as said)
+        [s["momentum_buffer"] for s in shell.user_ns["opt2"].state.values()], momentum)
+    run(shell, "del sched2")
+    assert run(shell, f"%ckpt_rollback {end}").success
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f"; not in {end}, left as it is: opt2 (SGD); run the cell that makes it again to "
+        "start it afresh")
+
+
 def test_session_help_shows_docstrings_not_section_comments() -> None:
     """help(AutoSession) showed "# -- loop helpers ---" as the doc of epochs."""
     shown = pydoc.render_doc(ckpt_nb.AutoSession, renderer=pydoc.plaintext)
