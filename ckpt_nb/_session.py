@@ -1418,7 +1418,7 @@ class AutoSession:
                                        ) from None
                 if interrupted:
                     latest = "no checkpoint holds its run" if self._position is None \
-                        else f"the latest checkpoint is {self._latest()}"
+                        else self._latest_said()
                     self.say("interrupted, but no consistent point came before the cell "
                              "ended: it ran to its end (" +
                              ("NOT saved, said above; " if end_failed else "") + latest + ")")
@@ -1438,8 +1438,8 @@ class AutoSession:
                 self.writer.wait()
                 self.say(f"not saving after {type(error).__name__}: the gradients changed since "
                          "the last optimizer step (no checkpoint holds them: with gradient "
-                         "accumulation a resume would go on without them); the latest "
-                         f"checkpoint is {self._position or 'none'}")
+                         "accumulation a resume would go on without them); "
+                         + self._latest_said())
             elif self.last_consistent_step == self.step and self.step > self.last_save_step:
                 # (the notebook's generators as there too, not as the batch's fetch left them)
                 fetched = _random_states(self.discovery.statefuls) \
@@ -1453,9 +1453,8 @@ class AutoSession:
                     _put_random(fetched)
             elif self.step > self.last_save_step:
                 self.writer.wait()  # (a save in flight is the latest once in)
-                latest = self._position or "none"
                 self.say(f"not saving after {type(error).__name__}: the model changed since the "
-                         f"last consistent point; the latest checkpoint is {latest}")
+                         f"last consistent point; {self._latest_said()}")
             self.writer.wait()
         finally:
             self._restore_sigint()
@@ -1481,8 +1480,8 @@ class AutoSession:
         if (interrupted or during_save) and final:
             raise _stopped(f"the cell ran to its end, saved as checkpoint {end_id}"
                            if end_id is not None else
-                           "the cell ran to its end, NOT saved (its save failed); the latest "
-                           f"checkpoint is {self._latest()}")
+                           "the cell ran to its end, NOT saved (its save failed); "
+                           + self._latest_said())
 
     def _stopped_at_once(self, when: str = "") -> str:
         """What a second interrupt, which stops a cell at once, left: whether a checkpoint
@@ -1491,7 +1490,7 @@ class AutoSession:
         at = f"stopped at once at step {self.step}{' ' + when if when else ''}"
         if last is not None and last.id == self._position and last.steps_seen == self._steps_seen:
             return f"{at}: checkpoint {last.id} holds it"
-        return f"{at}: not saved; the latest checkpoint is {self._latest()}"
+        return f"{at}: not saved; {self._latest_said()}"
 
     def close(self) -> None:
         """Flush pending saves and remove every hook."""
@@ -1773,7 +1772,7 @@ class AutoSession:
                                "failed) and no checkpoint holds its run: running the cell "
                                "again starts over from the objects as they are")
             raise _stopped(f"the cell stopped at step {self.step}, NOT saved (its save "
-                           f"failed); the latest checkpoint is {self._latest()}: "
+                           f"failed); {self._latest_said()}: "
                            + ("run the cell again to go on from it" if resumable else
                               f"%ckpt_rollback {latest} puts it back"))
         self.say(f"saved {cid} on interrupt")
@@ -2105,8 +2104,8 @@ class AutoSession:
         for i, error in enumerate(errors):
             line = f"{type(error).__name__}: {error}"
             if unsaved is not None and i == len(errors) - 1:
-                self.say(f"{unsaved} was NOT saved: {line}; the latest checkpoint is "
-                         f"{self._latest()}", failure=True)
+                self.say(f"{unsaved} was NOT saved: {line}; {self._latest_said()}",
+                         failure=True)
             elif _FILE_ID.sub("", line) in self._said_failures:
                 self._failure_repeats += 1
             else:
@@ -2118,9 +2117,17 @@ class AutoSession:
         """The latest checkpoint of this session's (its last save that went in, or the
         one it resumed or rolled back to) and its step, in words; "none" where none."""
         row = self.manager.catalog.get(self._position) if self._position else None
+        return "none" if row is None else _with_step(row)
+
+    def _latest_said(self) -> str:
+        """"the latest checkpoint is ID (step S)" (``_latest``); where this session has
+        none, the one its state came from (a finished run's end, its cell run again:
+        "none" misled, as if nothing was saved), said so."""
+        began = _positions.get(self.url) if self._position is None else None
+        row = self.manager.catalog.get(began) if began is not None else None
         if row is None:
-            return "none"
-        return row.id + (f" (step {row.step})" if row.step is not None else "")
+            return f"the latest checkpoint is {self._latest()}"
+        return f"this run saved none; the latest checkpoint is {_with_step(row)}, where it began"
 
     def _report_repeats(self) -> None:
         if self._failure_repeats:
@@ -3206,6 +3213,11 @@ class _LeftUnsaved:
     step: int  # where it stopped
     position: str | None  # the kernel's position then (what its state came from)
     objects: dict[str, _LeftObject]
+
+
+def _with_step(row: CheckpointRow) -> str:
+    """A checkpoint's id and its step, in words: ``ID (step S)``."""
+    return row.id + (f" (step {row.step})" if row.step is not None else "")
 
 
 def _left_as_they_are(ck: Checkpoint, statefuls: Mapping[str, Any],

@@ -221,7 +221,24 @@ def test_an_error_after_a_resume_names_the_checkpoint_it_resumed_from(shell, tmp
     resumed = ckpt_nb.CheckpointManager(tmp_path / "run").list()["id"].iloc[-1]
     assert f"ckpt_nb: resumed from {resumed} " in out
     assert "not saving after RuntimeError: the model changed since the last consistent " \
-           f"point; the latest checkpoint is {resumed}\n" in out
+           f"point; the latest checkpoint is {resumed} (step 7)\n" in out
+
+
+def test_an_error_in_a_finished_cells_rerun_names_the_checkpoint_it_began_from(
+        shell, tmp_path: Path, capsys) -> None:
+    """A finished cell run again (a new run on the trained model, its steps counted on from
+    its end) that stopped before its first save said "the latest checkpoint is none":
+    its end checkpoint, which the next run names itself, is right there."""
+    run(shell, SETUP)
+    cell = TRAIN.format(dir=tmp_path / "run")
+    assert run(shell, cell).result == 3
+    end = ckpt_nb.CheckpointManager(tmp_path / "run").list().iloc[-1]
+    capsys.readouterr()
+    (tmp_path / "after-0-1").write_text("crash")
+    assert isinstance(run(shell, cell).error_in_exec, RuntimeError)
+    assert "not saving after RuntimeError: the model changed since the last consistent " \
+           f"point; this run saved none; the latest checkpoint is {end.id} (step {end.step}), " \
+           "where it began\n" in capsys.readouterr().out
 
 
 PLAIN_LOOP = """for step in range(12):
