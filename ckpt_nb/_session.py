@@ -1350,6 +1350,7 @@ class AutoSession:
         store_from = store_from or (None if self.config.directory else "the default store")
         default = f" -> {location(self.manager.store)} ({store_from})" if store_from else ""
         self.say(found.summary() + default)
+        self._tell_schedulers_left_out(found)
         unseen = list(unseen)
         if not found.statefuls or unseen:
             warn("ckpt_nb tracks " + (
@@ -1363,6 +1364,34 @@ class AutoSession:
         if self._pending is None:
             self._count_on()
             self._tell_left_unsaved()
+
+    def _tell_schedulers_left_out(self, found: Discovery) -> None:
+        """Under an explicit --track, name the LR schedulers in the namespace that it leaves
+        out though it tracks their optimizer, and how to take them: a resume put the
+        optimizer's learning rate back as saved and the scheduler not, and the run went on
+        at another rate without a word (without --track, discovery takes them)."""
+        if self.config.track is None:
+            return
+        optimizers = {id(obj): name for name, obj in found.statefuls.items()
+                      if isinstance(obj, torch.optim.Optimizer)}
+        tracked = {id(obj) for obj in found.statefuls.values()}
+        left = {name: optimizers[id(value.optimizer)] for name, value in self.namespace.items()
+                if not name.startswith("_") and isinstance(value, _SCHEDULERS)
+                and id(value) not in tracked
+                and id(getattr(value, "optimizer", None)) in optimizers}
+        if not left:
+            return
+        one = len(left) == 1
+        wanted = ",".join([*self.config.track, *left])
+        self.say(f"{'--track' if self.config.magic else 'track='} leaves out "
+                 + ", ".join(f"{name} ({type(self.namespace[name]).__name__} of {optimizer})"
+                             for name, optimizer in left.items())
+                 + f", which set{'s' if one else ''} the learning rate of a tracked optimizer: "
+                 f"a resume puts the optimizer{'' if len(set(left.values())) == 1 else 's'} "
+                 "back as saved, not the "
+                 f"scheduler{'' if one else 's'}, and the run goes on at another rate; "
+                 + (f"--track {wanted}" if self.config.magic else f'track="{wanted}"')
+                 + f" takes {'it' if one else 'them'}")
 
     def _tell_left_unsaved(self) -> None:
         """Say that this run starts from models or optimizers that a run stopped (an error,
@@ -3218,6 +3247,11 @@ class _LeftUnsaved:
 def _with_step(row: CheckpointRow) -> str:
     """A checkpoint's id and its step, in words: ``ID (step S)``."""
     return row.id + (f" (step {row.step})" if row.step is not None else "")
+
+
+# What schedules an optimizer's learning rate (ReduceLROnPlateau is an LRScheduler from
+# torch 2.2 on).
+_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 def _left_as_they_are(ck: Checkpoint, statefuls: Mapping[str, Any],

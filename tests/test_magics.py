@@ -1231,6 +1231,31 @@ def test_a_rollback_names_the_tracked_objects_the_checkpoint_does_not_hold(
         "start it afresh")
 
 
+def test_a_track_that_leaves_out_a_scheduler_of_a_tracked_optimizer_says_so(
+        shell, tmp_path: Path, capsys) -> None:
+    """--track model,opt with the cell stepping sched (StepLR of opt): a resume put opt's
+    learning rate back as saved and sched not, and the run went on at another rate
+    without a word."""
+    run(shell, SETUP)
+    train = TRAIN.format(dir="{dir}", stop="pass").replace("--every-steps 7", "{options}")
+    assert run(shell, train.format(dir=tmp_path / "a", options="--track model,opt")).success
+    told = ("ckpt_nb: --track leaves out sched (StepLR of opt), which sets the learning rate "
+            "of a tracked optimizer: a resume puts the optimizer back as saved, not the "
+            "scheduler, and the run goes on at another rate; --track model,opt,sched takes it\n")
+    out = capsys.readouterr().out
+    assert out.startswith("ckpt_nb: tracking model, opt\n" + told), out
+    for options in ("--track model,opt,sched", "", "--track model"):  # (or no opt to set)
+        assert run(shell, train.format(dir=tmp_path / "b", options=options)).success
+        assert "leaves out" not in capsys.readouterr().out, options
+    run(shell, "warm = torch.optim.lr_scheduler.LinearLR(opt)")
+    with ckpt_nb.auto(tmp_path / "c", namespace=shell.user_ns, track="model,opt"):
+        pass
+    assert "ckpt_nb: track= leaves out sched (StepLR of opt), warm (LinearLR of opt), which " \
+        "set the learning rate of a tracked optimizer: a resume puts the optimizer back as " \
+        'saved, not the schedulers, and the run goes on at another rate; ' \
+        'track="model,opt,sched,warm" takes them\n' in capsys.readouterr().out
+
+
 def test_session_help_shows_docstrings_not_section_comments() -> None:
     """help(AutoSession) showed "# -- loop helpers ---" as the doc of epochs."""
     shown = pydoc.render_doc(ckpt_nb.AutoSession, renderer=pydoc.plaintext)
