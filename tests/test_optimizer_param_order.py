@@ -16,6 +16,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
+import warm_python  # (fresh interpreters forked from a warm one)
 from ckpt_nb import CheckpointManager, StateMismatchError
 from ckpt_nb._errors import ParameterOrderError
 
@@ -207,17 +208,17 @@ print("state", hashlib.sha1(b"".join(t.numpy().tobytes() for t in state)).hexdig
 
 def run(folder: Path, seed: str, *, die: bool = False, remade: bool = False,
         alone: bool = False, returncode: int = 0) -> subprocess.CompletedProcess[str]:
-    """The script in a fresh interpreter of its own (not forked: a fork keeps its parent's
-    str hashes), with PYTHONHASHSEED ``seed``; ``remade``: its optimizer made anew at each
-    epoch's top; ``alone``: a parameter of no module in it."""
+    """The script in a fresh interpreter with PYTHONHASHSEED ``seed`` (forked from a warm
+    one started with it: each seed has its own); ``remade``: its optimizer made anew at
+    each epoch's top; ``alone``: a parameter of no module in it."""
     folder.mkdir(exist_ok=True)
     (folder / "train.py").write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": seed,
            "DIE": "1" if die else "", "REMADE": "1" if remade else "",
            "ALONE": "1" if alone else ""}
     env.pop("JPY_SESSION_NAME", None)
-    done = subprocess.run([sys.executable, "train.py"], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = warm_python.run([sys.executable, folder / "train.py"], cwd=folder, env=env,
+                           timeout=300)
     assert done.returncode == (-9 if die else returncode), done.stdout + done.stderr
     return done
 
