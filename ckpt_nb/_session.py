@@ -1475,11 +1475,14 @@ class AutoSession:
                     if self._consistent_random else []
                 _put_random(self._consistent_random)
                 try:
-                    self.save(reason=f"{type(error).__name__} in the cell", wait=True,
-                              unsaved=f"the state before the {type(error).__name__}",
-                              rng=RNGState().state_dict(self._consistent_rng))
+                    cid = self.save(reason=f"{type(error).__name__} in the cell", wait=True,
+                                    unsaved=f"the state before the {type(error).__name__}",
+                                    rng=RNGState().state_dict(self._consistent_rng))
                 finally:
                     _put_random(fetched)
+                if cid is not None:  # (a failed one is said where it failed)
+                    self.say(f"saved {cid} at step {self.step}, the last consistent point "
+                             f"before the {type(error).__name__}")
             elif self.step > self.last_save_step:
                 self.writer.wait()  # (a save in flight is the latest once in)
                 self.say(f"not saving after {type(error).__name__}: the model changed since the "

@@ -350,6 +350,9 @@ def test_exception_saves_last_consistent_state_and_reraises(shell, tmp_path: Pat
     out = capsys.readouterr()
     assert "diverged" in out.out + out.err
     assert "line" in out.out + out.err  # the traceback shows the user's cell
+    # (said, as an interrupt's save is: it was made without a word)
+    assert f"ckpt_nb: saved {rows['id'].iloc[-1]} at step 2, the last consistent point " \
+        "before the RuntimeError" in out.out
 
 
 def test_discovery_reports_what_it_tracks_and_skips(shell, tmp_path: Path, capsys) -> None:
