@@ -1378,20 +1378,27 @@ SlotNames = list[list[str | None]]
 """An optimizer's parameter names, group by group and slot by slot (None: not known)."""
 
 
-def parameter_names(optimizer: torch.optim.Optimizer,
-                    modules: Mapping[str, torch.nn.Module]) -> SlotNames:
-    """The name of each of the optimizer's parameters among ``modules`` ("model.0.weight"),
-    None where none of them holds it. Recorded at save: optimizer state goes to parameters
-    by position, and groups built from a set of names come out in another order in each
-    process. A parameter under several names (tied, or in two modules) takes the least, so
-    that it is named alike whatever order the modules come in."""
-    names: dict[int, str] = {}
+def _names_of_parameters(modules: Mapping[str, torch.nn.Module]) -> dict[int, list[str]]:
+    """Every name of each parameter among ``modules`` ("model.0.weight"), by its id: a
+    tied one, or one in two modules, has several."""
+    names: dict[int, list[str]] = defaultdict(list)
     for key, module in modules.items():
         for name, param in module.named_parameters(remove_duplicate=False):
-            full = f"{key}.{name}"
-            if id(param) not in names or full < names[id(param)]:
-                names[id(param)] = full
-    return [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
+            names[id(param)].append(f"{key}.{name}")
+    return names
+
+
+def parameter_names(optimizers: Mapping[str, torch.optim.Optimizer],
+                    modules: Mapping[str, torch.nn.Module]) -> dict[str, SlotNames]:
+    """The name of each optimizer's parameters among ``modules``, None where none of them
+    holds it. Recorded at save: optimizer state goes to parameters by position, and groups
+    built from a set of names come out in another order in each process. A parameter under
+    several names takes the least, so that it is named alike whatever order the modules
+    come in."""
+    names = {pid: min(every) for pid, every in _names_of_parameters(modules).items()}
+    return {key: [[names.get(id(p)) for p in group["params"]]
+                  for group in optimizer.param_groups]
+            for key, optimizer in optimizers.items()}
 
 
 def _live_names(optimizer: torch.optim.Optimizer, modules: Mapping[str, torch.nn.Module],
@@ -1399,11 +1406,8 @@ def _live_names(optimizer: torch.optim.Optimizer, modules: Mapping[str, torch.nn
     """The live optimizer's parameters named as ``saved`` names them: each by the one of
     its names among the live ``modules`` that the record holds (None for none, or two)."""
     wanted = {name for group in saved for name in group if name is not None}
-    found: dict[int, list[str]] = defaultdict(list)
-    for key, module in modules.items():
-        for name, param in module.named_parameters(remove_duplicate=False):
-            if f"{key}.{name}" in wanted:
-                found[id(param)].append(f"{key}.{name}")
+    found = {pid: [name for name in every if name in wanted]
+             for pid, every in _names_of_parameters(modules).items()}
     return [[names[0] if len(names := found.get(id(p), [])) == 1 else None
              for p in group["params"]] for group in optimizer.param_groups]
 

@@ -1056,10 +1056,10 @@ class CheckpointManager:
         # the live optimizer holds them in another order (groups built from a set).
         modules = {name: obj for name, obj in objects.items()
                    if isinstance(obj, torch.nn.Module)}
-        named = {name: parameter_names(obj, modules) for name, obj in objects.items()
-                 if isinstance(obj, torch.optim.Optimizer)} if modules else {}
-        if named:
-            flat.skeleton["param_names"] = named
+        optimizers = {name: obj for name, obj in objects.items()
+                      if isinstance(obj, torch.optim.Optimizer)}
+        if modules and optimizers:
+            flat.skeleton["param_names"] = parameter_names(optimizers, modules)
         flat.metrics = measured
         return flat
 
