@@ -3426,9 +3426,12 @@ def _differs(live: Any, fingerprint: Any) -> bool:
 
 def _trained(objects: Iterable[Any]) -> list[weakref.ref[Any]]:
     """The models and optimizers among tracked objects, by weak reference: whether the
-    live ones are those a checkpoint holds tells a model that goes on from a new one."""
-    return [weakref.ref(obj) for obj in objects
-            if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))]
+    live ones are those a checkpoint holds tells a model that goes on from a new one. A
+    module with no parameters or buffers (a loss) holds nothing trained, so it tells
+    nothing: kept from one set-up cell, beside a new model, it made that count on."""
+    return [weakref.ref(obj) for obj in objects if isinstance(obj, torch.optim.Optimizer)
+            or isinstance(obj, torch.nn.Module)
+            and next(itertools.chain(obj.parameters(), obj.buffers()), None) is not None]
 
 
 def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:

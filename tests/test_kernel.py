@@ -604,3 +604,45 @@ def test_code_ahead_of_the_batches_loop_resumes_bit_identical_after_a_kill_and_a
     assert_identical(tmp_path / "crash.pt", reference)
     assert torch.load(tmp_path / "crash.pt")["lrs"] == reference.result["lrs"]
     assert "epoch 1's code ahead of its batches() loop ran again" in out, out
+
+
+# A training cell whose loss is a module of the set-up cell's: it holds nothing trained.
+LOSS_MODULE_CELL = """%%ckpt_auto --dir arch --every-steps 10
+for epoch in ckpt_nb.epochs(1):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        loss_fn(model(xb), yb).backward()
+        opt.step()
+        sched.step()
+"""
+
+
+def test_a_new_model_beside_the_old_loss_module_starts_at_step_0_in_a_new_root(
+        tmp_path: Path, kernels: Kernels) -> None:
+    """A model, optimizer and scheduler built anew (another width) in a cell of their own
+    counted on from the old run's steps, their first checkpoint a child of the other
+    architecture's: the loss module (no parameters) was the same object, and any one kept
+    made the run go on. The same objects run again still count on."""
+    kernel = kernels.start(tmp_path)
+    out, reply = kernel.run("loss_fn = torch.nn.CrossEntropyLoss()")
+    assert reply["status"] == "ok", out
+    out, reply = kernel.run(LOSS_MODULE_CELL)
+    assert reply["status"] == "ok" and "tracking model, opt, sched, loss_fn" in out, out
+    first = catalog(tmp_path / "arch")
+    assert list(first["step"]) == [10, PER_EPOCH]
+    out, reply = kernel.run(
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), "
+        "torch.nn.Linear(32, 10))\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=15)")
+    assert reply["status"] == "ok", out
+    out, reply = kernel.run(LOSS_MODULE_CELL)
+    assert reply["status"] == "ok", out
+    rebuilt = catalog(tmp_path / "arch").iloc[len(first):]
+    assert list(rebuilt["step"]) == [10, PER_EPOCH]
+    assert rebuilt["parent"].iloc[0] is None  # (a new root)
+    out, reply = kernel.run(LOSS_MODULE_CELL)  # (the same objects: they go on)
+    assert reply["status"] == "ok", out
+    again = catalog(tmp_path / "arch").iloc[len(first) + len(rebuilt):]
+    assert list(again["step"]) == [PER_EPOCH + 10, 2 * PER_EPOCH]
+    assert again["parent"].iloc[0] == rebuilt["id"].iloc[-1]
