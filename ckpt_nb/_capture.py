@@ -439,7 +439,9 @@ class _Flattener:
             return self.pickled(t, name)
         device = _device_name(t.device)
         if device == "meta":
-            raise CaptureError(f"{name} is on the meta device and holds no data to save")
+            raise CaptureError(f"{name} is on the meta device and holds no data to save: give "
+                               "it memory first (a module's .to_empty(device='cpu'), then "
+                               "load or initialise its weights), or leave it out of the save")
         storage = t.untyped_storage()
         address = storage.data_ptr()
         key = (device, address, storage.nbytes())
@@ -500,10 +502,11 @@ class _Flattener:
         try:
             data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
-            raise CaptureError(
+            raise CaptureError(  # (the pickle's error, said here, is all its cause holds)
                 f"{name} ({type(value).__name__}) cannot be saved: it is neither JSON, "
-                f"a tensor nor picklable ({exc})"
-            ) from exc
+                f"a tensor nor picklable ({exc}); leave it out of the save, or save the "
+                "data it holds (for a function, the settings that make it)"
+            ) from None
         self.flat.storages.append(
             StorageBytes(name, np.frombuffer(data, dtype=np.uint8), 1, "cpu", "pickle")
         )
@@ -699,8 +702,12 @@ def flatten(tree: Mapping[str, Any], *, copy_tensors: bool | SnapshotBuffers = F
             trained: set[tuple[str, int]] | None = None) -> FlatState:
     """Split a state tree; with ``copy_tensors``, its bytes no longer alias live memory.
     ``trained`` (``trained_storages``) marks the storages that train."""
+    __tracebackhide__ = True  # (IPython: a value that cannot be saved is the caller's)
     flattener = _Flattener(copy_tensors, trained or set())
-    flattener.flat.skeleton = {k: flattener.encode(v, k) for k, v in tree.items()}
+    try:
+        flattener.flat.skeleton = {k: flattener.encode(v, k) for k, v in tree.items()}
+    except CaptureError as error:  # (it names the value's path: the walk's frames say no more)
+        raise error.with_traceback(None)
     if flattener.subclassed:  # (a subclass's type, and what it holds beside its data, is code)
         names = flattener.subclassed
         warn(f"{names[:3]}{f' and {len(names) - 3} more' if len(names) > 3 else ''} are "

@@ -3798,7 +3798,11 @@ def _metric_value(name: str, value: Any) -> float:
 def log(**metrics: float) -> None:
     """Record metrics for the next checkpoint (and for ``--on METRIC``); each is checked
     before any is recorded."""
-    values = {name: _metric_value(name, value) for name, value in metrics.items()}
+    __tracebackhide__ = True  # (IPython: a value that is no number is the caller's)
+    try:
+        values = {name: _metric_value(name, value) for name, value in metrics.items()}
+    except CaptureError as error:  # (it names the metric: the check's frames say no more)
+        raise error.with_traceback(None)
     session = active()
     if session is None:
         _history.append(values)
