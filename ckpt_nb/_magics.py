@@ -661,6 +661,10 @@ def _directory(magic: str, line: str) -> str | None:
         if not flag.group(1):
             raise UsageError(f"%{magic} --dir needs a directory: %{magic} --dir DIR")
         text = flag.group(1)
+    elif text.startswith("-"):  # (taken for a store's name, it said "no store at --frob")
+        option = text.split()[0]
+        raise UsageError(f"%{magic}: unknown option {option}: it takes DIR or --dir DIR "
+                         f"(a directory whose name begins with '-' is quoted: '{text}')")
     return _unquoted(text) or None
 
 

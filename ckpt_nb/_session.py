@@ -172,7 +172,7 @@ class AutoConfig:
                 hint = _MAGIC_SPELLINGS.get(name) or next(
                     iter(difflib.get_close_matches(name, valid, n=1)), None)
                 raise TypeError(f"auto() got an unexpected keyword argument {name!r}"
-                                + (f": did you mean {hint}?" if hint else "")
+                                + (f": did you mean {hint}?" if hint else ".")
                                 + f" It takes {', '.join(valid)}")
         try:
             return cls(directory=directory, **options)
@@ -1454,8 +1454,10 @@ class AutoSession:
                 if final and self.config.on and self.config.on[0] not in self.metrics:
                     name = self.config.on[0]
                     logged = ", ".join(sorted(self.metrics)) or "nothing"
+                    call = f"{name}=..." if name.isidentifier() and \
+                        not keyword.iskeyword(name) else f"**{{{name!r}: ...}}"
                     self.say(f"--on {name}:{self.config.on[1]} never fired: the cell logged "
-                             f"no {name!r} (it logged {logged}; ckpt_nb.log({name}=...) "
+                             f"no {name!r} (it logged {logged}; ckpt_nb.log({call}) "
                              "feeds it)")
             elif isinstance(error, KeyboardInterrupt) and self._interrupts:
                 if not _said_stop(error):  # (a second interrupt: a bare KeyboardInterrupt)
@@ -3214,7 +3216,6 @@ class AutoSession:
 # -- the module-level face: one active session per kernel ------------------------------------
 
 _sessions: list[AutoSession] = []  # the last is active; a cell's session sits on a line one
-_history: list[dict[str, Any]] = []
 _positions: dict[str, str] = {}  # store URL -> the checkpoint the kernel's state came from
 _position_events: dict[str, str] = {}  # store URL -> how it got there: save, resume, rollback
 # store URL -> the checkpoint rolled back to where it was deleted since (the position is
@@ -3805,9 +3806,17 @@ def log(**metrics: float) -> None:
         raise error.with_traceback(None)
     session = active()
     if session is None:
-        _history.append(values)
+        _tell_log_outside_a_session()
     else:
         session.log(**values)
+
+
+@functools.cache
+def _tell_log_outside_a_session() -> None:
+    """Once a process: a cell that forgot ``%%ckpt_auto`` logged into nothing, unsaid."""
+    warn("ckpt_nb.log() outside a session records nothing: call it inside a %%ckpt_auto cell "
+         "(or a `with ckpt_nb.auto(...):` block), after the epoch's batches() loop for --on; "
+         "its metrics go into that session's next checkpoint (said once)")
 
 
 def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,

@@ -60,6 +60,15 @@ def test_a_keyword_auto_does_not_take_names_auto_and_its_options(
     assert ckpt_nb.status() == {"active": False}
 
 
+def test_a_keyword_with_no_close_match_ends_its_sentence(tmp_path: Path) -> None:
+    """It read "... keyword argument 'frob' It takes directory, ..."."""
+    with pytest.raises(TypeError) as raised:
+        with ckpt_nb.auto(str(tmp_path), namespace={}, frob=1):
+            pass
+    assert str(raised.value).startswith("auto() got an unexpected keyword argument 'frob'. "
+                                        "It takes directory, namespace, ")
+
+
 def test_numpy_numbers_are_numbers(tmp_path: Path) -> None:
     """every_steps=np.int64(10) was "not a positive integer"; np.float32 seconds a
     TypeError."""

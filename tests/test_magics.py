@@ -915,6 +915,17 @@ def test_a_metric_trigger_on_a_metric_never_logged_says_so(shell, tmp_path: Path
         in capsys.readouterr().out
 
 
+def test_a_metric_trigger_on_a_name_no_keyword_takes_hints_a_call_that_parses(
+        shell, tmp_path: Path, capsys) -> None:
+    """--on 123:min hinted ckpt_nb.log(123=...), a SyntaxError."""
+    run(shell, SETUP)
+    cell = TRAIN.format(dir=tmp_path / "digits", stop="pass").replace(
+        "--every-steps 7", "--on 123:min")
+    assert run(shell, cell).success
+    assert "--on 123:min never fired: the cell logged no '123' (it logged loss; " \
+        "ckpt_nb.log(**{'123': ...}) feeds it)" in capsys.readouterr().out
+
+
 def test_numpy_and_python_generator_objects_are_tracked_and_resume_bit_exact(
         shell, tmp_path: Path, capsys) -> None:
     """np.random.default_rng() and random.Random() objects were skipped ("Generator"), and

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import TraitError
@@ -241,3 +242,16 @@ def test_a_cap_in_the_config_loads(shell, tmp_path: Path, capsys) -> None:
     finally:
         shell.config.pop("CkptMagics", None)
         shell.magics_manager.registry["CkptMagics"].max_variable_mb = 100
+
+
+@pytest.mark.parametrize("magic", ["ckpt_list", "ckpt_ui"])
+def test_an_option_the_store_magics_do_not_take_is_refused_not_taken_for_a_store(
+        shell, tmp_path: Path, magic: str) -> None:
+    """%ckpt_list --frob said "no checkpoint store at --frob"; a store whose name begins
+    with '-' is quoted."""
+    message = usage_error(shell, f"%{magic} --frob")
+    assert message == f"%{magic}: unknown option --frob: it takes DIR or --dir DIR (a " \
+        "directory whose name begins with '-' is quoted: '--frob')"
+    with ckpt_nb.CheckpointManager(tmp_path / "-runs") as mgr:
+        mgr.save(torch.nn.Linear(2, 2))
+    assert len(shell.run_cell("%ckpt_list '-runs'", store_history=False).result) == 1

@@ -42,3 +42,16 @@ def test_rollback_with_no_store_known_says_what_to_do_in_plain_python(tmp_path: 
         "nothing to roll back: no ckpt_nb session has run in this process; run a "
         "ckpt_nb.auto() block first, or pass directory= and namespace= (the store's folder "
         "or URL, and the namespace to put its objects back into: globals())")
+
+
+def test_log_outside_a_session_warns_once_where_to_call_it(tmp_path: Path) -> None:
+    """A script (or a cell) that forgot its session logged into nothing, unsaid."""
+    code = "import ckpt_nb\nckpt_nb.log(loss=1.0)\nckpt_nb.log(loss=0.5)\n"
+    done = warm_python.run([sys.executable, "-c", code], cwd=tmp_path, timeout=120,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               filter(None, [str(Path(ckpt_nb.__file__).parents[1]),
+                                             os.environ.get("PYTHONPATH")]))})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("ckpt_nb.log() outside a session records nothing: call it "
+                             "inside a %%ckpt_auto cell (or a `with ckpt_nb.auto(...):` "
+                             "block)") == 1, done.stderr
