@@ -137,7 +137,25 @@ _MAGIC_SPELLINGS = {"dir": "directory", "no_resume": "resume=False"}
 
 @dataclass
 class AutoConfig:
-    """The options of ``%ckpt_auto``; None means "not used"."""
+    """The options of a ``%%ckpt_auto`` cell or a ``ckpt_nb.auto()`` block, as read: a
+    session's ``config``. ``auto()`` takes each field as a keyword, the magic as the flag
+    beside it; None means "not used".
+
+    - ``directory`` (--dir): the store, a folder or a store URL (None: the default one).
+    - ``every_steps`` (--every-steps), ``every_seconds`` (--every, --every-seconds): save
+      that many optimizer steps, or seconds, after the last save.
+    - ``on`` (--on): (METRIC, "min" or "max"): save when ``ckpt_nb.log()``'s METRIC
+      improves.
+    - ``keep`` (--keep), ``keep_best`` (--keep-best): keep the newest N checkpoints of the
+      run, the best K by ``on``.
+    - ``strategy`` (--strategy): "full", "incremental" or "differential" chunks.
+    - ``track`` (--track): the names to track (None: found by discovery).
+    - ``resume`` (not --no-resume): resume the cell's unfinished run.
+    - ``sync`` (--sync): save on the training thread, not behind it.
+    - ``trust_pickle`` (--trust-pickle): a resume unpickles what the states hold as
+      pickles (only for a store you trust).
+    - ``max_variable_bytes``: the largest plain variable captured.
+    """
 
     directory: str | None = None
     every_steps: int | None = None
@@ -1162,7 +1180,18 @@ def _holds_state_of(obj: Any, saved: Any) -> bool:
 
 
 class AutoSession:
-    """Automatic checkpoints for the code run while it is active."""
+    """Automatic checkpoints for the code run while it is active: what a ``%%ckpt_auto``
+    cell runs under, and what ``with ckpt_nb.auto(...) as session:`` gives. It finds the
+    objects to track, resumes the cell's unfinished run, and saves at the triggers, at
+    an interrupt and at the end.
+
+    Its main fields: ``config`` (an ``AutoConfig``, the options as read), ``manager``
+    (the ``CheckpointManager`` of its store), ``step`` (optimizer steps, counted on from
+    the checkpoint the model came from), ``metrics``, ``history`` and ``best`` (what
+    ``ckpt_nb.log()`` recorded). Its main methods: ``status()`` (what
+    ``%ckpt_status`` shows), ``save()`` (a checkpoint now), ``log()``, ``rollback()``,
+    and ``epochs()`` and ``batches()`` (the loop helpers that resume mid-epoch).
+    """
 
     def __init__(self, config: AutoConfig, namespace: dict[str, Any],
                  *, out: Any = None) -> None:
@@ -3797,8 +3826,19 @@ def _metric_value(name: str, value: Any) -> float:
 
 
 def log(**metrics: float) -> None:
-    """Record metrics for the next checkpoint (and for ``--on METRIC``); each is checked
-    before any is recorded."""
+    """Record metrics for the next checkpoint (and for ``--on METRIC``): ``best`` and
+    ``--keep-best`` rank by them, and the run's history keeps them.
+
+    Each value is a number: a Python or NumPy int or float, or a one-element tensor or
+    array (``loss`` itself, not only ``loss.item()``); each is checked before any is
+    recorded. A name is a keyword (``log(val_loss=v, accuracy=a)``; one that is not an
+    identifier as ``log(**{"val/loss": v})``), but not ``step`` or ``epoch``, which each
+    record of the history holds already.
+
+    Call it inside a ``%%ckpt_auto`` cell or a ``with ckpt_nb.auto(...):`` block; the
+    ``--on`` metric after the epoch's ``batches()`` loop (a validation at the epoch's
+    end), where no optimizer step takes away the state it measured before a save.
+    Outside a session it records nothing, and warns so once."""
     __tracebackhide__ = True  # (IPython: a value that is no number is the caller's)
     try:
         values = {name: _metric_value(name, value) for name, value in metrics.items()}

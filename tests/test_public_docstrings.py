@@ -3,6 +3,7 @@ name of something private the user cannot see (``S3_TIMEOUTS``, ``_root_in``).""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -77,3 +78,19 @@ def test_fsspec_stores_docstring_gives_its_s3_timeouts() -> None:
 
     said = " ".join(_store.FsspecStore.__doc__.split())
     assert f"``{_store.S3_TIMEOUTS}``".replace("'", '"') in said
+
+
+def test_log_and_the_session_classes_say_what_they_take_and_hold() -> None:
+    """help(log) said neither what a value may be nor where to call it; AutoConfig's and
+    AutoSession's were one line each, naming no field or method."""
+    log = inspect.getdoc(ckpt_nb.log) or ""
+    for said in ("one-element tensor", "NumPy", "after the epoch's ``batches()`` loop",
+                 "``%%ckpt_auto`` cell", "Outside a session it records nothing"):
+        assert said in log, said
+    config = inspect.getdoc(ckpt_nb.AutoConfig) or ""
+    fields = [f.name for f in dataclasses.fields(ckpt_nb.AutoConfig) if f.name != "magic"]
+    assert [name for name in fields if f"``{name}``" not in config] == []
+    session = inspect.getdoc(ckpt_nb.AutoSession) or ""
+    for name in ("config", "manager", "step", "metrics", "history", "best", "status()",
+                 "save()", "log()", "rollback()", "epochs()", "batches()"):
+        assert f"``{name}``" in session, name
