@@ -199,7 +199,7 @@ def too_far_back(which: str, count: int, counted: str = "") -> str:
     """The refusal of a ``-N`` past the oldest of ``count`` checkpoints (``counted``: from
     where they are counted), naming the furthest back there is: said alike by the
     manager, the magics and the CLI."""
-    oldest = "-0 (latest) is the only one" if count == 1 else f"-{count - 1} is the oldest"
+    oldest = "the latest is the only one" if count == 1 else f"-{count - 1} is the oldest"
     return (f"only {count} checkpoint{'' if count == 1 else 's'}{counted}: {which} is too "
             f"far back; {oldest}")
 

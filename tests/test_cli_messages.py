@@ -67,7 +67,7 @@ def test_minus_n_too_far_back_names_the_oldest_there_is(
         mgr.save(torch.nn.Linear(2, 2), rng=False)
         with pytest.raises(CheckpointNotFoundError) as refused:
             mgr.resolve("-1")
-    assert str(refused.value) == ("only 1 checkpoint: -1 is too far back; -0 (latest) is "
+    assert str(refused.value) == ("only 1 checkpoint: -1 is too far back; the latest is "
                                   "the only one")
 
 

@@ -265,7 +265,7 @@ def test_every_rollback_error_names_the_store_it_looked_in(shell, tmp_path: Path
     for line, said in (
             ("best --on val_loss:min",
              "no checkpoint has the metric 'val_loss'; no metrics were logged"),
-            ("-1", "only 1 checkpoint: -1 is too far back; -0 (latest) is the only one"),
+            ("-1", "only 1 checkpoint: -1 is too far back; the latest is the only one"),
             ("best", "'best' needs a metric to rank by, and no save to this store recorded "
                      "one: %ckpt_rollback best --on METRIC:min|max, or roll back by id "
                      "(%ckpt_list, then %ckpt_rollback ID)")):
