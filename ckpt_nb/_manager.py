@@ -52,6 +52,7 @@ from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_m
                       encode_manifest, id_of, is_deletion_key, is_pack_key, is_run_key,
                       label_key, manifest_key, new_deletion_key, pickle_problem, read_pack_index,
                       stamp_format, write_pack)
+from ._metric_names import metric_mode_from_name
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
@@ -251,7 +252,9 @@ class CheckpointManager:
     """Checkpoints of one training run (or many branching runs) in one store.
 
     ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``
-    (``mode`` "min" or "max"); pinned checkpoints and the newest are always kept.
+    (``mode`` "min" or "max"; left out, the metric's name says it: a loss or error is
+    "min", an accuracy or score "max", and a name that says neither is refused);
+    pinned checkpoints and the newest are always kept.
     A manager's saves record its ``metric`` and ``mode`` in the catalog; one opened without
     ``metric=`` ranks by those ("best", ``list()``'s best column), but retention by
     ``keep_best`` still needs ``metric=`` given.
@@ -284,7 +287,7 @@ class CheckpointManager:
         *,
         keep_best: int | None = None,
         metric: str | None = None,
-        mode: str = "min",
+        mode: str | None = None,
         strategy: str = "full",
         full_every: int | None = None,
         max_bytes: int | None = None,
@@ -296,7 +299,7 @@ class CheckpointManager:
         catalog: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_choice("strategy", strategy, STRATEGIES)
-        _check_choice("mode", mode, ("min", "max"))
+        mode = _ranking_mode(metric, mode)
         _check_choice("codec", codec, codec_names())
         for name, value in (("max_to_keep", max_to_keep), ("keep_best", keep_best),
                             ("full_every", full_every), ("max_bytes", max_bytes)):
@@ -3395,6 +3398,25 @@ def as_metric(name: Any, value: Any) -> float:
     except OverflowError:
         raise CaptureError(f"metric {name!r} is {reprlib.repr(value)}, too large for the float "
                            "a metric is stored as: log it scaled (in millions, say)") from None
+
+
+def _ranking_mode(metric: str | None, mode: str | None) -> str:
+    """``mode`` checked, or where it is left out the direction ``metric``'s name says: a
+    "min" taken for an accuracy kept the worst checkpoints as the best and deleted the
+    rest. Without a metric, "min" (a store's recorded ranking replaces it)."""
+    if metric is not None and not isinstance(metric, str):
+        raise TypeError(f"metric must be the name of a logged metric (metric='val_loss'), "
+                        f"not {metric!r}")
+    if mode is not None:
+        _check_choice("mode", mode, ("min", "max"))
+        return mode
+    if metric is None:
+        return "min"
+    named = metric_mode_from_name(metric)
+    if named is None:
+        raise ValueError(f"metric={metric!r}: its name does not say whether a lower or a "
+                         f"higher {metric} is better; give mode=\"min\" or mode=\"max\"")
+    return named
 
 
 def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:

@@ -26,6 +26,7 @@ from . import _session
 from ._catalog import store_exists
 from ._errors import CheckpointNotFoundError, MetricNotFoundError
 from ._manager import CheckpointManager
+from ._metric_names import metric_mode_from_name
 from ._store import why_no_store
 from ._units import natural_order
 
@@ -145,7 +146,7 @@ def metric_mode(name: str, metric: str | None = None, mode: str = "min") -> str 
     loss) would mark the worst checkpoint as the best."""
     if name == metric:
         return mode
-    return _session.metric_mode_from_name(name)
+    return metric_mode_from_name(name)
 
 
 def best_by_metric(table: Any, metric: str | None = None, mode: str = "min") -> dict[str, str]:

@@ -3,7 +3,8 @@
 Every subcommand takes the store first: a directory, or a URL as ``CheckpointManager``
 takes it (``file:///runs/x``, ``memory://...``, ``s3://...``); checkpoint ids accept what
 ``CheckpointManager.resolve`` does ("latest", "best", "-N", an id prefix).
-"best" ranks by ``--metric`` (and ``--mode max`` where higher is better), by default by the
+"best" ranks by ``--metric`` (in the direction its name says, a loss lower, an accuracy
+higher, or as ``--mode min|max`` says), by default by the
 metric and mode the store's saves recorded (``CheckpointManager(metric=...)``, ``--on``);
 ``--mode`` alone ranks by the recorded metric in that mode.
 """
@@ -30,6 +31,7 @@ from . import __version__
 from ._catalog import store_exists
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       MetricNotFoundError, StoreError, metrics_logged, too_far_back)
+from ._metric_names import metric_mode_from_name
 from ._units import human_size, natural_order
 
 if TYPE_CHECKING:  # loaded by the commands that need them: they bring torch (a second)
@@ -113,8 +115,17 @@ def _main(argv: list[str]) -> int:
                 say(f"no checkpoint store at {location}{why_no_store(location)}")
                 return 2
             store = open_store(location)
+            mode = args.mode or (None if args.metric is None
+                                 else metric_mode_from_name(args.metric))
             with _command_line_manager(store, own, metric=args.metric,
-                                       mode=args.mode or "min") as mgr:
+                                       mode=mode or "min") as mgr:
+                if args.metric is not None and mode is None:
+                    mode = _direction_of_unnamed(mgr, args.metric)
+                    if mode is None:  # (min taken for an accuracy made the worst best)
+                        say(f"--metric {args.metric}: its name does not say whether a lower "
+                            "or a higher value is better; give --mode min or --mode max")
+                        return 2
+                    mgr.mode = mode
                 if args.metric is None and args.mode is not None and mgr.metric is not None:
                     mgr.mode = args.mode  # (--mode alone: the recorded metric's, turned)
                 if "best" in named and mgr.metric is None:  # (none given, and none recorded)
@@ -155,6 +166,18 @@ def _command_line_manager(store: Store, own: Callable[[object], str],
             _line_above_bars(f"ckpt-nb: {own(waiting)}")
 
     return CommandLineManager(store, **options)
+
+
+def _direction_of_unnamed(mgr: CheckpointManager, metric: str) -> str | None:
+    """The mode of a ``--metric`` whose name says no direction: the one the store's saves
+    recorded for it; "min" where no checkpoint logs it (nothing ranks by it, and the
+    command says so, naming those logged); else None, for ``--mode`` to say."""
+    recorded = mgr.catalog.ranking()
+    if recorded is not None and recorded[0] == metric:
+        return recorded[1]
+    if not any(metric in row.metrics for row in mgr.catalog.checkpoints()):
+        return "min"
+    return None
 
 
 def _line_above_bars(line: str) -> None:
@@ -412,7 +435,8 @@ def _ranking_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     parser.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
                         "default: the one the store's saves were ranked by, where recorded)")
     parser.add_argument("--mode", choices=("min", "max"), default=None,
-                        help="whether a lower or higher --metric is better (default: min; "
+                        help="whether a lower or higher --metric is better (default: what "
+                        "the metric's name says, a loss min, an accuracy max, else give it; "
                         "without --metric, the recorded metric's, which --mode alone "
                         "overrides)")
 

@@ -133,7 +133,8 @@ def test_keep_best_beside_a_byte_budget_keeps_the_best_and_the_budget_the_rest(
     budget = mgr.stored_bytes() * 6 // 10
     mgr.close()
     mgr = CheckpointManager(tmp_path, strategy="incremental", chunk_size=4096,
-                            max_bytes=budget, keep_best=2, metric="score")
+                            max_bytes=budget, keep_best=2, metric="score",
+                            mode="min")
     run.train_step()
     mgr.save(run.model, run.optimizer, scheduler=run.scheduler, step=30,
              metrics={"score": 50.0})

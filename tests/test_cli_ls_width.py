@@ -87,7 +87,7 @@ def test_a_narrow_terminal_cuts_the_note_to_the_room_left(tmp_path: Path) -> Non
 def test_all_metrics_and_branches_that_differ_are_kept_longer(tmp_path: Path) -> None:
     """--all-metrics asks for every metric: they stay on a narrow terminal; a branch
     column that tells rows apart outlasts the stored sizes."""
-    with CheckpointManager(tmp_path, metric="m01") as mgr:
+    with CheckpointManager(tmp_path, metric="m01", mode="min") as mgr:
         first = mgr.save(torch.nn.Linear(2, 2), rng=False,
                          metrics={f"m{i:02}": i / 10 for i in range(12)})
         mgr.save(torch.nn.Linear(2, 2), rng=False, metrics={"m01": 0.5})
@@ -115,7 +115,7 @@ def test_the_footer_fits_wide_characters_and_says_where_the_table_cannot_fit(
     for columns in range(34, 70, 2):  # (under 33 the "1 checkpoint; ..." line is wider)
         lines = on_terminal_here(columns, "ls", tmp_path / "wide")
         assert all(_shown_width(line) <= columns for line in lines), (columns, lines)
-    with CheckpointManager(tmp_path / "many", metric="m01") as mgr:
+    with CheckpointManager(tmp_path / "many", metric="m01", mode="min") as mgr:
         first = mgr.save(torch.nn.Linear(2, 2), rng=False, step=3, metrics={
             "m01": 0.3, **{f"metric_number_{i:02}": i / 10 for i in range(12)}})
         mgr.save(torch.nn.Linear(2, 2), rng=False, step=4, metrics={"m01": 0.5},

@@ -46,7 +46,7 @@ def test_show_refuses_an_unknown_metric_naming_those_logged_as_ls_does(
     assert run(capsys, "show", tmp_path, "best", "--metric", "nope") == \
         (1, "", f"ckpt-nb: {said}\n")
     assert run(capsys, "ls", tmp_path, "--metric", "nope") == (1, "", f"ckpt-nb: {said}\n")
-    with CheckpointManager(tmp_path, metric="nope") as mgr:
+    with CheckpointManager(tmp_path, metric="nope", mode="min") as mgr:
         with pytest.raises(CheckpointNotFoundError) as refused:
             mgr.resolve("best")
     assert str(refused.value) == said

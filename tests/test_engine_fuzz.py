@@ -494,7 +494,7 @@ def kill_child(store: str, states: str, seed: int, conn: Connection) -> None:
         options[limit] = r.choice([1, 2, 3] if limit == "max_to_keep" else
                                   [300_000, 1_000_000, 2_000_000])
     if r.random() < 0.4:
-        options.update(keep_best=1, metric=METRIC)
+        options.update(keep_best=1, metric=METRIC, mode="min")
     mgr = CheckpointManager(store, **options)
     model, optimizer = build()
     conn.send("ready")

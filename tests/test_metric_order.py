@@ -71,7 +71,7 @@ def test_numbers_are_decimal_digits_of_any_script_and_not_superscripts(
     of an unknown metric, ckpt-nb show and ckpt-nb ls with a ValueError."""
     assert sorted(["x_10", "x_٣", "x_2"], key=natural_order) == ["x_2", "x_٣", "x_10"]
     cid = saved(tmp_path, {"r²": 0.9, "²": 1.0, "x2²": 3.0})
-    with CheckpointManager(tmp_path, metric="nope") as mgr:
+    with CheckpointManager(tmp_path, metric="nope", mode="min") as mgr:
         with pytest.raises(CheckpointNotFoundError) as refused:
             mgr.resolve("best")
     assert str(refused.value).endswith("the metrics logged are: r², x2², ²")

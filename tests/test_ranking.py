@@ -13,7 +13,7 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import ckpt_nb
-from ckpt_nb import CheckpointManager, CheckpointNotFoundError, _plots, _session
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError, _metric_names, _plots, _session
 from ckpt_nb.cli import main
 
 
@@ -89,7 +89,7 @@ def test_an_explicit_metric_wins_and_a_reader_records_nothing(
         assert reader.resolve("best") == ids[0]
         reader.list()
     capsys.readouterr()
-    assert main(["show", str(tmp_path), "best", "--metric", "bleu"]) == 0  # (--mode min)
+    assert main(["show", str(tmp_path), "best", "--metric", "bleu", "--mode", "min"]) == 0
     assert ids[0] in capsys.readouterr().out
     with CheckpointManager(tmp_path) as mgr:
         assert (mgr.metric, mgr.mode) == ("bleu", "max")  # (only a save records)
@@ -189,7 +189,7 @@ def test_a_metric_whose_direction_is_unknown_is_best_nowhere(tmp_path: Path) -> 
 def test_a_metric_name_says_its_direction_by_its_words(name: str, mode: str | None) -> None:
     """bleu, wer, fid, map and iou said nothing (wer and cer were once guessed right as
     losses); a short one only as a word: "iou" is in "previous", "fid" in "confidence"."""
-    assert _session.metric_mode_from_name(name) == mode
+    assert _metric_names.metric_mode_from_name(name) == mode
 
 
 def test_a_sessions_on_metric_ranks_a_fresh_kernels_best(
@@ -277,3 +277,38 @@ def test_an_active_sessions_rollback_to_best_follows_a_ranking_recorded_since(
         ids = bleu_store(tmp_path, metric="bleu", mode="max")
         with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\)"):
             assert ckpt_nb.rollback("best") == ids[1]
+
+
+def test_a_metrics_name_gives_its_direction_where_no_mode_is_given(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """metric="accuracy" with keep_best=2 ranked lower-is-better: it deleted the most
+    accurate checkpoint and restored the least as "best"; the CLI's --metric likewise."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path, keep_best=2, metric="accuracy") as mgr:
+        ids = [mgr.save(model, step=i, metrics={"accuracy": a})
+               for i, a in enumerate((0.5, 0.97, 0.6, 0.7, 0.65))]
+        assert mgr.mode == "max" and mgr.resolve("best") == ids[1]
+        assert list(mgr.list()["id"]) == [ids[1], ids[3], ids[4]]
+    capsys.readouterr()
+    assert main(["show", str(tmp_path), "best", "--metric", "accuracy"]) == 0
+    assert ids[1] in capsys.readouterr().out
+    with pytest.raises(ValueError) as refused:
+        CheckpointManager(tmp_path / "other", keep_best=2, metric="quality")
+    assert str(refused.value) == (
+        "metric='quality': its name does not say whether a lower or a higher quality is "
+        'better; give mode="min" or mode="max"')
+    assert not (tmp_path / "other").exists()  # (refused before the store is made)
+    with pytest.raises(TypeError, match="metric must be the name of a logged metric"):
+        CheckpointManager(tmp_path, keep_best=2, metric=1)  # type: ignore[arg-type]
+    with CheckpointManager(tmp_path / "q", metric="quality", mode="max") as mgr:
+        mgr.save(model, metrics={"quality": 1.0})
+    assert main(["show", str(tmp_path / "q"), "best", "--metric", "quality"]) == 0  # recorded
+    with CheckpointManager(tmp_path / "q2") as mgr:
+        mgr.save(model, metrics={"quality": 1.0})
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "q2"), "best", "--metric", "quality"]) == 2
+    assert capsys.readouterr().err == (
+        "ckpt-nb: --metric quality: its name does not say whether a lower or a higher value "
+        "is better; give --mode min or --mode max\n")
+    assert main(["show", str(tmp_path / "q2"), "best", "--metric", "quality",
+                 "--mode", "max"]) == 0
