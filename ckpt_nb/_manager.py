@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import fcntl
 import gc
 import hashlib
@@ -335,6 +336,8 @@ class CheckpointManager:
         self._told_blocked = False  # retention said gc is stopped by a damaged checkpoint
         self._told_not_caught_up = False  # a read said another catalog's writes went unread
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
+        self._told_unranked = False  # retention said no checkpoint logs keep_best's metric
+        self._told_never_best = False  # a save said it logs metrics, but not the one ranked
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
         # Told a wait for another process's lock (``_wait_for``), then None once it is
@@ -1015,8 +1018,20 @@ class CheckpointManager:
                    "scaler": scaler, **statefuls}
         objects = {k: v for k, v in objects.items() if v is not None}
         state = self.capture(objects, metrics=metrics, extra=extra, rng=rng)
+        self._warn_never_best(state.metrics)
         return self.save_state(state, epoch=epoch, batch_idx=batch_idx, step=step,
                                metrics=metrics, strategy=strategy, note=note, progress=progress)
+
+    def _warn_never_best(self, metrics: Mapping[str, float]) -> None:
+        """Say, once per manager, that a save logs metrics but not the one this manager
+        ranks by: that checkpoint is never "best" (a misspelt ``metric=``)."""
+        if self.metric is None or not self._ranks_its_saves() or not metrics \
+                or self.metric in metrics or self._told_never_best:
+            return
+        self._told_never_best = True
+        warn(f"this save logs {', '.join(map(repr, sorted(metrics)))} but not {self.metric!r}, "
+             f"the metric{' keep_best' if self.keep_best else ''} ranks by: this checkpoint "
+             f"is never 'best'{_did_you_mean(self.metric, metrics)}", RuntimeWarning)
 
     def capture(self, objects: Mapping[str, Any], *, metrics: Mapping[str, float] | None = None,
                 extra: Mapping[str, Any] | None = None,
@@ -2429,6 +2444,12 @@ class CheckpointManager:
         ours = rows if among is None else [r for r in rows if r.id in among]
         best = set(self._best(ours, self.keep_best)) if self.keep_best else set()
         protected |= best
+        # keep_best by a metric no checkpoint it ranks carries (a misspelt one) deletes
+        # none: it would keep the newest alone, deleting the best models of the run.
+        unranked = self.keep_best is not None and \
+            not any(self.metric in r.metrics for r in ours)
+        if unranked:
+            self._warn_unranked(ours)
         # A damaged manifest stops gc (its chunks may lie in any pack), as does one of a
         # newer format: checkpoints that retention deletes then free no room, and a byte
         # budget would delete them all.
@@ -2436,7 +2457,8 @@ class CheckpointManager:
                          if key.startswith("manifests/"))
         # keep_best alone deletes all but the best; beside a byte budget it only keeps
         # them, and the budget says how many others stay.
-        if self.max_to_keep is not None or self.keep_best is not None and self.max_bytes is None:
+        if self.max_to_keep is not None or \
+                self.keep_best is not None and self.max_bytes is None and not unranked:
             staying = protected | ({r.id for r in ours[-self.max_to_keep:]}
                                    if self.max_to_keep else set())
             doomed = [r.id for r in ours if r.id not in staying]
@@ -2483,6 +2505,18 @@ class CheckpointManager:
                      "or unpin or delete checkpoints (or lower keep_best)", RuntimeWarning)
         elif blocked and len(rows) > len(self.catalog.checkpoints()):
             self._warn_blocked(blocked)
+
+    def _warn_unranked(self, rows: list[CheckpointRow]) -> None:
+        """Say, once per manager, that ``keep_best`` keeps every checkpoint for want of
+        its metric, where the saves log others: a typo's, which no later error names."""
+        logged = {name for r in rows for name in r.metrics}
+        if not logged or self._told_unranked:
+            return
+        self._told_unranked = True
+        warn(f"keep_best={self.keep_best} ranks by {self.metric!r}, which no checkpoint "
+             f"logs, so retention deletes none by it until one does; "
+             f"{metrics_logged(logged)}{_did_you_mean(str(self.metric), logged)}",
+             RuntimeWarning)
 
     def _oldest_that_may_free(self, deletable: list[CheckpointRow], excess: int) -> list[str]:
         """The ids of the fewest of ``deletable`` (oldest first) that deleted together may
@@ -3417,6 +3451,12 @@ def _ranking_mode(metric: str | None, mode: str | None) -> str:
         raise ValueError(f"metric={metric!r}: its name does not say whether a lower or a "
                          f"higher {metric} is better; give mode=\"min\" or mode=\"max\"")
     return named
+
+
+def _did_you_mean(metric: str, logged: Iterable[str]) -> str:
+    """"; did you mean metric='val_loss'?" for the logged name closest to a misspelt one."""
+    close = difflib.get_close_matches(metric, sorted(logged), n=1)
+    return f"; did you mean metric={close[0]!r}?" if close else ""
 
 
 def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:

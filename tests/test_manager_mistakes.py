@@ -1,0 +1,55 @@
+"""A newcomer's slips with ``CheckpointManager``: each is refused by name, or warned of,
+before it costs a checkpoint. Real stores, real modules and optimizers, real sessions."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckpt_nb
+from ckpt_nb import CheckpointManager
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")
+
+LOSSES = (0.9, 0.2, 0.5, 0.7)
+
+
+def test_keep_best_by_a_metric_no_save_logs_deletes_none_and_says_the_likely_one(
+        tmp_path: Path) -> None:
+    """metric="val_los" (the saves log val_loss), keep_best=2: every checkpoint but the
+    newest was deleted, the 0.2 model among them, without a word."""
+    model = torch.nn.Linear(4, 2)
+    with CheckpointManager(tmp_path, keep_best=2, metric="val_los", mode="min") as mgr:
+        with pytest.warns(RuntimeWarning) as said:
+            ids = [mgr.save(model, epoch=i, metrics={"val_loss": v})
+                   for i, v in enumerate(LOSSES)]
+        assert list(mgr.list()["id"]) == ids
+    assert [str(w.message) for w in said] == [
+        "this save logs 'val_loss' but not 'val_los', the metric keep_best ranks by: this "
+        "checkpoint is never 'best'; did you mean metric='val_loss'?",
+        "keep_best=2 ranks by 'val_los', which no checkpoint logs, so retention deletes none "
+        "by it until one does; the metrics logged are: val_loss; did you mean "
+        "metric='val_loss'?"]  # (once each per manager)
+    with CheckpointManager(tmp_path, keep_best=2, metric="val_loss") as mgr:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (the metric logged: the documented rule)
+            mgr.save(model, epoch=4, metrics={"val_loss": 0.8})
+        assert list(mgr.list()["val_loss"]) == [0.2, 0.5, 0.8]
+
+
+def test_a_sessions_keep_best_by_a_metric_never_logged_deletes_none(tmp_path: Path) -> None:
+    """--on val_los:min --keep-best 2 in a cell logging val_loss deleted every checkpoint
+    but the newest as the run went; the end line said only that --on never fired."""
+    ns = {"model": torch.nn.Linear(4, 2)}
+    with pytest.warns(RuntimeWarning, match="keep_best=2 ranks by 'val_los', which no "
+                                            "checkpoint logs"):
+        with ckpt_nb.auto(tmp_path, namespace=ns, on=("val_los", "min"), keep_best=2,
+                          name="x", track=["model"], sync=True) as session:
+            for loss in LOSSES:
+                ckpt_nb.log(val_loss=loss)
+                session.save(wait=True)
+    with CheckpointManager(tmp_path) as mgr:
+        assert sorted(mgr.list()["val_loss"]) == sorted(LOSSES)
