@@ -219,6 +219,13 @@ def warnings_worded(api: str, words: str) -> Iterator[None]:
         WARNING_WORDS.reset(token)
 
 
+def check_flag(name: str, value: object) -> None:
+    """Refuse a flag that is not True or False: a string is true, so ``trust_pickle="no"``
+    (from a config file, argparse) would unpickle, and ``strict="no"`` be strict."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} takes True or False, not {value!r}")
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn at the first line outside ckpt_nb on the stack (the user's call), however deep
     inside the package the warning starts: a fixed ``stacklevel`` points into ckpt_nb

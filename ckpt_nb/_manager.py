@@ -47,8 +47,8 @@ from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, Chu
 from ._diff_values import ValueDiff, ValueSide
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
-                      StateMismatchError, StoreError, StoreFormatError, metrics_logged,
-                      too_far_back, warn)
+                      StateMismatchError, StoreError, StoreFormatError, check_flag,
+                      metrics_logged, too_far_back, warn)
 from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, id_of, is_deletion_key, is_pack_key, is_run_key,
                       label_key, manifest_key, new_deletion_key, pickle_problem, read_pack_index,
@@ -301,6 +301,7 @@ class CheckpointManager:
     ) -> None:
         _check_choice("strategy", strategy, STRATEGIES)
         mode = _ranking_mode(metric, mode)
+        check_flag("durable", durable)
         _check_choice("codec", codec, codec_names())
         for name, value in (("max_to_keep", max_to_keep), ("keep_best", keep_best),
                             ("full_every", full_every), ("max_bytes", max_bytes)):
@@ -1042,6 +1043,10 @@ class CheckpointManager:
         With ``copy_tensors`` the state owns its bytes, so training may go on while
         a background thread saves it. ``rng`` may be an RNG state taken earlier.
         """
+        if not isinstance(rng, Mapping):
+            check_flag("rng", rng)
+        if not isinstance(copy_tensors, SnapshotBuffers):
+            check_flag("copy_tensors", copy_tensors)
         clash = RESERVED & set(objects)
         if clash:
             raise ValueError(f"{sorted(clash)} name checkpoint fields, restore()'s options or "
@@ -1743,6 +1748,8 @@ class CheckpointManager:
         not fit, with nothing changed. A Ctrl-C while it reads changes nothing; one while
         it puts the state in is held until all of it is in, then raised.
         """
+        for flag, value in (("rng", rng), ("strict", strict), ("trust_pickle", trust_pickle)):
+            check_flag(flag, value)
         targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
         targets = {k: v for k, v in targets.items() if v is not None}
@@ -1848,6 +1855,8 @@ class CheckpointManager:
         refusing them); in the objects named in ``needed`` they raise instead. A file's
         path reads that file, as ``restore`` does.
         """
+        check_flag("trust_pickle", trust_pickle)
+        check_flag("tell_pickles", tell_pickles)
         path = os.fspath(which)
         if self._names_a_file(path):
             from ._interop import out_of_file, read_file
@@ -2319,6 +2328,7 @@ class CheckpointManager:
     # -- pins, deletes, retention ---------------------------------------------------------------
     def pin(self, which: str, pinned: bool = True) -> str:
         """Protect a checkpoint from retention (``pinned=False`` releases it)."""
+        check_flag("pinned", pinned)
         with self._exclusive():  # (not between another process's pinned check and delete)
             self._catch_up()
             cid = self._resolve(which)
@@ -2390,6 +2400,7 @@ class CheckpointManager:
         are read first, then deleted in one pass (none where one is unknown or pinned);
         that returns their ids. It frees what the deleted checkpoints alone held, work in
         proportion to them; ``gc()`` sweeps the whole store (a killed save's leftovers)."""
+        check_flag("force", force)
         named = (which, *more)
         with self._exclusive(), _said_as_stopped(
                 f"delete of {', '.join(named)}", "the other checkpoints are as they were; "
@@ -3035,6 +3046,7 @@ class CheckpointManager:
         """
         from ._interop import check_export_path, write_file
 
+        check_flag("trust_pickle", trust_pickle)
         check_export_path(path)
         return write_file(self._read_for_export(which, trust_pickle=trust_pickle,
                                                progress=progress), path, only=only)
@@ -3058,6 +3070,7 @@ class CheckpointManager:
         """Bring a torch.save (or safetensors) checkpoint into the store; returns its id."""
         from ._interop import read_file
 
+        check_flag("trust_pickle", trust_pickle)
         ck = read_file(path, trust_pickle=trust_pickle)
         holders = {name: _StateHolder(state) for name, state in ck.state.items()}
         extra, rng = dict(ck.extra), ck.rng

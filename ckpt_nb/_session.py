@@ -66,7 +66,7 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIte
                          warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, ParameterOrderError, StateMismatchError,
-                      UntrustedPickleError, tell, warn, warnings_worded)
+                      UntrustedPickleError, check_flag, tell, warn, warnings_worded)
 from ._format import RUN_KEY, is_count, run_key
 from ._metric_names import metric_mode_from_name
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
@@ -3852,8 +3852,7 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     and says so; one while a temporary session closes after the state went back is taken
     once it is closed, saying the rollback finished."""
     ranking = _rollback_ranking(which, on)
-    if not isinstance(trust_pickle, bool):  # ("no" would trust: a string is true)
-        raise TypeError(f"trust_pickle takes True or False, not {trust_pickle!r}")
+    check_flag("trust_pickle", trust_pickle)
     with RestoreInterrupts("rollback") as interrupts, _session_for(directory, namespace) \
             as session, warnings_worded(*_RANK_BY_ANOTHER):
         _refuse_unranked_best(session, which, ranking)

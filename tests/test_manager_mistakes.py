@@ -53,3 +53,49 @@ def test_a_sessions_keep_best_by_a_metric_never_logged_deletes_none(tmp_path: Pa
                 session.save(wait=True)
     with CheckpointManager(tmp_path) as mgr:
         assert sorted(mgr.list()["val_loss"]) == sorted(LOSSES)
+
+
+class Boom:
+    """A value whose unpickling runs code: it must never be unpickled untrusted."""
+    ran = False
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return Boom.mark, ()
+
+    @staticmethod
+    def mark() -> None:
+        Boom.ran = True
+
+
+def test_a_flag_that_is_not_a_bool_is_refused_and_no_pickle_runs(tmp_path: Path) -> None:
+    """trust_pickle="no" (from a config file) is true, and unpickled the store's code in
+    restore, load and import_file; strict="no" was strict, rng="yes" taken."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path / "store") as mgr:
+        cid = mgr.save(model, extra={"obj": Boom()})
+        Boom.ran = False
+        exported = mgr.export(cid, tmp_path / "x.safetensors", trust_pickle=True)
+        Boom.ran = False
+        calls = {
+            "trust_pickle": [lambda v: mgr.restore(cid, model=model, trust_pickle=v),
+                             lambda v: mgr.load(cid, trust_pickle=v),
+                             lambda v: mgr.load(exported, trust_pickle=v),
+                             lambda v: mgr.import_file(exported, trust_pickle=v),
+                             lambda v: mgr.export(cid, tmp_path / "y.pt", trust_pickle=v)],
+            "strict": [lambda v: mgr.restore(cid, model=model, strict=v)],
+            "rng": [lambda v: mgr.restore(cid, model=model, rng=v),
+                    lambda v: mgr.save(model, rng=v)],
+            "copy_tensors": [lambda v: mgr.capture({"model": model}, copy_tensors=v)],
+            "force": [lambda v: mgr.delete(cid, force=v)],
+            "pinned": [lambda v: mgr.pin(cid, v)],
+        }
+        for flag, uses in calls.items():
+            for use in uses:
+                for value in ("no", "False", 0, None):
+                    with pytest.raises(TypeError) as refused:
+                        use(value)
+                    assert str(refused.value) == f"{flag} takes True or False, not {value!r}"
+        assert not Boom.ran and len(mgr.list()) == 1  # (nothing saved, pinned nor deleted)
+        assert not mgr.list()["pinned"].any()
+    with pytest.raises(TypeError, match="durable takes True or False, not 'no'"):
+        CheckpointManager(tmp_path / "other", durable="no")  # type: ignore[arg-type]
