@@ -1736,7 +1736,8 @@ class CheckpointManager:
         ``which`` is "latest" (the newest that verifies), "best", "-N", an id, or
         the path of a file ``import_file`` reads (.pt, .pth, .bin, .ckpt or .safetensors,
         in any case). Objects not passed stay in
-        ``Checkpoint.state``; ``rng=False`` leaves the random generators alone.
+        ``Checkpoint.state``, with a warning naming them; ``rng=False`` leaves the random
+        generators alone.
         ``strict=False`` lets a module take a state with missing or unexpected keys
         (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit, and
         keys the live module ties (tensors sharing memory) take no different values (a
@@ -1794,6 +1795,8 @@ class CheckpointManager:
                 raise
             for name in targets:
                 ck.state.pop(name)
+            if ck.state:
+                _warn_left_out(ck)
             if from_file:  # (the live objects now descend from no checkpoint: a new root next)
                 self.head = None
             elif self.catalog.get(ck.id) is not None:
@@ -3410,6 +3413,19 @@ def _sizes(shape: Any) -> tuple[int, ...]:
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise ValueError(f"{shape!r} is not a list of sizes")
     return tuple(shape)
+
+
+def _warn_left_out(ck: Checkpoint) -> None:
+    """Name the saved objects a restore did not put back: an EMA model, a generator or a
+    scheduler left out of the call stays as freshly built, and the run goes on from
+    another state than the one saved, without a word."""
+    kinds = {name: ck.kinds.get(name, "") for name in ck.state}  # (a file's: none known)
+    held = ", ".join(f"{name} ({kind.rpartition('.')[2]})" if "." in kind else name
+                     for name, kind in kinds.items())
+    them = "it" if len(ck.state) == 1 else "them"
+    warn(f"checkpoint {ck.id} also holds {held}, not restored: "
+         f"{'it is' if len(ck.state) == 1 else 'they are'} in ck.state; pass {them} by "
+         f"keyword to restore {them} (restore(..., {next(iter(ck.state))}=...))")
 
 
 def _undescribed(cid: str, exc: Exception) -> CorruptCheckpointError:

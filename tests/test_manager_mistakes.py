@@ -99,3 +99,26 @@ def test_a_flag_that_is_not_a_bool_is_refused_and_no_pickle_runs(tmp_path: Path)
         assert not mgr.list()["pinned"].any()
     with pytest.raises(TypeError, match="durable takes True or False, not 'no'"):
         CheckpointManager(tmp_path / "other", durable="no")  # type: ignore[arg-type]
+
+
+def test_a_restore_names_the_saved_objects_it_leaves_out(tmp_path: Path) -> None:
+    """The README saved ema=ema and restored without it: the EMA and a generator stayed
+    as freshly built, and a scheduler left out restarted its schedule, without a word."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1.0 / (1 + e))
+    ema = torch.optim.swa_utils.AveragedModel(model)
+    with CheckpointManager(tmp_path / "store") as mgr:
+        cid = mgr.save(model, optimizer, 0, scheduler=sched, ema=ema)
+        with pytest.warns(UserWarning) as said:
+            ck = mgr.restore(cid, model=model, optimizer=optimizer)
+        assert [str(w.message) for w in said] == [
+            f"checkpoint {cid} also holds scheduler (LambdaLR), ema (AveragedModel), not "
+            "restored: they are in ck.state; pass them by keyword to restore them "
+            "(restore(..., scheduler=...))"]
+        assert list(ck.state) == ["scheduler", "ema"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (all put back: nothing to say)
+            mgr.restore(cid, model=model, optimizer=optimizer, scheduler=sched, ema=ema)
+            mgr.export(cid, tmp_path / "model.pt", only="model")
+            mgr.restore(tmp_path / "model.pt", model=model)  # (a file holding the model alone)
