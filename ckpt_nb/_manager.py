@@ -339,6 +339,7 @@ class CheckpointManager:
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._told_unranked = False  # retention said no checkpoint logs keep_best's metric
         self._told_never_best = False  # a save said it logs metrics, but not the one ranked
+        self._told_stray: set[str] = set()  # optimizers a save said step no saved module
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
         # Told a wait for another process's lock (``_wait_for``), then None once it is
@@ -1015,11 +1016,22 @@ class CheckpointManager:
         if progress is not None and hasattr(progress, "state_dict"):
             raise CaptureError("progress= takes a callback, progress(done, total), not a "
                             "Stateful: give the object another keyword (e.g. tracker=...)")
+        _refuse_mixed_up(model, optimizer, scheduler)
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
         objects = {k: v for k, v in objects.items() if v is not None}
+        if not objects and not extra and not metrics:
+            raise ValueError("save() was given nothing to save: pass the model and optimizer "
+                             "(save(model, optimizer, epoch)), any other object by keyword "
+                             "(ema=ema), or values in extra= or metrics=")
         state = self.capture(objects, metrics=metrics, extra=extra, rng=rng)
         self._warn_never_best(state.metrics)
+        for name in set(_optimizers_off_the_modules(objects)) - self._told_stray:
+            self._told_stray.add(name)  # (once per manager: each save would say it again)
+            warn(f"{name} steps parameters that no module saved with it holds: if the "
+                 f"training uses it, re-create it on the model's parameters ({name} = "
+                 f"torch.optim.SGD(model.parameters(), ...)) after `model = ...` ran again, "
+                 "or the model never trains")
         return self.save_state(state, epoch=epoch, batch_idx=batch_idx, step=step,
                                metrics=metrics, strategy=strategy, note=note, progress=progress)
 
@@ -3413,6 +3425,42 @@ def _sizes(shape: Any) -> tuple[int, ...]:
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise ValueError(f"{shape!r} is not a list of sizes")
     return tuple(shape)
+
+
+def _refuse_mixed_up(model: Any, optimizer: Any, scheduler: Any) -> None:
+    """Refuse a save's objects in each other's places (``save(optimizer, model)``, an
+    optimizer as the scheduler): saved so, the swap shows only at restore, as missing and
+    unexpected keys. Only what is surely not the place's: any other Stateful goes."""
+    for place, value, wrong in (("model", model, torch.optim.Optimizer),
+                                ("optimizer", optimizer, torch.nn.Module),
+                                ("scheduler", scheduler, (torch.optim.Optimizer,
+                                                          torch.nn.Module))):
+        if isinstance(value, wrong):
+            kind = "an optimizer" if isinstance(value, torch.optim.Optimizer) else "a module"
+            raise TypeError(f"save()'s {place} is {kind} ({type(value).__name__}): were the "
+                            "objects given in another order? save(model, optimizer, epoch, "
+                            "scheduler=...) takes the model first; nothing was saved")
+
+
+def _optimizers_off_the_modules(objects: Mapping[str, Any]) -> list[str]:
+    """The optimizers among ``objects`` that step parameters of none of its modules, but
+    shaped as one module's are: ``model = ...`` ran again, the optimizer's line not, so it
+    steps the old model's parameters (as the magics' own check says). One for a part not
+    saved (a discriminator) is shaped otherwise, and left alone."""
+    modules = [obj for obj in objects.values() if isinstance(obj, torch.nn.Module)]
+    held = {id(p) for module in modules for p in module.parameters()}
+    stray = []
+    for name, obj in objects.items():
+        if not isinstance(obj, torch.optim.Optimizer):
+            continue
+        params = [p for group in obj.param_groups for p in group["params"]]
+        if not params or any(id(p) in held for p in params):
+            continue
+        shapes = Counter(tuple(p.shape) for p in params)
+        if any(not shapes - Counter(tuple(p.shape) for p in module.parameters())
+               for module in modules):
+            stray.append(name)
+    return stray
 
 
 def _warn_left_out(ck: Checkpoint) -> None:

@@ -122,3 +122,55 @@ def test_a_restore_names_the_saved_objects_it_leaves_out(tmp_path: Path) -> None
             mgr.restore(cid, model=model, optimizer=optimizer, scheduler=sched, ema=ema)
             mgr.export(cid, tmp_path / "model.pt", only="model")
             mgr.restore(tmp_path / "model.pt", model=model)  # (a file holding the model alone)
+
+
+def test_a_save_refuses_objects_in_each_others_places_and_an_empty_one(
+        tmp_path: Path) -> None:
+    """save(optimizer, model) stored an SGD as the model, scheduler=optimizer an optimizer
+    as the scheduler, and save() a checkpoint of RNG state alone: all without a word."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    with CheckpointManager(tmp_path) as mgr:
+        for call, said in (
+                (lambda: mgr.save(optimizer, model, 1), "save()'s model is an optimizer (SGD)"),
+                (lambda: mgr.save(model, model), "save()'s optimizer is a module (Linear)"),
+                (lambda: mgr.save(model, optimizer, scheduler=optimizer),
+                 "save()'s scheduler is an optimizer (SGD)"),
+                (lambda: mgr.save(model, optimizer, scheduler=model),
+                 "save()'s scheduler is a module (Linear)")):
+            with pytest.raises(TypeError) as refused:
+                call()
+            assert str(refused.value) == (
+                f"{said}: were the objects given in another order? save(model, optimizer, "
+                "epoch, scheduler=...) takes the model first; nothing was saved")
+        for empty in (lambda: mgr.save(), lambda: mgr.save(None, None, 2)):
+            with pytest.raises(ValueError, match="save.. was given nothing to save: pass the "
+                                                 "model and optimizer"):
+                empty()
+        assert len(mgr.list()) == 0
+        mgr.save(model, optimizer, scheduler=sched)  # (the right places)
+        mgr.save(epoch=1, extra={"note": "data only"})  # (values alone are a save)
+        assert len(mgr.list()) == 2
+
+
+def test_a_save_says_its_optimizer_steps_a_model_made_anew(tmp_path: Path) -> None:
+    """The model cell run again, the optimizer's not: the optimizer steps the old model's
+    parameters and save(model, opt) said nothing, where the magics warn."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = torch.nn.Linear(4, 2)
+    with CheckpointManager(tmp_path) as mgr:
+        with pytest.warns(UserWarning) as said:
+            mgr.save(model, optimizer, 0)
+            mgr.save(model, optimizer, 1)  # (once per manager)
+        assert [str(w.message) for w in said] == [
+            "optimizer steps parameters that no module saved with it holds: if the training "
+            "uses it, re-create it on the model's parameters (optimizer = "
+            "torch.optim.SGD(model.parameters(), ...)) after `model = ...` ran again, or the "
+            "model never trains"]
+        other = torch.optim.SGD(torch.nn.Linear(3, 3).parameters(), lr=0.1)  # (a part unsaved)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            mgr.save(model, torch.optim.SGD(model.parameters(), lr=0.1), 2, gan_opt=other)
+
