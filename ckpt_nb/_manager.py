@@ -1076,7 +1076,7 @@ class CheckpointManager:
             if not isinstance(obj, Stateful):
                 raise TypeError(f"{name}: {type(obj).__name__} has no state_dict() / "
                                 "load_state_dict(); pass it in extra= if it is plain data")
-        measured = {key: as_metric(key, value) for key, value in (metrics or {}).items()}
+        measured = {key: as_metric(key, value) for key, value in _metric_items(metrics)}
         with collector_paused():
             for name, obj in objects.items():
                 tree[name] = obj.state_dict()
@@ -1116,7 +1116,7 @@ class CheckpointManager:
         strategy = strategy or self.strategy
         _check_choice("strategy", strategy, STRATEGIES)
         metrics = {k: as_metric(k, v)
-                   for k, v in (state.metrics if metrics is None else metrics).items()}
+                   for k, v in _metric_items(state.metrics if metrics is None else metrics)}
         if not isinstance(note, str):
             raise TypeError(f"note must be a string, not {note!r}")
         with self._saving(), self._exclusive(), collector_paused():
@@ -3461,6 +3461,17 @@ def _optimizers_off_the_modules(objects: Mapping[str, Any]) -> list[str]:
                for module in modules):
             stray.append(name)
     return stray
+
+
+def _metric_items(metrics: Any) -> Iterable[tuple[Any, Any]]:
+    """The (name, value) pairs of ``metrics``, refused with what to give where it is not a
+    dict (``metrics=[0.5]`` failed inside ckpt_nb, an AttributeError)."""
+    if metrics is None:
+        return ()
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a dict of name -> number (metrics={{'val_loss': "
+                        f"0.31}}), not {type(metrics).__name__} {reprlib.repr(metrics)}")
+    return metrics.items()
 
 
 def _warn_left_out(ck: Checkpoint) -> None:

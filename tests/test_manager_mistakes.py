@@ -174,3 +174,20 @@ def test_a_save_says_its_optimizer_steps_a_model_made_anew(tmp_path: Path) -> No
             warnings.simplefilter("error")
             mgr.save(model, torch.optim.SGD(model.parameters(), lr=0.1), 2, gan_opt=other)
 
+
+@pytest.mark.parametrize("metrics", [[0.5], 0.5, "val_loss"])
+def test_metrics_that_are_not_a_dict_are_refused_by_name(tmp_path: Path,
+                                                         metrics: object) -> None:
+    """metrics=[0.5] raised an AttributeError from inside ckpt_nb ('list' object has no
+    attribute 'items'), where extra=[1, 2] said what to give."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path) as mgr:
+        for call in (lambda: mgr.save(model, metrics=metrics),
+                     lambda: mgr.capture({"model": model}, metrics=metrics),
+                     lambda: mgr.save_state(mgr.capture({"model": model}), metrics=metrics)):
+            with pytest.raises(TypeError) as refused:
+                call()  # type: ignore[no-untyped-call]
+            assert str(refused.value).startswith(
+                "metrics must be a dict of name -> number (metrics={'val_loss': 0.31}), not "
+                f"{type(metrics).__name__} ")
+        assert len(mgr.list()) == 0
