@@ -181,6 +181,10 @@ class LocalStore(Store):
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            blocking = next((p for p in (self.root, *self.root.parents) if p.is_file()), None)
+            if blocking is not None:  # (said as %ckpt_list and explore() say it)
+                raise StoreError(f"{blocking} is a file: give a directory, the folder a "
+                                 "CheckpointManager saves its checkpoints into") from None
             raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
         _refuse_links(self.root)
 

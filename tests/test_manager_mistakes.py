@@ -191,3 +191,17 @@ def test_metrics_that_are_not_a_dict_are_refused_by_name(tmp_path: Path,
                 "metrics must be a dict of name -> number (metrics={'val_loss': 0.31}), not "
                 f"{type(metrics).__name__} ")
         assert len(mgr.list()) == 0
+
+
+def test_a_store_path_that_is_a_file_is_refused_as_such(tmp_path: Path) -> None:
+    """CheckpointManager("afile") said "cannot create store directory ...: [Errno 17] File
+    exists", where %ckpt_list and explore() say it is a file."""
+    (tmp_path / "afile").write_text("notes")
+    for directory in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        for opening in (CheckpointManager, ckpt_nb.open_store):
+            with pytest.raises(ckpt_nb.StoreError) as refused:
+                opening(directory)
+            assert str(refused.value) == (
+                f"{tmp_path / 'afile'} is a file: give a directory, the folder a "
+                "CheckpointManager saves its checkpoints into")
+    assert (tmp_path / "afile").read_text() == "notes"
