@@ -299,6 +299,9 @@ class CheckpointManager:
         durable: bool = True,
         catalog: str | os.PathLike[str] | None = None,
     ) -> None:
+        if not isinstance(directory, (str, os.PathLike, Store)):
+            raise TypeError(f"directory must be a folder's path or a store URL "
+                            f"(CheckpointManager('runs/exp1')), not {directory!r}")
         _check_choice("strategy", strategy, STRATEGIES)
         mode = _ranking_mode(metric, mode)
         check_flag("durable", durable)
@@ -1617,7 +1620,7 @@ class CheckpointManager:
     def _resolve(self, which: str, ranking: tuple[str, str] | None = None) -> str:
         """``resolve`` against the catalog as it stands (the caller caught up); "best" by
         ``ranking`` where one is given, else by the manager's own."""
-        which = str(which)
+        _check_which(which)
         back = 0 if which == "latest" else \
             int(which[1:]) if which.startswith("-") and which[1:].isdigit() else None
         if back is not None:
@@ -1766,9 +1769,7 @@ class CheckpointManager:
         targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
         targets = {k: v for k, v in targets.items() if v is not None}
-        if not isinstance(which, (str, os.PathLike)):
-            raise TypeError(f"which must be \"latest\", \"best\", \"-N\", a checkpoint id or the "
-                            f"path of a .pt / .safetensors file, not {which!r}")
+        _check_which(which, files=True)
         with RestoreInterrupts("restore") as interrupts:  # (Ctrl-C: all or nothing)
             path = os.fspath(which)
             from_file = self._names_a_file(path)
@@ -1872,6 +1873,7 @@ class CheckpointManager:
         """
         check_flag("trust_pickle", trust_pickle)
         check_flag("tell_pickles", tell_pickles)
+        _check_which(which, files=True)
         path = os.fspath(which)
         if self._names_a_file(path):
             from ._interop import out_of_file, read_file
@@ -2417,6 +2419,11 @@ class CheckpointManager:
         proportion to them; ``gc()`` sweeps the whole store (a killed save's leftovers)."""
         check_flag("force", force)
         named = (which, *more)
+        for one in named:
+            if isinstance(one, (list, tuple, set)):
+                raise TypeError("delete() takes checkpoint ids as separate arguments: "
+                                "delete(*ids), not a list of them")
+            _check_which(one)
         with self._exclusive(), _said_as_stopped(
                 f"delete of {', '.join(named)}", "the other checkpoints are as they were; "
                 "where it is still listed, its deletion may be recorded, which the next gc "
@@ -3062,6 +3069,7 @@ class CheckpointManager:
         from ._interop import check_export_path, write_file
 
         check_flag("trust_pickle", trust_pickle)
+        _check_file_path("export", path)
         check_export_path(path)
         return write_file(self._read_for_export(which, trust_pickle=trust_pickle,
                                                progress=progress), path, only=only)
@@ -3086,6 +3094,7 @@ class CheckpointManager:
         from ._interop import read_file
 
         check_flag("trust_pickle", trust_pickle)
+        _check_file_path("import_file", path)
         ck = read_file(path, trust_pickle=trust_pickle)
         holders = {name: _StateHolder(state) for name, state in ck.state.items()}
         extra, rng = dict(ck.extra), ck.rng
@@ -3425,6 +3434,23 @@ def _sizes(shape: Any) -> tuple[int, ...]:
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise ValueError(f"{shape!r} is not a list of sizes")
     return tuple(shape)
+
+
+def _check_which(which: Any, *, files: bool = False) -> None:
+    """Refuse a checkpoint named by other than a string (a list of ids, a number): it
+    was read as its str(), an id no checkpoint has. ``files``: a path may name a file."""
+    if not isinstance(which, (str, os.PathLike) if files else str):
+        raise TypeError(f"which must be \"latest\", \"best\", \"-N\" or a checkpoint id"
+                        f"{' (or the path of a .pt / .safetensors file)' if files else ''}, "
+                        f"not {which!r}")
+
+
+def _check_file_path(call: str, path: Any) -> None:
+    """Refuse a file's path of another type by name (``export(cid, 5)`` said only
+    "expected str, bytes or os.PathLike object")."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{call}()'s path must be a file's path (a str or a pathlib.Path: "
+                        f"'model.pt'), not {path!r}")
 
 
 def _refuse_mixed_up(model: Any, optimizer: Any, scheduler: Any) -> None:

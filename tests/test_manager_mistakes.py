@@ -205,3 +205,31 @@ def test_a_store_path_that_is_a_file_is_refused_as_such(tmp_path: Path) -> None:
                 f"{tmp_path / 'afile'} is a file: give a directory, the folder a "
                 "CheckpointManager saves its checkpoints into")
     assert (tmp_path / "afile").read_text() == "notes"
+
+
+def test_arguments_of_the_wrong_type_are_refused_by_name(tmp_path: Path) -> None:
+    """delete([a, b]) said "sequence item 0: expected str instance, list found";
+    export(cid, 5), import_file(3) and CheckpointManager(None) said "expected str, bytes
+    or os.PathLike object", naming no argument; pin([a]) looked for the id "['...']"."""
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"directory must be a folder's path or a store URL "
+                                        r"\(CheckpointManager\('runs/exp1'\)\), not None"):
+        CheckpointManager(None)  # type: ignore[arg-type]
+    with CheckpointManager(tmp_path / "store") as mgr:
+        a, b = mgr.save(model), mgr.save(model)
+        with pytest.raises(TypeError, match=r"delete\(\) takes checkpoint ids as separate "
+                                            r"arguments: delete\(\*ids\), not a list of them"):
+            mgr.delete([a, b])  # type: ignore[arg-type]
+        for call in (lambda: mgr.delete(5), lambda: mgr.pin([a]), lambda: mgr.info(5)):
+            with pytest.raises(TypeError, match="which must be \"latest\", \"best\", \"-N\" or "
+                                                "a checkpoint id, not"):
+                call()
+        for call, name in ((lambda: mgr.export(a, 5), "export"),
+                           (lambda: mgr.import_file(3), "import_file")):
+            with pytest.raises(TypeError) as refused:
+                call()
+            assert str(refused.value) == (f"{name}()'s path must be a file's path (a str or a "
+                                          "pathlib.Path: 'model.pt'), not "
+                                          f"{5 if name == 'export' else 3}")
+        assert list(mgr.list()["id"]) == [a, b] and not mgr.list()["pinned"].any()
+        assert mgr.delete(a, b) == [a, b]  # (as separate arguments)
