@@ -97,7 +97,17 @@ class PickledValue:
 
 @dataclass
 class Checkpoint:
-    """A restored (or loaded) checkpoint: its metadata and the state not put back in place."""
+    """A restored (or loaded) checkpoint: its metadata and the state not put back in place.
+
+    ``id``, ``parent`` (None for a root) and ``branch`` place it in the store's DAG;
+    ``created`` is when it was saved (Unix time, seconds); ``step``, ``epoch`` and
+    ``batch_idx`` are the position given to ``save()`` (None where not given: after
+    ``save(model, optimizer, epoch)`` at an epoch's end, a loop goes on at ``epoch + 1``);
+    ``metrics`` the numbers logged with it, ``extra`` its other values; ``strategy``
+    "full", "incremental" or "differential"; ``note`` and ``pinned`` as ``annotate()`` and
+    ``pin()`` set them. ``state`` holds each saved object's state that was not put back
+    into a live object (all of them for ``load()``), by the name it was saved under;
+    ``rng`` the random generators' states (None where saved with ``rng=False``)."""
 
     id: str
     parent: str | None

@@ -127,3 +127,25 @@ def test_the_readme_python_api_block_runs_top_to_bottom(
         assert list(mgr.list()["note"]) == ["baseline", "imported from old.pt", ""]
     assert {p.name for p in tmp_path.iterdir()} == {
         "runs", "old.pt", "model.pt", "model.safetensors", "w.safetensors"}
+
+
+def test_the_readme_resume_loop_goes_on_after_the_epoch_saved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python API showed no resume: ck.epoch after save(model, optimizer, epoch) at an
+    epoch's end is the epoch finished, and a loop starting at ck.epoch ran it twice."""
+    import torch
+
+    block = section("Python API").split("```python\n")[2].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    with CheckpointManager("runs") as mgr:
+        for epoch in range(3):  # (the run killed after its third epoch)
+            mgr.save(model, optimizer, epoch, scheduler=sched)
+        ran: list[int] = []
+        given = {"mgr": mgr, "model": model, "optimizer": optimizer, "sched": sched,
+                 "num_epochs": 5}
+        exec(compile(block.replace("    ...", "    ran.append(epoch)"), "README.md", "exec"),
+             {**given, "ran": ran})  # noqa: S102 - our README
+    assert ran == [3, 4]
