@@ -129,7 +129,8 @@ def _main(argv: list[str]) -> int:
                 if args.metric is None and args.mode is not None and mgr.metric is not None:
                     mgr.mode = args.mode  # (--mode alone: the recorded metric's, turned)
                 if "best" in named and mgr.metric is None:  # (none given, and none recorded)
-                    say("'best' needs --metric NAME (and --mode max if higher is better): "
+                    say("'best' needs --metric NAME (and --mode where its name does not say "
+                        "whether higher is better): "
                         "no save to this store recorded a metric to rank by")
                     return 1
                 if args.mode is not None and mgr.metric is None:
