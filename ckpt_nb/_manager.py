@@ -1761,8 +1761,8 @@ class CheckpointManager:
         ``which`` is "latest" (the newest that verifies), "best", "-N", an id, or
         the path of a file ``import_file`` reads (.pt, .pth, .bin, .ckpt or .safetensors,
         in any case). Objects not passed stay in
-        ``Checkpoint.state``, with a warning naming them; ``rng=False`` leaves the random
-        generators alone.
+        ``Checkpoint.state`` (a restore that puts an optimizer back warns, naming
+        them); ``rng=False`` leaves the random generators alone.
         ``strict=False`` lets a module take a state with missing or unexpected keys
         (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit, and
         keys the live module ties (tensors sharing memory) take no different values (a
@@ -1818,7 +1818,8 @@ class CheckpointManager:
                 raise
             for name in targets:
                 ck.state.pop(name)
-            if ck.state:
+            if ck.state and any(isinstance(obj, torch.optim.Optimizer)
+                                for obj in targets.values()):
                 _warn_left_out(ck)
             if from_file:  # (the live objects now descend from no checkpoint: a new root next)
                 self.head = None
@@ -3511,12 +3512,16 @@ def _metric_items(metrics: Any) -> Iterable[tuple[Any, Any]]:
 
 
 def _warn_left_out(ck: Checkpoint) -> None:
-    """Name the saved objects a restore did not put back: an EMA model, a generator or a
-    scheduler left out of the call stays as freshly built, and the run goes on from
-    another state than the one saved, without a word."""
-    kinds = {name: ck.kinds.get(name, "") for name in ck.state}  # (a file's: none known)
-    held = ", ".join(f"{name} ({kind.rpartition('.')[2]})" if "." in kind else name
-                     for name, kind in kinds.items())
+    """Name the saved objects a restore that resumes training (it puts an optimizer
+    back) did not put back: an EMA model, a generator or a scheduler left out of the
+    call stays as freshly built, and the run goes on from another state than the one
+    saved, without a word. (A restore of a model alone, to evaluate it, is not told.)"""
+    def kind_of(name: str) -> str:
+        kind = ck.kinds.get(name, "").rpartition(".")[2]  # (a file's: none known)
+        return "Generator" if kind == "GeneratorState" else kind
+
+    held = ", ".join(f"{name} ({kind_of(name)})" if kind_of(name) else name
+                     for name in ck.state)
     them = "it" if len(ck.state) == 1 else "them"
     warn(f"checkpoint {ck.id} also holds {held}, not restored: "
          f"{'it is' if len(ck.state) == 1 else 'they are'} in ck.state; pass {them} by "

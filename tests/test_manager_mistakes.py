@@ -108,18 +108,21 @@ def test_a_restore_names_the_saved_objects_it_leaves_out(tmp_path: Path) -> None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1.0 / (1 + e))
     ema = torch.optim.swa_utils.AveragedModel(model)
+    gen = torch.Generator().manual_seed(3)
     with CheckpointManager(tmp_path / "store") as mgr:
-        cid = mgr.save(model, optimizer, 0, scheduler=sched, ema=ema)
+        cid = mgr.save(model, optimizer, 0, scheduler=sched, ema=ema, gen=gen)
         with pytest.warns(UserWarning) as said:
             ck = mgr.restore(cid, model=model, optimizer=optimizer)
         assert [str(w.message) for w in said] == [
-            f"checkpoint {cid} also holds scheduler (LambdaLR), ema (AveragedModel), not "
-            "restored: they are in ck.state; pass them by keyword to restore them "
-            "(restore(..., scheduler=...))"]
-        assert list(ck.state) == ["scheduler", "ema"]
+            f"checkpoint {cid} also holds scheduler (LambdaLR), ema (AveragedModel), gen "
+            "(Generator), not restored: they are in ck.state; pass them by keyword to "
+            "restore them (restore(..., scheduler=...))"]
+        assert list(ck.state) == ["scheduler", "ema", "gen"]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # (all put back: nothing to say)
-            mgr.restore(cid, model=model, optimizer=optimizer, scheduler=sched, ema=ema)
+            mgr.restore(cid, model=model, optimizer=optimizer, scheduler=sched, ema=ema,
+                        gen=gen)
+            mgr.restore(cid, model=model)  # (the model alone, to evaluate it: no resume)
             mgr.export(cid, tmp_path / "model.pt", only="model")
             mgr.restore(tmp_path / "model.pt", model=model)  # (a file holding the model alone)
 
