@@ -385,6 +385,7 @@ class CheckpointManager:
         save's parent."""
         self._manifests: dict[str, dict[str, Any]] = {}
         self._listeners: list[Callable[[str, str], None]] = []
+        self._retention_dropped: list[str] = []  # (told to the listeners once unlocked)
         self._delta_wins: dict[str, tuple[bool, int]] = {}  # storage -> (delta won, at save)
         # (storage, chunk index, length) -> what the last save saw there: its xxh3,
         # its digest, and, for a chunk that save wrote, the head of its bytes.
@@ -995,12 +996,20 @@ class CheckpointManager:
 
     def add_listener(self, callback: Callable[[str, str], None]) -> None:
         """Call ``callback(event, checkpoint_id)`` after each save, restore, delete, pin
-        and unpin (both the event "pin")."""
+        and unpin (both the event "pin"); retention's deletions are each a "delete",
+        after the save whose retention made them."""
         self._listeners.append(callback)
 
     def _notify(self, event: str, checkpoint_id: str) -> None:
         for callback in list(self._listeners):
             callback(event, checkpoint_id)
+
+    def _notify_retention(self) -> None:
+        """Tell the listeners of the checkpoints retention deleted (a "delete" each),
+        outside the store's lock: a listener mirroring the store would keep them."""
+        dropped, self._retention_dropped = self._retention_dropped, []
+        for cid in dropped:
+            self._notify("delete", cid)
 
     # -- save -------------------------------------------------------------------
     def save(
@@ -1190,6 +1199,7 @@ class CheckpointManager:
                      "it runs again at the next save, which frees what this one left where "
                      "it deletes a checkpoint; or call gc()", RuntimeWarning)
         self._notify("save", row.id)
+        self._notify_retention()
         return row.id
 
     def _discard_uncommitted(self, cid: str, manifest: bytes, packs: AbstractSet[str]) -> None:
@@ -2509,6 +2519,7 @@ class CheckpointManager:
             if doomed:
                 self._drop(doomed, whole_store=self._collection_failed)
                 self._collection_failed = False
+                self._retention_dropped.extend(doomed)
         if self.max_bytes is not None and self.stored_bytes() > self.max_bytes:
             if blocked:
                 self._warn_blocked(blocked)
@@ -2523,8 +2534,9 @@ class CheckpointManager:
                              if row.id not in protected and (among is None or row.id in among)]
                 if not deletable:
                     break
-                self._drop(self._oldest_that_may_free(deletable, taken - self.max_bytes),
-                           **tight)
+                oldest = self._oldest_that_may_free(deletable, taken - self.max_bytes)
+                self._drop(oldest, **tight)
+                self._retention_dropped.extend(oldest)
             if taken > self.max_bytes and not self._told_over_budget:
                 # (said once per manager, as _warn_blocked: every save would say it again)
                 self._told_over_budget = True

@@ -2124,6 +2124,7 @@ class AutoSession:
             with manager._exclusive(), contextlib.suppress(OSError):  # (next save's, else)
                 manager._catch_up()
                 manager._apply_retention(protect={end.id})
+            manager._notify_retention()
         return end_id
 
     def _same_objects(self, first: str, second: str) -> bool:

@@ -236,3 +236,26 @@ def test_arguments_of_the_wrong_type_are_refused_by_name(tmp_path: Path) -> None
                                           f"{5 if name == 'export' else 3}")
         assert list(mgr.list()["id"]) == [a, b] and not mgr.list()["pinned"].any()
         assert mgr.delete(a, b) == [a, b]  # (as separate arguments)
+
+
+@pytest.mark.parametrize("rules", [{"max_to_keep": 2}, {"keep_best": 1, "metric": "loss"},
+                                   {"max_bytes": 6_000}])
+def test_listeners_are_told_of_what_retention_deletes(tmp_path: Path, rules: dict) -> None:
+    """add_listener promises a "delete" event: retention's deletions sent none, so a
+    listener mirroring the store (the notebook's explorer, a dashboard) kept them."""
+    model = torch.nn.Linear(16, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    events: list[tuple[str, str]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the budget's: the newest alone passes it)
+        with CheckpointManager(tmp_path / "store", **rules) as mgr:
+            mgr.add_listener(lambda event, cid: events.append((event, cid)))
+            saved = []
+            for epoch in range(5):
+                with torch.no_grad():
+                    model.weight.add_(1.0)
+                saved.append(mgr.save(model, optimizer, epoch, metrics={"loss": 1.0 + epoch}))
+            kept = set(mgr.list()["id"])
+    gone = [cid for cid in saved if cid not in kept]
+    assert gone
+    assert sorted(cid for event, cid in events if event == "delete") == sorted(gone)
