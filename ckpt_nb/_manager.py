@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import decimal
 import difflib
 import fcntl
 import gc
@@ -2558,7 +2559,8 @@ class CheckpointManager:
                      f"budget (max_bytes={self.max_bytes:,}), and retention deletes nothing "
                      f"more: it keeps {', '.join(held[:6])}"
                      f"{f' and {len(held) - 6} more' if len(held) > 6 else ''}; raise max_bytes, "
-                     "or unpin or delete checkpoints (or lower keep_best)", RuntimeWarning)
+                     "or unpin or delete checkpoints"
+                     + (" (or lower keep_best)" if self.keep_best else ""), RuntimeWarning)
         elif blocked and len(rows) > len(self.catalog.checkpoints()):
             self._warn_blocked(blocked)
 
@@ -3566,6 +3568,8 @@ def as_metric(name: Any, value: Any) -> float:
         if count != 1:
             raise CaptureError(f"metric {name!r} must be one number, not {count} of them")
         value = value.item()
+    if isinstance(value, decimal.Decimal):  # (a number, though not a numbers.Real)
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise CaptureError(f"metric {name!r} must be a number, not {type(value).__name__}")
     try:

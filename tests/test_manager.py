@@ -1903,14 +1903,18 @@ def test_values_a_tree_cannot_hold_are_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_metrics_take_any_one_number_and_bad_fields_are_refused(tmp_path: Path) -> None:
+    from decimal import Decimal  # (a number though not a numbers.Real: it was refused)
+    from fractions import Fraction
+
     mgr = CheckpointManager(tmp_path / "exp", keep_best=1, metric="loss")
     model = torch.nn.Linear(2, 2)
     loss = torch.nn.functional.mse_loss(model(torch.ones(3, 2)), torch.zeros(3, 2))
     cid = mgr.save(model, metrics={"loss": loss, "acc": np.float32(0.75),
-                                   "lr": np.array([1e-3]), "epochs": np.int64(2)})
+                                   "lr": np.array([1e-3]), "epochs": np.int64(2),
+                                   "f1": Decimal("0.5"), "share": Fraction(1, 4)})
     row = mgr.list().iloc[0]
-    assert (row["loss"], row["acc"], row["lr"], row["epochs"]) == \
-        (loss.item(), 0.75, 1e-3, 2.0)
+    assert (row["loss"], row["acc"], row["lr"], row["epochs"], row["f1"], row["share"]) == \
+        (loss.item(), 0.75, 1e-3, 2.0, 0.5, 0.25)
     assert mgr.resolve("best") == cid
     for metrics, message in (({"loss": torch.ones(2)}, "one number, not 2 of them"),
                              ({"loss": "low"}, "must be a number, not str"),

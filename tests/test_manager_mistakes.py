@@ -246,8 +246,8 @@ def test_listeners_are_told_of_what_retention_deletes(tmp_path: Path, rules: dic
     model = torch.nn.Linear(16, 16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     events: list[tuple[str, str]] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (the budget's: the newest alone passes it)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")  # (the budget's: the newest alone passes it)
         with CheckpointManager(tmp_path / "store", **rules) as mgr:
             mgr.add_listener(lambda event, cid: events.append((event, cid)))
             saved = []
@@ -259,3 +259,6 @@ def test_listeners_are_told_of_what_retention_deletes(tmp_path: Path, rules: dic
     gone = [cid for cid in saved if cid not in kept]
     assert gone
     assert sorted(cid for event, cid in events if event == "delete") == sorted(gone)
+    over = [str(w.message) for w in said if "byte budget" in str(w.message)]
+    assert len(over) == ("max_bytes" in rules)
+    assert not any("keep_best" in text for text in over)  # (none to lower)
