@@ -1262,8 +1262,8 @@ class CheckpointManager:
                 # committed, its files uploaded: it stands, unchecked
                 warn(f"checkpoint {cid} is saved, but the store could not be asked whether "
                      f"its files are still there ({exc}): another machine's gc may have taken "
-                     "them meanwhile; once the store answers, verify() (`ckpt-nb verify`) "
-                     "checks it", RuntimeWarning)
+                     "them meanwhile; once the store answers, verify() (`ckpt-nb verify "
+                     f"{self.store.url}`) checks it", RuntimeWarning)
                 return
         if gone:
             self.catalog.delete_checkpoints([cid])

@@ -17,6 +17,7 @@ import io
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -94,9 +95,14 @@ def _main(argv: list[str]) -> int:
     def own(message: object) -> str:
         """The message on one line, naming the store as the user did (its URL is
         percent-encoded: file:///sp%20ace), and options as this command line spells
-        them; what a store holds may be anything."""
+        them; what a store holds may be anything. A command to paste (`ckpt-nb verify
+        URL`) names it as typed, quoted for the shell."""
         text = _cli_wording(str(message))
-        return _printable(text if store is None else text.replace(store.url, location))
+        if store is not None:
+            text = _COMMAND.sub(lambda cmd: cmd[0].replace(store.url, shlex.quote(location)),
+                                text)
+            text = text.replace(store.url, location)
+        return _printable(text)
 
     def say(message: object) -> None:
         print(f"ckpt-nb: {own(message)}", file=sys.stderr)
@@ -144,7 +150,7 @@ def _main(argv: list[str]) -> int:
                         raise
                     raise CheckpointNotFoundError(ambiguous) from exc
         except (CkptError, ValueError, ImportError) as exc:  # ImportError: s3:// sans s3fs
-            say(_advised(exc))
+            say(_advised(exc, location))
         except OSError as exc:
             say(f"{args.command} failed: {_os_reason(exc)}")
         except sqlite3.Error as exc:
@@ -211,6 +217,7 @@ _CLI_WORDS = {
 _SAFE_GLOBALS_ADVICE = re.compile(
     r", or pass (?:its class, [^,]+,|it) to torch\.serialization\.add_safe_globals")
 _API_CALL = re.compile(r"\b(gc|verify)\(\)")  # "run gc() again": `ckpt-nb gc`
+_COMMAND = re.compile(r"`ckpt-nb [^`]*`")  # a command a message gives to paste
 
 
 def _cli_wording(text: str) -> str:
@@ -221,15 +228,17 @@ def _cli_wording(text: str) -> str:
     return _SAFE_GLOBALS_ADVICE.sub("", text)
 
 
-def _advised(exc: Exception) -> str:
+def _advised(exc: Exception, location: str) -> str:
     """The error, with what to do where it is a checkpoint's damage and says nothing
-    (``checkpoint ID: chunk ... fails its checksum``)."""
+    (``checkpoint ID: chunk ... fails its checksum``): commands to paste, on the store
+    at ``location`` (as the user typed it; without it, each was a usage error)."""
     text = str(exc)
     damaged = re.match(r"checkpoint ([0-9a-f]{6,32}): ", text)
     if not isinstance(exc, CorruptCheckpointError) or damaged is None or "ckpt-nb " in text:
         return text
-    return (f"{text} (`ckpt-nb verify` names every damaged checkpoint; `ckpt-nb rm "
-            f"{damaged.group(1)}` deletes this one, or give another id)")
+    store = shlex.quote(location)
+    return (f"{text} (`ckpt-nb verify {store}` names every damaged checkpoint; `ckpt-nb rm "
+            f"{store} {damaged.group(1)}` deletes this one, or give another id)")
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -847,8 +856,9 @@ def _as_restored(mgr: CheckpointManager, which: str) -> tuple[str, str | None]:
             "verifies, as restore and export take it")
     mgr.resolve("latest")  # (an empty store: says it has no checkpoints)
     raise CorruptCheckpointError(
-        f"no checkpoint in {mgr.store.url} passes verification: `ckpt-nb verify` names "
-        "what is damaged; `ckpt-nb show` with an id shows that checkpoint as it is")
+        f"no checkpoint in {mgr.store.url} passes verification: `ckpt-nb verify "
+        f"{mgr.store.url}` names what is damaged; `ckpt-nb show {mgr.store.url} ID` shows "
+        "that checkpoint as it is")
 
 
 def _newest_verifying(mgr: CheckpointManager, progress: Any,
@@ -915,14 +925,15 @@ def _verify(mgr: CheckpointManager, args: argparse.Namespace) -> int:
         indexes = len(report.packs) - len(unreadable)
         summary += (f"; {_count(indexes, 'pack index', 'pack indexes')} "
                     f"{'is' if indexes == 1 else 'are'} damaged (the chunks read, but a "
-                    "rebuilt catalog would miss them: `ckpt-nb gc` rewrites them)")
+                    "rebuilt catalog would miss them: `ckpt-nb gc "
+                    f"{shlex.quote(args.directory)}` rewrites them)")
     if unreadable:
         needing = [cid for cid, problems in report.bad.items()
                    if any(key in p for key in unreadable for p in problems)]
         summary += (f"; {_count(len(unreadable), 'pack')} cut short or damaged "
                     f"{'holds' if len(unreadable) == 1 else 'hold'} chunks of "
-                    f"{', '.join(needing)}, which cannot be restored: `ckpt-nb rm ID` "
-                    "deletes one")
+                    f"{', '.join(needing)}, which cannot be restored: `ckpt-nb rm "
+                    f"{shlex.quote(args.directory)} ID` deletes one")
     print(summary)
     return 1
 
@@ -997,12 +1008,13 @@ def _export(mgr: CheckpointManager, args: argparse.Namespace) -> int:
                 raise
             raise CorruptCheckpointError(
                 f"{exc} ({_count(len(skipped), 'checkpoint')} tried, the newest "
-                f"{skipped[0]}): `ckpt-nb verify` names what is damaged; `ckpt-nb show` "
-                "with an id shows that checkpoint as it is") from exc
+                f"{skipped[0]}): `ckpt-nb verify {mgr.store.url}` names what is damaged; "
+                f"`ckpt-nb show {mgr.store.url} ID` shows that checkpoint as it is") from exc
     if skipped:
         more = f"; and {len(skipped) - 1} more" if len(skipped) > 1 else ""
         warnings.warn(f"skipping checkpoint {skipped[0]}{more}: 'latest' is the newest "
-                      "checkpoint that verifies (`ckpt-nb verify` names what is damaged)",
+                      f"checkpoint that verifies (`ckpt-nb verify {mgr.store.url}` names "
+                      "what is damaged)",
                       stacklevel=1)
     try:
         with _progress(f"export: writing {args.out}", bar_format="{desc}"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import struct
@@ -959,9 +960,9 @@ def test_verify_advises_gc_for_a_damaged_index_and_rm_for_a_pack_cut_short(
     assert code == 1 and bad and store.ids[0] not in bad, out
     assert out.splitlines()[-1] == (
         f"{len(bad)} of 3 checkpoints fail verification; 1 pack index is damaged (the chunks "
-        "read, but a rebuilt catalog would miss them: `ckpt-nb gc` rewrites them); 1 pack "
-        f"cut short or damaged holds chunks of {', '.join(bad)}, which cannot be restored: "
-        "`ckpt-nb rm ID` deletes one")
+        f"read, but a rebuilt catalog would miss them: `ckpt-nb gc {store.directory}` rewrites "
+        f"them); 1 pack cut short or damaged holds chunks of {', '.join(bad)}, which cannot be "
+        f"restored: `ckpt-nb rm {store.directory} ID` deletes one")
 
 
 def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> None:
@@ -1104,14 +1105,21 @@ def test_every_id_argument_says_what_it_takes(
 
 def test_a_damaged_checkpoint_error_says_what_to_do(
         store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """"checkpoint ID: chunk ... fails its checksum", and nothing more."""
+    """"checkpoint ID: chunk ... fails its checksum", and nothing more; then its advice
+    left out the store (`ckpt-nb rm ID`, a usage error): each command runs as printed,
+    the store named as typed, quoted for the shell."""
     flip_byte_in_blobs(store.packs[2])
-    code, out, err = run(capsys, "export", store.directory, store.ids[2], tmp_path / "o.pt")
+    typed = tmp_path / "my store"
+    store.directory.rename(typed)
+    code, out, err = run(capsys, "export", typed, store.ids[2], tmp_path / "o.pt")
     assert (code, out) == (1, "") and err.startswith(f"ckpt-nb: checkpoint {store.ids[2]}: ")
-    assert err.endswith(f"fails its checksum (`ckpt-nb verify` names every damaged checkpoint; "
-                        f"`ckpt-nb rm {store.ids[2]}` deletes this one, or give another id)\n")
-    assert run(capsys, "rm", store.directory, store.ids[2])[0] == 0
-    assert run(capsys, "verify", store.directory)[0] == 0
+    assert err.endswith(f"fails its checksum (`ckpt-nb verify '{typed}'` names every damaged "
+                        f"checkpoint; `ckpt-nb rm '{typed}' {store.ids[2]}` deletes this one, "
+                        "or give another id)\n")
+    verify, rm = (shlex.split(command) for command in re.findall(r"`ckpt-nb ([^`]*)`", err))
+    assert main(verify) == 1 and store.ids[2] in capsys.readouterr().out
+    assert main(rm) == 0
+    assert main(verify) == 0
 
 
 def test_help_and_usage_errors_answer_before_torch_loads() -> None:

@@ -98,8 +98,9 @@ def test_show_latest_where_none_verifies_says_so(
     for argv in (["show", tmp_path, "latest"], ["diff", tmp_path, "latest", "-1"]):
         code, out, err = run(capsys, *argv)
         assert (code, out) == (1, "") and err == (
-            f"ckpt-nb: no checkpoint in {tmp_path} passes verification: `ckpt-nb verify` "
-            "names what is damaged; `ckpt-nb show` with an id shows that checkpoint as it is\n")
+            f"ckpt-nb: no checkpoint in {tmp_path} passes verification: `ckpt-nb verify "
+            f"{tmp_path}` names what is damaged; `ckpt-nb show {tmp_path} ID` shows that "
+            "checkpoint as it is\n")
 
 
 def test_minus_n_counts_back_from_the_latest_that_verifies(
@@ -141,7 +142,8 @@ def test_export_latest_says_the_checkpoints_it_passed_over_in_one_line(
     assert len(said) == 1, [str(w.message) for w in said]
     assert re.fullmatch(f"skipping checkpoint {ids[3]}, which fails verification \\(.*\\); "
                         "and 2 more: 'latest' is the newest checkpoint that verifies "
-                        r"\(`ckpt-nb verify` names what is damaged\)", str(said[0].message))
+                        f"\\(`ckpt-nb verify {tmp_path.as_uri()}` names what is damaged\\)",
+                        str(said[0].message))
     flip_byte_in_blobs(packs[0])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (no warning a checkpoint)
@@ -149,4 +151,4 @@ def test_export_latest_says_the_checkpoints_it_passed_over_in_one_line(
     assert code == 1 and out == "" and len(err.splitlines()) == 1
     assert re.fullmatch(f"ckpt-nb: no checkpoint in {tmp_path} passes verification \\(4 "
                         f"checkpoints tried, the newest {ids[3]}, which fails verification .*"
-                        r"\): `ckpt-nb verify` names what is damaged; .*\n", err)
+                        f"\\): `ckpt-nb verify {tmp_path}` names what is damaged; .*\n", err)
