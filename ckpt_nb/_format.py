@@ -336,9 +336,12 @@ def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     if problem:
         raise CorruptCheckpointError(
             f"checkpoint {checkpoint_id}: its manifest is damaged ({problem})", checkpoint_id)
-    if manifest.get("format", 0) > MANIFEST_FORMAT:
+    if manifest.get("format", 0) > MANIFEST_FORMAT:  # (as check_format says of a store's)
         raise StoreFormatError(
-            f"checkpoint {checkpoint_id} has format {manifest['format']}: upgrade ckpt_nb"
+            f"checkpoint {checkpoint_id} has format {manifest['format']}, written by a newer "
+            f"ckpt_nb; this ckpt_nb reads up to format {MANIFEST_FORMAT}: upgrade ckpt_nb "
+            "(pip install -U ckpt_nb) to open it; the store's other checkpoints still read "
+            "('latest' skips this one)"
         )
     return manifest
 

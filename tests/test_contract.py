@@ -176,7 +176,8 @@ def test_only_a_checkpoint_holding_a_nested_tensor_needs_a_reader_of_format_4(
     monkeypatch.setattr(_format, "MANIFEST_FORMAT", 3)  # (the reader before)
     earlier = CheckpointManager(tmp_path / "s")
     assert torch.equal(earlier.load(plain).state["h"]["w"], torch.ones(3))
-    with pytest.raises(StoreFormatError, match=f"checkpoint {nested} has format 4: upgrade"):
+    with pytest.raises(StoreFormatError, match=f"checkpoint {nested} has format 4, written by a "
+                       "newer ckpt_nb; this ckpt_nb reads up to format 3: upgrade"):
         earlier.load(nested)
 
 
