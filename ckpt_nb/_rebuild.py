@@ -199,18 +199,17 @@ def _read_store(store: Store, committed: Collection[str], failed: Collection[str
     manifests.sort(key=lambda pair: (pair[0]["created_at"], pair[0]["id"]))
 
     guesses = guessed_parents((manifest["id"], manifest["branch"]) for manifest, _ in manifests)
-    counted: set[str] = set()
+    written = _written_by([(manifest["id"], manifest["created_at"], set(_refs(manifest)))
+                           for manifest, _ in manifests], copies, _pack_times(store, pack_keys))
     for manifest, blob in manifests:
         cid, branch = manifest["id"], manifest["branch"]
-        refs = [digest for storage in manifest["storages"] for digest, _ in storage["chunks"]]
+        refs = _refs(manifest)
         label = _label(store, cid, found)
         parent = manifest.get("parent")
         if parent is not None and parent not in found.refs:
             labelled = label.get("parent", parent)
             parent = labelled if labelled is None or labelled in found.refs else guesses[cid]
             found.rejoined.append(cid)
-        first_stored = set(refs) - counted
-        counted |= first_stored
         row = CheckpointRow(
             id=cid, parent=parent, branch=branch, created_at=manifest["created_at"],
             step=manifest.get("step"), epoch=manifest.get("epoch"),
@@ -218,7 +217,7 @@ def _read_store(store: Store, committed: Collection[str], failed: Collection[str
             strategy=manifest["strategy"], full_base=manifest.get("full_base"),
             chain=manifest.get("chain", 0),
             logical_bytes=sum(storage["nbytes"] for storage in manifest["storages"]),
-            stored_bytes=len(blob) + sum(chunks[d].length for d in first_stored),
+            stored_bytes=len(blob) + written.get(cid, 0),
             pinned=bool(label.get("pinned", False)),
             note=str(label.get("note", manifest.get("note", ""))),
             manifest_digest=codec.digest(blob))
@@ -239,6 +238,77 @@ def _read_store(store: Store, committed: Collection[str], failed: Collection[str
         key: times[key] + _store.GRACE_SECONDS if key in flying else None
         for key in [*pack_keys, *manifest_keys] if key not in held and key not in found.damaged}
     return found
+
+
+def _refs(manifest: dict[str, Any]) -> list[str]:
+    """The chunks a checkpoint's manifest refers to, in its storages' order."""
+    return [digest for storage in manifest["storages"] for digest, _ in storage["chunks"]]
+
+
+def _written_by(order: list[tuple[str, float, set[str]]], copies: dict[str, list[ChunkRow]],
+                times: dict[str, float] | None) -> dict[str, int]:
+    """The chunk bytes each checkpoint's save wrote, as its catalog row's stored_bytes
+    counts them: a save writes the chunks new to the store, each of which its manifest
+    refers to, into one pack of its own. ``order``: each kept checkpoint's id, start
+    (created_at) and chunks, oldest first; ``times``: when each pack was written, where
+    the store gives it on the savers' clock (``_pack_times``).
+
+    The store records no pack's writer, so this is as close as it allows: a pack is
+    charged to the oldest kept checkpoint that refers to a chunk of it, where that one
+    refers to all of them and, by ``times``, began before the pack was written; and a
+    checkpoint to the largest such pack (a save's own holds what changed; gc's
+    compaction of a deleted save's pack may leave a chunk it shares, unchanged). A pack
+    whose writer was deleted is charged to none, as the catalog charged it, but to a
+    kept checkpoint of an identical state (a rollback trained again) where ``times``
+    cannot tell it was written before that one began (an object or memory store); and
+    a pack that gc wrote (a compaction, a delta stored whole) to the oldest checkpoint
+    that uses all of its chunks, where the catalog kept the bytes on the save that
+    first wrote them."""
+    first: dict[str, int] = {}  # each chunk's oldest user, by its place in ``order``
+    for at, (_, _, refs) in enumerate(order):
+        for digest in refs:
+            first.setdefault(digest, at)
+    packs: dict[str, list[ChunkRow]] = {}
+    for rows in copies.values():
+        for row in rows:
+            packs.setdefault(row.pack, []).append(row)
+    candidates: dict[int, list[str]] = {}
+    for key, rows in packs.items():
+        digests = {row.digest for row in rows}
+        users = [first[digest] for digest in digests if digest in first]
+        if not users:
+            continue
+        at = min(users)
+        _, began, refs = order[at]
+        if digests <= refs and (times is None or key not in times
+                                or began <= times[key] + _FILE_CLOCK_LAG):
+            candidates.setdefault(at, []).append(key)
+    sizes = {key: sum(row.length for row in rows) for key, rows in packs.items()}
+    return {order[at][0]: max(sizes[key] for key in keys) for at, keys in candidates.items()}
+
+
+# How far a file's time may lag the clock a save read its start from: a file system
+# stamps a write with the kernel's coarse clock, up to a tick (1 to 10 ms) behind.
+_FILE_CLOCK_LAG = 0.02
+
+
+def _pack_times(store: Store, keys: Iterable[str]) -> dict[str, float] | None:
+    """When each pack was written, on the clock of the machine that saved it (its start,
+    created_at, is read from it): a local store's files' times, where they are finer
+    than a second. None elsewhere: an object store stamps an upload by its own clock, in
+    whole seconds, and a save takes milliseconds."""
+    root = _store.local_root(store)
+    if root is None:
+        return None
+    times: dict[str, float] = {}
+    for key in keys:
+        try:
+            times[key] = (root / key).stat().st_mtime
+        except FileNotFoundError:  # (deleted since the listing: read without it)
+            continue
+    if times and all(t.is_integer() for t in times.values()):  # (a file system's whole
+        return None  # seconds: a pack written in a save's first second seemed older)
+    return times
 
 
 def deletion_records(store: Store, pinned: Callable[[str], bool] | None = None

@@ -7,6 +7,7 @@ spoilt) the way a user or a copy would, and the store is opened again.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -89,6 +90,36 @@ def test_a_lost_catalog_is_rebuilt_with_every_checkpoint(tmp_path: Path) -> None
     assert rows.loc[new, "parent"] == after["id"].iloc[-1]
     assert rows.loc[new, "strategy"] == "incremental"  # the chain goes on from the rebuild
     assert before["id"][before["pinned"]].item() in rows.index  # retention kept the pin
+
+
+def test_a_rebuilt_catalog_charges_each_checkpoint_what_its_save_stored(
+        tmp_path: Path) -> None:
+    """A rebuild charged a chunk to the oldest kept checkpoint that uses it: the branch's
+    first, whose state a checkpoint deleted since had stored, went from its manifest's
+    size to a whole state's, and the oldest kept one from its deltas to more than its
+    logical size (a chunk that gc moved out of a deleted save's pack)."""
+    store = tmp_path / "exp"
+    mgr, _ = history(store)
+    rows = mgr.list()
+    mgr.delete(rows["id"][~rows["pinned"]].iloc[0])  # (a deletion by hand too, and its gc)
+    # The main branch's tip restored and saved again as it is, after which the tip is
+    # deleted: its pack stays, all of whose chunks the new checkpoint uses, without its
+    # save having stored any of them.
+    tip = mgr.list().query("branch == 'main'")["id"].iloc[-1]
+    run = DigitsRun(seed=5)
+    mgr.restore(tip, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+    time.sleep(0.1)  # (past how far a pack file's time may lag the clock: _FILE_CLOCK_LAG)
+    again = mgr.save(run.model, run.optimizer, 0, scheduler=run.scheduler)
+    mgr.delete(tip)
+    mgr.gc()
+    before = mgr.list().set_index("id")
+    mgr.close()
+    assert (before["stored_bytes"] <= before["logical_bytes"]).all()
+    assert before.loc[again, "stored_bytes"] < before.loc[again, "logical_bytes"] / 4
+    lose_catalog(store)
+    with pytest.warns(RuntimeWarning, match="rebuilt from the store"):
+        after = CheckpointManager(store).list().set_index("id")
+    assert after["stored_bytes"].to_dict() == before["stored_bytes"].to_dict()
 
 
 def test_a_pin_and_a_note_are_kept_in_the_store_until_their_checkpoint_goes(
