@@ -1685,7 +1685,7 @@ class CheckpointManager:
                     raise CorruptCheckpointError(
                         f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}", cid)
         if not self.catalog.newest_ids(1):
-            raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
+            raise CheckpointNotFoundError(self._no_checkpoints_yet())
         matches = self.catalog.ids_with_prefix(which) if which else []
         if len(matches) == 1:
             return matches[0]
@@ -1701,6 +1701,15 @@ class CheckpointManager:
         raise CheckpointNotFoundError(
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
+
+    def _no_checkpoints_yet(self) -> str:
+        """The refusal of a read from an empty store, naming a folder that this manager
+        made as it opened (nothing was there: a misspelt path, mostly)."""
+        made = getattr(self.store, "root", None) if getattr(self.store, "made_here", False) \
+            else None
+        return (f"the store at {self.store.url} has no checkpoints yet"
+                + (f": there was no folder {made} until this manager made it (a misspelt "
+                   "path?)" if made is not None else ""))
 
     def _follow_recorded_ranking(self) -> None:
         """Take the ranking the store records now, where this manager ranks by the
@@ -1878,7 +1887,7 @@ class CheckpointManager:
                         skipped.append(why)
                     passed_over.add(cid)
         if not self.catalog.newest_ids(1):
-            raise CheckpointNotFoundError(f"the store at {self.store.url} has no checkpoints yet")
+            raise CheckpointNotFoundError(self._no_checkpoints_yet())
         raise CorruptCheckpointError(f"no checkpoint in {self.store.url} passes verification")
 
     def load(self, which: str | os.PathLike[str] = "latest", *, trust_pickle: bool = False,

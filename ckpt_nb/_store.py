@@ -178,6 +178,9 @@ class LocalStore(Store):
         self.root = Path(root).expanduser().absolute()
         self.durable = durable
         self.url = self.root.as_uri()
+        # (a store this opening made, rather than found: a read from it names a misspelt
+        # path, where "no checkpoints yet" alone did not)
+        self.made_here = not self.root.exists()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

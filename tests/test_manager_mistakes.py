@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ckpt_nb
-from ckpt_nb import CheckpointManager
+from ckpt_nb import CheckpointManager, CheckpointNotFoundError
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")
 
@@ -262,3 +262,21 @@ def test_listeners_are_told_of_what_retention_deletes(tmp_path: Path, rules: dic
     over = [str(w.message) for w in said if "byte budget" in str(w.message)]
     assert len(over) == ("max_bytes" in rules)
     assert not any("keep_best" in text for text in over)  # (none to lower)
+
+
+def test_a_read_from_a_folder_the_manager_made_names_a_misspelt_path(tmp_path: Path) -> None:
+    """A misspelt path made an empty store there, and the restore said only "no
+    checkpoints yet": the user looked for a lost run."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path / "runs" / "exp1") as mgr:
+        mgr.save(model, epoch=0)
+    with CheckpointManager(tmp_path / "runs" / "exp_1") as typo:
+        with pytest.raises(CheckpointNotFoundError, match=(
+                r"has no checkpoints yet: there was no folder .*exp_1 until this manager "
+                r"made it \(a misspelt path\?\)")):
+            typo.restore("latest", model=model)
+    (tmp_path / "empty").mkdir()
+    with CheckpointManager(tmp_path / "empty") as found:  # (a folder that was there: as before)
+        with pytest.raises(CheckpointNotFoundError) as refused:
+            found.load("latest")
+        assert str(refused.value).endswith("has no checkpoints yet")
