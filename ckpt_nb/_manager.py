@@ -315,6 +315,9 @@ class CheckpointManager:
                             f"(CheckpointManager('runs/exp1')), not {directory!r}")
         _check_choice("strategy", strategy, STRATEGIES)
         mode = _ranking_mode(metric, mode)
+        if mode is None and not isinstance(directory, Store) and \
+                "://" not in os.fspath(directory) and not Path(directory).expanduser().exists():
+            raise _no_direction(str(metric), ())  # (no store there: none recorded it)
         check_flag("durable", durable)
         _check_choice("codec", codec, codec_names())
         for name, value in (("max_to_keep", max_to_keep), ("keep_best", keep_best),
@@ -380,6 +383,8 @@ class CheckpointManager:
         # taken again at each catch-up where a later save recorded another.
         self._ranking_taken: tuple[str, str] | None = None
         self._ranking_said = False  # (that "best" came from the record: said once)
+        if self.mode is None:  # (a metric whose name says neither way: the record's)
+            self.mode = self._recorded_mode(str(metric))
         self._follow_recorded_ranking()
         self.head: str | None = None
         """The checkpoint the live objects came from (last saved or restored): the next
@@ -1048,7 +1053,7 @@ class CheckpointManager:
                              "(save(model, optimizer, epoch)), any other object by keyword "
                              "(ema=ema), or values in extra= or metrics=")
         state = self.capture(objects, metrics=metrics, extra=extra, rng=rng)
-        self._warn_never_best(state.metrics)
+        self._warn_never_best(state.metrics, batch_idx)
         for name in set(_optimizers_off_the_modules(objects)) - self._told_stray:
             self._told_stray.add(name)  # (once per manager: each save would say it again)
             warn(f"{name} steps parameters that no module saved with it holds: if the "
@@ -1058,16 +1063,19 @@ class CheckpointManager:
         return self.save_state(state, epoch=epoch, batch_idx=batch_idx, step=step,
                                metrics=metrics, strategy=strategy, note=note, progress=progress)
 
-    def _warn_never_best(self, metrics: Mapping[str, float]) -> None:
+    def _warn_never_best(self, metrics: Mapping[str, float], batch_idx: int | None) -> None:
         """Say, once per manager, that a save logs metrics but not the one this manager
-        ranks by: that checkpoint is never "best" (a misspelt ``metric=``)."""
+        ranks by: that checkpoint is never "best" (a misspelt ``metric=``). A mid-epoch
+        save (``batch_idx`` given) is not told: its metrics are the training's, and the
+        validation metric that ranks comes with the epoch's end."""
         if self.metric is None or not self._ranks_its_saves() or not metrics \
-                or self.metric in metrics or self._told_never_best:
+                or batch_idx is not None or self.metric in metrics or self._told_never_best:
             return
         self._told_never_best = True
         warn(f"this save logs {', '.join(map(repr, sorted(metrics)))} but not {self.metric!r}, "
-             f"the metric{' keep_best' if self.keep_best else ''} ranks by: this checkpoint "
-             f"is never 'best'{_did_you_mean(self.metric, metrics)}", RuntimeWarning)
+             f"the metric {'keep_best' if self.keep_best else 'this manager'} ranks by: "
+             f"this checkpoint is never 'best'{_did_you_mean(self.metric, metrics)}",
+             RuntimeWarning)
 
     def capture(self, objects: Mapping[str, Any], *, metrics: Mapping[str, float] | None = None,
                 extra: Mapping[str, Any] | None = None,
@@ -1710,6 +1718,18 @@ class CheckpointManager:
         return (f"the store at {self.store.url} has no checkpoints yet"
                 + (f": there was no folder {made} until this manager made it (a misspelt "
                    "path?)" if made is not None else ""))
+
+    def _recorded_mode(self, metric: str) -> str:
+        """The mode the store's saves recorded for ``metric``, a name that says neither
+        way is better (``auroc``, ``top1``), as ``ckpt-nb --metric`` takes it; where none
+        is recorded, refused (the catalog closed): a guess would keep the worst
+        checkpoints as the best."""
+        recorded = self.catalog.ranking()
+        if recorded is not None and recorded[0] == metric:
+            return recorded[1]
+        logged = {name for row in self.catalog.checkpoints() for name in row.metrics}
+        self.catalog.close()
+        raise _no_direction(metric, logged)
 
     def _follow_recorded_ranking(self) -> None:
         """Take the ranking the store records now, where this manager ranks by the
@@ -2451,9 +2471,10 @@ class CheckpointManager:
         check_flag("force", force)
         named = (which, *more)
         for one in named:
-            if isinstance(one, (list, tuple, set)):
+            if not isinstance(one, (str, os.PathLike)) and isinstance(one, Iterable):
+                # (a list, a set, list()'s id column, an array of ids)
                 raise TypeError("delete() takes checkpoint ids as separate arguments: "
-                                "delete(*ids), not a list of them")
+                                f"delete(*ids), not a {type(one).__name__} of them")
             _check_which(one)
         with self._exclusive(), _said_as_stopped(
                 f"delete of {', '.join(named)}", "the other checkpoints are as they were; "
@@ -2576,7 +2597,9 @@ class CheckpointManager:
     def _warn_unranked(self, rows: list[CheckpointRow]) -> None:
         """Say, once per manager, that ``keep_best`` keeps every checkpoint for want of
         its metric, where the saves log others: a typo's, which no later error names."""
-        logged = {name for r in rows for name in r.metrics}
+        # (only epoch-end saves tell: a mid-epoch one logs the training's metrics alone,
+        # and the ranked validation metric comes with the epoch's end)
+        logged = {name for r in rows if r.batch_idx is None for name in r.metrics}
         if not logged or self._told_unranked:
             return
         self._told_unranked = True
@@ -3517,8 +3540,13 @@ def _optimizers_off_the_modules(objects: Mapping[str, Any]) -> list[str]:
         if not params or any(id(p) in held for p in params):
             continue
         shapes = Counter(tuple(p.shape) for p in params)
-        if any(not shapes - Counter(tuple(p.shape) for p in module.parameters())
-               for module in modules):
+        # Shaped as a whole module's (or a part's: a head fine-tuned alone) parameters, or
+        # as several of one's; a lone tensor (an RL temperature, a learnt loss weight)
+        # of a shape some module also has (a bias of 1) is a part not saved, not a swap.
+        if any(shapes == Counter(tuple(p.shape) for p in sub.parameters())
+               or len(params) > 1 and not shapes - Counter(tuple(p.shape)
+                                                           for p in module.parameters())
+               for module in modules for sub in module.modules()):
             stray.append(name)
     return stray
 
@@ -3588,10 +3616,11 @@ def as_metric(name: Any, value: Any) -> float:
                            "a metric is stored as: log it scaled (in millions, say)") from None
 
 
-def _ranking_mode(metric: str | None, mode: str | None) -> str:
+def _ranking_mode(metric: str | None, mode: str | None) -> str | None:
     """``mode`` checked, or where it is left out the direction ``metric``'s name says: a
     "min" taken for an accuracy kept the worst checkpoints as the best and deleted the
-    rest. Without a metric, "min" (a store's recorded ranking replaces it)."""
+    rest. Without a metric, "min" (a store's recorded ranking replaces it); None where
+    the name says neither (``_recorded_mode`` asks the store)."""
     if metric is not None and not isinstance(metric, str):
         raise TypeError(f"metric must be the name of a logged metric (metric='val_loss'), "
                         f"not {metric!r}")
@@ -3600,11 +3629,15 @@ def _ranking_mode(metric: str | None, mode: str | None) -> str:
         return mode
     if metric is None:
         return "min"
-    named = metric_mode_from_name(metric)
-    if named is None:
-        raise ValueError(f"metric={metric!r}: its name does not say whether a lower or a "
-                         f"higher {metric} is better; give mode=\"min\" or mode=\"max\"")
-    return named
+    return metric_mode_from_name(metric)
+
+
+def _no_direction(metric: str, logged: Iterable[str]) -> ValueError:
+    """The refusal of a metric whose name says neither way is better, where no save
+    recorded its mode (``logged``: the metrics the store's saves log, for a misspelt one)."""
+    return ValueError(f"metric={metric!r}: its name does not say whether a lower or a "
+                      f"higher {metric} is better, and no save here recorded it; give "
+                      f"mode=\"min\" or mode=\"max\"{_did_you_mean(metric, logged)}")
 
 
 def _did_you_mean(metric: str, logged: Iterable[str]) -> str:

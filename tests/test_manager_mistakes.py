@@ -220,9 +220,11 @@ def test_arguments_of_the_wrong_type_are_refused_by_name(tmp_path: Path) -> None
         CheckpointManager(None)  # type: ignore[arg-type]
     with CheckpointManager(tmp_path / "store") as mgr:
         a, b = mgr.save(model), mgr.save(model)
-        with pytest.raises(TypeError, match=r"delete\(\) takes checkpoint ids as separate "
-                                            r"arguments: delete\(\*ids\), not a list of them"):
-            mgr.delete([a, b])  # type: ignore[arg-type]
+        for ids, kind in (([a, b], "list"), (mgr.list()["id"], "Series"),
+                          (mgr.list()["id"].to_numpy(), "ndarray")):
+            with pytest.raises(TypeError, match=r"delete\(\) takes checkpoint ids as separate "
+                                                rf"arguments: delete\(\*ids\), not a {kind} of "):
+                mgr.delete(ids)  # type: ignore[arg-type]
         for call in (lambda: mgr.delete(5), lambda: mgr.pin([a]), lambda: mgr.info(5)):
             with pytest.raises(TypeError, match="which must be \"latest\", \"best\", \"-N\" or "
                                                 "a checkpoint id, not"):

@@ -296,13 +296,18 @@ def test_a_metrics_name_gives_its_direction_where_no_mode_is_given(
         CheckpointManager(tmp_path / "other", keep_best=2, metric="quality")
     assert str(refused.value) == (
         "metric='quality': its name does not say whether a lower or a higher quality is "
-        'better; give mode="min" or mode="max"')
+        'better, and no save here recorded it; give mode="min" or mode="max"')
     assert not (tmp_path / "other").exists()  # (refused before the store is made)
     with pytest.raises(TypeError, match="metric must be the name of a logged metric"):
         CheckpointManager(tmp_path, keep_best=2, metric=1)  # type: ignore[arg-type]
     with CheckpointManager(tmp_path / "q", metric="quality", mode="max") as mgr:
         mgr.save(model, metrics={"quality": 1.0})
     assert main(["show", str(tmp_path / "q"), "best", "--metric", "quality"]) == 0  # recorded
+    with CheckpointManager(tmp_path / "q", metric="quality") as mgr:  # (as the CLI takes it)
+        assert mgr.mode == "max"
+    with pytest.raises(ValueError, match="no save here recorded it; give mode=\"min\" or "
+                       "mode=\"max\"; did you mean metric='quality'[?]"):
+        CheckpointManager(tmp_path / "q", metric="qualty")  # (a typo: the record is another's)
     with CheckpointManager(tmp_path / "q2") as mgr:
         mgr.save(model, metrics={"quality": 1.0})
     capsys.readouterr()
