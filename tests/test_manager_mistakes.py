@@ -176,6 +176,33 @@ def test_a_save_says_its_optimizer_steps_a_model_made_anew(tmp_path: Path) -> No
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             mgr.save(model, torch.optim.SGD(model.parameters(), lr=0.1), 2, gan_opt=other)
+            # (an RL temperature's optimizer: one tensor, shaped as a critic's last bias)
+            critic = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+            log_alpha = torch.zeros(1, requires_grad=True)
+            mgr.save(critic, torch.optim.Adam(critic.parameters()), 3,
+                     alpha_opt=torch.optim.Adam([log_alpha]))
+
+
+def test_mid_epoch_saves_of_training_metrics_are_not_told_of_the_ranked_one(
+        tmp_path: Path) -> None:
+    """Saves every few steps log the training loss, the validation loss comes with the
+    epoch's end: the never-best and keep_best warnings fired on this correct run, and
+    suggested the training loss as the ranking's metric."""
+    model = torch.nn.Linear(4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with CheckpointManager(tmp_path, keep_best=1, metric="val_loss") as mgr:
+            for epoch in range(2):
+                for batch_idx in (3, 7):
+                    mgr.save(model, epoch=epoch, batch_idx=batch_idx,
+                             metrics={"train_loss": 1.0 / (1 + batch_idx)})
+                mgr.save(model, epoch=epoch, metrics={"train_loss": 0.1,
+                                                      "val_loss": 0.5 - epoch / 10})
+            assert len(mgr.list()) == 1  # (the best; the others once one carried it)
+    with pytest.warns(RuntimeWarning, match="did you mean metric='val_loss'"):
+        with CheckpointManager(tmp_path / "typo", keep_best=1, metric="val_los",
+                               mode="min") as mgr:
+            mgr.save(model, epoch=0, metrics={"val_loss": 0.5})  # (an epoch's end: told)
 
 
 @pytest.mark.parametrize("metrics", [[0.5], 0.5, "val_loss"])
