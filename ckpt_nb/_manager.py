@@ -1054,7 +1054,8 @@ class CheckpointManager:
                              "(ema=ema), or values in extra= or metrics=")
         state = self.capture(objects, metrics=metrics, extra=extra, rng=rng)
         self._warn_never_best(state.metrics, batch_idx)
-        for name in set(_optimizers_off_the_modules(objects)) - self._told_stray:
+        named = state.skeleton.get("param_names", {})  # (the capture's walk of them)
+        for name in set(_optimizers_off_the_modules(objects, named)) - self._told_stray:
             self._told_stray.add(name)  # (once per manager: each save would say it again)
             warn(f"{name} steps parameters that no module saved with it holds: if the "
                  f"training uses it, re-create it on the model's parameters ({name} = "
@@ -3525,19 +3526,19 @@ def _refuse_mixed_up(model: Any, optimizer: Any, scheduler: Any) -> None:
                             "scheduler=...) takes the model first; nothing was saved")
 
 
-def _optimizers_off_the_modules(objects: Mapping[str, Any]) -> list[str]:
+def _optimizers_off_the_modules(objects: Mapping[str, Any],
+                                param_names: Mapping[str, SlotNames]) -> list[str]:
     """The optimizers among ``objects`` that step parameters of none of its modules, but
     shaped as one module's are: ``model = ...`` ran again, the optimizer's line not, so it
     steps the old model's parameters (as the magics' own check says). One for a part not
-    saved (a discriminator) is shaped otherwise, and left alone."""
+    saved (a discriminator) is shaped otherwise, and left alone. ``param_names``: each
+    optimizer's parameters' names among the modules (``parameter_names``), None where
+    no module holds one."""
     modules = [obj for obj in objects.values() if isinstance(obj, torch.nn.Module)]
-    held = {id(p) for module in modules for p in module.parameters()}
     stray = []
-    for name, obj in objects.items():
-        if not isinstance(obj, torch.optim.Optimizer):
-            continue
-        params = [p for group in obj.param_groups for p in group["params"]]
-        if not params or any(id(p) in held for p in params):
+    for name, names in param_names.items():
+        params = [p for group in objects[name].param_groups for p in group["params"]]
+        if not params or any(n is not None for group in names for n in group):
             continue
         shapes = Counter(tuple(p.shape) for p in params)
         # Shaped as a whole module's (or a part's: a head fine-tuned alone) parameters, or
