@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import re
 
-# Parts of a metric's name that say which way is better (the explorer's plots rank
-# metrics by the same higher-is-better words).
-HIGHER_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "reward", "bleu",
+# Parts of a metric's name that say which way is better.
+_HIGHER_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "reward", "bleu",
                  "rouge", "psnr", "ssim", "ndcg")
 _LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "nll", "cost")
 # Short names, as words only: "iou" is in "previous_loss", "wer" in "power", "fid" in
@@ -21,7 +20,7 @@ def metric_mode_from_name(name: str) -> str | None:
     """"min" or "max" where the name says which way is better (a loss, an accuracy),
     else None: a wrong guess would keep the worst checkpoints as the best."""
     lower = name.lower()
-    higher = any(part in lower for part in HIGHER_BETTER)
+    higher = any(part in lower for part in _HIGHER_BETTER)
     lower_better = any(part in lower for part in _LOWER_BETTER)
     if not higher and not lower_better:  # (a short word alone: dice_loss is a loss)
         higher = bool(_HIGHER_WORDS.search(lower))
