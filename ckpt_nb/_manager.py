@@ -265,7 +265,8 @@ class CheckpointManager:
 
     ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``
     (``mode`` "min" or "max"; left out, the metric's name says it: a loss or error is
-    "min", an accuracy or score "max", and a name that says neither is refused);
+    "min", an accuracy or score "max"; a name that says neither takes the mode the
+    store's saves recorded for it, else is refused);
     pinned checkpoints and the newest are always kept.
     A manager's saves record its ``metric`` and ``mode`` in the catalog; one opened without
     ``metric=`` ranks by those ("best", ``list()``'s best column), but retention by
@@ -1720,14 +1721,19 @@ class CheckpointManager:
                 + (f": there was no folder {made} until this manager made it (a misspelt "
                    "path?)" if made is not None else ""))
 
+    def _recorded_mode_of(self, metric: str) -> str | None:
+        """The mode the store's saves recorded for ``metric``, if they ranked by it."""
+        recorded = self.catalog.ranking()
+        return recorded[1] if recorded is not None and recorded[0] == metric else None
+
     def _recorded_mode(self, metric: str) -> str:
         """The mode the store's saves recorded for ``metric``, a name that says neither
         way is better (``auroc``, ``top1``), as ``ckpt-nb --metric`` takes it; where none
         is recorded, refused (the catalog closed): a guess would keep the worst
         checkpoints as the best."""
-        recorded = self.catalog.ranking()
-        if recorded is not None and recorded[0] == metric:
-            return recorded[1]
+        recorded = self._recorded_mode_of(metric)
+        if recorded is not None:
+            return recorded
         logged = {name for row in self.catalog.checkpoints() for name in row.metrics}
         self.catalog.close()
         raise _no_direction(metric, logged)

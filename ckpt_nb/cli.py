@@ -179,9 +179,9 @@ def _direction_of_unnamed(mgr: CheckpointManager, metric: str) -> str | None:
     """The mode of a ``--metric`` whose name says no direction: the one the store's saves
     recorded for it; "min" where no checkpoint logs it (nothing ranks by it, and the
     command says so, naming those logged); else None, for ``--mode`` to say."""
-    recorded = mgr.catalog.ranking()
-    if recorded is not None and recorded[0] == metric:
-        return recorded[1]
+    recorded = mgr._recorded_mode_of(metric)
+    if recorded is not None:
+        return recorded
     if not any(metric in row.metrics for row in mgr.catalog.checkpoints()):
         return "min"
     return None
