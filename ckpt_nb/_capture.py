@@ -948,14 +948,6 @@ def _nested_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
 _NESTED_LAYOUTS = {"strided": torch.strided, "jagged": torch.jagged}
 
 
-def has_pickle(skeleton: Any) -> bool:
-    if isinstance(skeleton, dict):
-        return "__pickle__" in skeleton or any(has_pickle(v) for v in skeleton.values())
-    if isinstance(skeleton, list):
-        return any(has_pickle(v) for v in skeleton)
-    return False
-
-
 # -- validating and loading in place --------------------------------------------
 
 
@@ -1299,7 +1291,8 @@ def _with_bits(view: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return view._neg_view() if like.is_neg() else view
 
 
-_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Integer dtypes by item size: two tensors of a dtype torch cannot compare, compared by bytes
+SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -1308,7 +1301,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = (t.resolve_conj().resolve_neg() for t in (a, b.to(a.device)))
     if a.is_complex():  # (complex128's 16 bytes: two float64s)
         a, b = torch.view_as_real(a), torch.view_as_real(b)
-    as_ints = _SAME_SIZE_INTS[a.element_size()]  # (views of any strides at one size)
+    as_ints = SAME_SIZE_INTS[a.element_size()]  # (views of any strides at one size)
     return torch.equal(a.view(as_ints), b.view(as_ints))
 
 

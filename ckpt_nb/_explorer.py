@@ -29,6 +29,7 @@ import ipywidgets as w
 import traitlets
 
 from . import _plots, _session
+from ._run_records import written_keep_best
 from ._catalog import store_exists
 from ._errors import (DELETED_BY, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       FileFormatError, MetricNotFoundError, StateMismatchError, StoreError,
@@ -663,7 +664,7 @@ class Explorer(w.VBox):
         manager = self.manager
         if manager.keep_best is not None:
             return manager.keep_best
-        return _session.written_keep_best(manager, self._run_records) or 1
+        return written_keep_best(manager, self._run_records) or 1
 
     def _show(self, frame: Any) -> None:
         """Show a table the store's catalog gave: rows, choices, DAG and title (the caller

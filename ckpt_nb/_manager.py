@@ -33,33 +33,38 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar, overload
+from typing import IO, TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
-import torch
 
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, give_back_freed_memory, scratch
-from ._capture import (FlatState, RestoreInterrupts, RNGState, SnapshotBuffers, Stateful,
-                       SlotNames, Unflattener, as_stateful, copies_what_it_loads, flatten,
-                       has_pickle, load_all, parameter_names, rng_problem, trained_storages)
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
                        DamagedCatalog, open_cache)
-from ._diff_values import ValueDiff, ValueSide
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, StoreError, StoreFormatError, check_flag,
                       metrics_logged, too_far_back, warn)
 from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_manifest,
-                      encode_manifest, id_of, is_deletion_key, is_pack_key, is_run_key,
-                      label_key, manifest_key, new_deletion_key, pickle_problem, read_pack_index,
-                      stamp_format, write_pack)
+                      encode_manifest, has_pickle, id_of, is_deletion_key, is_pack_key,
+                      is_run_key, label_key, manifest_key, new_deletion_key, pickle_problem,
+                      read_pack_index, stamp_format, write_pack)
 from ._metric_names import metric_mode_from_name
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
 from ._store import Store, local_root, open_store, young
+from ._lazy import LazyModule
 from ._units import natural_order
+
+if TYPE_CHECKING:
+    import torch
+
+    from . import _capture as capture
+    from ._capture import FlatState, SlotNames, SnapshotBuffers, Unflattener
+else:  # (a store's reads need neither: the CLI's ls and show start in a fraction of a second)
+    torch = LazyModule("torch", globals(), "torch")
+    capture = LazyModule("ckpt_nb._capture", globals(), "capture")
 
 STRATEGIES = ("full", "incremental", "differential")
 # Names that are not keywords for Statefuls: checkpoint fields, and restore()'s options
@@ -1090,7 +1095,7 @@ class CheckpointManager:
         """
         if not isinstance(rng, Mapping):
             check_flag("rng", rng)
-        if not isinstance(copy_tensors, SnapshotBuffers):
+        if not isinstance(copy_tensors, capture.SnapshotBuffers):
             check_flag("copy_tensors", copy_tensors)
         clash = RESERVED & set(objects)
         if clash:
@@ -1102,11 +1107,11 @@ class CheckpointManager:
                                f"losses}}), not a {type(extra).__name__}")
         # (a torch.compile / DataParallel wrapper by the module it runs: its keys then
         # load into the module with the wrapper or without; a generator by its state)
-        objects = {name: as_stateful(obj) for name, obj in objects.items()}
+        objects = {name: capture.as_stateful(obj) for name, obj in objects.items()}
         tree: dict[str, Any] = {}
         kinds: dict[str, str] = {}
         for name, obj in objects.items():
-            if not isinstance(obj, Stateful):
+            if not isinstance(obj, capture.Stateful):
                 raise TypeError(f"{name}: {type(obj).__name__} has no state_dict() / "
                                 "load_state_dict(); pass it in extra= if it is plain data")
         measured = {key: as_metric(key, value) for key, value in _metric_items(metrics)}
@@ -1115,10 +1120,10 @@ class CheckpointManager:
                 tree[name] = obj.state_dict()
                 kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
             rng_state = dict(rng) if isinstance(rng, Mapping) else \
-                (RNGState().state_dict() if rng else None)
-            flat = flatten({"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
-                           copy_tensors=copy_tensors,
-                           trained=trained_storages(objects.values()))
+                (capture.RNGState().state_dict() if rng else None)
+            flat = capture.flatten(
+                {"objects": tree, "extra": dict(extra or {}), "rng": rng_state},
+                copy_tensors=copy_tensors, trained=capture.trained_storages(objects.values()))
         flat.skeleton["types"] = kinds
         # Each optimizer's parameters by name: a restore puts its state back by them where
         # the live optimizer holds them in another order (groups built from a set).
@@ -1127,7 +1132,7 @@ class CheckpointManager:
         optimizers = {name: obj for name, obj in objects.items()
                       if isinstance(obj, torch.optim.Optimizer)}
         if modules and optimizers:
-            flat.skeleton["param_names"] = parameter_names(optimizers, modules)
+            flat.skeleton["param_names"] = capture.parameter_names(optimizers, modules)
         flat.metrics = measured
         return flat
 
@@ -1827,7 +1832,7 @@ class CheckpointManager:
                    "scaler": scaler, **statefuls}
         targets = {k: v for k, v in targets.items() if v is not None}
         _check_which(which, files=True)
-        with RestoreInterrupts("restore") as interrupts:  # (Ctrl-C: all or nothing)
+        with capture.RestoreInterrupts("restore") as interrupts:  # (Ctrl-C: all or nothing)
             path = os.fspath(which)
             from_file = self._names_a_file(path)
             if from_file:
@@ -1838,7 +1843,7 @@ class CheckpointManager:
                 # copied here, so that nothing live or returned holds the file's pages)
                 memo: dict[int, Any] = {}
                 ck.state = {name: state if isinstance(targets.get(name), torch.nn.Module)
-                            and copies_what_it_loads(targets[name])
+                            and capture.copies_what_it_loads(targets[name])
                             else out_of_file(state, memo) for name, state in ck.state.items()}
                 ck.extra, ck.rng = out_of_file(ck.extra, memo), out_of_file(ck.rng, memo)
             else:
@@ -1849,19 +1854,19 @@ class CheckpointManager:
             interrupts.commit(f"restore of {ck.id}")
             put_back = None
             if rng and ck.rng is not None:  # first, so that a state that does not load is
-                put_back = RNGState().state_dict()  # refused before anything changes
-                problem = rng_problem(ck.rng)
+                put_back = capture.RNGState().state_dict()  # refused before anything changes
+                problem = capture.rng_problem(ck.rng)
                 if problem is not None:
                     raise StateMismatchError(
                         f"rng: the checkpoint's random generator states do not load "
                         f"({problem}); nothing was changed (rng=False restores the rest)")
-                RNGState().load_state_dict(ck.rng)
+                capture.RNGState().load_state_dict(ck.rng)
             try:
-                load_all(targets, ck.state, strict=strict, kinds=ck.kinds,
-                         param_names=ck.param_names)
+                capture.load_all(targets, ck.state, strict=strict, kinds=ck.kinds,
+                                 param_names=ck.param_names)
             except BaseException:
                 if put_back is not None:
-                    RNGState().load_state_dict(put_back)
+                    capture.RNGState().load_state_dict(put_back)
                 raise
             for name in targets:
                 ck.state.pop(name)
@@ -2031,9 +2036,9 @@ class CheckpointManager:
                     f"checkpoint {cid}: its manifest is damaged ({problem})", cid)
         try:
             objects, extra, rng, kinds = decode(
-                Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle),
-                Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
-                            on_pickle=placeholder))
+                capture.Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle),
+                capture.Unflattener(manifest["tensors"], storages, trust_pickle=trust_pickle,
+                                    on_pickle=placeholder))
         except _RECORD_ERRORS as exc:
             if not trust_pickle or isinstance(exc, CkptError) and \
                     not isinstance(exc, CaptureError):
@@ -2041,7 +2046,8 @@ class CheckpointManager:
             # An unpickled object's own error is the caller's to read: it is one where the
             # state decodes with the pickles left out (which raises CorruptCheckpointError
             # where it does not: the record's error).
-            unpickled = Unflattener(manifest["tensors"], storages, on_pickle=lambda name: None)
+            unpickled = capture.Unflattener(manifest["tensors"], storages,
+                                            on_pickle=lambda name: None)
             decode(unpickled, unpickled)
             raise
         if unloaded and tell_pickles and not _EXPORT_READING.get():
@@ -2204,6 +2210,8 @@ class CheckpointManager:
         are among ``diff``'s rows)."""
         import pandas as pd
 
+        from ._diff_values import ValueDiff, ValueSide
+
         sides = []
         for cid in (self.resolve(a), self.resolve(b)):
             with self._reading(cid):
@@ -2240,8 +2248,8 @@ class CheckpointManager:
         with self._reading(cid):
             storages = self._decode_storages(
                 cid, {"storages": [manifest["storages"][index] for index in wanted]})
-        decoder = Unflattener([{**rec, "storage": at[rec["storage"]]} for rec in records],
-                              storages)
+        decoder = capture.Unflattener(
+            [{**rec, "storage": at[rec["storage"]]} for rec in records], storages)
         try:
             return [decoder.tensor(i).detach() for i in range(len(records))]
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
@@ -3162,7 +3170,7 @@ class CheckpointManager:
         ck = read_file(path, trust_pickle=trust_pickle)
         holders = {name: _StateHolder(state) for name, state in ck.state.items()}
         extra, rng = dict(ck.extra), ck.rng
-        if rng is not None and rng_problem(rng) is not None:  # (kept, but not as RNG state)
+        if rng is not None and capture.rng_problem(rng) is not None:  # (kept, but not as RNG state)
             extra.setdefault("rng", rng)
             rng = None
         flat = self.capture(holders, metrics=ck.metrics, extra=extra, rng=rng or False)
@@ -3440,8 +3448,6 @@ def _as_float(t: torch.Tensor, complex_: bool = False) -> torch.Tensor:
 # of the tensors it reads at once, both sides' (more where one tensor is larger)
 _NORM_BLOCK = 1 << 21
 _DIFF_BATCH_BYTES = 64 << 20
-# Integer dtypes by item size, to compare the bytes of a dtype torch cannot compare
-_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -3450,7 +3456,7 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     try:
         return torch.equal(a, b)
     except (NotImplementedError, RuntimeError):
-        as_ints = _SAME_SIZE_INTS[a.dtype.itemsize]  # (views of any strides at one size)
+        as_ints = capture.SAME_SIZE_INTS[a.dtype.itemsize]  # (views of any strides at one size)
         return torch.equal(a.resolve_conj().resolve_neg().view(as_ints),
                            b.resolve_conj().resolve_neg().view(as_ints))
 

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _codec as codec
-from ._capture import FlatState
-from ._errors import CaptureError
 from ._catalog import ChunkRow
+from ._errors import CaptureError
 from ._format import write_pack
 from ._parallel import in_batches
 
 if TYPE_CHECKING:
+    from ._capture import FlatState
     from ._manager import CheckpointManager
 
 ProgressFn = Callable[[int, int], None]

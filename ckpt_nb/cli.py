@@ -631,7 +631,7 @@ def _kept_best(mgr: CheckpointManager) -> int:
     run record, where that run ranks as 'best' does here (its metric and mode), as
     ``%ckpt_list`` and the explorer mark them and the run's retention keeps them; else 1
     (another ranking, or none recorded)."""
-    from ._session import written_keep_best
+    from ._run_records import written_keep_best
 
     return written_keep_best(mgr) or 1
 

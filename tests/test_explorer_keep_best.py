@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ckpt_nb
-from ckpt_nb import CheckpointManager, _plots, _session
+from ckpt_nb import CheckpointManager, _plots, _run_records, _session
 import warm_python  # (fresh interpreters forked from a warm one)
 
 
@@ -91,7 +91,7 @@ def test_the_explorer_reads_at_most_the_newest_manifests_for_a_run_record(tmp_pa
     ui = ckpt_nb.explore(tmp_path, namespace={}, poll_seconds=0)
     try:
         assert marked_best(ui) == ({ids[-1]}, {ids[-1]})
-        assert len(ui._run_records) == _session.RUN_RECORD_DEPTH < len(ids)
+        assert len(ui._run_records) == _run_records.RUN_RECORD_DEPTH < len(ids)
         ns = {"model": model}
         with pytest.raises(RuntimeError, match="the cell failed"):
             with ckpt_nb.auto(tmp_path, namespace=ns, on=("loss", "min"), keep_best=2,

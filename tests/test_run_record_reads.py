@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ckpt_nb
-from ckpt_nb import CheckpointManager, LocalStore, _session
+from ckpt_nb import CheckpointManager, LocalStore, _run_records
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")
 
@@ -52,8 +52,8 @@ def test_a_store_scripts_wrote_has_its_16_newest_manifests_read_together(
             mgr.save(torch.nn.Linear(2, 2), metrics={"loss": 1 / (i + 1)})
     store = FarStore(tmp_path)
     with CheckpointManager(store) as mgr:
-        assert _session.written_keep_best(mgr) is None
-    assert store.manifest_reads == _session.RUN_RECORD_DEPTH
+        assert _run_records.written_keep_best(mgr) is None
+    assert store.manifest_reads == _run_records.RUN_RECORD_DEPTH
     assert store.most_at_once > 1
 
 
@@ -67,5 +67,5 @@ def test_a_store_a_session_wrote_last_has_its_newest_manifest_read_alone(
             session.save(wait=True)
     store = FarStore(tmp_path)
     with CheckpointManager(store) as mgr:
-        assert _session.written_keep_best(mgr) == 3
+        assert _run_records.written_keep_best(mgr) == 3
     assert store.manifest_reads == 1
