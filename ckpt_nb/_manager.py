@@ -211,6 +211,9 @@ class Dropped:
 _CKB2_FORMAT = 2
 LOCK_QUIET_SECONDS = 1.0  # a wait for another process's lock said after this long
 MANIFESTS_KEPT = 32  # decoded manifests a manager keeps (the newest saves', the last read)
+# The fewest characters of an id that name a checkpoint, as git's: restore("3"), meant as
+# step 3, restored whichever checkpoint's id alone began with a 3
+SHORTEST_PREFIX = 4
 MAX_CHUNK_BYTES = 1 << 30  # the largest chunk_size
 # No chunk of any store is larger (stores made before chunk_size had its bound may hold
 # chunks over MAX_CHUNK_BYTES): a catalog row that says one is, is damaged, and refused
@@ -1637,7 +1640,8 @@ class CheckpointManager:
 
     # -- resolving ids ---------------------------------------------------------------
     def resolve(self, which: str = "latest") -> str:
-        """The id meant by "latest", "best", "-N" (N back from latest) or an id prefix.
+        """The id meant by "latest", "best", "-N" (N back from latest) or an id prefix (of 4
+        characters at least: a number is a step, not an id).
 
         Only "best" reads every checkpoint's row: the others cost the same in a store
         of thousands. A store written from elsewhere (an object store's) is read again
@@ -1692,7 +1696,9 @@ class CheckpointManager:
                                               f"{metric!r}{recorded}; {logged}")
         elif self.catalog.get(which) is not None:
             return which
-        elif which and not self.catalog.ids_with_prefix(which):
+        elif len(which) < SHORTEST_PREFIX:
+            raise CheckpointNotFoundError(self._too_short(which))
+        elif not self.catalog.ids_with_prefix(which):
             for cid, why in _damaged_checkpoints(self.catalog).items():
                 if cid.startswith(which) and is_newer(why):
                     raise StoreFormatError(f"checkpoint {cid} was {why}")
@@ -1701,7 +1707,7 @@ class CheckpointManager:
                         f"checkpoint {cid} is damaged ({why}): {_DAMAGED_KEPT}", cid)
         if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(self._no_checkpoints_yet())
-        matches = self.catalog.ids_with_prefix(which) if which else []
+        matches = self.catalog.ids_with_prefix(which)
         if len(matches) == 1:
             return matches[0]
         if matches:
@@ -1716,6 +1722,20 @@ class CheckpointManager:
         raise CheckpointNotFoundError(
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
             "'latest', 'best' or '-N'")
+
+    def _too_short(self, which: str) -> str:
+        """The refusal of an id prefix too short to name a checkpoint; a number is named
+        as a step, with the checkpoints saved at it."""
+        said = (f"{which!r} is too short for an id prefix: give at least {SHORTEST_PREFIX} "
+                "characters of a checkpoint's id (list(), ckpt-nb ls), or 'latest', 'best' or "
+                "'-N'")
+        if not which.isdigit():
+            return said
+        at = [row.id for row in reversed(self.catalog.checkpoints()) if row.step == int(which)]
+        if not at:
+            return f"{said}; a step is not an id, and no checkpoint is at step {which}"
+        newest = " (the newest first)" if len(at) > 1 else ""
+        return f"{said}; a step is not an id: step {which} was saved as {', '.join(at[:3])}{newest}"
 
     def _no_checkpoints_yet(self) -> str:
         """The refusal of a read from an empty store, naming a folder that this manager

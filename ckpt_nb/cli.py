@@ -276,9 +276,13 @@ def _ambiguous(mgr: CheckpointManager, named: list[str]) -> str | None:
     """Where an id prefix matches several checkpoints, an error that says how many (the
     store's names five, and not that there are more), naming them in sorted order, as a
     user types on from the prefix (in creation order, each line began anywhere); None
-    where none does."""
+    where none does (a prefix too short to name one is refused as such)."""
+    from ._manager import SHORTEST_PREFIX
+
     ids = list(mgr.list()["id"])
     for which in named:
+        if len(which) < SHORTEST_PREFIX:
+            continue
         prefix = which.lower()  # (ids are lowercase hex; resolve takes "F0" as "f0")
         matches = sorted(cid for cid in ids if cid.startswith(prefix))
         if len(matches) > 1 and prefix not in matches:

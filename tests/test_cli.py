@@ -22,7 +22,7 @@ import fsspec
 import pytest
 import torch
 
-from ckpt_nb import CheckpointManager, StoreError
+from ckpt_nb import CheckpointManager, StoreError, _manager
 from ckpt_nb._units import human_size
 from ckpt_nb.cli import main
 import warm_python  # (fresh interpreters forked from a warm one)
@@ -753,9 +753,11 @@ def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_exit_co
 
 
 def test_an_ambiguous_prefix_says_how_many_checkpoints_it_matches(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight ids started with the prefix, five were named, and nothing said there were more;
     then they were named in the order they were made, not sorted."""
+    monkeypatch.setattr(_manager, "SHORTEST_PREFIX", 1)  # (one letter, here, may name ids)
     starts: dict[str, list[str]] = {}
     with CheckpointManager(tmp_path) as mgr:
         while max(map(len, starts.values()), default=0) < 7:
@@ -1063,8 +1065,10 @@ def test_ls_writes_to_a_latin_1_or_closed_standard_output(tmp_path: Path) -> Non
 
 
 def test_an_ambiguous_prefix_in_capitals_says_how_many_it_matches(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's own check was case-sensitive, so "F" got the API's terse message."""
+    monkeypatch.setattr(_manager, "SHORTEST_PREFIX", 1)  # (one letter, here, may name ids)
     starts: dict[str, list[str]] = {}
     with CheckpointManager(tmp_path) as mgr:
         while not any(len(ids) > 1 for ids in starts.values()):

@@ -34,6 +34,7 @@ import ckpt_nb
 from ckpt_nb import (CaptureError, CheckpointManager, CheckpointNotFoundError,
                      CorruptCheckpointError, LocalStore, PickledValue, StateMismatchError,
                      StoreError, StoreFormatError, UntrustedPickleError)
+from ckpt_nb import _manager
 from ckpt_nb._format import FORMAT
 import warm_python  # (fresh interpreters forked from a warm one)
 
@@ -1708,17 +1709,19 @@ def test_a_format_1_store_is_read_and_restamped_only_by_a_save(
     assert same(list(CheckpointManager(tmp_path).load(old).state["model"].values()), expected)
 
 
-def test_resolve_aliases_and_errors(tmp_path: Path) -> None:
+def test_resolve_aliases_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mgr = CheckpointManager(tmp_path)
     with pytest.raises(CheckpointNotFoundError, match="no checkpoints yet"):
         mgr.resolve("latest")
     ids = [mgr.save(Holder({"i": i})) for i in range(3)]
     assert mgr.resolve("-1") == ids[1] and mgr.resolve(ids[0][:6]) == ids[0]
-    with pytest.raises(FileNotFoundError, match="no checkpoint 'zzz'"):
-        mgr.restore("zzz")
+    with pytest.raises(FileNotFoundError, match="no checkpoint 'zzzz'"):
+        mgr.restore("zzzz")
     with pytest.raises(CheckpointNotFoundError, match="metric="):
         mgr.resolve("best")
-    # 17 ids: two share a first letter (of 16), named sorted, as one types on from it
+    # 17 ids: two share a first letter (of 16), named sorted, as one types on from it (a
+    # prefix of one letter is refused as too short: here it may name checkpoints)
+    monkeypatch.setattr(_manager, "SHORTEST_PREFIX", 1)
     ids += [mgr.save(Holder({"i": i})) for i in range(3, 17)]
     letter = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
     matches = sorted(i for i in ids if i.startswith(letter))
@@ -1728,6 +1731,30 @@ def test_resolve_aliases_and_errors(tmp_path: Path) -> None:
     assert str(ambiguous.value) == (
         f"{letter!r} is ambiguous: {len(matches)} checkpoints start with it "
         f"({', '.join(matches[:5])}{more}): give more of the id")
+
+
+def test_a_number_or_a_short_prefix_is_refused_not_taken_as_an_id(tmp_path: Path) -> None:
+    """restore("3"), meant as step 3, restored the checkpoint whose id alone began with a 3
+    (step 8's). A prefix names a checkpoint from 4 characters on, as in git; a number is
+    told which checkpoints were saved at that step."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path) as mgr:
+        ids = [mgr.save(model, step=step) for step in range(40)]
+        mgr.restore(ids[2], model=model)
+        ids.append(mgr.save(model, step=3))  # (on a branch: step 3 twice)
+        by_digit = {cid[0] for cid in ids if sum(i[0] == cid[0] for i in ids) == 1}
+        for which in ("3", *by_digit, ids[5][:3], ""):
+            with pytest.raises(CheckpointNotFoundError, match="is too short for an id prefix: "
+                               "give at least 4 characters"):
+                mgr.restore(which, model=model)
+        with pytest.raises(CheckpointNotFoundError) as step_3:
+            mgr.resolve("3")
+        assert str(step_3.value).endswith(
+            f"; a step is not an id: step 3 was saved as {ids[40]}, {ids[3]} (the newest first)")
+        with pytest.raises(CheckpointNotFoundError, match="no checkpoint is at step 99$"):
+            mgr.resolve("99")
+        named = [cid for cid in ids if sum(i[:4] == cid[:4] for i in ids) == 1]
+        assert len(named) > 30 and [mgr.resolve(cid[:4]) for cid in named] == named
 
 
 def test_diff_tells_frozen_from_trained(tmp_path: Path) -> None:
