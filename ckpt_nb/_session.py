@@ -2429,9 +2429,32 @@ class AutoSession:
                 alive[owner] = _live_owner(run["owner"]) is not None
             if not alive[owner] and (self.cell_hash is not None or run["owner"] == _owner()):
                 own.add(row.id)
+        own -= self._rolled_back_branches(rows)
         if self.cell_hash is None:
             return own  # (the line form's runs are never resumed)
         return own - self._resume_points(rows, alive)
+
+    def _rolled_back_branches(self, rows: list[CheckpointRow]) -> set[str]:
+        """The checkpoints this kernel rolled back to on this store (``_rolled_back_to``)
+        and those on their other branches, off the lineage the kernel's saves go on
+        (``rows``: the catalog's, in save order): a rollback forks to compare the branches,
+        and the cell's --keep, run again on the new one, deleted the branch it came from,
+        the fork point too, leaving the new branch a root."""
+        forks = _rolled_back_to.get(self.url)
+        if not forks:
+            return set()
+        parents = {row.id: row.parent for row in rows}
+        lineage: set[str] = set()
+        at = self.manager.head
+        while at is not None and at not in lineage:
+            lineage.add(at)
+            at = parents.get(at)
+        kept: set[str] = set()
+        for row in rows:  # (a parent is saved before its children)
+            if row.id in forks or row.id not in lineage and \
+                    (row.parent in forks or row.parent in kept):
+                kept.add(row.id)
+        return kept
 
     def _run_summary(self, checkpoint_id: str) -> dict[str, Any] | None:
         """What retention needs of a checkpoint's run record, read once (it never
@@ -3186,6 +3209,7 @@ class AutoSession:
         targets, variables = self._apply(ck, saved)
         self._rebaseline(targets)
         self._moved_to(ck, "rollback", targets.values())
+        _rolled_back_to.setdefault(self.url, set()).add(ck.id)
         if ck.rng is not None:
             RNGState().load_state_dict(ck.rng)
         _left_values[self.url] = self._comparable_values()
@@ -3228,6 +3252,9 @@ _position_events: dict[str, str] = {}  # store URL -> how it got there: save, re
 # store URL -> the checkpoint rolled back to where it was deleted since (the position is
 # its nearest kept ancestor then): a resume from that ancestor says it replaces its state
 _deleted_rollbacks: dict[str, str] = {}
+# store URL -> the checkpoints this kernel rolled back to: their branches stay whatever a
+# cell's --keep says (``AutoSession._rolled_back_branches``)
+_rolled_back_to: dict[str, set[str]] = {}
 _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
 # Checkpoints that hold the tracked objects as a cell that stopped left them, and those
 # objects (weakly, by stored key): a resume of one keeps what later runs of this process

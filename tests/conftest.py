@@ -137,6 +137,7 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_session, "_last", None)
     monkeypatch.setattr(_session, "_positions", {})
     monkeypatch.setattr(_session, "_position_events", {})
+    monkeypatch.setattr(_session, "_rolled_back_to", {})
     monkeypatch.setattr(_session, "_left_values", {})
 
 
