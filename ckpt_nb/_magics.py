@@ -26,8 +26,8 @@ from IPython.utils.process import arg_split
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 
 from . import _session as session_mod
-from ._errors import (RANK_BY_ANOTHER, CaptureError, CkptError, UntrustedPickleError,
-                      warnings_worded)
+from ._errors import (RANK_BY_ANOTHER, CaptureError, CkptError, StateMismatchError,
+                      UntrustedPickleError, warnings_worded)
 from ._session import (TRUST_PICKLE_ROLLBACK, UNRANKED_BEST_WAYS, AutoConfig, parse_duration,
                        parse_metric_trigger)
 from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
@@ -405,7 +405,11 @@ class CkptMagics(Magics):
                 TRUST_PICKLE_ROLLBACK, f"%ckpt_rollback {line.strip()} --trust-pickle")) from None
         except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage knows)
             text = _magic_wording(exc, store)
-            where = _where_it_looked(text, store, line) if directory in (None, default) \
+            # (a checkpoint named by id was found: another store would not make it fit)
+            found = isinstance(exc, StateMismatchError) and \
+                which not in ("latest", "best") and re.fullmatch(r"-\d+", which) is None
+            where = _where_it_looked(text, store, line) \
+                if directory in (None, default) and not found \
                 else _spaced_dir_hint(line, which) if text.startswith("no checkpoint store") \
                 else ""
             raise UsageError(f"%ckpt_rollback: {text}{where}") from None

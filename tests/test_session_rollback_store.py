@@ -481,6 +481,24 @@ def test_every_rollback_error_says_it_may_be_another_stores(
         assert str(result.error_in_exec) == f"%ckpt_rollback: {said}", line
 
 
+def test_a_checkpoint_found_by_id_that_does_not_fit_gives_no_other_store_hint(
+        shell, tmp_path: Path) -> None:
+    """A rollback by id refused for shapes that do not fit ended "for a checkpoint of
+    another store, %ckpt_rollback ID --dir PATH", though this store held it; by latest,
+    best or -N another store may still hold the one meant."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --every-steps 2" + LOOP)
+    first = ckpt_nb.CheckpointManager(tmp_path / "a").list()["id"].iloc[0]
+    run(shell, "model = torch.nn.Linear(2, 3); "
+               "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)")
+    for line, hinted in ((first, False), ("latest", True), ("-1", True)):
+        result = shell.run_cell(f"%ckpt_rollback {line}", store_history=False)
+        assert isinstance(result.error_in_exec, UsageError), line
+        said = str(result.error_in_exec)
+        assert "does not fit" in said and "nothing was changed" in said, said
+        assert ("another store" in said) == hinted, (line, said)
+
+
 def test_best_by_the_stores_recorded_ranking_is_said_in_the_magics_words(
         shell, tmp_path: Path, capsys) -> None:
     """%ckpt_rollback best, ranked by the metric an earlier save recorded, warned "give a
