@@ -47,3 +47,24 @@ def test_a_rerun_after_a_rollback_keeps_the_fork_and_the_branch_it_left(
         at = None if parent is None or parent != parent else parent  # (NaN: a root)
     assert lineage[-1] == fork, "the new branch descends from the checkpoint rolled back to"
     ckpt_nb.CheckpointManager(store).diff(first[-1], branch[-1])  # (notebook 02's last step)
+
+
+def test_the_line_forms_keep_after_a_rollback_keeps_the_branch_it_left(
+        shell, tmp_path: Path) -> None:
+    """The line form's --keep 2 deleted the checkpoints saved before the rollback, the one
+    rolled back to too, as the cell form's did."""
+    store = tmp_path / "s"
+    train = "for xb, yb in loader:\n    opt.zero_grad()\n" \
+        "    torch.nn.functional.cross_entropy(model(xb), yb).backward()\n    opt.step()\n"
+    run(shell, SETUP)
+    assert run(shell, f"%ckpt_auto --dir {store} --every-steps 5 --keep 2").success
+    assert run(shell, train).success
+    first = list(ckpt_nb.CheckpointManager(store).list().id)
+    assert len(first) == 2
+    assert run(shell, f"%ckpt_rollback {first[0]}").success
+    assert run(shell, train).success and run(shell, train).success
+    rows = ckpt_nb.CheckpointManager(store).list().set_index("id")
+    assert set(first) <= set(rows.index), "the branch rolled back from was deleted"
+    branch = [cid for cid in rows.index if cid not in first]
+    assert len(branch) == 2 and rows.loc[branch[0], "parent"] == first[0]
+    run(shell, "%ckpt_auto --off")
