@@ -1166,8 +1166,9 @@ class AutoSession:
     (the ``CheckpointManager`` of its store), ``step`` (optimizer steps, counted on from
     the checkpoint the model came from), ``metrics``, ``history`` and ``best`` (what
     ``ckpt_nb.log()`` recorded). Its main methods: ``status()`` (what
-    ``%ckpt_status`` shows), ``save()`` (a checkpoint now), ``log()``, ``rollback()``,
-    and ``epochs()`` and ``batches()`` (the loop helpers that resume mid-epoch).
+    ``%ckpt_status`` shows), ``save()`` (a checkpoint, at the next point a resume can
+    start from), ``log()``, ``rollback()``, and ``epochs()`` and ``batches()`` (the loop
+    helpers that resume mid-epoch).
     """
 
     def __init__(self, config: AutoConfig, namespace: dict[str, Any],
@@ -1221,6 +1222,10 @@ class AutoSession:
         # the notebook's generators there, where the loop fetched a batch from them since
         self._consistent_random: list[tuple[Any, Any]] = []
         self._metric_due = False
+        # A save() asked where no resume starts (a batch's body, an epoch's code around
+        # its batches() loop), taken at the next consistent point: its note, whether it waits.
+        self._save_asked: tuple[str, bool] | None = None
+        self._told_save_later = False  # that save() is taken at the next consistent point
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
         self._said_failures: set[str] = set()  # background save failures said (ids out)
         self._failure_repeats = 0  # and how many came again since
@@ -1441,7 +1446,8 @@ class AutoSession:
         try:
             if error is None:
                 # (a metric that improved on a state saved without it: a cell that evaluated)
-                if final or self.step > self.last_save_step or self._metric_due:
+                if final or self.step > self.last_save_step or self._metric_due \
+                        or self._save_asked is not None:
                     try:
                         end_id = self._save_end(final)
                         end_failed = end_id is None
@@ -1483,9 +1489,9 @@ class AutoSession:
                     if self._consistent_random else []
                 _put_random(self._consistent_random)
                 try:
-                    cid = self.save(reason=f"{type(error).__name__} in the cell", wait=True,
-                                    unsaved=f"the state before the {type(error).__name__}",
-                                    rng=RNGState().state_dict(self._consistent_rng))
+                    cid = self._save(reason=f"{type(error).__name__} in the cell", wait=True,
+                                     unsaved=f"the state before the {type(error).__name__}",
+                                     rng=RNGState().state_dict(self._consistent_rng))
                 finally:
                     _put_random(fetched)
                 if cid is not None:  # (a failed one is said where it failed)
@@ -1501,6 +1507,7 @@ class AutoSession:
             self._ending = False
             during_save = error is None and not interrupted and self._interrupts > 0
             self._pending = None
+            self._save_asked = None  # (an error before its point: not the next cell's)
             self._interrupts = 0
             if error is not None:  # (what a resume of this run compares the live values with)
                 _left_values[self.url] = self._comparable_values()
@@ -1780,6 +1787,8 @@ class AutoSession:
             return "interrupt"
         if self._metric_due:  # (the state it was measured on may be saved, but without it)
             return f"{self.config.on[0]} improved"  # type: ignore[index]
+        if self._save_asked is not None:
+            return self._save_asked[0]
         if self.step == self.last_save_step:
             return None
         if self.config.every_steps and self.step - self.last_save_step >= self.config.every_steps:
@@ -1796,10 +1805,12 @@ class AutoSession:
         if reason is None:
             return
         interrupted = reason == "interrupt"
-        if not interrupted and not self._metric_due and self._put_off(reason):
+        asked = self._save_asked  # (not put off: a save() taken at once waits for the write)
+        if not interrupted and not self._metric_due and asked is None and self._put_off(reason):
             return
-        cid = self.save(reason=reason, wait=interrupted, unsaved="the state at the interrupt",
-                        rng=RNGState().state_dict(self._consistent_rng))
+        cid = self._save(reason=reason, wait=interrupted or (asked is not None and asked[1]),
+                         unsaved="the state at the interrupt" if interrupted else None,
+                         rng=RNGState().state_dict(self._consistent_rng))
         if not interrupted:
             return
         # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
@@ -1897,8 +1908,43 @@ class AutoSession:
                     self.checkpoint_if_due()
 
     # -- saving -------------------------------------------------------------------------
-    def save(self, *, reason: str = "manual", finished: bool = False, wait: bool = False,
-             rng: dict[str, Any] | None = None, unsaved: str | None = None) -> str | None:
+    def save(self, *, wait: bool = False, reason: str = "manual") -> str | None:
+        """A checkpoint of the tracked state, at a point a resume can start from: now,
+        where the code runs outside the loop helpers or none has begun; in a batches()
+        loop's body or an epoch's code around it, at the next consistent point (before
+        the next batch is fetched, the epoch's end, the cell's end), as a trigger's save
+        waits: a position saved there would make a resume run that code again (said
+        once). ``wait``: the save's write is waited for (a failure said), and the id of a
+        save taken now returned (None where it failed); otherwise, or taken later, None.
+        ``reason``: the checkpoint's note."""
+        where = self._no_resume_point()
+        if where is None:
+            return self._save(reason=reason, wait=wait)
+        self._save_asked = (reason, wait or (self._save_asked is not None
+                                             and self._save_asked[1]))
+        if not self._told_save_later:
+            self._told_save_later = True
+            self.say(f"save() at step {self.step}, {where}, is not a point a resume can "
+                     "start from (the code there would run again): it is taken at the next "
+                     "consistent point (before the next batch is fetched, at the epoch's "
+                     "end, or at the cell's end) and returns None (said once)")
+        return None
+
+    def _no_resume_point(self) -> str | None:
+        """Where the code stands, where the loop helpers' position there is not one a
+        resume can start from (theirs are the points before a batch's fetch and the epoch
+        boundaries); None where they hold no position (none has begun, or there are none)."""
+        loop = self.loop
+        if loop.in_batches:
+            return "in a batches() loop's body"
+        if loop.epoch is not None:
+            return f"in epoch {loop.epoch} outside its batches() loop"
+        if loop.tracked_loader is not None:
+            return "after the batches() loop"
+        return None
+
+    def _save(self, *, reason: str, finished: bool = False, wait: bool = False,
+              rng: dict[str, Any] | None = None, unsaved: str | None = None) -> str | None:
         """Snapshot tracked state now and write it (behind the training thread). Where
         ``wait`` (or --sync): the new checkpoint's id, or None where this save failed,
         which is said as ``unsaved`` (what was lost: "the cell's end") NOT saved, with
@@ -1944,6 +1990,7 @@ class AutoSession:
                       step=self.step, metrics=metrics, note=reason)
         self.last_save_step, self.last_save_time = self.step, time.monotonic()
         self._metric_due = False
+        self._save_asked = None
 
         steps_seen, trained = self._steps_seen, _trained(found.statefuls.values())
         if self.loop.untracked is None:
@@ -2097,14 +2144,14 @@ class AutoSession:
         self._report_background_error()  # (the save in flight's, said apart)
         prior = self._last_write
         if prior is None or prior.id != self._position or prior.steps_seen != self._steps_seen:
-            return self.save(reason="end of cell", finished=finished, wait=True,
-                             unsaved="the cell's end")
+            return self._save(reason="end of cell", finished=finished, wait=True,
+                              unsaved="the cell's end")
         manager = self.manager
         limits = manager.max_to_keep, manager.keep_best
         manager.max_to_keep, manager.keep_best = (None if n is None else n + 1 for n in limits)
         try:
-            end_id = self.save(reason="end of cell", finished=finished, wait=True,
-                               unsaved="the cell's end")
+            end_id = self._save(reason="end of cell", finished=finished, wait=True,
+                                unsaved="the cell's end")
         finally:
             manager.max_to_keep, manager.keep_best = limits
         end = self._last_write
