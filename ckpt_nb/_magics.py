@@ -116,12 +116,14 @@ class CkptMagics(Magics):
               "2h, 1d, or a number of seconds (90)")
     @argument("--on", default=None, metavar="METRIC[:min|max]",
               help="save when METRIC (as ckpt_nb.log() names it) "
-              "improves: METRIC:min or METRIC:max, or a bare name that says which way is "
+              "improves (with --keep-best K, where it ranks among the K best logged): "
+              "METRIC:min or METRIC:max, or a bare name that says which way is "
               "better: --on val_loss (lower), --on accuracy (higher)")
     @argument("--keep", type=int, default=None, metavar="N",
               help="keep the newest N checkpoints of this cell's run")
     @argument("--keep-best", type=int, default=None, metavar="K",
-              help="keep the best K checkpoints of this cell's run by the --on metric; "
+              help="keep the best K checkpoints of this cell's run by the --on metric, "
+              "which saves each value that ranks among the K best logged; "
               "alone (no --keep) it deletes the others but the newest, as Lightning's "
               "save_top_k does")
     @argument("--strategy", default="full", choices=("full", "incremental", "differential"),

@@ -147,7 +147,7 @@ class AutoConfig:
     - ``every_steps`` (--every-steps), ``every_seconds`` (--every, --every-seconds): save
       that many optimizer steps, or seconds, after the last save.
     - ``on`` (--on): (METRIC, "min" or "max"): save when ``ckpt_nb.log()``'s METRIC
-      improves.
+      improves; with ``keep_best`` K, where it ranks among the K best logged.
     - ``keep`` (--keep), ``keep_best`` (--keep-best): keep the newest N checkpoints of the
       run, the best K by ``on``.
     - ``strategy`` (--strategy): "full", "incremental" or "differential" chunks.
@@ -1208,6 +1208,10 @@ class AutoSession:
         self._steps_seen = 0
         self._logged_at: dict[str, int] = {}
         self.best: float | None = None
+        # With --keep-best K: the K best values of the --on metric logged, best first (the
+        # newer first among equals, as retention ranks them): a value ranking among them
+        # is saved, as the kept set of Lightning's save_top_k holds it.
+        self._best_values: list[float] = []
         self.loop = _Loop()
         self.cell_hash: str | None = None
         self._code: str | None = None  # (the cell's, where known: discover()'s code)
@@ -1226,6 +1230,7 @@ class AutoSession:
         # its batches() loop), taken at the next consistent point: its note, whether it waits.
         self._save_asked: tuple[str, bool] | None = None
         self._told_save_later = False  # that save() is taken at the next consistent point
+        self._metric_reason = ""  # (why the due --on save is: the note it carries)
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
         self._said_failures: set[str] = set()  # background save failures said (ids out)
         self._failure_repeats = 0  # and how many came again since
@@ -1722,7 +1727,7 @@ class AutoSession:
         self._stepped_at[key] = self._steps_seen
         if self._metric_due and self.config.on and not self._told_dropped:
             self._told_dropped = True
-            self.say(f"{self.config.on[0]} improved at step {self.step} but was not saved: "
+            self.say(f"{self._metric_reason} at step {self.step} but was not saved: "
                      "the optimizer stepped before any point where the state it measured "
                      "could be saved (it was logged inside the batches() loop, or as an "
                      "epoch began); log the --on metric after an epoch's batches() loop, "
@@ -1786,7 +1791,7 @@ class AutoSession:
         if self._interrupts:
             return "interrupt"
         if self._metric_due:  # (the state it was measured on may be saved, but without it)
-            return f"{self.config.on[0]} improved"  # type: ignore[index]
+            return self._metric_reason
         if self._save_asked is not None:
             return self._save_asked[0]
         if self.step == self.last_save_step:
@@ -1880,6 +1885,29 @@ class AutoSession:
                      f"{reason} are put off until the write is in, training goes on")
         return True
 
+    def _ranks(self, value: float) -> str | None:
+        """Why a finite value of the --on metric just logged is saved, or None: it improved
+        on the run's best, or with --keep-best K, it ranks among the K best logged, where
+        retention keeps it (the newer first among equals). Saving improvements alone left
+        the second to Kth best values unsaved, and the K kept the best of the improvements."""
+        assert self.config.on is not None  # (log() asks only with --on)
+        name, mode = self.config.on
+        sign = 1 if mode == "min" else -1
+        improved = self.best is None or sign * value < sign * self.best
+        if improved:
+            self.best = value
+        k = self.config.keep_best
+        if k is None:
+            return f"{name} improved" if improved else None
+        rank = sum(sign * kept < sign * value for kept in self._best_values)
+        if rank >= k:
+            return None
+        self._best_values.insert(rank, value)
+        del self._best_values[k:]
+        return f"{name} improved" if improved else \
+            f"{name} equals the best" if value == self.best else \
+            f"{name} ranks among the {k} best"
+
     def log(self, **metrics: float) -> None:
         """Record metrics: they go into the next checkpoint and drive ``--on``. Not while
         the epoch's code ahead of its batches() loop runs again on a mid-epoch resume: the
@@ -1896,11 +1924,10 @@ class AutoSession:
         self.history.append({"step": self.step, "epoch": self.loop.epoch, **self.metrics})
         if self.config.on and self.config.on[0] in metrics:
             value = self.metrics[self.config.on[0]]
-            better = self.best is None or (value < self.best if self.config.on[1] == "min"
-                                           else value > self.best)
-            if better and math.isfinite(value):  # (NaN or ±inf: a diverged run, as "best" says)
-                self.best = value
-                self._metric_due = True
+            # (NaN or ±inf: a diverged run, never best, as "best" says)
+            reason = self._ranks(value) if math.isfinite(value) else None
+            if reason is not None:
+                self._metric_due, self._metric_reason = True, reason
                 # Without the loop helpers the consistent point is right after the step,
                 # and the next step takes away the state measured: save it now.
                 if not self.loop.in_batches and self.loop.epoch is None and \
@@ -2882,6 +2909,14 @@ class AutoSession:
             self._run_id = run_id  # (the run goes on: its end ends it)
         self._moved_to(ck, "resume", targets.values())
         self.best = saved.best
+        if self.config.on and self.config.keep_best:
+            # (each value once: the records carry a value on until the next is logged, so
+            # equal values logged apart read as one, and an equal one is saved again)
+            name = self.config.on[0]
+            self._best_values = sorted(
+                {r[name] for r in saved.history if isinstance(r.get(name), float)
+                 and math.isfinite(r[name])},
+                reverse=self.config.on[1] == "max")[:self.config.keep_best]
         self.last_consistent_step = self.step
         loop = saved.loop
         assert loop is not None  # (read for a resume)
@@ -3280,7 +3315,10 @@ class AutoSession:
         triggers = [t for t in (
             f"every {self.config.every_steps} steps" if self.config.every_steps else None,
             f"every {self.config.every_seconds:g} s" if self.config.every_seconds else None,
-            f"when {self.config.on[0]} improves ({self.config.on[1]})" if self.config.on else None,
+            (f"when {self.config.on[0]} ranks among the {self.config.keep_best} best "
+             f"({self.config.on[1]})" if self.config.keep_best else
+             f"when {self.config.on[0]} improves ({self.config.on[1]})") if self.config.on
+            else None,
         ) if t]
         return {"directory": location(self.manager.store),  # (as a cell's first line)
                 "tracking": list(self.discovery.statefuls),

@@ -1061,12 +1061,13 @@ def test_ckpt_list_after_the_session_marks_its_best_and_the_head(
     assert run(shell, cell).success
     assert run(shell, "%ckpt_rollback best").success
     table = run(shell, "%ckpt_list").result
-    # (saved when val_loss improved, 5 then 1, and at the end, 6; kept: the best 2)
-    assert sorted(table.loc[table["best"], "val_loss"]) == [1.0, 5.0]
+    # (saved where val_loss ranked among the 2 best logged, and at the end, 6; kept: the
+    # best 2)
+    assert sorted(table.loc[table["best"], "val_loss"]) == [1.0, 2.0]
     assert table.loc[table["head"], "val_loss"].tolist() == [1.0]
     monkeypatch.setattr(_session, "_positions", {})  # a fresh kernel: the ranking stays
     table = run(shell, f"%ckpt_list {tmp_path}").result
-    assert sorted(table.loc[table["best"], "val_loss"]) == [1.0, 5.0]
+    assert sorted(table.loc[table["best"], "val_loss"]) == [1.0, 2.0]
     assert not table["head"].any()
 
 
