@@ -1813,9 +1813,16 @@ class AutoSession:
         asked = self._save_asked  # (not put off: a save() taken at once waits for the write)
         if not interrupted and not self._metric_due and asked is None and self._put_off(reason):
             return
+        rng = RNGState().state_dict(self._consistent_rng)
+        if self._metric_due and not interrupted:  # (it waits for the write in flight)
+            self.writer.wait()
+            self._report_background_error()
+            # (a save of this state without the metric, an "every N steps" one, goes)
+            self._save_in_place(reason=reason, wait=asked is not None and asked[1], rng=rng)
+            return
         cid = self._save(reason=reason, wait=interrupted or (asked is not None and asked[1]),
                          unsaved="the state at the interrupt" if interrupted else None,
-                         rng=RNGState().state_dict(self._consistent_rng))
+                         rng=rng)
         if not interrupted:
             return
         # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
@@ -2162,45 +2169,53 @@ class AutoSession:
             self.say("not saving " + skipped_text(new))
 
     def _save_end(self, finished: bool) -> str | None:
-        """The cell's end save: its id, or None where it failed (said). Where this run's
-        last save holds the same state (no optimizer step since, the same metrics, the
-        same objects), that one goes once this one is in: a run ends with one checkpoint
-        per state, not an "every N steps" one and an "end of cell" one. Retention counts
-        the two as one meanwhile."""
+        """The cell's end save: its id, or None where it failed (said)."""
         self.writer.wait()
         self._report_background_error()  # (the save in flight's, said apart)
+        return self._save_in_place(reason="end of cell", finished=finished, wait=True,
+                                   unsaved="the cell's end")
+
+    def _save_in_place(self, *, reason: str, finished: bool = False, wait: bool = False,
+                       rng: dict[str, Any] | None = None, unsaved: str | None = None
+                       ) -> str | None:
+        """``save()``, where the save in flight is in. Where this run's last save holds
+        the same state (no optimizer step since, the same objects, no metric that this one
+        lacks), that one goes once this one is in: one checkpoint per state, not an "every
+        N steps" one and an "end of cell" or an --on one (whose metric the other lacks).
+        Retention counts the two as one meanwhile; this save is then waited for."""
         prior = self._last_write
         if prior is None or prior.id != self._position or prior.steps_seen != self._steps_seen:
-            return self._save(reason="end of cell", finished=finished, wait=True,
-                              unsaved="the cell's end")
+            return self._save(reason=reason, finished=finished, wait=wait, rng=rng,
+                              unsaved=unsaved)
         manager = self.manager
         limits = manager.max_to_keep, manager.keep_best
         manager.max_to_keep, manager.keep_best = (None if n is None else n + 1 for n in limits)
         try:
-            end_id = self._save(reason="end of cell", finished=finished, wait=True,
-                                unsaved="the cell's end")
+            cid = self._save(reason=reason, finished=finished, wait=True, rng=rng,
+                             unsaved=unsaved)
         finally:
             manager.max_to_keep, manager.keep_best = limits
-        end = self._last_write
-        if end_id is None or end is None:
+        written = self._last_write
+        if cid is None or written is None:
             return None  # (the save failed: the prior one stays)
         # Under the store's lock: no other process pins, notes or saves a child of the
         # prior one between the look and the delete. One a user marked (pinned, noted,
         # tagged) stays.
         with contextlib.suppress(CkptError), manager._exclusive():
             row = manager.catalog.get(prior.id)
-            if end.metrics == prior.metrics and row is not None and not row.pinned \
+            if prior.metrics.items() <= written.metrics.items() and row is not None \
+                    and not row.pinned \
                     and row.note == prior.note and not row.tags \
-                    and manager.catalog.children(prior.id) == [end.id] \
-                    and self._same_objects(prior.id, end.id):
+                    and manager.catalog.children(prior.id) == [written.id] \
+                    and self._same_objects(prior.id, written.id):
                 manager.delete(prior.id)
-                return end_id
+                return cid
         if limits != (None, None):  # two states after all: retention as the user set it
             with manager._exclusive(), contextlib.suppress(OSError):  # (next save's, else)
                 manager._catch_up()
-                manager._apply_retention(protect={end.id})
+                manager._apply_retention(protect={written.id})
             manager._notify_retention()
-        return end_id
+        return cid
 
     def _same_objects(self, first: str, second: str) -> bool:
         """Whether two checkpoints hold the same tracked objects (``_held_objects``)."""

@@ -54,3 +54,27 @@ def test_the_line_form_counts_its_steps_on_from_the_checkpoint_the_model_came_fr
     run(shell, "train(2)")
     run(shell, "%ckpt_auto --off")
     assert saved(store)[-1][1:] == (None, 2)
+
+
+@pytest.mark.parametrize("form", ["line", "cell"])
+def test_an_on_save_at_the_step_an_every_steps_save_took_is_one_checkpoint(
+        shell, tmp_path: Path, form: str) -> None:
+    """A cell whose last step an --every-steps save took, then logging the --on metric,
+    saved that state twice: the "every 5 steps" checkpoint without the metric, and a
+    byte-identical "val_loss improved" one (--keep and -N counted both)."""
+    store = tmp_path / "s"
+    run(shell, SETUP)
+    options = f"--dir {store} --every-steps 5 --on val_loss"
+    cell = "train(10)\nckpt_nb.log(val_loss=0.5)"
+    if form == "line":
+        run(shell, f"%ckpt_auto {options}")
+        run(shell, cell)
+        run(shell, "%ckpt_auto --off")
+    else:  # (a loop without the helpers: right after the step is a consistent point)
+        run(shell, f"%%ckpt_auto {options}\n{cell}")
+    rows = ckpt_nb.CheckpointManager(store).list()
+    last = "val_loss improved" if form == "line" else "end of cell"
+    assert rows["step"].tolist() == [5, 10]
+    assert rows["note"].tolist() == ["every 5 steps", last]
+    assert rows["val_loss"].tolist()[1] == 0.5
+    assert rows["parent"].tolist()[1] == rows["id"].tolist()[0]
