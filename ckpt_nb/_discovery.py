@@ -406,7 +406,13 @@ def warn_persistent_workers(value: Any, name: str | None) -> None:
           file=sys.stderr, flush=True)
 
 
-class LoopIterator:
+class NotState:
+    """A base of ckpt_nb's own objects that a namespace may hold and that are never a
+    run's state: a save neither holds one nor names it as left out, as it would a user's
+    object it cannot save."""
+
+
+class LoopIterator(NotState):
     """What ``ckpt_nb.epochs()`` and ``batches()`` return: their loop, with the length
     of what it goes over where that has one, so that ``tqdm()`` around it shows a total
     (a generator has none). ckpt_nb's own, never state: a save does not name one a
@@ -997,7 +1003,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.skipped[name] = reason
                 if code is not None and _code_names(code, name):
                     warn_persistent_workers(value, name)
-            elif is_code(value) or isinstance(value, LoopIterator) or \
+            elif is_code(value) or isinstance(value, NotState) or \
                     type(value).__module__.startswith(("IPython", "ipykernel")):
                 if track is not None:
                     found.skipped[name] = f"{type(value).__name__}: code is not state"

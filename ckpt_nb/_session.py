@@ -60,7 +60,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, as_stateful,
                        load_all, rng_problem, unwrap)
 from ._catalog import CheckpointRow, store_exists
-from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator,
+from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
                          from_storable, is_code, loader_random, skipped_text, to_storable,
                          warn_persistent_workers)
@@ -1156,11 +1156,12 @@ def _holds_state_of(obj: Any, saved: Any) -> bool:
                for t in now)
 
 
-class AutoSession:
+class AutoSession(NotState):
     """Automatic checkpoints for the code run while it is active: what a ``%%ckpt_auto``
     cell runs under, and what ``with ckpt_nb.auto(...) as session:`` gives. It finds the
     objects to track, resumes the cell's unfinished run, and saves at the triggers, at
-    an interrupt and at the end.
+    an interrupt and at the end. ckpt_nb's own, never state: a save does not name the
+    variable that holds it as left out of checkpoints.
 
     Its main fields: ``config`` (an ``AutoConfig``, the options as read), ``manager``
     (the ``CheckpointManager`` of its store), ``step`` (optimizer steps, counted on from

@@ -379,6 +379,22 @@ def test_discovery_reports_what_it_tracks_and_skips(shell, tmp_path: Path, capsy
     assert variables["started"].isoformat() == "2024-01-02T00:00:00+00:00"
 
 
+def test_the_session_a_block_binds_is_not_said_as_left_out(shell, tmp_path: Path,
+                                                            capsys) -> None:
+    """Each `with ckpt_nb.auto(...) as session:` said `not saving session (AutoSession)`
+    at its first save: ckpt_nb's own object, no state of the user's. The second block
+    finds the first one's, closed, in the namespace as it begins."""
+    run(shell, SETUP)
+    block = (f"with ckpt_nb.auto({str(tmp_path / 'd')!r}, name='{{}}') as session:\n"
+             "    opt.zero_grad(); model(X[:8]).sum().backward(); opt.step()\n"
+             "    session.save(wait=True)")
+    for name in ("first", "second"):
+        assert run(shell, block.format(name)).success
+        out = capsys.readouterr().out
+        assert "tracking model, opt, sched" in out and "not saving" not in out, out
+        assert "session" not in out.split("variables ")[1].split(";")[0]
+
+
 def test_rollback_restores_in_place_and_branches(shell, tmp_path: Path, capsys) -> None:
     run(shell, SETUP)
     run(shell, TRAIN.format(dir=tmp_path / "rb", stop="pass"))
