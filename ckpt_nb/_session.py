@@ -364,6 +364,9 @@ _UNTRACKED_LOOPS = {
              "ckpt_nb.epochs(), and a saved position does not say which pass it is in",
     "another": "it ran a second ckpt_nb.batches() loop outside ckpt_nb.epochs(), and a "
                "saved position does not say which loop it is in",
+    "after": "an optimizer stepped after its ckpt_nb.batches() loop outside "
+             "ckpt_nb.epochs() (a plain loop's steps), and a saved position does not say "
+             "how far past that loop it is",
 }
 
 
@@ -1742,6 +1745,10 @@ class AutoSession(NotState):
         # epoch of epochs() (a step outside its tracked batches() loop, or a plain loop
         # over the data): the position saved there, the epoch's start, would be replayed.
         if not self.loop.in_batches and self.loop.epoch is None:
+            if self.loop.tracked_loader is not None and self.loop.untracked is None:
+                # (past the tracked loop: its position, the loop's end, does not say how
+                # many steps since; a resume skipped every batch and ran them again)
+                self.loop.untracked = "after"
             self._consistent()
             self.checkpoint_if_due()
 
@@ -3225,7 +3232,7 @@ class AutoSession(NotState):
         in their loop record, which a resume refuses. A second pass over the tracked loader
         is said at once: the run needs epochs() to resume; another loader (a validation
         loop, with no save inside) where a save is made."""
-        if self.loop.untracked is not None:
+        if self.loop.untracked not in (None, "after"):  # (what a later loop is tells more)
             return
         self.loop.untracked = "again" if id(loader) == self.loop.tracked_loader else "another"
         if self.loop.untracked == "again":
