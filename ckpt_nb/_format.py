@@ -497,7 +497,7 @@ def _tensor_problem(tensor: dict[str, Any], storages: list[dict[str, Any]]) -> s
 
 
 # Bytes per element of the dtypes torch 2.13 names, so that checking a manifest needs no
-# torch: the CLI's ls, show and verify start in a fraction of a second, not in seconds.
+# torch, whose import takes seconds (the CLI's ls, show and verify never import it).
 _ITEMSIZES = {
     **dict.fromkeys(("bool", "uint8", "int8", "quint8", "qint8", "quint4x2", "quint2x4",
                      "bits8", "bits1x8", "bits2x4", "bits4x2", "float8_e4m3fn",

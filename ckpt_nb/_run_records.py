@@ -38,7 +38,7 @@ def written_keep_best(manager: CheckpointManager, known: dict[str, Any] | None =
     runs = known if known is not None else {}
     newest = list(reversed(manager.catalog.checkpoints()[-RUN_RECORD_DEPTH:]))
     for rows in (newest[:1], newest[1:]):
-        read = run_records(manager, [row for row in rows if row.id not in runs])
+        read = _run_records(manager, [row for row in rows if row.id not in runs])
         runs.update((cid, run) for cid, run in read.items() if run is not _UNREAD)
         for row in rows:
             run = runs.get(row.id, read.get(row.id))
@@ -54,7 +54,7 @@ def written_keep_best(manager: CheckpointManager, known: dict[str, Any] | None =
 _UNREAD = object()
 
 
-def run_records(manager: CheckpointManager, rows: list[CheckpointRow]) -> dict[str, Any]:
+def _run_records(manager: CheckpointManager, rows: list[CheckpointRow]) -> dict[str, Any]:
     """Each of ``rows``' run record as its manifest holds it (None: it has none;
     ``_UNREAD``: its manifest could not be read), the manifests fetched by a few threads at
     once: one by one, an ``ls`` of an object store that scripts wrote waited for 16 GETs in
