@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
     from . import _capture as capture
     from ._capture import FlatState, SlotNames, SnapshotBuffers, Unflattener
-else:  # (a store's reads need neither: the CLI's ls and show start in a fraction of a second)
+else:  # (a store's reads need neither: the CLI's ls, show and verify never import torch)
     torch = LazyModule("torch", globals(), "torch")
     capture = LazyModule("ckpt_nb._capture", globals(), "capture")
 
@@ -1729,7 +1729,7 @@ class CheckpointManager:
         said = (f"{which!r} is too short for an id prefix: give at least {SHORTEST_PREFIX} "
                 "characters of a checkpoint's id (list(), ckpt-nb ls), or 'latest', 'best' or "
                 "'-N'")
-        if not which.isdigit():
+        if not which.isdecimal():
             return said
         at = [row.id for row in reversed(self.catalog.checkpoints()) if row.step == int(which)]
         if not at:
