@@ -1966,10 +1966,13 @@ class AutoSession(NotState):
                                              and self._save_asked[1]))
         if not self._told_save_later:
             self._told_save_later = True
+            later = "at the next optimizer step (a checkpoint to roll back to, which a " \
+                "resume does not start from) or at the cell's end" \
+                if where == _AFTER_THE_LOOP else "at the next consistent point (before the " \
+                "next batch is fetched, at the epoch's end, or at the cell's end)"
             self.say(f"save() at step {self.step}, {where}, is not a point a resume can "
-                     "start from (the code there would run again): it is taken at the next "
-                     "consistent point (before the next batch is fetched, at the epoch's "
-                     "end, or at the cell's end) and returns None (said once)")
+                     f"start from (the code there would run again): it is taken {later} and "
+                     "returns None (said once)")
         return None
 
     def _no_resume_point(self) -> str | None:
@@ -1982,7 +1985,7 @@ class AutoSession(NotState):
         if loop.epoch is not None:
             return f"in epoch {loop.epoch} outside its batches() loop"
         if loop.tracked_loader is not None:
-            return "after the batches() loop"
+            return _AFTER_THE_LOOP
         return None
 
     def _save(self, *, reason: str, finished: bool = False, wait: bool = False,
@@ -3360,6 +3363,8 @@ _position_events: dict[str, str] = {}  # store URL -> how it got there: save, re
 # store URL -> the checkpoint rolled back to where it was deleted since (the position is
 # its nearest kept ancestor then): a resume from that ancestor says it replaces its state
 _deleted_rollbacks: dict[str, str] = {}
+# Where a save() asked after the tracked batches() loop, outside epochs(), stands
+_AFTER_THE_LOOP = "after the batches() loop"
 # store URL -> the checkpoints this kernel rolled back to: their branches stay whatever a
 # cell's --keep says (``AutoSession._rolled_back_branches``)
 _rolled_back_to: dict[str, set[str]] = {}

@@ -70,3 +70,9 @@ def test_a_kill_in_a_plain_loop_after_the_tracked_loop_resumes_exactly(
     told = reference.stdout + reference.stderr
     assert told.count(f"this run cannot resume from its checkpoints from here on: {why}") \
         == 1, told
+    if options["after_loop"]:  # (the save() line says where it is taken: not "at the
+        # next batch's fetch or the epoch's end", which no plain loop after the loop has)
+        assert "after the batches() loop, is not a point a resume can start from (the code " \
+            "there would run again): it is taken at the next optimizer step (a checkpoint " \
+            "to roll back to, which a resume does not start from) or at the cell's end" \
+            in told, told
