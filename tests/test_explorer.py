@@ -1517,13 +1517,16 @@ def test_a_single_id_given_as_a_string_is_one_id(tmp_path: Path) -> None:
     try:
         assert ui.select(ids[0]) == [ids[0]]
         assert ui.select("latest") == [ids[1]]
-        two = ids[1][0] + ids[0][0]  # two characters, each a prefix of an id
-        prefixed = [i for i in ids if i.startswith(two)]
+        # four characters, each a prefix of an id (or a prefix of one)
+        four = ids[1][0] + ids[0][0] + ids[1][0] + ids[0][0]
+        prefixed = [i for i in ids if i.startswith(four)]
         if prefixed:
-            assert ui.select(two) == prefixed
+            assert ui.select(four) == prefixed
         else:
             with pytest.raises(ckpt_nb.CheckpointNotFoundError):
-                ui.select(two)
+                ui.select(four)
+        with pytest.raises(ckpt_nb.CheckpointNotFoundError, match="too short"):
+            ui.select(ids[0][:2])  # (a prefix names an id from 4 characters on)
     finally:
         ui.close()
     fig = ckpt_nb.plot_compare(tmp_path / "s", "latest")
