@@ -20,6 +20,7 @@ import io
 import mmap
 import os
 import re
+import shlex
 import socket
 import stat
 import sys
@@ -190,9 +191,32 @@ class LocalStore(Store):
                                  "CheckpointManager saves its checkpoints into") from None
             raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
         _refuse_links(self.root)
+        self._refuse_linked_values()
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
+
+    def _refuse_linked_values(self) -> None:
+        """Refuse a store whose values in its own folders (manifests, packs, labels,
+        records) are symbolic links, as a DVC or git-annex checkout into a cache makes
+        them: ckpt_nb reads no link, so such a store opened as holding no checkpoints,
+        its catalog was rewritten empty, and a notebook's ``%%ckpt_auto`` trained from
+        scratch."""
+        try:
+            links = [key for folder in _OWN_FOLDERS for key, entry in self._entries(folder)
+                     if entry.is_symlink()]
+        except OSError:
+            return  # (unreadable: the first read says so)
+        if links:
+            first = self.root / links[0]
+            more = f", and {len(links) - 1} more" if len(links) > 1 else ""
+            raise StoreError(
+                f"the store at {self.root} holds symbolic links in place of its files "
+                f"({first} -> {os.readlink(first)}{more}): ckpt_nb follows no links inside "
+                "a store, so it would find no checkpoint there; put the files themselves "
+                f"there (`cp -rL {shlex.quote(str(self.root))} NEW` copies the store with them; "
+                "DVC and git-annex can check files out as copies, or unlock them), then "
+                "open it again")
 
     def _open(self, key: str, buffering: int = -1) -> Any:
         """A value's file, for reading. A link, a FIFO or a device there is damage (a
@@ -292,10 +316,17 @@ class LocalStore(Store):
             os.close(fd)
 
     def has(self, key: str) -> bool:
-        return self._path(key).is_file()
+        # (a link or a FIFO there is held too, not followed: read, it fails as damage; taken
+        # for gone, gc forgot the damaged checkpoint it was, and deleted its packs)
+        try:
+            return not stat.S_ISDIR(os.lstat(self._path(key)).st_mode)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return False
+            raise
 
     def size(self, key: str) -> int:
-        return self._path(key).stat().st_size
+        return os.lstat(self._path(key)).st_size
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -313,9 +344,11 @@ class LocalStore(Store):
         return found
 
     def _entries(self, prefix: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        """The keys under ``prefix``, each with its directory entry. Only regular files
-        with names ckpt_nb could have written: not a link (gc deletes what it lists), a
-        FIFO, nor a copy named "x (1).pack"."""
+        """The keys under ``prefix``, each with its directory entry: every name ckpt_nb
+        could have written, not a copy named "x (1).pack". A link, a FIFO or a device of
+        such a name is listed too, never followed: reading it fails as damage (``_open``),
+        which a rebuild names and gc keeps; left unlisted, its checkpoint vanished from a
+        catalog read again, and gc deleted the packs it needs."""
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir() or base.is_symlink():
             return
@@ -331,8 +364,7 @@ class LocalStore(Store):
                         folders.append(Path(entry.path))
                         continue
                     key = Path(entry.path).relative_to(self.root).as_posix()
-                    if entry.is_file(follow_symlinks=False) and TMP_MARK not in key and \
-                            _is_key(key):
+                    if TMP_MARK not in key and _is_key(key):
                         yield key, entry
 
     def sweep_temporaries(self) -> tuple[int, int]:
