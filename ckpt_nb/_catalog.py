@@ -114,6 +114,47 @@ CREATE INDEX IF NOT EXISTS refs_digest ON refs(digest);
 CREATE TABLE IF NOT EXISTS branches (name TEXT PRIMARY KEY, tip TEXT);
 """
 
+# The kinds of object a SQLite schema holds, in words (any other is named by its type).
+_SCHEMA_KINDS = {"table": "a table", "index": "an index", "view": "a view",
+                 "trigger": "a trigger"}
+
+
+@functools.cache
+def _own_schema() -> dict[tuple[str, str], tuple[str, str | None]]:
+    """Every object a catalog of ckpt_nb's holds, (type, name) -> (table, SQL), as SQLite
+    records them: read back from ``_SCHEMA`` made in memory, in SQLite's own normalized
+    text. Older catalogs hold these too (the schema has only gained the index
+    chunks_base since), and SQLite's own statistics tables, which ANALYZE or PRAGMA
+    optimize makes, hold no SQL."""
+    made = sqlite3.connect(":memory:")
+    try:
+        made.executescript(_SCHEMA)
+        made.execute("ANALYZE")
+        return {(kind, name): (table, sql) for kind, name, table, sql in
+                made.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")}
+    finally:
+        made.close()
+
+
+def _foreign_object(db: sqlite3.Connection) -> str | None:
+    """The first object in a catalog's schema that ckpt_nb does not make, in words (None
+    where there is none): a trigger or a view runs SQL its author wrote as ckpt_nb reads or
+    writes the catalog (one deleted every earlier checkpoint's refs at the next save, so
+    that gc deleted their packs; one with an endless recursive query hung the open), and
+    so may a table or index made otherwise. Read from sqlite_master alone, which runs none
+    of it."""
+    own = _own_schema()
+    for kind, name, table, sql in db.execute(  # (triggers and views first: they run SQL)
+            "SELECT type, name, tbl_name, sql FROM sqlite_master "
+            "ORDER BY type NOT IN ('trigger', 'view')").fetchall():
+        made = own.get((kind, name))
+        if made is None:
+            said = _SCHEMA_KINDS.get(kind) or f"an entry of type {kind!r}"
+            return f"{said} {name!r} that ckpt_nb does not make"
+        if made != (table, sql):
+            return f"the {kind} {name!r}, made otherwise than ckpt_nb makes it"
+    return None
+
 
 @dataclass
 class CheckpointRow:
@@ -431,12 +472,16 @@ class Catalog:
 
     def _open(self, seed: Callable[[], Seed] | None) -> None:
         self._db.row_factory = sqlite3.Row
+        # (beside ``_refuse_foreign_objects``: a function that a schema's SQL names runs
+        # only where SQLite deems it harmless)
+        self._db.execute("PRAGMA trusted_schema=OFF")
         if self.read_only:
             try:
                 self._db.execute("SELECT 1 FROM sqlite_master").fetchone()  # (reads the WAL)
             except sqlite3.OperationalError:
                 self._db.close()
                 self._db = self._copied_into_memory()
+            self._refuse_foreign_objects()
             found = self._meta("schema_version")
             if found is None:
                 raise StoreError(f"the catalog {self.path} is empty, and its folder "
@@ -447,6 +492,7 @@ class Catalog:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         with self.transaction() as db:
+            self._refuse_foreign_objects()  # (first: a trigger would fire at the next write)
             found = self._meta("schema_version")
             if found is None:
                 for statement in _SCHEMA.split(";"):
@@ -462,6 +508,14 @@ class Catalog:
                 self._check_schema(found)
                 # (added since: a retention's collection asks what is stacked on its chunks)
                 db.execute("CREATE INDEX IF NOT EXISTS chunks_base ON chunks(base)")
+
+    def _refuse_foreign_objects(self) -> None:
+        """Refuse a catalog whose schema holds what ckpt_nb does not make (``_foreign_object``),
+        before any query reads or writes its tables: opening a store never runs what its
+        author wrote."""
+        found = _foreign_object(self._db)
+        if found is not None:
+            raise DamagedCatalog(f"its schema, with {found} (none of it was run),")
 
     def _check_schema(self, found: str) -> None:
         if not str(found).isdigit():
@@ -627,6 +681,7 @@ class Catalog:
                 source = sqlite3.connect(copy)
                 memory = sqlite3.connect(":memory:", check_same_thread=False,
                                          isolation_level=None)
+                memory.execute("PRAGMA trusted_schema=OFF")  # (as ``_open`` sets it)
                 try:
                     source.backup(memory)
                 finally:
