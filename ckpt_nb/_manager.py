@@ -22,6 +22,7 @@ import os
 import re
 import reprlib
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -838,15 +839,19 @@ class CheckpointManager:
 
     def _open_lock(self) -> IO[str]:
         """The lock file; an object store's catalog cache removed meanwhile (a cache
-        cleaner, ``rm -rf ~/.cache``) is made again, since the store holds everything."""
+        cleaner, ``rm -rf ~/.cache``) is made again, since the store holds everything.
+        One that is not a regular file (a FIFO, a folder) is refused, not waited on."""
         assert self._lock_path is not None
         cache = self._lock_path.parent
         try:
             if local_root(self.store) is None:
                 cache.mkdir(parents=True, exist_ok=True)
-            # (not appending: a note is written over the last, ``_note_holder``)
-            return open(os.open(self._lock_path, os.O_WRONLY | os.O_CREAT, 0o666), "w")
+            # (not appending: a note is written over the last, ``_note_holder``; not
+            # blocking: a FIFO opened to write waits for a reader, forever)
+            handle = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o666)
         except OSError as exc:
+            if self._lock_path.exists() and not self._lock_path.is_file():
+                raise self._lock_not_a_file() from exc  # (a folder; a FIFO no process reads)
             # (one there is opened whatever its folder allows: the file is what refuses)
             fix = "make it writable for this user (chmod or chown it, as its owner or " \
                 "root)" if self._lock_path.exists() else \
@@ -855,6 +860,17 @@ class CheckpointManager:
             raise StoreError(f"cannot open the lock file {self._lock_path} of "
                              f"{self.store.url} ({exc.strerror or exc}): {fix}, then try "
                              "again; nothing was changed") from exc
+        if not stat.S_ISREG(os.fstat(handle).st_mode):  # (a FIFO that a process reads)
+            os.close(handle)
+            raise self._lock_not_a_file()
+        os.set_blocking(handle, True)
+        return open(handle, "w")
+
+    def _lock_not_a_file(self) -> StoreError:
+        """The error of a lock file that is not a regular file: no lock can be taken on it."""
+        return StoreError(f"the lock file {self._lock_path} of {self.store.url} is not a "
+                          "regular file (a FIFO or a folder?): move it away (ckpt_nb makes "
+                          "it again), then try again; nothing was changed")
 
     def _wait_for(self, handle: IO[str] | int) -> None:
         """Take a lock (of the lock file or the store's folder). Where another process
@@ -916,7 +932,8 @@ class CheckpointManager:
         ckpt_nb before ids, or the file deleted meanwhile)."""
         assert self._lock_path is not None
         try:
-            last = self._lock_path.read_text().split()
+            # (not a FIFO, which opened to read waits for a writer: ``_open_lock`` refuses it)
+            last = self._lock_path.read_text().split() if self._lock_path.is_file() else []
         except OSError:  # (deleted meanwhile: no catalog is known to have written last)
             last = []
         return last[1] if len(last) > 1 else ""

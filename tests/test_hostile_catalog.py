@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python  # (fresh interpreters forked from a warm one)
 from conftest import Holder
 from test_hostile import two_saves
 
-from ckpt_nb import CheckpointManager, DamagedCatalog
+from ckpt_nb import CheckpointManager, DamagedCatalog, StoreError
 
 # A subprocess's command prefix under which root, too, cannot write a folder of mode 555
 # (as test_cli's); none where this is not root.
@@ -139,3 +140,45 @@ def test_a_catalog_of_an_older_ckpt_nb_analyzed_by_sqlite_opens(tmp_path: Path) 
             assert mgr.catalog._db.execute("PRAGMA trusted_schema").fetchone()[0] == 0
     assert {("index", "chunks_base"), ("table", "sqlite_stat1")} <= set(
         schema(tmp_path / "catalog.sqlite"))
+
+
+def test_a_fifo_in_place_of_the_lock_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Opened to read or write, a FIFO waits for a process at its other end: opening the
+    store, and every command (`ckpt-nb ls` too), hung forever. Reads need no lock file."""
+    ids = list(two_saves(tmp_path))
+    lock = tmp_path / "catalog.sqlite.lock"
+    lock.unlink()
+    os.mkfifo(lock)
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return warm_python.run([sys.executable, "-m", "ckpt_nb", *args, str(tmp_path)],
+                               timeout=120)  # (a guard: before, it never ended)
+
+    listed = command("ls")
+    assert listed.returncode == 0 and all(cid in listed.stdout for cid in ids), listed
+    collected = command("gc")
+    assert collected.returncode == 1 and collected.stdout == ""
+    assert collected.stderr == f"ckpt-nb: the lock file {lock} of {tmp_path} is not a " \
+        "regular file (a FIFO or a folder?): move it away (ckpt_nb makes it again), then " \
+        "try again; nothing was changed\n"
+    # One that a process reads opens without waiting: refused all the same.
+    reader = os.open(lock, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(StoreError, match="is not a regular file"):
+            CheckpointManager(tmp_path).gc()
+    finally:
+        os.close(reader)
+    lock.unlink()  # (the way out it gives)
+    with CheckpointManager(tmp_path) as mgr:
+        assert mgr.list()["id"].tolist() == ids and mgr.gc().packs_deleted == 0
+
+
+def test_a_folder_in_place_of_the_lock_file_is_said_to_be_no_file(tmp_path: Path) -> None:
+    """gc said to make it writable (chmod or chown it): a folder is no lock file."""
+    two_saves(tmp_path)
+    lock = tmp_path / "catalog.sqlite.lock"
+    lock.unlink()
+    lock.mkdir()
+    with pytest.raises(StoreError, match="is not a regular file .* move it away") as refused:
+        CheckpointManager(tmp_path).gc()
+    assert "chmod" not in str(refused.value)
