@@ -429,26 +429,41 @@ class Catalog:
                                        self.path, timeout=30, check_same_thread=False,
                                        isolation_level=None, uri=self.read_only)
         except sqlite3.OperationalError as exc:
-            raise self._unopenable(exc) from exc
+            raise self._unopenable(exc, self._not_regular_files()) from exc
         try:
             self._open(seed)
             self.file_id = _file_id(self.path)
             with _OPEN_CATALOGS_LOCK:
                 _OPEN_CATALOGS.add(self)
         except BaseException as exc:
+            # (looked at first: SQLite's last connection deletes the -wal as it closes)
+            not_regular = self._not_regular_files()
             self._db.close()
             if isinstance(exc, sqlite3.OperationalError):
-                raise self._unopenable(exc) from exc
+                raise self._unopenable(exc, not_regular) from exc
             if isinstance(exc, DamagedCatalog):
                 raise DamagedCatalog(exc.what, self.path) from exc.__cause__
             if isinstance(exc, sqlite3.Error):  # (as found later: damage is its exact type)
                 raise self._failed(exc) from exc
             raise
 
-    def _unopenable(self, exc: sqlite3.OperationalError) -> StoreError:
+    def _not_regular_files(self) -> list[str]:
+        """The names of the catalog, its -wal and -shm where one is there and is not a
+        regular file (a FIFO, a folder): SQLite says only "disk I/O error" or "unable to
+        open database file"."""
+        return [p.name for p in (self.path, self.path.with_name(self.path.name + "-wal"),
+                                 self.path.with_name(self.path.name + "-shm"))
+                if p.exists() and not p.is_file()]
+
+    def _unopenable(self, exc: sqlite3.OperationalError, not_regular: list[str]) -> StoreError:
         if not os.access(self.path.parent, os.W_OK):
             hint = (" (its folder is read-only, and SQLite writes a journal beside it even to "
                     "read: copy the store somewhere writable to open it)")
+        elif not_regular:
+            are, them = ("is", "it") if len(not_regular) == 1 else ("are", "them")
+            hint = (f" ({' and '.join(not_regular)} {are} not a regular file (a FIFO or a "
+                    f"folder?): once no other process has the store open, move {them} aside "
+                    "and open the store again)")
         elif "I/O" in str(exc) or "full" in str(exc):
             journal = [p.name for p in (self.path.with_name(self.path.name + "-wal"),
                                         self.path.with_name(self.path.name + "-shm"))

@@ -182,3 +182,34 @@ def test_a_folder_in_place_of_the_lock_file_is_said_to_be_no_file(tmp_path: Path
     with pytest.raises(StoreError, match="is not a regular file .* move it away") as refused:
         CheckpointManager(tmp_path).gc()
     assert "chmod" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm",
+                                  "catalog.sqlite as a folder"])
+def test_a_catalog_or_journal_that_is_no_regular_file_is_named(tmp_path: Path,
+                                                                name: str) -> None:
+    """SQLite's "disk I/O error" was said to mean a full disk ("unable to open database
+    file", for a folder, nothing)."""
+    ids = list(two_saves(tmp_path))
+    path = tmp_path / name.split()[0]
+    if name.endswith("folder"):
+        path.unlink()
+        path.mkdir()
+    else:
+        path.unlink(missing_ok=True)  # (a closed catalog leaves no journal)
+        os.mkfifo(path)
+    with pytest.raises(StoreError, match=f"cannot open the catalog .*: .* \\({path.name} is "
+                                         r"not a regular file \(a FIFO or a folder\?\): once "
+                                         "no other process has the store open, move it "
+                                         "aside and open the store again\\)$"):
+        CheckpointManager(tmp_path)
+    # The way out it gives (a FIFO at the -wal is gone already: SQLite deleted it as it
+    # closed the catalog).
+    if path.is_dir():
+        path.rmdir()
+    else:
+        path.unlink(missing_ok=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "the catalog .* was missing, so it was rebuilt")
+        with CheckpointManager(tmp_path) as mgr:
+            assert mgr.list()["id"].tolist() == ids and mgr.verify().ok
