@@ -306,17 +306,35 @@ def is_int64(value: object) -> bool:
 
 
 # A manifest is JSON of a few hundred bytes a tensor, and the plain values saved (a long
-# string of a notebook's, say): a save refuses one over 4 GiB, so a frame that claims more
-# is damage, not a manifest to allocate memory for.
+# string of a notebook's, say): a save refuses one whose parsed value would take over 4 GiB
+# (``parse_cost``), so a frame that takes more is damage, not a manifest to allocate memory
+# for. Its bytes alone do not bound that: a list of zeros parses into 4 times its JSON, a
+# list of empty dicts 24 times, and a 115 KB frame of 1.2 GB of zeros took 5 GB to read.
 MANIFEST_LIMIT = 4 << 30
+# What parsing JSON takes in CPython (3.11, measured with tracemalloc), at most, for
+# each byte that starts or ends a value, a list, an object or a dict entry: a list's slot and
+# an int or a float 40, a string 2 x 28 and its text, a dict entry's new key 110 (with the
+# decoder's memo of keys), an empty list 63 + 25 where CPython takes 56 (88 with an item).
+# JSON of up to ``_UNCOUNTED`` bytes cannot take more than the limit, and is not counted.
+_PARSE_COSTS = {b",": 40, b":": 110, b'"': 28, b"[": 63, b"{": 63, b"]": 25, b"}": 25}
+_UNCOUNTED = MANIFEST_LIMIT // (1 + max(_PARSE_COSTS.values()))
+
+
+def parse_cost(text: bytes | bytearray) -> int:
+    """An upper bound of the bytes the value ``json.loads(text)`` returns takes, from the
+    counts of the bytes that make its values (those inside strings too: an overestimate,
+    which a few hundred commas in a long string do not change)."""
+    return len(text) + sum(text.count(byte) * cost for byte, cost in _PARSE_COSTS.items())
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
     text = json.dumps(manifest).encode()
-    if len(text) > MANIFEST_LIMIT:
+    if len(text) > _UNCOUNTED and (cost := parse_cost(text)) > MANIFEST_LIMIT:
         raise CaptureError(f"the checkpoint's plain values take {len(text) >> 20} MiB as JSON, "
-                           f"over the {MANIFEST_LIMIT >> 30} GiB a manifest holds: keep large "
-                           "values as tensors or NumPy arrays, which are stored as raw bytes")
+                           f"which would take up to {cost >> 20} MiB of memory to read back, "
+                           f"over the {MANIFEST_LIMIT >> 30} GiB a manifest may: keep large "
+                           "values (long strings, long lists of numbers) as tensors, NumPy "
+                           "arrays or bytes, which are stored as raw bytes")
     # With the frame's content checksum: a manifest's own check, where no catalog holds its
     # digest (a rebuilt one reads the digest off the file). Any zstd reader checks it (a
     # ckpt_nb from before it too), and reads a manifest written without it as before.
@@ -327,12 +345,19 @@ def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     """A manifest, its frame of storages and chunks checked (what a read trusts to size
     and place the bytes it decodes)."""
     try:
-        manifest = json.loads(_inflate(data))
+        text = _inflate(data).decode()  # (its bytes freed before the parse: GBs, maybe)
+        manifest = json.loads(text)
+        del text
+        problem = _manifest_problem(manifest)
     except (zstandard.ZstdError, ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(
             f"manifest of checkpoint {checkpoint_id} is unreadable: {exc}", checkpoint_id
         ) from exc
-    problem = _manifest_problem(manifest)
+    except MemoryError as exc:  # (as a damaged one, so "latest", verify and a rebuild go on)
+        raise CorruptCheckpointError(
+            f"manifest of checkpoint {checkpoint_id} is unreadable: it does not fit in this "
+            "process's memory (the manifest is damaged, or was saved where there was more "
+            "memory: read it there)", checkpoint_id) from exc
     if problem:
         raise CorruptCheckpointError(
             f"checkpoint {checkpoint_id}: its manifest is damaged ({problem})", checkpoint_id)
@@ -346,22 +371,25 @@ def decode_manifest(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     return manifest
 
 
-def _inflate(data: bytes) -> bytes:
-    """A manifest's frame decompressed, refused past ``MANIFEST_LIMIT`` before the memory
-    is taken (a frame that does not say its size is read a piece at a time)."""
+def _inflate(data: bytes) -> bytes | bytearray:
+    """A manifest's frame decompressed, refused past ``MANIFEST_LIMIT`` (what its JSON would
+    take to read, ``parse_cost``) before that memory is taken: a frame over ``_UNCOUNTED``
+    bytes, or one that does not say its size, is read and counted a piece at a time."""
     size = zstandard.frame_content_size(data)
     if size > MANIFEST_LIMIT:
         raise ValueError(f"it claims {size} bytes, more than any manifest")
-    if size >= 0:
+    if 0 <= size <= _UNCOUNTED:
         return zstandard.ZstdDecompressor().decompress(data)
-    parts, total = [], 0
+    text, cost = bytearray(), 0
     with zstandard.ZstdDecompressor().stream_reader(data) as reader:
         while part := reader.read(16 << 20):
-            total += len(part)
-            if total > MANIFEST_LIMIT:
-                raise ValueError("it holds more bytes than any manifest")
-            parts.append(part)
-    return b"".join(parts)
+            text += part
+            cost += parse_cost(part)
+            if cost > MANIFEST_LIMIT:
+                raise ValueError(f"it holds more than any manifest: {len(text) >> 20} MiB of "
+                                 f"JSON so far, which would take over {cost >> 20} MiB of "
+                                 "memory to read")
+    return text
 
 
 def _manifest_problem(manifest: Any) -> str | None:
