@@ -729,6 +729,11 @@ class Unflattener:
         self._cache: dict[int, torch.Tensor] = {}
 
     def tensor(self, index: int) -> torch.Tensor:
+        # (a negative index, or a bool, would pick another tensor as Python's lists do: the
+        # read names the checkpoint as for any index past the end)
+        if not (type(index) is int and 0 <= index < len(self.tensors)):
+            raise IndexError(f"a state node names tensor {index!r}, not one of the "
+                             f"{len(self.tensors)} its manifest has")
         if index not in self._cache:
             rec = self.tensors[index]
             base = self.storages[rec["storage"]]

@@ -1,6 +1,6 @@
-"""Manifests made to take a reader's memory: each is damage named by its checkpoint (so
-"latest" passes over it, verify() lists it and a rebuild leaves it out), never a bare
-MemoryError or an OOM-killed kernel."""
+"""Manifests made to take a reader's memory, and state nodes that name another tensor: each
+is damage named by its checkpoint (so "latest" passes over it, verify() lists it and a
+rebuild leaves it out), never a bare MemoryError, an OOM-killed kernel or another value."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
 import torch
 import zstandard
-from test_hostile import catalog, lose_catalog, two_saves
+from test_hostile import catalog, lose_catalog, rewrite_manifest, two_saves
 
 from ckpt_nb import CaptureError, CheckpointManager, CorruptCheckpointError
 
@@ -125,3 +126,29 @@ def test_a_save_whose_values_would_take_over_4_gib_to_read_is_refused_and_keeps_
         assert mgr.list()["id"].tolist() == [kept]
     assert len(list((tmp_path / "manifests").iterdir())) == 1
     assert CheckpointManager(tmp_path).load(kept).epoch == 0
+
+
+@pytest.mark.parametrize("node", [{"__tensor__": -1}, {"__tensor__": True},
+                                  {"__ndarray__": -1, "dtype": "<f4"},
+                                  {"__bytes__": -2, "type": "bytes"}, {"__floats__": -1},
+                                  {"__generator__": -1}],
+                         ids=["tensor -1", "tensor true", "ndarray -1", "bytes -2",
+                              "floats -1", "generator -1"])
+def test_a_state_node_that_names_a_tensor_from_the_end_is_damage(
+        tmp_path: Path, node: dict[str, Any]) -> None:
+    """Python's lists take -1 as the last item: {"__tensor__": -1} loaded the model's bias
+    where 999 was refused."""
+    good, bad = two_saves(tmp_path)
+
+    def change(manifest: dict[str, Any]) -> dict[str, Any]:
+        manifest["state"]["extra"]["value"] = node
+        return manifest
+
+    rewrite_manifest(tmp_path, bad, change)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad}: its manifest does "
+                                                     "not describe a state .*names tensor"):
+        mgr.load(bad)
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        assert mgr.restore("latest", model=torch.nn.Linear(64, 64)).id == good
