@@ -281,9 +281,13 @@ class LocalStore(Store):
                 if self.durable:
                     _fsync_dir(path.parent)
         except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
+            # (a file system gone read-only or failing refuses these too: their OSError,
+            # naming only the temporary, took the place of the error in flight, which says
+            # what failed; gc sweeps a temporary left)
+            with contextlib.suppress(OSError):
+                if fd >= 0:
+                    os.close(fd)
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
 

@@ -105,6 +105,25 @@ def test_failed_write_leaves_no_temporary(tmp_path: Path) -> None:
     assert store.get("k") == b"old"
 
 
+def test_a_clean_up_that_fails_leaves_the_error_in_flight_said(tmp_path: Path) -> None:
+    """A write that fails where its temporary cannot be removed either (a file system gone
+    read-only mid-save refuses both): the write's own error comes through, not the
+    clean-up's OSError naming only the temporary. The temporary is made a folder, a real
+    refusal of that unlink (EISDIR) that needs no failing disk."""
+    store = LocalStore(tmp_path)
+    key = f"packs/{'a' * 32}.pack"
+    store.put(key, b"earlier")
+    with pytest.raises(RuntimeError, match="the write's own failure"):
+        with store.writer(key) as out:
+            out.write(b"later")
+            (temporary,) = (tmp_path / "packs").glob("*.tmp-*")
+            temporary.unlink()
+            temporary.mkdir()
+            raise RuntimeError("the write's own failure")
+    assert store.get(key) == b"earlier"
+    assert store.sweep_temporaries() == (0, 0)  # (a folder: not a temporary of ckpt_nb's)
+
+
 def test_base_store_sweep_is_a_no_op() -> None:
     assert MemoryStore().sweep_temporaries() == (0, 0)
 
