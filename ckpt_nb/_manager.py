@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import decimal
 import difflib
+import errno
 import fcntl
 import gc
 import hashlib
@@ -946,8 +947,19 @@ class CheckpointManager:
         whole store again); one stopped between the two keeps the rest of the last
         note after the new one's line."""
         note = f"{os.getpid()} {mark}{' reading' if reading else ''}\n".encode()
-        os.pwrite(handle.fileno(), note, 0)
-        os.ftruncate(handle.fileno(), len(note))
+        try:
+            written = 0
+            while written < len(note):  # (a write cut short: the next says why, EFBIG)
+                written += os.pwrite(handle.fileno(), note[written:], written)
+            os.ftruncate(handle.fileno(), len(note))
+        except OSError as exc:
+            # (not ignored: the mark is what tells another catalog of this store that it
+            # missed this one's writes; one that was not told, its gc deleted them)
+            error = StoreError(f"cannot write the lock file {self._lock_path} of "
+                               f"{self.store.url} ({exc.strerror or exc}): "
+                               f"{_why_unwritable(exc)}, then try again; nothing was changed")
+            error.errno = exc.errno
+            raise error from exc
 
     def _reopen_if_removed(self) -> None:
         """Open the catalog again where its file was removed (an object store's cache
@@ -3252,6 +3264,23 @@ def _unwritable(folder: Path) -> str:
     except OSError as exc:
         return exc.strerror or str(exc)
     return "" if os.access(folder, os.W_OK) else "not writable"
+
+
+def _why_unwritable(exc: OSError) -> str:
+    """What to do about a file the file system would not write (the lock file): a full
+    disk's "free some room" cannot help a read-only one."""
+    if exc.errno == errno.EROFS:
+        return "its file system is read-only (remounted so after a disk error?): make it " \
+            "writable again, or copy the store to one that is"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "its disk is full: free some room"
+    if exc.errno == errno.EFBIG:
+        return "its disk is full, or this process may write no file that large (ulimit -f): " \
+            "free some room, or raise the limit"
+    if exc.errno == errno.EIO:
+        return "its disk failed to write it: check the disk (the system's log, dmesg, says " \
+            "more)"
+    return "make it writable for this user"
 
 
 def _missed_writes(last: str, mine: str) -> bool:
