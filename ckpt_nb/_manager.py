@@ -1232,8 +1232,11 @@ class CheckpointManager:
                 row.manifest_digest = codec.digest(blob)
                 row.stored_bytes = sum(r.length for r in new_rows) + len(blob)
                 self.catalog.commit_checkpoint(row, new_rows, refs)
-            except BaseException:
+            except BaseException as exc:
                 self._discard_uncommitted(row.id, blob, {r.pack for r in new_rows})
+                if isinstance(exc, MemoryError) and str(exc):  # (ckpt_nb's own, worded)
+                    raise MemoryError("saving a checkpoint failed, so it was not saved (the "
+                                      f"checkpoints saved before are intact): {exc}") from exc
                 raise
             self._check_still_there(row.id, {r.pack for r in new_rows})
             self._keep_manifest(row.id, manifest)

@@ -302,7 +302,18 @@ class LocalStore(Store):
         with self._open(key) as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return memoryview(b"")
-            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            try:
+                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            except OSError as exc:
+                if exc.errno != errno.ENOMEM:
+                    raise
+                # (as a MemoryError: "[Errno 12] Cannot allocate memory" named no file,
+                # and said nothing of a limit)
+                raise MemoryError(
+                    f"no memory left to map {key} of the store {self.root} "
+                    f"({os.fstat(f.fileno()).st_size / 2**20:.0f} MiB): this process's "
+                    "address space (limited by ulimit -v, RLIMIT_AS) or the machine's memory "
+                    "ran out; free some, or raise the limit, then try again") from exc
 
     def prefetch(self, key: str, ranges: Iterable[tuple[int, int]]) -> None:
         # Packs are written with direct I/O, so not left in the page cache: a read

@@ -4,6 +4,8 @@ MemoryError) naming the file and what to do, never a bare OSError; and nothing l
 from __future__ import annotations
 
 import os
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytest
 from conftest import DigitsRun, same
 
 from ckpt_nb import CheckpointManager, StoreError
+
+import warm_python  # (fresh interpreters forked from a warm one)
 
 
 @pytest.mark.parametrize("emptied", [False, True], ids=["written over", "emptied"])
@@ -41,3 +45,54 @@ def test_a_lock_file_note_the_disk_refuses_is_a_store_error_naming_it(
     mgr.restore(first, model=run.model, rng=False)
     assert same(run.weights(), weights)
     assert mgr.save(run.model, run.optimizer, step=1, rng=False) != first
+
+
+# A model's checkpoint whose chunks lie in a pack of some 55 MiB (saved with a 64 MiB tensor of
+# noise), into argv[1]; then, with 24 MiB more address space (RLIMIT_AS) than the process
+# has, an incremental save (which maps its base's pack) and a load of it; each error said,
+# then both again without the limit.
+WITHOUT_ROOM_TO_MAP = """
+import os, resource, sys, torch
+sys.path.insert(0, sys.argv[2])
+from conftest import Holder
+from ckpt_nb import CheckpointManager
+torch.manual_seed(0)
+model = torch.nn.Linear(1024, 1024)
+CheckpointManager(sys.argv[1]).save(model, big=Holder({"w": torch.rand(16 << 20)}), rng=False)
+mgr = CheckpointManager(sys.argv[1], strategy="incremental")  # (no base kept in memory)
+small = mgr.save(model, rng=False)  # (its chunks: the big pack's)
+weights = [t.clone() for t in model.state_dict().values()]
+with torch.no_grad():
+    model.weight[0, :10] += 1e-3
+size = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (size + (24 << 20), resource.RLIM_INFINITY))
+for read in (lambda: mgr.save(model, rng=False), lambda: mgr.load(small)):
+    try:
+        read()
+    except MemoryError as exc:
+        print(exc)
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+mgr.restore(small, model=model, rng=False)
+print(len(mgr.list()), all(map(torch.equal, model.state_dict().values(), weights)))
+mgr.save(model, rng=False)
+print(len(mgr.list()), mgr.verify().ok)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+def test_a_pack_that_cannot_be_mapped_for_want_of_memory_is_said_so(tmp_path: Path) -> None:
+    """A save and a load that cannot map a pack under RLIMIT_AS (ulimit -v): a MemoryError
+    naming the pack and the limit (the save's saying it was not saved), not a bare
+    "OSError: [Errno 12] Cannot allocate memory"; and nothing lost."""
+    done = warm_python.run([sys.executable, "-c", WITHOUT_ROOM_TO_MAP, str(tmp_path),
+                           str(Path(__file__).parent)])
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
+    assert len(said) == 4, done.stdout
+    mapping = r"no memory left to map packs/[0-9a-f]{32}\.pack of the store .* \(\d+ MiB\): " \
+        r"this process's address space \(limited by ulimit -v, RLIMIT_AS\) or the machine's " \
+        r"memory ran out; free some, or raise the limit, then try again$"
+    assert re.fullmatch(r"saving a checkpoint failed, so it was not saved \(the checkpoints "
+                        r"saved before are intact\): " + mapping, said[0]), said[0]
+    assert re.fullmatch(mapping, said[1]), said[1]
+    assert said[2:] == ["2 True", "3 True"]
