@@ -12,7 +12,6 @@ import contextlib
 import contextvars
 import decimal
 import difflib
-import errno
 import fcntl
 import gc
 import hashlib
@@ -55,7 +54,7 @@ from ._metric_names import metric_mode_from_name
 from ._parallel import in_batches, share_work
 from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
-from ._store import Store, local_root, open_store, young
+from ._store import Store, local_root, open_store, why_unwritable, young
 from ._lazy import LazyModule
 from ._units import natural_order
 
@@ -957,7 +956,7 @@ class CheckpointManager:
             # missed this one's writes; one that was not told, its gc deleted them)
             error = StoreError(f"cannot write the lock file {self._lock_path} of "
                                f"{self.store.url} ({exc.strerror or exc}): "
-                               f"{_why_unwritable(exc)}, then try again; nothing was changed")
+                               f"{why_unwritable(exc)}, then try again; nothing was changed")
             error.errno = exc.errno
             raise error from exc
 
@@ -3267,23 +3266,6 @@ def _unwritable(folder: Path) -> str:
     except OSError as exc:
         return exc.strerror or str(exc)
     return "" if os.access(folder, os.W_OK) else "not writable"
-
-
-def _why_unwritable(exc: OSError) -> str:
-    """What to do about a file the file system would not write (the lock file): a full
-    disk's "free some room" cannot help a read-only one."""
-    if exc.errno == errno.EROFS:
-        return "its file system is read-only (remounted so after a disk error?): make it " \
-            "writable again, or copy the store to one that is"
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "its disk is full: free some room"
-    if exc.errno == errno.EFBIG:
-        return "its disk is full, or this process may write no file that large (ulimit -f): " \
-            "free some room, or raise the limit"
-    if exc.errno == errno.EIO:
-        return "its disk failed to write it: check the disk (the system's log, dmesg, says " \
-            "more)"
-    return "make it writable for this user"
 
 
 def _missed_writes(last: str, mine: str) -> bool:

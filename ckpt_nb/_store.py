@@ -399,10 +399,19 @@ class LocalStore(Store):
                 for entry in entries:
                     if entry.is_file(follow_symlinks=False) and \
                             _is_own_temporary(entry.name, folder):
-                        with contextlib.suppress(FileNotFoundError):
+                        try:
                             size = entry.stat(follow_symlinks=False).st_size
                             os.unlink(entry.path)
-                            count, freed = count + 1, freed + size
+                        except FileNotFoundError:
+                            continue
+                        except OSError as exc:  # (a bare OSError named only the file)
+                            error = StoreError(
+                                f"cannot remove {entry.path}, a temporary that a write cut "
+                                f"short left in the store {self.root} ({exc.strerror or exc}): "
+                                f"{why_unwritable(exc)}, then run gc again")
+                            error.errno = exc.errno
+                            raise error from exc
+                        count, freed = count + 1, freed + size
         return count, freed
 
 
@@ -457,6 +466,23 @@ def _refuse_links(root: Path) -> None:
 
 _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _REFUSED = _FULL | {errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def why_unwritable(exc: OSError) -> str:
+    """What to do about a file the file system would not write or remove (the lock file, a
+    temporary gc sweeps): a full disk's "free some room" cannot help a read-only one."""
+    if exc.errno == errno.EROFS:
+        return "its file system is read-only (remounted so after a disk error?): make it " \
+            "writable again, or copy the store to one that is"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "its disk is full: free some room"
+    if exc.errno == errno.EFBIG:
+        return "its disk is full, or this process may write no file that large (ulimit -f): " \
+            "free some room, or raise the limit"
+    if exc.errno == errno.EIO:
+        return "its disk failed to write it: check the disk (the system's log, dmesg, says " \
+            "more)"
+    return "make it, and its folder, writable for this user"
 
 
 @contextlib.contextmanager

@@ -3,10 +3,12 @@ MemoryError) naming the file and what to do, never a bare OSError; and nothing l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,34 @@ def test_a_pack_that_cannot_be_mapped_for_want_of_memory_is_said_so(tmp_path: Pa
                         r"saved before are intact\): " + mapping, said[0]), said[0]
     assert re.fullmatch(mapping, said[1]), said[1]
     assert said[2:] == ["2 True", "3 True"]
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` made read-only in place by a bind mount over itself (EROFS, as a file
+    system remounted read-only after a disk error); skipped where mounting is refused."""
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(folder)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("mounting read-only needs root: " + mounted.stderr.decode().strip())
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_gc_that_cannot_remove_a_temporary_is_a_store_error_saying_why(tmp_path: Path) -> None:
+    """A temporary a killed save left, on a file system gone read-only: gc says it stopped,
+    names the file and says the file system is read-only; it was a bare OSError."""
+    run = DigitsRun()
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(run.model, step=0, rng=False)
+    (tmp_path / "packs" / f"{'b' * 32}.pack.tmp-0123456789ab").write_bytes(b"torn")
+    with read_only(tmp_path / "packs"):
+        with pytest.raises(StoreError, match=r"gc stopped, as the store could not be read or "
+                           r"written: cannot remove .*/packs/b{32}\.pack\.tmp-0123456789ab, a "
+                           r"temporary .*\(Read-only file system\): its file system is "
+                           r"read-only .*then run gc again"):
+            mgr.gc()
+    assert mgr.gc().temporaries_deleted == 1
+    assert mgr.list()["id"].tolist() == [first] and mgr.verify().ok
