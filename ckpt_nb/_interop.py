@@ -46,7 +46,7 @@ from ._capture import (Unflattener, flatten, module_versions, storage_bytes, tor
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError, FileFormatError,
                       MissingDependencyError, UntrustedPickleError, warn)
 from ._format import is_int64
-from ._store import _DirectWriter
+from ._store import _DirectWriter, why_unwritable
 
 if TYPE_CHECKING:
     from ._manager import Checkpoint
@@ -431,8 +431,13 @@ class _WriteErrors:
 
 
 def _naming(exc: OSError, target: Path) -> OSError:
-    """The file system's error, naming the file asked for, not its temporary."""
-    return OSError(exc.errno, exc.strerror or str(exc), str(target))
+    """The file system's error, naming the file asked for, not its temporary; a full
+    disk's says what to do, and that the export left nothing (its temporary and the
+    folders it made are removed; a file there before is as it was)."""
+    said = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        said += f": {why_unwritable(exc)}, or export to another disk; nothing was left behind"
+    return OSError(exc.errno, said, str(target))
 
 
 # A non-contiguous view is written through copies of at most this much (and, where

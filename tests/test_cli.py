@@ -548,7 +548,8 @@ def test_the_demo_refuses_a_folder_of_other_files_and_starts_its_own_afresh(
 def test_export_names_a_full_disk_not_torch_or_safetensors_internals(store: Store,
                                                                      tmp_path: Path) -> None:
     """Over a file-size limit (as on a full disk) torch said "unexpected pos" and advised
-    .safetensors; safetensors raised its own error with a traceback."""
+    .safetensors; safetensors raised its own error with a traceback. The error says what
+    to do, and that nothing was left behind."""
     import resource
     import signal
 
@@ -563,7 +564,10 @@ def test_export_names_a_full_disk_not_torch_or_safetensors_internals(store: Stor
                                "latest", tmp_path / name], capture_output=True, text=True,
                               preexec_fn=small_files, timeout=120)
         assert done.returncode == 1, done.stderr
-        assert done.stderr == f"ckpt-nb: cannot export to {tmp_path / name}: File too large\n"
+        assert done.stderr == (
+            f"ckpt-nb: cannot export to {tmp_path / name}: File too large: its disk is full, or "
+            "this process may write no file that large (ulimit -f): free some room, or raise "
+            "the limit, or export to another disk; nothing was left behind\n")
         assert not list(tmp_path.glob(f".{name}*"))  # (no temporary left)
 
 

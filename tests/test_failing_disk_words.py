@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import DigitsRun, same
 
 from ckpt_nb import CheckpointManager, StoreError
@@ -129,3 +130,26 @@ def test_gc_that_cannot_remove_a_temporary_is_a_store_error_saying_why(tmp_path:
             mgr.gc()
     assert mgr.gc().temporaries_deleted == 1
     assert mgr.list()["id"].tolist() == [first] and mgr.verify().ok
+
+
+def test_an_export_to_a_full_disk_says_what_to_do_and_leaves_nothing(tmp_path: Path) -> None:
+    """An export to a real full disk (a 1 MiB tmpfs): the OSError names the file and says
+    to free room or export elsewhere; it was a plain "No space left on device"."""
+    mgr = CheckpointManager(tmp_path / "store")
+    mgr.save(torch.nn.Linear(1024, 512), rng=False)  # (2 MiB of weights)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root: " + mounted.stderr.decode().strip())
+    try:
+        for name in ("model.pt", "model.safetensors"):
+            with pytest.raises(OSError, match=r"No space left on device: its disk is full: "
+                               r"free some room, or export to another disk; nothing was left "
+                               r"behind") as caught:
+                mgr.export("latest", disk / "out" / name)
+            assert caught.value.filename == str(disk / "out" / name)
+            assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
