@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import decimal
 import difflib
+import errno
 import fcntl
 import gc
 import hashlib
@@ -853,7 +854,8 @@ class CheckpointManager:
             if self._lock_path.exists() and not self._lock_path.is_file():
                 raise self._lock_not_a_file() from exc  # (a folder; a FIFO no process reads)
             # (one there is opened whatever its folder allows: the file is what refuses)
-            fix = "make it writable for this user (chmod or chown it, as its owner or " \
+            fix = why_unwritable(exc) if exc.errno == errno.EROFS else \
+                "make it writable for this user (chmod or chown it, as its owner or " \
                 "root)" if self._lock_path.exists() else \
                 f"make {cache} writable (for an object store's catalog cache, " \
                 "XDG_CACHE_HOME may name another folder)"

@@ -153,3 +153,19 @@ def test_an_export_to_a_full_disk_says_what_to_do_and_leaves_nothing(tmp_path: P
             assert list(disk.iterdir()) == []
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_lock_file_on_a_read_only_file_system_says_so(tmp_path: Path) -> None:
+    """The lock file cannot be opened to write, the store's folder having gone read-only
+    under a live manager: said to be the file system's doing; "chmod or chown it" could
+    not help."""
+    run = DigitsRun()
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(run.model, step=0, rng=False)
+    with read_only(tmp_path):
+        with pytest.raises(StoreError, match=r"cannot open the lock file .*catalog\.sqlite\.lock "
+                           r".*\(Read-only file system\): its file system is read-only .*make "
+                           r"it writable again.*nothing was changed") as caught:
+            mgr.save(run.model, step=1, rng=False)
+        assert "chmod" not in str(caught.value)
+    assert mgr.list()["id"].tolist() == [first]
