@@ -467,7 +467,11 @@ class CheckpointManager:
                                  "was changed: open it again") from exc
             return found[-1]
 
-        why = "was missing"
+        # (a file there that holds no catalog: its journal, which held every change since
+        # it was made, deleted after a kill; a file cut to nothing)
+        why = "was missing" if path == ":memory:" or not Path(path).is_file() else \
+            (f"was empty (its file held no catalog: was its journal, {Path(path).name}-wal, "
+             "deleted?)")
 
         def catch_up(catalog: Catalog) -> None:
             nonlocal why

@@ -169,3 +169,31 @@ def test_a_lock_file_on_a_read_only_file_system_says_so(tmp_path: Path) -> None:
             mgr.save(run.model, step=1, rng=False)
         assert "chmod" not in str(caught.value)
     assert mgr.list()["id"].tolist() == [first]
+
+
+# Saves twice into argv[1], then is killed: the catalog's changes are all in its journal.
+SAVED_THEN_KILLED = """
+import os, signal, sys, torch
+from ckpt_nb import CheckpointManager
+mgr = CheckpointManager(sys.argv[1])
+for step in (0, 1):
+    print(mgr.save(torch.nn.Linear(4, 4), step=step, rng=False))
+sys.stdout.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_catalog_whose_journal_was_deleted_is_said_to_have_been_empty(tmp_path: Path) -> None:
+    """A trainer killed with its catalog's changes in catalog.sqlite-wal, which was then
+    deleted: the file there reads empty, and is rebuilt; the warning said the catalog
+    "was missing", with its file there."""
+    done = warm_python.run([sys.executable, "-c", SAVED_THEN_KILLED, str(tmp_path)])
+    assert done.returncode == -9, done.stderr
+    for journal in ("catalog.sqlite-wal", "catalog.sqlite-shm"):
+        (tmp_path / journal).unlink()
+    assert (tmp_path / "catalog.sqlite").is_file()
+    with pytest.warns(RuntimeWarning, match=r"the catalog of .* was empty \(its file held no "
+                      r"catalog: was its journal, catalog\.sqlite-wal, deleted\?\), so it was "
+                      r"rebuilt from the store"):
+        mgr = CheckpointManager(tmp_path)
+    assert mgr.list()["id"].tolist() == done.stdout.split()
