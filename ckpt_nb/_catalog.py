@@ -13,6 +13,7 @@ import errno
 import functools
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import tempfile
@@ -410,6 +411,31 @@ def _errors_named(cls: type[Catalog]) -> type[Catalog]:
     return cls
 
 
+# Free room under which a catalog's "disk I/O error" is most likely a full disk's.
+_LITTLE_ROOM = 1 << 20
+
+
+def _why_short_of_room(folder: Path, text: str, reading: bool = False) -> str:
+    """What SQLite's "database or disk is full" or "disk I/O error" most likely means
+    here, asked as a question, with what to do: its I/O error is also what a file-size
+    limit (ulimit -f) that its journal outgrew gives, on a disk with room, and what a
+    failing disk gives."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if "full" not in text and limit != resource.RLIM_INFINITY:
+        return (f"is this process's file-size limit, ulimit -f ({limit} bytes), too small "
+                "for its journal? raise it, then try again")
+    try:
+        stats = os.statvfs(folder)
+        room = stats.f_bavail * stats.f_frsize
+    except OSError:
+        room = 0
+    if "full" in text or room < _LITTLE_ROOM:
+        return "is its disk full? " + ("SQLite needs a little room even to read"
+                                       if reading else "free some room, then try again")
+    return (f"its disk has {room >> 20} MiB free: is a quota reached, or is the disk "
+            "failing? the system's log (dmesg) says more")
+
+
 @_errors_named
 class Catalog:
     """The SQLite database beside (or for) a store; WAL mode, full sync."""
@@ -472,7 +498,7 @@ class Catalog:
                 "; or was it moved aside or deleted while another process had it open, "
                 f"leaving {' and '.join(journal)}? Once no other process has the store "
                 "open, move those aside too")
-            hint = f" (is its disk full? SQLite needs a little room even to read{moved})"
+            hint = f" ({_why_short_of_room(self.path.parent, str(exc), reading=True)}{moved})"
         else:
             hint = ""
         return StoreError(f"cannot open the catalog {self.path}: {exc}{hint}")
@@ -481,7 +507,7 @@ class Catalog:
         if type(exc) is sqlite3.DatabaseError:  # (SQLite's "malformed", "not a database")
             return DamagedCatalog(f"its SQLite file ({exc})", self.path)
         text = str(exc)
-        hint = " (is its disk full? free some room, then try again)" \
+        hint = f" ({_why_short_of_room(self.path.parent, text)})" \
             if "full" in text or "I/O" in text else ""
         return StoreError(f"the catalog {self.path} failed: {text}{hint}")
 

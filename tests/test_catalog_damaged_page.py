@@ -102,7 +102,8 @@ def test_a_catalog_moved_aside_while_another_process_has_it_open_names_its_journ
         assert holder.stdout is not None and holder.stdout.readline() == "saved\n"
         assert (root / "catalog.sqlite-wal").stat().st_size > 0
         (root / "catalog.sqlite").rename(tmp_path / "catalog.sqlite.damaged")
-        with pytest.raises(StoreError, match=r"disk I/O error \(is its disk full\? .*; or was "
+        with pytest.raises(StoreError, match=r"disk I/O error \(its disk has \d+ MiB free: "
+                                             r".*; or was "
                                              r"it moved aside or deleted while another process "
                                              r"had it open, leaving catalog\.sqlite-wal and "
                                              r"catalog\.sqlite-shm\? Once no other process has "

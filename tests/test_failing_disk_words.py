@@ -197,3 +197,22 @@ def test_a_catalog_whose_journal_was_deleted_is_said_to_have_been_empty(tmp_path
                       r"rebuilt from the store"):
         mgr = CheckpointManager(tmp_path)
     assert mgr.list()["id"].tolist() == done.stdout.split()
+
+
+def test_a_catalog_over_a_file_size_limit_is_not_said_to_be_on_a_full_disk(
+        tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
+    """SQLite's "disk I/O error" where its journal outgrew RLIMIT_FSIZE (ulimit -f), on a
+    disk with room: it said "is its disk full? free some room"."""
+    run = DigitsRun()
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(run.model, step=0, rng=False)
+    run.train_step()
+    limit = (tmp_path / "catalog.sqlite-wal").stat().st_size  # (the pack fits)
+    file_size_limit(limit)
+    with pytest.raises(StoreError, match=r"the catalog .* failed: disk I/O error \(is this "
+                       rf"process's file-size limit, ulimit -f \({limit} bytes\), too small for "
+                       r"its journal\? raise it, then try again\)") as caught:
+        mgr.save(run.model, step=1, rng=False)
+    assert "disk full" not in str(caught.value)
+    file_size_limit(None)
+    assert mgr.list()["id"].tolist() == [first]
