@@ -415,6 +415,21 @@ def _errors_named(cls: type[Catalog]) -> type[Catalog]:
 _LITTLE_ROOM = 1 << 20
 
 
+def _room(folder: Path) -> int:
+    """The bytes free to this user on ``folder``'s disk (0 where it cannot be asked)."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return 0
+    return stats.f_bavail * stats.f_frsize
+
+
+def disk_full(folder: Path) -> bool:
+    """Whether ``folder``'s disk has too little room left for SQLite to open a catalog to
+    write (its journal and shared-memory files)."""
+    return _room(folder) < _LITTLE_ROOM
+
+
 def _why_short_of_room(folder: Path, text: str, reading: bool = False) -> str:
     """What SQLite's "database or disk is full" or "disk I/O error" most likely means
     here, asked as a question, with what to do: its I/O error is also what a file-size
@@ -424,11 +439,7 @@ def _why_short_of_room(folder: Path, text: str, reading: bool = False) -> str:
     if "full" not in text and limit != resource.RLIM_INFINITY:
         return (f"is this process's file-size limit, ulimit -f ({limit} bytes), too small "
                 "for its journal? raise it, then try again")
-    try:
-        stats = os.statvfs(folder)
-        room = stats.f_bavail * stats.f_frsize
-    except OSError:
-        room = 0
+    room = _room(folder)
     if "full" in text or room < _LITTLE_ROOM:
         return "is its disk full? " + ("SQLite needs a little room even to read"
                                        if reading else "free some room, then try again")
@@ -450,6 +461,7 @@ class Catalog:
         # change (a write raises, naming the catalog).
         self.read_only = self.path.is_file() and not (
             os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK))
+        self.disk_full = False  # (read only, as its disk had no room: ``_read_on_a_full_disk``)
         try:
             self._db = sqlite3.connect(_read_only_uri(self.path) if self.read_only else
                                        self.path, timeout=30, check_same_thread=False,
@@ -465,6 +477,8 @@ class Catalog:
             # (looked at first: SQLite's last connection deletes the -wal as it closes)
             not_regular = self._not_regular_files()
             self._db.close()
+            if isinstance(exc, sqlite3.OperationalError) and self._read_on_a_full_disk():
+                return
             if isinstance(exc, sqlite3.OperationalError):
                 raise self._unopenable(exc, not_regular) from exc
             if isinstance(exc, DamagedCatalog):
@@ -480,6 +494,27 @@ class Catalog:
         return [p.name for p in (self.path, self.path.with_name(self.path.name + "-wal"),
                                  self.path.with_name(self.path.name + "-shm"))
                 if p.exists() and not p.is_file()]
+
+    def _read_on_a_full_disk(self) -> bool:
+        """Open the catalog to read only where its disk has no room left for SQLite's
+        journal (a run that filled the disk and died): to list, restore and export from,
+        as a store in a folder this process cannot write is. False where that is not it,
+        or does not open either: the first failure is said."""
+        if self.read_only or not self.path.is_file() or not disk_full(self.path.parent):
+            return False
+        self.read_only = self.disk_full = True
+        self._db = sqlite3.connect(_read_only_uri(self.path), timeout=30,
+                                   check_same_thread=False, isolation_level=None, uri=True)
+        try:
+            self._open(None)
+        except (sqlite3.Error, StoreError):
+            self._db.close()
+            self.read_only = self.disk_full = False
+            return False
+        self.file_id = _file_id(self.path)
+        with _OPEN_CATALOGS_LOCK:
+            _OPEN_CATALOGS.add(self)
+        return True
 
     def _unopenable(self, exc: sqlite3.OperationalError, not_regular: list[str]) -> StoreError:
         if not os.access(self.path.parent, os.W_OK):

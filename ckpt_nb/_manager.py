@@ -42,7 +42,7 @@ import numpy as np
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, give_back_freed_memory, scratch
 from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
-                       DamagedCatalog, open_cache)
+                       DamagedCatalog, disk_full, open_cache)
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, StoreError, StoreFormatError, check_flag,
@@ -361,6 +361,7 @@ class CheckpointManager:
         self._pack_writer: ThreadPoolExecutor | None = None
         self._lock_path: Path | None = None
         self._read_only_rebuild = False  # the catalog is rebuilt in memory, to read only
+        self._disk_full = False  # ...as there is no room for it on the store's full disk
         self._cache_refused = ""  # where an object store's catalog cache cannot be, and why
         self._told_blocked = False  # retention said gc is stopped by a damaged checkpoint
         self._told_not_caught_up = False  # a read said another catalog's writes went unread
@@ -420,6 +421,9 @@ class CheckpointManager:
             path = root / "catalog.sqlite"
             if not path.exists() and root.is_dir() and not os.access(root, os.W_OK):
                 self._read_only_rebuild = True  # (another user's store, a read-only mount)
+                return ":memory:"
+            if not path.exists() and root.is_dir() and disk_full(root):
+                self._read_only_rebuild = self._disk_full = True  # (a run filled the disk)
                 return ":memory:"
         else:
             key = hashlib.sha256(self.store.identity.encode()).hexdigest()[:16]
@@ -496,9 +500,13 @@ class CheckpointManager:
                  f"change the store, {_CACHE_ELSEWHERE}", RuntimeWarning)
         elif self._read_only_rebuild:
             catalog.read_only = True
-            warn(f"the catalog of {self.store.url} is missing and its folder cannot be "
-                 f"written, so it was rebuilt in memory, to read only: {found[0].summary()}",
-                 RuntimeWarning)
+            warn(f"the catalog of {self.store.url} is missing and "
+                 f"{'its disk is full' if self._disk_full else 'its folder cannot be written'}"
+                 f", so it was rebuilt in memory, to read only: {found[0].summary()}"
+                 f"{_FREE_ROOM_TO_WRITE if self._disk_full else ''}", RuntimeWarning)
+        elif catalog.disk_full:
+            warn(f"the disk of {self.store.url} is full, so its catalog was opened to read "
+                 f"only (to list, restore and export){_FREE_ROOM_TO_WRITE}", RuntimeWarning)
         # (an in-memory catalog, for a memory:// store, is read from its store every time)
         elif found and (found[-1].checkpoints or found[-1].left_out or aside is not None) \
                 and path != ":memory:":
@@ -714,6 +722,9 @@ class CheckpointManager:
                 raise StoreError(f"the store at {self.store.url} is open to read only, since "
                                  f"its catalog cannot be cached in {self._cache_refused}: "
                                  f"{_CACHE_ELSEWHERE}")
+            if self._disk_full or self.catalog.disk_full:
+                raise StoreError(f"the store at {self.store.url} is open to read only, as its "
+                                 f"disk was full when it was opened{_FREE_ROOM_TO_WRITE}")
             raise StoreError(f"the store at {self.store.url} is open to read only (this "
                              "process cannot write its folder): copy it somewhere writable "
                              "to change it")
@@ -3259,6 +3270,10 @@ def _unread(exc: StoreError, bad: Mapping[str, list[str]],
 _NOT_CHECKED = ("written by a newer ckpt_nb, not checked: upgrade ckpt_nb (pip install -U "
                 "ckpt_nb) to verify it")
 
+
+# What to do with a store opened to read only on a full disk, to save or delete again.
+_FREE_ROOM_TO_WRITE = ("; free some room on it, then open the store again (a new manager) to "
+                       "change it")
 
 # What to do where an object store's catalog cannot be cached on this machine.
 _CACHE_ELSEWHERE = ("set XDG_CACHE_HOME to a folder this process can write, or give the "

@@ -216,3 +216,61 @@ def test_a_catalog_over_a_file_size_limit_is_not_said_to_be_on_a_full_disk(
     assert "disk full" not in str(caught.value)
     file_size_limit(None)
     assert mgr.list()["id"].tolist() == [first]
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str = "8m") -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``folder``; skipped where mounting is refused."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                              str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root: " + mounted.stderr.decode().strip())
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Leave ``disk`` no room at all, as a run that filled it did."""
+    with open(disk / "filler", "wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * (64 << 10))
+    assert os.statvfs(disk).f_bavail == 0
+
+
+@pytest.mark.parametrize("catalog", ["kept", "lost"])
+def test_a_store_on_a_full_disk_opens_to_read(tmp_path: Path, catalog: str) -> None:
+    """A run filled the disk and died; a fresh kernel opens its store to restore or export
+    the best checkpoint elsewhere. SQLite has no room for its journal, and the store did
+    not open at all ("disk I/O error"; with the catalog lost, "database or disk is full");
+    it opens to read, saying so, as a store in a folder this process cannot write does."""
+    run = DigitsRun()
+    with small_disk(tmp_path / "disk") as disk:
+        with CheckpointManager(disk / "store") as mgr:
+            ids = [mgr.save(run.model, step=step, rng=False) for step in (0, 1)]
+        weights = run.weights()
+        if catalog == "lost":
+            (disk / "store" / "catalog.sqlite").unlink()
+        fill(disk)
+        said = r"is missing and its disk is full, so it was rebuilt in memory, to read only" \
+            if catalog == "lost" else \
+            r"the disk of .* is full, so its catalog was opened to read only"
+        with pytest.warns(RuntimeWarning, match=said + r".*free some room on it, then open "
+                          r"the store again"):
+            reader = CheckpointManager(disk / "store")
+        assert reader.list()["id"].tolist() == ids
+        run.train_step()
+        reader.restore("latest", model=run.model, rng=False)
+        assert same(run.weights(), weights)
+        reader.export("latest", tmp_path / "model.pt")
+        with pytest.raises(StoreError, match=r"open to read only, as its disk was full when it "
+                           r"was opened; free some room on it, then open the store again"):
+            reader.save(run.model, step=2, rng=False)
+        reader.close()
+        (disk / "filler").unlink()
+        with pytest.warns(RuntimeWarning, match="was missing") if catalog == "lost" else \
+                contextlib.nullcontext(), CheckpointManager(disk / "store") as writer:
+            assert writer.list()["id"].tolist() == ids
+            writer.save(run.model, step=2, rng=False)
