@@ -497,7 +497,8 @@ def _writing(key: str, root: Path) -> Iterator[None]:
         if exc.errno not in _REFUSED:
             raise
         hint = ": free some room, then try again (what was saved before is intact)" \
-            if exc.errno in _FULL else ""
+            if exc.errno in _FULL else f": {why_unwritable(exc)}" \
+            if exc.errno in (errno.EROFS, errno.EIO) else ""
         error = StoreError(f"cannot write {key} in the store {root}: "
                            f"{exc.strerror or exc}{hint}")
         error.errno = exc.errno

@@ -274,3 +274,19 @@ def test_a_store_on_a_full_disk_opens_to_read(tmp_path: Path, catalog: str) -> N
                 contextlib.nullcontext(), CheckpointManager(disk / "store") as writer:
             assert writer.list()["id"].tolist() == ids
             writer.save(run.model, step=2, rng=False)
+
+
+def test_a_save_to_a_read_only_file_system_says_so_and_what_to_do(tmp_path: Path) -> None:
+    """A save whose pack the file system refuses as read-only (its packs folder, here):
+    said to be the file system's doing, with what to do; it named only the errno's words."""
+    run = DigitsRun()
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(run.model, step=0, rng=False)
+    run.train_step()
+    with read_only(tmp_path / "packs"):
+        with pytest.raises(StoreError, match=r"saving a checkpoint failed, so it was not saved "
+                           r".*cannot write packs/[0-9a-f]{32}\.pack in the store .*: Read-only "
+                           r"file system: its file system is read-only .*make it writable "
+                           r"again, or copy the store to one that is"):
+            mgr.save(run.model, step=1, rng=False)
+    assert mgr.list()["id"].tolist() == [first] and mgr.verify().ok
