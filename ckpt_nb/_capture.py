@@ -199,7 +199,7 @@ class GeneratorState:
         if isinstance(found, str):  # (_discovery's JSON text)
             try:
                 found = json.loads(found, object_hook=json_to_array)
-            except ValueError:
+            except json.JSONDecodeError:
                 return None
             if kind == "python" and isinstance(found, list) and len(found) == 3:
                 found = (found[0], tuple(found[1]), found[2])
@@ -251,11 +251,49 @@ def array_to_json(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} in a NumPy generator's state")
 
 
+# The dtypes of the arrays in NumPy's bit generators' states (MT19937's key is uint32;
+# Philox's and SFC64's words are uint64): all ``array_to_json`` is given.
+_GENERATOR_DTYPES = ("uint32", "uint64")
+
+
 def json_to_array(record: dict[str, Any]) -> Any:
-    """``json.loads``'s ``object_hook`` undoing ``array_to_json``."""
-    if set(record) == {"__ndarray__", "dtype"}:
-        return np.asarray(record["__ndarray__"], dtype=record["dtype"])
-    return record
+    """``json.loads``'s ``object_hook`` undoing ``array_to_json``. The text is the store's:
+    an array of another dtype is refused, as one such as "U500000000" asks for GBs."""
+    if set(record) != {"__ndarray__", "dtype"}:
+        return record
+    values, dtype = record["__ndarray__"], record["dtype"]
+    if dtype not in _GENERATOR_DTYPES or not isinstance(values, list):
+        raise CorruptCheckpointError(
+            f"a generator's saved state holds an array of dtype {str(dtype)[:40]!r}, not of "
+            f"{' or '.join(_GENERATOR_DTYPES)} as NumPy's generators do: the checkpoint is "
+            "damaged or was not written by ckpt_nb; restore another one")
+    try:
+        return np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CorruptCheckpointError(f"a generator's saved state holds a {dtype} array that "
+                                     f"does not read ({exc}): the checkpoint is damaged; "
+                                     "restore another one") from exc
+
+
+def generator_state_problem(kind: str, state: Any) -> str | None:
+    """Why the state a manifest holds for a generator of ``kind`` does not read, or None:
+    ``load`` asks, so that ``restore('latest')`` passes over such a checkpoint rather than
+    refuse it at the generator (text that is no JSON is the restore's mismatch to tell)."""
+    module, _, name = kind.rpartition(".")
+    if not module.startswith("ckpt_nb.") or name not in ("GeneratorState", "RandomState") \
+            or not isinstance(state, Mapping):
+        return None
+    for text in state.values():
+        if isinstance(text, str):
+            try:
+                json.loads(text, object_hook=json_to_array)
+            except CorruptCheckpointError as exc:
+                return str(exc)
+            except RecursionError:
+                return "its saved state is text nested too deep to read"
+            except json.JSONDecodeError:
+                pass
+    return None
 
 
 def as_stateful(obj: Any) -> Any:

@@ -2087,7 +2087,12 @@ class CheckpointManager:
                            for name, value in entries.items()}
                 extra = lenient.decode(skeleton["extra"], "extra")
                 rng = strict.decode(skeleton["rng"], "rng") if skeleton.get("rng") else None
-                return objects, extra, rng, _kinds(skeleton)
+                kinds = _kinds(skeleton)
+                for name, kind in kinds.items():
+                    problem = capture.generator_state_problem(kind, objects.get(name))
+                    if problem is not None:
+                        raise CorruptCheckpointError(f"checkpoint {cid}: {name}: {problem}", cid)
+                return objects, extra, rng, kinds
             except _RECORD_ERRORS as exc:
                 if strict.trust_pickle or isinstance(exc, CkptError) and \
                         not isinstance(exc, CaptureError):

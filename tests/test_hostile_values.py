@@ -1,0 +1,52 @@
+"""Values in a hostile store that name a dtype or a size: a read refuses them as damage
+before it asks for their memory, and restore('latest') passes over their checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_hostile import catalog, rewrite_manifest
+
+from ckpt_nb import CheckpointManager, CorruptCheckpointError
+from ckpt_nb._discovery import RandomState
+
+
+def saved_twice(store: Path) -> tuple[str, str, dict[str, Any]]:
+    """Two checkpoints of a notebook's MT19937 generator (its state as JSON text), and the
+    first one's state."""
+    rng = np.random.RandomState(0)
+    with CheckpointManager(store) as mgr:
+        good = mgr.save(gen=RandomState(rng))
+        first = rng.get_state(legacy=False)
+        rng.random_sample(10)
+        bad = mgr.save(gen=RandomState(rng))
+    return good, bad, first
+
+
+@pytest.mark.parametrize("dtype", ["U1000", "float64", "uint8"])
+def test_a_generator_array_of_a_dtype_no_generator_has_is_damage_latest_passes_over(
+        tmp_path: Path, dtype: str) -> None:
+    """The dtype came from the store: "U500000000" asked NumPy for 7.45 GiB, and a
+    restore('latest') raised NumPy's error instead of taking the checkpoint before."""
+    good, bad, first = saved_twice(tmp_path)
+
+    def change(manifest: dict[str, Any]) -> dict[str, Any]:
+        state = json.loads(manifest["state"]["objects"]["gen"]["numpy"])
+        state["state"]["key"]["dtype"] = dtype
+        manifest["state"]["objects"]["gen"]["numpy"] = json.dumps(state)
+        return manifest
+
+    rewrite_manifest(tmp_path, bad, change)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad}: gen: .*'{dtype}'"):
+        mgr.load(bad)
+    rng = np.random.RandomState(9)
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        assert mgr.restore("latest", gen=rng).id == good
+    assert np.array_equal(rng.get_state(legacy=False)["state"]["key"], first["state"]["key"])
+
