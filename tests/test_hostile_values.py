@@ -50,3 +50,24 @@ def test_a_generator_array_of_a_dtype_no_generator_has_is_damage_latest_passes_o
         assert mgr.restore("latest", gen=rng).id == good
     assert np.array_equal(rng.get_state(legacy=False)["state"]["key"], first["state"]["key"])
 
+
+def test_a_numpy_scalar_of_a_kind_no_save_writes_is_damage(tmp_path: Path) -> None:
+    """np.void(n) is n bytes: a manifest's {"__npscalar__": "V8", "value": 10**10} asked
+    for 10 GB."""
+    with CheckpointManager(tmp_path) as mgr:
+        good = mgr.save(extra={"x": np.float32(1.5)})
+        bad = mgr.save(extra={"x": np.float32(2.5)})
+
+    def change(manifest: dict[str, Any]) -> dict[str, Any]:
+        manifest["state"]["extra"]["x"] = {"__npscalar__": "V8", "value": 1 << 20}
+        return manifest
+
+    rewrite_manifest(tmp_path, bad, change)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match=r"extra/x: a NumPy scalar of dtype \|V8"):
+        mgr.load(bad)
+    with pytest.warns(UserWarning, match=f"skipping checkpoint {bad}"):
+        assert mgr.load("latest").extra == {"x": np.float32(1.5)}
+    assert mgr.load(good).id == good
+
