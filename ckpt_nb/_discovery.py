@@ -35,6 +35,7 @@ import torch
 from . import _capture as capture
 from . import _stdlib_values as stdlib_values
 from ._capture import _DICT_KINDS, Unflattener, array_to_json, flatten, torch_has_dtype
+from ._errors import CorruptCheckpointError
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -1162,7 +1163,7 @@ def from_storable(value: Any) -> Any:
         frame = pd.DataFrame(columns)
         frame.columns = value["columns"]
         frame.index = pd.Index(value["index"], name=value.get("index_name"))
-        frame = frame.astype(dict(zip(value["columns"], value["dtypes"])))
+        frame = frame.astype(dict(zip(value["columns"], _column_dtypes(value["dtypes"]))))
         frame.columns.name = value.get("columns_name")
         if value["__frame__"] == "series":
             series = frame.iloc[:, 0]
@@ -1176,6 +1177,20 @@ def from_storable(value: Any) -> Any:
     if isinstance(value, dict):
         return _like(value, {k: from_storable(v) for k, v in value.items()})
     return value
+
+
+def _column_dtypes(names: list[Any]) -> list[Any]:
+    """A stored frame's column dtypes, refused where an item would be over 16 bytes: no
+    frame's is, and the names come from the store ("V500000000" made 4 rows take 2 GB)."""
+    import pandas as pd
+
+    for name in names:
+        dtype = pd.api.types.pandas_dtype(name)
+        for part in (dtype, getattr(dtype, "subtype", None)):  # (Sparse[...], interval[...])
+            if isinstance(part, np.dtype) and part.itemsize > 16:
+                raise CorruptCheckpointError(f"a column of dtype {str(name)[:40]!r}, which no "
+                                             "frame has: the checkpoint is damaged")
+    return names
 
 
 def assign_in_place(namespace: dict[str, Any], name: str, saved: Any) -> None:

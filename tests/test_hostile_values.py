@@ -8,11 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
+import torch
 from test_hostile import catalog, rewrite_manifest
 
+import ckpt_nb
 from ckpt_nb import CheckpointManager, CorruptCheckpointError
 from ckpt_nb._discovery import RandomState
+from ckpt_nb._format import RUN_KEY
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (a rollback test below)
 
 
 def saved_twice(store: Path) -> tuple[str, str, dict[str, Any]]:
@@ -71,3 +77,33 @@ def test_a_numpy_scalar_of_a_kind_no_save_writes_is_damage(tmp_path: Path) -> No
         assert mgr.load("latest").extra == {"x": np.float32(1.5)}
     assert mgr.load(good).id == good
 
+
+def test_a_frame_column_of_a_dtype_no_frame_has_is_left_out_of_a_rollback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dtypes a frame is put back with are the store's: "V500000000" made its 4 rows
+    take 2 GB."""
+    model = torch.nn.Linear(2, 2)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+          "frame": pd.DataFrame({"a": [1, 2, 3, 4]}), "lr": 0.25}
+    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell", every_steps=1):
+        for _, x in ckpt_nb.batches([torch.ones(1, 2)]):
+            ns["opt"].zero_grad()
+            ns["model"](x).sum().backward()
+            ns["opt"].step()
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.list()["id"].iloc[-1]
+
+    def change(manifest: dict[str, Any]) -> dict[str, Any]:
+        pairs = manifest["state"]["extra"][RUN_KEY]["variables"]["frame"]["__dict__"]
+        next(pair for pair in pairs if pair[0] == "dtypes")[1] = ["V16000"]
+        return manifest
+
+    rewrite_manifest(tmp_path, cid, change)
+    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    fresh = torch.nn.Linear(2, 2)
+    back = {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1), "lr": 0.5}
+    capsys.readouterr()
+    ckpt_nb.rollback("latest", directory=tmp_path, namespace=back)
+    assert back["lr"] == 0.25 and "frame" not in back
+    assert "frame (CorruptCheckpointError: a column of dtype 'V16000', which no frame has" \
+        in capsys.readouterr().out
