@@ -53,7 +53,8 @@ from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_m
                       read_pack_index, stamp_format, write_pack)
 from ._metric_names import metric_mode_from_name
 from ._parallel import in_batches, share_work
-from ._rebuild import Rebuilt, deletion_records, guessed_parents, is_newer, rebuild
+from ._rebuild import (Rebuilt, deletion_records, guessed_parents, is_newer, read_manifest,
+                       rebuild)
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
 from ._store import Store, local_root, open_store, why_unwritable, young
 from ._lazy import LazyModule
@@ -1588,7 +1589,7 @@ class CheckpointManager:
             if row is None:
                 raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id!r}")
             try:
-                blob = self.store.get(manifest_key(checkpoint_id))
+                blob = read_manifest(self.store, manifest_key(checkpoint_id), checkpoint_id)
             except FileNotFoundError as exc:
                 raise CorruptCheckpointError(
                     f"checkpoint {checkpoint_id}: its manifest is missing", checkpoint_id) from exc

@@ -63,12 +63,15 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import zstandard
+
 from . import _codec as codec
 from . import _store
 from ._catalog import CheckpointRow, ChunkRow, Seed
 from ._errors import CorruptCheckpointError, StoreFormatError
-from ._format import (decode_manifest, id_of, is_checkpoint_id, is_count, is_deletion_key,
-                      is_int64, is_pack_key, label_key, manifest_key, read_pack_index)
+from ._format import (MANIFEST_LIMIT, decode_manifest, id_of, is_checkpoint_id, is_count,
+                      is_deletion_key, is_int64, is_pack_key, label_key, manifest_key,
+                      read_pack_index)
 from ._store import Store, young
 
 # Why a rebuild left out a checkpoint whose manifest is of a newer format: its chunks are
@@ -124,6 +127,45 @@ class Rebuilt(Seed):
         return text
 
 
+# What a read of a manifest's file asks for first (one request to an object store): all
+# of a manifest of some thousand tensors, and of a larger one its zstd frame header (18
+# bytes at most), which says how many bytes the frame holds.
+_MANIFEST_HEAD = 1 << 20
+
+
+def _frame_bound(content: int) -> int:
+    """The most bytes a zstd frame of ``content`` bytes takes: ZSTD_COMPRESSBOUND (at most
+    content + content/256 + 64) with room for its header and checksum."""
+    return content + (content >> 8) + (1 << 10)
+
+
+def read_manifest(store: Store, key: str, checkpoint_id: str) -> bytes:
+    """A manifest's file, of which no more is read than a zstd frame of ``MANIFEST_LIMIT``
+    bytes or of the size its header gives takes up: a 3 GB file named like a manifest was
+    read whole at a rebuild (on S3 three times over) only to find it is no zstd frame."""
+    head = store.get(key, 0, _MANIFEST_HEAD)
+    if len(head) < _MANIFEST_HEAD:  # (the whole file)
+        return head
+    try:
+        size = zstandard.frame_content_size(head)
+    except zstandard.ZstdError as exc:
+        raise CorruptCheckpointError(f"manifest of checkpoint {checkpoint_id} is unreadable: "
+                                     f"it is no zstd frame ({exc})", checkpoint_id) from exc
+    if size > MANIFEST_LIMIT:
+        raise CorruptCheckpointError(f"manifest of checkpoint {checkpoint_id} is unreadable: "
+                                     f"it claims {size} bytes, more than any manifest",
+                                     checkpoint_id)
+    bound = _frame_bound(MANIFEST_LIMIT if size < 0 else size)
+    blob = head + store.get(key, _MANIFEST_HEAD, bound + 1) if bound >= _MANIFEST_HEAD \
+        else head
+    if len(blob) > bound:
+        raise CorruptCheckpointError(f"manifest of checkpoint {checkpoint_id} is unreadable: "
+                                     f"its file is longer than a zstd frame of "
+                                     f"{'any manifest' if size < 0 else f'{size} bytes'}",
+                                     checkpoint_id)
+    return blob
+
+
 def rebuild(store: Store, committed: Collection[str] = (),
             failed: Collection[str] = ()) -> Rebuilt:
     """Every checkpoint the store holds whole, with its chunks, as a new catalog's rows;
@@ -160,7 +202,7 @@ def _read_store(store: Store, committed: Collection[str], failed: Collection[str
         if cid is None or cid in deleted:
             continue
         try:
-            blob = store.get(key)
+            blob = read_manifest(store, key, cid)
             manifest = decode_manifest(blob, cid)
         except FileNotFoundError:  # (deleted since the listing: another process's
             found.overtaken = True  # retention or gc, which it is no change to warn of)

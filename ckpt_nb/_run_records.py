@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._codec import digest
 from ._errors import CkptError
 from ._format import RUN_KEY, decode_manifest, is_count, manifest_key
+from ._rebuild import read_manifest
 
 if TYPE_CHECKING:
     from ._catalog import CheckpointRow
@@ -61,7 +62,7 @@ def _run_records(manager: CheckpointManager, rows: list[CheckpointRow]) -> dict[
     turn. Each is checked against its digest and decoded here, as a restore reads it."""
     def fetched(row: CheckpointRow) -> bytes | None:
         with contextlib.suppress(CkptError, OSError):
-            return manager.store.get(manifest_key(row.id))
+            return read_manifest(manager.store, manifest_key(row.id), row.id)
         return None
 
     if len(rows) > 1:

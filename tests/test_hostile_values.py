@@ -4,6 +4,7 @@ before it asks for their memory, and restore('latest') passes over their checkpo
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import warm_python
+import zstandard
 from test_hostile import catalog, rewrite_manifest
 
 import ckpt_nb
@@ -107,3 +110,58 @@ def test_a_frame_column_of_a_dtype_no_frame_has_is_left_out_of_a_rollback(
     assert back["lr"] == 0.25 and "frame" not in back
     assert "frame (CorruptCheckpointError: a column of dtype 'V16000', which no frame has" \
         in capsys.readouterr().out
+
+
+# Two checkpoints saved into argv[1], its catalog deleted, and a 1 GiB file named like a
+# manifest (sparse: it takes no disk) holding argv[2]'s head; then, with 256 MiB more
+# address space (RLIMIT_AS) than the process has, the store opened, the file put in place
+# of the first checkpoint's manifest and that one loaded: the load's error, whether the
+# rebuild listed both checkpoints, and what it said.
+BIG_FILE_AS_A_MANIFEST = """
+import os, resource, sys, warnings
+import torch
+from ckpt_nb import CheckpointManager
+store = sys.argv[1]
+with CheckpointManager(store) as mgr:
+    ids = [mgr.save(model=torch.nn.Linear(4, 4), step=step) for step in range(2)]
+    mgr.list()  # (pandas imported before the limit)
+for name in os.listdir(store):
+    if name.startswith("catalog.sqlite"):
+        os.remove(os.path.join(store, name))
+with open(os.path.join(store, "manifests", "abcdef0123.json.zst"), "wb") as f:
+    f.write(bytes.fromhex(sys.argv[2]))
+    f.truncate(1 << 30)
+size = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    listed = list(CheckpointManager(store).list()["id"])
+    os.replace(os.path.join(store, "manifests", "abcdef0123.json.zst"),
+               os.path.join(store, "manifests", ids[0] + ".json.zst"))
+    try:
+        CheckpointManager(store).load(ids[0])
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+print(listed == ids)
+print(*[str(w.message) for w in said], sep="\\n")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("head", [
+    pytest.param(b"", id="zeros"),
+    # a zstd frame's header that says 100 bytes, with the rest of the file after it
+    pytest.param(zstandard.ZstdCompressor().compress(b"x" * 100)[:6], id="a frame of 100 bytes")])
+def test_a_huge_file_named_like_a_manifest_is_left_out_unread(tmp_path: Path,
+                                                             head: bytes) -> None:
+    """A rebuild read such a file whole to find it is no manifest: 3 GB of memory for a
+    3 GB sparse file, which takes no room on disk (on S3 three times the object's size)."""
+    done = warm_python.run([sys.executable, "-c", BIG_FILE_AS_A_MANIFEST, str(tmp_path),
+                           head.hex()])
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded, listed, said = done.stdout.split("\n", 2)
+    assert loaded.startswith("CorruptCheckpointError manifest of checkpoint ") and \
+        " is unreadable: " in loaded, loaded
+    assert listed == "True"
+    assert "left out: checkpoint abcdef0123 (manifest of checkpoint abcdef0123 is " \
+        "unreadable: " in said and "manifests/abcdef0123.json.zst" in said, said
