@@ -122,6 +122,8 @@ class History:
             return cls(stored)
         try:
             shapes = [tuple(keys) for keys in stored["keys"]]
+            if () in shapes:  # (a record holds step and epoch: the values bound its runs)
+                raise ValueError("records of no metrics, whose counts no values bound")
             columns = {key: iter(values) for key, values in stored["columns"].items()}
             records = [{key: next(columns[key]) for key in shapes[index]}
                        for index, count in stored["runs"] for _ in range(count)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,35 +82,56 @@ def test_a_numpy_scalar_of_a_kind_no_save_writes_is_damage(tmp_path: Path) -> No
     assert mgr.load(good).id == good
 
 
-def test_a_frame_column_of_a_dtype_no_frame_has_is_left_out_of_a_rollback(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The dtypes a frame is put back with are the store's: "V500000000" made its 4 rows
-    take 2 GB."""
+def trained_in_a_cell_then_changed(store: Path, change: Callable[[dict[str, Any]], Any]
+                                   ) -> dict[str, Any]:
+    """A step of a cell's training, holding a frame, checkpointed, its manifest changed by
+    ``change``; and a namespace to roll back into, of a fresh model and lr 0.5."""
     model = torch.nn.Linear(2, 2)
     ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
           "frame": pd.DataFrame({"a": [1, 2, 3, 4]}), "lr": 0.25}
-    with ckpt_nb.auto(str(tmp_path), namespace=ns, name="cell", every_steps=1):
+    with ckpt_nb.auto(str(store), namespace=ns, name="cell", every_steps=1):
         for _, x in ckpt_nb.batches([torch.ones(1, 2)]):
             ns["opt"].zero_grad()
             ns["model"](x).sum().backward()
             ns["opt"].step()
-    mgr = CheckpointManager(tmp_path)
-    cid = mgr.list()["id"].iloc[-1]
+            ckpt_nb.log(loss=1.0)
+    rewrite_manifest(store, CheckpointManager(store).list()["id"].iloc[-1], change)
+    catalog(store).execute("UPDATE checkpoints SET manifest_digest=''")
+    fresh = torch.nn.Linear(2, 2)
+    return {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1), "lr": 0.5}
 
+
+def test_a_frame_column_of_a_dtype_no_frame_has_is_left_out_of_a_rollback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dtypes a frame is put back with are the store's: "V500000000" made its 4 rows
+    take 2 GB."""
     def change(manifest: dict[str, Any]) -> dict[str, Any]:
         pairs = manifest["state"]["extra"][RUN_KEY]["variables"]["frame"]["__dict__"]
         next(pair for pair in pairs if pair[0] == "dtypes")[1] = ["V16000"]
         return manifest
 
-    rewrite_manifest(tmp_path, cid, change)
-    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
-    fresh = torch.nn.Linear(2, 2)
-    back = {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1), "lr": 0.5}
+    back = trained_in_a_cell_then_changed(tmp_path, change)
     capsys.readouterr()
     ckpt_nb.rollback("latest", directory=tmp_path, namespace=back)
     assert back["lr"] == 0.25 and "frame" not in back
     assert "frame (CorruptCheckpointError: a column of dtype 'V16000', which no frame has" \
         in capsys.readouterr().out
+
+
+def test_a_metric_history_whose_counts_no_values_bound_is_a_malformed_run_record(
+        tmp_path: Path) -> None:
+    """A run of records with no metrics was made as many times as the store said: 10**12
+    empty dicts for a few bytes of JSON."""
+    def change(manifest: dict[str, Any]) -> dict[str, Any]:
+        manifest["state"]["extra"][RUN_KEY]["history"] = {
+            "keys": [[]], "runs": [[0, 1 << 20]], "columns": {}}
+        return manifest
+
+    back = trained_in_a_cell_then_changed(tmp_path, change)
+    with pytest.raises(CorruptCheckpointError, match="its metric history: .*records of no "
+                                                     "metrics"):
+        ckpt_nb.rollback("latest", directory=tmp_path, namespace=back)
+    assert back["lr"] == 0.5
 
 
 # Two checkpoints saved into argv[1], its catalog deleted, and a 1 GiB file named like a
