@@ -858,7 +858,9 @@ class Catalog:
         """Make a checkpoint visible: chunks, refs, row and branch tip in one transaction.
         A row of the same save already there (its manifest's digest: a reader sharing
         this catalog read the store again without the lock after the save's files had
-        landed, and listed it) gives way to this one: the save is committed, not refused."""
+        landed, and listed it) gives way to this one: the save is committed, not refused.
+        A new chunk's row replaces one already there: the save wrote it again, as the
+        pack that row names was found missing or cut short."""
         with self.transaction() as db:
             db.execute("DELETE FROM checkpoints WHERE id=? AND manifest_digest=?",
                        (row.id, row.manifest_digest))
@@ -924,9 +926,11 @@ class Catalog:
                            json.dumps(sorted(set(self.failed_saves()) - set(ids))))
 
     @staticmethod
-    def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow]) -> None:
+    def _insert_chunks(db: sqlite3.Connection, chunks: Iterable[ChunkRow],
+                       replacing: bool = False) -> None:
         db.executemany(
-            "INSERT OR IGNORE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT OR {'REPLACE' if replacing else 'IGNORE'} INTO chunks"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(c.digest, c.pack, c.offset, c.length, c.raw_len, c.base, c.depth)
              for c in chunks],
         )
@@ -934,7 +938,7 @@ class Catalog:
     @classmethod
     def _insert(cls, db: sqlite3.Connection, row: CheckpointRow, new_chunks: Iterable[ChunkRow],
                 refs: Iterable[str]) -> None:
-        cls._insert_chunks(db, new_chunks)
+        cls._insert_chunks(db, new_chunks, replacing=True)
         db.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)",
                        [(row.id, d) for d in set(refs)])
         db.execute(
@@ -1039,6 +1043,17 @@ class Catalog:
             if kept != damaged:
                 self._set_meta("damaged", json.dumps(kept))
         return kept
+
+    def note_damaged(self, key: str, why: str) -> None:
+        """Add a pack a save or gc found missing or cut short to ``damaged``: gc() then
+        keeps it, for what is left in it to be recovered, and counts it. (Written only
+        where new: a save may find it again at every batch.)"""
+        if self.damaged().get(key) == why:
+            return
+        with self.transaction():
+            damaged = self.damaged()
+            if damaged.get(key) != why:
+                self._set_meta("damaged", json.dumps({**damaged, key: why}))
 
     def chunks_in_pack(self, pack: str) -> list[ChunkRow]:
         with self._lock:

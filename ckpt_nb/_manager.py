@@ -410,6 +410,11 @@ class CheckpointManager:
         # its digest, and, for a chunk that save wrote, the head of its bytes.
         self._digest_memo: Memo = {}
         self._delta_bases: dict[str, np.ndarray] = {}  # raw bytes of the last save's deltas' ends
+        # Packs of an object store a save found long enough for the chunks it reused from
+        # them (pack -> its size then): each asked for once (a HEAD is a round trip), until
+        # a save fails. A local store's are looked at by every save (a stat).
+        self._whole_packs: dict[str, int] = {}
+        self._told_damaged_packs: set[str] = set()  # (said once by a save's warning)
         self._saves = 0
         self._write_missing_labels()
 
@@ -1250,6 +1255,7 @@ class CheckpointManager:
                 row.stored_bytes = sum(r.length for r in new_rows) + len(blob)
                 self.catalog.commit_checkpoint(row, new_rows, refs)
             except BaseException as exc:
+                self._whole_packs = {}  # (looked at again: the store may have failed)
                 self._discard_uncommitted(row.id, blob, {r.pack for r in new_rows})
                 if isinstance(exc, MemoryError) and str(exc):  # (ckpt_nb's own, worded)
                     raise MemoryError("saving a checkpoint failed, so it was not saved (the "
@@ -1434,6 +1440,64 @@ class CheckpointManager:
             if view is not None:
                 views[pack] = view
         return views
+
+    def _in_whole_packs(self, rows: Mapping[str, ChunkRow]) -> set[str]:
+        """Those of these chunks (``rows``: with their delta bases') that lie, with their
+        bases, in packs the store holds and long enough to hold them: a save refers to, or
+        takes a delta against, no other, and writes such a chunk again (it has its bytes).
+        Damage from outside ckpt_nb (a pack deleted by hand, a copy cut short, a disk that
+        lost writes) is seen in the pack's size alone: a flipped bit is verify()'s to find."""
+        damaged = self._damaged_packs(rows.values())
+        whole: dict[str, bool] = {}
+        for digest in rows:
+            chain, at = [], digest
+            while at is not None and at not in whole:
+                row = rows.get(at)
+                if row is None or row.digest in chain:  # (gone, or a loop: read it says so)
+                    break
+                chain.append(at)
+                at = row.base
+            below = whole.get(at, True) if at is not None else True
+            for link in reversed(chain):
+                below = below and rows[link].pack not in damaged
+                whole[link] = below
+        return {digest for digest, ok in whole.items() if ok}
+
+    def _damaged_packs(self, rows: Iterable[ChunkRow]) -> set[str]:
+        """The packs of these chunks that the store lacks or that end before a chunk does:
+        recorded as damaged (gc() keeps them for what is left in them), and said once."""
+        ends: dict[str, int] = {}
+        for row in rows:
+            ends[row.pack] = max(ends.get(row.pack, 0), row.offset + row.length)
+        damaged = set()
+        for pack, end in ends.items():
+            if self._whole_packs.get(pack, -1) >= end:
+                continue
+            try:
+                size = self.store.size(pack)
+            except FileNotFoundError:
+                why = "is missing from the store"
+            else:
+                if size >= end:
+                    if local_root(self.store) is None:
+                        self._whole_packs[pack] = size
+                    continue
+                why = _cut_short(size, end)
+            damaged.add(pack)
+            self._pack_found_damaged(pack, why, "this save stored those chunks again and is "
+                                                "whole")
+        return damaged
+
+    def _pack_found_damaged(self, pack: str, why: str, done: str) -> None:
+        """Record a pack found missing or cut short as damaged, and say so once: what it
+        means for the checkpoints saved before, and ``done``, what was done about it."""
+        self.catalog.note_damaged(pack, why)
+        if pack not in self._told_damaged_packs:
+            self._told_damaged_packs.add(pack)
+            warn(f"pack {pack} of the store at {self.store.url} {why} (changed outside "
+                 "ckpt_nb: deleted, a copy cut short, a disk error): the checkpoints saved "
+                 f"before whose chunks lie in it may not restore (verify() names them); {done}",
+                 RuntimeWarning)
 
     def _deletion_pending(self) -> bool:
         """Whether a deletion cut short (killed after its record, before its catalog's
@@ -3343,6 +3407,11 @@ def _damaged_checkpoints(catalog: Catalog) -> dict[str, str]:
     """The checkpoints whose manifest a rebuild found damaged (id -> what is wrong)."""
     return {cid: why for key, why in catalog.damaged().items()
             if key.startswith("manifests/") and (cid := id_of(key)) is not None}
+
+
+def _cut_short(size: int, end: int) -> str:
+    """What is wrong with a pack of ``size`` bytes whose chunks end at ``end``."""
+    return f"was cut short ({size} bytes, where its chunks end at byte {end})"
 
 
 def _raw_buffer(row: ChunkRow) -> np.ndarray:

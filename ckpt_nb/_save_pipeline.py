@@ -82,7 +82,8 @@ class Seen:
 Memo = dict[tuple[str, int, int], Seen]  # (storage, chunk index, length) -> Seen
 _Job = tuple[int, int, np.ndarray, "tuple[str, int] | None"]  # storage, chunk, bytes, base
 _Chosen = tuple[int, int, np.ndarray, str, bytes, "codec.Prepared | None", "str | None"]
-_Hashed = tuple[list[tuple[bytes, str, "Seen | None"]], set[str]]  # per chunk; digests known
+# per chunk; the catalog's rows of those it has, with their delta bases'
+_Hashed = tuple[list[tuple[bytes, str, "Seen | None"]], dict[str, ChunkRow]]
 _Blob = tuple[str, "codec.Parts", int, "str | None", int]  # digest, parts, raw length, base, depth
 
 
@@ -199,10 +200,11 @@ class SavePipeline:
 
     # -- stage 1: hashing (a pool thread) -------------------------------------------------
     def _hash(self, batch: list[_Job]) -> _Hashed:
-        """Each chunk's checksum, digest and memo entry, and which digests the store has."""
+        """Each chunk's checksum, digest and memo entry, and the catalog's rows of those
+        the store has (and of their delta bases, whose packs are looked at too)."""
         hashes = [self._identify(raw, self.state.storages[si].name, ci)
                   for si, ci, raw, _ in batch]
-        return hashes, self.mgr.catalog.known(digest for _, digest, _ in hashes)
+        return hashes, self.mgr._rows_with_bases(digest for _, digest, _ in hashes)
 
     def _identify(self, raw: np.ndarray, name: str, ci: int) -> tuple[bytes, str, Seen | None]:
         """The chunk's checksum and digest (and what the last save saw in its place)."""
@@ -218,7 +220,8 @@ class SavePipeline:
                 buffer_written: Future[None] | None) -> list[_Chosen]:
         """Which chunks are new, and how each is encoded; groups them into ``buffer``
         once the batch that used it last (``buffer_written``) is in the pack."""
-        hashes, known = hashed
+        hashes, rows = hashed
+        known = self.mgr._in_whole_packs(rows)  # (one in a missing or short pack is new)
         news = []
         for (_, _, _, base), (_, digest, _) in zip(batch, hashes):
             news.append(digest not in known and digest not in self.written)
@@ -267,8 +270,11 @@ class SavePipeline:
         return chosen
 
     def _look_up_bases(self, digests: Iterable[str]) -> None:
-        """Fetch the catalog rows of these delta bases (and of theirs), and map their packs."""
+        """Fetch the catalog rows of these delta bases (and of theirs), and map their packs;
+        a base in a missing or short pack is left out (the chunk is stored whole)."""
         rows = self.mgr._rows_with_bases(d for d in set(digests) if d not in self.base_rows)
+        whole = self.mgr._in_whole_packs(rows)
+        rows = {digest: row for digest, row in rows.items() if digest in whole}
         self.base_rows.update(rows)
         self.base_views.update(self.mgr._pack_views(
             {d: r for d, r in rows.items() if r.pack not in self.base_views}))
