@@ -3072,8 +3072,11 @@ class CheckpointManager:
         # rebuild leaves such packs out of it)
         pack_times = self.store.modified("packs")
         recent = young(pack_times) - named
-        packs = [key for key in (self.store.list("packs") if pack_times is None else pack_times)
-                 if is_pack_key(key) and key not in damaged]
+        stored = list(self.store.list("packs") if pack_times is None else pack_times)
+        packs = [key for key in stored if is_pack_key(key) and key not in damaged]
+        for key in sorted(by_pack.keys() - set(stored)):
+            self._pack_found_damaged(key, "is missing from the store", "the next save that "
+                                     "needs its chunks stores them again")
         for key in packs:
             if key not in by_pack and key not in recent:
                 report.bytes_freed += self.store.size(key)
@@ -3086,6 +3089,13 @@ class CheckpointManager:
             if not members:
                 continue
             size = self.store.size(key)
+            end = max(c.offset + c.length for c in members)
+            if size < end:  # (kept, not compacted: what is left in it may be recovered)
+                self._pack_found_damaged(
+                    key, _cut_short(size, end),
+                    "gc() keeps it, and the next save that needs its chunks stores them again")
+                report.damaged_kept += 1
+                continue
             if sum(c.length for c in members) < compact_below * size or \
                     repair_indexes and self._index_problem(key) is not None:
                 if not self._compact(key, members, size, report, partial):

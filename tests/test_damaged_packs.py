@@ -113,3 +113,26 @@ def test_a_delta_save_takes_no_delta_against_a_chunk_in_a_damaged_pack(tmp_path:
     assert same(fresh.optimizer_tensors(), run.optimizer_tensors())
     assert len(damage_warnings(caught)) == 1
 
+
+@pytest.mark.parametrize("how", ["cut short", "deleted"])
+def test_gc_reports_a_damaged_pack_and_keeps_one_cut_short(tmp_path: Path, how: str) -> None:
+    run = frozen_run()
+    mgr = CheckpointManager(tmp_path / "exp")
+    for _ in range(2):
+        run.train_step()
+        mgr.save(run.model, run.optimizer, rng=False)
+    first = min(the_packs(mgr), key=lambda key: (tmp_path / "exp" / key).stat().st_mtime)
+    damage(tmp_path / "exp" / first, how)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reports = [mgr.gc(), mgr.gc()]
+    told = damage_warnings(caught)
+    assert len(told) == 1 and first in told[0]
+    assert ("missing" if how == "deleted" else "cut short") in told[0]
+    if how == "cut short":  # (kept for what is left in it, and counted at every gc)
+        assert [report.damaged_kept for report in reports] == [1, 1]
+        assert (tmp_path / "exp" / first).exists()
+    run.train_step()
+    cid = mgr.save(run.model, run.optimizer, rng=False)
+    assert restores_as_saved(mgr, cid, (run.weights(), run.optimizer_tensors()))
