@@ -163,3 +163,38 @@ def test_a_restore_that_fails_holds_no_fetched_bytes_after(bucket: str,
         assert mgr.store._fetched._held == 0  # type: ignore[attr-defined]
         assert not mgr.verify().ok
         assert mgr.store._fetched._held == 0  # type: ignore[attr-defined]
+
+
+def test_a_pack_cut_short_in_the_bucket_is_not_deduplicated_against_and_sized_once(
+        bucket: str, relay: OutageRelay) -> None:
+    """A save trusted the catalog's rows of the chunks the store had: after a pack was
+    cut short, every save returned an id and none restored. A save asks the size of each
+    pack it reuses chunks from (a HEAD, a round trip) once per manager, not at each save."""
+    import s3fs
+
+    url = f"s3://{bucket}/exp"
+    holder = Holder({"frozen": torch.randn(300_000), "w": torch.zeros(10)})  # (2 chunks)
+    with CheckpointManager(url) as mgr:
+        mgr.save(h=holder, rng=False)
+        (first,) = {row.pack for row in mgr.catalog.all_chunks()}
+    fs, path = s3fs.S3FileSystem(), f"{bucket}/exp/{first}"
+    fs.pipe_file(path, fs.cat_file(path)[:100])
+    saved, asked, packs = {}, [], []
+    with pytest.warns(RuntimeWarning, match=first), CheckpointManager(url) as mgr:
+        for _ in range(3):
+            holder.state["w"] += 1
+            relay.requests.clear()
+            cid = mgr.save(h=holder, rng=False)
+            saved[cid] = {name: value.clone() for name, value in holder.state.items()}
+            asked.append(relay.asked("HEAD", f"/{bucket}/exp/packs/"))
+            packs.append({row.pack for row in mgr._chunk_rows(mgr._manifest(cid)).values()
+                          if row.raw_len == 1 << 20})  # (the frozen tensor's first chunk)
+        for cid, state in saved.items():
+            restored = mgr.load(cid).state["h"]
+            assert all(torch.equal(restored[name], value) for name, value in state.items())
+    # The frozen chunks, written again by the first save, lie in its pack; the next saves
+    # reuse them, and the last asks nothing of it (the one before read the store again,
+    # as the catalog records the cut pack as damaged: it asked its size then).
+    (again,) = set.union(*packs)
+    assert again != first
+    assert not [path for path in asked[-1] if path.endswith(again)], asked
