@@ -25,6 +25,13 @@ from ckpt_nb._format import RUN_KEY
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (a rollback test below)
 
 
+def changed(store: Path, cid: str, change: Callable[[dict[str, Any]], Any]) -> None:
+    """Checkpoint ``cid``'s manifest changed by ``change``, its digest in the catalog
+    cleared (as a store's author would, so that only the values' own checks are left)."""
+    rewrite_manifest(store, cid, change)
+    catalog(store).execute("UPDATE checkpoints SET manifest_digest=''")
+
+
 def saved_twice(store: Path) -> tuple[str, str, dict[str, Any]]:
     """Two checkpoints of a notebook's MT19937 generator (its state as JSON text), and the
     first one's state."""
@@ -50,8 +57,7 @@ def test_a_generator_array_of_a_dtype_no_generator_has_is_damage_latest_passes_o
         manifest["state"]["objects"]["gen"]["numpy"] = json.dumps(state)
         return manifest
 
-    rewrite_manifest(tmp_path, bad, change)
-    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    changed(tmp_path, bad, change)
     mgr = CheckpointManager(tmp_path)
     with pytest.raises(CorruptCheckpointError, match=f"checkpoint {bad}: gen: .*'{dtype}'"):
         mgr.load(bad)
@@ -72,8 +78,7 @@ def test_a_numpy_scalar_of_a_kind_no_save_writes_is_damage(tmp_path: Path) -> No
         manifest["state"]["extra"]["x"] = {"__npscalar__": "V8", "value": 1 << 20}
         return manifest
 
-    rewrite_manifest(tmp_path, bad, change)
-    catalog(tmp_path).execute("UPDATE checkpoints SET manifest_digest=''")
+    changed(tmp_path, bad, change)
     mgr = CheckpointManager(tmp_path)
     with pytest.raises(CorruptCheckpointError, match=r"extra/x: a NumPy scalar of dtype \|V8"):
         mgr.load(bad)
@@ -95,8 +100,7 @@ def trained_in_a_cell_then_changed(store: Path, change: Callable[[dict[str, Any]
             ns["model"](x).sum().backward()
             ns["opt"].step()
             ckpt_nb.log(loss=1.0)
-    rewrite_manifest(store, CheckpointManager(store).list()["id"].iloc[-1], change)
-    catalog(store).execute("UPDATE checkpoints SET manifest_digest=''")
+    changed(store, CheckpointManager(store).list()["id"].iloc[-1], change)
     fresh = torch.nn.Linear(2, 2)
     return {"model": fresh, "opt": torch.optim.SGD(fresh.parameters(), lr=0.1), "lr": 0.5}
 
