@@ -157,6 +157,20 @@ def _foreign_object(db: sqlite3.Connection) -> str | None:
     return None
 
 
+def _missing_table(db: sqlite3.Connection) -> str | None:
+    """The first of ckpt_nb's tables that a catalog which holds any of them lacks (None
+    where it holds all, or none: a new catalog), so that a table deleted from outside is
+    named as damage at open, not met later as SQLite's "no such table". Every catalog
+    ckpt_nb ever made holds all of them."""
+    found = {name for (name,) in db.execute("SELECT name FROM sqlite_master "
+                                            "WHERE type = 'table'")}
+    own = [name for kind, name in _own_schema()
+           if kind == "table" and not name.startswith("sqlite_")]
+    if not found.intersection(own):
+        return None
+    return next((name for name in own if name not in found), None)
+
+
 @dataclass
 class CheckpointRow:
     """One committed checkpoint, as the catalog records it."""
@@ -592,6 +606,10 @@ class Catalog:
         found = _foreign_object(self._db)
         if found is not None:
             raise DamagedCatalog(f"its schema, with {found} (none of it was run),")
+        missing = _missing_table(self._db)
+        if missing is not None:
+            raise DamagedCatalog(f"its schema, without the table {missing!r} that ckpt_nb "
+                                 "makes,")
 
     def _check_schema(self, found: str) -> None:
         if not str(found).isdigit():

@@ -26,23 +26,26 @@ AS_A_USER = ["setpriv", "--inh-caps=-all",
              "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"] \
     if os.geteuid() == 0 else []
 
-# What a store's author may write into its catalog, and how the refusal names it.
+# What a store's author may write into (or delete from) its catalog, and how the refusal
+# names it.
 PLANTED = {
     # (fired by ckpt_nb's own INSERT at the next save: gc then deleted every earlier pack)
     "trigger": (["CREATE TRIGGER t AFTER INSERT ON checkpoints BEGIN "
-                 "DELETE FROM refs WHERE checkpoint != NEW.id; END"], "a trigger 't'"),
+                 "DELETE FROM refs WHERE checkpoint != NEW.id; END"], "with a trigger 't'"),
     # (an endless recursive query in its place hung the open: this one hides every row)
     "view": (["ALTER TABLE checkpoints RENAME TO kept",
               "CREATE VIEW checkpoints AS SELECT * FROM kept WHERE 0"],
-             "a view 'checkpoints'"),
-    "table": (["CREATE TABLE notes (text TEXT)"], "a table 'notes'"),
+             "with a view 'checkpoints'"),
+    "table": (["CREATE TABLE notes (text TEXT)"], "with a table 'notes'"),
     "index": (["CREATE INDEX refs_by_both ON refs(digest, checkpoint)"],
-              "an index 'refs_by_both'"),
+              "with an index 'refs_by_both'"),
     "table made otherwise": (["ALTER TABLE branches ADD COLUMN color TEXT DEFAULT 'red'"],
-                             "the table 'branches', made otherwise"),
+                             "with the table 'branches', made otherwise"),
     "index made otherwise": (["DROP INDEX chunks_pack",
                               "CREATE INDEX chunks_pack ON chunks(pack, offset)"],
-                             "the index 'chunks_pack', made otherwise"),
+                             "with the index 'chunks_pack', made otherwise"),
+    # (named at open, not met later as SQLite's "no such table")
+    "table missing": (["DROP TABLE branches"], "without the table 'branches'"),
 }
 
 
@@ -71,7 +74,7 @@ def test_sql_a_store_s_author_wrote_into_its_catalog_is_refused_before_it_runs(
     statements, named = PLANTED[planted]
     plant(store, statements)
     planted_schema = schema(store / "catalog.sqlite")
-    with pytest.raises(DamagedCatalog, match=f"is damaged: its schema, with {named}.* "
+    with pytest.raises(DamagedCatalog, match=f"is damaged: its schema, {named}.* "
                                              "move it aside .* rebuilds the catalog"):
         CheckpointManager(store)
     assert schema(store / "catalog.sqlite") == planted_schema  # (nothing written)
