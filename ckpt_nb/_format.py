@@ -252,6 +252,7 @@ def read_pack_index(store: Store, key: str) -> list[ChunkRow]:
     """The chunks a pack holds, from its own trailing index."""
     size = store.size(key)
     if size < len(PACK_MAGIC) + 16:
+        store.get(key, 0, len(PACK_MAGIC))  # (a FIFO or a device there is named as such)
         raise CorruptCheckpointError(f"pack {key} has no index (it was cut short)")
     tail = store.get(key, size - 16, size)
     if len(tail) != 16 or tail[8:] != INDEX_MAGIC:

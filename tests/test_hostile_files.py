@@ -75,6 +75,21 @@ def test_a_rebuild_names_a_fifo_manifest_and_gc_keeps_every_pack(tmp_path: Path)
     assert files(store / "packs") == packs and manifest.exists()
 
 
+def test_a_rebuild_names_a_fifo_pack_as_no_regular_file(tmp_path: Path) -> None:
+    """(It was said to have been cut short, which sent the user looking for a full disk.)"""
+    store, ids = copied(tmp_path)
+    pack = max((store / "packs").iterdir(), key=lambda path: path.stat().st_mtime_ns)
+    pack.unlink()
+    os.mkfifo(pack)
+    for path in store.glob("catalog.sqlite*"):
+        path.unlink()
+    with pytest.warns(RuntimeWarning, match=f"left out: .*{pack} is not a regular file") \
+            as caught:
+        mgr = CheckpointManager(store)
+    assert "cut short" not in str(caught[0].message)
+    assert ids[-1] not in mgr.list()["id"].tolist() and pack.exists()
+
+
 @pytest.mark.parametrize("catalog", ["copied", "deleted"])
 def test_a_store_with_a_linked_manifest_is_refused_by_name_and_left_as_it_was(
         tmp_path: Path, catalog: str) -> None:
