@@ -1063,12 +1063,22 @@ class CheckpointManager:
     def add_listener(self, callback: Callable[[str, str], None]) -> None:
         """Call ``callback(event, checkpoint_id)`` after each save, restore, delete, pin
         and unpin (both the event "pin"); retention's deletions are each a "delete",
-        after the save whose retention made them."""
+        after the save whose retention made them. A callback's exception is a warning:
+        the operation is done by then, and the other callbacks are still called."""
         self._listeners.append(callback)
 
     def _notify(self, event: str, checkpoint_id: str) -> None:
+        """Call each listener; one that raises is told as a RuntimeWarning, not raised: the
+        save (restore, pin, delete) it follows is committed, and raising would make it look
+        failed, lose a save's id, and skip the listeners after it."""
         for callback in list(self._listeners):
-            callback(event, checkpoint_id)
+            try:
+                callback(event, checkpoint_id)
+            except Exception as exc:
+                name = getattr(callback, "__qualname__", None) or repr(callback)
+                warn(f"listener {name} failed on the {event!r} of checkpoint {checkpoint_id} "
+                     f"({type(exc).__name__}: {exc}); the {event} itself succeeded, and the "
+                     "other listeners were called", RuntimeWarning)
 
     def _notify_retention(self) -> None:
         """Tell the listeners of the checkpoints retention deleted (a "delete" each),
