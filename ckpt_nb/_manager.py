@@ -16,6 +16,7 @@ import errno
 import fcntl
 import gc
 import hashlib
+import inspect
 import json
 import math
 import numbers
@@ -1115,6 +1116,7 @@ class CheckpointManager:
             raise CaptureError("progress= takes a callback, progress(done, total), not a "
                             "Stateful: give the object another keyword (e.g. tracker=...)")
         _refuse_mixed_up(model, optimizer, scheduler)
+        _refuse_plain_keywords("save", statefuls, _keyword_names(CheckpointManager.save))
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
         objects = {k: v for k, v in objects.items() if v is not None}
@@ -1971,6 +1973,7 @@ class CheckpointManager:
         """
         for flag, value in (("rng", rng), ("strict", strict), ("trust_pickle", trust_pickle)):
             check_flag(flag, value)
+        _refuse_plain_keywords("restore", statefuls, _keyword_names(CheckpointManager.restore))
         targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
                    "scaler": scaler, **statefuls}
         targets = {k: v for k, v in targets.items() if v is not None}
@@ -3703,6 +3706,71 @@ def _refuse_mixed_up(model: Any, optimizer: Any, scheduler: Any) -> None:
             raise TypeError(f"save()'s {place} is {kind} ({type(value).__name__}): were the "
                             "objects given in another order? save(model, optimizer, epoch, "
                             "scheduler=...) takes the model first; nothing was saved")
+
+
+# torch.load's options, which a restore is given out of habit: what restore does instead
+_TORCH_LOAD_OPTIONS = {
+    "map_location": "restore copies the checkpoint into each live tensor where it is, on its "
+                    "device, so the option is not needed: for another device, move the model "
+                    "there first (model.to('cuda')) and then restore; for another dtype, "
+                    "restore into a model of the checkpoint's dtype and cast it after, or "
+                    "load_state_dict the state from load(), which casts each tensor",
+    "weights_only": "restore never unpickles a value unless trust_pickle=True (for a store "
+                    "you trust), so weights_only=True is what it does already",
+}
+
+
+def _keyword_names(method: Callable[..., Any]) -> list[str]:
+    """A method's own named parameters (not ``self``, not its ``**`` Statefuls)."""
+    return [p.name for p in inspect.signature(method).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _closest_option(name: str, options: Sequence[str]) -> str | None:
+    """The option a keyword was meant as: a near spelling (``notes``: note), one of its
+    words (``global_step``: step) or its start (``sched``: scheduler); else None."""
+    lower = name.lower()
+    near = difflib.get_close_matches(lower, options, n=1, cutoff=0.8) or \
+        [o for o in options if o in lower.split("_") or len(lower) >= 4 and o.startswith(lower)]
+    return near[0] if near else None
+
+
+def _refuse_plain_keywords(call: str, statefuls: Mapping[str, Any],
+                           options: Sequence[str]) -> None:
+    """Refuse a further keyword whose value is no Stateful, naming the option meant: such
+    keywords are objects to save or restore into, so a habitual ``metric=``,
+    ``global_step=`` or ``map_location=`` was taken for one and refused as an object
+    (``pass it in extra=``, ``not in the checkpoint``), not as the option it is."""
+    for name, value in statefuls.items():
+        if value is None or isinstance(capture.as_stateful(value), capture.Stateful):
+            continue
+        given = f"{call}() got {name}={reprlib.repr(value)}"
+        if call == "restore" and name in _TORCH_LOAD_OPTIONS:
+            raise TypeError(f"{given}, torch.load's option, which restore() does not take: "
+                            f"{_TORCH_LOAD_OPTIONS[name]} (nothing was changed)")
+        meant = _closest_option(name, options)
+        if meant is not None:
+            hint = f"did you mean {meant}=?"
+        elif call == "save" and metric_mode_from_name(name) is not None and _one_number(value):
+            hint = f"did you mean metrics={{{name!r}: {reprlib.repr(value)}}}?"
+        elif call == "save":
+            hint = f"pass it in extra={{{name!r}: ...}} if it is plain data"
+        else:
+            hint = f"its options are {', '.join(o + '=' for o in options)}"
+        what, done = ("to save", "saved") if call == "save" else ("to restore into", "changed")
+        raise TypeError(f"{given}, but a further keyword names an object {what} (one with "
+                        f"state_dict() / load_state_dict()), and {type(value).__name__} has "
+                        f"none: {hint} (nothing was {done})")
+
+
+def _one_number(value: Any) -> bool:
+    """Whether ``value`` is what a metric takes (``as_metric``): a number, or a tensor or
+    array of one (``loss`` itself)."""
+    try:
+        as_metric("value", value)
+    except CaptureError:
+        return False
+    return True
 
 
 def _optimizers_off_the_modules(objects: Mapping[str, Any],
