@@ -1023,9 +1023,7 @@ def check_module(name: str, module: torch.nn.Module, state: Mapping[str, Any],
     """Problems that would make ``module.load_state_dict(state)`` fail or cast."""
     current = module.state_dict()
     problems = []
-    filled = _counters_torch_fills(module, state)
-    missing = [k for k in current if k not in state and k not in filled]
-    unexpected = [k for k in state if k not in current]
+    missing, unexpected = skipped_keys(module, state, current)
     if strict and missing:
         problems.append(f"{name}: missing keys {missing[:10]}"
                         + (" ..." if len(missing) > 10 else ""))
@@ -1199,6 +1197,17 @@ def _alias(t: Any) -> tuple[Any, ...] | None:
     except (RuntimeError, NotImplementedError):  # (a wrapper subclass: no storage)
         return None
     return t.device, address, tuple(t.shape), t.stride(), t.dtype
+
+
+def skipped_keys(module: torch.nn.Module, state: Mapping[str, Any],
+                 current: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
+    """The module's keys that ``state`` lacks (but those torch fills in itself) and the
+    state's keys the module lacks: what a strict load refuses, and a load with
+    ``strict=False`` skips. ``current``: the module's state dict, where already taken."""
+    current = module.state_dict() if current is None else current
+    filled = _counters_torch_fills(module, state)
+    return ([k for k in current if k not in state and k not in filled],
+            [k for k in state if k not in current])
 
 
 def _counters_torch_fills(module: torch.nn.Module, state: Mapping[str, Any]) -> set[str]:
@@ -1896,8 +1905,10 @@ def _is_session_handler(handler: Any) -> bool:
 def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool = True,
              kinds: Mapping[str, str] | None = None,
              param_names: Mapping[str, SlotNames] | None = None,
-             modules: Mapping[str, Any] | None = None) -> None:
-    """Validate every target against its state, then load them all or none.
+             modules: Mapping[str, Any] | None = None) -> dict[str, tuple[list[str], list[str]]]:
+    """Validate every target against its state, then load them all or none; returns
+    each module's (missing, unexpected) keys that ``strict=False`` let it skip, for the
+    modules that skipped some (none where strict).
 
     Modules and optimizers are checked structurally before anything changes, and
     an optimizer or LR scheduler against the class its state was saved from
@@ -1931,6 +1942,7 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
                 orders[name] = ways[0]
     problems: list[str] = []
     reordered: list[str] = []
+    skipped: dict[str, tuple[list[str], list[str]]] = {}
     for name, obj in targets.items():
         if name not in states:
             problems.append(f"{name}: not in the checkpoint (it holds {sorted(states)})")
@@ -1945,6 +1957,8 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
         elif isinstance(obj, torch.nn.Module):
             found = check_module(name, obj, states[name], strict)
             problems += found + (_wrapper_hint(name, states[name]) if found else [])
+            if not strict and any(keys := skipped_keys(obj, states[name])):
+                skipped[name] = keys
         elif isinstance(obj, torch.optim.Optimizer):
             found = check_optimizer(name, obj, states[name])
             swapped = _swapped(*orders[name]) if found and name in orders else None
@@ -1972,6 +1986,7 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     with RestoreInterrupts("restore") as interrupts:
         interrupts.commit()
         _load_in_order(targets, states, order, risky[:-1], strict)
+    return skipped
 
 
 def _load_in_order(targets: Mapping[str, Any], states: Mapping[str, Any], order: list[str],

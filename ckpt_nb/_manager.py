@@ -139,6 +139,13 @@ class Checkpoint:
     """Each optimizer's parameters' names ("model.0.weight"), group by group in the order
     saved, None for one outside the modules saved with it; a restore puts the state on the
     parameters by these names."""
+    missing_keys: dict[str, list[str]] = field(default_factory=dict)
+    """What a restore with ``strict=False`` skipped: each module's keys the checkpoint
+    lacks (they kept their live values), by the object's name; only the modules that
+    skipped some, so empty where strict or where everything fitted."""
+    unexpected_keys: dict[str, list[str]] = field(default_factory=dict)
+    """The checkpoint's keys that ``strict=False`` left out, each module's by its name
+    (as ``missing_keys``)."""
 
     def __repr__(self) -> str:
         where = ", ".join(f"{k}={v}" for k, v in
@@ -1961,7 +1968,8 @@ class CheckpointManager:
         ``Checkpoint.state`` (a restore that puts an optimizer back warns, naming
         them); ``rng=False`` leaves the random generators alone.
         ``strict=False`` lets a module take a state with missing or unexpected keys
-        (as ``load_state_dict(strict=False)``); shapes and dtypes must still fit, and
+        (as ``load_state_dict(strict=False)``; the Checkpoint's ``missing_keys`` and
+        ``unexpected_keys`` name them); shapes and dtypes must still fit, and
         keys the live module ties (tensors sharing memory) take no different values (a
         checkpoint saved untied is refused: torch would keep one of them, silently).
         ``trust_pickle=True`` unpickles values stored as pickles (only for a store you
@@ -2008,12 +2016,14 @@ class CheckpointManager:
                         f"({problem}); nothing was changed (rng=False restores the rest)")
                 capture.RNGState().load_state_dict(ck.rng)
             try:
-                capture.load_all(targets, ck.state, strict=strict, kinds=ck.kinds,
-                                 param_names=ck.param_names)
+                skipped = capture.load_all(targets, ck.state, strict=strict, kinds=ck.kinds,
+                                           param_names=ck.param_names)
             except BaseException:
                 if put_back is not None:
                     capture.RNGState().load_state_dict(put_back)
                 raise
+            ck.missing_keys = {name: keys for name, (keys, _) in skipped.items() if keys}
+            ck.unexpected_keys = {name: keys for name, (_, keys) in skipped.items() if keys}
             for name in targets:
                 ck.state.pop(name)
             if ck.state and any(isinstance(obj, torch.optim.Optimizer)
