@@ -2264,6 +2264,20 @@ class CheckpointManager:
         table["parent"] = pd.Series([r.parent for r in rows], dtype=object)
         return table
 
+    def latest_step(self) -> int | None:
+        """The ``step`` of the newest checkpoint ("latest"), as Orbax's ``latest_step()``:
+        None on a store with no checkpoint yet (a first run, where ``info("latest")``
+        raises), or where that checkpoint was saved without ``step=``."""
+        self._catch_up()
+        rows = self.catalog.checkpoints()
+        return rows[-1].step if rows else None
+
+    def all_steps(self) -> list[int]:
+        """The steps of the checkpoints, each once, ascending, as Orbax's ``all_steps()``;
+        a checkpoint saved without ``step=`` has none, and adds nothing."""
+        self._catch_up()
+        return sorted({row.step for row in self.catalog.checkpoints() if row.step is not None})
+
     def info(self, which: str = "latest") -> dict[str, Any]:
         """One checkpoint's catalog row and the tensors its manifest lists. ``created`` is
         when it was saved, in seconds since the epoch, as ``Checkpoint.created`` (and
