@@ -45,6 +45,10 @@ LABEL_CHANGES = "label_changes"  # (meta) how many pins, notes or tags were ever
 # The meta key of the metric and mode ("min" or "max") the store's checkpoints are ranked
 # by: recorded by a manager given metric= when it saves, the default of one opened without.
 RANKING = "ranking"
+# The meta key of every ranking (metric, mode) saves recorded, each once, oldest first:
+# "best" by the record is worth a word only where the store held others. Absent from a
+# catalog made before ckpt_nb kept it.
+RANKINGS = "rankings"
 # The meta key of the store keys the last rebuild listed and left out, not as damaged: see
 # ``Seed.left_out_keys``.
 LEFT_OUT_KEYS = "left_out_keys"
@@ -384,6 +388,7 @@ class Seed:
     chunks: list[ChunkRow] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)  # store key -> what is wrong
     ranking: tuple[str, str] | None = None  # the metric and mode the newest save ranked by
+    rankings: list[tuple[str, str]] = field(default_factory=list)  # each one saves recorded
     # The manifests and packs listed and left out, not as damaged (a save in flight, a
     # killed save's leftovers, a pack whose chunks lie in others too), each with when it
     # grows older than the grace time, and a rebuild reads it otherwise (None: never).
@@ -824,9 +829,33 @@ class Catalog:
         return None
 
     def set_ranking(self, metric: str, mode: str) -> None:
-        """Record the metric and mode the store's checkpoints are ranked by ("best")."""
+        """Record the metric and mode the store's checkpoints are ranked by ("best"), and
+        add it to those ever recorded."""
         with self.transaction():
+            ever = self.rankings_recorded()
+            if ever is None:  # (a catalog made before they were kept: its own, if any)
+                ever = [] if self.ranking() is None else [self.ranking()]
             self._set_meta(RANKING, json.dumps([metric, mode]))
+            self._set_meta(RANKINGS, json.dumps(
+                [list(r) for r in dict.fromkeys([*ever, (metric, mode)])]))
+
+    def rankings_recorded(self) -> list[tuple[str, str]] | None:
+        """Every ranking saves ever recorded here (``set_ranking``), oldest first; None
+        where the catalog does not know (one made before ckpt_nb kept them, or holding a
+        value ckpt_nb does not write)."""
+        with self._lock:
+            found = self._meta(RANKINGS)
+        try:
+            ever = json.loads(found) if found else None
+        except (ValueError, TypeError):
+            return None
+        if found is None and self.ranking() is None:
+            return []
+        if not isinstance(ever, list) or not all(
+                isinstance(r, list) and len(r) == 2 and isinstance(r[0], str)
+                and r[1] in ("min", "max") for r in ever):
+            return None
+        return [(metric, mode) for metric, mode in ever]
 
     # -- checkpoints --------------------------------------------------------
     def checkpoints(self) -> list[CheckpointRow]:
@@ -891,6 +920,7 @@ class Catalog:
         self._set_meta("damaged", json.dumps(start.damaged))
         if start.ranking is not None:
             self._set_meta(RANKING, json.dumps(list(start.ranking)))
+        self._set_meta(RANKINGS, json.dumps([list(r) for r in start.rankings]))
         self._set_meta(LEFT_OUT_KEYS, json.dumps(start.left_out_keys))
 
     def damaged(self) -> dict[str, str]:

@@ -1805,10 +1805,12 @@ class CheckpointManager:
             rows = self.catalog.checkpoints()
             metric, mode = ranking or (self.metric, self.mode)
             best = self._best(rows, 1, (metric, mode) if metric is not None else None)
-            # (the record may be another run's in this store: said once where it is used)
+            # (the record may be another run's in this store: said once where it is used,
+            # where that may be so)
             recorded = "" if ranking is not None or self._ranking_taken != (metric, mode) \
                 else f"an earlier save recorded in this store: {RANK_BY_ANOTHER}"
-            if best and recorded and not self._ranking_said:
+            if best and recorded and not self._ranking_said and \
+                    self._others_may_rank(rows, str(metric)):
                 self._ranking_said = True
                 warn(f"'best' is by {metric} ({mode}), the ranking {recorded}")
             if best:
@@ -1911,6 +1913,17 @@ class CheckpointManager:
             self._ranking_taken = recorded
             self._ranking_said = False  # (another ranking: said again where "best" uses it)
             self.metric, self.mode = recorded or (None, self.mode)
+
+    def _others_may_rank(self, rows: list[CheckpointRow], metric: str) -> bool:
+        """Whether "best" by the recorded ranking may not be what another run in this
+        store meant: saves recorded other rankings (or the catalog, an older one, does not
+        say), or an epoch's end was saved logging metrics without the recorded one. Where
+        neither, the ranking is the only one the store ever had, and saying so at every
+        use (each CLI command) was noise."""
+        ever = self.catalog.rankings_recorded()
+        return ever is None or len(ever) > 1 or any(
+            row.batch_idx is None and row.metrics and metric not in row.metrics
+            for row in rows)
 
     def _ranks_by_the_record(self) -> bool:
         """Whether this manager ranks by the ranking the store records: it was given no

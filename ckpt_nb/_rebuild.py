@@ -269,6 +269,8 @@ def _read_store(store: Store, committed: Collection[str], failed: Collection[str
         if isinstance(ranked_by, list) and len(ranked_by) == 2 and \
                 isinstance(ranked_by[0], str) and ranked_by[1] in ("min", "max"):
             found.ranking = (ranked_by[0], ranked_by[1])  # (the newest save's stands)
+            if found.ranking not in found.rankings:
+                found.rankings.append(found.ranking)
     chunks, unusable = _without_flying(copies, chunks, unusable, found, young_packs)
     # (a chunk whose bases are gone is left out: a save finding it in the catalog
     # would refer to it instead of storing its bytes)

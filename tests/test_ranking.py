@@ -42,17 +42,49 @@ def test_a_manager_without_metric_ranks_as_the_stores_saves_did(tmp_path: Path) 
     ids = bleu_store(tmp_path, metric="bleu", mode="max")
     with CheckpointManager(tmp_path) as mgr:
         assert (mgr.metric, mgr.mode) == ("bleu", "max")
-        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\), the ranking an "
-                                             "earlier save recorded in this store"):
-            assert mgr.resolve("best") == ids[1]
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # (said once a manager)
+            warnings.simplefilter("error")  # (the store's only ranking: nothing to say)
             assert mgr.resolve("best") == ids[1]
         assert list(mgr.list().query("best")["id"]) == [ids[1]]
     bold, gold = explorer_best(tmp_path)
     assert bold == {ids[0]: [], ids[1]: ["bleu"], ids[2]: []} and gold == [ids[1]]
     assert _plots.plot_dag(tmp_path) is not None  # (opens its own manager: no error)
     assert main(["show", str(tmp_path), "best"]) == 0
+
+
+def test_best_by_the_record_is_said_only_where_another_ranking_may_be_meant(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"'best' is by X, the ranking an earlier save recorded" was said at every use (each
+    `ckpt-nb show DIR best`) of a store that only ever had that ranking: now where the
+    store held another, once a manager."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path, metric="bleu", mode="max") as run:
+        for epoch, bleu in enumerate((0.1, 0.9)):
+            run.save(model, epoch=epoch, batch_idx=5, metrics={"loss": 1.0})  # (mid-epoch)
+            run.save(model, epoch=epoch, metrics={"loss": 0.5, "bleu": bleu})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["show", str(tmp_path), "best"]) == 0
+        with CheckpointManager(tmp_path) as plain:
+            best = plain.resolve("best")
+    assert "is by" not in capsys.readouterr().err
+    with CheckpointManager(tmp_path, metric="loss") as other:  # (another ranking recorded)
+        other.save(model, metrics={"loss": 0.7, "bleu": 0.95})
+    with CheckpointManager(tmp_path, metric="bleu", mode="max") as again:
+        top = again.save(model, metrics={"loss": 0.9, "bleu": 0.99})
+    with CheckpointManager(tmp_path) as plain:
+        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\), the ranking an "
+                                             "earlier save recorded in this store"):
+            assert plain.resolve("best") == top != best
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (said once a manager)
+            assert plain.resolve("best") == top
+    for path in tmp_path.glob("catalog.sqlite*"):
+        path.unlink()
+    with pytest.warns(RuntimeWarning, match="rebuilt"):  # (the rankings, from the manifests)
+        rebuilt = CheckpointManager(tmp_path)
+    with rebuilt, pytest.warns(UserWarning, match=r"'best' is by bleu \(max\)"):
+        assert rebuilt.resolve("best") == top
 
 
 def test_another_runs_recorded_metric_is_named_where_best_uses_it(tmp_path: Path) -> None:
@@ -244,13 +276,12 @@ def test_a_manager_opened_before_the_first_ranked_save_follows_the_record(
         with pytest.raises(CheckpointNotFoundError, match="no save to this store recorded"):
             early.resolve("best")
         ids = bleu_store(url, metric="bleu", mode="max")  # type: ignore[arg-type]
-        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\), the ranking an "
-                                             "earlier save recorded"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (the store's only ranking: nothing to say)
             assert early.resolve("best") == ids[1]
-        assert list(early.list().query("best")["id"]) == [ids[1]]
-        assert early.restore("best", model=model, rng=False).id == ids[1]
-        ui.refresh()
-        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\)"):
+            assert list(early.list().query("best")["id"]) == [ids[1]]
+            assert early.restore("best", model=model, rng=False).id == ids[1]
+            ui.refresh()
             assert ui.select("best") == [ids[1]]
         assert [n["id"] for n in ui.dag.nodes if n["best"]] == [ids[1]]
         with CheckpointManager(url, metric="wer") as asr:  # (another run: another record)
@@ -275,7 +306,8 @@ def test_an_active_sessions_rollback_to_best_follows_a_ranking_recorded_since(
     model = torch.nn.Linear(2, 2)
     with ckpt_nb.auto(tmp_path, namespace={"model": model}):
         ids = bleu_store(tmp_path, metric="bleu", mode="max")
-        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\)"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (the store's only ranking: nothing to say)
             assert ckpt_nb.rollback("best") == ids[1]
 
 

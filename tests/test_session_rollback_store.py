@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import ckpt_nb
-from ckpt_nb import _session
+from ckpt_nb import CheckpointManager, _session
 
 SETUP = """
 import torch, ckpt_nb
@@ -499,6 +499,13 @@ def test_a_checkpoint_found_by_id_that_does_not_fit_gives_no_other_store_hint(
         assert ("another store" in said) == hinted, (line, said)
 
 
+def another_run_logs_loss_alone(store: Path) -> None:
+    """An epoch's end saved into ``store`` without the metric its ranking records (another
+    run's), where "best" by the record is worth a word."""
+    with CheckpointManager(store) as other:
+        other.save(torch.nn.Linear(2, 2), epoch=0, metrics={"loss": 1.0})
+
+
 def test_best_by_the_stores_recorded_ranking_is_said_in_the_magics_words(
         shell, tmp_path: Path, capsys) -> None:
     """%ckpt_rollback best, ranked by the metric an earlier save recorded, warned "give a
@@ -506,6 +513,7 @@ def test_best_by_the_stores_recorded_ranking_is_said_in_the_magics_words(
     run(shell, SETUP)
     run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --on acc:max --every-steps 2" + LOOP)
     run(shell, f"%ckpt_auto --dir {tmp_path / 'a'}")
+    another_run_logs_loss_alone(tmp_path / 'a')  # (so the ranking is said)
     with pytest.warns(UserWarning) as caught:
         run(shell, "%ckpt_rollback best")
     assert [str(w.message) for w in caught] == [
@@ -539,6 +547,7 @@ def test_best_by_the_stores_recorded_ranking_is_said_in_the_python_words(
     run(shell, SETUP)
     run(shell, f"%%ckpt_auto --dir {tmp_path} --on acc:max --every-steps 2" + LOOP)
     run(shell, f"%ckpt_auto --dir {tmp_path}")
+    another_run_logs_loss_alone(tmp_path)  # (so the ranking is said)
     with pytest.warns(UserWarning) as caught:
         run(shell, "ckpt_nb.rollback('best')")
     assert [str(w.message) for w in caught] == [
