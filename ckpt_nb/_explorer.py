@@ -1377,8 +1377,10 @@ class Explorer(w.VBox):
             raise CheckpointInUseError(f"{cid} is pinned: unpin it first (Unpin), then Delete")
         return cid
 
-    def export(self, which: str, path: str | os.PathLike[str]) -> Path:
-        """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``;
+    def export(self, which: str, path: str | os.PathLike[str], *,
+               only: str | None = None) -> Path:
+        """Write a checkpoint as .pt or .safetensors, like ``CheckpointManager.export``
+        (``only="model"``: that object's state alone, for ``model.load_state_dict``);
         "~" in ``path`` is the home directory, as in a shell."""
         self._check_open()
         _checked_name(which, "which")
@@ -1398,7 +1400,7 @@ class Explorer(w.VBox):
             self._progress(0, 1)
             try:  # CheckpointManager.export, with the decode's progress shown
                 written = write_file(self.manager._read_for_export(cid, progress=self._progress),
-                                     target)
+                                     target, only=only)
             finally:
                 self._progress(1, 1)
         self._say(f"exported {cid} to {os.path.abspath(written)}", notes=_notes(told))

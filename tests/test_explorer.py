@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import safetensors.torch
 from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -669,6 +670,15 @@ def test_non_finite_metrics_and_an_export_to_home(tmp_path: Path, monkeypatch) -
         ui.export_button.click()
         assert (tmp_path / "home" / "e.pt").is_file() and not (tmp_path / "~").exists()
         assert str(tmp_path / "home" / "e.pt") in ui.status.value
+        # One object alone, as mgr.export(only=) and `ckpt-nb export --only` write it (the
+        # explorer's export had no only=: a model for inference could not be had from it)
+        alone = ui.export(ids[0], tmp_path / "model.safetensors", only="model")
+        fresh = torch.nn.Linear(2, 2)
+        fresh.load_state_dict(safetensors.torch.load_file(alone))
+        assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                     model.state_dict().values()))
+        with pytest.raises(ckpt_nb.FileFormatError, match="cannot export 'opt' alone"):
+            ui.export(ids[0], tmp_path / "opt.pt", only="opt")
     finally:
         ui.close()
 
