@@ -1340,7 +1340,26 @@ def _split_state(data: dict[str, Any], export: bool) -> tuple[dict[str, Any], di
             meta["metrics"][key] = number
         else:  # (what does not fit a field stays, as it was, in extra)
             meta["extra"][key] = value
+    if lightning or "pytorch-lightning_version" in data:
+        for name, number in _lightning_scores(data.get("callbacks")).items():
+            meta["metrics"].setdefault(name, number)
     return state, meta
+
+
+def _lightning_scores(callbacks: Any) -> dict[str, float]:
+    """The value each of a Lightning checkpoint's ModelCheckpoint callbacks monitored at
+    this save (its ``current_score``, by its ``monitor``), as the checkpoint's metrics: an
+    imported checkpoint ranks as "best" by them, as it did in Lightning. (Not
+    ``best_model_score``: that is the best checkpoint's, another file's.) The callbacks
+    themselves stay in extra."""
+    scores: dict[str, float] = {}
+    if not isinstance(callbacks, Mapping):
+        return scores
+    for entry in callbacks.values():
+        if isinstance(entry, Mapping) and isinstance(entry.get("monitor"), str) and \
+                (number := _scalar(entry.get("current_score"))) is not None:
+            scores.setdefault(entry["monitor"], number)
+    return scores
 
 
 def _is_a_ckpt_nb_export(data: Mapping[Any, Any]) -> bool:

@@ -436,6 +436,26 @@ def test_a_lightning_checkpoint_holds_its_optimizers_and_schedulers(tmp_path: Pa
     assert list(ck.extra) == ["pytorch-lightning_version", "hyper_parameters"]
 
 
+def test_a_lightning_checkpoints_monitored_score_is_its_metric(tmp_path: Path) -> None:
+    """The score ModelCheckpoint monitored at each save was left in extra: "best" across
+    imported Lightning checkpoints needed the metric typed in again."""
+    model = torch.nn.Linear(2, 2)
+    for epoch, score in enumerate((0.5, 0.2, 0.4)):
+        checkpoint = {"monitor": "val_loss", "current_score": torch.tensor(score),
+                      "best_model_score": torch.tensor(0.2), "best_model_path": "/x/b.ckpt",
+                      "dirpath": "/x"}
+        torch.save({"epoch": epoch, "global_step": 10 * epoch,
+                    "pytorch-lightning_version": "2.4.0", "state_dict": model.state_dict(),
+                    "callbacks": {"ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'}":
+                                  checkpoint},
+                    "optimizer_states": [], "lr_schedulers": []}, tmp_path / f"{epoch}.ckpt")
+    with CheckpointManager(tmp_path / "s", metric="val_loss") as mgr:
+        ids = [mgr.import_file(tmp_path / f"{epoch}.ckpt") for epoch in range(3)]
+        assert [round(v, 6) for v in mgr.list()["val_loss"]] == [0.5, 0.2, 0.4]
+        assert mgr.resolve("best") == ids[1]
+        assert "callbacks" in mgr.load(ids[0]).extra  # (kept as it was)
+
+
 @pytest.mark.parametrize("make", [torch.tensor, np.int64], ids=["a 0-dim tensor", "np.int64"])
 def test_a_position_saved_as_a_tensor_or_numpy_integer_is_the_position(
         tmp_path: Path, make: Any) -> None:
