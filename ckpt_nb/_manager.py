@@ -2378,8 +2378,9 @@ class CheckpointManager:
                 for side, cid, manifest in zip((1, 2), ids, manifests))
             for (record, *_), ta, tb in zip(batch, left_tensors, right_tensors):
                 changed = ta.dtype != tb.dtype or not _same_values(ta, tb)
-                record.update(status="changed" if changed else "identical",
-                              changed=changed, **_change_norms(ta, tb))
+                record.update(status="changed" if changed else "identical", changed=changed,
+                              **(_change_norms(ta, tb) if changed
+                                 else {"l2": 0.0, "rel_change": 0.0}))
         return pd.DataFrame(records, columns=["tensor", "status", "shape", "dtype", "changed",
                                               "same_chunks", "l2", "rel_change"])
 
@@ -3658,10 +3659,16 @@ _DIFF_BATCH_BYTES = 64 << 20
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors of one dtype and shape hold the same values; by their bytes
-    where torch has no comparison for the dtype on the CPU (complex32, float4)."""
+    """Whether two tensors of one dtype and shape hold the same values, a NaN the same as
+    a NaN where both hold one (torch.equal called an unchanged tensor with a NaN changed:
+    one sharing its storage with a changed one, or saved in other chunk sizes); by their
+    bytes where torch has no comparison for the dtype on the CPU (complex32, float4)."""
     try:
-        return torch.equal(a, b)
+        if torch.equal(a, b):
+            return True
+        if not (a.is_floating_point() or a.is_complex()):
+            return False
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
     except (NotImplementedError, RuntimeError):
         as_ints = capture.SAME_SIZE_INTS[a.dtype.itemsize]  # (views of any strides at one size)
         return torch.equal(a.resolve_conj().resolve_neg().view(as_ints),

@@ -2533,6 +2533,33 @@ def test_diff_shows_a_dtype_change(tmp_path: Path) -> None:
     assert row["dtype"] == "float32->float16" and row["status"] == "changed"
 
 
+def test_diff_calls_an_unchanged_tensor_with_a_nan_identical(tmp_path: Path) -> None:
+    """torch.equal made a NaN differ from itself: a tensor whose chunks differ but whose
+    values did not (a view of a storage another view changed, a store reopened with
+    another chunk_size) was "changed", with an l2 of NaN. Found by hypothesis."""
+    flat = torch.zeros(8)
+    flat[5] = math.nan
+    held = Holder({"a": flat[:4], "b": flat[4:]})  # (two views of one storage)
+    with CheckpointManager(tmp_path / "views") as mgr:
+        one = mgr.save(h=held)
+        flat[0] = 1.0  # (a changes; b does not)
+        rows = mgr.diff(one, mgr.save(h=held)).set_index("tensor")
+    assert rows.loc["objects/h/b", ["status", "changed", "same_chunks", "l2"]].tolist() == \
+        ["identical", False, False, 0.0]
+    assert rows.loc["objects/h/a", "status"] == "changed"
+    weights = torch.ones(1500)
+    weights[7] = math.nan
+    with CheckpointManager(tmp_path / "chunks", chunk_size=4096) as mgr:
+        one = mgr.save(h=Holder({"w": weights}))
+    with CheckpointManager(tmp_path / "chunks", chunk_size=8192) as mgr:
+        row = mgr.diff(one, mgr.save(h=Holder({"w": weights}))).set_index("tensor")
+    assert row.loc["objects/h/w", ["status", "rel_change"]].tolist() == ["identical", 0.0]
+    weights[3] = 2.0  # (a NaN in both, and a value changed beside it: changed)
+    with CheckpointManager(tmp_path / "chunks") as mgr:
+        row = mgr.diff(one, mgr.save(h=Holder({"w": weights}))).set_index("tensor")
+    assert row.loc["objects/h/w", "status"] == "changed"
+
+
 def test_an_empty_store_lists_columns_of_the_same_types(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path)
     empty = mgr.list().dtypes.to_dict()
