@@ -249,12 +249,30 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     argv = _command_first(argv, commands)
     if argv and argv[0] in commands:
         options = argv[1:argv.index("--")] if "--" in argv else argv[1:]
-        if argv[0] == "gc" and any(o.partition("=")[0] in ("--metric", "--mode")
+        if argv[0] == "gc" and any(o.partition("=")[0] in _RANKING_OPTIONS
                                    for o in options):  # (not "unrecognized: --metric=x")
             commands["gc"].error("gc takes no --metric/--mode (they rank best; gc ranks "
                                  "nothing)")
-        return commands[argv[0]].parse_intermixed_args(argv[1:])
+        return _metric_with_mode(commands[argv[0]],
+                                 commands[argv[0]].parse_intermixed_args(argv[1:]))
     return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
+
+
+_RANKING_OPTIONS = ("--metric", "--on", "--mode")
+
+
+def _metric_with_mode(parser: argparse.ArgumentParser,
+                      args: argparse.Namespace) -> argparse.Namespace:
+    """``--metric val_loss:min`` (or ``--on``, the notebook's word) read as ``--metric
+    val_loss --mode min``: it was taken for a metric named "val_loss:min", which no
+    checkpoint logs."""
+    metric = getattr(args, "metric", None)
+    name, _, mode = (metric or "").rpartition(":")
+    if name and mode in ("min", "max"):
+        if args.mode not in (None, mode):
+            parser.error(f"--metric {metric} says {mode}, and --mode {args.mode}: give one")
+        args.metric, args.mode = name, mode
+    return args
 
 
 def _command_first(argv: list[str], commands: Sequence[str]) -> list[str]:
@@ -263,7 +281,7 @@ def _command_first(argv: list[str], commands: Sequence[str]) -> list[str]:
     at, moved = 0, []
     while at < len(argv) and argv[at] not in commands:
         name, glued, _ = argv[at].partition("=")
-        if name not in ("--metric", "--mode") or not glued and at + 1 == len(argv):
+        if name not in _RANKING_OPTIONS or not glued and at + 1 == len(argv):
             return argv
         # (moved as one word: gc, which takes neither, then refuses "--metric=loss",
         # where it took 'loss' for its DIR and refused "--metric DIR")
@@ -446,8 +464,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 def _ranking_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--metric and --mode, which every command but gc takes: the top parser's --help
     shows them too, as they may come before the command (``--metric loss ls DIR``)."""
-    parser.add_argument("--metric", help="the metric that ranks checkpoints (for 'best'; "
-                        "default: the one the store's saves were ranked by, where recorded)")
+    parser.add_argument("--metric", "--on", metavar="METRIC",
+                        help="the metric that ranks checkpoints (for 'best'; default: the one "
+                        "the store's saves were ranked by, where recorded); NAME:min or "
+                        "NAME:max gives its mode too, as a notebook's --on does")
     parser.add_argument("--mode", choices=("min", "max"), default=None,
                         help="whether a lower or higher --metric is better (default: what "
                         "the metric's name says, a loss min, an accuracy max, else give it; "

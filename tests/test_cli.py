@@ -1272,6 +1272,26 @@ def test_mode_without_metric_ranks_by_the_recorded_metric_in_that_mode(
         assert (mgr.metric, mgr.mode) == ("val_loss", "min")
 
 
+def test_a_metric_with_its_mode_as_a_notebook_s_on_gives_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ls --on val_loss:min` (a notebook's --on) was a usage error, and `--metric
+    acc:max` said no checkpoint has the metric 'acc:max'."""
+    with CheckpointManager(tmp_path) as mgr:
+        ids = [mgr.save(torch.nn.Linear(1, 1), rng=False, metrics={"score": v})
+               for v in (1.0, 0.25, 0.5)]
+    for argv, best in ((["--metric", "score:max"], ids[0]), (["--on", "score:min"], ids[1]),
+                       (["--on=score:max", "--mode", "max"], ids[0])):
+        code, out, err = run(capsys, "show", tmp_path, "best", *argv)
+        assert code == 0 and out.startswith(f"id:        {best}\n"), (argv, out, err)
+    code, out, _ = run(capsys, "--on", "score:max", "ls", tmp_path)
+    assert [line.split()[0] for line in out.splitlines() if "best" in line] == [ids[0]]
+    code, out, err = run(capsys, "show", tmp_path, "best", "--on", "score:min", "--mode", "max")
+    assert (code, out) == (2, "") and err.endswith(
+        "error: --metric score:min says min, and --mode max: give one\n"), err
+    code, _, err = run(capsys, "gc", tmp_path, "--on", "score:min")
+    assert code == 2 and "gc takes no --metric/--mode" in err
+
+
 def test_mode_without_metric_on_a_store_that_recorded_none_says_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`ls --mode max` on a store whose saves recorded no ranking marked nothing best,
