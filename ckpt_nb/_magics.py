@@ -670,8 +670,25 @@ def _directory(magic: str, line: str) -> str | None:
     elif text.startswith("-"):  # (taken for a store's name, it said "no store at --frob")
         option = text.split()[0]
         raise UsageError(f"%{magic}: unknown option {option}: it takes DIR or --dir DIR "
-                         f"(a directory whose name begins with '-' is quoted: '{text}')")
+                         f"(a directory whose name begins with '-' is quoted: '{text}')"
+                         + _OPTIONS_ELSEWHERE[magic])
+    # An option after the store ("runs --all-metrics", as ckpt-nb ls takes it) was taken
+    # for part of the store's name: "no checkpoint store at runs --all-metrics".
+    option_after = _OPTION_AFTER_STORE.search(text) if _unquoted(text) == text else None
+    if option_after:
+        raise UsageError(f"%{magic}: unknown option {option_after.group(1)}: it takes DIR or "
+                         f"--dir DIR and no option (a directory with ' -' in its name is "
+                         f"quoted: '{text}')" + _OPTIONS_ELSEWHERE[magic])
     return _unquoted(text) or None
+
+
+_OPTION_AFTER_STORE = re.compile(r"\s(--?[A-Za-z][\w-]*)")
+# Where the options of a store magic that takes none are (its one-line call as a function).
+_OPTIONS_ELSEWHERE = {
+    "ckpt_list": "; in a cell, !ckpt-nb ls DIR takes ls's options (--branch, --all-metrics, "
+                 "--metric ...)",
+    "ckpt_ui": "; ckpt_nb.explore(DIR, poll_seconds=S) takes the explorer's options",
+}
 
 
 # The manager's way to rank "best" by another metric, which a rollback takes as --on.

@@ -251,7 +251,35 @@ def test_an_option_the_store_magics_do_not_take_is_refused_not_taken_for_a_store
     with '-' is quoted."""
     message = usage_error(shell, f"%{magic} --frob")
     assert message == f"%{magic}: unknown option --frob: it takes DIR or --dir DIR (a " \
-        "directory whose name begins with '-' is quoted: '--frob')"
+        "directory whose name begins with '-' is quoted: '--frob')" + ELSEWHERE[magic]
     with ckpt_nb.CheckpointManager(tmp_path / "-runs") as mgr:
         mgr.save(torch.nn.Linear(2, 2))
     assert len(shell.run_cell("%ckpt_list '-runs'", store_history=False).result) == 1
+
+
+ELSEWHERE = {  # (where the options a store magic does not take are)
+    "ckpt_list": "; in a cell, !ckpt-nb ls DIR takes ls's options (--branch, --all-metrics, "
+                 "--metric ...)",
+    "ckpt_ui": "; ckpt_nb.explore(DIR, poll_seconds=S) takes the explorer's options",
+}
+
+
+@pytest.mark.parametrize(("magic", "line", "option"), [
+    ("ckpt_list", "runs --all-metrics", "--all-metrics"),
+    ("ckpt_list", "runs --branch main", "--branch"),
+    ("ckpt_list", "--dir runs --all-metrics", "--all-metrics"),
+    ("ckpt_ui", "runs --poll-seconds 0", "--poll-seconds"),
+])
+def test_an_option_after_the_store_is_refused_by_name_not_taken_into_the_store(
+        shell, tmp_path: Path, magic: str, line: str, option: str) -> None:
+    """%ckpt_list store --all-metrics said "no checkpoint store at store --all-metrics", on
+    a store that is there; a store with ' -' in its name is quoted."""
+    with ckpt_nb.CheckpointManager(tmp_path / "runs") as mgr:
+        mgr.save(torch.nn.Linear(2, 2))
+    text = line.removeprefix("--dir ")
+    assert usage_error(shell, f"%{magic} {line}") == (
+        f"%{magic}: unknown option {option}: it takes DIR or --dir DIR and no option (a "
+        f"directory with ' -' in its name is quoted: '{text}')" + ELSEWHERE[magic])
+    with ckpt_nb.CheckpointManager(tmp_path / "my -runs") as mgr:
+        mgr.save(torch.nn.Linear(2, 2))
+    assert len(shell.run_cell("%ckpt_list 'my -runs'", store_history=False).result) == 1
