@@ -1372,6 +1372,7 @@ class AutoSession(NotState):
         store_from = store_from or (None if self.config.directory else "the default store")
         default = f" -> {location(self.manager.store)} ({store_from})" if store_from else ""
         self.say(found.summary() + default)
+        self._tell_optimizers_left_out(found)
         self._tell_schedulers_left_out(found)
         unseen = list(unseen)
         if not found.statefuls or unseen:
@@ -1386,6 +1387,51 @@ class AutoSession(NotState):
         if self._pending is None:
             self._count_on()
             self._tell_left_unsaved()
+
+    def _tell_optimizers_left_out(self, found: Discovery) -> None:
+        """Under an explicit --track, name the optimizers in the namespace that it leaves
+        out though they step a tracked module's parameters (with their LR schedulers), and
+        how to take them: a resume put the model back as saved and the optimizer's state
+        (Adam's moments, its step count) not, and the run went on from another optimizer
+        state without a word: not the run that was stopped (``--track model``, as for
+        Lightning's save_weights_only)."""
+        if self.config.track is None:
+            return
+        tracked = {id(obj) for obj in found.statefuls.values()}
+        owners = {id(p): name for name, obj in found.statefuls.items()
+                  if isinstance(obj, torch.nn.Module) for p in obj.parameters()}
+        left: dict[int, tuple[str, list[str]]] = {}  # id -> (its name, the modules it steps)
+        for name, value in self.namespace.items():
+            if name.startswith("_") or not isinstance(value, torch.optim.Optimizer) \
+                    or id(value) in tracked or id(value) in left:
+                continue
+            modules = list(dict.fromkeys(owners[id(p)] for group in value.param_groups
+                                         for p in group["params"] if id(p) in owners))
+            if modules:
+                left[id(value)] = (name, modules)
+        if not left:
+            return
+        schedulers = {name: left[id(value.optimizer)][0]
+                      for name, value in self.namespace.items()
+                      if not name.startswith("_") and isinstance(value, _SCHEDULERS)
+                      and id(value) not in tracked
+                      and id(getattr(value, "optimizer", None)) in left}
+        told = []
+        for name, modules in left.values():
+            owned = " and ".join(f"{module}'s" for module in modules)
+            told.append(f"{name} ({type(self.namespace[name]).__name__} over {owned} "
+                        "parameters)")
+        told += [f"{name} ({type(self.namespace[name]).__name__} of {optimizer})"
+                 for name, optimizer in schedulers.items()]
+        one = len(told) == 1
+        wanted = ",".join([*self.config.track, *(name for name, _ in left.values()),
+                           *schedulers])
+        self.say(f"{'--track' if self.config.magic else 'track='} leaves out "
+                 + (told[0] if one else ", ".join(told[:-1]) + " and " + told[-1])
+                 + f": a resume restarts {'its' if one else 'their'} state (an optimizer's "
+                 "moments and step count), and the run does not go on as it would have; "
+                 + (f"--track {wanted}" if self.config.magic else f'track="{wanted}"')
+                 + f" takes {'it' if one else 'them'}")
 
     def _tell_schedulers_left_out(self, found: Discovery) -> None:
         """Under an explicit --track, name the LR schedulers in the namespace that it leaves

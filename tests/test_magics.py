@@ -1276,7 +1276,7 @@ def test_a_track_that_leaves_out_a_scheduler_of_a_tracked_optimizer_says_so(
             "scheduler, and the run goes on at another rate; --track model,opt,sched takes it\n")
     out = capsys.readouterr().out
     assert out.startswith("ckpt_nb: tracking model, opt\n" + told), out
-    for options in ("--track model,opt,sched", "", "--track model"):  # (or no opt to set)
+    for options in ("--track model,opt,sched", ""):
         assert run(shell, train.format(dir=tmp_path / "b", options=options)).success
         assert "leaves out" not in capsys.readouterr().out, options
     run(shell, "warm = torch.optim.lr_scheduler.LinearLR(opt)")
@@ -1286,6 +1286,34 @@ def test_a_track_that_leaves_out_a_scheduler_of_a_tracked_optimizer_says_so(
         "set the learning rate of a tracked optimizer: a resume puts the optimizer back as " \
         'saved, not the schedulers, and the run goes on at another rate; ' \
         'track="model,opt,sched,warm" takes them\n' in capsys.readouterr().out
+
+
+def test_a_track_that_leaves_out_the_optimizer_of_a_tracked_model_says_so(
+        shell, tmp_path: Path, capsys) -> None:
+    """--track model with the cell stepping opt (AdamW over model's parameters): a resume
+    put the model back and restarted opt's moments, and the run was not the unstopped one
+    without a word (the start line said only "tracking model"). Its scheduler is named
+    with it; an optimizer of an untracked module is not."""
+    run(shell, SETUP + "other = torch.nn.Linear(2, 2)\n"
+                       "opt_other = torch.optim.SGD(other.parameters(), lr=0.1)")
+    train = TRAIN.format(dir="{dir}", stop="pass").replace("--every-steps 7", "{options}")
+    assert run(shell, train.format(dir=tmp_path / "a", options="--track model")).success
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "ckpt_nb: tracking model\n"
+        "ckpt_nb: --track leaves out opt (AdamW over model's parameters) and sched (StepLR of "
+        "opt): a resume restarts their state (an optimizer's moments and step count), and the "
+        "run does not go on as it would have; --track model,opt,sched takes them\n"), out
+    assert "opt_other" not in out
+    for options in ("--track model,opt,sched", ""):
+        assert run(shell, train.format(dir=tmp_path / "b", options=options)).success
+        assert "leaves out" not in capsys.readouterr().out, options
+    run(shell, "del sched\nhead = model[3]")
+    with ckpt_nb.auto(tmp_path / "c", namespace=shell.user_ns, track="head"):
+        pass
+    assert "ckpt_nb: track= leaves out opt (AdamW over head's parameters): a resume restarts " \
+        "its state (an optimizer's moments and step count), and the run does not go on as it " \
+        'would have; track="head,opt" takes it\n' in capsys.readouterr().out
 
 
 def test_session_help_shows_docstrings_not_section_comments() -> None:
