@@ -141,6 +141,11 @@ class CkptMagics(Magics):
                    "tracked objects' states hold as pickles (an Enum, a deque, an object of "
                    "your own class), which it refuses otherwise; only for a store you "
                    "trust: unpickling runs code that the store names")
+    @argument("--on-signal", default=None, metavar="SIGNALS",
+              help="the signals that save at the next consistent point and then end the "
+              "process as they ask, comma-separated without spaces (TERM,USR1); the default "
+              "is TERM (a preemption's or a job's end), none turns it off; in a kernel the "
+              "cell stops, saying so")
     @argument("--sync", action="store_true", help="save on the training thread "
               "(%%config CkptMagics.sync = True: every session does)")
     @argument("--off", action="store_true", help="stop the line form's checkpointing of "
@@ -195,7 +200,7 @@ class CkptMagics(Magics):
         return value
 
     def _config(self, args: Any) -> AutoConfig:
-        for name in ("dir", "every", "every_seconds", "on", "track"):
+        for name in ("dir", "every", "every_seconds", "on", "track", "on_signal"):
             setattr(args, name, _unquoted(getattr(args, name)))
         if args.every is not None and args.every_seconds is not None:
             raise ValueError("--every and --every-seconds say the same: give one of them")
@@ -222,7 +227,8 @@ class CkptMagics(Magics):
             track=[n.strip() for n in args.track.split(",") if n.strip()] if args.track else None,
             resume=not args.no_resume, sync=args.sync or self.sync,
             trust_pickle=args.trust_pickle,
-            max_variable_bytes=self.max_variable_mb << 20, magic=True)
+            max_variable_bytes=self.max_variable_mb << 20, magic=True,
+            **({} if args.on_signal is None else {"save_on_signals": args.on_signal}))
 
     def _start(self, config: AutoConfig, *, nested: bool) -> session_mod.AutoSession:
         """Start a session; a store that cannot be opened (a --dir that is a file, say)

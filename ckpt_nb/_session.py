@@ -10,6 +10,7 @@ only copies the state there; compression and I/O run on a writer thread.
 
 from __future__ import annotations
 
+import _thread
 import ast
 import builtins
 import contextlib
@@ -159,6 +160,9 @@ class AutoConfig:
     - ``trust_pickle`` (--trust-pickle): a resume unpickles what the states hold as
       pickles (only for a store you trust).
     - ``max_variable_bytes``: the largest plain variable captured.
+    - ``save_on_signals`` (--on-signal): the signals (SIGTERM by default) that save at the
+      next consistent point and then end the process as the signal asks (a preemption's
+      SIGTERM lost every step since the last trigger); () turns it off.
     """
 
     directory: str | None = None
@@ -173,6 +177,7 @@ class AutoConfig:
     sync: bool = False
     trust_pickle: bool = False
     max_variable_bytes: int = 100 << 20
+    save_on_signals: tuple[str, ...] = ("SIGTERM",)
     magic: bool = False  # (made by %ckpt_auto: its messages name %config, not auto()'s keywords)
 
     @classmethod
@@ -282,6 +287,44 @@ class AutoConfig:
             raise ValueError("max_variable_bytes must be a number of bytes (an integer, 0 or "
                              f"more), not {self.max_variable_bytes!r}")
         self.max_variable_bytes = int(self.max_variable_bytes)
+        self.save_on_signals = _signal_names(self.save_on_signals)
+
+
+# Signals a session does not take: SIGINT is the interrupt (it stops the cell, not the
+# process), and SIGKILL and SIGSTOP cannot be caught.
+_NOT_SAVED_ON = {"SIGINT": "it is the interrupt, which saves at the next consistent point "
+                           "already and stops the cell",
+                 "SIGKILL": "it cannot be caught", "SIGSTOP": "it cannot be caught"}
+
+
+def _signal_names(value: Any) -> tuple[str, ...]:
+    """``save_on_signals`` (--on-signal) as signal names: "TERM", "SIGTERM,SIGUSR1", names
+    or numbers in a list; "", "none", () or None: none."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [] if value.strip().lower() in ("", "none") else value.split(",")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or \
+            any(isinstance(v, bool) or not isinstance(v, (str, int)) for v in value):
+        raise TypeError("save_on_signals (--on-signal) takes signal names: 'TERM', "
+                        f"('SIGTERM', 'SIGUSR1'), or () for none, not {value!r}")
+    names = []
+    for item in value:
+        if isinstance(item, str):
+            name = item.strip().upper()
+            name = name if name.startswith("SIG") else "SIG" + name
+        else:
+            name = signal.Signals(item).name if item in set(signal.Signals) else str(item)
+        if name not in signal.Signals.__members__:
+            raise ValueError(f"save_on_signals (--on-signal): there is no signal {item!r} "
+                             "here: name one such as TERM, USR1 or HUP, or none")
+        if name in _NOT_SAVED_ON:
+            raise ValueError(f"save_on_signals (--on-signal) cannot take {name}: "
+                             f"{_NOT_SAVED_ON[name]}")
+        names.append(name)
+    return tuple(dict.fromkeys(names))
 
 
 def parse_duration(text: str) -> float:
@@ -1256,6 +1299,15 @@ class AutoSession(NotState):
         self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
         self._second_sigint: Any = None  # where a second interrupt goes
+        # save_on_signals: the handlers before ckpt_nb's, each signal's handler of the
+        # user's that it hands the signal to once saved (SIG_DFL: none), the signal that
+        # came (and the frame it came in), and the timer that bounds the wait for a
+        # consistent point.
+        self._previous_signals: dict[int, Any] = {}
+        self._chained_signals: dict[int, Any] = {}
+        self._signalled: int | None = None
+        self._signal_frame: FrameType | None = None
+        self._signal_timer: threading.Timer | None = None
         self._cell_start_step = 0
         self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
         self._ending = False  # end_cell's save is running
@@ -1488,6 +1540,7 @@ class AutoSession(NotState):
         self._interrupts = 0
         self.loop = _Loop()
         self._install_sigint()
+        self._install_signals()
 
     def end_cell(self, error: BaseException | None = None, *, final: bool = True) -> None:
         """End of a cell: a save (``final`` marks the run finished), or on error the
@@ -1561,8 +1614,10 @@ class AutoSession(NotState):
             self.writer.wait()
         finally:
             self._restore_sigint()
+            self._restore_signals()
             self._ending = False
             during_save = error is None and not interrupted and self._interrupts > 0
+            signalled, self._signalled = self._signalled, None
             self._pending = None
             self._save_asked = None  # (an error before its point: not the next cell's)
             self._interrupts = 0
@@ -1581,6 +1636,9 @@ class AutoSession(NotState):
         if during_save and end_id is not None:
             self.say(f"interrupted while saving the cell's end: the save finished "
                      f"(checkpoint {end_id})")
+        if signalled is not None and error is None:  # (no consistent point came after it)
+            self._signalled = signalled
+            self._end_on_signal(None if end_failed else end_id, at_end=True)
         if (interrupted or during_save) and final:
             raise _stopped(f"the cell ran to its end, saved as checkpoint {end_id}"
                            if end_id is not None else
@@ -1602,6 +1660,7 @@ class AutoSession(NotState):
             return
         self.closed = True
         self._restore_sigint()
+        self._restore_signals()
         self._hook.remove()
         self._pre_hook.remove()
         self.writer.close()
@@ -1653,6 +1712,133 @@ class AutoSession(NotState):
             "saving at the next consistent point"
         print(f"ckpt_nb: interrupt received: {what} (interrupt again to stop at once)",
               file=sys.stderr, flush=True)
+
+    def _install_signals(self) -> None:
+        """Take ``save_on_signals`` (SIGTERM: a preemption, a job's end) for the cell, so
+        that the process saves before it ends (main thread only). A signal ignored on
+        purpose (nohup's SIGHUP) or handled outside Python is left as it is; a handler of
+        the user's gets the signal once the state is saved."""
+        if threading.current_thread() is not threading.main_thread() or self._previous_signals:
+            return
+        self._signalled = None
+        for name in self.config.save_on_signals:
+            signum = signal.Signals[name]
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN or previous is None:
+                continue
+            outer = getattr(previous, "__self__", None)  # (the line form's, below a cell's)
+            self._chained_signals[signum] = outer._chained_signals.get(signum) \
+                if isinstance(outer, AutoSession) else previous
+            self._previous_signals[signum] = previous
+            signal.signal(signum, self._on_signal)
+
+    def _restore_signals(self) -> None:
+        for signum, previous in self._previous_signals.items():
+            signal.signal(signum, previous)
+        self._previous_signals = {}
+        self._cancel_signal_timer()
+
+    def _cancel_signal_timer(self) -> None:
+        if self._signal_timer is not None:
+            self._signal_timer.cancel()
+            self._signal_timer = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """A signal of ``save_on_signals``: save at the next consistent point, then end as
+        the signal asks; at once where there is nothing new to save. A second one, or no
+        consistent point within ``_SIGNAL_GRACE`` s, ends the process as the signal would."""
+        __tracebackhide__ = True  # noqa: F841
+        name = signal.Signals(signum).name
+        if self._signalled is not None:
+            self._end_now(signum, frame, f"{name} again")
+            return
+        self._signalled, self._signal_frame = signum, frame
+        if not self._ending and self.step == self.last_save_step and not self._metric_due \
+                and self._save_asked is None and not self._interrupts:
+            self._end_on_signal(self._position, nothing_new=True)
+            return
+        what = "finishing the save of the cell's end" if self._ending else \
+            "saving at the next consistent point"
+        then = "handing it to the handler set before ckpt_nb's" \
+            if callable(self._chained_signals.get(signum)) else \
+            "stopping the cell" if _in_ipython() else "ending"
+        print(f"ckpt_nb: {name} received: {what}, then {then} ({name} again ends the "
+              "process at once)", file=sys.stderr, flush=True)
+        if self._ending:  # (the save is running: no consistent point to wait for)
+            return
+        self._signal_timer = threading.Timer(_SIGNAL_GRACE, self._signal_overdue, (signum,))
+        self._signal_timer.daemon = True
+        self._signal_timer.start()
+
+    def _signal_overdue(self, signum: int) -> None:
+        """No consistent point came within ``_SIGNAL_GRACE`` s of the signal (code that
+        does not train, or a call that does not return): end as the signal would. Runs on
+        the timer's thread, which cannot set a handler: a handler of the user's gets the
+        signal in the main thread, else the process exits with the status the signal
+        would have given."""
+        if self._signalled != signum or self._signal_timer is None:  # (a save began)
+            return
+        name = signal.Signals(signum).name
+        latest = f"the latest checkpoint is {self._position}" if self._position else \
+            "no checkpoint holds the run"
+        print(f"ckpt_nb: no consistent point came within {_SIGNAL_GRACE:g} s of {name}: "
+              f"ending without a save ({latest})", file=sys.stderr, flush=True)
+        if callable(self._chained_signals.get(signum)):
+            _thread.interrupt_main(signum)  # (our handler, in the main thread: _end_now)
+            return
+        os._exit(128 + signum)
+
+    def _end_now(self, signum: int, frame: Any, why: str) -> None:
+        """End as the signal would, without saving: the handler before ckpt_nb's, or the
+        signal's default action."""
+        self._restore_signals()
+        chained = self._chained_signals.get(signum)
+        self._signalled = None
+        print(f"ckpt_nb: {why}: ending at once, NOT saved; "
+              + (f"the latest checkpoint is {self._position}" if self._position else
+                 "no checkpoint holds the run"), file=sys.stderr, flush=True)
+        if callable(chained):
+            chained(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    def _end_on_signal(self, checkpoint_id: str | None, *, at_end: bool = False,
+                       nothing_new: bool = False) -> None:
+        """After the save a signal asked for (``checkpoint_id``; None: it failed, said),
+        end as the signal asks: a handler of the user's gets it (training goes on where it
+        returns); in a kernel, the cell stops, saying so; in a script, the process exits
+        with the signal's status (143 for SIGTERM), the ``with`` block closed first."""
+        __tracebackhide__ = True  # noqa: F841
+        signum, frame = self._signalled, self._signal_frame
+        assert signum is not None
+        self._cancel_signal_timer()
+        self._signalled = self._signal_frame = None
+        name = signal.Signals(signum).name
+        chained = self._chained_signals.get(signum)
+        if nothing_new:
+            held = f"nothing new to save since checkpoint {checkpoint_id}" \
+                if checkpoint_id is not None else "nothing trained to save"
+        elif checkpoint_id is None:
+            held = f"NOT saved (its save failed); {self._latest_said()}" \
+                if self._position is not None else "NOT saved, and no checkpoint holds its run"
+        else:
+            held = f"saved as checkpoint {checkpoint_id}"
+        where = "at the cell's end" if at_end else f"at step {self.step}"
+        # (a position the loop helpers hold: a rerun resumes there, as after an interrupt)
+        resumable = not at_end and not nothing_new and checkpoint_id is not None and \
+            self.config.resume and self.cell_hash is not None and \
+            self.loop.untracked is None and (self.loop.epoch is not None or self.loop.in_batches)
+        if callable(chained):
+            self.say(f"{name} {where}: {held}; the handler set before ckpt_nb's takes it now")
+            chained(signum, frame)
+            return
+        if _in_ipython():
+            raise _stopped(f"{name}: the cell stopped {where}, {held}"
+                           + (": run it again to go on from there" if resumable else ""))
+        self.say(f"{name} {where}: {held}; exiting with status {128 + signum}, as {name} asks"
+                 + (": running the script again goes on from there" if resumable else ""))
+        raise SystemExit(128 + signum)
 
     # -- triggers -------------------------------------------------------------------
     def _consistent(self, rng: tuple[Any, ...] | None = None) -> bool:
@@ -1844,6 +2030,8 @@ class AutoSession(NotState):
 
     def due(self) -> str | None:
         """Why a save is due now, or None."""
+        if self._signalled is not None:
+            return signal.Signals(self._signalled).name
         if self._interrupts:
             return "interrupt"
         if self._metric_due:  # (the state it was measured on may be saved, but without it)
@@ -1865,7 +2053,8 @@ class AutoSession(NotState):
         reason = self.due()
         if reason is None:
             return
-        interrupted = reason == "interrupt"
+        signalled = self._signalled is not None  # (due() says it first)
+        interrupted = reason == "interrupt" or signalled
         asked = self._save_asked  # (not put off: a save() taken at once waits for the write)
         if not interrupted and not self._metric_due and asked is None and self._put_off(reason):
             return
@@ -1876,9 +2065,14 @@ class AutoSession(NotState):
             # (a save of this state without the metric, an "every N steps" one, goes)
             self._save_in_place(reason=reason, wait=asked is not None and asked[1], rng=rng)
             return
+        if signalled:  # (a consistent point came: no end without a save)
+            self._cancel_signal_timer()
         cid = self._save(reason=reason, wait=interrupted or (asked is not None and asked[1]),
-                         unsaved="the state at the interrupt" if interrupted else None,
-                         rng=rng)
+                         unsaved=f"the state at the {reason if signalled else 'interrupt'}"
+                         if interrupted else None, rng=rng)
+        if signalled:
+            self._end_on_signal(cid)
+            return  # (a handler of the user's that returned: training goes on)
         if not interrupted:
             return
         # A position to go on from is one the loop helpers of a %%ckpt_auto cell hold.
@@ -3450,6 +3644,10 @@ def _with_step(row: CheckpointRow) -> str:
 
 # What schedules an optimizer's learning rate (ReduceLROnPlateau is an LRScheduler from
 # torch 2.2 on).
+# s a signal of save_on_signals waits for a consistent point before it ends the process
+# unsaved (a preemption's own grace, 30 s in Kubernetes, may end it sooner)
+_SIGNAL_GRACE = 60.0
+
 _SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
@@ -4215,7 +4413,9 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     "incremental" | "differential"``, ``track=["model", "opt"]`` (or
     ``track="model,opt"``), ``resume=False``, ``sync=True``, ``trust_pickle=True`` (a
     resume unpickles values its objects' states hold as pickles: only for a store you
-    trust; without it such a resume is refused) and ``max_variable_bytes=N``.
+    trust; without it such a resume is refused), ``max_variable_bytes=N`` and
+    ``save_on_signals=("SIGTERM",)`` (the default: SIGTERM saves at the next consistent
+    point, then the process exits with status 143; ``()`` turns it off).
     """
     caller = sys._getframe(2)
     unseen: list[str] = []

@@ -378,6 +378,40 @@ def test_interrupt_then_rerun_in_the_same_kernel_is_bit_identical(
     assert_identical(tmp_path / "intr.pt", reference)
 
 
+def test_sigterm_stops_the_cell_saved_and_a_rerun_in_the_same_kernel_is_bit_identical(
+        tmp_path: Path, kernels: Kernels, reference: Reference) -> None:
+    """A preemption's SIGTERM to the kernel lost every step since the last trigger: it is
+    saved at the next consistent point, the cell stops saying so, and the kernel, still
+    up, goes on from there bit for bit when the cell is run again."""
+    stop_at = 4 * EVERY + 3
+    hold = tmp_path / f"hold-{stop_at}"
+    hold.touch()
+    cell = train_cell("term", tmp_path / "term.pt")
+    kernel = kernels.start(tmp_path)
+    msg_id = kernel.execute(cell)
+    wait_for_file(tmp_path / f"held-{stop_at}", kernel)
+    assert kernel.pid is not None
+    os.kill(kernel.pid, signal.SIGTERM)
+    kernel.read(msg_id, lambda text: "SIGTERM received" in text)
+    hold.unlink()
+    out, reply = kernel.finish(msg_id)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", out
+    rows = catalog(tmp_path / "term").set_index("id")
+    saved = rows.index[rows["note"] == "SIGTERM"]
+    assert len(saved) == 1, rows
+    row = rows.loc[saved[0]]
+    assert (row["step"], row["epoch"], row["batch_idx"]) == (stop_at, *position(stop_at))
+    assert rows["step"].max() == stop_at  # nothing past the signal
+    assert reply["evalue"] == f"SIGTERM: the cell stopped at step {stop_at}, saved as " \
+        f"checkpoint {saved[0]}: run it again to go on from there", out
+    assert kernel.manager.is_alive()
+
+    out, reply = kernel.run(cell)
+    assert reply["status"] == "ok", out
+    assert resumed_line(saved[0], row) in out, out
+    assert_identical(tmp_path / "term.pt", reference)
+
+
 def test_rollback_then_train_on_creates_branches(reference: Reference) -> None:
     kernel, store = reference.kernel, reference.store
     main = catalog(store)

@@ -1,0 +1,186 @@
+"""A preemption's SIGTERM (save_on_signals, --on-signal): the state is saved at the next
+consistent point and the process ends as the signal asks; a new process resumes bit-exact.
+Scripts that train on digits send the signal to themselves at a chosen batch, so that it
+lands there whatever the machine's speed; they run in fresh interpreters."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+
+import ckpt_nb
+from test_session_jobs import script  # (a script file run in a fresh interpreter)
+
+TRAIN = """
+import hashlib, os, signal, sys, time, torch, ckpt_nb
+from sklearn.datasets import load_digits
+torch.set_num_threads(1)
+digits = load_digits()
+X = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+Y = torch.tensor(digits.target)
+del digits
+torch.manual_seed(0)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=100,
+                                     shuffle=True)
+model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                            torch.nn.Linear(32, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+{before}
+with ckpt_nb.auto("store", every_steps=1000{options}):
+    for epoch in ckpt_nb.epochs(3):
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if (epoch, i) == (1, 5) and not os.path.exists("signalled"):
+                open("signalled", "w").close()
+                {signal}
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest())
+"""
+SIGTERM = "os.kill(os.getpid(), signal.SIGTERM)"
+STOPPED_AT = 18 + 6  # (18 batches an epoch: epoch 1's batch 5 is the 24th step)
+
+
+def train(before: str = "", options: str = "", signal: str = SIGTERM) -> str:
+    return TRAIN.format(before=before, options=options, signal=signal)
+
+
+def checkpoints(store: Path) -> list[tuple[int, str]]:
+    with ckpt_nb.CheckpointManager(store) as mgr:
+        rows = mgr.list()
+    return list(zip(rows["step"], rows["note"]))
+
+
+def params(stdout: str) -> str:
+    return stdout.split("params ")[1].strip()
+
+
+def test_sigterm_saves_at_the_next_consistent_point_exits_143_and_a_new_process_resumes(
+        tmp_path: Path) -> None:
+    """auto(every_steps=1000) SIGTERMed at step 24: rc -15 and an empty store, every step
+    lost. Now the step is saved, the script exits with 143, and running it again ends
+    bit-identical to a run never stopped."""
+    (tmp_path / "ref").mkdir()
+    unstopped = script(tmp_path / "ref", "train.py", train(signal="pass"))
+    assert unstopped.returncode == 0, unstopped.stderr
+    stopped = script(tmp_path, "train.py", train())
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout + stopped.stderr
+    assert "params" not in stopped.stdout
+    assert "ckpt_nb: SIGTERM received: saving at the next consistent point, then ending " \
+        "(SIGTERM again ends the process at once)" in stopped.stderr
+    [(step, note)] = checkpoints(tmp_path / "store")
+    assert (step, note) == (STOPPED_AT, "SIGTERM")
+    with ckpt_nb.CheckpointManager(tmp_path / "store") as mgr:
+        saved = mgr.list().iloc[0]
+    assert (saved["epoch"], saved["batch_idx"]) == (1, 6)  # (before batch 6 is fetched)
+    assert f"ckpt_nb: SIGTERM at step {STOPPED_AT}: saved as checkpoint {saved['id']}; " \
+        "exiting with status 143, as SIGTERM asks: running the script again goes on from " \
+        "there" in stopped.stdout
+    resumed = script(tmp_path, "train.py", train())
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {saved['id']} (epoch 1, batch 6, step {STOPPED_AT})" in resumed.stdout
+    assert params(resumed.stdout) == params(unstopped.stdout)
+
+
+def test_a_handler_of_the_users_gets_the_signal_once_saved_and_is_put_back(
+        tmp_path: Path) -> None:
+    """A SIGTERM handler the script set (a flag its loop reads) is chained: ckpt_nb saves
+    first, then hands it the signal; training goes on as the handler decides, and the
+    handler is the signal's again after the block."""
+    before = """
+def on_term(signum, frame):
+    with ckpt_nb.CheckpointManager("store") as mgr:
+        print("handler: saved before it", mgr.list()["step"].tolist(), flush=True)
+signal.signal(signal.SIGTERM, on_term)
+"""
+    done = script(tmp_path, "train.py", train(before) + "print('after', "
+                  "signal.getsignal(signal.SIGTERM) is on_term)\n")
+    assert done.returncode == 0, done.stderr
+    assert f"handler: saved before it [{STOPPED_AT}]" in done.stdout, done.stdout
+    assert "the handler set before ckpt_nb's takes it now" in done.stdout
+    assert "after True" in done.stdout
+    assert "SIGTERM received: saving at the next consistent point, then handing it to the " \
+        "handler set before ckpt_nb's" in done.stderr
+    assert checkpoints(tmp_path / "store") == [(STOPPED_AT, "SIGTERM"), (54, "end of cell")]
+
+
+@pytest.mark.parametrize("options", [", save_on_signals=()", ", save_on_signals='none'"])
+def test_save_on_signals_off_leaves_sigterm_its_default(tmp_path: Path, options: str) -> None:
+    done = script(tmp_path, "train.py", train(options=options))
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
+    assert checkpoints(tmp_path / "store") == []
+
+
+def test_a_second_sigterm_ends_the_process_at_once_unsaved(tmp_path: Path) -> None:
+    done = script(tmp_path, "train.py", train(signal=f"{SIGTERM}; {SIGTERM}"))
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
+    assert "ckpt_nb: SIGTERM again: ending at once, NOT saved; no checkpoint holds the " \
+        "run" in done.stderr
+    assert checkpoints(tmp_path / "store") == []
+
+
+def test_no_consistent_point_after_the_signal_ends_the_process_after_the_grace(
+        tmp_path: Path) -> None:
+    """Code that never reaches a consistent point after the signal (a call that does not
+    return) ends as the signal's default would, once the grace is over."""
+    before = "import ckpt_nb._session\nckpt_nb._session._SIGNAL_GRACE = 0.5"
+    done = script(tmp_path, "train.py", train(before, signal=f"{SIGTERM}; time.sleep(120)"))
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert "ckpt_nb: no consistent point came within 0.5 s of SIGTERM: ending without a " \
+        "save (no checkpoint holds the run)" in done.stderr
+    assert checkpoints(tmp_path / "store") == []
+
+
+def test_a_signal_with_nothing_trained_since_the_last_save_ends_at_once(tmp_path: Path) -> None:
+    """Nothing to save first: it does not wait for a consistent point that may never come."""
+    loop = "    for epoch in ckpt_nb.epochs(3):"
+    code = train().replace(loop, f"    {SIGTERM}\n    time.sleep(120)\n{loop}")
+    done = script(tmp_path, "train.py", code)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert "ckpt_nb: SIGTERM at step 0: nothing trained to save; exiting with status 143, as " \
+        "SIGTERM asks\n" in done.stdout
+    assert checkpoints(tmp_path / "store") == []
+
+
+@pytest.mark.parametrize(("given", "names"), [
+    ("TERM", ("SIGTERM",)), ("sigterm,USR1", ("SIGTERM", "SIGUSR1")),
+    ([signal.SIGUSR2, "HUP"], ("SIGUSR2", "SIGHUP")), ("none", ()), ((), ()), (None, ()),
+])
+def test_save_on_signals_takes_names_numbers_and_none(given: object, names: tuple) -> None:
+    assert ckpt_nb.AutoConfig(save_on_signals=given).save_on_signals == names
+    assert ckpt_nb.AutoConfig().save_on_signals == ("SIGTERM",)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("INT", "save_on_signals (--on-signal) cannot take SIGINT: it is the interrupt, which "
+            "saves at the next consistent point already and stops the cell"),
+    ("KILL", "save_on_signals (--on-signal) cannot take SIGKILL: it cannot be caught"),
+    ("TREM", "save_on_signals (--on-signal): there is no signal 'TREM' here: name one such "
+             "as TERM, USR1 or HUP, or none"),
+])
+def test_a_signal_that_cannot_save_is_refused_by_name(tmp_path: Path, shell, given: str,
+                                                      message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        with ckpt_nb.auto(str(tmp_path), namespace={}, save_on_signals=given):
+            pass
+    assert str(raised.value) == message
+    result = shell.run_cell(f"%%ckpt_auto --dir {tmp_path} --on-signal {given}\npass",
+                            store_history=False)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == f"%ckpt_auto: {message}"
+
+
+def test_the_magic_takes_sigterm_for_the_cell_alone_and_on_signal_none_leaves_it(
+        tmp_path: Path, shell) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    cell = "import signal\nseen = signal.getsignal(signal.SIGTERM)"
+    assert shell.run_cell(f"%%ckpt_auto --dir {tmp_path}\n{cell}", store_history=False).success
+    assert isinstance(getattr(shell.user_ns["seen"], "__self__", None), ckpt_nb.AutoSession)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert shell.run_cell(f"%%ckpt_auto --dir {tmp_path} --on-signal none\n{cell}",
+                          store_history=False).success
+    assert shell.user_ns["seen"] is before
