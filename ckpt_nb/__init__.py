@@ -20,8 +20,8 @@ _PUBLIC = {
                      "StoreFormatError", "UntrustedPickleError"], "_errors"),
     **dict.fromkeys(["Checkpoint", "CheckpointManager", "GCReport", "PickledValue",
                      "VerifyReport"], "_manager"),
-    **dict.fromkeys(["AutoConfig", "AutoSession", "auto", "batches", "epochs", "log",
-                     "rollback", "status"], "_session"),
+    **dict.fromkeys(["AutoConfig", "AutoSession", "auto", "batches", "epochs", "history",
+                     "log", "rollback", "status"], "_session"),
     **dict.fromkeys(["FsspecStore", "LocalStore", "MemoryStore", "Store", "open_store"],
                     "_store"),
     **dict.fromkeys(["explore", "Explorer"], "_explorer"),
@@ -41,8 +41,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from ._explorer import Explorer, explore
     from ._manager import Checkpoint, CheckpointManager, GCReport, PickledValue, VerifyReport
     from ._plots import dag_layout, plot_compare, plot_dag, plot_diff, plot_metrics
-    from ._session import (AutoConfig, AutoSession, auto, batches, epochs, log, rollback,
-                           status)
+    from ._session import (AutoConfig, AutoSession, auto, batches, epochs, history, log,
+                           rollback, status)
     from ._store import FsspecStore, LocalStore, MemoryStore, Store, open_store
 
 
@@ -95,7 +95,8 @@ def unload_ipython_extension(ipython):  # noqa: ANN001, ANN201 - IPython's hook
 
 __all__ = [
     "CheckpointManager", "Checkpoint", "VerifyReport", "GCReport", "PickledValue",
-    "auto", "epochs", "batches", "log", "rollback", "status", "AutoConfig", "AutoSession",
+    "auto", "epochs", "batches", "log", "history", "rollback", "status", "AutoConfig",
+    "AutoSession",
     "explore", "Explorer", "plot_metrics", "plot_dag", "plot_diff", "plot_compare", "dag_layout",
     "Stateful", "RNGState",
     "Store", "LocalStore", "MemoryStore", "FsspecStore", "open_store",

@@ -50,7 +50,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -66,14 +66,18 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIte
                          from_storable, is_code, loader_random, skipped_text, to_storable,
                          warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
-                      CorruptCheckpointError, ParameterOrderError, StateMismatchError,
-                      UntrustedPickleError, check_flag, tell, warn, warnings_worded)
+                      CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
+                      StateMismatchError, UntrustedPickleError, check_flag, tell, warn,
+                      warnings_worded)
 from ._format import RUN_KEY, is_count, run_key
 from ._metric_names import metric_mode_from_name
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
 from ._run_records import written_keep_best
 from ._store import LOCAL_SCHEMES, canonical_url, file_url_path, location, why_no_store
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _ENDED = "ckpt_nb_run_end:"  # + a run's id: the catalog's key of the checkpoint it ended at
 
@@ -4267,6 +4271,44 @@ def _session_for(directory: str | os.PathLike[str] | None,
         yield temporary
     finally:
         temporary.close()
+
+
+def history(store: str | os.PathLike[str] | CheckpointManager,
+            which: str = "latest") -> pd.DataFrame:
+    """Every value ``ckpt_nb.log()`` recorded in the run that a checkpoint of a
+    ``%%ckpt_auto`` cell or an ``auto()`` block holds, up to that save, as a DataFrame: a
+    row per log() call, with its step and epoch and a column per metric, each as it stood
+    at that call (its latest value; NaN before it was first logged). ``list()`` has only
+    the kept checkpoints' metrics: with --on and --keep, most of the learning curve
+    would be missing. ``which``: as ``CheckpointManager.resolve`` takes it ("latest",
+    "best", "-N" or an id prefix). Reads the checkpoint's manifest alone, no tensor."""
+    import pandas as pd  # (here: importing ckpt_nb loads no pandas)
+
+    if isinstance(store, CheckpointManager):
+        manager, own = store, False
+    else:
+        if not store_exists(store):
+            raise CheckpointNotFoundError(f"no checkpoint store at {store}"
+                                          f"{why_no_store(os.fspath(store))}")
+        manager, own = CheckpointManager(store), True
+    try:
+        checkpoint_id = manager.resolve(which)
+        extra = manager._saved_extra(checkpoint_id)
+    finally:
+        if own:
+            manager.close()
+    run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
+    if run is None:
+        raise MetricNotFoundError(
+            f"checkpoint {checkpoint_id} holds no ckpt_nb.log() history: a "
+            "CheckpointManager.save() saved it, not a %%ckpt_auto cell or an auto() block; "
+            "the metrics it was saved with are in list()")
+    records = list(_SavedRun.read(checkpoint_id, run).history)
+    metrics = list(dict.fromkeys(name for record in records for name in record
+                                 if name not in _RECORD_FIELDS))
+    frame = pd.DataFrame.from_records(records, columns=["step", "epoch", *metrics])
+    return frame.astype({"step": "Int64", "epoch": "Int64",
+                         **dict.fromkeys(metrics, "float64")})
 
 
 def status() -> dict[str, Any]:
