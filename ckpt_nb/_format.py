@@ -241,11 +241,23 @@ def write_pack(store: Store) -> Iterator[PackWriter]:
         pack = PackWriter(key, out)
         yield pack
         pack.flush()
-        index = json.dumps([[r.digest, r.offset, r.length, r.raw_len, r.base, r.depth]
-                            for r in pack.rows]).encode()
+        index = _pack_index(pack.rows)
         out.write(index)
         out.write(_U64.pack(len(index)))
         out.write(INDEX_MAGIC)
+
+
+def _pack_index(rows: list[ChunkRow]) -> bytes:
+    """A pack's trailing index, as ``write_pack`` writes it."""
+    return json.dumps([[r.digest, r.offset, r.length, r.raw_len, r.base, r.depth]
+                       for r in rows]).encode()
+
+
+def pack_size(rows: list[ChunkRow]) -> int:
+    """The bytes of the pack ``write_pack`` wrote with these rows, known without asking
+    the store (a byte budget counts what each save adds)."""
+    blobs = max((r.offset + r.length for r in rows), default=len(PACK_MAGIC))
+    return blobs + len(_pack_index(rows)) + _U64.size + len(INDEX_MAGIC)
 
 
 def read_pack_index(store: Store, key: str) -> list[ChunkRow]:

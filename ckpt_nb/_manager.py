@@ -51,7 +51,7 @@ from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUse
 from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, has_pickle, id_of, is_deletion_key, is_pack_key,
                       is_run_key, label_key, manifest_key, new_deletion_key, pickle_problem,
-                      read_pack_index, stamp_format, write_pack)
+                      pack_size, read_pack_index, stamp_format, write_pack)
 from ._metric_names import metric_mode_from_name
 from ._parallel import in_batches, share_work
 from ._rebuild import (Rebuilt, deletion_records, guessed_parents, is_newer, read_manifest,
@@ -83,6 +83,9 @@ _VIEW_FIELDS = ("shape", "stride", "offset", "dtype", "conj", "neg")
 # of the same store in that thread (a progress callback, a warning hook) would wait on
 # its own thread's flock for ever, so it reads from its catalog as it is
 _HELD_HERE = threading.local()
+# How many times this process took each lock file, through any manager: a manager whose
+# last release was the latest take knows no other manager here wrote the store since
+_LOCK_TAKES: Counter[str] = Counter()
 
 T = TypeVar("T")
 # list()'s columns before its metrics'
@@ -260,6 +263,7 @@ def _after_fork_in_child() -> None:
     forever. (Its forking thread's own holds, if any, stay.)"""
     global _MEMORY_LOCKS_GUARD
     for manager in list(_MANAGERS):
+        manager._released = None  # (the parent's next take writes a note as this one's)
         if not manager._busy._is_owned():  # type: ignore[attr-defined]
             manager._busy = threading.RLock()
             manager._pool = manager._pack_writer = None
@@ -379,6 +383,18 @@ class CheckpointManager:
         self._told_never_best = False  # a save said it logs metrics, but not the one ranked
         self._told_stray: set[str] = set()  # optimizers a save said step no saved module
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
+        # An upper bound of ``stored_bytes()`` (its last measure plus what saves added
+        # since), and the catalog's generation then: a save under ``max_bytes`` that it
+        # keeps under the budget measures nothing (each measured the whole store). None
+        # where it is unknown: at open, after a gc or a failure.
+        self._bytes_bound: int | None = None
+        self._bound_generation = -1
+        # The lock file's note as this manager's last release left it, with this
+        # process's take count then, and whether this take found it so: no other
+        # process, and no other manager here, took the lock in between (a save killed
+        # there left bytes that no catalog counts).
+        self._released: tuple[str, int] | None = None
+        self._untouched = False
         self._busy = threading.RLock()  # held in _exclusive(): close() waits for a save
         # Told a wait for another process's lock (``_wait_for``), then None once it is
         # taken: the explorer's status line says it, which stderr alone did not show.
@@ -746,14 +762,21 @@ class CheckpointManager:
         try:
             if self._lock_path is None:
                 with self._busy, _memory_store_lock(self.store.url):
+                    # (a memory:// store's writers are managers of this process, whose
+                    # saves a catch-up reads into this catalog: its generation tells)
+                    self._untouched = True
                     yield
                 return
             with self._busy, self._folder_locked(), self._open_lock() as handle:
                 self._wait_for(handle)
                 held = _HELD_HERE.__dict__.setdefault("paths", Counter())
                 held[str(self._lock_path)] += 1
+                _LOCK_TAKES[str(self._lock_path)] += 1
                 caught_up = False  # (whether this catalog has seen what the note says)
                 try:
+                    self._untouched = self._released == (
+                        self._lock_note(), _LOCK_TAKES[str(self._lock_path)] - 1)
+                    self._released = None  # (until this take's note is written)
                     self._reopen_if_removed()
                     catalog = getattr(self, "catalog", None)  # (None while first opened)
                     mine = "" if catalog is None else self._catalog_mark()
@@ -776,7 +799,8 @@ class CheckpointManager:
                     if getattr(self, "catalog", None) is not None and caught_up:
                         # (what this holder wrote counted: its next take reads nothing again)
                         with contextlib.suppress(CkptError, OSError, sqlite3.Error):
-                            self._note_holder(handle, self._catalog_mark())
+                            self._released = (self._note_holder(handle, self._catalog_mark()),
+                                              _LOCK_TAKES[str(self._lock_path)])
                     fcntl.flock(handle, fcntl.LOCK_UN)
                     held[str(self._lock_path)] -= 1
                     if not held[str(self._lock_path)]:
@@ -961,21 +985,25 @@ class CheckpointManager:
     def _last_mark(self) -> str:
         """The mark the lock file's last holder left (``_catalog_mark``; "" where none: a
         ckpt_nb before ids, or the file deleted meanwhile)."""
+        last = self._lock_note().split()
+        return last[1] if len(last) > 1 else ""
+
+    def _lock_note(self) -> str:
+        """The lock file's text, the last holder's note (``_note_holder``; "" where none)."""
         assert self._lock_path is not None
         try:
             # (not a FIFO, which opened to read waits for a writer: ``_open_lock`` refuses it)
-            last = self._lock_path.read_text().split() if self._lock_path.is_file() else []
+            return self._lock_path.read_text() if self._lock_path.is_file() else ""
         except OSError:  # (deleted meanwhile: no catalog is known to have written last)
-            last = []
-        return last[1] if len(last) > 1 else ""
+            return ""
 
-    def _note_holder(self, handle: IO[str], mark: str, reading: bool = False) -> None:
+    def _note_holder(self, handle: IO[str], mark: str, reading: bool = False) -> str:
         """Leave this process's pid and a catalog's mark (``_catalog_mark``) in the lock
         file, held, and "reading" after them where it is held for a read. Written over
         the last note, then cut to its length, so that the file is never empty (a Ctrl-C
         between a truncate and the write left it so, and the next lock take read the
         whole store again); one stopped between the two keeps the rest of the last
-        note after the new one's line."""
+        note after the new one's line. Returns the note."""
         note = f"{os.getpid()} {mark}{' reading' if reading else ''}\n".encode()
         try:
             written = 0
@@ -990,6 +1018,7 @@ class CheckpointManager:
                                f"{why_unwritable(exc)}, then try again; nothing was changed")
             error.errno = exc.errno
             raise error from exc
+        return note.decode()
 
     def _reopen_if_removed(self) -> None:
         """Open the catalog again where its file was removed (an object store's cache
@@ -1232,6 +1261,8 @@ class CheckpointManager:
             raise TypeError(f"note must be a string, not {note!r}")
         with self._saving(), self._exclusive(), collector_paused():
             self._catch_up()
+            bound = self._bound_still_known()
+            self._bytes_bound = None  # (unknown again until this save is through)
             parent_id = self.head if parent is ... else parent
             parent_row = self.catalog.get(parent_id) if parent_id else None
             if parent_id and parent_row is None:  # deleted by another manager: its heir
@@ -1284,9 +1315,16 @@ class CheckpointManager:
             self._keep_manifest(row.id, manifest)
             if parent is ...:
                 self.head = row.id
+            if bound is not None:
+                packs: dict[str, list[ChunkRow]] = {}
+                for new in new_rows:
+                    packs.setdefault(new.pack, []).append(new)
+                self._bytes_bound = bound + len(blob) + sum(map(pack_size, packs.values()))
             try:
                 self._apply_retention(protect={row.id})
+                self._bound_generation = self.catalog.generation()
             except OSError as exc:  # (StoreError too) the checkpoint is committed all the same
+                self._bytes_bound = None
                 self._collection_failed = True  # (the next one collects the whole store)
                 warn(f"checkpoint {row.id} was saved, but retention failed ({exc}); "
                      "it runs again at the next save, which frees what this one left where "
@@ -2712,13 +2750,29 @@ class CheckpointManager:
         return ids[0] if not more else ids
 
     def _nothing_to_delete(self) -> bool:
-        """Whether retention can delete nothing: no rule, or ``max_to_keep`` alone with no
-        more checkpoints in the store than it keeps, known without a row read. (Each
-        save's retention decoded every row of the catalog: 40 ms a save at 500
-        checkpoints under a notebook's --keep 1000, which deleted none.)"""
-        if self.keep_best is not None or self.max_bytes is not None:
+        """Whether retention can delete nothing, known without a row read: no more
+        checkpoints in the store than ``max_to_keep`` keeps, and the store under
+        ``max_bytes`` by the bound a save keeps (``_bytes_bound``). (Each save's retention
+        decoded every row of the catalog: 40 ms a save at 500 checkpoints under a
+        notebook's --keep 1000, which deleted none; a byte budget's measured the whole
+        store too, 350 ms a save at 1,000 checkpoints.)"""
+        if self.keep_best is not None:
+            return False
+        if self.max_bytes is not None and \
+                (self._bytes_bound is None or self._bytes_bound > self.max_bytes):
             return False
         return self.max_to_keep is None or self.catalog.counts()[1] <= self.max_to_keep
+
+    def _bound_still_known(self) -> int | None:
+        """The bound of the store's bytes the last save left (``_bytes_bound``), where
+        nothing but this manager's saves can have added bytes since: the catalog not
+        changed since (another process's save, a catch-up that read another machine's),
+        and the lock not taken since by another (a save killed there left its pack,
+        which no catalog lists). Called under the lock, caught up; else None."""
+        if self._bytes_bound is None or not self._untouched or \
+                self.catalog.generation() != self._bound_generation:
+            return None
+        return self._bytes_bound
 
     def _apply_retention(self, protect: set[str], among: AbstractSet[str] | None = None) -> None:
         """Delete what the retention rules let go; the newest, pinned, best and head stay.
@@ -2755,7 +2809,9 @@ class CheckpointManager:
                 self._drop(doomed, whole_store=self._collection_failed)
                 self._collection_failed = False
                 self._retention_dropped.extend(doomed)
-        if self.max_bytes is not None and self.stored_bytes() > self.max_bytes:
+        taken = self.stored_bytes() if self.max_bytes is not None else 0
+        self._bytes_bound = taken if self.max_bytes is not None else None
+        if self.max_bytes is not None and taken > self.max_bytes:
             if blocked:
                 self._warn_blocked(blocked)
                 return
@@ -2772,6 +2828,7 @@ class CheckpointManager:
                 oldest = self._oldest_that_may_free(deletable, taken - self.max_bytes)
                 self._drop(oldest, **tight)
                 self._retention_dropped.extend(oldest)
+            self._bytes_bound = taken  # (measured since the last gc)
             if taken > self.max_bytes and not self._told_over_budget:
                 # (said once per manager, as _warn_blocked: every save would say it again)
                 self._told_over_budget = True
@@ -3034,6 +3091,7 @@ class CheckpointManager:
         raises, unless ``partial`` (then it warns, and what it would have freed stays):
         retention over a byte budget must stop there, not delete checkpoints instead.
         With ``dropped``, only what a deletion just made leaves (``_collect_dropped``)."""
+        self._bytes_bound = None  # (a rewrite may store a chunk whole: measured again)
         if dropped is not None:
             return self._collect_dropped(dropped, compact_below, whole_over)
         swept, swept_bytes = self.store.sweep_temporaries()

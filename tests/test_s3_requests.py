@@ -198,3 +198,30 @@ def test_a_pack_cut_short_in_the_bucket_is_not_deduplicated_against_and_sized_on
     (again,) = set.union(*packs)
     assert again != first
     assert not [path for path in asked[-1] if path.endswith(again)], asked
+
+
+def test_a_save_under_a_byte_budget_lists_the_store_no_more_than_one_without(
+        bucket: str, relay: OutageRelay, tmp_path: Path) -> None:
+    """Each save under a byte budget listed packs/ and manifests/ again, with their sizes,
+    to measure the store (6 listings a save, not 4): the first save measures it, the next
+    ones count what they add. Another machine's save (another catalog) is measured."""
+    url = f"s3://{bucket}/exp"
+
+    def listings_of_a_save(mgr: CheckpointManager) -> int:
+        relay.requests.clear()
+        mgr.save(h=Holder({"w": torch.randn(1000)}), rng=False)
+        return len([path for method, path in relay.requests
+                    if method == "GET" and "list-type" in path])
+
+    with CheckpointManager(url) as mgr:
+        mgr.save(h=Holder({"w": torch.randn(1000)}), rng=False)
+        unbudgeted = listings_of_a_save(mgr)
+    with CheckpointManager(url, max_bytes=10**9) as mgr:
+        mgr.save(h=Holder({"w": torch.randn(1000)}), rng=False)
+        assert [listings_of_a_save(mgr) for _ in range(3)] == [unbudgeted] * 3
+        assert mgr._bytes_bound == mgr.stored_bytes()
+        with pytest.warns(RuntimeWarning, match="rebuilt from the store"), \
+                CheckpointManager(url, catalog=tmp_path / "elsewhere" / "catalog.sqlite") as other:
+            other.save(h=Holder({"w": torch.randn(5000)}), rng=False)
+        assert listings_of_a_save(mgr) > unbudgeted
+        assert mgr._bytes_bound == mgr.stored_bytes()
