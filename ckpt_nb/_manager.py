@@ -2751,12 +2751,13 @@ class CheckpointManager:
 
     def _nothing_to_delete(self) -> bool:
         """Whether retention can delete nothing, known without a row read: no more
-        checkpoints in the store than ``max_to_keep`` keeps, and the store under
-        ``max_bytes`` by the bound a save keeps (``_bytes_bound``). (Each save's retention
-        decoded every row of the catalog: 40 ms a save at 500 checkpoints under a
-        notebook's --keep 1000, which deleted none; a byte budget's measured the whole
-        store too, 350 ms a save at 1,000 checkpoints.)"""
-        if self.keep_best is not None:
+        checkpoints in the store than ``max_to_keep`` keeps (``keep_best`` beside it only
+        keeps more), and the store under ``max_bytes`` by the bound a save keeps
+        (``_bytes_bound``). Not ``keep_best`` alone, which deletes all but the best.
+        (Each save's retention decoded every row of the catalog: 40 ms a save at 500
+        checkpoints under a notebook's --keep 1000, which deleted none; a byte budget's
+        measured the whole store too, 350 ms a save at 1,000 checkpoints.)"""
+        if self.keep_best is not None and self.max_to_keep is None and self.max_bytes is None:
             return False
         if self.max_bytes is not None and \
                 (self._bytes_bound is None or self._bytes_bound > self.max_bytes):

@@ -1,6 +1,7 @@
-"""A save whose retention can delete nothing reads no catalog row and measures no store
+"""A save whose retention can delete nothing reads no catalog row and measures no store:
 under a byte budget it far from reaches (each save listed every pack and manifest, and
-read every row: 350 ms a save at 1,000 checkpoints). Where something may have added bytes that the
+read every row: 350 ms a save at 1,000 checkpoints), and under keep_best beside a
+max_to_keep the store does not reach. Where something may have added bytes that the
 saves did not count (another manager's save, a save killed in another process), the
 store is measured again, and the budget still holds."""
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import DigitsRun
 
 from ckpt_nb import CheckpointManager
@@ -116,3 +118,30 @@ def test_a_save_killed_in_another_process_is_measured(tmp_path: Path) -> None:
         assert mgr._bytes_bound == mgr.stored_bytes()  # (the killed save's pack counted)
         save(mgr, run, 4)
         assert mgr._bytes_bound == mgr.stored_bytes()
+
+
+@pytest.mark.parametrize("kept", [1000, 4])
+def test_keep_best_beside_max_to_keep_reads_no_row_till_the_store_passes_it(
+        tmp_path: Path, kept: int) -> None:
+    """keep_best only keeps more than max_to_keep would: with no more checkpoints than
+    max_to_keep, nothing can go, and no row is read; past it, the oldest go, the best
+    kept, as before."""
+    run = DigitsRun()
+    with CheckpointManager(tmp_path / "s", max_to_keep=kept, keep_best=2,
+                           metric="loss") as mgr:
+        cid = save(mgr, run, 0)  # (the store's first lock take reads it again: a new catalog)
+        losses = {cid: mgr.catalog.get(cid).metrics["loss"]}
+        rows_read = count_row_reads(mgr)
+        for step in range(1, 10):
+            cid = save(mgr, run, step)
+            losses[cid] = mgr.catalog.get(cid).metrics["loss"]
+            if step < kept:
+                assert rows_read[0] == 0, step
+        ids = list(mgr.list()["id"])
+    best = sorted(losses, key=losses.__getitem__)[:2]
+    if kept >= 10:
+        assert len(ids) == 10
+    else:
+        assert set(best) <= set(ids)
+        assert set(list(losses)[-kept:]) <= set(ids)
+        assert len(ids) <= kept + 2
