@@ -1142,7 +1142,7 @@ def test_help_and_usage_errors_answer_before_torch_loads() -> None:
             "print(len(loaded), set(ckpt_nb.__all__) <= set(dir(ckpt_nb)))\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)  # (not forked: torch must not be loaded)
-    assert run.stdout.splitlines()[-2:] == ["[0, 2] False", "40 True"], run.stdout
+    assert run.stdout.splitlines()[-2:] == ["[0, 2] False", "41 True"], run.stdout
 
 
 def test_messages_of_the_api_are_in_the_cli_s_words(
