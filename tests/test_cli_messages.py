@@ -26,7 +26,7 @@ def test_help_shows_the_ranking_options_that_may_come_before_the_command(
     usage = " ".join(out.split("\n\n")[0].split())
     assert code == 0 and "[--metric METRIC] [--mode {min,max}] COMMAND" in usage
     text = " ".join(out.split())
-    assert "--metric METRIC the metric that ranks checkpoints" in text
+    assert "--metric METRIC, --on METRIC the metric that ranks checkpoints" in text
     assert "--mode {min,max} whether a lower or higher --metric is better" in text
     assert "every command but gc takes them" in text
 
