@@ -774,13 +774,14 @@ class CheckpointManager:
                 _LOCK_TAKES[str(self._lock_path)] += 1
                 caught_up = False  # (whether this catalog has seen what the note says)
                 try:
+                    note = self._lock_note()
                     self._untouched = self._released == (
-                        self._lock_note(), _LOCK_TAKES[str(self._lock_path)] - 1)
+                        note, _LOCK_TAKES[str(self._lock_path)] - 1)
                     self._released = None  # (until this take's note is written)
                     self._reopen_if_removed()
                     catalog = getattr(self, "catalog", None)  # (None while first opened)
                     mine = "" if catalog is None else self._catalog_mark()
-                    last = self._last_mark()
+                    last = _mark_in(note)
                     behind = _missed_writes(last, mine) and local_root(self.store) is not None
                     # (until the catch-up is done the note keeps the last writer's mark: a
                     # take after it was cut short, a kill or Ctrl-C, reads the store again)
@@ -985,8 +986,7 @@ class CheckpointManager:
     def _last_mark(self) -> str:
         """The mark the lock file's last holder left (``_catalog_mark``; "" where none: a
         ckpt_nb before ids, or the file deleted meanwhile)."""
-        last = self._lock_note().split()
-        return last[1] if len(last) > 1 else ""
+        return _mark_in(self._lock_note())
 
     def _lock_note(self) -> str:
         """The lock file's text, the last holder's note (``_note_holder``; "" where none)."""
@@ -3794,6 +3794,13 @@ def _check_file_path(call: str, path: Any) -> None:
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise TypeError(f"{call}()'s path must be a file's path (a str or a pathlib.Path: "
                         f"'model.pt'), not {path!r}")
+
+
+def _mark_in(note: str) -> str:
+    """The catalog's mark a lock-file note names (``_note_holder``'s second word; "" where
+    none: a ckpt_nb before ids, or no note)."""
+    words = note.split()
+    return words[1] if len(words) > 1 else ""
 
 
 def _refuse_mixed_up(model: Any, optimizer: Any, scheduler: Any) -> None:
