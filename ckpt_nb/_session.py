@@ -140,8 +140,21 @@ class History:
         return cls(records)
 
 
-# auto() keywords spelt as the magic's options, and what auto() takes for them
-_MAGIC_SPELLINGS = {"dir": "directory", "no_resume": "resume=False"}
+# auto() keywords spelt as the magic's options or as other tools name them, and what
+# auto() takes for them
+_OTHER_SPELLINGS = {"dir": "directory", "no_resume": "resume=False",
+                    # (CheckpointManager's, Lightning's and Orbax's names for auto()'s own)
+                    "max_to_keep": "keep (CheckpointManager's max_to_keep)",
+                    "save_top_k": "keep_best with on=(METRIC, 'min'|'max')",
+                    "metric": "on=(METRIC, 'min'|'max')",
+                    "monitor": "on=(METRIC, 'min'|'max')",
+                    "mode": "on=(METRIC, 'min'|'max')",
+                    "every_n_train_steps": "every_steps",
+                    "save_interval_steps": "every_steps",
+                    "every_n_epochs": "on=(METRIC, ...) with a log() at each epoch's end, or "
+                                      "session.save() there (every_steps counts optimizer "
+                                      "steps, not epochs)",
+                    "train_time_interval": "every (seconds, or '10min')"}
 
 
 @dataclass
@@ -200,7 +213,7 @@ class AutoConfig:
         for name in options:
             if name not in fields:
                 valid = ["directory", "namespace", "name", "every", *fields]
-                hint = _MAGIC_SPELLINGS.get(name) or next(
+                hint = _OTHER_SPELLINGS.get(name) or next(
                     iter(difflib.get_close_matches(name, valid, n=1)), None)
                 raise TypeError(f"auto() got an unexpected keyword argument {name!r}"
                                 + (f": did you mean {hint}?" if hint else ".")

@@ -46,6 +46,11 @@ def test_a_bad_every_is_named_every(tmp_path: Path, every: object) -> None:
 @pytest.mark.parametrize(("keyword", "hint"), [
     ("every_stepz", "every_steps"), ("namespce", "namespace"), ("dir", "directory"),
     ("no_resume", "resume=False"),
+    # (CheckpointManager's and Lightning's names: max_to_keep was matched to nothing, and
+    # every_n_epochs to every_steps, which counts optimizer steps)
+    ("max_to_keep", "keep (CheckpointManager's max_to_keep)"),
+    ("metric", "on=(METRIC, 'min'|'max')"), ("mode", "on=(METRIC, 'min'|'max')"),
+    ("every_n_epochs", "on=(METRIC, ...) with a log() at each epoch's end"),
 ])
 def test_a_keyword_auto_does_not_take_names_auto_and_its_options(
         tmp_path: Path, keyword: str, hint: str) -> None:
@@ -54,8 +59,9 @@ def test_a_keyword_auto_does_not_take_names_auto_and_its_options(
             pass
     message = str(raised.value)
     assert message.startswith(f"auto() got an unexpected keyword argument {keyword!r}: "
-                              f"did you mean {hint}? It takes directory, namespace, name, "
-                              "every, every_steps, every_seconds, on, keep, keep_best")
+                              f"did you mean {hint}"), message
+    assert "? It takes directory, namespace, name, every, every_steps, every_seconds, on, " \
+        "keep, keep_best" in message
     assert "AutoConfig" not in message
     assert ckpt_nb.status() == {"active": False}
 
