@@ -559,10 +559,30 @@ def _arguments(magic: Any, line: str) -> Any:
     try:
         args = parse_argstring(magic, line)
     except (UsageError, ValueError) as exc:
-        hint = _stray_words_hint(magic, line) if str(exc).startswith("unrecognized") else ""
+        hint = _other_option_hint(magic, line) or _stray_words_hint(magic, line) \
+            if str(exc).startswith("unrecognized") else ""
         raise UsageError(f"%{magic.__name__}: {exc}{hint}") from None
     _refuse_repeats(magic, line)
     return args
+
+
+# Other tools' options (the CLI's, CheckpointManager's, Lightning's), and the magics' own
+# option for each, which the magic names where it has that option.
+_OTHER_OPTIONS = {"--metric": "--on METRIC:min|max", "--mode": "--on METRIC:min|max",
+                  "--monitor": "--on METRIC:min|max", "--max-to-keep": "--keep N",
+                  "--save-top-k": "--keep-best K", "--every-n-train-steps": "--every-steps N"}
+
+
+def _other_option_hint(magic: Any, line: str) -> str:
+    """For an option the magic does not take but another tool spells so (``%ckpt_rollback
+    best --metric val_loss``, as ``ckpt-nb`` takes it): the magic's own; "" otherwise."""
+    for token in arg_split(line):
+        name = token.partition("=")[0]
+        meant = _OTHER_OPTIONS.get(name)
+        if meant is not None and _option_action(magic, name) is None and \
+                _option_action(magic, meant.split()[0]) is not None:
+            return f": {name} is {meant} here"
+    return ""
 
 
 def _option_action(magic: Any, option: str) -> Any:

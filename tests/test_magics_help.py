@@ -338,6 +338,11 @@ def test_help_metavars_are_the_words_the_help_uses(shell) -> None:
      "--dir with spaces, --dir \"my runs\""),
     ("%ckpt_rollback latest --dir 'my' runs", "%ckpt_rollback: unrecognized arguments: runs: "
      "quote a --dir with spaces, --dir \"my runs\""),
+    # (the CLI's, CheckpointManager's and Lightning's options: the magic's own named)
+    ("%ckpt_rollback best --metric val_loss", "%ckpt_rollback: unrecognized arguments: "
+     "--metric val_loss: --metric is --on METRIC:min|max here"),
+    ("%%ckpt_auto --max-to-keep 3\nran = True", "%ckpt_auto: unrecognized arguments: "
+     "--max-to-keep 3: --max-to-keep is --keep N here"),
     # (where the words' meaning is not clear, argparse's complaint alone)
     ("%ckpt_auto --on val_loss min", "%ckpt_auto: unrecognized arguments: min"),
     ("%ckpt_auto --bogus x", "%ckpt_auto: unrecognized arguments: --bogus x"),
