@@ -1328,6 +1328,7 @@ class AutoSession(NotState):
         self._cell_start_step = 0
         self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
         self._ending = False  # end_cell's save is running
+        self._in_save = False  # a save's capture (and, --sync, its write) is running
         self._hook = register_optimizer_step_post_hook(self._after_step)
         self._pre_hook = register_optimizer_step_pre_hook(self._before_step)
         self.discovery = Discovery()
@@ -1770,11 +1771,13 @@ class AutoSession(NotState):
             self._end_now(signum, frame, f"{name} again")
             return
         self._signalled, self._signal_frame = signum, frame
-        if not self._ending and self.step == self.last_save_step and not self._metric_due \
-                and self._save_asked is None and not self._interrupts:
+        if not self._ending and not self._in_save and self.step == self.last_save_step \
+                and not self._metric_due and self._save_asked is None and not self._interrupts \
+                and self._last_save_written():
             self._end_on_signal(self._position, nothing_new=True)
             return
         what = "finishing the save of the cell's end" if self._ending else \
+            "finishing the save in progress" if self._in_save else \
             "saving at the next consistent point"
         then = "handing it to the handler set before ckpt_nb's" \
             if callable(self._chained_signals.get(signum)) else \
@@ -1786,6 +1789,21 @@ class AutoSession(NotState):
         self._signal_timer = threading.Timer(_SIGNAL_GRACE, self._signal_overdue, (signum,))
         self._signal_timer.daemon = True
         self._signal_timer.start()
+
+    def _last_save_written(self) -> bool:
+        """Whether the last save is in the store (waited for where it is in flight), so
+        that "nothing new since" names it: the one before it did not hold this state."""
+        failures = len(self.writer.errors)
+        self.writer.wait()
+        return len(self.writer.errors) == failures
+
+    def _end_after_save(self, cid: str | None, waited: bool) -> None:
+        """A signal of ``save_on_signals`` came while a save ran (``_in_save``): end as it
+        asks, with that save (its write waited for where it was not: ``waited``)."""
+        __tracebackhide__ = True  # noqa: F841
+        if cid is None and not waited:
+            cid = self.writer.last_id if self._last_save_written() else None
+        self._end_on_signal(cid)
 
     def _signal_overdue(self, signum: int) -> None:
         """No consistent point came within ``_SIGNAL_GRACE`` s of the signal (code that
@@ -2080,15 +2098,19 @@ class AutoSession(NotState):
             self.writer.wait()
             self._report_background_error()
             # (a save of this state without the metric, an "every N steps" one, goes)
-            self._save_in_place(reason=reason, wait=asked is not None and asked[1], rng=rng)
+            waited = asked is not None and asked[1]
+            cid = self._save_in_place(reason=reason, wait=waited, rng=rng)
+            if self._signalled is not None:  # (it came during the save)
+                self._end_after_save(cid, waited)
             return
         if signalled:  # (a consistent point came: no end without a save)
             self._cancel_signal_timer()
-        cid = self._save(reason=reason, wait=interrupted or (asked is not None and asked[1]),
+        waited = interrupted or (asked is not None and asked[1])
+        cid = self._save(reason=reason, wait=waited,
                          unsaved=f"the state at the {reason if signalled else 'interrupt'}"
                          if interrupted else None, rng=rng)
-        if signalled:
-            self._end_on_signal(cid)
+        if self._signalled is not None:  # (before the save, or during it)
+            self._end_after_save(cid, waited)
             return  # (a handler of the user's that returned: training goes on)
         if not interrupted:
             return
@@ -2220,7 +2242,10 @@ class AutoSession(NotState):
         ``reason``: the checkpoint's note."""
         where = self._no_resume_point()
         if where is None:
-            return self._save(reason=reason, wait=wait)
+            cid = self._save(reason=reason, wait=wait)
+            if self._signalled is not None and not self._ending:  # (it came during the save)
+                self._end_after_save(cid, wait)
+            return cid
         self._save_asked = (reason, wait or (self._save_asked is not None
                                              and self._save_asked[1]))
         if not self._told_save_later:
@@ -2249,6 +2274,19 @@ class AutoSession(NotState):
 
     def _save(self, *, reason: str, finished: bool = False, wait: bool = False,
               rng: dict[str, Any] | None = None, unsaved: str | None = None) -> str | None:
+        """``_snapshot_and_write``, marked as running: a signal of ``save_on_signals`` that
+        comes meanwhile waits for it (ending the process inside it lost the save, and
+        named the checkpoint before)."""
+        self._in_save = True
+        try:
+            return self._snapshot_and_write(reason=reason, finished=finished, wait=wait,
+                                            rng=rng, unsaved=unsaved)
+        finally:
+            self._in_save = False
+
+    def _snapshot_and_write(self, *, reason: str, finished: bool = False, wait: bool = False,
+                            rng: dict[str, Any] | None = None,
+                            unsaved: str | None = None) -> str | None:
         """Snapshot tracked state now and write it (behind the training thread). Where
         ``wait`` (or --sync): the new checkpoint's id, or None where this save failed,
         which is said as ``unsaved`` (what was lost: "the cell's end") NOT saved, with

@@ -108,6 +108,39 @@ signal.signal(signal.SIGTERM, on_term)
     assert checkpoints(tmp_path / "store") == [(STOPPED_AT, "SIGTERM"), (54, "end of cell")]
 
 
+# The signal sent as the step-18 save is written (in the main thread with sync=True, on the
+# writer's thread else): where it lands is then the save's, whatever the machine's speed.
+SIGNAL_AS_STEP_18_IS_WRITTEN = """
+import ckpt_nb._manager
+written = ckpt_nb._manager.CheckpointManager.save_state
+def save_state(self, *args, **kwargs):
+    if kwargs.get("step") == 18 and not os.path.exists("signalled"):
+        open("signalled", "w").close()
+        os.kill(os.getpid(), signal.SIGTERM)
+    return written(self, *args, **kwargs)
+ckpt_nb._manager.CheckpointManager.save_state = save_state
+"""
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_signal_during_a_save_ends_with_that_save_named(tmp_path: Path, sync: bool) -> None:
+    """With sync=True, SIGTERM while step 18's save was written took "nothing new to save
+    since checkpoint <step 12's>" and ended inside the save: step 18's was lost (1,000
+    steps with --every-steps 1000). In the background, it named step 12's while step 18's
+    was being written. The newest checkpoint, in the store, is the one named."""
+    code = train(SIGNAL_AS_STEP_18_IS_WRITTEN, f", sync={sync}", "pass") \
+        .replace("every_steps=1000", "every_steps=6")
+    done = script(tmp_path, "train.py", code)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    with ckpt_nb.CheckpointManager(tmp_path / "store") as mgr:
+        rows = mgr.list()
+        assert mgr.verify().ok
+    assert 18 in rows["step"].tolist() and rows["step"].max() <= 19, rows
+    newest = rows["id"].iloc[-1]
+    assert f"saved as checkpoint {newest}" in done.stdout or \
+        f"nothing new to save since checkpoint {newest}" in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize("options", [", save_on_signals=()", ", save_on_signals='none'"])
 def test_save_on_signals_off_leaves_sigterm_its_default(tmp_path: Path, options: str) -> None:
     done = script(tmp_path, "train.py", train(options=options))
