@@ -3503,6 +3503,10 @@ class AutoSession(NotState):
                     batch = next(iterator)
                 except StopIteration:
                     break
+                except Exception:
+                    if index > skip:  # (a consistent point within the epoch)
+                        self._save_before_a_failed_fetch(index, rng, before)
+                    raise
                 if index > skip:
                     self.loop.next_batch = index
                     if self._consistent(rng):
@@ -3523,6 +3527,22 @@ class AutoSession(NotState):
             self.loop.next_batch = index
         finally:
             self.loop.in_batches = False
+
+    def _save_before_a_failed_fetch(self, index: int, rng: Any,
+                                    before: list[tuple[Any, Any]]) -> None:
+        """A fetch of batch ``index`` that failed after a signal of ``save_on_signals``:
+        the signal, sent to the process group (Slurm's scancel, ``kill -TERM -PGID``),
+        reached the loader's workers too, which died. The state before the fetch is the
+        consistent point the signal asked to save at: saved there, then ended as the
+        signal asks. (The error ended the run unsaved.)"""
+        if self._signalled is None:
+            return
+        self.loop.next_batch = index
+        if not self._consistent(rng):
+            return
+        self._consistent_random = before
+        _put_random(before)
+        self.checkpoint_if_due()
 
     def _untracked_loop(self, loader: Iterable[Any]) -> None:
         """Outside epochs(), a batches() loop after the cell run's first: a position saved

@@ -141,6 +141,29 @@ def test_a_signal_during_a_save_ends_with_that_save_named(tmp_path: Path, sync: 
         f"nothing new to save since checkpoint {newest}" in done.stdout, done.stdout
 
 
+def test_a_signal_to_the_process_group_saves_though_the_loaders_workers_died(
+        tmp_path: Path) -> None:
+    """Slurm's scancel (``kill -TERM -PGID``) reaches the DataLoader's workers too, which
+    die: the next fetch raised "DataLoader worker exited unexpectedly" and the run ended
+    unsaved, exit 1. The state before that fetch is saved, and a rerun goes on from it."""
+    code = train(signal="os.killpg(os.getpgid(0), signal.SIGTERM)") \
+        .replace("shuffle=True)", "shuffle=True, num_workers=2)") \
+        .replace("import hashlib,", "import hashlib, time,")
+    code = "import os\nos.setsid()  # (its own process group: the signal's, not pytest's)\n" \
+        + code.replace("opt.step()\n", "opt.step()\n            time.sleep(0.02)\n", 1)
+    (tmp_path / "ref").mkdir()
+    unstopped = script(tmp_path / "ref", "train.py", code.replace("os.killpg(", "(", 1))
+    assert unstopped.returncode == 0, unstopped.stderr
+    done = script(tmp_path, "train.py", code)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    [(step, note)] = checkpoints(tmp_path / "store")
+    assert (step, note) == (STOPPED_AT, "SIGTERM"), done.stdout + done.stderr
+    assert "exited unexpectedly" not in done.stdout
+    resumed = script(tmp_path, "train.py", code)
+    assert resumed.returncode == 0, resumed.stderr
+    assert params(resumed.stdout) == params(unstopped.stdout)
+
+
 @pytest.mark.parametrize("options", [", save_on_signals=()", ", save_on_signals='none'"])
 def test_save_on_signals_off_leaves_sigterm_its_default(tmp_path: Path, options: str) -> None:
     done = script(tmp_path, "train.py", train(options=options))
