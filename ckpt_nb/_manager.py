@@ -1980,7 +1980,9 @@ class CheckpointManager:
         a save records it: a reader ranking by another metric changes nothing."""
         if not self._ranks_its_saves():
             return
-        if self.catalog.ranking() != (self.metric, self.mode):
+        # (and where the catalog, an older one, keeps no rankings: from then on it does)
+        if self.catalog.ranking() != (self.metric, self.mode) or \
+                self.catalog.rankings_recorded() is None:
             self.catalog.set_ranking(self.metric, self.mode)
 
     def _best(self, rows: list[CheckpointRow], k: int,

@@ -5,6 +5,7 @@ nowhere. Real SQLite catalogs, real stores, a real in-process IPython shell."""
 
 from __future__ import annotations
 
+import sqlite3
 import warnings
 from pathlib import Path
 
@@ -85,6 +86,26 @@ def test_best_by_the_record_is_said_only_where_another_ranking_may_be_meant(
         rebuilt = CheckpointManager(tmp_path)
     with rebuilt, pytest.warns(UserWarning, match=r"'best' is by bleu \(max\)"):
         assert rebuilt.resolve("best") == top
+
+
+def test_a_catalog_made_before_rankings_were_kept_keeps_them_from_its_next_ranked_save(
+        tmp_path: Path) -> None:
+    """A catalog of an earlier ckpt_nb records the ranking but not those before it, so
+    "best" by it is said (another may have been meant); the next save ranking by it keeps
+    the rankings from then on: its saves ranking as before never wrote them, and the
+    warning stayed at every use."""
+    ids = bleu_store(tmp_path, metric="bleu", mode="max")
+    with sqlite3.connect(tmp_path / "catalog.sqlite") as db:  # (as an earlier ckpt_nb left it)
+        db.execute("DELETE FROM meta WHERE key = 'rankings'")
+    db.close()
+    with CheckpointManager(tmp_path) as plain:
+        with pytest.warns(UserWarning, match=r"'best' is by bleu \(max\), the ranking an "):
+            assert plain.resolve("best") == ids[1]
+    with CheckpointManager(tmp_path, metric="bleu", mode="max") as run:
+        run.save(torch.nn.Linear(2, 2), metrics={"bleu": 0.2})
+    with CheckpointManager(tmp_path) as plain, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plain.resolve("best") == ids[1]
 
 
 def test_another_runs_recorded_metric_is_named_where_best_uses_it(tmp_path: Path) -> None:
