@@ -253,6 +253,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                                    for o in options):  # (not "unrecognized: --metric=x")
             commands["gc"].error("gc takes no --metric/--mode (they rank best; gc ranks "
                                  "nothing)")
+        named = [o.partition("=")[0] for o in options if o.partition("=")[0] in ("--metric",
+                                                                                 "--on")]
+        if len(named) > 1:  # (argparse keeps the last, silently)
+            commands[argv[0]].error(f"{' and '.join(named)} each name the metric: give one")
         return _metric_with_mode(commands[argv[0]],
                                  commands[argv[0]].parse_intermixed_args(argv[1:]))
     return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
@@ -268,9 +272,10 @@ def _metric_with_mode(parser: argparse.ArgumentParser,
     checkpoint logs."""
     metric = getattr(args, "metric", None)
     name, _, mode = (metric or "").rpartition(":")
+    mode = mode.lower()
     if name and mode in ("min", "max"):
         if args.mode not in (None, mode):
-            parser.error(f"--metric {metric} says {mode}, and --mode {args.mode}: give one")
+            parser.error(f"{metric} says {mode}, and --mode {args.mode}: give one")
         args.metric, args.mode = name, mode
     return args
 

@@ -1285,9 +1285,14 @@ def test_a_metric_with_its_mode_as_a_notebook_s_on_gives_it(
         assert code == 0 and out.startswith(f"id:        {best}\n"), (argv, out, err)
     code, out, _ = run(capsys, "--on", "score:max", "ls", tmp_path)
     assert [line.split()[0] for line in out.splitlines() if "best" in line] == [ids[0]]
+    code, out, _ = run(capsys, "show", tmp_path, "best", "--on", "score:MAX")
+    assert code == 0 and out.startswith(f"id:        {ids[0]}\n"), out
     code, out, err = run(capsys, "show", tmp_path, "best", "--on", "score:min", "--mode", "max")
     assert (code, out) == (2, "") and err.endswith(
-        "error: --metric score:min says min, and --mode max: give one\n"), err
+        "error: score:min says min, and --mode max: give one\n"), err
+    code, out, err = run(capsys, "ls", tmp_path, "--on", "score:min", "--metric", "score")
+    assert (code, out) == (2, "") and err.endswith(  # (argparse kept the last, silently)
+        "error: --on and --metric each name the metric: give one\n"), err
     code, _, err = run(capsys, "gc", tmp_path, "--on", "score:min")
     assert code == 2 and "gc takes no --metric/--mode" in err
 
