@@ -311,7 +311,13 @@ class AutoConfig:
 # process), and SIGKILL and SIGSTOP cannot be caught.
 _NOT_SAVED_ON = {"SIGINT": "it is the interrupt, which saves at the next consistent point "
                            "already and stops the cell",
-                 "SIGKILL": "it cannot be caught", "SIGSTOP": "it cannot be caught"}
+                 "SIGKILL": "it cannot be caught", "SIGSTOP": "it cannot be caught",
+                 # (their default does not end the process: ending on one, "as the signal
+                 # asks", would end a script at a terminal's resize)
+                 **dict.fromkeys(("SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH"),
+                                 "its default is to ignore it: it ends nothing"),
+                 **dict.fromkeys(("SIGTSTP", "SIGTTIN", "SIGTTOU"),
+                                 "its default stops the process, which ends nothing")}
 
 
 def _signal_names(value: Any) -> tuple[str, ...]:

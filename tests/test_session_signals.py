@@ -215,6 +215,9 @@ def test_save_on_signals_takes_names_numbers_and_none(given: object, names: tupl
     ("INT", "save_on_signals (--on-signal) cannot take SIGINT: it is the interrupt, which "
             "saves at the next consistent point already and stops the cell"),
     ("KILL", "save_on_signals (--on-signal) cannot take SIGKILL: it cannot be caught"),
+    # (taken, a terminal's resize ended the script "as the signal asks")
+    ("WINCH", "save_on_signals (--on-signal) cannot take SIGWINCH: its default is to ignore "
+              "it: it ends nothing"),
     ("TREM", "save_on_signals (--on-signal): there is no signal 'TREM' here: name one such "
              "as TERM, USR1 or HUP, or none"),
 ])
