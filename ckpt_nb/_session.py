@@ -1779,7 +1779,7 @@ class AutoSession(NotState):
         self._signalled, self._signal_frame = signum, frame
         if not self._ending and not self._in_save and self.step == self.last_save_step \
                 and not self._metric_due and self._save_asked is None and not self._interrupts \
-                and self._last_save_written():
+                and self._last_save_written(_SIGNAL_WRITE_WAIT):
             self._end_on_signal(self._position, nothing_new=True)
             return
         what = "finishing the save of the cell's end" if self._ending else \
@@ -1796,12 +1796,13 @@ class AutoSession(NotState):
         self._signal_timer.daemon = True
         self._signal_timer.start()
 
-    def _last_save_written(self) -> bool:
-        """Whether the last save is in the store (waited for where it is in flight), so
-        that "nothing new since" names it: the one before it did not hold this state."""
+    def _last_save_written(self, timeout: float | None = None) -> bool:
+        """Whether the last save is in the store (waited for where it is in flight, at
+        most ``timeout`` s), so that "nothing new since" names it: the one before it did
+        not hold this state. (A bounded wait in a signal handler: the code it stopped may
+        hold the manager's lock, which the write waits for.)"""
         failures = len(self.writer.errors)
-        self.writer.wait()
-        return len(self.writer.errors) == failures
+        return self.writer.wait(timeout) and len(self.writer.errors) == failures
 
     def _end_after_save(self, cid: str | None, waited: bool) -> None:
         """A signal of ``save_on_signals`` came while a save ran (``_in_save``): end as it
@@ -3723,12 +3724,15 @@ def _with_step(row: CheckpointRow) -> str:
     return row.id + (f" (step {row.step})" if row.step is not None else "")
 
 
+# Seconds a signal of save_on_signals waits for a consistent point before it ends the
+# process unsaved (a preemption's own grace, 30 s in Kubernetes, may end it sooner)
+_SIGNAL_GRACE = 60.0
+# Seconds a signal's handler waits for a save in flight before it takes the signal as one
+# to save at the next consistent point (``_last_save_written``).
+_SIGNAL_WRITE_WAIT = 10.0
+
 # What schedules an optimizer's learning rate (ReduceLROnPlateau is an LRScheduler from
 # torch 2.2 on).
-# s a signal of save_on_signals waits for a consistent point before it ends the process
-# unsaved (a preemption's own grace, 30 s in Kubernetes, may end it sooner)
-_SIGNAL_GRACE = 60.0
-
 _SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
