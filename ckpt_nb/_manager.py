@@ -3580,8 +3580,10 @@ def _checked_row(row: ChunkRow) -> ChunkRow:
 
 
 _collector_lock = threading.Lock()
-_collector_pausers = 0  # saves running with the cyclic collector paused
-_collector_was_enabled = False
+# The threads of the saves running with automatic collection paused, one entry a save (a
+# child forked meanwhile keeps its forking thread's alone: the others are not in it).
+_collector_pausers: list[int] = []
+_collector_threshold = 0  # automatic collection's first threshold before the pause
 
 
 @contextlib.contextmanager
@@ -3589,21 +3591,30 @@ def collector_paused() -> Iterator[None]:
     """Python's cyclic collector off while a save runs: a save of tens of thousands of
     tensors makes objects enough to set off several full collections of the whole heap
     (half its time, at 60,000 tensors), where after it one runs at most. Saves at once
-    (a notebook's background one, another thread's) share one pause; a collector the
-    user turned off stays off."""
-    global _collector_pausers, _collector_was_enabled
+    (a notebook's background one, another thread's) share one pause. It pauses by the
+    first threshold, not ``gc.disable()``: a ``gc.disable()`` or ``gc.enable()`` of the
+    user's, before the save or during it, stays as the user left it."""
+    global _collector_threshold
     with _collector_lock:
-        if _collector_pausers == 0:
-            _collector_was_enabled = gc.isenabled()
-            gc.disable()
-        _collector_pausers += 1
+        if not _collector_pausers:
+            _collector_threshold, *older = gc.get_threshold()
+            gc.set_threshold(0, *older)
+        _collector_pausers.append(threading.get_ident())
     try:
         yield
     finally:
         with _collector_lock:
-            _collector_pausers -= 1
-            if _collector_pausers == 0 and _collector_was_enabled:
-                gc.enable()
+            _collector_pausers.remove(threading.get_ident())
+            if not _collector_pausers:
+                _resume_collector()
+
+
+def _resume_collector() -> None:
+    """Automatic collection back at the threshold the pause found (one the user set
+    during the pause stays)."""
+    threshold, *older = gc.get_threshold()
+    if threshold == 0:
+        gc.set_threshold(_collector_threshold, *older)
 
 
 def _check_chain(row: ChunkRow, above: AbstractSet[str]) -> None:

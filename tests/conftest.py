@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -70,6 +71,21 @@ class DigitsRun:
 def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(
         x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+def collects_cycles() -> bool:
+    """Whether Python's collector, left to itself, frees a reference cycle (what a
+    paused one, or one off, never does): one is made, then objects enough to set off
+    a collection of the youngest generation."""
+    class Node:
+        pass
+    node = Node()
+    node.itself = node
+    freed = weakref.ref(node)
+    del node
+    kept = [[] for _ in range(100_000)]
+    del kept
+    return freed() is None
 
 
 def same_safetensors_file(ours: Path, theirs: Path) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import DigitsRun, Holder, same, stderr_once_said
+from conftest import DigitsRun, Holder, collects_cycles, same, stderr_once_said
 
 import ckpt_nb
 from ckpt_nb import (CaptureError, CheckpointManager, CheckpointNotFoundError,
@@ -2785,16 +2785,16 @@ def test_a_save_pauses_the_cyclic_collector_and_puts_it_back(tmp_path: Path) -> 
 
     class Probe:
         def state_dict(self) -> dict[str, Any]:
-            seen.append(gc.isenabled())
+            seen.append(collects_cycles())
             return {"w": torch.ones(2)}
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
             pass
 
     with CheckpointManager(tmp_path) as mgr:
-        assert gc.isenabled()
+        assert collects_cycles()
         mgr.save(probe=Probe())
-        assert seen == [False] and gc.isenabled()
+        assert seen == [False] and collects_cycles()
         gc.disable()  # (the user's choice stays)
         try:
             mgr.save(probe=Probe())
@@ -2803,7 +2803,29 @@ def test_a_save_pauses_the_cyclic_collector_and_puts_it_back(tmp_path: Path) -> 
             gc.enable()
         with pytest.raises(TypeError):
             mgr.save(probe=Probe(), extra={"f": lambda: 0})  # (a failed save too)
-        assert gc.isenabled()
+        assert collects_cycles() and gc.isenabled()
+
+
+def test_a_collector_the_user_turns_off_during_a_save_stays_off(tmp_path: Path) -> None:
+    """Training code that runs gc.disable() (and its own gc.collect()) while a
+    background save runs found the collector on again once the save ended."""
+    import gc
+
+    class TurnsTheCollectorOff:
+        def state_dict(self) -> dict[str, Any]:
+            gc.disable()  # (the user's, while the save's pause holds)
+            return {"w": torch.ones(2)}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    with CheckpointManager(tmp_path) as mgr:
+        try:
+            mgr.save(probe=TurnsTheCollectorOff())
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+        assert collects_cycles()
 
 
 def test_best_where_every_metric_is_nan_or_inf_says_none_is_finite(tmp_path: Path) -> None:
