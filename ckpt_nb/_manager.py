@@ -3617,6 +3617,20 @@ def _resume_collector() -> None:
         gc.set_threshold(_collector_threshold, *older)
 
 
+def _collector_after_fork_in_child() -> None:
+    """A child forked while another thread saved (a DataLoader's worker) has no thread
+    to end that save's pause: without this, it never collected a cycle in its life."""
+    global _collector_lock
+    _collector_lock = threading.Lock()
+    forking = threading.get_ident()
+    if _collector_pausers and forking not in _collector_pausers:
+        _resume_collector()
+    _collector_pausers[:] = [thread for thread in _collector_pausers if thread == forking]
+
+
+os.register_at_fork(after_in_child=_collector_after_fork_in_child)
+
+
 def _check_chain(row: ChunkRow, above: AbstractSet[str]) -> None:
     """Refuse a chunk whose delta bases lead back to itself (a damaged catalog): its
     decoding would never end."""

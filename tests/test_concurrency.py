@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import stderr_once_said
+from conftest import collects_cycles, stderr_once_said
 
 from ckpt_nb import CheckpointManager, MemoryStore, StoreError
 from ckpt_nb.cli import main
@@ -295,6 +295,28 @@ def test_dataloader_workers_forked_under_a_save_keep_no_lock(tmp_path: Path) -> 
         saved = saves_within(mgr, 30)
         del batches  # (its workers stop, before the assert, which would keep them)
     assert saved, "the next save waited for the forked workers"
+
+
+class CollectsCycles(torch.utils.data.Dataset[bool]):
+    """Items that say whether the worker's collector frees cycles."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> bool:
+        return collects_cycles()
+
+
+def test_dataloader_workers_forked_under_a_save_collect_cycles(tmp_path: Path) -> None:
+    """A save pauses the cyclic collector; a DataLoader's workers, forked as an epoch
+    started under a background save, had no thread to end that pause: the cycles their
+    Dataset made were never freed (667 MiB max RSS against 341 for 200,000 of them)."""
+    loader = torch.utils.data.DataLoader(
+        CollectsCycles(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    with CheckpointManager(tmp_path / "store") as mgr:
+        with a_save_in_another_thread(mgr):
+            workers_collect = list(loader)  # (forked here, the save under way)
+    assert workers_collect == [True, True]
 
 
 def test_a_process_forked_under_a_save_can_close_its_copy(tmp_path: Path) -> None:
