@@ -37,7 +37,7 @@ def _demo_said(argv: list[str] | None) -> int:
 
 def _demo(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__.splitlines()[0],
+        prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None,  # (None: -OO)
         epilog="DIR starts afresh: it must be new, empty, or an earlier run of the demo.")
     parser.add_argument("directory", nargs="?", default="runs/demo", metavar="DIR",
                         help="where the demo's store goes (default: runs/demo)")

@@ -64,3 +64,12 @@ def test_the_demo_without_scikit_learn_says_what_to_install(tmp_path: Path) -> N
                                   "digits, and scikit-learn could not be imported (")
     assert done.stderr.endswith("): pip install scikit-learn\n")
     assert done.stderr.count("\n") == 1
+
+
+def test_the_demo_runs_under_python_OO() -> None:
+    """``python -OO`` strips docstrings: the demo's help, made from its docstring, ended
+    in an AttributeError traceback before the demo began."""
+    done = subprocess.run([sys.executable, "-OO", "-m", "ckpt_nb.demo", "--help"],
+                          capture_output=True, text=True, env=module_env(), timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("usage: python -m ckpt_nb.demo [-h] [DIR]\n")
