@@ -6,13 +6,23 @@ from __future__ import annotations
 import re
 
 
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def binary_unit(n: int) -> tuple[int, str]:
+    """The largest binary unit (its bytes, its name) that ``n`` bytes, shown to one
+    decimal, hold one of: chosen after the rounding, or 1,048,575 bytes showed as
+    "1024.0 KiB"."""
+    power = 0
+    while power < len(BINARY_UNITS) - 1 and round(n / 1024 ** power, 1) >= 1024:
+        power += 1
+    return 1024 ** power, BINARY_UNITS[power]
+
+
 def human_size(n: int) -> str:
     """Bytes in binary units (KiB, MiB, ...), one decimal."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    power = 0
-    while power < len(units) - 1 and n >= 1024 ** (power + 1):
-        power += 1
-    return f"{n} B" if power == 0 else f"{n / 1024 ** power:.1f} {units[power]}"
+    unit, name = binary_unit(n)
+    return f"{n} B" if unit == 1 else f"{n / unit:.1f} {name}"
 
 
 def natural_order(name: str) -> tuple[list[int | str], str]:
