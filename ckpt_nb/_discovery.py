@@ -36,6 +36,7 @@ from . import _capture as capture
 from . import _stdlib_values as stdlib_values
 from ._capture import _DICT_KINDS, Unflattener, array_to_json, flatten, torch_has_dtype
 from ._errors import CorruptCheckpointError
+from ._units import binary_unit, human_size
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition,
@@ -1028,7 +1029,7 @@ def _over_the_cap(size: int, cap: int, magic: bool) -> str:
     """Why a variable of ``size`` bytes is skipped, and the setting that takes it (its
     size in MiB, rounded up), in the words of the front end that made the session: "just
     over" where its size, as shown, is the cap's (100.0 MiB over a 100 MiB cap)."""
-    unit = _unit(size)[0]
+    unit = binary_unit(size)[0]
     just = "just " if round(size / unit, 1) <= cap / unit else ""
     mib = -(-size // 2**20)
     setting = f"%config CkptMagics.max_variable_mb = {mib}" if magic \
@@ -1036,16 +1037,14 @@ def _over_the_cap(size: int, cap: int, magic: bool) -> str:
     return f"{_amount(size)}, {just}over the {_amount(cap)} cap: {setting} takes it"
 
 
-def _unit(size: int) -> tuple[int, str]:
-    """The largest of MiB, KiB and bytes that ``size`` bytes hold one of."""
-    return next((unit, name) for unit, name in ((2**20, "MiB"), (2**10, "KiB"), (1, "bytes"))
-                if size >= unit or unit == 1)
-
-
 def _amount(size: int) -> str:
-    """``size`` bytes in its unit: 2.4 MiB, 100 MiB, 512 KiB, 3 bytes."""
-    unit, name = _unit(size)
-    return f"{size / unit:,.1f} {name}" if size % unit else f"{size // unit:,} {name}"
+    """``size`` bytes as ``human_size`` shows them, but a whole number of its unit without
+    the decimal, in words for bytes (a cap reads as it was set): 2.4 MiB, 100 MiB,
+    512 KiB, 3 bytes."""
+    unit, name = binary_unit(size)
+    if size % unit:
+        return human_size(size)
+    return f"{size // unit:,} {'bytes' if unit == 1 else name}"
 
 
 def _on_meta(module: torch.nn.Module) -> bool:

@@ -193,6 +193,15 @@ def test_a_variable_just_over_the_cap_is_said_to_be(shell, tmp_path: Path, capsy
             "101 takes it)") in capsys.readouterr().out
 
 
+def test_a_variable_over_a_gib_is_said_as_the_explorer_says_sizes() -> None:
+    """The cap's message had a byte formatter of its own, which stopped at MiB: "1,024.0
+    MiB, just over the 1,024 MiB cap", where the CLI and the explorer say GiB."""
+    from ckpt_nb._discovery import _over_the_cap
+
+    assert _over_the_cap((1 << 30) + 8, 1 << 30, magic=True) == (
+        "1.0 GiB, just over the 1 GiB cap: %config CkptMagics.max_variable_mb = 1025 takes it")
+
+
 class Opaque:
     """An object a checkpoint holds only as a pickle. A module's class, as a kernel's
     are (the test shell's namespace has no __name__: a class made in it had no module,
