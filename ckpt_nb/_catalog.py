@@ -481,10 +481,10 @@ class Catalog:
         self.read_only = self.path.is_file() and not (
             os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK))
         self.disk_full = False  # (read only, as its disk had no room: ``_read_on_a_full_disk``)
-        try:
-            self._db = sqlite3.connect(_read_only_uri(self.path) if self.read_only else
-                                       self.path, timeout=30, check_same_thread=False,
-                                       isolation_level=None, uri=self.read_only)
+        try:  # (a _Closed after close(), which raises at its first use: never yielded)
+            self._db: sqlite3.Connection = sqlite3.connect(
+                _read_only_uri(self.path) if self.read_only else self.path, timeout=30,
+                check_same_thread=False, isolation_level=None, uri=self.read_only)
         except sqlite3.OperationalError as exc:
             raise self._unopenable(exc, self._not_regular_files()) from exc
         try:

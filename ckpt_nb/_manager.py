@@ -28,6 +28,7 @@ import stat
 import sys
 import threading
 import time
+import types
 import uuid
 import weakref
 from collections import Counter
@@ -1248,7 +1249,7 @@ class CheckpointManager:
         metrics: Mapping[str, float] | None = None,
         strategy: str | None = None,
         note: str = "",
-        parent: str | None | type[Ellipsis] = ...,
+        parent: str | None | types.EllipsisType = ...,
         progress: ProgressFn | None = None,
     ) -> str:
         """Write captured state as a checkpoint (the second half of ``save``); its metrics
@@ -2664,7 +2665,8 @@ class CheckpointManager:
             self._label(cid, note=note)
         return cid
 
-    def _label(self, cid: str, parent: str | None | type[Ellipsis] = ..., **change: Any) -> None:
+    def _label(self, cid: str, parent: str | None | types.EllipsisType = ...,
+               **change: Any) -> None:
         """Change a checkpoint's pin or note: in the store first (as a label, which a
         rebuilt catalog reads back), then in the catalog. Under the store's lock.
         ``parent``: the one the label names, where not the catalog's (the parent a
@@ -2701,7 +2703,7 @@ class CheckpointManager:
     def delete(self, which: str, *, force: bool = False) -> str: ...
 
     @overload
-    def delete(self, which: str, second: str, *more: str, force: bool = False
+    def delete(self, which: str, second: str, /, *more: str, force: bool = False
                ) -> list[str]: ...
 
     def delete(self, which: str, *more: str, force: bool = False) -> str | list[str]:

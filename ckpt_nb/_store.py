@@ -62,7 +62,7 @@ def check_key(key: str) -> str:
 
 
 class Writer(Protocol):
-    def write(self, data: bytes | memoryview) -> int: ...
+    def write(self, data: bytes | memoryview, /) -> int: ...  # (as a file's)
 
 
 class Store(ABC):
@@ -510,6 +510,10 @@ class _NamedWriter:
 
     def __init__(self, inner: Any, key: str, root: Path) -> None:
         self._inner, self._key, self._root = inner, key, root
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        with _writing(self._key, self._root):
+            return self._inner.write(data)
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._inner, name)
