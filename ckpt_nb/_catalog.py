@@ -35,7 +35,6 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 SCHEMA_VERSION = 1
-CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 # The meta flag set once the store holds a label for every pin and note the catalog
 # holds (a store saved before labels held them in its catalog alone): see the manager.
 LABELS_WRITTEN = "labels_written"
@@ -58,23 +57,6 @@ FAILED_SAVES = "failed_saves"
 # The meta key of how many transactions ever changed the catalog: see ``Catalog.generation``.
 GENERATION = "generation"
 
-
-def store_exists(location: str | os.PathLike[str]) -> bool:
-    """Whether a location holds a store: a local folder a catalog or a format stamp (a
-    store whose catalog was lost opens rebuilt), a URL its format stamp (one round
-    trip). Lets callers refuse a typo before ``CheckpointManager`` would create an
-    empty store there (and, on an object store, its bucket)."""
-    from ._format import FORMAT_KEY  # (the format module builds on this one)
-    from ._store import LOCAL_SCHEMES, file_url_path, open_store, refuse_empty_location
-
-    text = os.fspath(location)
-    refuse_empty_location(text)
-    if "://" in text and not text.startswith(LOCAL_SCHEMES):
-        return text != "memory://" and open_store(text).has(FORMAT_KEY)
-    if text.startswith(LOCAL_SCHEMES):
-        text = str(file_url_path(text))
-    root = Path(text).expanduser()  # (as LocalStore takes it)
-    return any((root / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

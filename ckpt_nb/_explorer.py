@@ -30,13 +30,12 @@ import traitlets
 
 from . import _plots, _session
 from ._run_records import written_keep_best
-from ._catalog import store_exists
 from ._errors import (DELETED_BY, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       FileFormatError, MetricNotFoundError, StateMismatchError, StoreError,
                       Told, telling)
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
-from ._store import FsspecStore
+from ._store import FsspecStore, store_exists
 from ._units import human_size
 
 # Both views' scrolling of their own box (not the page) to a row or node out of its view: in

@@ -30,7 +30,7 @@ from ._errors import (RANK_BY_ANOTHER, CaptureError, CkptError, StateMismatchErr
                       UntrustedPickleError, warnings_worded)
 from ._session import (TRUST_PICKLE_ROLLBACK, UNRANKED_BEST_WAYS, AutoConfig, parse_duration,
                        parse_metric_trigger)
-from ._store import LOCAL_SCHEMES, file_url_path, location, why_no_store
+from ._store import LOCAL_SCHEMES, file_url_path, location, store_exists, why_no_store
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
 MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status", "ckpt_ui"),
@@ -340,8 +340,6 @@ class CkptMagics(Magics):
         is there, said on the output's first line. A usage error naming the default store
         looked at where there is none: "%magic: {nothing} (...): {again}"."""
         __tracebackhide__ = True
-        from ._catalog import store_exists
-
         store = session_mod.last_directory()
         if store is not None:
             return store
@@ -434,8 +432,6 @@ class CkptMagics(Magics):
         session = session_mod.active()
         if session is not None and directory is None:
             return session.manager.list()
-        from ._catalog import store_exists
-
         directory = directory or self._store_to_open("ckpt_list", "no store to list",
                                                        "%ckpt_list DIR")
         try:
@@ -475,8 +471,6 @@ class CkptMagics(Magics):
         if not status.pop("active"):
             last, default = session_mod.last_directory(), None
             if last is None:
-                from ._catalog import store_exists
-
                 store = self.default_dir or session_mod.default_directory(
                     self.shell.user_ns, self.root_dir)
                 with contextlib.suppress(CkptError, ValueError):  # (a URL that fails)

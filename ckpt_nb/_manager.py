@@ -43,8 +43,8 @@ import numpy as np
 
 from . import _codec as codec
 from ._buffers import RESTORE_ARENA, give_back_freed_memory, scratch
-from ._catalog import (CATALOG_FILE, LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow,
-                       DamagedCatalog, disk_full, open_cache)
+from ._catalog import (LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow, DamagedCatalog,
+                       disk_full, open_cache)
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       StateMismatchError, StoreError, StoreFormatError, check_flag,
@@ -58,7 +58,7 @@ from ._parallel import in_batches, share_work
 from ._rebuild import (Rebuilt, deletion_records, guessed_parents, is_newer, read_manifest,
                        rebuild)
 from ._save_pipeline import MAX_DEPTH, Memo, SavePipeline
-from ._store import Store, local_root, open_store, why_unwritable, young
+from ._store import CATALOG_FILE, Store, local_root, open_store, why_unwritable, young
 from ._lazy import LazyModule
 from ._units import natural_order
 

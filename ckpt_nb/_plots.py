@@ -23,11 +23,10 @@ import matplotlib
 from matplotlib.figure import Figure as _MatplotlibFigure
 
 from . import _session
-from ._catalog import store_exists
 from ._errors import CheckpointNotFoundError, MetricNotFoundError
 from ._manager import CheckpointManager
 from ._metric_names import metric_mode_from_name
-from ._store import why_no_store
+from ._store import store_exists, why_no_store
 from ._units import natural_order
 
 StoreLike = str | os.PathLike[str] | CheckpointManager

@@ -60,7 +60,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 
 from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, as_stateful,
                        load_all, rng_problem, unwrap)
-from ._catalog import CheckpointRow, store_exists
+from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
                          from_storable, is_code, loader_random, skipped_text, to_storable,
@@ -74,7 +74,8 @@ from ._metric_names import metric_mode_from_name
 from ._manager import (RESERVED, STRATEGIES, Checkpoint, CheckpointManager, PickledValue,
                        as_metric)
 from ._run_records import written_keep_best
-from ._store import LOCAL_SCHEMES, canonical_url, file_url_path, location, why_no_store
+from ._store import (LOCAL_SCHEMES, canonical_url, file_url_path, location, store_exists,
+                     why_no_store)
 
 if TYPE_CHECKING:
     import pandas as pd

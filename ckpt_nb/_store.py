@@ -48,6 +48,7 @@ except ImportError:  # Windows
 _KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 TMP_MARK = ".tmp-"
 _TMP_HEX_DIGITS = 12  # after TMP_MARK in a temporary's name: which write made it
+CATALOG_FILE = "catalog.sqlite"  # in a local store's folder
 # A temporary's name, its value's name first: ``LocalStore.writer`` makes no other.
 _TEMPORARY = re.compile(rf"(.+){re.escape(TMP_MARK)}[0-9a-f]{{{_TMP_HEX_DIGITS}}}")
 
@@ -1943,6 +1944,23 @@ def location(store: Store) -> str:
     store's root is its bucket path, without the scheme that opens it again)."""
     root = local_root(store)
     return str(root) if root is not None else store.url
+
+
+def store_exists(location: str | os.PathLike[str]) -> bool:
+    """Whether a location holds a store: a local folder a catalog or a format stamp (a
+    store whose catalog was lost opens rebuilt), a URL its format stamp (one round
+    trip). Lets callers refuse a typo before ``CheckpointManager`` would create an
+    empty store there (and, on an object store, its bucket)."""
+    from ._format import FORMAT_KEY  # (the format module builds on this one)
+
+    text = os.fspath(location)
+    refuse_empty_location(text)
+    if "://" in text and not text.startswith(LOCAL_SCHEMES):
+        return text != "memory://" and open_store(text).has(FORMAT_KEY)
+    if text.startswith(LOCAL_SCHEMES):
+        text = str(file_url_path(text))
+    root = Path(text).expanduser()  # (as LocalStore takes it)
+    return any((root / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
 
 
 def why_no_store(location: str) -> str:

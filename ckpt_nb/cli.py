@@ -29,7 +29,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
-from ._catalog import store_exists
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       MetricNotFoundError, StoreError, metrics_logged, too_far_back)
 from ._metric_names import metric_mode_from_name
@@ -110,7 +109,7 @@ def _main(argv: list[str]) -> int:
     named = [getattr(args, k, None) for k in ("id", "a", "b")] + getattr(args, "ids", [])
     with _warnings_as_lines(own):
         try:
-            from ._store import open_store, why_no_store
+            from ._store import open_store, store_exists, why_no_store
 
             try:
                 exists = store_exists(location)  # (asks an object store: inside the try)
