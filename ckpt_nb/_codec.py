@@ -11,7 +11,7 @@ The raw bytes (XORed with the base chunk for a delta) are split into
 the slowly varying sign/exponent bytes of floats sit together and compress,
 while mantissa bytes, which never compress, are stored raw at memcpy speed.
 Content addresses are blake3 digests of the raw (not encoded) bytes. A CKB2
-blob also carries an xxh3-128 checksum of its raw bytes, which ``decode_into``
+blob also carries an xxh3-128 checksum of its raw bytes, which ``decode_many``
 checks at ~25 GB/s (blake3 runs at ~4), so a restore need not re-hash with
 blake3, and the head of their digest, which ties the blob to the name it is
 read under. CKB1 blobs (format 1 stores) are still read and checked by digest.
@@ -406,24 +406,6 @@ def decode_prefix(blob: bytes | memoryview, nbytes: int) -> np.ndarray:
     return out
 
 
-def decode_into(
-    blob: bytes | memoryview, out: np.ndarray, base: np.ndarray | None = None,
-    name: str | None = None,
-) -> bool:
-    """Decode a blob into the flat uint8 array ``out`` (its raw length).
-
-    A delta blob needs ``base``, the decoded raw bytes of its base chunk;
-    ``name`` is the digest the blob is read under. Returns True when the blob
-    carried a checksum and the result matched it (a mismatch raises
-    ``CorruptCheckpointError``); False for a CKB1 blob, which the caller must
-    check against its digest.
-    """
-    outcome = decode_many([(blob, out, base, name)])[0]
-    if isinstance(outcome, CorruptCheckpointError):
-        raise outcome
-    return outcome
-
-
 DecodeJob = tuple[bytes | memoryview | np.ndarray, np.ndarray, np.ndarray | None, str | None]
 
 # What the C decoder's statuses mean (``_kernels.c``, CKPT_E*).
@@ -445,9 +427,13 @@ _DELTA_MISMATCH = "chunk blob is a delta where its record has no base, or plain 
 
 
 def decode_many(jobs: Sequence[DecodeJob]) -> list[bool | CorruptCheckpointError]:
-    """``decode_into`` for each (blob, out, base, name) job, in one C call where the
-    C decoder is there; each job's outcome is its result or its error, so a
-    caller can name the chunk that failed."""
+    """Decode each (blob, out, base, name) job's blob into the flat uint8 array ``out``
+    (its raw length), in one C call where the C decoder is there. A delta blob needs
+    ``base``, the decoded raw bytes of its base chunk; ``name`` is the digest the blob
+    is read under. Each job's outcome is True where the blob carried a checksum and the
+    result matched it; False for a CKB1 blob, which the caller must check against its
+    digest; or its ``CorruptCheckpointError``, so a caller can name the chunk that
+    failed."""
     if not _native.can_decode():
         return [_outcome(job) for job in jobs]
     heads = [None if name is None else bytes.fromhex(name[: 2 * NAME_BYTES])
@@ -483,7 +469,7 @@ def _decode_python(
     blob: bytes | memoryview | np.ndarray, out: np.ndarray, base: np.ndarray | None,
     name: str | None,
 ) -> bool:
-    """``decode_into`` where the C decoder is not there, or for CKB1 blobs."""
+    """One ``decode_many`` job where the C decoder is not there, or for a CKB1 blob."""
     meta, streams = _parse(memoryview(blob))
     if name is not None and meta.name is not None and \
             bytes.fromhex(name[: 2 * NAME_BYTES]) != meta.name:
