@@ -506,7 +506,8 @@ class CheckpointManager:
         # it was made, deleted after a kill; a file cut to nothing)
         why = "was missing" if path == ":memory:" or not Path(path).is_file() else \
             (f"was empty (its file held no catalog: was its journal, {Path(path).name}-wal, "
-             "deleted?)")
+             "deleted, or did an open fail before it wrote the catalog, an older ckpt_nb's "
+             "that refused the store?)")
 
         def catch_up(catalog: Catalog) -> None:
             nonlocal why
@@ -642,6 +643,10 @@ class CheckpointManager:
         format, where it read the new files as damage."""
         if self._format < needed:
             stamp_format(self.store)
+            warn(f"the store at {self.store.url} was of format {self._format}; this write "
+                 f"made it format {FORMAT}, so a ckpt_nb that writes format {self._format} (an "
+                 "older version, a teammate's) now refuses it by name: upgrade every ckpt_nb "
+                 "that shares this store (pip install -U ckpt_nb)")
             self._format = FORMAT
 
     def _catch_up(self) -> None:

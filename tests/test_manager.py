@@ -1704,8 +1704,14 @@ def test_a_format_1_store_is_read_and_restamped_only_by_a_save(
     assert json.loads(stamp.read_text())["format"] == 1  # opening writes nothing
     assert mgr.verify().ok
     assert same(list(mgr.load(old).state["model"].values()), expected)
-    mgr.save(digits.model, digits.optimizer, epoch=1)
+    with pytest.warns(UserWarning, match=r"was of format 1; this write made it format "
+                      rf"{FORMAT}, so a ckpt_nb that writes format 1 .* now refuses it by "
+                      r"name: upgrade every ckpt_nb that shares this store"):
+        mgr.save(digits.model, digits.optimizer, epoch=1)
     assert json.loads(stamp.read_text())["format"] == FORMAT
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (said once: the store is of this format now)
+        mgr.save(digits.model, digits.optimizer, epoch=2)
     assert same(list(CheckpointManager(tmp_path).load(old).state["model"].values()), expected)
 
 

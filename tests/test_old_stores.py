@@ -140,8 +140,12 @@ def test_a_gc_that_stores_chunks_whole_restamps_a_store_too_old_for_their_blobs(
     for cid in ids[:5]:
         mgr.delete(cid)  # (a chain of five deleted deltas: nothing stored whole yet)
     assert json.loads(stamp.read_text())["format"] == found
-    for cid in ids[5:-1]:
-        mgr.delete(cid)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for cid in ids[5:-1]:
+            mgr.delete(cid)
+    restamped = [str(w.message) for w in said if "this write made it format" in str(w.message)]
+    assert len(restamped) == (found < after), restamped  # (a team on the older one is told)
     assert mgr.gc().chunks_rewritten == 0  # (the deletes rewrote the chain's end)
     assert json.loads(stamp.read_text())["format"] == after
     assert same(list(mgr.load(ids[-1]).state["model"].values()), [model.weight.detach()])
