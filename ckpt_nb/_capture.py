@@ -49,32 +49,77 @@ class Stateful(Protocol):
 
 
 _MT_STATE_BYTES = 624 * 4 + 4  # NumPy's mt19937_state: uint32_t key[624]; int pos
-_numpy_last: tuple[bytes, tuple[Any, ...]] | None = None
-_numpy_raw_ok: bool | None = None  # whether the raw read matches get_state() here
+_numpy_last: tuple[bytes, bytes, tuple[Any, ...]] | None = None
+# The global RandomState, its MT19937, and views of their structs' bytes (the MT19937's
+# state, the RandomState's _AugState): ``.raw`` reads one in ~0.1 us, string_at in ~1.
+_numpy_views: tuple[Any, Any, Any, Any] | None = None
+
+
+class _AugState(ctypes.Structure):
+    """NumPy's aug_bitgen_t, in a RandomState after its bitgen_t: where the legacy
+    Gaussian cache (has_gauss, gauss) lives, outside the bit generator's own struct."""
+
+    _fields_ = [("bit_generator", ctypes.c_void_p), ("has_gauss", ctypes.c_int),
+                ("gauss", ctypes.c_double)]
+
+
+@functools.cache
+def _aug_state_offset() -> int | None:
+    """Where a RandomState's ``_AugState`` lies from the object's start, or None where
+    the raw reads do not give what ``set_state()`` set (another NumPy's layout): found by
+    pointers in a RandomState of its own (its bitgen_t holds the MT19937 struct's address,
+    its aug_bitgen_t that bitgen_t's), and checked there."""
+    probe = np.random.RandomState(np.random.MT19937(0))
+    try:
+        state_address = probe._bit_generator.ctypes.state_address
+        base, size = id(probe), type(probe).__basicsize__
+        words = np.frombuffer(ctypes.string_at(base, size - size % np.dtype(np.uintp).itemsize),
+                              np.uintp)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    bitgen = np.flatnonzero(words == state_address)
+    if len(bitgen) != 1:
+        return None
+    aug = np.flatnonzero(words == base + int(bitgen[0]) * words.itemsize)
+    if len(aug) != 1:
+        return None
+    offset = int(aug[0]) * words.itemsize
+    key = probe._bit_generator.state["state"]["key"]
+    for has_gauss, gauss in ((1, 0.125), (0, -2.5)):
+        probe.set_state(("MT19937", key, 17, has_gauss, gauss))
+        raw = ctypes.string_at(state_address, _MT_STATE_BYTES)
+        fields = _AugState.from_address(base + offset)
+        if not (np.array_equal(np.frombuffer(raw[:-4], np.uint32), key)
+                and int.from_bytes(raw[-4:], sys.byteorder, signed=True) == 17
+                and (fields.has_gauss, fields.gauss) == (has_gauss, gauss)):
+            return None
+    return offset
 
 
 def _numpy_state() -> tuple[Any, ...]:
     """``np.random.get_state()``, cached: it copies the generator's key element by
-    element (~50 us, most of a small training step's budget), while a raw read of the
-    state struct (~1 us) tells whether anything changed since the last copy."""
-    global _numpy_last, _numpy_raw_ok
-    if _numpy_raw_ok is False:
-        return np.random.get_state()
-    try:
-        raw = ctypes.string_at(np.random.mtrand._rand._bit_generator.ctypes.state_address,
-                               _MT_STATE_BYTES)
-    except (AttributeError, TypeError, ValueError):
-        _numpy_raw_ok = False
-        return np.random.get_state()
+    element (~50 us, most of a small training step's budget), while a raw read of its
+    state struct and of the cached Gaussian (~1 us) tells whether anything changed since
+    the last copy."""
+    global _numpy_last, _numpy_views
+    rand = np.random.mtrand._rand
+    bit_generator = rand._bit_generator
+    views = _numpy_views
+    if views is None or views[0] is not rand or views[1] is not bit_generator:
+        offset = _aug_state_offset()
+        if offset is None or type(rand) is not np.random.RandomState:
+            return np.random.get_state()
+        # (holding both objects keeps the memory viewed alive)
+        views = _numpy_views = (
+            rand, bit_generator,
+            (ctypes.c_char * _MT_STATE_BYTES).from_address(bit_generator.ctypes.state_address),
+            (ctypes.c_char * ctypes.sizeof(_AugState)).from_address(id(rand) + offset))
+    raw, aug = views[2].raw, views[3].raw
     last = _numpy_last
-    # With no cached Gaussian (has_gauss == 0), every draw moves the key or position.
-    if last is not None and last[0] == raw and not last[1][3]:
-        return last[1]
+    if last is not None and last[0] == raw and last[1] == aug:
+        return last[2]
     state = np.random.get_state()
-    if _numpy_raw_ok is None:
-        _numpy_raw_ok = bool(np.array_equal(np.frombuffer(raw[:-4], np.uint32), state[1])
-                             and int.from_bytes(raw[-4:], sys.byteorder, signed=True) == state[2])
-    _numpy_last = (raw, state) if _numpy_raw_ok else None
+    _numpy_last = (raw, aug, state)
     return state
 
 
@@ -133,8 +178,6 @@ class RNGState:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        global _numpy_last
-        _numpy_last = None  # (set_state can bring back its key with a cached Gaussian)
         py = state["python"]
         random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
         npy = state["numpy"]
