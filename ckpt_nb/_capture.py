@@ -49,7 +49,7 @@ class Stateful(Protocol):
 
 
 _MT_STATE_BYTES = 624 * 4 + 4  # NumPy's mt19937_state: uint32_t key[624]; int pos
-_numpy_last: tuple[bytes, bytes, tuple[Any, ...]] | None = None
+_numpy_last: tuple[bytes, bytes, tuple[Any, ...] | dict[str, Any]] | None = None
 # The global RandomState, its MT19937, and views of their structs' bytes (the MT19937's
 # state, the RandomState's _AugState): ``.raw`` reads one in ~0.1 us, string_at in ~1.
 _numpy_views: tuple[Any, Any, Any, Any] | None = None
@@ -96,14 +96,19 @@ def _aug_state_offset() -> int | None:
     return offset
 
 
-def _numpy_state() -> tuple[Any, ...]:
-    """``np.random.get_state()``, cached: it copies the generator's key element by
-    element (~50 us, most of a small training step's budget), while a raw read of its
-    state struct and of the cached Gaussian (~1 us) tells whether anything changed since
-    the last copy."""
+def _numpy_state() -> tuple[Any, ...] | dict[str, Any]:
+    """NumPy's global generator's state: an MT19937's as ``np.random.get_state()``'s
+    legacy tuple, another bit generator's (``np.random.set_bit_generator(PCG64())``) as
+    ``get_state(legacy=False)``'s dict. An MT19937's is cached: ``get_state`` copies its
+    key element by element (~50 us, most of a small training step's budget), while a raw
+    read of its struct and of the cached Gaussian (~1 us) tells whether anything changed
+    since the last copy. The bit generator's type is checked every call, so that no
+    struct is read as an MT19937's that is not one."""
     global _numpy_last, _numpy_views
     rand = np.random.mtrand._rand
     bit_generator = rand._bit_generator
+    if type(bit_generator) is not np.random.MT19937:
+        return np.random.get_state(legacy=False)  # (a few us: PCG64's is two ints)
     views = _numpy_views
     if views is None or views[0] is not rand or views[1] is not bit_generator:
         offset = _aug_state_offset()
@@ -166,13 +171,16 @@ class RNGState:
     def state_dict(self, snapshot: tuple[Any, ...] | None = None) -> dict[str, Any]:
         python, numpy, cpu, cuda = snapshot or self.snapshot()
         version, internal, gauss = python
-        kind, keys, pos, has_gauss, cached = numpy
         state: dict[str, Any] = {
-            "python": {"version": version, "state": list(internal), "gauss": gauss},
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.copy()), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached": float(cached)},
-            "torch": cpu,
-        }
+            "python": {"version": version, "state": list(internal), "gauss": gauss}}
+        if isinstance(numpy, dict):  # (not an MT19937: under a key a reader before it lacks)
+            state[NUMPY_BIT_GENERATOR] = _with_tensors(numpy)
+        else:
+            kind, keys, pos, has_gauss, cached = numpy
+            state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.copy()),
+                              "pos": int(pos), "has_gauss": int(has_gauss),
+                              "cached": float(cached)}
+        state["torch"] = cpu
         if cuda is not None:
             state["cuda"] = cuda
         return state
@@ -180,13 +188,61 @@ class RNGState:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         py = state["python"]
         random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-        npy = state["numpy"]
-        np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
-                             npy["has_gauss"], npy["cached"]))
+        npy = state.get("numpy")
+        if npy is None:
+            saved = state[NUMPY_BIT_GENERATOR]
+            _use_bit_generator(saved["bit_generator"])
+            np.random.set_state(_with_arrays(saved))
+        else:
+            _use_bit_generator("MT19937")
+            np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32),
+                                 npy["pos"], npy["has_gauss"], npy["cached"]))
         torch.set_rng_state(state["torch"])
         if "cuda" in state and torch.cuda.is_available():
             saved = state["cuda"][: torch.cuda.device_count()]
             torch.cuda.set_rng_state_all(saved)
+
+
+# Where RNGState keeps NumPy's global generator's state when its bit generator is not an
+# MT19937 (whose is under "numpy", as before there were others): get_state(legacy=False)'s
+# dict, its arrays as tensors. A manifest holding one is of format 5 (``_Flattener``).
+NUMPY_BIT_GENERATOR = "numpy_bit_generator"
+_NUMPY_BIT_GENERATORS = ("MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64")
+
+
+def _with_tensors(value: Any) -> Any:
+    """A NumPy generator's state with its arrays (Philox's counter, SFC64's words) as
+    tensors, which a checkpoint stores as bytes and an export as tensors, never pickled."""
+    if isinstance(value, dict):
+        return {key: _with_tensors(v) for key, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _with_arrays(value: Any) -> Any:
+    """``_with_tensors`` undone: the state as its bit generator's ``state`` setter takes it."""
+    if isinstance(value, Mapping):
+        return {key: _with_arrays(v) for key, v in value.items()}
+    return value.numpy() if isinstance(value, torch.Tensor) else value
+
+
+def _use_bit_generator(name: Any) -> None:
+    """Give NumPy's global generator a bit generator of kind ``name`` where its own is of
+    another (``set_state`` takes only its own kind's state): a new one, set right after."""
+    if type(np.random.mtrand._rand._bit_generator).__name__ == name:
+        return
+    if name not in _NUMPY_BIT_GENERATORS:
+        raise CaptureError(
+            f"NumPy's global generator was saved with a {str(name)[:40]!r} bit generator, "
+            f"not one of NumPy's ({', '.join(_NUMPY_BIT_GENERATORS)}): set one of its kind "
+            "with np.random.set_bit_generator() before the restore, or restore with rng=False")
+    if not hasattr(np.random, "set_bit_generator"):
+        raise CaptureError(
+            f"NumPy's global generator was saved with a {name} bit generator, which this "
+            f"NumPy ({np.__version__}) cannot set (np.random.set_bit_generator came in NumPy "
+            "1.25): upgrade NumPy, or restore with rng=False")
+    np.random.set_bit_generator(getattr(np.random, name)())
 
 
 AnyGenerator = torch.Generator | np.random.Generator | np.random.RandomState | random.Random
@@ -345,10 +401,22 @@ def as_stateful(obj: Any) -> Any:
     return GeneratorState(obj) if GeneratorState.wraps(obj) else unwrap(obj)
 
 
+def rng_put_back() -> Callable[[], None]:
+    """What sets the generators back as they are now, NumPy's global bit generator as the
+    very object the notebook set (a load of another kind's state replaces it)."""
+    state, bit_generator = RNGState().state_dict(), np.random.mtrand._rand._bit_generator
+
+    def put_back() -> None:
+        if np.random.mtrand._rand._bit_generator is not bit_generator:
+            np.random.set_bit_generator(bit_generator)
+        RNGState().load_state_dict(state)
+    return put_back
+
+
 def rng_problem(state: Any) -> str | None:
     """Why ``RNGState().load_state_dict(state)`` would fail, or None: tried, and the
     generators put back as they were either way."""
-    before = RNGState().state_dict()
+    put_back = rng_put_back()
     try:
         cuda = state.get("cuda")
         if cuda is not None and not (isinstance(cuda, (list, tuple)) and all(
@@ -359,7 +427,7 @@ def rng_problem(state: Any) -> str | None:
     except Exception as exc:  # noqa: BLE001 - whatever a malformed state makes torch raise
         return f"{type(exc).__name__}: {exc}"
     finally:
-        RNGState().load_state_dict(before)
+        put_back()
     return None
 
 
@@ -675,6 +743,8 @@ class _Flattener:
                 node["factory"] = value.default_factory.__name__
             return node
         if isinstance(value, dict) and _plain_keys(value):
+            if NUMPY_BIT_GENERATOR in value:  # (an RNG state a format-4 reader looks for
+                self.flat.format = max(self.flat.format, 5)  # under "numpy", mid-resume)
             # (keys as exact strs: a StrEnum's or np.str_'s read back as a str from the
             # store, so they do from the manager's own copy of the manifest too)
             return {str.__str__(k): self.encode(v, f"{name}/{k}") for k, v in value.items()}

@@ -30,7 +30,10 @@ them as labels the first time it opens that catalog to write, so that a catalog
 rebuilt later keeps them. A manifest of format 4 holds nodes that a format-3
 reader from before them would misread as plain dicts: nested tensors, long lists
 of floats as bytes, and paths, dates, decimals, UUIDs and the like
-(``_stdlib_values``); the store's own format stays 3 (see ``MANIFEST_FORMAT``).
+(``_stdlib_values``); the store's own format stays 3 (see ``MANIFEST_FORMAT``). One of
+format 5 holds the state of NumPy's global generator with a bit generator other than
+MT19937 (``np.random.set_bit_generator``), which a format-4 reader looked for in vain
+under "numpy" halfway through a resume (``_capture.NUMPY_BIT_GENERATOR``).
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ from ._store import Store, Writer, local_root
 
 FORMAT = 3
 # The newest manifest this reader takes. A manifest is written at the lowest format its
-# state needs (4: nested tensors' nodes), so that an earlier reader refuses by name the
-# checkpoints it would misread, and reads the rest of the store.
-MANIFEST_FORMAT = 4
+# state needs (4: nested tensors' nodes; 5: a NumPy RNG state of another bit generator than
+# MT19937), so that an earlier reader refuses by name the checkpoints it would misread, and
+# reads the rest of the store.
+MANIFEST_FORMAT = 5
 FORMAT_KEY = "ckpt_nb.json"
 PACK_MAGIC = b"CKNBPAK1"
 INDEX_MAGIC = b"CKNBIDX1"

@@ -2067,7 +2067,7 @@ class CheckpointManager:
             interrupts.commit(f"restore of {ck.id}")
             put_back = None
             if rng and ck.rng is not None:  # first, so that a state that does not load is
-                put_back = capture.RNGState().state_dict()  # refused before anything changes
+                put_back = capture.rng_put_back()  # refused before anything changes
                 problem = capture.rng_problem(ck.rng)
                 if problem is not None:
                     raise StateMismatchError(
@@ -2079,7 +2079,7 @@ class CheckpointManager:
                                            param_names=ck.param_names)
             except BaseException:
                 if put_back is not None:
-                    capture.RNGState().load_state_dict(put_back)
+                    put_back()
                 raise
             ck.missing_keys = {name: keys for name, (keys, _) in skipped.items() if keys}
             ck.unexpected_keys = {name: keys for name, (_, keys) in skipped.items() if keys}

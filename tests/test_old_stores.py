@@ -187,7 +187,8 @@ def test_a_checkpoint_of_a_newer_format_is_skipped_by_latest_and_not_called_corr
                                     "ckpt_nb (pip install -U ckpt_nb) to verify it"}
     run = DigitsRun(seed=4)
     with pytest.warns(UserWarning, match=f"skipping checkpoint {ids[2]}, which this ckpt_nb "
-                                         "cannot read .*has format 5, written by a newer ckpt_nb"):
+                                         f"cannot read .*has format {MANIFEST_FORMAT + 1}, "
+                                         "written by a newer ckpt_nb"):
         assert mgr.restore("latest", model=run.model).id == ids[1]
     with pytest.warns(UserWarning, match=f"skipping checkpoint {ids[2]}"):
         assert mgr.load("latest").id == ids[1]
@@ -196,9 +197,9 @@ def test_a_checkpoint_of_a_newer_format_is_skipped_by_latest_and_not_called_corr
     # (it said "has format 5: upgrade ckpt_nb": not what this one reads, how to upgrade,
     # nor that the rest of the store reads, as the store-level refusal says)
     assert str(refused.value) == (
-        f"checkpoint {ids[2]} has format 5, written by a newer ckpt_nb; this ckpt_nb reads up "
-        "to format 4: upgrade ckpt_nb (pip install -U ckpt_nb) to open it; the store's other "
-        "checkpoints still read ('latest' skips this one)")
+        f"checkpoint {ids[2]} has format {MANIFEST_FORMAT + 1}, written by a newer ckpt_nb; "
+        f"this ckpt_nb reads up to format {MANIFEST_FORMAT}: upgrade ckpt_nb (pip install -U "
+        "ckpt_nb) to open it; the store's other checkpoints still read ('latest' skips this one)")
 
 
 def test_a_rebuild_leaves_out_a_checkpoint_of_a_newer_format_and_opens_the_rest(
