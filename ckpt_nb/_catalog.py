@@ -457,6 +457,7 @@ class Catalog:
         in the transaction that creates it, so no other process sees it half filled."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._in_unit = False  # (a transaction() or snapshot() of this catalog is open)
         # A store in a folder this process cannot write (another user's, a read-only
         # mount, an archive) is read where its catalog is whole: to look into, not to
         # change (a write raises, naming the catalog).
@@ -710,42 +711,64 @@ class Catalog:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic, durable unit of change."""
+        """One atomic, durable unit of change. Any exception ends it, a Ctrl-C included
+        (rolled back, unless its COMMIT went through): one left open keeps the store
+        locked for every other process, and this one's next transaction fails."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            if self._in_unit:  # (SQLite has no nested transactions: a caller's mistake)
+                raise RuntimeError("Catalog.transaction() within a transaction or snapshot")
+            self._end_left_open()
             try:
+                self._in_unit = True
+                self._db.execute("BEGIN IMMEDIATE")
                 yield self._db
                 self._db.execute("INSERT INTO meta VALUES (?, '1') ON CONFLICT(key) DO UPDATE "
                                  "SET value = CAST(value AS INTEGER) + 1", (GENERATION,))
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-            try:
+                # (a full disk fails it: the change is not made, in any process)
                 self._db.execute("COMMIT")
-            except sqlite3.Error:  # (a full disk): the change is not made, in any process
-                if self._db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        self._db.execute("ROLLBACK")
+            except BaseException:
+                self._roll_back()
                 raise
+            finally:
+                self._in_unit = False
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
         """Reads that all see the catalog as of one moment: a commit of another
         process's (a gc rewriting chunks, then dropping their old bases) falls before
-        or after them all, never between two."""
+        or after them all, never between two. Its read transaction is ended on any
+        exception, a Ctrl-C included: one left open blocks this catalog's writes."""
         with self._lock:
-            if self._db.in_transaction:  # (within a transaction: one moment already)
+            if self._in_unit:  # (within a transaction or snapshot: one moment already)
                 yield
                 return
-            self._db.execute("BEGIN")  # deferred: the first read takes the snapshot
             try:
+                self._end_left_open()
+                self._in_unit = True
+                self._db.execute("BEGIN")  # deferred: the first read takes the snapshot
                 yield
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._roll_back()
+                raise self._failed(exc) from exc
+            except BaseException:
+                self._roll_back()
+                raise
             finally:
-                try:
-                    self._db.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    raise self._failed(exc) from exc
+                self._in_unit = False
+
+    def _end_left_open(self) -> None:
+        """Roll back a transaction that an earlier call left open (a second Ctrl-C that
+        stopped its ROLLBACK) before a new one begins."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    def _roll_back(self) -> None:
+        """End the transaction in flight, where it is still open (a COMMIT that returned
+        has ended it). A ROLLBACK that fails leaves it to ``_end_left_open``."""
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
 
     def _copied_into_memory(self) -> sqlite3.Connection:
         """The read-only catalog and its WAL, read through a copy in a temporary folder
