@@ -149,7 +149,7 @@ def _missing_table(db: sqlite3.Connection) -> str | None:
     named as damage at open, not met later as SQLite's "no such table". Every catalog
     ckpt_nb ever made holds all of them."""
     found = {name for (name,) in db.execute("SELECT name FROM sqlite_master "
-                                            "WHERE type = 'table'")}
+                                            "WHERE type = 'table'").fetchall()}
     own = [name for kind, name in _own_schema()
            if kind == "table" and not name.startswith("sqlite_")]
     if not found.intersection(own):
@@ -873,7 +873,7 @@ class Catalog:
         """Checkpoint ids, newest first (at most ``limit``): no row decoded."""
         with self._lock:
             return [r[0] for r in self._db.execute(
-                "SELECT id FROM checkpoints ORDER BY seq DESC LIMIT ?", (limit,))]
+                "SELECT id FROM checkpoints ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()]
 
     def pinned_or_noted(self) -> list[CheckpointRow]:
         """The checkpoints with a pin or a note, oldest first: no other row is decoded."""
@@ -1066,7 +1066,8 @@ class Catalog:
     # -- branches -----------------------------------------------------------
     def branch_tips(self) -> dict[str, str]:
         with self._lock:
-            return {r[0]: r[1] for r in self._db.execute("SELECT name, tip FROM branches")}
+            rows = self._db.execute("SELECT name, tip FROM branches").fetchall()
+        return {r[0]: r[1] for r in rows}
 
     # -- chunks -------------------------------------------------------------
     def known(self, digests: Iterable[str]) -> set[str]:
@@ -1085,7 +1086,7 @@ class Catalog:
                 part = wanted[i : i + 500]
                 marks = ",".join("?" * len(part))
                 found += self._db.execute(
-                    f"SELECT {columns} FROM chunks WHERE digest IN ({marks})", part)
+                    f"SELECT {columns} FROM chunks WHERE digest IN ({marks})", part).fetchall()
         return found
 
     def forget_damaged_gone(self, exists: Callable[[str], bool]) -> dict[str, str]:
@@ -1111,20 +1112,20 @@ class Catalog:
     def chunks_in_pack(self, pack: str) -> list[ChunkRow]:
         with self._lock:
             return [ChunkRow(*r) for r in
-                    self._db.execute("SELECT * FROM chunks WHERE pack=?", (pack,))]
+                    self._db.execute("SELECT * FROM chunks WHERE pack=?", (pack,)).fetchall()]
 
     def all_chunks(self) -> list[ChunkRow]:
         with self._lock:
-            return [ChunkRow(*r) for r in self._db.execute("SELECT * FROM chunks")]
+            return [ChunkRow(*r) for r in self._db.execute("SELECT * FROM chunks").fetchall()]
 
     def refs(self, checkpoint_id: str | None = None) -> set[str]:
         """Digests referenced directly by one checkpoint, or by any."""
         with self._lock:
             if checkpoint_id is None:
-                rows = self._db.execute("SELECT DISTINCT digest FROM refs")
+                rows = self._db.execute("SELECT DISTINCT digest FROM refs").fetchall()
             else:
                 rows = self._db.execute("SELECT digest FROM refs WHERE checkpoint=?",
-                                        (checkpoint_id,))
+                                        (checkpoint_id,)).fetchall()
             return {r[0] for r in rows}
 
     def referenced(self, digests: Iterable[str]) -> set[str]:
@@ -1145,7 +1146,8 @@ class Catalog:
         with self._lock:
             for i in range(0, len(wanted), 500):
                 part = wanted[i : i + 500]
-                found += self._db.execute(f"{query} IN ({','.join('?' * len(part))})", part)
+                found += self._db.execute(f"{query} IN ({','.join('?' * len(part))})",
+                                          part).fetchall()
         return found
 
     def drop_chunks(self, digests: Iterable[str]) -> None:
@@ -1163,4 +1165,4 @@ class Catalog:
 
     def packs(self) -> set[str]:
         with self._lock:
-            return {r[0] for r in self._db.execute("SELECT DISTINCT pack FROM chunks")}
+            return {r[0] for r in self._db.execute("SELECT DISTINCT pack FROM chunks").fetchall()}

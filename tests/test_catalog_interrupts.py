@@ -146,3 +146,34 @@ def test_a_sqlite_error_at_a_snapshots_commit_rolls_it_back(
     with pytest.raises(OSError, match="disk I/O error"):
         mgr.save(digits.model, digits.optimizer)
     _all_well(mgr, tmp_path / "s", digits, weights)
+
+
+def test_a_ctrl_c_while_a_catalog_query_is_read_holds_no_lock(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """IPython keeps the traceback (sys.last_traceback), with the frames it went through."""
+    mgr, weights = _saved(tmp_path / "s", digits, 3)
+    gone = list(weights)[1]
+
+    def in_refs(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name == "<setcomp>" and frame.f_back.f_code.co_name == "refs":
+            return interrupt
+        return None
+
+    def interrupt(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            sys.settrace(None)
+            signal.raise_signal(signal.SIGINT)
+        return interrupt
+
+    sys.settrace(in_refs)
+    try:
+        mgr.delete(gone)
+    except KeyboardInterrupt:
+        kept_traceback = sys.exc_info()[2]
+    finally:
+        sys.settrace(None)
+    assert kept_traceback is not None
+    if gone not in list(mgr.list()["id"]):  # (the interrupt came after its commit)
+        del weights[gone]
+    _all_well(mgr, tmp_path / "s", digits, weights)
+    del kept_traceback
