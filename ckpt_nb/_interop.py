@@ -44,7 +44,7 @@ from . import _stdlib_values as stdlib_values
 from ._capture import (Unflattener, flatten, module_versions, storage_bytes, torch_has_dtype,
                        uncompiled_keys)
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError, FileFormatError,
-                      MissingDependencyError, UntrustedPickleError, warn)
+                      MissingDependencyError, StoreError, UntrustedPickleError, warn)
 from ._format import is_int64
 from ._store import _DirectWriter, why_unwritable
 
@@ -1092,12 +1092,26 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
     except PermissionError:
         raise
     except Exception as exc:  # (a damaged file fails in torch's readers in many ways)
+        if isinstance(exc, OSError) and exc.errno not in (None, errno.EINVAL):
+            raise _unreadable(path, exc) from exc  # (EINVAL: torch's seek in a cut zip)
         if (missing := _missing_code(path, exc)) is not None:
             raise missing from exc
         why = "an object in it failed to load, or " if trust_pickle else ""
         raise CorruptCheckpointError(f"{path} cannot be read as a torch.save file ({why}it is "
                                      f"damaged or cut short): {type(exc).__name__}: "
                                      f"{_plain(exc)}") from exc
+
+
+def _unreadable(path: Path, exc: OSError) -> StoreError:
+    """A read of a file that the system refused (EIO on a failing disk, an NFS timeout, a
+    file deleted meanwhile): no sign of damage, so not called damaged, as a user told so
+    may delete or download again a good file."""
+    error = StoreError(f"{path} could not be read: {exc.strerror or exc} (the system's "
+                       "error, not a sign that the file is damaged: it may be fine): is its "
+                       "disk failing, or a network mount gone? read it again once the disk "
+                       "answers; dmesg says more")
+    error.errno = exc.errno
+    return error
 
 
 def _missing_code(path: Path, exc: Exception) -> FileFormatError | None:

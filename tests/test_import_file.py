@@ -4,6 +4,7 @@ nor a hang), and no pickle in one runs without trust_pickle=True."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from conftest import same
 
 from ckpt_nb import (CheckpointManager, CheckpointNotFoundError, CkptError,
                      CorruptCheckpointError, FileFormatError, StateMismatchError,
-                     UntrustedPickleError)
+                     StoreError, UntrustedPickleError)
 import warm_python  # (fresh interpreters forked from a warm one)
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -246,6 +247,31 @@ def test_mutated_safetensors_metadata_raises_nothing_but_ckpt_nb_errors(
 def test_a_directory_given_as_a_file_is_named_a_directory(tmp_path: Path) -> None:
     with pytest.raises(CheckpointNotFoundError, match="is a directory, not a checkpoint file"):
         CheckpointManager(tmp_path / "s").import_file(tmp_path)
+
+
+@pytest.mark.parametrize("call", ["import_file", "restore"])
+def test_a_read_the_system_refuses_inside_torch_load_is_not_called_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """The disk fails (EIO) once ckpt_nb's own reads of the file are done, when torch.load
+    opens it: a failing disk cannot be made in a test, so torch's opener raises the
+    system's error. The file is fine, and the error says it may be."""
+    model = torch.nn.Linear(4, 4)
+    path = tmp_path / "old.pt"
+    torch.save({"model_state_dict": model.state_dict(), "epoch": 3}, path)
+
+    class FailingDisk:
+        def __init__(self, name: str, mode: str) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(name))
+
+    monkeypatch.setattr(torch.serialization, "_open_file", FailingDisk)
+    mgr = CheckpointManager(tmp_path / "s")
+    with pytest.raises(StoreError, match=r"old\.pt could not be read: Input/output error "
+                       r"\(the system's error, not a sign that the file is damaged: it may "
+                       r"be fine\)") as raised:
+        mgr.import_file(path) if call == "import_file" else mgr.restore(path, model=model)
+    assert raised.value.errno == errno.EIO
+    monkeypatch.undo()
+    assert mgr.import_file(path)
 
 
 def test_a_whole_file_of_pickle_protocol_4_asks_for_trust_not_called_damaged(
