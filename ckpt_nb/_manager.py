@@ -284,6 +284,11 @@ def _new_id() -> str:
     return uuid.uuid4().hex[:10]
 
 
+# What threading raises where the system refuses a thread (a pids limit, no memory for
+# its stack): said bare, it named neither the save nor that nothing was lost.
+_NO_THREAD = "can't start new thread"
+
+
 class CheckpointManager:
     """Checkpoints of one training run (or many branching runs) in one store.
 
@@ -1316,6 +1321,14 @@ class CheckpointManager:
                 if isinstance(exc, MemoryError) and str(exc):  # (ckpt_nb's own, worded)
                     raise MemoryError("saving a checkpoint failed, so it was not saved (the "
                                       f"checkpoints saved before are intact): {exc}") from exc
+                if isinstance(exc, RuntimeError) and str(exc) == _NO_THREAD:
+                    raise RuntimeError(
+                        "saving a checkpoint failed, so it was not saved (the checkpoints "
+                        "saved before are intact): this process cannot start a thread "
+                        f"({_NO_THREAD}; the save writes on threads of its own): is a limit "
+                        "on its threads or memory reached (a container's pids limit, ulimit "
+                        "-u or -v)? end other processes or raise the limit, then save "
+                        "again") from exc
                 raise
             self._check_still_there(row.id, {r.pack for r in new_rows})
             self._keep_manifest(row.id, manifest)

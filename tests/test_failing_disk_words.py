@@ -292,3 +292,44 @@ def test_a_save_to_a_read_only_file_system_says_so_and_what_to_do(tmp_path: Path
                            r"again, or copy the store to one that is"):
             mgr.save(run.model, step=1, rng=False)
     assert mgr.list()["id"].tolist() == [first] and mgr.verify().ok
+
+
+# A save in a process that cannot start a thread: a stack bigger than the address space
+# left (RLIMIT_AS) is refused as a pids limit refuses the thread itself. Prints what the
+# save raised, the checkpoints listed, and a save once the limit is lifted.
+WITHOUT_A_THREAD = """
+import resource, sys, threading
+sys.path.insert(0, sys.argv[2])
+from conftest import DigitsRun
+from ckpt_nb import CheckpointManager
+run = DigitsRun()
+first = CheckpointManager(sys.argv[1]).save(run.model, run.optimizer, rng=False)
+mgr = CheckpointManager(sys.argv[1])  # (a new one: none of its threads started)
+run.train_step()
+threading.stack_size(1 << 30)
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
+try:
+    mgr.save(run.model, run.optimizer, rng=False)
+except RuntimeError as exc:
+    print(type(exc).__name__, exc)
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+threading.stack_size(0)
+print(list(mgr.list()["id"]) == [first])
+print(mgr.save(run.model, run.optimizer, rng=False) in list(mgr.list()["id"]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+def test_a_save_that_cannot_start_a_thread_says_it_was_not_saved(tmp_path: Path) -> None:
+    """threading's bare "can't start new thread" (a container's pids limit) named neither
+    the save nor that the checkpoints before are intact."""
+    done = warm_python.run([sys.executable, "-c", WITHOUT_A_THREAD, str(tmp_path),
+                           str(Path(__file__).parent)])
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
+    assert said[0].startswith(
+        "RuntimeError saving a checkpoint failed, so it was not saved (the checkpoints saved "
+        "before are intact): this process cannot start a thread (can't start new thread; "
+        "the save writes on threads of its own): is a limit"), said
+    assert said[1:] == ["True", "True"], said
