@@ -841,7 +841,12 @@ class CheckpointManager:
                 # and kept the folder locked after this close)
                 with contextlib.suppress(OSError):
                     fcntl.flock(folder, fcntl.LOCK_UN)
-                os.close(folder)
+                try:
+                    os.close(folder)
+                except OSError as exc:  # (the descriptor is freed all the same)
+                    warn(f"closing the folder of {self.store.url} after locking it failed "
+                         f"({exc}): what this call did stands, and the lock is released; "
+                         "if it happens again, is the disk failing? dmesg says more")
 
     def _catch_up_with_a_copy_put_back(self) -> None:
         """A copy of the catalog put back over it (a backup, written in place or renamed

@@ -4,6 +4,7 @@ MemoryError) naming the file and what to do, never a bare OSError; and nothing l
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import subprocess
@@ -333,3 +334,31 @@ def test_a_save_that_cannot_start_a_thread_says_it_was_not_saved(tmp_path: Path)
         "before are intact): this process cannot start a thread (can't start new thread; "
         "the save writes on threads of its own): is a limit"), said
     assert said[1:] == ["True", "True"], said
+
+
+def test_a_failing_close_of_the_locked_folder_after_a_save_warns_and_keeps_the_save(
+        tmp_path: Path, digits: DigitsRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() of the store folder's descriptor fails once the save has committed (EIO:
+    a close of a folder on a local disk cannot be made to fail, so the lock's os.close
+    raises the system's error): the save was said to fail, and was there all the same."""
+    mgr = CheckpointManager(tmp_path / "s")
+    first = mgr.save(digits.model, digits.optimizer, rng=False)
+    real_close = os.close
+    failed: list[int] = []
+
+    def close(fd: int) -> None:
+        real_close(fd)
+        if sys._getframe(1).f_code.co_name == "_folder_locked" and not failed:
+            failed.append(fd)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "close", close)
+    digits.train_step()
+    weights = digits.weights()
+    with pytest.warns(UserWarning, match=r"closing the folder of .* after locking it failed "
+                      r"\(\[Errno 5\] Input/output error\): what this call did stands"):
+        second = mgr.save(digits.model, digits.optimizer, rng=False)
+    monkeypatch.undo()
+    assert list(CheckpointManager(tmp_path / "s").list()["id"]) == [first, second]
+    mgr.restore(second, model=digits.model)
+    assert same(digits.weights(), weights)
