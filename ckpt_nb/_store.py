@@ -652,12 +652,27 @@ class _DirectWriter:
                 self.finish()
         finally:
             try:
-                if self._background is not None:  # (its writes read the stages: first)
-                    with contextlib.suppress(OSError):  # the error on its way says more
-                        self._background.close()
+                self._stop_background()  # (its writes read the stages: first)
             finally:
-                with self._lock:
-                    self._free_stages.append(self._stages)
+                if self._background is None:  # (else in a thread's hands: not reused)
+                    with self._lock:
+                        self._free_stages.append(self._stages)
+
+    def _stop_background(self) -> None:
+        """Stop the native thread, through a Ctrl-C that comes meanwhile (raised once
+        it stopped): left running, it wrote from stages put back for another file, into
+        a descriptor its caller closes. A write error is left to the error on its way,
+        which says more."""
+        interrupted: KeyboardInterrupt | None = None
+        while self._background is not None:
+            try:
+                with contextlib.suppress(OSError):
+                    self._background.close()
+                self._background = None
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def write(self, data: bytes | memoryview) -> int:
         return self.write_many([data])
@@ -695,8 +710,8 @@ class _DirectWriter:
         self._filled = padded
         self._send(padded)
         if self._background is not None:
-            background, self._background = self._background, None
-            background.close()
+            self._background.close()  # (kept until it returns: __exit__ stops it otherwise)
+            self._background = None
         os.ftruncate(self._fd, length)
 
     def _send(self, n: int) -> None:

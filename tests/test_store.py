@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -441,3 +442,38 @@ def test_a_backend_failure_is_a_store_error_that_names_the_store() -> None:
                  lambda: store.put("a", b"x")):
         with pytest.raises(StoreError, match=f"at {url} failed: Could not connect"):
             call()
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_a_ctrl_c_as_the_native_writer_stops_leaves_no_thread_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupts: int) -> None:
+    """A real SIGINT as the pack's writer stops its native thread (one more as it is
+    stopped again on the way out): the thread was left running, writing from stages put
+    back for the next file, into a descriptor closed under it."""
+    from ckpt_nb import _native
+
+    if not _native.writer:
+        pytest.skip("the C kernels were not built")
+    store = LocalStore(tmp_path)
+    data = os.urandom((13 << 20) + 11)
+    store.put("warm", data)
+    threads = len(os.listdir("/proc/self/task"))
+    left = [interrupts]
+
+    real_close = _native.BackgroundWriter.close
+
+    def close(self: _native.BackgroundWriter) -> None:
+        if left[0]:  # (as a Ctrl-C lands at the entry of close, before its thread stops)
+            left[0] -= 1
+            signal.raise_signal(signal.SIGINT)
+        real_close(self)
+
+    monkeypatch.setattr(_native.BackgroundWriter, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        store.put("v", data)
+    assert left == [0]
+    assert len(os.listdir("/proc/self/task")) == threads
+    assert not store.has("v")
+    other = os.urandom((9 << 20) + 5)
+    store.put("v", other)  # (the stages, back to be reused, hold nothing of a thread's)
+    assert store.get("v") == other and store.get("warm") == data
