@@ -177,3 +177,13 @@ def test_a_ctrl_c_while_a_catalog_query_is_read_holds_no_lock(
         del weights[gone]
     _all_well(mgr, tmp_path / "s", digits, weights)
     del kept_traceback
+
+
+def test_a_sqlite_error_at_a_snapshots_begin_is_a_store_error(
+        tmp_path: Path, digits: DigitsRun, faults: _Faults) -> None:
+    """It came out as a raw sqlite3.OperationalError, which ``except OSError`` missed."""
+    mgr, weights = _saved(tmp_path / "s", digits, 2)
+    faults.at("BEGIN", "snapshot", "error")
+    with pytest.raises(OSError, match=r"the catalog .*catalog\.sqlite failed: disk I/O error"):
+        mgr.restore(next(iter(weights)), model=digits.model)
+    _all_well(mgr, tmp_path / "s", digits, weights)
