@@ -196,7 +196,9 @@ class CkptMagics(Magics):
                 raise
             session.end_cell()  # (raises KeyboardInterrupt for an interrupt it swallowed)
         finally:
-            session.close()
+            stop = session.close()  # (an interrupt meanwhile: held until it is done)
+        if stop is not None:
+            raise stop
         return value
 
     def _config(self, args: Any) -> AutoConfig:

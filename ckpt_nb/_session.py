@@ -835,6 +835,30 @@ def _said_stop(error: KeyboardInterrupt) -> bool:
     return hasattr(error, "_render_traceback_")
 
 
+def _stopped_in_ckpt_nb(error: BaseException) -> bool:
+    """Whether a second interrupt stopped ckpt_nb's own code (a save, its wait for the
+    write, a loop helper's or the optimizer hook's bookkeeping, the session's handler),
+    or library code it called: the innermost frame of its traceback that is neither the
+    standard library's nor an installed package's is ckpt_nb's. Those frames tell the
+    user nothing; the cell's own show where its code was stuck."""
+    own = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    library = _library_dirs()
+    filenames = []
+    trace = error.__traceback__
+    while trace is not None:
+        filenames.append(trace.tb_frame.f_code.co_filename)
+        trace = trace.tb_next
+    for filename in reversed(filenames):
+        if filename.startswith("<frozen "):
+            continue
+        path = os.path.realpath(filename)
+        if path.startswith(own):
+            return True
+        if not path.startswith(library):
+            return False
+    return False
+
+
 class _RunsManager(CheckpointManager):
     """The store as a session opens it: retention (--keep, --keep-best) counts and
     deletes the checkpoints of the session's own runs only (``runs``). A store is shared
@@ -1335,6 +1359,7 @@ class AutoSession(NotState):
         self._cell_start_step = 0
         self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
         self._ending = False  # end_cell's save is running
+        self._told_held = False  # that interrupts wait for the cell's end (said once)
         self._in_save = False  # a save's capture (and, --sync, its write) is running
         self._hook = register_optimizer_step_post_hook(self._after_step)
         self._pre_hook = register_optimizer_step_pre_hook(self._before_step)
@@ -1575,7 +1600,11 @@ class AutoSession(NotState):
         interrupted = error is None and self._interrupts > 0
         # The handler stays for the save: one interrupt now lets it finish (and stops the
         # cell after it), a second stops it (a failed save leaves earlier ones intact).
+        # Past the first interrupt the cell's code had the handler before's: the session's
+        # takes them again, and holds those that come outside a save (``_on_sigint``).
         self._ending = True
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._on_sigint)
         end_id = self._position  # (where no end save is due, the latest holds the end)
         end_failed = False  # (an end save tried that did not go in: said NOT saved)
         try:
@@ -1589,7 +1618,7 @@ class AutoSession(NotState):
                     except KeyboardInterrupt as stop:  # (a second interrupt: stop at once)
                         if _said_stop(stop):
                             raise
-                        self.writer.wait()  # (a write it cut short goes on: close() waits)
+                        self.writer.wait()  # (a write it cut short goes on; held: see above)
                         raise _stopped(self._stopped_at_once("while saving the cell's end")
                                        ) from None
                 if interrupted:
@@ -1609,6 +1638,8 @@ class AutoSession(NotState):
             elif isinstance(error, KeyboardInterrupt) and self._interrupts:
                 if not _said_stop(error):  # (a second interrupt: a bare KeyboardInterrupt)
                     self.writer.wait()  # (the interrupt's save it cut short goes on)
+                    if final and _stopped_in_ckpt_nb(error):  # (its frames say nothing)
+                        raise _stopped(self._stopped_at_once()) from None
                     self.say(self._stopped_at_once())
                 # (else: saved at the consistent point before the interrupt was raised)
             elif self.last_consistent_step == self.step and self.step > self.last_save_step \
@@ -1627,6 +1658,13 @@ class AutoSession(NotState):
                     cid = self._save(reason=f"{type(error).__name__} in the cell", wait=True,
                                      unsaved=f"the state before the {type(error).__name__}",
                                      rng=RNGState().state_dict(self._consistent_rng))
+                except KeyboardInterrupt as stop:  # (a second interrupt: stop at once)
+                    if _said_stop(stop):
+                        raise
+                    self.writer.wait()
+                    raise _stopped(self._stopped_at_once(
+                        f"while saving the state before the {type(error).__name__}")
+                                   ) from error
                 finally:
                     _put_random(fetched)
                 if cid is not None:  # (a failed one is said where it failed)
@@ -1641,6 +1679,7 @@ class AutoSession(NotState):
             self._restore_sigint()
             self._restore_signals()
             self._ending = False
+            self._told_held = False
             during_save = error is None and not interrupted and self._interrupts > 0
             signalled, self._signalled = self._signalled, None
             self._pending = None
@@ -1679,24 +1718,50 @@ class AutoSession(NotState):
             return f"{at}: checkpoint {last.id} holds it"
         return f"{at}: not saved; {self._latest_said()}"
 
-    def close(self) -> None:
-        """Flush pending saves and remove every hook."""
+    def close(self) -> KeyboardInterrupt | None:
+        """Flush pending saves and remove every hook. An interrupt meanwhile is held until
+        it is done (one that cut it short left the write in flight unwaited, and the
+        message of the cell's stop unsaid): returned, for a cell that ended without an
+        error to stop with it; one that ended with one stops already."""
         if self.closed:
-            return
+            return None
         self.closed = True
-        self._restore_sigint()
-        self._restore_signals()
-        self._hook.remove()
-        self._pre_hook.remove()
-        self.writer.close()
-        self._report_background_error()
-        self._report_repeats()
-        self.manager.close()
+        held: list[int] = []
+
+        def hold(signum: int, frame: Any) -> None:
+            if not held:
+                print("ckpt_nb: interrupt received: the session closes first (the write in "
+                      "flight goes in whole or not at all)", file=sys.stderr, flush=True)
+            held.append(signum)
+
+        before = self._previous_sigint if self._previous_sigint is not None else \
+            signal.getsignal(signal.SIGINT) \
+            if threading.current_thread() is threading.main_thread() else None
+        if before is not None:
+            signal.signal(signal.SIGINT, hold)
+        self._previous_sigint = None
+        try:
+            self._restore_signals()
+            self._hook.remove()
+            self._pre_hook.remove()
+            self.writer.close()
+            self._report_background_error()
+            self._report_repeats()
+            self.manager.close()
+        finally:
+            if before is not None:
+                signal.signal(signal.SIGINT, before)
         # A closed session may stay referenced (below a cell's on the stack, by an
         # explorer): its two sets of staging buffers, each the size of the state, go now.
         self._buffers = SnapshotBuffers()
         if self in _sessions:
             _sessions.remove(self)
+        if not held:
+            return None
+        latest = f"the latest checkpoint is {self._position}" if self._position else \
+            "no checkpoint holds its run"
+        return _stopped(f"interrupted as the session closed, after the cell ran to its end: "
+                        f"{latest}")
 
     # -- interrupts ---------------------------------------------------------------
     def _install_sigint(self) -> None:
@@ -1727,9 +1792,20 @@ class AutoSession(NotState):
             # so it stops at once.
             raise _stopped("the cell stopped (it trained nothing, so nothing was saved)")
         self._interrupts += 1
-        if self._interrupts > 1:  # (where the handler before could not take it back)
+        if self._interrupts > 1:
+            if self._ending and not self._in_save:
+                # The cell's end waits for the write in flight, or notes where it stands:
+                # cut short, it left the write unwaited and the cell's stop unsaid.
+                if not self._told_held:
+                    self._told_held = True
+                    print("ckpt_nb: interrupt received: the cell stops once the write in "
+                          "flight is in (a checkpoint goes in whole or not at all)",
+                          file=sys.stderr, flush=True)
+                return
+            # (a save: stopped at once, or where the handler before could not take it
+            # back; end_cell says what the stop left)
             raise KeyboardInterrupt
-        if callable(self._second_sigint):
+        if callable(self._second_sigint) and not self._ending:
             # A second interrupt is then the handler before's own, Python's KeyboardInterrupt
             # raised in the cell's code, with no frame of ckpt_nb's in its traceback.
             signal.signal(signal.SIGINT, self._second_sigint)
@@ -2487,6 +2563,8 @@ class AutoSession(NotState):
     def _save_end(self, finished: bool) -> str | None:
         """The cell's end save: its id, or None where it failed (said)."""
         self.writer.wait()
+        if self._interrupts > 1:  # (a second interrupt, held during that wait: stop at once)
+            raise KeyboardInterrupt
         self._report_background_error()  # (the save in flight's, said apart)
         return self._save_in_place(reason="end of cell", finished=finished, wait=True,
                                    unsaved="the cell's end")
@@ -4566,4 +4644,6 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
             raise
         session.end_cell()
     finally:
-        session.close()
+        stop = session.close()  # (an interrupt meanwhile: held until it is done)
+    if stop is not None:
+        raise stop

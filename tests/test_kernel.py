@@ -97,6 +97,7 @@ class Kernel:
         self.client.start_channels()
         self.pid: int | None = None
         self._output: dict[str, list[str]] = {}
+        self.tracebacks: dict[str, list[str]] = {}  # (each cell's error, as the kernel sent it)
 
     def setup(self) -> None:
         self.client.wait_for_ready(timeout=TIMEOUT)
@@ -137,6 +138,7 @@ class Kernel:
                 chunks.append(content["text"])
             elif msg["msg_type"] == "error":
                 chunks.append(f"{content['ename']}: {content['evalue']}\n")
+                self.tracebacks[msg_id] = content["traceback"]
             elif msg["msg_type"] == "status" and content["execution_state"] == "idle":
                 chunks.append("\0")  # the cell is over
         return "".join(chunks)

@@ -329,3 +329,23 @@ def test_an_interrupt_as_a_cell_resumes_is_taken_as_one_during_training(
     (cid, step), = steps_saved(tmp_path / "run")[-1:]
     assert step == 4
     assert str(error) == f"the cell stopped at step 4: run it again to go on from checkpoint {cid}"
+
+
+def test_a_second_interrupt_during_an_errors_save_says_what_holds_the_run(
+        notebook: Any, tmp_path: Path) -> None:
+    """A cell that failed at a consistent point, interrupted twice as that state is saved:
+    a bare KeyboardInterrupt from ckpt_nb's save came out of the cell's end in place of
+    the error, saying nothing of what was kept."""
+    cell = CELL.format(dir=tmp_path / "run").replace("        step(i)\n", """\
+        stopper.armed = stopper.twice = i == 3
+        if i == 3:
+            raise RuntimeError("diverged")
+        step(i)
+""")
+    error = run(notebook, cell).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    (latest, step), = steps_saved(tmp_path / "run")
+    assert step == 2
+    assert str(error) == ("stopped at once at step 3 while saving the state before the "
+                          f"RuntimeError: not saved; the latest checkpoint is {latest} (step 2)")
+    assert isinstance(error.__cause__, RuntimeError)
