@@ -105,7 +105,9 @@ def _numpy_state() -> tuple[Any, ...] | dict[str, Any]:
     since the last copy. The bit generator's type is checked every call, so that no
     struct is read as an MT19937's that is not one."""
     global _numpy_last, _numpy_views
-    rand = np.random.mtrand._rand
+    # (the RandomState np.random's functions and get_state() draw from and read: bound at
+    # NumPy's import, it stays so where a user rebinds np.random.mtrand._rand)
+    rand = np.random.get_state.__self__
     bit_generator = rand._bit_generator
     if type(bit_generator) is not np.random.MT19937:
         return np.random.get_state(legacy=False)  # (a few us: PCG64's is two ints)

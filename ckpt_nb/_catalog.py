@@ -458,6 +458,7 @@ class Catalog:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._in_unit = False  # (a transaction() or snapshot() of this catalog is open)
+        self._forked_mid_unit = False  # (a child's copy, forked while _in_unit: unusable)
         # A store in a folder this process cannot write (another user's, a read-only
         # mount, an archive) is read where its catalog is whole: to look into, not to
         # change (a write raises, naming the catalog).
@@ -671,6 +672,17 @@ class Catalog:
         commit): a fresh lock, or the child's first use of it waits forever."""
         if not self._lock._is_owned():  # type: ignore[attr-defined]
             self._lock = threading.RLock()
+            # (another thread's transaction or snapshot was open at the fork: the child's
+            # copy of the connection is inside it, and SQLite's connections do not cross a
+            # fork; ended here, it would act on the parent's)
+            self._forked_mid_unit = self._in_unit
+
+    def _refuse_forked_mid_unit(self) -> None:
+        if self._forked_mid_unit:
+            raise StoreError(f"this process was forked from one that was writing the catalog "
+                             f"{self.path} (a DataLoader's worker started during a save): "
+                             "its copy of the catalog cannot be used here; open a "
+                             "CheckpointManager of the store in this process")
 
     def close(self) -> None:
         """Close the database; any later use raises a StoreError that says so."""
@@ -715,6 +727,7 @@ class Catalog:
         (rolled back, unless its COMMIT went through): one left open keeps the store
         locked for every other process, and this one's next transaction fails."""
         with self._lock:
+            self._refuse_forked_mid_unit()
             if self._in_unit:  # (SQLite has no nested transactions: a caller's mistake)
                 raise RuntimeError("Catalog.transaction() within a transaction or snapshot")
             self._end_left_open()
@@ -739,6 +752,7 @@ class Catalog:
         or after them all, never between two. Its read transaction is ended on any
         exception, a Ctrl-C included: one left open blocks this catalog's writes."""
         with self._lock:
+            self._refuse_forked_mid_unit()
             if self._in_unit:  # (within a transaction or snapshot: one moment already)
                 yield
                 return

@@ -648,11 +648,13 @@ class CheckpointManager:
         format, where it read the new files as damage."""
         if self._format < needed:
             stamp_format(self.store)
-            warn(f"the store at {self.store.url} was of format {self._format}; this write "
-                 f"made it format {FORMAT}, so a ckpt_nb that writes format {self._format} (an "
-                 "older version, a teammate's) now refuses it by name: upgrade every ckpt_nb "
-                 "that shares this store (pip install -U ckpt_nb)")
-            self._format = FORMAT
+            # (set before the warning: under warnings-as-errors it raises, and every later
+            # save of this manager would restamp and raise again, never saving)
+            older, self._format = self._format, FORMAT
+            warn(f"the store at {self.store.url} was of format {older}; this write made it "
+                 f"format {FORMAT}, so a ckpt_nb that writes format {older} (an older "
+                 "version, a teammate's) now refuses it by name: upgrade every ckpt_nb that "
+                 "shares this store (pip install -U ckpt_nb)")
 
     def _catch_up(self) -> None:
         """A catalog of this process's own (a memory:// store's; an object store's, a

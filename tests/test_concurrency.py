@@ -387,6 +387,55 @@ def test_a_process_forked_while_a_thread_holds_a_lock_can_use_its_copy(
     assert finished, f"the forked child waited for the {held} lock of a thread it lacks"
 
 
+@pytest.mark.parametrize("unit", ["transaction", "snapshot"])
+def test_a_process_forked_inside_a_catalog_unit_says_to_open_its_own_manager(
+        tmp_path: Path, unit: str) -> None:
+    """A child forked while another thread was inside a catalog transaction or snapshot
+    holds a copy of the connection inside it, which SQLite's connections cannot carry
+    across a fork: its save and restore say so, and what to do (a RuntimeError said the
+    caller had nested transactions); the parent goes on saving."""
+    fork = multiprocessing.get_context("fork")
+    said = fork.Queue()
+    mgr = CheckpointManager(tmp_path / "s")
+    cid = mgr.save(torch.nn.Linear(4, 4))
+
+    def child() -> None:
+        for call in (lambda: mgr.restore(cid, model=torch.nn.Linear(4, 4), rng=False),
+                     lambda: mgr.save(torch.nn.Linear(4, 4))):
+            try:
+                call()
+                said.put("no error")
+            except Exception as exc:  # noqa: BLE001 - its kind and words are the test
+                said.put(f"{type(exc).__name__}: {exc}")
+        mgr.close()
+
+    taken, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with getattr(mgr.catalog, unit)():
+            mgr.catalog.get(cid)
+            taken.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert taken.wait(30)
+        process = fork.Process(target=child)
+        process.start()
+        answers = [said.get(timeout=60) for _ in range(2)]
+    finally:
+        release.set()
+        thread.join(60)
+    process.join(60)
+    for answer in answers:
+        assert answer.startswith("StoreError: ") and "this process was forked from one " \
+            "that was writing the catalog" in answer and "open a CheckpointManager of the " \
+            "store in this process" in answer, answer
+    assert mgr.save(torch.nn.Linear(4, 4)) in mgr.list()["id"].tolist()
+    mgr.close()
+
+
 def test_gc_beside_the_store_keeps_what_a_copy_of_its_catalog_saved(tmp_path: Path) -> None:
     """The catalog copied to a local disk and used with ``catalog=``: the copy kept the
     original's id, so a gc from the original took the store as unchanged since it last

@@ -151,6 +151,22 @@ def test_a_gc_that_stores_chunks_whole_restamps_a_store_too_old_for_their_blobs(
     assert same(list(mgr.load(ids[-1]).state["model"].values()), [model.weight.detach()])
 
 
+def test_a_restamp_under_warnings_as_errors_raises_once_and_the_next_save_goes_in(
+        tmp_path: Path) -> None:
+    """Under -W error the restamp's warning raises: the manager set its format after the
+    warning, so each later save restamped and raised again, and none went in."""
+    CheckpointManager(tmp_path).save(Holder({"w": torch.ones(3)}))
+    (tmp_path / "ckpt_nb.json").write_text(json.dumps({"format": 1}))
+    mgr = CheckpointManager(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="was of format 1; this write made it format"):
+            mgr.save(Holder({"w": torch.zeros(3)}))
+        cid = mgr.save(Holder({"w": torch.full((3,), 2.0)}))
+    assert mgr.list()["id"].tolist()[-1] == cid
+    mgr.close()
+
+
 def from_a_newer_ckpt_nb(store: Path, cid: str, catalog: Path | None = None) -> None:
     """Make ``cid`` a checkpoint a newer ckpt_nb saved: its manifest of a newer format,
     and its catalog row's digest of it, as that version's commit writes it."""

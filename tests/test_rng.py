@@ -223,6 +223,22 @@ def test_a_gaussian_cached_by_a_state_put_back_is_saved(tmp_path: Path) -> None:
     assert same_training(trained_on(restored(mgr, cid, other_kind=False), 3), expected)
 
 
+def test_a_rebound_mtrand_rand_does_not_hide_the_generator_np_random_draws_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """np.random's functions stay bound to the RandomState of NumPy's import: one a user
+    rebinds np.random.mtrand._rand to is not what they draw from, and the snapshot's cache,
+    keyed on it, gave a state from before the draws."""
+    from ckpt_nb._capture import _numpy_state
+
+    np.random.seed(11)
+    _numpy_state()
+    monkeypatch.setattr(np.random.mtrand, "_rand", np.random.RandomState(5))
+    _numpy_state()  # (cached: the rebound one's struct does not move as np.random draws)
+    np.random.rand(3)
+    key, expected = _numpy_state()[1:3], np.random.get_state()[1:3]
+    assert np.array_equal(key[0], expected[0]) and key[1] == expected[1]
+
+
 # A training script under ckpt_nb.auto() whose batches and augmentation NumPy's global
 # generator draws, a PCG64 set as that generator's (argv: store, the step it SIGKILLs
 # itself at or 0, and whether to set the PCG64). It prints its weights' digest, NumPy's
