@@ -15,6 +15,7 @@ import copy
 import errno
 import fcntl
 import functools
+import io
 import json
 import mmap
 import os
@@ -750,22 +751,24 @@ def _pickle_storages(path: Path, tensors: Mapping[str, torch.Tensor]
 _DAMAGED_PICKLE = ("String is too long", "persistent")
 
 
-def _pickle_is_damaged(path: Path) -> bool:
-    """Whether a torch file's pickle does not parse as one: its opcodes read, no object
-    built, so no code runs. ("Unsupported operand" is also what weights-only loading says
-    of protocol 4's FRAME, in a whole file saved with ``pickle_protocol=4``.)"""
+def _pickle_damage(path: Path) -> str | None:
+    """Why a torch file's pickle does not parse as one, or None: its opcodes read, no
+    object built, so no code runs. ("Unsupported operand" is also what weights-only
+    loading says of protocol 4's FRAME, in a whole file saved with ``pickle_protocol=4``.)"""
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
                 name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-                data = archive.read(name)
-        else:  # (the legacy format: the first of its pickles)
-            data = path.read_bytes()
-        for _ in pickletools.genops(data):
-            pass
-    except Exception:  # noqa: BLE001 - any failure to read it as a pickle is damage
-        return True
-    return False
+                pickles = [io.BytesIO(archive.read(name))]
+        else:  # (the legacy format: magic number, protocol, system info, then the data;
+            # a file cut in the data's pickle was named by its globals read so far, ".")
+            pickles = [io.BytesIO(path.read_bytes())] * 4
+        for stream in pickles:
+            for _ in pickletools.genops(stream):
+                pass
+    except Exception as exc:  # noqa: BLE001 - any failure to read it as a pickle is damage
+        return _plain(exc) or type(exc).__name__
+    return None
 
 
 # A terminal's escape sequences (torch's message sets its advice in bold)
@@ -1085,9 +1088,10 @@ def _read_torch(path: Path, trust_pickle: bool) -> Any:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle,
                           mmap=head[:4] == b"PK\x03\x04" and _records_stored(path))
     except pickle.UnpicklingError as exc:
-        if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE) or \
-                _pickle_is_damaged(path):
-            raise CorruptCheckpointError(f"{path} does not unpickle: {_plain(exc)}") from exc
+        damage = _plain(exc) if trust_pickle or any(m in str(exc) for m in _DAMAGED_PICKLE) \
+            else _pickle_damage(path)
+        if damage is not None:
+            raise CorruptCheckpointError(f"{path} does not unpickle: {damage}") from exc
         raise _untrusted(path, exc) from exc
     except PermissionError:
         raise

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import random
 import struct
 import sys
@@ -127,6 +128,26 @@ def test_a_damaged_torch_file_is_corrupt_not_a_raw_error(tmp_path: Path, data: b
     assert caught.value.__cause__ is not None
     with pytest.raises(CorruptCheckpointError, match="damaged.pt"):
         mgr.restore(path, model=torch.nn.Linear(4, 4), trust_pickle=trust)
+
+
+def test_a_legacy_file_cut_in_its_data_pickle_is_damaged_not_untrusted(tmp_path: Path) -> None:
+    """A legacy torch file cut inside its fourth pickle (the data: the first three parse
+    whole) was named by the globals read up to the cut ("holds .") and trust_pickle=True
+    was offered; cut at every 7th byte of that pickle, it is damaged."""
+    data = legacy_pt()
+    stream = io.BytesIO(data)
+    for _ in range(3):  # (magic number, protocol, system info)
+        for _ in pickletools.genops(stream):
+            pass
+    start = stream.tell()
+    for _ in pickletools.genops(stream):
+        pass
+    mgr = CheckpointManager(tmp_path / "store")
+    for cut in range(start + 1, stream.tell(), 7):
+        (tmp_path / "cut.pt").write_bytes(data[:cut])
+        with pytest.raises(CorruptCheckpointError, match="cut.pt (does not unpickle|cannot "
+                           "be read as a torch.save file)"):
+            mgr.import_file(tmp_path / "cut.pt")
 
 
 def test_a_pickle_with_a_bad_opcode_is_damaged_not_untrusted(tmp_path: Path) -> None:
