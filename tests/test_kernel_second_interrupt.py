@@ -4,15 +4,21 @@ close. The cell ends with ckpt_nb's one line naming the checkpoint to go on from
 traceback through ckpt_nb's frames; no handler or writer thread is left behind; the
 rerun resumes bit-identical to a run never stopped.
 
-The interrupts are real SIGINTs the kernel sends itself at chosen points: the first from
-the training loop at step ``FIRST_AT``; the others from the writer thread as it starts
-the interrupt's write, once it sees the main thread blocked in a wait for it (so they
-land in that wait, every time), or from the store's ``close`` as the session closes.
+The interrupts are real SIGINTs the kernel sends its main thread at chosen points: the
+first from the training loop at step ``FIRST_AT``; the others from the writer thread as it
+starts the interrupt's write (not an earlier one that started late), once it sees the main
+thread asleep in a wait for it (so they land in that wait, every time), or from the
+store's ``close`` as the session closes. Its frames alone do not say it sleeps: they show
+the wait as it is about to block, and a signal then (or one the process hands another
+thread) is taken only once the wait is over, here once the write is in: the two
+interrupts came as one. So the kernel's own record of the thread says it too.
 """
 
 from __future__ import annotations
 
+import platform
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,19 +28,27 @@ from test_kernel import EVERY, Kernel, Kernels, Reference, assert_identical, cat
 
 kernels, reference = test_kernel.kernels, test_kernel.reference  # (their fixtures)
 
+FUTEX = {"x86_64": 202, "aarch64": 98}  # (the futex system call's number, by machine)
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in FUTEX,
+    reason="tells a thread asleep in a wait by /proc/self/task/*/syscall (Linux, x86_64 or "
+           "aarch64)")
+
 FIRST_AT = 4 * EVERY + 3  # (the interrupt's save is taken at that step: no trigger's)
 
 INTERRUPTS = f'''
 import signal, sys, threading
 import ckpt_nb._manager as manager_module
 # (names of _: no checkpoint holds them, and a resume does not arm them again)
-_FIRST_AT, _SECOND = {FIRST_AT}, None
+_FIRST_AT, _SECOND, _FUTEX = {FIRST_AT}, None, {FUTEX.get(platform.machine())}
 _armed = None
+_main_tid = threading.get_native_id()  # (the cell runs on it; main_thread().native_id may
+# be the parent's, read before a fork)
 _save_state, _close = manager_module.CheckpointManager.save_state, \\
     manager_module.CheckpointManager.close
 
-def interrupt():
-    os.kill(os.getpid(), signal.SIGINT)
+def interrupt():  # (to the main thread: its wait wakes to take it)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 def pace(step):  # (the first interrupt, from the loop)
     global _armed
@@ -42,8 +56,15 @@ def pace(step):  # (the first interrupt, from the loop)
         _armed = _SECOND
         interrupt()
 
+def main_asleep():
+    """Whether the main thread sleeps in a futex wait with no timeout: a lock's (a signal
+    wakes it), not the GIL's, which waits 5 ms at a time and takes no signal."""
+    with open(f"/proc/self/task/{{_main_tid}}/syscall") as record:
+        fields = record.read().split()  # (number, then arguments: the 4th is the timeout)
+    return fields[0] == str(_FUTEX) and fields[4] == "0x0"
+
 def main_waits_in(function):
-    """Until the main thread is blocked in a wait of threading's below ``function``."""
+    """Until the main thread is asleep in a wait of threading's below ``function``."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         frame = sys._current_frames().get(threading.main_thread().ident)
@@ -52,13 +73,13 @@ def main_waits_in(function):
             names.append((frame.f_code.co_filename, frame.f_code.co_name))
             frame = frame.f_back
         if names and names[0][0] == threading.__file__ and \\
-                function in [name for _, name in names]:
+                function in [name for _, name in names] and main_asleep():
             return
         time.sleep(0.002)
 
 def save_state(self, *args, **kwargs):  # (on the writer thread)
     global _armed
-    if _armed == "wait":
+    if _armed == "wait" and kwargs.get("step") == _FIRST_AT:  # (the interrupt's save)
         _armed = None
         main_waits_in("_snapshot_and_write")  # (the interrupt's save waits for this write)
         interrupt()
