@@ -15,7 +15,7 @@ import textwrap
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -342,6 +342,30 @@ def test_a_process_forked_under_a_save_can_close_its_copy(tmp_path: Path) -> Non
     assert saved, "the next save waited for the forked process"
 
 
+@contextlib.contextmanager
+def forked_while_held(held: Callable[[], contextlib.AbstractContextManager[Any]],
+                      child: Callable[[], None]) -> Iterator[Any]:
+    """``child`` run in a process forked while another thread is inside ``held()``, which
+    that thread leaves as the block ends."""
+    taken, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with held():
+            taken.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert taken.wait(30)
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        yield process
+    finally:
+        release.set()
+        thread.join(60)
+
+
 @pytest.mark.parametrize("held", ["catalog", "arena", "memory store"])
 def test_a_process_forked_while_a_thread_holds_a_lock_can_use_its_copy(
         tmp_path: Path, held: str) -> None:
@@ -364,23 +388,8 @@ def test_a_process_forked_while_a_thread_holds_a_lock_can_use_its_copy(
         mgr.close()
         done.set()
 
-    taken, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with lock:
-            taken.set()
-            release.wait(60)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert taken.wait(30)
-        process = fork.Process(target=child)
-        process.start()
+    with forked_while_held(lambda: lock, child) as process:
         finished = done.wait(30)
-    finally:
-        release.set()
-        thread.join(60)
     process.kill()
     process.join(60)
     mgr.close()
@@ -409,24 +418,8 @@ def test_a_process_forked_inside_a_catalog_unit_says_to_open_its_own_manager(
                 said.put(f"{type(exc).__name__}: {exc}")
         mgr.close()
 
-    taken, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with getattr(mgr.catalog, unit)():
-            mgr.catalog.get(cid)
-            taken.set()
-            release.wait(60)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert taken.wait(30)
-        process = fork.Process(target=child)
-        process.start()
+    with forked_while_held(getattr(mgr.catalog, unit), child) as process:
         answers = [said.get(timeout=60) for _ in range(2)]
-    finally:
-        release.set()
-        thread.join(60)
     process.join(60)
     for answer in answers:
         assert answer.startswith("StoreError: ") and "this process was forked from one " \
