@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -527,12 +527,23 @@ def test_python_dash_m_ckpt_nb_cli_runs_the_cli(store: Store) -> None:
     data[len(data) // 3] ^= 0xFF
     store.packs[-1].write_bytes(bytes(data))
     done = warm_python.run([sys.executable, "-m", "ckpt_nb.cli", "verify", store.directory],
-                           timeout=120)
+                           env=module_env(), timeout=120)  # (run_module's warm interpreter)
     assert done.returncode == 1 and store.ids[-1] in done.stdout
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch's operations on one thread, as they were after: a demo's hundred steps of a
+    small model took seconds where two threads of it and the suite's other worker shared
+    two cores (each operation waited for a thread to be scheduled), a tenth of it on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_the_demo_refuses_a_folder_of_other_files_and_starts_its_own_afresh(
-        tmp_path: Path) -> None:
+        tmp_path: Path, one_torch_thread: None) -> None:
     from ckpt_nb import demo
 
     (tmp_path / "notes.txt").write_text("mine")
@@ -545,26 +556,24 @@ def test_the_demo_refuses_a_folder_of_other_files_and_starts_its_own_afresh(
     assert not (tmp_path / "demo" / "leftover").exists()
 
 
-def test_export_names_a_full_disk_not_torch_or_safetensors_internals(store: Store,
-                                                                     tmp_path: Path) -> None:
+def test_export_names_a_full_disk_not_torch_or_safetensors_internals(
+        store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        file_size_limit: Callable[[int | None], None]) -> None:
     """Over a file-size limit (as on a full disk) torch said "unexpected pos" and advised
     .safetensors; safetensors raised its own error with a traceback. The error says what
-    to do, and that nothing was left behind."""
-    import resource
-    import signal
-
-    def small_files() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
-
+    to do, and that nothing was left behind. (Run by ``main`` in this process under the
+    limit: a write past it fails with EFBIG, SIGXFSZ being ignored, as Python starts.)"""
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN
     with CheckpointManager(tmp_path / "big") as mgr:  # (256 KiB of weights)
         mgr.save(torch.nn.Linear(256, 256))
     for name in ("model.pt", "model.safetensors"):
-        done = subprocess.run([sys.executable, "-m", "ckpt_nb", "export", tmp_path / "big",
-                               "latest", tmp_path / name], capture_output=True, text=True,
-                              preexec_fn=small_files, timeout=120)
-        assert done.returncode == 1, done.stderr
-        assert done.stderr == (
+        file_size_limit(100_000)
+        try:
+            code, out, err = run(capsys, "export", tmp_path / "big", "latest", tmp_path / name)
+        finally:
+            file_size_limit(None)
+        assert code == 1, err
+        assert out == "" and err == (
             f"ckpt-nb: cannot export to {tmp_path / name}: File too large: its disk is full, or "
             "this process may write no file that large (ulimit -f): free some room, or raise "
             "the limit, or export to another disk; nothing was left behind\n")
@@ -691,7 +700,7 @@ def test_export_trust_pickle_of_a_class_this_process_lacks_is_one_line(tmp_path:
     script = ("import torch, ckpt_nb\nclass Foo: pass\n"
               f"ckpt_nb.CheckpointManager({str(tmp_path / 's')!r}).save("
               "torch.nn.Linear(2, 2), extra={'obj': Foo()})\n")
-    warm_python.run([sys.executable, "-c", script], check=True, timeout=120)
+    warm_python.run([sys.executable, "-c", script], check=True, timeout=120, env=module_env())
     done = run_module("export", tmp_path / "s", "latest", tmp_path / "o.safetensors",
                       "--trust-pickle")
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
@@ -739,19 +748,29 @@ def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_exit_co
     """Piped into ``head``, ls exited 1 with no message (and show 0 or 1, by a race)."""
     with CheckpointManager(store.directory) as mgr:
         mgr.annotate(store.ids[0], "x" * 20_000)  # (ls writes past the buffer, mid-command)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(["bash", "-c", 'set -o pipefail; "$0" -m ckpt_nb ls "$1" | head -1',
-                           sys.executable, store.directory], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert (done.returncode, done.stdout.split()[0], done.stderr) == (0, "id", "")
+    # (`python -m ckpt_nb ls STORE | head -1`, its exit status as `set -o pipefail` gives it)
+    reading, writing = os.pipe()
+    try:
+        head = subprocess.Popen(["head", "-1"], stdin=reading, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        listing = warm_python.Popen([sys.executable, "-m", "ckpt_nb", "ls", store.directory],
+                                    stdout=writing, stderr=subprocess.PIPE, text=True,
+                                    env=module_env())
+    finally:
+        os.close(reading)
+        os.close(writing)
+    shown, head_err = head.communicate(timeout=120)
+    _, err = listing.communicate(timeout=120)
+    assert (head.returncode, listing.returncode, shown.split()[0], head_err + err) == \
+        (0, 0, "id", "")
     flip_byte_in_blobs(store.packs[2])
     for argv, code in ((["ls"], 0), (["show", "latest"], 0), (["verify"], 1)):
-        reader_gone = subprocess.Popen(  # (the pipe breaks at the first write, or at exit)
+        reader_gone = warm_python.Popen(  # (the pipe breaks at the first write, or at exit)
             [sys.executable, "-m", "ckpt_nb", argv[0], store.directory, *argv[1:]],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=module_env())
         assert reader_gone.stdout is not None
         reader_gone.stdout.close()
+        reader_gone.stdout = None  # (closed: communicate reads stderr alone)
         _, err = reader_gone.communicate(timeout=120)
         assert (reader_gone.returncode, err) == (code, ""), argv
 
@@ -914,7 +933,8 @@ def test_a_read_only_store_whose_catalog_has_a_journal_but_no_shm_is_read(
               "m = CheckpointManager(sys.argv[1]); lin = torch.nn.Linear(4, 4)\n"
               "print(*(m.save(lin, epoch=i) for i in range(3)))\n"
               "os._exit(0)  # (killed: the catalog's WAL is left as it was)")
-    ids = warm_python.run([sys.executable, "-c", killed, str(directory)], check=True).stdout.split()
+    ids = warm_python.run([sys.executable, "-c", killed, str(directory)], check=True,
+                          env=module_env()).stdout.split()
     assert (directory / "catalog.sqlite-wal").stat().st_size > 0
     (directory / "catalog.sqlite-shm").unlink()
     view = tmp_path / "read-only"
@@ -976,36 +996,38 @@ def test_export_trust_pickle_says_what_a_shell_user_can_do(tmp_path: Path) -> No
     torch.serialization.add_safe_globals; a class not found said to define it first."""
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "mycfg.py").write_text("class Cfg:\n    lr = 0.1\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path / "mods"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    # (mycfg importable as from a PYTHONPATH folder: run with it as the working folder,
+    # which `python -c`/`-m` puts first on the path, in run_module's warm interpreter
+    # where a PYTHONPATH of its own would start another, seconds long)
+    mods = tmp_path / "mods"
     warm_python.run([sys.executable, "-c", (
         "import sys, torch, mycfg; from ckpt_nb import CheckpointManager\n"
         "CheckpointManager(sys.argv[1]).save(torch.nn.Linear(2, 2), extra={'cfg': "
-        "mycfg.Cfg()})"), str(tmp_path / "store")], check=True, env=env)
+        "mycfg.Cfg()})"), str(tmp_path / "store")], check=True, env=module_env(), cwd=mods)
 
-    def export(out: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    def export(out: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         return warm_python.run([sys.executable, "-m", "ckpt_nb", "export", str(tmp_path / "store"),
-                               "latest", str(tmp_path / out), "--trust-pickle"], env=environ)
+                               "latest", str(tmp_path / out), "--trust-pickle"],
+                               env=module_env(), cwd=cwd)
 
-    done = export("a.pt", dict(os.environ))
+    done = export("a.pt", tmp_path)  # (no mycfg.py there)
     assert done.returncode == 1 and done.stderr == (
         "ckpt-nb: extra/cfg is an object whose class this process cannot find (No module "
         "named 'mycfg'): make its module importable (PYTHONPATH=FOLDER ckpt-nb ..., where "
         "FOLDER holds it; a class defined in a notebook cannot be found outside it)\n")
-    done = export("a.pt", env)
+    done = export("a.pt", mods)
     assert done.returncode == 0 and done.stderr == (
         "ckpt-nb: warning: left out of a.pt: extra/cfg (a Cfg, which "
         "torch.load(weights_only=True) refuses: export to .safetensors)\n")
-    done = export("a.safetensors", env)
+    done = export("a.safetensors", mods)
     assert (done.returncode, done.stderr) == (0, "")
     kept = warm_python.run([sys.executable, "-c", (
         "import sys; from ckpt_nb import CheckpointManager\n"
         "m = CheckpointManager(sys.argv[2]); cid = m.import_file(sys.argv[1], trust_pickle=True)\n"
         "print(type(m.load(cid, trust_pickle=True).extra['cfg']).__name__)"),
-        str(tmp_path / "a.safetensors"), str(tmp_path / "again")], env=env)
+        str(tmp_path / "a.safetensors"), str(tmp_path / "again")], env=module_env(), cwd=mods)
     assert kept.stdout == "Cfg\n", kept.stderr
-    help_text = " ".join(warm_python.run([sys.executable, "-m", "ckpt_nb", "export",
-                                          "--help"]).stdout.split())
+    help_text = " ".join(run_module("export", "--help").stdout.split())
     assert "a .safetensors OUT keeps them, a .pt leaves them out" in help_text
 
 
@@ -1138,11 +1160,18 @@ def test_help_and_usage_errors_answer_before_torch_loads() -> None:
             "print(codes, 'torch' in sys.modules)\n"
             "import ckpt_nb\n"
             "assert sorted(ckpt_nb._PUBLIC) == sorted(ckpt_nb.__all__)\n"
-            "loaded = [getattr(ckpt_nb, name) for name in ckpt_nb.__all__]\n"
-            "print(len(loaded), set(ckpt_nb.__all__) <= set(dir(ckpt_nb)))\n")
+            "print('torch' in sys.modules)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)  # (not forked: torch must not be loaded)
-    assert run.stdout.splitlines()[-2:] == ["[0, 2] False", "41 True"], run.stdout
+    assert run.stdout.splitlines()[-2:] == ["[0, 2] False", "False"], run.stdout
+    # Each public name loads on first use (torch with it: here, in a warm interpreter
+    # that has torch loaded, ckpt_nb not, seconds sooner than a fresh one).
+    code = ("import ckpt_nb\n"
+            "loaded = [getattr(ckpt_nb, name) for name in ckpt_nb.__all__]\n"
+            "print(len(loaded), set(ckpt_nb.__all__) <= set(dir(ckpt_nb)))\n")
+    run = warm_python.run([sys.executable, "-c", code], env=module_env(), timeout=120,
+                          check=True)
+    assert run.stdout.splitlines()[-1:] == ["41 True"], run.stdout
 
 
 def test_messages_of_the_api_are_in_the_cli_s_words(
@@ -1231,17 +1260,18 @@ def test_a_ctrl_c_as_the_command_exits_is_not_a_death_by_signal(store: Store) ->
 
 
 def test_ls_cuts_a_long_note_on_a_terminal_and_keeps_it_whole_when_piped(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A note of 200 characters made table lines of 489 on a terminal; `show`, and ls
     piped into another program, give it whole."""
     note = "n" * 30 + "\t" + "x" * 169
     with CheckpointManager(tmp_path) as mgr:
         cid = mgr.save(torch.nn.Linear(1, 1), rng=False, note=note)
-    row = on_terminal(80, "ls", tmp_path)[1]
+    row = on_terminal_here(80, "ls", tmp_path)[1]
     assert row.endswith("  " + "n" * 30 + "…") and len(row) < 200, row
-    piped = run_module("ls", tmp_path)
-    assert piped.stdout.splitlines()[1].endswith("  " + "n" * 30 + "\\t" + "x" * 169)
-    assert ("n" * 30 + "\\t" + "x" * 169) in run_module("show", tmp_path, cid).stdout
+    code, piped, _ = run(capsys, "ls", tmp_path)  # (its standard output no terminal)
+    assert code == 0 and piped.splitlines()[1].endswith("  " + "n" * 30 + "\\t" + "x" * 169)
+    code, shown, _ = run(capsys, "show", tmp_path, cid)
+    assert code == 0 and ("n" * 30 + "\\t" + "x" * 169) in shown
 
 
 def test_a_metric_named_with_a_control_character_aligns_right_as_the_others(
