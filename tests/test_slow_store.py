@@ -26,7 +26,14 @@ from ckpt_nb import CheckpointManager, _session
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-STALL = 8.0  # s the server answers nothing for (ckpt_nb puts a due save off after 2 s)
+# A due save is put off after PUT_OFF_AFTER s (ckpt_nb's 2 s, set shorter here once the
+# server's first writes are in: the same code path, a tenth of the stall); the server
+# answers nothing for STALL s.
+PUT_OFF_AFTER = 0.5
+STALL = 5.0
+# Each write to a hung server fails after s3fs's five tries of READ_TIMEOUT s each, and
+# its waits between them (about 2 s in all): 4.5 s.
+READ_TIMEOUT = 0.5
 
 
 @pytest.fixture
@@ -80,7 +87,7 @@ def stall(process: subprocess.Popen[bytes]) -> tuple[threading.Timer, threading.
 
 def test_a_slow_store_puts_due_saves_off_instead_of_stalling_training(
         server: tuple[subprocess.Popen[bytes], str], bucket: str,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A store that stalls and comes back (a throttled upload): training goes on, one
     line says so, the due save goes once the write is in, and the cell's end waits."""
     url = f"s3://{bucket}/slow"
@@ -102,6 +109,8 @@ def test_a_slow_store_puts_due_saves_off_instead_of_stalling_training(
         for _ in range(4):
             step()
         session.writer.wait()  # (steps 2 and 4 saved while the server answered)
+        # (not before: on a loaded machine a write the server answers may take 0.5 s)
+        monkeypatch.setattr(session, "_PUT_OFF_AFTER", PUT_OFF_AFTER)
         server[0].send_signal(signal.SIGSTOP)
         resume_at, slowest, steps = time.monotonic() + STALL, 0.0, 0
         while time.monotonic() < resume_at:  # (step 6's write waits the stall out)
@@ -140,10 +149,11 @@ def test_a_hung_store_fails_its_writes_in_turn_without_stalling_training_and_say
         server: tuple[subprocess.Popen[bytes], str], bucket: str,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The tester's case: a server that answers nothing for minutes, each write timing out
-    in turn (here after 1 s): one slow line, one failure line and a count of the rest."""
+    in turn (here after 4.5 s): one slow line, one failure line and a count of the rest."""
     import fsspec.config
 
-    monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs", {"read_timeout": 1})
+    monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs",
+                        {"read_timeout": READ_TIMEOUT})
     url = f"s3://{bucket}/hung"
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -152,7 +162,7 @@ def test_a_hung_store_fails_its_writes_in_turn_without_stalling_training_and_say
                       name="hung") as session:
         server[0].send_signal(signal.SIGSTOP)
         start, steps, waited = time.monotonic(), 0, 0.0
-        while time.monotonic() - start < 12:  # (each write fails after about 6 s)
+        while time.monotonic() - start < 8:  # (a second write starts as the first fails)
             began = time.monotonic()
             opt.zero_grad()
             model(x).square().mean().backward()
@@ -164,7 +174,7 @@ def test_a_hung_store_fails_its_writes_in_turn_without_stalling_training_and_say
         server[0].send_signal(signal.SIGCONT)  # (for the end of the cell's save)
     said = capsys.readouterr()
     # (the steps' own time, waits for writes in it: at most 2 s a write waited, not its
-    # 6 s; not a count of steps in the 12 s, which a loaded machine's slow wake-ups cut)
+    # 4.5 s; not a count of steps in the 8 s, which a loaded machine's slow wake-ups cut)
     assert waited < 8, waited
     assert said.out.count("is slow") == 1, said.out
     assert said.err.count("a background save failed") == 1, said.err
@@ -180,7 +190,8 @@ def test_an_end_save_that_fails_says_the_cell_was_not_saved_and_the_one_before_t
     last failure, and the cell said only "a background save failed", as of any save."""
     import fsspec.config
 
-    monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs", {"read_timeout": 1})
+    monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs",
+                        {"read_timeout": READ_TIMEOUT})
     url = f"s3://{bucket}/end"
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
