@@ -468,7 +468,8 @@ def test_a_server_that_never_answers_fails_in_seconds_not_minutes(
         bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """botocore's defaults, retried by s3fs, waited 7 minutes before a read timeout.
     The store's timeouts reach botocore's client; the dead server is waited for with
-    them at 1 s (the same settings and retries; at 5 s, ~27 s of waiting, now ~7)."""
+    them at 0.3 s (the same settings and retries; at 5 s, ~27 s of waiting, now ~3.5: s3fs's
+    five tries and its waits between them)."""
     import fsspec.config
 
     from ckpt_nb import _store
@@ -481,8 +482,8 @@ def test_a_server_that_never_answers_fails_in_seconds_not_minutes(
     assert (config.connect_timeout, config.read_timeout,
             config.retries.get("total_max_attempts")) == (5, 5, 1)
     with monkeypatch.context() as scaled, socket.socket() as mute:
-        scaled.setattr(_store, "S3_TIMEOUTS", {**timeouts, "connect_timeout": 1,
-                                               "read_timeout": 1})
+        scaled.setattr(_store, "S3_TIMEOUTS", {**timeouts, "connect_timeout": 0.3,
+                                               "read_timeout": 0.3})
         mute.bind(("127.0.0.1", 0))  # takes connections (its backlog), answers nothing
         mute.listen(16)
         dead = f"http://127.0.0.1:{mute.getsockname()[1]}"
