@@ -21,10 +21,21 @@ runpy.run_module("ckpt_nb.demo", run_name="__main__")
 """
 
 
-def demo(tmp_path: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ckpt_nb.demo", str(tmp_path / "demo")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=module_env())
+# The demo as `python -m ckpt_nb.demo DIR` runs it, its torch on one thread: on two cores
+# shared with the suite's other worker, two threads made each of its hundred steps wait
+# for one (seconds, where a reader that leaves lets it run to its end).
+ONE_THREAD = """
+import runpy, sys, torch
+torch.set_num_threads(1)
+sys.argv[0] = "ckpt_nb.demo"
+runpy.run_module("ckpt_nb.demo", run_name="__main__")
+"""
+
+
+def demo(tmp_path: Path) -> warm_python.Popen:
+    return warm_python.Popen([sys.executable, "-c", ONE_THREAD, str(tmp_path / "demo")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=module_env())
 
 
 def test_the_demo_piped_to_a_reader_that_leaves_ends_quietly(tmp_path: Path) -> None:
