@@ -32,8 +32,8 @@ pytest.importorskip("moto")
 PUT_OFF_AFTER = 0.5
 STALL = 5.0
 # Each write to a hung server fails after s3fs's five tries of READ_TIMEOUT s each, and
-# its waits between them (about 2 s in all): 4.5 s.
-READ_TIMEOUT = 0.5
+# its waits between them (about 2 s in all): 5 s.
+READ_TIMEOUT = 0.6
 
 
 @pytest.fixture
@@ -149,9 +149,10 @@ def test_a_hung_store_fails_its_writes_in_turn_without_stalling_training_and_say
         server: tuple[subprocess.Popen[bytes], str], bucket: str,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The tester's case: a server that answers nothing for minutes, each write timing out
-    in turn (here after 4.5 s): one slow line, one failure line and a count of the rest."""
+    in turn (here after 5 s): one slow line, one failure line and a count of the rest."""
     import fsspec.config
 
+    monkeypatch.setattr(_session.AutoSession, "_PUT_OFF_AFTER", PUT_OFF_AFTER)
     monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs",
                         {"read_timeout": READ_TIMEOUT})
     url = f"s3://{bucket}/hung"
@@ -173,8 +174,9 @@ def test_a_hung_store_fails_its_writes_in_turn_without_stalling_training_and_say
         session.writer.wait()
         server[0].send_signal(signal.SIGCONT)  # (for the end of the cell's save)
     said = capsys.readouterr()
-    # (the steps' own time, waits for writes in it: at most 2 s a write waited, not its
-    # 4.5 s; not a count of steps in the 8 s, which a loaded machine's slow wake-ups cut)
+    # (the steps' own time, waits for writes in it: at most 0.5 s a write waited, not its
+    # 5 s, as two did had they been waited out; not a count of steps in the 8 s, which a
+    # loaded machine's slow wake-ups cut)
     assert waited < 8, waited
     assert said.out.count("is slow") == 1, said.out
     assert said.err.count("a background save failed") == 1, said.err
