@@ -31,6 +31,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 import ckpt_nb
+from digits_code import LOAD_DIGITS  # (scikit-learn's digits, scikit-learn not imported)
 
 SAMPLES, BATCH, EPOCHS, EVERY = 1797, 90, 4, 6  # digits has 1797 images
 PER_EPOCH = math.ceil(SAMPLES / BATCH)
@@ -38,7 +39,7 @@ TIMEOUT = 240  # seconds; generous, kernels start slowly on a loaded machine
 
 SETUP = f"""
 import itertools, os, time, torch, ckpt_nb
-from sklearn.datasets import load_digits
+{LOAD_DIGITS}
 %load_ext ckpt_nb
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(1)
@@ -264,6 +265,20 @@ def killed_where_held(kernels: Kernels, tmp_path: Path, kill_at: int, setup: str
 def resumed_line(checkpoint_id: str, row: pd.Series) -> str:
     return (f"ckpt_nb: resumed from {checkpoint_id} (epoch {int(row['epoch'])}, "
             f"batch {int(row['batch_idx'])}, step {int(row['step'])})")
+
+
+def test_the_kernels_digits_are_scikit_learns() -> None:
+    """What SETUP's load_digits (scikit-learn's data file, read without importing
+    scikit-learn) answers is what sklearn.datasets.load_digits answers, bit for bit."""
+    from sklearn.datasets import load_digits
+    theirs, defined = load_digits(), {}
+    exec(LOAD_DIGITS, defined)
+    ours = defined["load_digits"]()
+    pairs = [(ours.data, theirs.data), (ours.target, theirs.target),
+             *zip(defined["load_digits"](return_X_y=True), load_digits(return_X_y=True))]
+    for a, b in pairs:
+        assert a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides
+        assert a.tobytes() == b.tobytes()
 
 
 def test_reference_run_reports_what_it_tracks(reference: Reference) -> None:
