@@ -12,11 +12,12 @@ import pytest
 from IPython.core.error import UsageError
 
 import ckpt_nb
+from digits_code import LOAD_DIGITS  # (scikit-learn's digits, scikit-learn not imported)
 from test_session_jobs import script  # (a script file run in a fresh interpreter)
 
 TRAIN = """
 import hashlib, os, signal, sys, time, torch, ckpt_nb
-from sklearn.datasets import load_digits
+""" + LOAD_DIGITS.replace("{", "{{").replace("}", "}}") + """
 torch.set_num_threads(1)
 digits = load_digits()
 X = torch.tensor(digits.data / 16.0, dtype=torch.float32)
