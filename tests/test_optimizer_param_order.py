@@ -17,6 +17,7 @@ import torch
 from sklearn.datasets import load_digits
 
 import warm_python  # (fresh interpreters forked from a warm one)
+from digits_code import LOAD_DIGITS  # (scikit-learn's digits, scikit-learn not imported)
 from ckpt_nb import CheckpointManager, StateMismatchError
 from ckpt_nb._errors import ParameterOrderError
 
@@ -167,7 +168,7 @@ def test_a_layer_of_another_shape_is_still_refused_as_a_change(tmp_path: Path) -
 # sets; killed after a save, then resumed in a process whose str hashes are salted apart.
 SCRIPT = """
 import hashlib, os, signal, torch, ckpt_nb
-from sklearn.datasets import load_digits
+""" + LOAD_DIGITS + """
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
 torch.manual_seed(0)
