@@ -14,10 +14,13 @@ import torch
 from ckpt_nb._discovery import discover
 from test_session_jobs import script, unstopped_and_resumed  # (fresh interpreters)
 
-# A run of 3 epochs of 10 batches, killed (DIE) in epoch 2 at batch ``die_at``; it prints
-# the line its resume said, and a digest of the order it saw and of its parameters.
+# A run of 3 epochs of 10 batches, killed (DIE) in epoch 2 at batch ``die_at``, with its
+# loader's workers (its process group, as a kernel's restart kills it: orphaned, they held
+# the script's output open until they noticed, 5 s later); it prints the line its resume
+# said, and a digest of the order it saw and of its parameters.
 SCRIPT = """
 import hashlib, os, torch, ckpt_nb
+os.setsid()  # (its own process group: the kill's, not the warm interpreter's)
 torch.use_deterministic_algorithms(True)
 torch.manual_seed(0)
 X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
@@ -33,7 +36,7 @@ with ckpt_nb.auto("store", every_steps={every}):
             torch.nn.functional.cross_entropy(model(xb), yb).backward()
             opt.step()
             if os.environ["DIE"] and epoch == 2 and i == {die_at}:
-                os.kill(os.getpid(), 9)
+                os.killpg(0, 9)
 print("digest", hashlib.sha1(repr(order[-5:]).encode() + b"".join(
     p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())
 """
