@@ -260,8 +260,10 @@ def test_headless_notebooks_sharing_the_default_store_keep_each_others_checkpoin
     """Run by nbclient (no JPY_SESSION_NAME), notebooks without --dir share
     ./checkpoints/session, and the second one's --keep 2 deleted every checkpoint of the
     first: retention is the cell's runs' now, and the cell says where it writes."""
+    # (the kernels take this process's environment, as test_kernel's do: a PYTHONPATH set
+    # for them alone was a start-up environment of their own, and a warm kernel server
+    # started for it, ~4 s, where none was set)
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = tmp_path / "checkpoints" / "session"
     kept, outs = {}, []
     for name, lr in (("train_a", 0.05), ("train_b", 0.01)):
