@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import html
 import json
 import re
@@ -44,10 +45,35 @@ def poll(condition: Callable[[], bool], seconds: float = 20) -> None:
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="module")
+def made_store(tmp_path_factory: pytest.TempPathFactory
+               ) -> tuple[Path, list[str], list[str], dict[str, Any]]:
+    """``store``'s checkpoints, made once for the module (the tests change their copies),
+    and the state the run left its digits model, optimizer, scheduler and torch's RNG in."""
+    np.random.seed(0)
+    digits = DigitsRun()  # (as the digits fixture makes it)
+    path, main, branch = make_store(tmp_path_factory.mktemp("explorer") / "store", digits)
+    left = {"model": digits.model.state_dict(), "optimizer": digits.optimizer.state_dict(),
+            "scheduler": digits.scheduler.state_dict(), "rng": torch.get_rng_state()}
+    return path, main, branch, copy.deepcopy(left)
+
+
 @pytest.fixture
-def store(tmp_path: Path, digits: DigitsRun) -> tuple[Path, list[str], list[str]]:
-    """Four checkpoints on main, then a rollback to the second and two on a branch."""
+def store(tmp_path: Path, digits: DigitsRun, made_store) -> tuple[Path, list[str], list[str]]:
+    """Four checkpoints on main, then a rollback to the second and two on a branch: a copy
+    of the module's, the test's digits run left as making them left the run."""
+    made, main, branch, left = made_store
     path = tmp_path / "store"
+    shutil.copytree(made, path)
+    digits.model.load_state_dict(left["model"])
+    digits.optimizer.load_state_dict(copy.deepcopy(left["optimizer"]))
+    digits.scheduler.load_state_dict(left["scheduler"])
+    torch.set_rng_state(left["rng"])
+    return path, list(main), list(branch)
+
+
+def make_store(path: Path, digits: DigitsRun) -> tuple[Path, list[str], list[str]]:
+    """Four checkpoints on main, then a rollback to the second and two on a branch."""
     mgr = ckpt_nb.CheckpointManager(path, strategy="incremental", metric="loss")
     main = []
     for epoch in range(4):
