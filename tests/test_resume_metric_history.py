@@ -12,7 +12,8 @@ import pytest
 
 from test_session_jobs import script, unstopped_and_resumed  # (scripts, fresh interpreters)
 
-# Killed at epoch 1, batch 7 (saved at its batch 6); prints the run's stored history.
+# Killed at epoch 1, batch 7 (saved at its batch 6); prints the run's stored history. Two
+# epochs: the resumed records of epoch 1 are those that carry epoch 0's val_loss.
 SCRIPT = """
 import json, os, torch, ckpt_nb
 torch.use_deterministic_algorithms(True)
@@ -23,7 +24,7 @@ loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch
 model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 with ckpt_nb.auto("store", every_steps=4):
-    for epoch in ckpt_nb.epochs(3):
+    for epoch in ckpt_nb.epochs(2):
         for i, (xb, yb) in ckpt_nb.batches(loader):
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(xb), yb)
@@ -50,7 +51,7 @@ def test_a_mid_epoch_resume_carries_the_metrics_logged_before_it(tmp_path: Path)
 
 # The epoch validates first (its val_loss logged ahead of the batches() loop, as the
 # --on metric); killed at epoch 1, batch 10 (saved at its batches 1 and 8, steps 21 and
-# 28: the newest written resumes).
+# 28: the newest written resumes); two epochs: the resumed one is the last.
 VALIDATE_FIRST = """
 import json, os, torch, ckpt_nb
 torch.use_deterministic_algorithms(True)
@@ -61,7 +62,7 @@ loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch
 model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 with ckpt_nb.auto("store", every_steps=7, on="val_loss:min"):
-    for epoch in ckpt_nb.epochs(3):
+    for epoch in ckpt_nb.epochs(2):
         with torch.no_grad():
             ckpt_nb.log(val_loss=torch.nn.functional.cross_entropy(model(Xv), Yv).item())
         for i, (xb, yb) in ckpt_nb.batches(loader):
