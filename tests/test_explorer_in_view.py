@@ -5,7 +5,7 @@ without /usr/bin/chromium they are skipped, except in CI."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,27 +48,51 @@ IN_VIEW = """(selector) => {
 }"""
 
 
-@pytest.fixture
-def page(chromium: Path) -> Iterator[Any]:  # noqa: F811 (the fixture imported above)
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Callable[[Path], Any]]:
+    """Chromium, launched for the module's first page and shared by its tests: each test's
+    page is in a new context of its own (its own storage, viewport and document)."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
-        try:
-            yield browser.new_page(viewport={"width": 950, "height": 900})
-        finally:
-            browser.close()
+    held: list[Any] = []  # (playwright, then its browser)
+
+    def launched(executable: Path) -> Any:
+        if not held:
+            held.append(sync_playwright().start())
+            held.append(held[0].chromium.launch(executable_path=str(executable),
+                                                args=CHROMIUM_ARGS))
+        return held[1]
+
+    yield launched
+    try:
+        if len(held) == 2:
+            held[1].close()
+    finally:
+        if held:
+            held[0].stop()
 
 
 @pytest.fixture
-def many(tmp_path: Path) -> dict[str, Any]:
+def page(chromium: Path, browser: Callable[[Path], Any]  # noqa: F811 (imported above)
+         ) -> Iterator[Any]:
+    context = browser(chromium).new_context(viewport={"width": 950, "height": 900})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The table's and the DAG's state for a store of 80 checkpoints (tens of rows past
-    either box's fold), and their ids in save order."""
+    either box's fold), and their ids in save order: made once, read by each test (which
+    sends copies to its page)."""
     model = torch.nn.Linear(2, 2)
-    with ckpt_nb.CheckpointManager(tmp_path / "s", metric="loss") as mgr:
+    path = tmp_path_factory.mktemp("in-view")
+    with ckpt_nb.CheckpointManager(path / "s", metric="loss") as mgr:
         ids = [mgr.save(model, step=step, metrics={"loss": 1 / (step + 1)})
                for step in range(80)]
-    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    ui = ckpt_nb.explore(path / "s", namespace={}, poll_seconds=0)
     try:
         table = {name: getattr(ui.table, name)
                  for name in ("columns", "rows", "selected", "sort_by", "ascending")}

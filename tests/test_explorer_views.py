@@ -6,7 +6,7 @@ are skipped, except in CI (as ``test_browser``'s)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +34,38 @@ RENDER = """async ([esm, state, width]) => {
 }"""
 
 
-@pytest.fixture
-def page(chromium: Path) -> Iterator[Any]:  # noqa: F811 (the fixture imported above)
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Callable[[Path], Any]]:
+    """Chromium, launched for the module's first page and shared by its tests: each test's
+    page is in a new context of its own (its own storage, viewport and document)."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
-        try:
-            yield browser.new_page(viewport={"width": 950, "height": 900})
-        finally:
-            browser.close()
+    held: list[Any] = []  # (playwright, then its browser)
+
+    def launched(executable: Path) -> Any:
+        if not held:
+            held.append(sync_playwright().start())
+            held.append(held[0].chromium.launch(executable_path=str(executable),
+                                                args=CHROMIUM_ARGS))
+        return held[1]
+
+    yield launched
+    try:
+        if len(held) == 2:
+            held[1].close()
+    finally:
+        if held:
+            held[0].stop()
+
+
+@pytest.fixture
+def page(chromium: Path, browser: Callable[[Path], Any]  # noqa: F811 (imported above)
+         ) -> Iterator[Any]:
+    context = browser(chromium).new_context(viewport={"width": 950, "height": 900})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 def test_a_fork_leaves_its_parent_not_a_later_checkpoint(page: Any, tmp_path: Path) -> None:
