@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import enum
 import errno
+import fcntl
 import json
 import math
 import os
@@ -1335,7 +1335,8 @@ BUDGET_WRITER = textwrap.dedent("""
                  rng=False)
         step += 1
 """).replace("TESTS", repr(str(Path(__file__).parent)))
-BUDGET_WRITER_SAVES = 100  # (and 101 reads, 12 s at least: as WRITER_SAVES)
+BUDGET_WRITER_SAVES = 40  # (and 101 reads: as WRITER_SAVES; three overtakes in a row,
+# which a loaded machine's run of this writer seldom made, are made on purpose below)
 
 
 def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
@@ -1352,9 +1353,7 @@ def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
         while not mgr.catalog.checkpoints() and time.monotonic() < deadline:
             time.sleep(0.05)
         reads = 0
-        end = time.monotonic() + 12  # (and on, where a loaded machine read or saved less)
-        while time.monotonic() < end or reads <= 100 or \
-                mgr.catalog.counts()[0] < BUDGET_WRITER_SAVES:
+        while reads <= 100 or mgr.catalog.counts()[0] < BUDGET_WRITER_SAVES:
             assert writer.poll() is None, "the writer stopped"
             try:
                 with warnings.catch_warnings():
@@ -1369,6 +1368,59 @@ def test_reads_overtaken_by_every_compaction_of_a_byte_budget_are_not_corrupt(
     finally:
         writer.kill()
         writer.wait()
+
+
+class CompactedUnderEachRead(LocalStore):
+    """A local store whose reads of a pack are each overtaken by a compaction of every
+    pack (a gc of another manager's), as long as no lock of the store is held, as a
+    writer's: what a byte budget's saves in another process do to a read, at each try."""
+
+    overtaken = 0
+
+    def _before_read(self, key: str) -> None:
+        if not key.startswith("packs/"):
+            return
+        with open(self.root / "catalog.sqlite.lock", "a") as lock:
+            try:  # (another manager's gc could not run now: it would wait for the lock)
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        self.overtaken += 1
+        with CheckpointManager(self.root) as other:
+            assert other.gc(compact_below=2).packs_compacted  # (every pack, rewritten)
+
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        self._before_read(key)
+        return super().get(key, start, end)
+
+    def read_into(self, key: str, start: int, out: memoryview) -> int:
+        self._before_read(key)
+        return super().read_into(key, start, out)
+
+    def view(self, key: str) -> memoryview:
+        self._before_read(key)
+        return super().view(key)
+
+
+def test_a_read_overtaken_by_a_compaction_at_every_try_reads_under_the_lock(
+        tmp_path: Path) -> None:
+    """What the byte budget's reads above met seldom (6 in 6,000 reads), each time: a read
+    overtaken at every try reported a healthy checkpoint's pack missing; it reads under
+    the store's lock once overtaken three times."""
+    with CheckpointManager(tmp_path, strategy="incremental", chunk_size=16384) as writer:
+        for step in range(3):
+            w = torch.randn(256, 128, generator=torch.Generator().manual_seed(0))
+            w[step] += step
+            cid = writer.save(h=Holder({"w": w, "i": torch.arange(step, step + 30000)}),
+                              step=step, rng=False)
+    store = CompactedUnderEachRead(tmp_path)
+    with CheckpointManager(store, catalog=tmp_path / "catalog.sqlite") as mgr:
+        ck = mgr.load(cid)
+        assert torch.equal(ck.state["h"]["w"], w) and ck.state["h"]["i"][0].item() == 2
+        assert store.overtaken >= 3  # (then read under the lock, where none can overtake)
+        report = mgr.verify()  # (overtaken at each try too)
+        assert report.ok, (report.bad, report.packs)
 
 
 def test_a_metric_named_like_a_column_of_list_has_its_own_column(tmp_path: Path) -> None:
@@ -2497,15 +2549,21 @@ def test_a_pin_and_a_delete_in_two_processes_never_lose_a_pinned_checkpoint(
             print("deleted")
         except CheckpointInUseError:
             print("refused")
-        """)], stdout=subprocess.PIPE, text=True)
+        """)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert deleting.stdout is not None and deleting.stdout.readline().strip() == "ready"
-    time.sleep(0.5)  # (the delete now waits for the lock)
+
+    def said_it_waits(process: subprocess.Popen) -> bool:
+        """Whether a process said it waits for the lock (a second into its wait), rather
+        than ended without waiting."""
+        assert process.stderr is not None
+        return any("waiting for" in line for line in process.stderr)  # (to the line, or EOF)
+
+    assert said_it_waits(deleting)  # (the delete now waits for the lock)
     pinning = warm_python.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from ckpt_nb import CheckpointManager
         CheckpointManager({str(tmp_path)!r}).pin({cid!r})
-        """)], stderr=subprocess.DEVNULL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        pinning.wait(timeout=8)  # (it waits for the lock too, or did not)
+        """)], stderr=subprocess.PIPE, text=True)
+    said_it_waits(pinning)  # (it waits for the lock too, or did not: ended)
     fcntl.flock(lock, fcntl.LOCK_UN)
     lock.close()
     out = deleting.stdout.read().strip()
