@@ -5,9 +5,13 @@ decide the rest."""
 
 from __future__ import annotations
 
+from copy import deepcopy
+import functools
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from conftest import DigitsRun, same
@@ -16,6 +20,13 @@ from ckpt_nb import CheckpointManager
 from ckpt_nb._manager import BUDGET_COMPACT_BELOW
 
 SAVES = 48
+
+
+@pytest.fixture(autouse=True)
+def digits_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each DigitsRun (one a checkpoint restored, a hundred a test) read scikit-learn's
+    digits file again: the same data each time, read here once (DigitsRun copies it)."""
+    monkeypatch.setattr(conftest, "load_digits", functools.cache(conftest.load_digits))
 
 
 def build_store(path: Path, strategy: str) -> tuple[DigitsRun, dict[int, list[torch.Tensor]]]:
@@ -36,6 +47,24 @@ def build_store(path: Path, strategy: str) -> tuple[DigitsRun, dict[int, list[to
             mgr.pin(cid)
     mgr.close()
     return run, states
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory
+          ) -> Callable[[Path, str], tuple[DigitsRun, dict[int, list[torch.Tensor]]]]:
+    """build_store's, each strategy's built once a module: a copy of its store at the path
+    given, its run (its own copy, to train on) and its states."""
+    made: dict[str, tuple[Path, DigitsRun, dict[int, list[torch.Tensor]]]] = {}
+
+    def copy_of(path: Path, strategy: str) -> tuple[DigitsRun, dict[int, list[torch.Tensor]]]:
+        if strategy not in made:
+            where = tmp_path_factory.mktemp(f"built-{strategy}")
+            made[strategy] = (where, *build_store(where, strategy))
+        where, run, states = made[strategy]
+        shutil.copytree(where, path)
+        return deepcopy(run), dict(states)
+
+    return copy_of
 
 
 def delete_one_at_a_time(mgr: CheckpointManager, budget: int, protected: set[str]) -> None:
@@ -61,11 +90,11 @@ def check_restores(mgr: CheckpointManager, states: dict[int, list[torch.Tensor]]
 
 @pytest.mark.parametrize("strategy", ["full", "incremental", "differential"])
 def test_a_byte_budget_keeps_what_deleting_one_at_a_time_kept(
-        tmp_path: Path, strategy: str) -> None:
+        tmp_path: Path, strategy: str, built: Callable[..., tuple[DigitsRun, dict]]) -> None:
     """Deleting together the oldest checkpoints that may free enough, then measuring,
     keeps the checkpoints the one-at-a-time loop kept (a checkpoint more at most where
     the batch leaves fewer packs), pinned and best ones among them, under the budget."""
-    run, states = build_store(tmp_path / "built", strategy)
+    run, states = built(tmp_path / "built", strategy)
     total = CheckpointManager(tmp_path / "built").stored_bytes()
     run.train_step()
     states[SAVES] = run.weights() + run.optimizer_tensors()
@@ -94,10 +123,12 @@ def test_a_byte_budget_keeps_what_deleting_one_at_a_time_kept(
 
 
 def test_a_byte_budget_deletes_many_checkpoints_in_a_few_gc_runs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        built: Callable[..., tuple[DigitsRun, dict]]) -> None:
     """Each deletion ran a gc of the whole store, and measured it: a store reopened with
     half its size as budget took minutes to delete hundreds of checkpoints."""
-    run, states = build_store(tmp_path, "full")
+    run, states = built(tmp_path / "store", "full")
+    tmp_path = tmp_path / "store"
     budget = CheckpointManager(tmp_path).stored_bytes() // 2
     gc_runs = []
     gc_locked = CheckpointManager._gc_locked
