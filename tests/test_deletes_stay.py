@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -98,8 +97,9 @@ for how in ("retention", "delete"):
 
 def python(*args: str, env: dict[str, str] | None = None) -> None:
     """Run this interpreter on ``args``; fail with what it said, where it failed."""
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+    if args[0] == "-c":  # (as PYTHONWARNINGS=ignore, which a warm server of its own reads)
+        args = ("-c", "import warnings; warnings.simplefilter('ignore')\n" + args[1], *args[2:])
+    done = warm_python.run([sys.executable, *args], env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr
 
 
