@@ -246,13 +246,15 @@ def test_a_rebound_mtrand_rand_does_not_hide_the_generator_np_random_draws_from(
 NUMPY_TRAINER = """
 import hashlib, os, signal, sys
 import numpy as np, torch, ckpt_nb
-from sklearn.datasets import load_digits
 store, crash_at, set_pcg64 = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "pcg64"
 if set_pcg64:
     np.random.set_bit_generator(np.random.PCG64(0))
 torch.manual_seed(0)
-data = load_digits()
-x, y = torch.tensor(data.data / 16.0, dtype=torch.float32), torch.tensor(data.target)
+# (digits-shaped data of a generator of its own: scikit-learn's import and file took
+# each of the three processes longer than its training)
+data = torch.Generator().manual_seed(1)
+x = torch.randint(0, 17, (1797, 64), generator=data).float() / 16.0
+y = torch.randint(0, 10, (1797,), generator=data)
 model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 step = 0
