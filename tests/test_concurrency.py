@@ -89,12 +89,12 @@ def test_gc_beside_the_store_keeps_what_a_catalog_elsewhere_saved(tmp_path: Path
     gc = [sys.executable, "-m", "ckpt_nb", "gc", str(store)]
     with CheckpointManager(store, catalog=elsewhere) as run:
         ids = [run.save(model, epoch=0)]
-        subprocess.run(gc, check=True, capture_output=True)
+        warm_python.run(gc, check=True, timeout=120)
         for epoch in (1, 2):
             with torch.no_grad():
                 model.weight.add_(1)
             ids.append(run.save(model, epoch=epoch))
-        done = subprocess.run(gc, check=True, capture_output=True, text=True)
+        done = warm_python.run(gc, check=True, timeout=120)
         assert "0 packs deleted" in done.stdout and "0 manifests deleted" in done.stdout
         assert torch.equal(run.load(ids[-1]).state["model"]["weight"], model.weight)
     every_one_loads(store, ids)
@@ -168,12 +168,16 @@ def another_process_keeping_one(store: Path) -> Iterator[None]:
 
 
 def slowed(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """The manager's real method ``name``, run half a second late, as a large model's
-    or a slow disk's read is: long enough for the other process to delete what it reads."""
+    """The manager's real method ``name``, run late, as a large model's or a slow disk's
+    read is: once the other process has saved twice more (its retention has deleted
+    what was the newest), or half a second at most (where nothing can be saved: under
+    the store's lock, which the reader may hold)."""
     method = getattr(CheckpointManager, name)
 
     def late(self: CheckpointManager, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.5)
+        saved, deadline = self.catalog.counts()[0], time.monotonic() + 0.5
+        while self.catalog.counts()[0] < saved + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         return method(self, *args, **kwargs)
 
     monkeypatch.setattr(CheckpointManager, name, late)
