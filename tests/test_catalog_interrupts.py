@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 
-import warm_python
 from ckpt_nb import CheckpointManager
 from conftest import DigitsRun, same
 
@@ -77,10 +77,10 @@ def _saved(store: Path, digits: DigitsRun, n: int) -> tuple[CheckpointManager,
 def _all_well(mgr: CheckpointManager, store: Path, digits: DigitsRun,
               weights: dict[str, list[torch.Tensor]]) -> None:
     """Another process lists every checkpoint; this manager saves again; each restores."""
-    listed = warm_python.run(  # (forked from a warm interpreter: a process of its own)
+    listed = subprocess.run(
         [sys.executable, "-c", "import sys; from ckpt_nb import CheckpointManager; "
          "print(' '.join(CheckpointManager(sys.argv[1]).list()['id']))", str(store)],
-        timeout=300)
+        capture_output=True, text=True, timeout=300)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.split() == list(weights)
     digits.train_step()
