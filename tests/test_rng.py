@@ -17,6 +17,7 @@ import torch
 from ckpt_nb import CheckpointManager, RNGState, StateMismatchError
 import warm_python  # (fresh interpreters forked from a warm one)
 from conftest import DigitsRun, same
+from digits_code import LOAD_DIGITS  # (scikit-learn's digits, scikit-learn not imported)
 
 
 def same_numpy(a: tuple, b: tuple) -> bool:
@@ -250,11 +251,9 @@ store, crash_at, set_pcg64 = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "pcg6
 if set_pcg64:
     np.random.set_bit_generator(np.random.PCG64(0))
 torch.manual_seed(0)
-# (digits-shaped data of a generator of its own: scikit-learn's import and file took
-# each of the three processes longer than its training)
-data = torch.Generator().manual_seed(1)
-x = torch.randint(0, 17, (1797, 64), generator=data).float() / 16.0
-y = torch.randint(0, 10, (1797,), generator=data)
+""" + LOAD_DIGITS + """
+data = load_digits()
+x, y = torch.tensor(data.data / 16.0, dtype=torch.float32), torch.tensor(data.target)
 model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 step = 0
