@@ -4,6 +4,7 @@ an IPython shell with ckpt_nb's magics loaded."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -33,14 +34,21 @@ from ckpt_nb import _session
 warm_python.fork_kernels()
 
 
+@functools.cache
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits, read once a process (each read parses its file again)."""
+    data = load_digits()
+    return data.data, data.target
+
+
 class DigitsRun:
     """A model, optimizer and scheduler with a deterministic training step on digits."""
 
     def __init__(self, seed: int = 0, hidden: int = 64) -> None:
         torch.manual_seed(seed)
-        data = load_digits()
-        self.x = torch.tensor(data.data / 16.0, dtype=torch.float32)
-        self.y = torch.tensor(data.target, dtype=torch.long)
+        features, target = digits_arrays()
+        self.x = torch.tensor(features / 16.0, dtype=torch.float32)
+        self.y = torch.tensor(target, dtype=torch.long)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
