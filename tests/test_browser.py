@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import psutil
@@ -138,6 +139,41 @@ def chromium() -> Path:
         pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium package "
                     "(apt-get install chromium) to run the browser test")
     return CHROMIUM
+
+
+@pytest.fixture(scope="module", name="browser")
+def shared_browser() -> Iterator[Callable[[Path], Any]]:
+    """Chromium, launched for a test module's first ``page`` and shared by its tests (the
+    view tests' modules import both fixtures): each test's page is in a new context of its
+    own (its own storage, viewport and document)."""
+    from playwright.sync_api import sync_playwright
+
+    held: list[Any] = []  # (playwright, then its browser)
+
+    def launched(executable: Path) -> Any:
+        if not held:
+            held.append(sync_playwright().start())
+            held.append(held[0].chromium.launch(executable_path=str(executable),
+                                                args=CHROMIUM_ARGS))
+        return held[1]
+
+    yield launched
+    try:
+        if len(held) == 2:
+            held[1].close()
+    finally:
+        if held:
+            held[0].stop()
+
+
+@pytest.fixture(name="page")
+def shared_page(chromium: Path, browser: Callable[[Path], Any]) -> Iterator[Any]:
+    """A page of the shared browser, at the width of a notebook's output."""
+    context = browser(chromium).new_context(viewport={"width": 950, "height": 900})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ without /usr/bin/chromium they are skipped, except in CI."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 import ckpt_nb
 from ckpt_nb import _explorer
 
-from test_browser import CHROMIUM_ARGS, chromium  # noqa: F401 (a fixture)
+from test_browser import chromium, shared_browser, shared_page  # noqa: F401 (fixtures)
 
 # A view's module rendered in a box as the explorer lays it out (the DAG's box is the
 # widget's layout: at most DAG_HEIGHT, scrolling), with a model whose set() changes what
@@ -46,40 +44,6 @@ IN_VIEW = """(selector) => {
   const at = node.getBoundingClientRect();
   return at.top >= box.top + under - 1 && at.bottom <= box.bottom + 1;
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Callable[[Path], Any]]:
-    """Chromium, launched for the module's first page and shared by its tests: each test's
-    page is in a new context of its own (its own storage, viewport and document)."""
-    from playwright.sync_api import sync_playwright
-
-    held: list[Any] = []  # (playwright, then its browser)
-
-    def launched(executable: Path) -> Any:
-        if not held:
-            held.append(sync_playwright().start())
-            held.append(held[0].chromium.launch(executable_path=str(executable),
-                                                args=CHROMIUM_ARGS))
-        return held[1]
-
-    yield launched
-    try:
-        if len(held) == 2:
-            held[1].close()
-    finally:
-        if held:
-            held[0].stop()
-
-
-@pytest.fixture
-def page(chromium: Path, browser: Callable[[Path], Any]  # noqa: F811 (imported above)
-         ) -> Iterator[Any]:
-    context = browser(chromium).new_context(viewport={"width": 950, "height": 900})
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
 
 
 @pytest.fixture(scope="module")

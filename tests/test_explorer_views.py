@@ -6,17 +6,15 @@ are skipped, except in CI (as ``test_browser``'s)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 import ckpt_nb
 from ckpt_nb import _explorer
 
 from test_explorer import fanned_store, forked_store
-from test_browser import CHROMIUM_ARGS, artifacts_dir, chromium  # noqa: F401 (a fixture)
+from test_browser import artifacts_dir, chromium, shared_browser, shared_page  # noqa: F401 (fixtures)
 
 # What a view's module gets from anywidget, made from the traits' values: a model whose
 # get() reads them and whose set() keeps what the view sets (a click's selection).
@@ -32,40 +30,6 @@ RENDER = """async ([esm, state, width]) => {
   document.body.appendChild(box);
   view.render({model, el});
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Callable[[Path], Any]]:
-    """Chromium, launched for the module's first page and shared by its tests: each test's
-    page is in a new context of its own (its own storage, viewport and document)."""
-    from playwright.sync_api import sync_playwright
-
-    held: list[Any] = []  # (playwright, then its browser)
-
-    def launched(executable: Path) -> Any:
-        if not held:
-            held.append(sync_playwright().start())
-            held.append(held[0].chromium.launch(executable_path=str(executable),
-                                                args=CHROMIUM_ARGS))
-        return held[1]
-
-    yield launched
-    try:
-        if len(held) == 2:
-            held[1].close()
-    finally:
-        if held:
-            held[0].stop()
-
-
-@pytest.fixture
-def page(chromium: Path, browser: Callable[[Path], Any]  # noqa: F811 (imported above)
-         ) -> Iterator[Any]:
-    context = browser(chromium).new_context(viewport={"width": 950, "height": 900})
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
 
 
 def test_a_fork_leaves_its_parent_not_a_later_checkpoint(page: Any, tmp_path: Path) -> None:
