@@ -5,13 +5,11 @@ decide the rest."""
 
 from __future__ import annotations
 
-from copy import deepcopy
-import functools
 import shutil
 from collections.abc import Callable
+from copy import deepcopy
 from pathlib import Path
 
-import conftest
 import pytest
 import torch
 from conftest import DigitsRun, same
@@ -20,13 +18,6 @@ from ckpt_nb import CheckpointManager
 from ckpt_nb._manager import BUDGET_COMPACT_BELOW
 
 SAVES = 48
-
-
-@pytest.fixture(autouse=True)
-def digits_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each DigitsRun (one a checkpoint restored, a hundred a test) read scikit-learn's
-    digits file again: the same data each time, read here once (DigitsRun copies it)."""
-    monkeypatch.setattr(conftest, "load_digits", functools.cache(conftest.load_digits))
 
 
 def build_store(path: Path, strategy: str) -> tuple[DigitsRun, dict[int, list[torch.Tensor]]]:
