@@ -112,6 +112,17 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch's operations on one thread for a test: tiny steps of a small model, on two
+    cores shared with the suite's other worker, each waited for a second thread to be
+    scheduled (the demo's hundred steps took ten times as long on two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def digits() -> DigitsRun:
     np.random.seed(0)
     return DigitsRun()

@@ -531,19 +531,8 @@ def test_python_dash_m_ckpt_nb_cli_runs_the_cli(store: Store) -> None:
     assert done.returncode == 1 and store.ids[-1] in done.stdout
 
 
-@pytest.fixture
-def one_torch_thread() -> Iterator[None]:
-    """torch's operations on one thread, as they were after: a demo's hundred steps of a
-    small model took seconds where two threads of it and the suite's other worker shared
-    two cores (each operation waited for a thread to be scheduled), a tenth of it on one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_the_demo_refuses_a_folder_of_other_files_and_starts_its_own_afresh(
-        tmp_path: Path, one_torch_thread: None) -> None:
+        tmp_path: Path, one_thread: None) -> None:
     from ckpt_nb import demo
 
     (tmp_path / "notes.txt").write_text("mine")

@@ -34,7 +34,7 @@ import signal
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -468,16 +468,6 @@ class Fuzz:
             self.check(loads=loaded)
         if not loaded:
             self.check()
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Torch's threads, on a small machine's few busy cores, made the tiny steps and compares
-    here several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")
