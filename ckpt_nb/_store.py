@@ -1978,13 +1978,86 @@ def store_exists(location: str | os.PathLike[str]) -> bool:
     return any((root / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
 
 
+def _holds_store(path: Path) -> bool:
+    """Whether a local folder is a store's (as ``store_exists`` tells it)."""
+    from ._format import FORMAT_KEY  # (the format module builds on this one)
+
+    with contextlib.suppress(OSError):
+        return any((path / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
+    return False
+
+
+def _store_folders(folder: Path, budget: list[int]) -> list[str]:
+    """The names of the folders in ``folder`` that are stores, sorted; at most
+    ``budget[0]`` folders looked at, all calls together (a home folder's thousands)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for child in sorted(folder.iterdir()):
+            if budget[0] <= 0:
+                break
+            with contextlib.suppress(OSError):
+                if child.is_dir() and not child.name.startswith("."):
+                    budget[0] -= 1
+                    if _holds_store(child):
+                        found.append(child.name)
+    return found
+
+
+def _local_stores_near(location: str, path: Path) -> str:
+    """Where the stores are that a local path holding none was likely meant for: the
+    store it lies inside (``runs/exp1/manifests``), the stores in the folder it names
+    (``checkpoints``, where ``%%ckpt_auto`` keeps one per notebook: ``runs``), or a store
+    beside it of a name close to its own (``runs/exp`` for ``runs/exp1``); "" where none."""
+    typed = location.rstrip("/\\") or location
+    shown = (lambda *parts: os.path.normpath(os.path.join(typed, *parts))) \
+        if "://" not in location else (lambda *parts: "/".join([typed, *parts]))
+    parent_text = typed
+    for above in list(path.parents)[:8]:
+        parent_text = os.path.dirname(parent_text)
+        if _holds_store(above):
+            return (f": it is inside the store at {parent_text or above}; give that folder")
+    budget = [500]
+    if path.is_dir():
+        stores = _store_folders(path, budget)
+        deeper = [] if stores else [f"{name}/{inner}" for name in sorted(
+            child.name for child in _subfolders(path)) for inner in
+            _store_folders(path / name, budget)]
+        names = (stores or deeper)
+        if len(names) == 1:
+            return f": the store in it is {shown(names[0])}; give that folder"
+        if names:
+            listed = ", ".join(shown(name) for name in names[:5])
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            return f": the stores in it are {listed}{more}; give one of them"
+        return ""
+    if not path.parent.is_dir():
+        return ""
+    close = sorted(difflib.get_close_matches(path.name, _store_folders(path.parent, budget),
+                                             n=3, cutoff=0.6),  # (the closest first, ties
+                   key=lambda name: (-difflib.SequenceMatcher(  # by name)
+                       None, path.name, name).ratio(), name))
+    if not close:
+        return ""
+    beside = os.path.dirname(typed)
+    names = " or ".join(os.path.join(beside, name) if beside else name for name in close)
+    return f": did you mean {names}?"
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """The folders in ``folder``, hidden ones left out; none where it cannot be read."""
+    with contextlib.suppress(OSError):
+        return [child for child in folder.iterdir()
+                if not child.name.startswith(".") and child.is_dir()][:200]
+    return []
+
+
 def why_no_store(location: str) -> str:
     """Why ``location`` holds no store, where a path is a file or a URL's bucket is not
     there (as a save says); "" otherwise. Every "no checkpoint store" error ends with it."""
     if "://" not in location or location.startswith(LOCAL_SCHEMES):
         path = file_url_path(location) if "://" in location else location
         return ": it is a file; a store is the folder a CheckpointManager saves into" \
-            if os.path.isfile(path) else ""
+            if os.path.isfile(path) else _local_stores_near(location, Path(path).expanduser())
     if location == "memory://":
         return ""
     bucket = FsspecStore(location).missing_bucket()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ckpt_nb
 from ckpt_nb import CheckpointManager, CheckpointNotFoundError
 from ckpt_nb.cli import main
 
@@ -89,3 +90,31 @@ def test_info_names_the_save_time_created_as_list_and_checkpoint_do(tmp_path: Pa
         info = mgr.info(cid)
         assert info["created"] == info["created_at"] == mgr.load(cid).created
         assert abs(info["created"] - mgr.list()["created"].iloc[0].timestamp()) < 1e-6
+
+
+def test_a_folder_that_is_no_store_names_the_stores_it_was_likely_meant_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``ckpt-nb ls checkpoints`` (the folder %%ckpt_auto keeps a store per notebook in),
+    ``ls runs/exp`` for ``runs/exp1``, ``ls runs/exp1/manifests``: each said only "no
+    checkpoint store at ...", with nothing of where the stores are."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("exp1", "exp2"):
+        saved(tmp_path / "runs" / name, {})
+    (tmp_path / "runs" / "notes").mkdir()
+    said = {argv: run(capsys, "ls", argv) for argv in (
+        "runs", "runs/", "runs/exp", "runs/exp1/manifests", "runs/notes", "elsewhere")}
+    assert said == {argv: (2, "", f"ckpt-nb: no checkpoint store at {argv}{hint}\n")
+                    for argv, hint in (
+        ("runs", ": the stores in it are runs/exp1, runs/exp2; give one of them"),
+        ("runs/", ": the stores in it are runs/exp1, runs/exp2; give one of them"),
+        ("runs/exp", ": did you mean runs/exp1 or runs/exp2?"),
+        ("runs/exp1/manifests", ": it is inside the store at runs/exp1; give that folder"),
+        ("runs/notes", ""), ("elsewhere", ""))}
+    assert run(capsys, "ls", ".")[2] == ("ckpt-nb: no checkpoint store at .: the stores in it "
+                                         "are runs/exp1, runs/exp2; give one of them\n")
+    with pytest.raises(CheckpointNotFoundError) as refused:  # (the API's and magics' too)
+        ckpt_nb.history(tmp_path / "runs" / "exp3")
+    assert str(refused.value).strip("'\"").endswith(
+        f": did you mean {tmp_path / 'runs' / 'exp1'} or {tmp_path / 'runs' / 'exp2'}?")
+    assert not (tmp_path / "runs" / "exp").exists()

@@ -281,7 +281,10 @@ def test_every_rollback_error_names_the_store_it_looked_in(shell, tmp_path: Path
         "'latest', 'best' or '-N'; it looked in the store of the last session: for a "
         "checkpoint of another store, %ckpt_rollback nosuchid --dir PATH")
     assert usage_error(shell, f"%ckpt_rollback -1 --dir {tmp_path / 'main'}x") == (
-        f"%ckpt_rollback: no checkpoint store at {tmp_path / 'main'}x: give the --dir of a "
+        f"%ckpt_rollback: no checkpoint store at {tmp_path / 'main'}x: did you mean "
+        f"{tmp_path / 'main'}?")
+    assert usage_error(shell, f"%ckpt_rollback -1 --dir {tmp_path / 'nowhere'}") == (
+        f"%ckpt_rollback: no checkpoint store at {tmp_path / 'nowhere'}: give the --dir of a "
         "%ckpt_auto run")
     assert run(shell, f"%ckpt_rollback best --on val_loss:min --dir {tmp_path / 'main'}").success
 
