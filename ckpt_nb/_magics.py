@@ -629,9 +629,11 @@ def _stray_words_hint(magic: Any, line: str) -> str:
     words = [str(_unquoted(word)) for word in strays]
     if not strays or off:  # (--off takes no other option: a --dir hint would be refused)
         return ""
-    if option == "--track" and value.endswith(","):  # (--track model, opt)
-        names = ",".join(n for word in [value, *words] for n in word.split(",") if n)
-        return f": give --track its names without spaces, --track {names}"
+    given = [n for word in [value, *words] for n in word.split(",") if n]
+    # (--track model, opt; --track model opt, names alone: not --track model,opt extra)
+    if option == "--track" and (value.endswith(",") or "," not in value
+                                and all(n.isidentifier() for n in given)):
+        return f": give --track its names without spaces, --track {','.join(given)}"
     if option == "--dir":
         spaced = _unquoted(value) != value and " " in value  # (quoted already: not it)
         paths = "/" in value and any("/" in word for word in words)  # (a second store)

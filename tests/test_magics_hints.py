@@ -56,6 +56,11 @@ def test_a_quoted_store_given_bare_is_hinted_as_it_pastes(
      "--dir runs/o"),
     ("%ckpt_auto --track model, opt", "opt: give --track its names without spaces, "
      "--track model,opt"),
+    # (names with a space alone between them: it said "unrecognized arguments: opt")
+    ("%ckpt_auto --track model opt", "opt: give --track its names without spaces, "
+     "--track model,opt"),
+    ("%ckpt_auto --track model opt sched --sync", "opt sched: give --track its names "
+     "without spaces, --track model,opt,sched"),
     ("%ckpt_rollback -1 --dir my runs", "runs: quote a --dir with spaces, --dir \"my runs\""),
     # (no hint: what the words were meant as is not clear, or the hint would be wrong)
     ("%ckpt_auto --track model,opt extra", "extra"),  # (it said --track model,opt,extra)
