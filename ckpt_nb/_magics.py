@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import difflib
 import inspect
 import re
 import sys
@@ -555,8 +556,8 @@ def _arguments(magic: Any, line: str) -> Any:
     try:
         args = parse_argstring(magic, line)
     except (UsageError, ValueError) as exc:
-        hint = _other_option_hint(magic, line) or _stray_words_hint(magic, line) \
-            if str(exc).startswith("unrecognized") else ""
+        hint = _other_option_hint(magic, line) or _misspelt_option_hint(magic, line) \
+            or _stray_words_hint(magic, line) if str(exc).startswith("unrecognized") else ""
         raise UsageError(f"%{magic.__name__}: {exc}{hint}") from None
     _refuse_repeats(magic, line)
     return args
@@ -578,6 +579,25 @@ def _other_option_hint(magic: Any, line: str) -> str:
         if meant is not None and _option_action(magic, name) is None and \
                 _option_action(magic, meant.split()[0]) is not None:
             return f": {name} is {meant} here"
+    return ""
+
+
+def _misspelt_option_hint(magic: Any, line: str) -> str:
+    """For an option the magic does not take that is one of its own misspelt
+    (``--every-secs``, ``--keepbest``, ``--no_resume``, ``-every-steps``): the one meant,
+    or the two it is as close to; "" otherwise (``--bogus``)."""
+    options = [string for string in magic.parser._option_string_actions
+               if string.startswith("--")]
+    for token in arg_split(line):
+        name = token.partition("=")[0]
+        if not name.startswith("-") or _ROLLBACK_BACK.fullmatch(name) \
+                or _option_action(magic, name) is not None:
+            continue
+        spelt = "--" + name.lstrip("-").replace("_", "-")
+        close = [spelt] if spelt in options else \
+            difflib.get_close_matches(spelt, options, n=2, cutoff=0.85)
+        if close:
+            return f": did you mean {' or '.join(close)}?"
     return ""
 
 

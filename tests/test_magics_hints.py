@@ -62,6 +62,14 @@ def test_a_quoted_store_given_bare_is_hinted_as_it_pastes(
     ("%ckpt_auto --track model opt sched --sync", "opt sched: give --track its names "
      "without spaces, --track model,opt,sched"),
     ("%ckpt_rollback -1 --dir my runs", "runs: quote a --dir with spaces, --dir \"my runs\""),
+    # (one of the magic's own options misspelt: it said "unrecognized arguments" alone)
+    ("%ckpt_auto --every-secs 10", "--every-secs 10: did you mean --every-seconds or "
+     "--every-steps?"),
+    ("%ckpt_auto --keepbest 2", "--keepbest 2: did you mean --keep-best?"),
+    ("%ckpt_auto -every-steps 10", "-every-steps 10: did you mean --every-steps?"),
+    ("%ckpt_auto --no_resume", "--no_resume: did you mean --no-resume?"),
+    ("%ckpt_rollback latest --trustpickle", "--trustpickle: did you mean --trust-pickle?"),
+    ("%ckpt_auto --resume", "--resume"),  # (not --no-resume: the opposite)
     # (no hint: what the words were meant as is not clear, or the hint would be wrong)
     ("%ckpt_auto --track model,opt extra", "extra"),  # (it said --track model,opt,extra)
     ("%ckpt_auto --dir 'my runs' extra", "extra"),  # (it said --dir "my runs extra")
