@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import io
 import math
 import os
@@ -240,6 +241,22 @@ def _advised(exc: Exception, location: str) -> str:
             f"{store} {damaged.group(1)}` deletes this one, or give another id)")
 
 
+def _refuse_misspelt_options(parser: argparse.ArgumentParser, options: list[str]) -> None:
+    """A usage error naming the option meant, for one of the command's own misspelt
+    (``ls --allmetrics``, ``--metrics val_loss``, ``export --trust_pickle``): argparse said
+    "unrecognized arguments" alone. An ID such as -2 is no option: only ``--`` words."""
+    known = [string for string in parser._option_string_actions if string.startswith("--")]
+    for option in options:
+        name = option.partition("=")[0]
+        if not name.startswith("--") or name == "--" or any(
+                string.startswith(name) for string in known):  # (argparse takes a prefix)
+            continue
+        close = difflib.get_close_matches(name.replace("_", "-"), known, n=2, cutoff=0.85)
+        if close:
+            parser.error(f"unrecognized arguments: {option}: did you mean "
+                         f"{' or '.join(close)}?")
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     """The parsed command line. The first word picks the subcommand, whose own parser
     then lets options come between IDs (``verify DIR --metric loss best``): parsed
@@ -256,6 +273,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                                                                                  "--on")]
         if len(named) > 1:  # (argparse keeps the last, silently)
             commands[argv[0]].error(f"{' and '.join(named)} each name the metric: give one")
+        _refuse_misspelt_options(commands[argv[0]], options)
         return _metric_with_mode(commands[argv[0]],
                                  commands[argv[0]].parse_intermixed_args(argv[1:]))
     return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so

@@ -118,3 +118,24 @@ def test_a_folder_that_is_no_store_names_the_stores_it_was_likely_meant_for(
     assert str(refused.value).strip("'\"").endswith(
         f": did you mean {tmp_path / 'runs' / 'exp1'} or {tmp_path / 'runs' / 'exp2'}?")
     assert not (tmp_path / "runs" / "exp").exists()
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["ls", "{dir}", "--allmetrics"], "ckpt-nb ls: error: unrecognized arguments: "
+     "--allmetrics: did you mean --all-metrics?"),
+    (["ls", "{dir}", "--metrics", "loss"], "ckpt-nb ls: error: unrecognized arguments: "
+     "--metrics: did you mean --metric?"),
+    (["rm", "{dir}", "-2", "--forse"], "ckpt-nb rm: error: unrecognized arguments: --forse: "
+     "did you mean --force?"),
+    (["export", "{dir}", "latest", "o.safetensors", "--trust_pickle"], "ckpt-nb export: error: "
+     "unrecognized arguments: --trust_pickle: did you mean --trust-pickle?"),
+    (["ls", "{dir}", "--sort", "step"], "ckpt-nb ls: error: unrecognized arguments: --sort "
+     "step"),  # (no option of ls is close: argparse's words alone)
+])
+def test_a_misspelt_option_names_the_one_meant(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    """``ls DIR --allmetrics`` said "unrecognized arguments: --allmetrics" alone."""
+    saved(tmp_path, {"loss": 1.0})
+    code, out, err = run(capsys, *(a.format(dir=tmp_path) for a in argv))
+    assert (code, out, err.splitlines()[-1]) == (2, "", said)
+    assert len(CheckpointManager(tmp_path).list()) == 3  # (rm deleted nothing)
