@@ -294,6 +294,9 @@ def _metric_with_mode(parser: argparse.ArgumentParser,
         if args.mode not in (None, mode):
             parser.error(f"{metric} says {mode}, and --mode {args.mode}: give one")
         args.metric, args.mode = name, mode
+    elif name and mode.startswith(("min", "max")):  # (taken for a metric of that name)
+        parser.error(f"--metric {metric}: the mode after the ':' is min or max, not "
+                     f"{metric.rpartition(':')[2]!r}: --metric {name}:{mode[:3]}")
     return args
 
 

@@ -129,6 +129,8 @@ def test_a_folder_that_is_no_store_names_the_stores_it_was_likely_meant_for(
      "did you mean --force?"),
     (["export", "{dir}", "latest", "o.safetensors", "--trust_pickle"], "ckpt-nb export: error: "
      "unrecognized arguments: --trust_pickle: did you mean --trust-pickle?"),
+    (["show", "{dir}", "best", "--on", "loss:minimum"], "ckpt-nb show: error: --metric "
+     "loss:minimum: the mode after the ':' is min or max, not 'minimum': --metric loss:min"),
     (["ls", "{dir}", "--sort", "step"], "ckpt-nb ls: error: unrecognized arguments: --sort "
      "step"),  # (no option of ls is close: argparse's words alone)
 ])
