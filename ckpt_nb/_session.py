@@ -1489,6 +1489,10 @@ class AutoSession(NotState):
         if self._pending is None:
             self._count_on()
             self._tell_left_unsaved()
+            # (a resume says it of the objects it puts back; a cell that starts afresh
+            # trained its re-created model not at all, its optimizer stepping the old one's)
+            for notice in _orphaned_optimizers(list(found.statefuls), found, self.namespace):
+                warn(notice, RuntimeWarning)
 
     def _tell_optimizers_left_out(self, found: Discovery) -> None:
         """Under an explicit --track, name the optimizers in the namespace that it leaves

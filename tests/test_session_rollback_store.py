@@ -222,6 +222,27 @@ def test_a_resume_into_a_model_re_created_after_its_optimizer_says_so(
                for w in caught)
 
 
+def test_a_cell_run_on_a_model_re_created_after_its_optimizer_says_so(
+        shell, tmp_path: Path) -> None:
+    """The model cell run again, the optimizer cell not, then the training cell: it
+    trained nothing (the optimizer stepped the old model) and said nothing, where the
+    README says the magics say it, as a rollback and a resume do and a manager's save()."""
+    run(shell, REBIND_SETUP)
+    run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    run(shell, "model = torch.nn.Linear(4, 2)")
+    before = shell.user_ns["model"].weight.detach().clone()
+    with pytest.warns(RuntimeWarning) as caught:
+        run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    assert [str(w.message) for w in caught if "drives" in str(w.message)] == [ORPHAN_NOTICE]
+    assert torch.equal(shell.user_ns["model"].weight, before)  # (what it warns of)
+    run(shell, "opt = torch.optim.SGD(model.parameters(), lr=0.1)")  # (the way out: quiet)
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    assert not [w for w in quiet if "drives" in str(w.message)]
+    assert not torch.equal(shell.user_ns["model"].weight, before)
+
+
 def rollback_warnings(shell: InteractiveShell) -> list[str]:
     """The warnings of ``%ckpt_rollback -1``, which must succeed."""
     with warnings.catch_warnings(record=True) as caught:
