@@ -3873,7 +3873,9 @@ def _versions(obj: Any) -> tuple[tuple[int, int], ...]:
 # saved from or put into (weakly: the set-up cell run again frees them)
 _position_objects: dict[str, tuple[int | None, list[weakref.ref[Any]]]] = {}
 _subscribers: list[Callable[[str, str, str], None]] = []
-_last: tuple[AutoConfig, dict[str, Any]] | None = None  # the latest session's config, namespace
+# The latest session's config, namespace and store (the folder or URL it opened: its --dir
+# as given may be relative, or the default store's, which names another folder after a %cd).
+_last: tuple[AutoConfig, dict[str, Any], str] | None = None
 
 
 def _started(pid: int) -> int | None:
@@ -4012,10 +4014,19 @@ def last_directory() -> str | None:
     session = active()
     if session is not None:
         return location(session.manager.store)
-    if _last is None:
-        return None
-    config, namespace = _last
-    return config.directory or default_directory(namespace)
+    return None if _last is None else _last_store(_last)
+
+
+def _last_store(last: tuple[AutoConfig, dict[str, Any], str]) -> str:
+    """The store a session opened, as its --dir named it (the default store's path where
+    it named none) while that names the same store, else (a relative one after a %cd)
+    the folder or URL it opened."""
+    config, namespace, opened = last
+    given = config.directory or default_directory(namespace)
+    with contextlib.suppress(Exception):  # (a URL it cannot read: the store it opened)
+        if store_url(given) == store_url(opened):
+            return given
+    return opened
 
 
 def listing_manager(directory: str | os.PathLike[str]) -> CheckpointManager:
@@ -4075,7 +4086,7 @@ def start(config: AutoConfig, namespace: dict[str, Any], *, nested: bool = False
         stop()
     session = AutoSession(config, namespace)
     _sessions.append(session)
-    _last = (config, namespace)
+    _last = (config, namespace, location(session.manager.store))
     return session
 
 
@@ -4415,8 +4426,8 @@ def _session_for(directory: str | os.PathLike[str] | None,
             "nothing to roll back: no ckpt_nb session has run in this process; run a "
             "ckpt_nb.auto() block first, or pass directory= and namespace= (the store's "
             "folder or URL, and the namespace to put its objects back into: globals())")
-    config, last_namespace = _last or (AutoConfig(), {})
-    last_store = config.directory or default_directory(last_namespace)
+    config, last_namespace = _last[:2] if _last else (AutoConfig(), {})
+    last_store = _last_store(_last) if _last else default_directory(last_namespace)
     config = dataclasses.replace(config, directory=last_store)
     another_store = directory is not None and (
         _last is None or store_url(directory) != store_url(last_store))

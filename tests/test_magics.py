@@ -1358,6 +1358,31 @@ def test_ckpt_status_after_a_cell_names_the_store_the_other_magics_open(
     assert "no session active" in out and f"the last one's store, {tmp_path / 'st'}" in out
 
 
+def test_the_magics_open_the_last_sessions_store_after_a_cd(shell, tmp_path: Path,
+                                                             capsys) -> None:
+    """A cell on the default store (or a relative --dir), then %cd: %ckpt_list,
+    %ckpt_status and %ckpt_rollback took the store's relative path in the new folder
+    ("no checkpoint store at checkpoints/session"), not the store the cell wrote."""
+    run(shell, "import torch\nmodel = torch.nn.Linear(3, 2)\n"
+               "opt = torch.optim.SGD(model.parameters(), lr=0.1)")
+    step = "opt.zero_grad(); model(torch.ones(1, 3)).sum().backward(); opt.step()"
+    assert run(shell, f"%%ckpt_auto\n{step}").success
+    first = ckpt_nb.CheckpointManager(tmp_path / "checkpoints" / "session").list()["id"].iloc[-1]
+    saved = [t.clone() for t in shell.user_ns["model"].state_dict().values()]
+    (tmp_path / "elsewhere").mkdir()
+    run(shell, "%cd elsewhere")
+    run(shell, step)  # (trained past the checkpoint)
+    capsys.readouterr()
+    assert run(shell, "%ckpt_status").success
+    assert str(tmp_path / "checkpoints" / "session") in capsys.readouterr().out
+    listed = run(shell, "%ckpt_list")
+    assert listed.success and list(listed.result["id"]) == [first]
+    assert run(shell, "%ckpt_rollback latest").success
+    assert f"rolled back to {first}" in capsys.readouterr().out
+    assert same(list(shell.user_ns["model"].state_dict().values()), saved)
+    assert not (tmp_path / "elsewhere" / "checkpoints").exists()
+
+
 def test_a_cell_run_after_its_head_was_deleted_elsewhere_descends_from_the_heir(
         shell, tmp_path: Path) -> None:
     """The explorer's Delete of the kernel's checkpoint: the next run started a new root."""
