@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import functools
 import inspect
 import io
@@ -478,6 +479,7 @@ def _parsed(code: str) -> _Code | None:
             module = ast.parse(TransformerManager().transform_cell(code))
         except Exception:  # noqa: BLE001 - IPython absent, or code that is not Python at all
             return None
+        module.body = [s for statement in module.body for s in _cell_magic_body(statement)]
     aliases = {a.asname: a.name for n in ast.walk(module) if isinstance(n, ast.ImportFrom)
                and (n.module or "").split(".")[0] == "ckpt_nb" for a in n.names
                if a.asname and a.name in ("batches", "epochs")}
@@ -485,6 +487,25 @@ def _parsed(code: str) -> _Code | None:
         module = _CkptAliases(aliases).visit(module)
     return _Code(module, frozenset(n.func.id for n in ast.walk(module)
                                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)))
+
+
+# Cell magics that run their body as the cell's own code, in the notebook's namespace, once.
+_PYTHON_CELL_MAGICS = frozenset({"time", "capture"})
+
+
+def _cell_magic_body(statement: ast.stmt) -> list[ast.stmt]:
+    """A ``%%time`` or ``%%capture`` line under ``%%ckpt_auto``: the body it runs, read
+    as Python (IPython makes it a ``run_cell_magic`` call given the body as a string, in
+    which no loop and no ``batches()`` were read: the loader was said not wrapped)."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+            and call.func.attr == "run_cell_magic" and len(call.args) == 3 \
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                    for a in call.args) and call.args[0].value in _PYTHON_CELL_MAGICS:
+        inner = _parsed(call.args[2].value)
+        if inner is not None:
+            return copy.deepcopy(inner.module.body)  # (the parse is cached: not shared)
+    return [statement]
 
 
 def _is_call_of(node: ast.AST, name: str) -> bool:

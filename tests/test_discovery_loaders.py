@@ -264,6 +264,17 @@ def test_a_cell_calling_a_helper_of_another_cell_is_read(shell, tmp_path: Path,
     assert f"(TensorDataset), loader, dl ({RESTORES}), val_loader ({WRAP})" in out, out
 
 
+def test_a_cell_timed_or_captured_under_ckpt_auto_is_read_through_the_magic() -> None:
+    """``%%ckpt_auto`` then ``%%time`` (or ``%%capture``): IPython makes the body a string
+    given to run_cell_magic, in which no batches() was read, and the start line told the
+    user to "wrap it in ckpt_nb.batches()", wrapped as it was."""
+    body = VALIDATION_IN_EPOCHS.lstrip("\n")
+    for code in (f"%%time\n{body}", f"%%capture out\n{body}", f"%%time\n%%capture\n{body}"):
+        assert said(code) == {"loader": RESTORES, "val_loader": LATER}, code
+    # (a cell magic whose body is not the cell's Python is not read as code that runs)
+    assert said(f"%%writefile x.py\n{body}")["loader"] == WRAP
+
+
 class Noise:
     """A transform drawing from its own generator."""
 
