@@ -33,6 +33,7 @@ from ._run_records import written_keep_best
 from ._errors import (DELETED_BY, CheckpointInUseError, CheckpointNotFoundError, CkptError,
                       FileFormatError, MetricNotFoundError, StateMismatchError, StoreError,
                       Told, telling)
+from ._discovery import NotState
 from ._format import FORMAT_KEY
 from ._manager import CheckpointManager
 from ._store import FsspecStore, store_exists
@@ -498,8 +499,10 @@ def _metric_labels(metrics: Iterable[str]) -> dict[str, str]:
     return labels
 
 
-class Explorer(w.VBox):
-    """The explorer app for one store. Build it with ``ckpt_nb.explore(store)``."""
+class Explorer(w.VBox, NotState):
+    """The explorer app for one store. Build it with ``ckpt_nb.explore(store)``. ckpt_nb's
+    own, never state: a save does not name a variable that holds it (``ui = %ckpt_ui``)
+    as left out."""
 
     def __init__(self, store: str | os.PathLike[str] | CheckpointManager, *,
                  namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> None:

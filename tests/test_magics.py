@@ -395,6 +395,25 @@ def test_the_session_a_block_binds_is_not_said_as_left_out(shell, tmp_path: Path
         assert "session" not in out.split("variables ")[1].split(";")[0]
 
 
+def test_the_explorer_a_variable_holds_is_not_said_as_left_out(shell, tmp_path: Path,
+                                                                capsys) -> None:
+    """`ui = %ckpt_ui` (as the README's `ui.select(...)` has it), then a cell: its start
+    line said `skipped ui (Explorer)`, and the line form `not saving ui (Explorer)`, of
+    ckpt_nb's own object."""
+    run(shell, SMALL)
+    step = "opt.zero_grad(); model(data[0]).sum().backward(); opt.step()"
+    assert run(shell, f"%%ckpt_auto --dir {tmp_path / 'd'}\n{step}").success
+    assert run(shell, "ui = %ckpt_ui").success
+    capsys.readouterr()
+    assert run(shell, f"%%ckpt_auto --dir {tmp_path / 'd'}\n{step}").success
+    run(shell, f"%ckpt_auto --dir {tmp_path / 'd'}")
+    assert run(shell, step).success
+    run(shell, "%ckpt_auto --off")
+    run(shell, "ui.close()")
+    out = capsys.readouterr().out
+    assert "tracking model, opt" in out and "Explorer" not in out, out
+
+
 def test_rollback_restores_in_place_and_branches(shell, tmp_path: Path, capsys) -> None:
     run(shell, SETUP)
     run(shell, TRAIN.format(dir=tmp_path / "rb", stop="pass"))
