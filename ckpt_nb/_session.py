@@ -1760,6 +1760,9 @@ class AutoSession(NotState):
         self._buffers = SnapshotBuffers()
         if self in _sessions:
             _sessions.remove(self)
+        below = active()
+        if below is not None and below.url == self.url:
+            below._count_on_after(self)
         if not held:
             return None
         latest = f"the latest checkpoint is {self._position}" if self._position else \
@@ -2871,6 +2874,21 @@ class AutoSession(NotState):
         else:
             _forget_position(self.url)
             self.manager.head = None
+
+    def _count_on_after(self, above: AutoSession) -> None:
+        """Active again after ``above`` closed (a %%ckpt_auto cell or ``auto()`` block run
+        under the line form), on this store: where the kernel's state last came from it (its
+        saves, its resume), this session's steps count on from that checkpoint's, as after a
+        rollback. They went on from this session's own count, without the steps the cell
+        took: a save at step 13 under the cell's end at step 18."""
+        step, trained = _position_objects.get(self.url, (None, []))
+        if above._position is None or _positions.get(self.url) != above._position \
+                or step is None:
+            return
+        live = {id(obj) for obj in self.discovery.statefuls.values()}
+        if any(ref() is not None and id(ref()) in live for ref in trained):
+            self.step = self.last_save_step = step
+            self._step_offset = step - max(self._steps_by_optimizer.values(), default=0)
 
     def _tell_finished(self) -> None:
         """In a kernel that has not saved, resumed or rolled back on this store (a new one,

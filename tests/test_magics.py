@@ -1665,6 +1665,23 @@ def test_ckpt_auto_off_stops_the_line_form(shell, tmp_path: Path, capsys) -> Non
     assert "--off takes no other option" in str(refused.error_in_exec)
 
 
+def test_the_line_form_counts_on_from_a_cell_run_under_it(shell, tmp_path: Path) -> None:
+    """A %%ckpt_auto cell run under the line form, on its store, saved up to step 7; the
+    line form's next save, its child, said step 5: the line form went on from its own
+    count (3), without the cell's steps, and steps went back along the branch."""
+    run(shell, SMALL)
+    steps = "for s in range({}):\n    opt.zero_grad(); model(data[0]).sum().backward(); opt.step()"
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'd'} --every-steps 2").success
+    assert run(shell, steps.format(3)).success
+    assert run(shell, f"%%ckpt_auto --dir {tmp_path / 'd'}\n{steps.format(4)}").success
+    assert run(shell, steps.format(2)).success
+    run(shell, "%ckpt_auto --off")
+    table = ckpt_nb.CheckpointManager(tmp_path / "d").list().set_index("id")
+    assert table["step"].tolist() == [2, 3, 7, 9]
+    for cid, row in table.iterrows():
+        assert row["parent"] is None or table.loc[row["parent"], "step"] < row["step"], cid
+
+
 def test_ckpt_auto_off_names_the_checkpoint_the_session_rolled_back_to(
         shell, tmp_path: Path, capsys) -> None:
     """After a rollback it named the writer's last save, a newer checkpoint than the one
