@@ -507,7 +507,14 @@ def unload(shell: Any, magics: CkptMagics) -> None:
         shell.events.unregister("pre_run_cell", magics.note_cell)
     with contextlib.suppress(ValueError):  # (%config set each unloaded one, and said each
         shell.configurables.remove(magics)  # refusal once per %load_ext)
-    magics.stop_line_session()
+    line = magics._line_session
+    if line is not None:  # (%reload_ext too: it went on unseen, saving nothing)
+        line.writer.wait()
+        latest = line._latest() if line._position else None
+        magics.stop_line_session()
+        print("ckpt_nb: unloading stopped checkpointing the session"
+              + (f"; its latest checkpoint is {latest}" if latest else "")
+              + ": %ckpt_auto starts it again")
     session_mod.stop()
     table = shell.magics_manager.magics
     for kind, names in MAGIC_NAMES.items():

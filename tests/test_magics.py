@@ -115,6 +115,24 @@ def test_load_and_unload_remove_everything(tmp_path: Path) -> None:
     assert len(_global_optimizer_post_hooks) == before and ckpt_nb.status() == {"active": False}
 
 
+def test_a_reload_says_it_stopped_the_line_form(shell, tmp_path: Path, capsys) -> None:
+    """`%reload_ext ckpt_nb` (and `%unload_ext`) stopped the line form without a word: the
+    cells after it trained unsaved while the user took them for checkpointed."""
+    run(shell, SMALL)
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'line'}").success
+    assert run(shell, "opt.zero_grad(); model(data[0]).sum().backward(); opt.step()").success
+    saved = ckpt_nb.CheckpointManager(tmp_path / "line").list()["id"].iloc[-1]
+    capsys.readouterr()
+    assert run(shell, "%reload_ext ckpt_nb").success
+    assert capsys.readouterr().out == (
+        f"ckpt_nb: unloading stopped checkpointing the session; its latest checkpoint is "
+        f"{saved} (step 1): %ckpt_auto starts it again\n")
+    assert ckpt_nb.status() == {"active": False}
+    assert run(shell, "%unload_ext ckpt_nb").success  # (no line form now: nothing said)
+    assert capsys.readouterr().out == ""
+    run(shell, "%load_ext ckpt_nb")
+
+
 def test_interrupt_saves_then_rerun_continues_bit_exact(shell, tmp_path: Path) -> None:
     expected, expected_history = reference(shell, tmp_path)
     run(shell, SETUP)
