@@ -508,6 +508,25 @@ def _cell_magic_body(statement: ast.stmt) -> list[ast.stmt]:
     return [statement]
 
 
+def names_bound(code: str | None) -> set[str]:
+    """The names ``code`` assigns outside its functions and classes (``model = Net()``,
+    ``for epoch in ...``): objects a cell makes as it runs, which discovery finds at its
+    saves, not as it starts. Empty where the code is not Python."""
+    parsed = _parsed(code) if code else None
+    if parsed is None:
+        return set()
+    names: set[str] = set()
+    pending: list[ast.AST] = list(parsed.module.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
 def _is_call_of(node: ast.AST, name: str) -> bool:
     """A call of ``name`` or ``something.name`` (``ckpt_nb.batches(loader)``)."""
     if not isinstance(node, ast.Call):

@@ -63,8 +63,8 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, a
 from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
-                         from_storable, is_code, loader_random, skipped_text, to_storable,
-                         warn_persistent_workers)
+                         from_storable, is_code, loader_random, names_bound, skipped_text,
+                         to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
                       StateMismatchError, UntrustedPickleError, check_flag, tell, warn,
@@ -1333,6 +1333,9 @@ class AutoSession(NotState):
         self._failure_repeats = 0  # and how many came again since
         self._told_slow = False  # that due saves wait for a slow store's write (once a cell)
         self._told_dropped = False  # that an --on improvement went unsaved (once)
+        # That the cell tracks no stateful object, put off to its first save where the cell
+        # makes them as it runs (``model = Net()`` ahead of its loop, in a new kernel).
+        self._tell_no_state_at_save = False
         self._told_inner_state = False  # that a wrapper's inner optimizer's state is unsaved
         self._told_untracked = False  # that its checkpoints from here are not resumed (once)
         self._kept_exact: str | None = None  # the exact checkpoint its later loop keeps
@@ -1477,13 +1480,11 @@ class AutoSession(NotState):
         self._tell_optimizers_left_out(found)
         self._tell_schedulers_left_out(found)
         unseen = list(unseen)
-        if not found.statefuls or unseen:
-            warn("ckpt_nb tracks " + (
-                f"no {', '.join(unseen)}: auto() in a function sees its module's globals, "
-                "not the function's locals; pass namespace=locals()" if unseen else
-                "no stateful object (no model, optimizer or generator): its checkpoints "
-                "hold none, and a resume puts back the loop's position without them"),
-                RuntimeWarning)
+        made_here = not found.statefuls and not unseen and self.config.track is None and \
+            bool(names_bound(self._code) - set(self.namespace))
+        self._tell_no_state_at_save = made_here
+        if (not found.statefuls and not made_here) or unseen:
+            self._tell_no_state(unseen)
         if source is not None and self.config.resume:
             self._find_resume(unseen)
         if self._pending is None:
@@ -1493,6 +1494,14 @@ class AutoSession(NotState):
             # trained its re-created model not at all, its optimizer stepping the old one's)
             for notice in _orphaned_optimizers(list(found.statefuls), found, self.namespace):
                 warn(notice, RuntimeWarning)
+
+    def _tell_no_state(self, unseen: list[str]) -> None:
+        warn("ckpt_nb tracks " + (
+            f"no {', '.join(unseen)}: auto() in a function sees its module's globals, "
+            "not the function's locals; pass namespace=locals()" if unseen else
+            "no stateful object (no model, optimizer or generator): its checkpoints "
+            "hold none, and a resume puts back the loop's position without them"),
+            RuntimeWarning)
 
     def _tell_optimizers_left_out(self, found: Discovery) -> None:
         """Under an explicit --track, name the optimizers in the namespace that it leaves
@@ -2390,6 +2399,10 @@ class AutoSession(NotState):
             self._tell_untracked()
         found = self.rediscover()
         self._tell_skipped(found)
+        if self._tell_no_state_at_save:  # (the cell made none of them as it ran)
+            self._tell_no_state_at_save = False
+            if not found.statefuls:
+                self._tell_no_state([])
         run = {"finished": finished, "cell": self.cell_hash, "cell_id": self.cell_id,
                "run": self._run_id, "owner": _owner(),
                "step": self.step, "on": list(self.config.on) if self.config.on else None,

@@ -432,6 +432,26 @@ def test_the_explorer_a_variable_holds_is_not_said_as_left_out(shell, tmp_path: 
     assert "tracking model, opt" in out and "Explorer" not in out, out
 
 
+def test_a_cell_that_makes_its_model_is_not_said_to_track_nothing(shell, tmp_path: Path,
+                                                                   recwarn) -> None:
+    """A cell making its model and optimizer ahead of its loop, in a new kernel, warned
+    "tracks no stateful object ...: its checkpoints hold none" as it started, though its
+    saves held them (and resumed them). A cell that makes none still says so."""
+    run(shell, "import torch, ckpt_nb\ndata = [torch.ones(4, 2)] * 3")
+    cell = (f"%%ckpt_auto --dir {tmp_path / 'd'}\n"
+            "model = torch.nn.Linear(2, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for i, x in ckpt_nb.batches(data):\n"
+            "    opt.zero_grad(); model(x).sum().backward(); opt.step()")
+    assert run(shell, cell).success
+    assert not [w for w in recwarn if "tracks no stateful" in str(w.message)]
+    held = ckpt_nb.CheckpointManager(tmp_path / "d").load("latest").state
+    assert {"model", "opt"} <= set(held)
+    run(shell, "del model, opt")
+    with pytest.warns(RuntimeWarning, match="tracks no stateful object"):
+        assert run(shell, f"%%ckpt_auto --dir {tmp_path / 'e'}\nvalue = 5").success
+
+
 def test_rollback_restores_in_place_and_branches(shell, tmp_path: Path, capsys) -> None:
     run(shell, SETUP)
     run(shell, TRAIN.format(dir=tmp_path / "rb", stop="pass"))
