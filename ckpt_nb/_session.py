@@ -405,6 +405,10 @@ class _Loop:
     # The notebook's tracked generators' state_dict()s then, by stored key (a subset drawn
     # from one ahead of batches() is drawn again on a mid-epoch resume).
     start_generators: dict[str, Any] | None = None
+    # Theirs as the epoch's tracked batches() loop began (after the code ahead of it): a
+    # generator of batches of the user's that draws its order from one as it starts (at
+    # the first next()) draws it again on the replay that skips the done batches.
+    batch_generators: dict[str, Any] | None = None
     # The states of the loader's own generators (DataLoader(generator=g)) as the epoch
     # began: its order comes from them, not from the global generators.
     loader_rng: list[torch.Tensor] | None = None
@@ -2412,6 +2416,7 @@ class AutoSession(NotState):
                         "epoch_rng": self.loop.epoch_rng, "loader_rng": self.loop.loader_rng,
                         "start_rng": self.loop.start_rng,
                         "start_generators": self.loop.start_generators,
+                        "batch_generators": self.loop.batch_generators,
                         "loader_rng_now": [g.get_state() for g in self.loop.generators],
                         "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
@@ -3368,6 +3373,7 @@ class AutoSession(NotState):
                           epoch_rng=loop["epoch_rng"], loader_rng=loop.get("loader_rng"),
                           start_rng=loop.get("start_rng"),
                           start_generators=loop.get("start_generators"),
+                          batch_generators=loop.get("batch_generators"),
                           loader_states=loop.get("loader_states"))
         if loop["epoch_rng"] is not None and loop["next_batch"]:
             RNGState().load_state_dict(loop.get("start_rng") or loop["epoch_rng"])
@@ -3491,6 +3497,15 @@ class AutoSession(NotState):
                 for name, obj in self.discovery.statefuls.items()
                 if isinstance(obj, (GeneratorState, RandomState))}
 
+    def _set_generators(self, states: dict[str, Any]) -> None:
+        """Set the notebook's tracked generators to ``states`` (``_generator_states``'s,
+        by stored key); one of another kind now is left as it is."""
+        live = {_stored_key(name): obj for name, obj in self.discovery.statefuls.items()}
+        for key, state in states.items():
+            if isinstance(obj := live.get(key), (GeneratorState, RandomState)):
+                with contextlib.suppress(Exception):
+                    obj.load_state_dict(state)
+
     def _rewind_generators(self, targets: dict[str, Any], states: dict[str, Any] | None
                            ) -> dict[str, Any]:
         """Set the tracked generators the resume loaded to their states as the epoch
@@ -3580,6 +3595,10 @@ class AutoSession(NotState):
         # A Dataset drawing from a notebook's generator draws again as the skipped batches
         # are fetched: those go back as at the stop after it, as the global ones do.
         held = _random_states(self.discovery.statefuls) if skip else []
+        if skip and self.loop.batch_generators:
+            # (as the loop began: a generator of batches draws its order from them as the
+            # skip fetches its first batch; put back as at the stop after the skip)
+            self._set_generators(self.loop.batch_generators)
         generators = self.loop.generators = _loader_generators(loader)
         self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
         if start is not None:  # (before the generators are set: a new iterator draws)
@@ -3595,6 +3614,7 @@ class AutoSession(NotState):
                          "loader changed since): the draws of the others are not replayed")
         if not skip:
             self.loop.epoch_rng = RNGState().state_dict()
+            self.loop.batch_generators = self._generator_states()
             self.loop.loader_rng = [g.get_state() for g in generators]
             self.loop.loader_states, unsaved = _loader_states(data_loader)
             if unsaved:

@@ -109,6 +109,80 @@ def test_augmentation_from_a_notebook_generator_resumes_bit_exact_after_a_kill(
     assert resumed == expected
 
 
+# A generator of batches of the user's (no DataLoader), drawing the epoch's order from a
+# generator of the notebook's as it starts: at the first batch's fetch, inside batches().
+BATCH_GENERATORS = {
+    "torch": "order = torch.Generator().manual_seed(5)\n"
+             "def permutation(): return torch.randperm(len(X), generator=order)",
+    "numpy": "order = np.random.default_rng(5)\n"
+             "def permutation(): return torch.from_numpy(order.permutation(len(X)))",
+}
+
+OWN_BATCHES = """
+{rng}
+def shuffled(size):
+    perm = permutation()
+    for k in range(0, len(X), size):
+        yield X[perm[k:k + size]], Y[perm[k:k + size]]
+"""
+
+
+@pytest.mark.parametrize("kind", BATCH_GENERATORS)
+def test_a_generator_of_batches_drawing_its_order_from_a_notebook_generator_resumes_bit_exact(
+        tmp_path: Path, kind: str) -> None:
+    """batches(shuffled(20)): the resume set the notebook's generator as saved, mid-epoch,
+    before the replay's first fetch drew the epoch's permutation from it: the epoch went
+    on in another order (the start line said resumed). It is set as the loop began for the
+    replay now, and put back as saved after it."""
+    expected, resumed = killed_and_resumed(
+        tmp_path, OWN_BATCHES.format(rng=BATCH_GENERATORS[kind]), wrap="shuffled(20)")
+    assert resumed == expected
+
+
+# A Sampler of the user's drawing the epoch's order from a notebook generator it names
+# (not one it holds), as the loader's iterator starts: at the first batch's fetch.
+GLOBAL_SAMPLER = """
+order = torch.Generator().manual_seed(5)
+class Shuffled(torch.utils.data.Sampler):
+    def __len__(self):
+        return len(X)
+    def __iter__(self):
+        return iter(torch.randperm(len(X), generator=order).tolist())
+
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
+                                     sampler=Shuffled())
+"""
+
+
+def test_a_sampler_drawing_from_a_notebook_generator_it_names_resumes_bit_exact(
+        tmp_path: Path) -> None:
+    """The start line said "ckpt_nb.batches() restores its order", and the resumed epoch
+    went on in another: the sampler drew its permutation from ``order`` as saved."""
+    expected, resumed = killed_and_resumed(tmp_path, GLOBAL_SAMPLER)
+    assert resumed == expected
+
+
+# Two loaders zipped (semi-supervised: labelled and unlabelled batches), their orders drawn
+# from notebook generators as their iterators start, at the first fetch.
+ZIPPED = """
+first, second = torch.Generator().manual_seed(7), torch.Generator().manual_seed(8)
+labelled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[:100], Y[:100]),
+                                       batch_size=10, shuffle=True, generator=first)
+unlabelled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[100:]),
+                                         batch_size=10, shuffle=True, generator=second)
+def pairs():
+    for (xb, yb), (xu,) in zip(labelled, unlabelled):
+        yield xb + 0.1 * xu.mean(0), yb
+"""
+
+
+def test_zipped_loaders_with_notebook_generators_resume_bit_exact(tmp_path: Path) -> None:
+    """batches() given what a zip of two loaders yields: the generators their samplers drew
+    the orders from (the loaders' generator=, notebook variables) were as saved."""
+    expected, resumed = killed_and_resumed(tmp_path, ZIPPED, wrap="pairs()")
+    assert resumed == expected
+
+
 def test_a_loader_in_a_progress_bar_resumes_its_own_generators_order(tmp_path: Path) -> None:
     """batches(tqdm(loader)) looked for the loader's generator= on the progress bar."""
     expected, resumed = killed_and_resumed(tmp_path, OWN_GENERATOR,
