@@ -434,14 +434,16 @@ def _unread(told: Told, cid: str) -> str:
     session's line names them ("" where none): the explorer's line names those the plan
     restores, read before the values were."""
     return _rollback_said(told, cid).partition(_session.LEFT_UNREAD)[2] \
-        .partition(_session.BRANCH_NEXT)[0]
+        .partition(_session.NEXT_SAVE)[0]
 
 
 def _after_branch(told: Told, cid: str) -> str:
-    """What the session's line for a rollback to ``cid`` says after its branch (the tracked
-    objects it left as they are, not in the checkpoint), for the explorer's line to end
-    with too; "" where nothing."""
-    return _rollback_said(told, cid).partition(_session.BRANCH_NEXT)[2]
+    """How the session's line for a rollback to ``cid`` ends: where the next save goes (a
+    branch from it, or on along its branch from a tip) and the tracked objects it left as
+    they are, not in the checkpoint, for the explorer's line to end with too."""
+    said = _rollback_said(told, cid)
+    return said[said.index(_session.NEXT_SAVE):] if _session.NEXT_SAVE in said \
+        else _session.BRANCH_NEXT
 
 
 # What an argument naming checkpoints takes, as its usage errors say it.
@@ -1194,9 +1196,10 @@ class Explorer(w.VBox, NotState):
             self._check_store()
             cid = self._resolve(self._one())
             restored, left_alone, orphaned = self._restorable(cid, self._namespace())
+        next_save = _session.next_save_words(self.manager, cid).removeprefix("; ")
         self._ask("rollback", cid, f"Roll the kernel's tracked objects and variables back to "
-                                   f"{cid}? It restores {', '.join(restored)}{left_alone}. The "
-                                   "next save starts a branch from it.",
+                                   f"{cid}? It restores {', '.join(restored)}{left_alone}. "
+                                   f"{next_save[0].upper()}{next_save[1:]}.",
                   [*_notes(told), *(f"⚠ {notice}" for notice in orphaned)])
 
     def _ask_delete(self) -> None:
@@ -1246,7 +1249,7 @@ class Explorer(w.VBox, NotState):
                     and f", {n} (" not in unread]
         self._say(f"rolled back to {cid}: restored {', '.join(restored)}{left_alone}"
                   f"{f'; {_session.LEFT_UNREAD}{unread}' if unread else ''}"
-                  f"{_session.BRANCH_NEXT}{_after_branch(told, cid)}",
+                  f"{_after_branch(told, cid)}",
                   notes=_notes(told, own=f"rolled back to {cid}"))
         self._rolled_back = cid, frozenset(self.table_frame["id"])
         self._counted_since = set()

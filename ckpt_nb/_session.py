@@ -446,8 +446,19 @@ _UNTRACKED_LOOPS = {
 # What a rollback's or a resume's line names the variables it left out by, as they do not
 # read back (the explorer's status line finds them in its rollback's line).
 LEFT_UNREAD = "left out (they do not read back): "
-# How a rollback's line ends.
-BRANCH_NEXT = "; the next save starts a branch from it"
+# How a rollback's line ends: what its next save does (NEXT_SAVE starts both ways).
+NEXT_SAVE = "; the next save "
+BRANCH_NEXT = NEXT_SAVE + "starts a branch from it"
+
+
+def next_save_words(manager: CheckpointManager, cid: str) -> str:
+    """How a rollback to ``cid`` says where the next save goes: a branch from it, or, to
+    its branch's tip (latest, say), on along that branch, as the save does."""
+    with contextlib.suppress(Exception):  # (a catalog that does not read: the usual words)
+        row = manager.catalog.get(cid)
+        if row is not None and manager.catalog.branch_tips().get(row.branch) == cid:
+            return f"{NEXT_SAVE}goes on along its branch, {row.branch}"
+    return BRANCH_NEXT
 # How a rollback refused for pickles is done with them loaded (the magic says its line).
 TRUST_PICKLE_ROLLBACK = "rollback(..., trust_pickle=True)"
 
@@ -3787,7 +3798,8 @@ class AutoSession(NotState):
         metric, mode = on or (self.manager.metric, self.manager.mode)
         best = f", best by {metric} ({mode})" if str(which) == "best" else ""
         self.say(f"rolled back to {ck.id}{f' ({where})' if where else ''}{best}: restored "
-                 f"{', '.join(restored)}{left}{saved.unread()}{BRANCH_NEXT}"
+                 f"{', '.join(restored)}{left}{saved.unread()}"
+                 f"{next_save_words(self.manager, ck.id)}"
                  f"{_left_as_they_are(ck, self.discovery.statefuls, targets.values())}")
         for notice in plan.orphaned:  # (after the line: what was restored, then what to check)
             warn(f"rolled back to {ck.id}: {notice}", RuntimeWarning)

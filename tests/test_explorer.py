@@ -1429,6 +1429,7 @@ def test_the_rollback_message_goes_once_checkpoints_are_saved_since(
             first = ui.table_frame["id"].iloc[0]
             ui.select([first])
             ui.rollback_button.click()
+            assert ". The next save starts a branch from it." in ui.status.value
             ui.confirm_button.click()
             assert "the next save starts a branch from it" in ui.status.value
             assert sh.run_cell(cell).success
@@ -1914,7 +1915,7 @@ def test_saves_since_a_rollback_count_only_those_that_go_on_from_it(tmp_path: Pa
     try:
         ui.rollback(mine)
         rolled_back = ui.status.value
-        assert "the next save starts a branch from it" in rolled_back
+        assert "the next save goes on along its branch, main" in rolled_back  # (a tip)
         warm_python.run([sys.executable, "-c", "import sys, torch, ckpt_nb\n"
                          "m = torch.nn.Linear(4, 4)\nckpt_nb.CheckpointManager(sys.argv[1])"
                          ".save(m, torch.optim.SGD(m.parameters(), 0.1), 5)", str(tmp_path)],

@@ -96,7 +96,8 @@ def test_a_rollback_by_button_names_the_variables_left_out_as_unreadable(
         ui.rollback_button.click()
         ui.confirm_button.click()
         assert f"rolled back to {cid}: restored model, opt, lr; left out (they do not read " \
-            "back): df (KeyError: 'data'); the next save starts a branch from it" \
+            "back): df (KeyError: 'data'); the next save goes on along its branch, " \
+            "branch-1" \
             in html.unescape(ui.status.value), ui.status.value
         assert notes(ui) == [], ui.status.value
         assert namespace["lr"] == 0.25 and "df" not in namespace
@@ -122,9 +123,11 @@ def test_a_rollback_by_button_names_the_optimizer_the_checkpoint_does_not_hold(
     try:
         cid = ui.select("latest")[0]
         ui.rollback_button.click()
+        assert "It restores model, opt. The next save goes on along its branch, main." \
+            in html.unescape(ui.status.value), ui.status.value  # (the question, a tip's)
         ui.confirm_button.click()
-        assert f"rolled back to {cid}: restored model, opt; the next save starts a branch " \
-            f"from it; not in {cid}, left as it is: opt2 (SGD); run the cell that makes it " \
+        assert f"rolled back to {cid}: restored model, opt; the next save goes on along its " \
+            f"branch, main; not in {cid}, left as it is: opt2 (SGD); run the cell that makes it " \
             "again to start it afresh" in html.unescape(ui.status.value), ui.status.value
         assert notes(ui) == [], ui.status.value
         assert len(opt2.state) == 4  # (its momentum, as it was)

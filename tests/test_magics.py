@@ -1782,3 +1782,36 @@ def test_a_store_url_no_storage_knows_is_a_usage_error(shell) -> None:
         assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
         assert str(result.error_in_exec).startswith("%ckpt_auto: "), result.error_in_exec
         assert "ran" not in shell.user_ns
+
+
+def test_a_rollback_to_a_branchs_tip_says_the_next_save_goes_on_along_it(
+        tmp_path: Path, capsys) -> None:
+    """A rollback to latest (its branch's tip) said "the next save starts a branch from
+    it", but the next save went on along that branch: it says so now, and the words for a
+    rollback to a checkpoint with children stay."""
+    model = torch.nn.Linear(2, 2)
+    ns = {"model": model}
+    with ckpt_nb.auto(tmp_path, namespace=ns, track=["model"]) as session:
+        session.save(wait=True)
+        model.weight.data += 1  # (and the block's end saves)
+    first, tip = ckpt_nb.CheckpointManager(tmp_path).list().id
+    capsys.readouterr()
+    ckpt_nb.rollback("latest", directory=tmp_path, namespace=ns)
+    said = capsys.readouterr().out.rstrip()
+    assert said.startswith(f"ckpt_nb: rolled back to {tip} ") and said.endswith(
+        "): restored model; the next save goes on along its branch, main"), said
+    with ckpt_nb.auto(tmp_path, namespace=ns, track=["model"]) as session:
+        model.weight.data += 1
+    after_tip = ckpt_nb.CheckpointManager(tmp_path).list().id.iloc[-1]
+    rows = ckpt_nb.CheckpointManager(tmp_path).list().set_index("id")
+    assert (rows.loc[after_tip, "parent"], rows.loc[after_tip, "branch"]) == (tip, "main")
+    capsys.readouterr()
+    ckpt_nb.rollback(first, directory=tmp_path, namespace=ns)
+    said = capsys.readouterr().out.rstrip()
+    assert said.startswith(f"ckpt_nb: rolled back to {first} ") and said.endswith(
+        "): restored model; the next save starts a branch from it"), said
+    with ckpt_nb.auto(tmp_path, namespace=ns, track=["model"]) as session:
+        model.weight.data += 1
+    branched = ckpt_nb.CheckpointManager(tmp_path).list().id.iloc[-1]
+    rows = ckpt_nb.CheckpointManager(tmp_path).list().set_index("id")
+    assert (rows.loc[branched, "parent"], rows.loc[branched, "branch"]) == (first, "branch-1")
