@@ -584,9 +584,12 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     # (the marks the listed rows carry: on a --branch, not those of checkpoints elsewhere)
     listed_places = sorted(places[cid] for cid in frame["id"] if places.get(cid, 1) > 1)
     if listed_places:
-        print(f"{_best_marks(listed_places)}: the next best by "
-              f"{_printable(str(mgr.metric))} ({mgr.mode}) after best, which the store's run "
-              f"keeps with it (--keep-best {keep_best})")
+        marks = (f"{_best_marks(listed_places)}: the next best by "
+                 f"{_printable(str(mgr.metric))} ({mgr.mode}) after best, which the store's "
+                 f"run keeps with it (--keep-best {keep_best})")
+        # (wrapped where the table was fitted: on a terminal, as its "to fit" line is)
+        print(_wrap(marks, shutil.get_terminal_size().columns)
+              if cut and not os.environ.get("JPY_PARENT_PID") else marks)
     return 0
 
 

@@ -72,3 +72,17 @@ def test_many_marks_are_a_range(tmp_path: Path, capsys: pytest.CaptureFixture[st
     footer = footer_of_marks(ls(capsys, str(tmp_path)))
     assert footer == [f"best#2 to best#{ranked}: the next best by loss (min) after best, "
                       "which the store's run keeps with it (--keep-best 50)"]
+
+
+def test_on_a_terminal_the_marks_footer_is_wrapped_to_its_width(tmp_path: Path) -> None:
+    """The "to fit N columns" line was wrapped to the terminal, the marks' line beside it
+    not: 101 characters at COLUMNS=60. Piped, it stays one line, as the table stays whole."""
+    from test_cli import on_terminal_here
+
+    keep_best_run(tmp_path, [1 / (i + 1) for i in range(4)], keep_best=3)
+    lines = on_terminal_here(60, "ls", tmp_path)
+    assert all(len(line) <= 60 for line in lines), lines
+    at = next(i for i, line in enumerate(lines) if line.startswith("best#2, best#3: "))
+    assert " ".join(lines[at:at + 2]) == (
+        "best#2, best#3: the next best by loss (min) after best, which the store's run keeps "
+        "with it (--keep-best 3)"), lines
