@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import os
 import re
 import sys
 import traceback
@@ -52,7 +53,10 @@ class CkptMagics(Magics):
     root_dir = Unicode("checkpoints", help="The folder (or store URL) of the default stores, "
                                            "<root_dir>/<notebook name>, each notebook's own "
                                            "(<root_dir>/session where the notebook is "
-                                           "unknown): for ipython_config.py").tag(config=True)
+                                           "unknown): for ipython_config.py. A relative one "
+                                           "is in the folder the kernel was in as %load_ext "
+                                           "ckpt_nb ran (the notebook's), whatever %cd does "
+                                           "later").tag(config=True)
     sync = Bool(False, help="Write checkpoints on the training thread").tag(config=True)
     max_variable_mb = Int(100, help="Largest plain variable captured, in MiB").tag(config=True)
 
@@ -93,8 +97,26 @@ class CkptMagics(Magics):
     def __init__(self, shell: Any) -> None:
         # (before the config is loaded: a max_variable_mb set in it calls _cap_set)
         self._line_session: session_mod.AutoSession | None = None
+        # The folder a relative root_dir is in: the kernel's as the extension loads (the
+        # notebook's), so that the default store stays the notebook's after a %cd.
+        self._root_home = os.getcwd()
         super().__init__(shell)
         self._cell_id: str | None = None  # the running cell's, where the front end sends it
+
+    def _default_store(self) -> str:
+        """The store of a magic given no --dir: CkptMagics.default_dir, else <root_dir>/
+        <notebook name>, a relative root_dir in the folder the kernel was in as %load_ext
+        ckpt_nb ran (the notebook's), whatever %cd did since: its own path while the
+        kernel is still there, else that folder's."""
+        if self.default_dir:
+            return self.default_dir
+        root = self.root_dir
+        if "://" not in root and not os.path.isabs(os.path.expanduser(root)):
+            with contextlib.suppress(OSError):  # (a working folder deleted: anchored)
+                if os.path.samefile(os.getcwd(), self._root_home):
+                    return session_mod.default_directory(self.shell.user_ns, root)
+            root = os.path.join(self._root_home, root)
+        return session_mod.default_directory(self.shell.user_ns, root)
 
     def note_cell(self, info: Any) -> None:
         """pre_run_cell: keep the cell's id (JupyterLab and Notebook 7 send one), which
@@ -222,8 +244,7 @@ class CkptMagics(Magics):
         every_seconds = parse_duration(every) if every is not None else None
         on = parse_metric_trigger(args.on) if args.on else None
         return AutoConfig(  # (which checks the values)
-            directory=args.dir or self.default_dir
-            or session_mod.default_directory(self.shell.user_ns, self.root_dir),
+            directory=args.dir or self._default_store(),
             every_steps=args.every_steps,
             every_seconds=every_seconds, on=on, keep=args.keep, keep_best=args.keep_best,
             strategy=args.strategy,
@@ -346,8 +367,7 @@ class CkptMagics(Magics):
         store = session_mod.last_directory()
         if store is not None:
             return store
-        store = self.default_dir or session_mod.default_directory(self.shell.user_ns,
-                                                                  self.root_dir)
+        store = self._default_store()
         try:
             found = store_exists(store)
         except (CkptError, ValueError) as exc:  # (a backend that fails, a bad URL)
@@ -474,8 +494,7 @@ class CkptMagics(Magics):
         if not status.pop("active"):
             last, default = session_mod.last_directory(), None
             if last is None:
-                store = self.default_dir or session_mod.default_directory(
-                    self.shell.user_ns, self.root_dir)
+                store = self._default_store()
                 with contextlib.suppress(CkptError, ValueError):  # (a URL that fails)
                     default = store if store_exists(store) else None
             print("ckpt_nb: no session active (run %ckpt_auto or a %%ckpt_auto cell)"

@@ -152,14 +152,15 @@ class Holder:
 
 @pytest.fixture
 def shell(tmp_path: Path) -> Iterator[InteractiveShell]:
-    """The process's IPython shell, with ckpt_nb loaded and the test's folder as cwd."""
+    """The process's IPython shell, with ckpt_nb loaded in the test's folder, its cwd (as
+    a kernel's in its notebook's folder: the default stores are there)."""
     sh = InteractiveShell.instance()
     sh.user_ns.clear()
     sh.user_ns["__name__"] = "__main__"  # (as a kernel's: a cell's classes are __main__'s)
     sh.init_user_ns()
-    sh.run_cell("%load_ext ckpt_nb", store_history=False)
     old = os.getcwd()
     os.chdir(tmp_path)
+    sh.run_cell("%load_ext ckpt_nb", store_history=False)
     yield sh
     os.chdir(old)
     sh.run_cell("%unload_ext ckpt_nb", store_history=False)

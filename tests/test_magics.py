@@ -1815,3 +1815,32 @@ def test_a_rollback_to_a_branchs_tip_says_the_next_save_goes_on_along_it(
     branched = ckpt_nb.CheckpointManager(tmp_path).list().id.iloc[-1]
     rows = ckpt_nb.CheckpointManager(tmp_path).list().set_index("id")
     assert (rows.loc[branched, "parent"], rows.loc[branched, "branch"]) == (first, "branch-1")
+
+
+def test_the_default_store_stays_the_notebooks_after_a_cd(shell, tmp_path: Path,
+                                                          capsys) -> None:
+    """An interrupted cell on the default store, then %cd, then the same cell again: the
+    rerun wrote a new store, sub/checkpoints/session, and trained on from the objects as
+    they were, not resuming the stopped run. A relative root_dir is in the folder the
+    kernel loaded ckpt_nb in now; an explicit relative --dir stays the current folder's."""
+    run(shell, SMALL)
+    cell = ("%%ckpt_auto --every-steps 2\nfor epoch in ckpt_nb.epochs(3):\n"
+            "    for i, x in ckpt_nb.batches(data):\n"
+            "        if (epoch, i) == (1, 2) and STOP.is_set(): raise KeyboardInterrupt\n"
+            "        opt.zero_grad(); model(x).sum().backward(); opt.step()\n")
+    run(shell, "import threading\nSTOP = threading.Event()\nSTOP.set()")  # (not restored)
+    assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
+    store = tmp_path / "checkpoints" / "session"
+    stopped = ckpt_nb.CheckpointManager(store).list()["id"].iloc[-1]
+    (tmp_path / "sub").mkdir()
+    run(shell, "%cd sub\nSTOP.clear()")
+    capsys.readouterr()
+    assert run(shell, cell).success
+    out = capsys.readouterr().out
+    assert f"resumed from {stopped}" in out and str(store) in out.splitlines()[0], out
+    assert not (tmp_path / "sub" / "checkpoints").exists()
+    capsys.readouterr()
+    assert run(shell, "%ckpt_list").result["id"].iloc[-1] != stopped  # (the store written)
+    # (a --dir given is the current folder's, as any path typed)
+    assert run(shell, cell.replace("--every-steps 2", "--dir here --every-steps 2")).success
+    assert (tmp_path / "sub" / "here").is_dir() and not (tmp_path / "here").exists()
