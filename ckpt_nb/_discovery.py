@@ -37,6 +37,7 @@ from . import _capture as capture
 from . import _stdlib_values as stdlib_values
 from ._capture import _DICT_KINDS, Unflattener, array_to_json, flatten, torch_has_dtype
 from ._errors import CorruptCheckpointError
+from ._not_state import NotState
 from ._units import binary_unit, human_size
 
 _HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
@@ -407,12 +408,6 @@ def warn_persistent_workers(value: Any, name: str | None) -> None:
           "workers (a Dataset's augmentation) differ from an unstopped run's, though the "
           "order of its batches is the same; persistent_workers=False resumes bit-identical",
           file=sys.stderr, flush=True)
-
-
-class NotState:
-    """A base of ckpt_nb's own objects that a namespace may hold and that are never a
-    run's state: a save neither holds one nor names it as left out, as it would a user's
-    object it cannot save."""
 
 
 class LoopIterator(NotState):
@@ -1004,6 +999,16 @@ def _is_stateful(value: Any) -> bool:
         all(callable(getattr(value, method, None)) for method in methods)
 
 
+def _not_state(value: Any) -> bool:
+    """Whether ``value`` is ckpt_nb's own, never state: a NotState, or a list, tuple or
+    dict of nothing else (``dag_layout()``'s list of DagNodes, a list of managers)."""
+    if isinstance(value, NotState):
+        return True
+    items = value.values() if type(value) is dict else value \
+        if type(value) in (list, tuple) else ()
+    return bool(items) and all(isinstance(item, NotState) for item in items)
+
+
 def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
              max_variable_bytes: int = 100 << 20, code: str | None = None,
              magic: bool = False) -> Discovery:
@@ -1045,7 +1050,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.skipped[name] = reason
                 if code is not None and _code_names(code, name):
                     warn_persistent_workers(value, name)
-            elif is_code(value) or isinstance(value, NotState) or \
+            elif is_code(value) or _not_state(value) or \
                     type(value).__module__.startswith(("IPython", "ipykernel")):
                 if track is not None:
                     found.skipped[name] = f"{type(value).__name__}: code is not state"

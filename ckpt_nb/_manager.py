@@ -54,6 +54,7 @@ from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_m
                       is_run_key, label_key, manifest_key, new_deletion_key, pickle_problem,
                       pack_size, read_pack_index, stamp_format, write_pack)
 from ._metric_names import metric_mode_from_name
+from ._not_state import NotState
 from ._parallel import in_batches, share_work
 from ._rebuild import (Rebuilt, deletion_records, guessed_parents, is_newer, read_manifest,
                        rebuild)
@@ -110,7 +111,7 @@ class PickledValue:
 
 
 @dataclass
-class Checkpoint:
+class Checkpoint(NotState):
     """A restored (or loaded) checkpoint: its metadata and the state not put back in place.
 
     ``id``, ``parent`` (None for a root) and ``branch`` place it in the store's DAG;
@@ -159,7 +160,7 @@ class Checkpoint:
 
 
 @dataclass
-class VerifyReport:
+class VerifyReport(NotState):
     """What ``verify()`` found.
 
     - ``checked``: the ids of the checkpoints it read, in the order asked for (oldest
@@ -185,7 +186,7 @@ class VerifyReport:
 
 
 @dataclass
-class GCReport:
+class GCReport(NotState):
     """What ``gc()`` reclaimed.
 
     - ``chunks_dropped``: chunks no kept checkpoint needs, forgotten by the catalog;
@@ -289,7 +290,7 @@ def _new_id() -> str:
 _NO_THREAD = "can't start new thread"
 
 
-class CheckpointManager:
+class CheckpointManager(NotState):
     """Checkpoints of one training run (or many branching runs) in one store.
 
     ``max_to_keep`` keeps the newest N, ``keep_best`` the best K by ``metric``

@@ -26,6 +26,7 @@ from . import _session
 from ._errors import CheckpointNotFoundError, MetricNotFoundError
 from ._manager import CheckpointManager
 from ._metric_names import metric_mode_from_name
+from ._not_state import NotState
 from ._store import store_exists, why_no_store
 from ._units import natural_order
 
@@ -73,7 +74,7 @@ def _literal_text(plot: Callable[P, R]) -> Callable[P, R]:
     return drawn
 
 
-class Figure(_MatplotlibFigure):
+class Figure(_MatplotlibFigure, NotState):
     """A matplotlib Figure that shows itself in a notebook, with or without pyplot's
     inline backend (a Figure made without pyplot has no display of its own)."""
 
@@ -123,7 +124,7 @@ def _check_metrics(asked: Iterable[str], names: Sequence[str]) -> None:
 
 
 @dataclass(frozen=True)
-class DagNode:
+class DagNode(NotState):
     """A checkpoint placed on the graph: ``lane`` is its branch's column, ``row`` its
     place in commit order (0 = oldest)."""
 

@@ -159,7 +159,7 @@ _OTHER_SPELLINGS = {"dir": "directory", "no_resume": "resume=False",
 
 
 @dataclass
-class AutoConfig:
+class AutoConfig(NotState):
     """The options of a ``%%ckpt_auto`` cell or a ``ckpt_nb.auto()`` block, as read: a
     session's ``config``. ``auto()`` takes each field as a keyword, the magic as the flag
     beside it; None means "not used".

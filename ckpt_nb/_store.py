@@ -39,6 +39,7 @@ import numpy as np
 from . import _native
 from ._buffers import fill
 from ._errors import CorruptCheckpointError, MissingDependencyError, StoreError
+from ._not_state import NotState
 
 try:
     import fcntl
@@ -66,7 +67,7 @@ class Writer(Protocol):
     def write(self, data: bytes | memoryview, /) -> int: ...  # (as a file's)
 
 
-class Store(ABC):
+class Store(ABC, NotState):
     """A flat namespace of immutable byte values with atomic puts."""
 
     url: str

@@ -1844,3 +1844,49 @@ def test_the_default_store_stays_the_notebooks_after_a_cd(shell, tmp_path: Path,
     # (a --dir given is the current folder's, as any path typed)
     assert run(shell, cell.replace("--every-steps 2", "--dir here --every-steps 2")).success
     assert (tmp_path / "sub" / "here").is_dir() and not (tmp_path / "here").exists()
+
+
+def test_ckpt_nbs_own_objects_a_namespace_holds_are_not_said_as_left_out(
+        shell, tmp_path: Path, capsys) -> None:
+    """`mgr = CheckpointManager(...)`, `ck = mgr.load(...)`, a report, a config, a plot and
+    a DAG layout: each cell's start line said `skipped mgr (CheckpointManager), ck
+    (Checkpoint), ...`, and the line form `not saving ...`, of ckpt_nb's own objects. A
+    matplotlib Figure of the user's own is still named; a rollback and a resume leave
+    ckpt_nb's objects as they are."""
+    run(shell, SMALL)
+    step = "opt.zero_grad(); model(data[0]).sum().backward(); opt.step()"
+    store = tmp_path / "d"
+    assert run(shell, f"%%ckpt_auto --dir {store}\n{step}").success
+    assert run(shell, f"mgr = ckpt_nb.CheckpointManager({str(store)!r})\n"
+                      "ck = mgr.load('latest')\nreport = mgr.verify()\n"
+                      "config = ckpt_nb.AutoConfig(every_steps=2)\nstore = mgr.store\n"
+                      "layout = ckpt_nb.dag_layout(mgr.list())\n"
+                      "drawn = ckpt_nb.plot_dag(mgr)\n"
+                      "import matplotlib.figure\nplain = matplotlib.figure.Figure()").success
+    own = ["mgr", "ck", "report", "config", "store", "layout", "drawn"]
+    before = {name: shell.user_ns[name] for name in own}
+    capsys.readouterr()
+    assert run(shell, f"%%ckpt_auto --dir {store}\n{step}").success
+    run(shell, f"%ckpt_auto --dir {store}")
+    assert run(shell, step).success
+    run(shell, "%ckpt_auto --off")
+    out = capsys.readouterr().out
+    assert "tracking model, opt" in out and "skipped plain (Figure)" in out, out
+    assert "drawn" not in out, out
+    for name in ("CheckpointManager", "Checkpoint", "VerifyReport", "AutoConfig", "LocalStore",
+                 "DagNode"):
+        assert name not in out, out
+    assert run(shell, f"%ckpt_rollback {before['ck'].id}").success
+    assert all(shell.user_ns[name] is value for name, value in before.items())
+    # (a resume: a cell stopped, then run again, its objects there all along)
+    cell = (f"%%ckpt_auto --dir {store} --every-steps 1\nfor epoch in ckpt_nb.epochs(2):\n"
+            "    for i, x in ckpt_nb.batches(data):\n"
+            "        if (epoch, i) == (1, 1) and STOP.is_set(): raise KeyboardInterrupt\n"
+            f"        {step}\n")
+    run(shell, "import threading\nSTOP = threading.Event()\nSTOP.set()")
+    assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
+    run(shell, "STOP.clear()")
+    capsys.readouterr()
+    assert run(shell, cell).success and "resumed from" in capsys.readouterr().out
+    assert all(shell.user_ns[name] is value for name, value in before.items())
+    run(shell, "mgr.close()")
