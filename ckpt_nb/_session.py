@@ -40,6 +40,7 @@ import sysconfig
 import textwrap
 import threading
 import time
+import types
 import uuid
 import weakref
 from collections import Counter, deque
@@ -1000,16 +1001,21 @@ def _storage(tensor: torch.Tensor) -> int | None:
 def _orphaned_optimizers(names: Iterable[str], found: Discovery,
                          namespace: Mapping[str, Any]) -> list[str]:
     """A notice for each optimizer of ``names`` that may drive the parameters of a module
-    that is gone: tensors shaped as a tracked module's parameters, held by nothing else
-    the namespace reaches. The module's cell was run again (``model = ...``) and the
-    optimizer's was not: the optimizer steps the old model's parameters and the model
-    never trains. It is said, not refused: an optimizer left from an earlier experiment
-    looks the same, and restoring it does no harm."""
+    that is gone: tensors no tracked module holds, and nothing else the namespace reaches
+    either (no module, tensor, container or object holding one, tracked or not, nor a
+    function's closure): most of them where they are shaped as a tracked module's
+    parameters, all of them where they are shaped otherwise (the model re-created with
+    another shape: a hidden layer of 48, not 32; an optimizer of a part not saved, a
+    discriminator, has its module in the namespace). The module's cell was run again
+    (``model = ...``) and the optimizer's was not: the optimizer steps the old model's
+    parameters and the model never trains. It is said, not refused: an optimizer left
+    from an earlier experiment looks the same, and restoring it does no harm."""
     modules = {n: m for n, m in found.statefuls.items() if isinstance(m, torch.nn.Module)}
     if not modules:
         return []
     tracked = {_storage(p) for m in modules.values() for p in m.parameters()}
-    suspects: dict[str, tuple[str, set[int]]] = {}
+    # name -> (the tracked module its parameters are shaped as, None where none; storages)
+    suspects: dict[str, tuple[str | None, set[int]]] = {}
     for name in names:
         optimizer = found.statefuls.get(name)
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -1021,8 +1027,7 @@ def _orphaned_optimizers(names: Iterable[str], found: Discovery,
         shapes = Counter(tuple(p.shape) for p in params)
         like = next((n for n, m in modules.items()
                      if not shapes - Counter(tuple(p.shape) for p in m.parameters())), None)
-        if like is not None:
-            suspects[name] = like, storages
+        suspects[name] = like, storages
     if not suspects:  # (the walk only then: most optimizers drive a tracked module)
         return []
     # (an optimizer's own groups, reached through a loop's `g` or `p` left in the
@@ -1030,11 +1035,23 @@ def _orphaned_optimizers(names: Iterable[str], found: Discovery,
     own = {id(kept) for name in suspects for group in found.statefuls[name].param_groups
            for kept in (group, group["params"])}
     held = _held_storages(namespace, set().union(*(s for _, s in suspects.values())), own)
-    return [f"{name} drives parameters no tracked module holds: if the training uses it, "
-            f"re-create it after `{module}` (run its cell again); if it's left from earlier, "
-            f"`del {name}` or leave it out with --track (track=)"
-            for name, (module, storages) in suspects.items()
-            if 2 * len(storages & held) <= len(storages)]
+    notices = []
+    for name, (like, storages) in suspects.items():
+        if like is not None and 2 * len(storages & held) <= len(storages):
+            notices.append(f"{name} drives parameters no tracked module holds: if the "
+                           f"training uses it, re-create it after `{like}` (run its cell "
+                           f"again); if it's left from earlier, `del {name}` or leave it out "
+                           "with --track (track=)")
+        elif like is None and not storages & held:
+            trained = [n for n, m in modules.items() if next(m.parameters(), None) is not None]
+            after = f"`{trained[0]}`" if len(trained) == 1 else "the model it trains"
+            notices.append(f"{name} drives parameters that nothing in the namespace holds, "
+                           "shaped as no tracked module's (a model made anew since, of "
+                           f"another shape?): if the training uses it, re-create it after "
+                           f"{after} (run its cell again), or the model never trains; if "
+                           f"it's left from earlier, `del {name}` or leave it out with "
+                           "--track (track=)")
+    return notices
 
 
 def _held_storages(namespace: Mapping[str, Any], wanted: set[int],
@@ -1055,17 +1072,23 @@ def _held_storages(namespace: Mapping[str, Any], wanted: set[int],
     try:
         while queue and held != wanted:  # (breadth first: each value at its shallowest)
             value, depth = queue.popleft()
-            if id(value) in seen or depth > _MAX_DEPTH or is_code(value) or \
+            if id(value) in seen or depth > _MAX_DEPTH or \
                     isinstance(value, (torch.optim.Optimizer, str, bytes, int, float)):
                 continue
             seen.add(id(value))
             if len(seen) > _HELD_WALK_MOST:
                 return wanted
-            if isinstance(value, torch.Tensor):
+            if is_code(value):  # (a function's closure and defaults: `step = make_step()`)
+                queue.extend((item, depth + 1) for item in _code_holds(value))
+            elif isinstance(value, torch.Tensor):
                 held.update(s for s in (_storage(value),) if s in wanted)
             elif isinstance(value, torch.nn.Module):
                 held.update(s for t in (*value.parameters(), *value.buffers())
                             if (s := _storage(t)) in wanted)
+                # (and what its modules keep besides: heads in a plain list attribute)
+                queue.extend((item, depth + 1) for module in value.modules()
+                             for key, item in object.__getattribute__(module, "__dict__")
+                             .items() if not key.startswith("_"))
             elif isinstance(value, dict):
                 queue.extend((item, depth + 1) for item in value.values())
             elif isinstance(value, (list, tuple, set, frozenset)):
@@ -1084,6 +1107,24 @@ def _held_storages(namespace: Mapping[str, Any], wanted: set[int],
 
 # The most values the walk for an orphaned optimizer's holders visits (~0.1 s here).
 _HELD_WALK_MOST = 100_000
+
+
+def _code_holds(value: Any) -> list[Any]:
+    """What a function keeps alive that its code uses (``_held_storages``): its closure's
+    cells, its defaults; a bound method's object, a partial's function and arguments.
+    Not a module's or a class's namespace, nor a function's globals (the namespace
+    itself, or a library's)."""
+    if isinstance(value, types.MethodType):
+        return [value.__self__, value.__func__]
+    if isinstance(value, functools.partial):
+        return [value.func, *value.args, *value.keywords.values()]
+    if not isinstance(value, types.FunctionType):
+        return []
+    kept: list[Any] = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
+    for cell in value.__closure__ or ():
+        with contextlib.suppress(ValueError):  # (a cell not yet filled)
+            kept.append(cell.cell_contents)
+    return kept
 
 
 def _first_gradient(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:

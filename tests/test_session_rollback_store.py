@@ -243,6 +243,72 @@ def test_a_cell_run_on_a_model_re_created_after_its_optimizer_says_so(
     assert not torch.equal(shell.user_ns["model"].weight, before)
 
 
+OTHER_SHAPE_NOTICE = (
+    "opt drives parameters that nothing in the namespace holds, shaped as no tracked "
+    "module's (a model made anew since, of another shape?): if the training uses it, "
+    "re-create it after `model` (run its cell again), or the model never trains; if it's "
+    "left from earlier, `del opt` or leave it out with --track (track=)")
+
+
+def drives_warnings(shell: InteractiveShell, code: str) -> list[str]:
+    """The optimizer notices ckpt_nb warns of as ``code`` runs (which must succeed)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(shell, code)
+    return [str(w.message) for w in caught if "drives parameters" in str(w.message)]
+
+
+def test_a_cell_run_on_a_model_re_created_with_another_shape_says_so(
+        shell, tmp_path: Path) -> None:
+    """The model cell run again with another hidden size (4 -> 3 -> 2 made 4 -> 5 -> 2),
+    the optimizer cell not: the optimizer stepped the old model's parameters and the
+    model never trained, without a word (only a model of the same shape was told)."""
+    run(shell, REBIND_SETUP.replace("torch.nn.Linear(4, 2)", (
+        "torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))")))
+    run(shell, REBIND_TRAIN.format(dir=tmp_path / "s"))
+    run(shell, "model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), "
+               "torch.nn.Linear(5, 2))")
+    before = [p.detach().clone() for p in shell.user_ns["model"].parameters()]
+    assert drives_warnings(shell, REBIND_TRAIN.format(dir=tmp_path / "s")) == \
+        [OTHER_SHAPE_NOTICE]
+    assert all(torch.equal(p, b) for p, b in zip(shell.user_ns["model"].parameters(), before))
+    assert any(message.endswith(OTHER_SHAPE_NOTICE)  # (a rollback says it too)
+               for message in rollback_warnings(shell))
+    run(shell, "opt = torch.optim.SGD(model.parameters(), lr=0.1)")  # (the way out: quiet)
+    assert drives_warnings(shell, REBIND_TRAIN.format(dir=tmp_path / "s")) == []
+
+
+@pytest.mark.parametrize("setup", [
+    pytest.param("d_net = torch.nn.Linear(3, 1)\n"
+                 "opt_d = torch.optim.SGD(d_net.parameters(), lr=0.1)\n",
+                 id="a discriminator's optimizer, the discriminator untracked"),
+    pytest.param("def make_scale():\n"
+                 "    scale = torch.ones(3, requires_grad=True)\n"
+                 "    return (lambda x: x * scale), scale\n"
+                 "apply_scale, _ = make_scale()\n"
+                 "opt_d = torch.optim.SGD([apply_scale.__closure__[0].cell_contents], lr=0.1)\n",
+                 id="a tensor a closure holds"),
+    pytest.param("kept = [torch.zeros(3, 3, requires_grad=True), torch.zeros(3)]\n"
+                 "opt_d = torch.optim.SGD([kept[0]], lr=0.1)\n",
+                 id="a list of tensors the user keeps"),
+    pytest.param("model.heads = [torch.nn.Linear(3, 3)]\n"
+                 "opt_d = torch.optim.SGD(model.heads[0].parameters(), lr=0.1)\n",
+                 id="a module a model keeps in a plain list"),
+])
+def test_an_optimizer_of_another_shape_that_the_namespace_holds_is_not_orphaned(
+        shell, tmp_path: Path, setup: str) -> None:
+    """Shaped as no tracked module's and driving none, but its parameters held by a
+    module, a closure or a list the namespace reaches (a part not saved): not warned of,
+    at a cell's start or at a rollback."""
+    run(shell, "import torch, ckpt_nb\nmodel = torch.nn.Linear(4, 2)\n"
+               "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n" + setup)
+    cell = (f"%%ckpt_auto --dir {tmp_path / 's'} --track model,opt,opt_d --every-steps 1\n"
+            "for i in ckpt_nb.batches(range(2)):\n"
+            "    opt.zero_grad(); model(torch.ones(4)).sum().backward(); opt.step()\n")
+    assert drives_warnings(shell, cell) == []
+    assert drives_warnings(shell, "%ckpt_rollback -1") == []
+
+
 def rollback_warnings(shell: InteractiveShell) -> list[str]:
     """The warnings of ``%ckpt_rollback -1``, which must succeed."""
     with warnings.catch_warnings(record=True) as caught:
