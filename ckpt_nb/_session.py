@@ -2955,7 +2955,8 @@ class AutoSession(NotState):
         if above._position is None or _positions.get(self.url) != above._position \
                 or step is None:
             return
-        live = {id(obj) for obj in self.discovery.statefuls.values()}
+        # (sorted again: the cell may have made the model and optimizer it trained anew)
+        live = {id(obj) for obj in self.rediscover().statefuls.values()}
         if any(ref() is not None and id(ref()) in live for ref in trained):
             self.step = self.last_save_step = step
             self._step_offset = step - max(self._steps_by_optimizer.values(), default=0)

@@ -1720,6 +1720,26 @@ def test_the_line_form_counts_on_from_a_cell_run_under_it(shell, tmp_path: Path)
         assert row["parent"] is None or table.loc[row["parent"], "step"] < row["step"], cid
 
 
+def test_the_line_form_counts_on_from_a_cell_under_it_that_made_its_model_anew(
+        shell, tmp_path: Path) -> None:
+    """The same, where the cell makes its model and optimizer as it runs (the all-in-one
+    cell): the line form looked for the objects the cell trained among those it had
+    sorted before the cell, the old ones, and its next save said step 5 under step 9."""
+    run(shell, SMALL)
+    steps = "for s in range({}):\n    opt.zero_grad(); model(data[0]).sum().backward(); opt.step()"
+    assert run(shell, f"%ckpt_auto --dir {tmp_path / 'd'} --every-steps 2").success
+    assert run(shell, steps.format(3)).success
+    assert run(shell, f"%%ckpt_auto --dir {tmp_path / 'd'}\nmodel = torch.nn.Linear(2, 1)\n"
+                      f"opt = torch.optim.SGD(model.parameters(), lr=0.1)\n{steps.format(6)}"
+               ).success
+    assert run(shell, steps.format(5)).success
+    run(shell, "%ckpt_auto --off")
+    table = ckpt_nb.CheckpointManager(tmp_path / "d").list().set_index("id")
+    assert table["step"].tolist()[:3] == [2, 3, 9] and len(table) == 4
+    for cid, row in table.iterrows():
+        assert row["parent"] is None or table.loc[row["parent"], "step"] < row["step"], cid
+
+
 def test_ckpt_auto_off_names_the_checkpoint_the_session_rolled_back_to(
         shell, tmp_path: Path, capsys) -> None:
     """After a rollback it named the writer's last save, a newer checkpoint than the one
