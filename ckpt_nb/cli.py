@@ -294,7 +294,8 @@ def _metric_with_mode(parser: argparse.ArgumentParser,
         if args.mode not in (None, mode):
             parser.error(f"{metric} says {mode}, and --mode {args.mode}: give one")
         args.metric, args.mode = name, mode
-    elif name and mode.startswith(("min", "max")):  # (taken for a metric of that name)
+    elif name and mode.isalpha() and mode.startswith(("min", "max")):  # (a word: minimum;
+        # not a metric whose own name has a colon, grad:max_norm, which it found before)
         parser.error(f"--metric {metric}: the mode after the ':' is min or max, not "
                      f"{metric.rpartition(':')[2]!r}: --metric {name}:{mode[:3]}")
     return args

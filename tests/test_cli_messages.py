@@ -141,3 +141,16 @@ def test_a_misspelt_option_names_the_one_meant(
     code, out, err = run(capsys, *(a.format(dir=tmp_path) for a in argv))
     assert (code, out, err.splitlines()[-1]) == (2, "", said)
     assert len(CheckpointManager(tmp_path).list()) == 3  # (rm deleted nothing)
+
+
+def test_a_metric_named_with_a_colon_is_still_found(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--metric loss:minimum`` is refused as a mode misspelt; ``grad:max_norm``, a
+    metric's own name, was refused the same way, though a store logging it ranked by it."""
+    with CheckpointManager(tmp_path) as mgr:
+        lowest = [mgr.save(torch.nn.Linear(2, 2), rng=False, metrics={"grad:max_norm": v})
+                  for v in (1.0, 0.5, 2.0)][1]
+    code, out, err = run(capsys, "show", tmp_path, "best", "--metric", "grad:max_norm",
+                         "--mode", "min")
+    assert (code, err) == (0, "") and out.startswith(f"id:        {lowest}\n")
+    assert run(capsys, "ls", tmp_path, "--on", "grad:max_norm:max")[0] == 0
