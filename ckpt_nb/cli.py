@@ -243,15 +243,19 @@ def _advised(exc: Exception, location: str) -> str:
 
 def _refuse_misspelt_options(parser: argparse.ArgumentParser, options: list[str]) -> None:
     """A usage error naming the option meant, for one of the command's own misspelt
-    (``ls --allmetrics``, ``--metrics val_loss``, ``export --trust_pickle``): argparse said
-    "unrecognized arguments" alone. An ID such as -2 is no option: only ``--`` words."""
+    (``ls --allmetrics``, ``--metrics val_loss``, ``export --trust_pickle``, ``rm -force``,
+    as the magics read them): argparse said "unrecognized arguments" alone. An ID such as
+    -2 is no option."""
     known = [string for string in parser._option_string_actions if string.startswith("--")]
     for option in options:
         name = option.partition("=")[0]
-        if not name.startswith("--") or name == "--" or any(
+        if not name.startswith("-") or name in ("-", "--") or re.fullmatch(r"-\d+", name) \
+                or name in parser._option_string_actions or any(
                 string.startswith(name) for string in known):  # (argparse takes a prefix)
             continue
-        close = difflib.get_close_matches(name.replace("_", "-"), known, n=2, cutoff=0.85)
+        spelt = "--" + name.lstrip("-").replace("_", "-")
+        close = [spelt] if spelt in known else \
+            difflib.get_close_matches(spelt, known, n=2, cutoff=0.85)
         if close:
             parser.error(f"unrecognized arguments: {option}: did you mean "
                          f"{' or '.join(close)}?")

@@ -131,6 +131,10 @@ def test_a_folder_that_is_no_store_names_the_stores_it_was_likely_meant_for(
      "unrecognized arguments: --trust_pickle: did you mean --trust-pickle?"),
     (["show", "{dir}", "best", "--on", "loss:minimum"], "ckpt-nb show: error: --metric "
      "loss:minimum: the mode after the ':' is min or max, not 'minimum': --metric loss:min"),
+    (["rm", "{dir}", "-2", "-force"], "ckpt-nb rm: error: unrecognized arguments: -force: "
+     "did you mean --force?"),  # (one dash, as the magics take -every-steps)
+    (["ls", "{dir}", "-all_metrics"], "ckpt-nb ls: error: unrecognized arguments: "
+     "-all_metrics: did you mean --all-metrics?"),
     (["ls", "{dir}", "--sort", "step"], "ckpt-nb ls: error: unrecognized arguments: --sort "
      "step"),  # (no option of ls is close: argparse's words alone)
 ])
