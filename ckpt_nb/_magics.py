@@ -337,13 +337,19 @@ class CkptMagics(Magics):
         if session is None:
             print("ckpt_nb: the session is not being checkpointed (%ckpt_auto starts it)")
             return
+        self._stop_line_session_saying("stopped checkpointing the session")
+
+    def _stop_line_session_saying(self, stopped: str, then: str = "") -> None:
+        """Stop the line form, saying so with its latest checkpoint: "ckpt_nb: {stopped};
+        its latest checkpoint is ID (step S){then}"."""
+        session = self._line_session
         session.writer.wait()  # (the write in flight is where it stands once in)
         # Where the session stands (its last save, or a rollback's checkpoint): not the
         # writer's last save, a newer one after a rollback. (Read before its catalog closes.)
         latest = session._latest() if session._position else None
         self.stop_line_session()
-        print("ckpt_nb: stopped checkpointing the session"
-              + (f"; its latest checkpoint is {latest}" if latest else ""))
+        print(f"ckpt_nb: {stopped}" + (f"; its latest checkpoint is {latest}" if latest else "")
+              + then)
 
     def stop_line_session(self) -> None:
         if self._line_session is None:
@@ -526,14 +532,9 @@ def unload(shell: Any, magics: CkptMagics) -> None:
         shell.events.unregister("pre_run_cell", magics.note_cell)
     with contextlib.suppress(ValueError):  # (%config set each unloaded one, and said each
         shell.configurables.remove(magics)  # refusal once per %load_ext)
-    line = magics._line_session
-    if line is not None:  # (%reload_ext too: it went on unseen, saving nothing)
-        line.writer.wait()
-        latest = line._latest() if line._position else None
-        magics.stop_line_session()
-        print("ckpt_nb: unloading stopped checkpointing the session"
-              + (f"; its latest checkpoint is {latest}" if latest else "")
-              + ": %ckpt_auto starts it again")
+    if magics._line_session is not None:  # (%reload_ext too: it went on unseen, saving nothing)
+        magics._stop_line_session_saying("unloading stopped checkpointing the session",
+                                         ": %ckpt_auto starts it again")
     session_mod.stop()
     table = shell.magics_manager.magics
     for kind, names in MAGIC_NAMES.items():
