@@ -20,6 +20,7 @@ import datetime
 import difflib
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import keyword
@@ -3652,7 +3653,10 @@ class AutoSession(NotState):
             # (as the loop began: a generator of batches draws its order from them as the
             # skip fetches its first batch; put back as at the stop after the skip)
             self._set_generators(self.loop.batch_generators)
-        generators = self.loop.generators = _loader_generators(loader)
+        # (zip(l1, l2): its loaders' iterators, made as zip() was, before this loop began)
+        zipped, unreplayed = _zipped_loaders(loader, self.namespace)
+        generators = self.loop.generators = _loader_generators(
+            loader, [data for _, data in zipped])
         self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
         if start is not None:  # (before the generators are set: a new iterator draws)
             self._start_as_saved(data_loader, start)
@@ -3665,6 +3669,21 @@ class AutoSession(NotState):
                 self.say(f"the checkpoint holds the state of {len(fitting)} of this loader's "
                          f"{len(generators)} generators (saved by an earlier ckpt_nb, or the "
                          "loader changed since): the draws of the others are not replayed")
+            if not skip:  # (as saved at an epoch's end: before zip() made the iterators,
+                # each drawing its workers' base seed from its loader's generator, then)
+                for iterator, data in zipped:
+                    if isinstance(data.generator, torch.Generator):
+                        iterator._base_seed = torch.empty((), dtype=torch.int64).random_(
+                            generator=data.generator).item()
+        if skip and unreplayed:
+            self.say(f"the resumed epoch may go on in another order than a run never stopped "
+                     f"for {unreplayed} in the zip() given to batches(): its iterator drew "
+                     "its order as zip() made it, before the resume could set its generators "
+                     "(a loader with workers, one that is no notebook variable); to resume "
+                     "it exactly, make its generator= a notebook variable (`g = torch."
+                     "Generator().manual_seed(7)`) and give batches() a generator of the "
+                     "zipped batches (`def pairs(): yield from zip(l1, l2)`, then "
+                     "batches(pairs())), whose iterators are made inside the loop")
         if not skip:
             self.loop.epoch_rng = RNGState().state_dict()
             self.loop.batch_generators = self._generator_states()
@@ -4216,16 +4235,61 @@ def _live_name(key: str) -> str:
     return key[3:] if key.startswith("ns:") else key
 
 
-def _loader_generators(loader: Any) -> list[torch.Generator | _HeldRandom]:
+def _loader_generators(loader: Any, zipped: Iterable[Any] = ()
+                       ) -> list[torch.Generator | _HeldRandom]:
     """The generators a loader draws its order from, other than the global ones: a
     DataLoader's ``generator=``, its samplers' and those its sampler, batch sampler and
-    dataset hold (``loader_random``), through wrappers (``tqdm(loader)``) too. NumPy's and
-    Python's as ``_HeldRandom``: a checkpoint holds each one's state as a tensor."""
+    dataset hold (``loader_random``), through wrappers (``tqdm(loader)``) too, then the
+    ``zipped`` loaders' (``_zipped_loaders``). NumPy's and Python's as ``_HeldRandom``: a
+    checkpoint holds each one's state as a tensor."""
     found: dict[int, Any] = {}
-    for layer in _wrapped(loader):
+    for layer in [*_wrapped(loader), *zipped]:
         found.update((id(rng), rng) for rng in loader_random(layer)[0].values())
     return [rng if isinstance(rng, torch.Generator) else _HeldRandom(rng)
             for rng in found.values()]
+
+
+def _zipped_loaders(loader: Any, namespace: Mapping[str, Any]
+                    ) -> tuple[list[tuple[Any, torch.utils.data.DataLoader]], str]:
+    """A ``zip()`` that ``batches()`` is given (or a wrapper of it, ``tqdm(zip(l1, l2))``):
+    the iterators of notebook DataLoaders in it that drew no order yet, with their loaders
+    (made in this process, their samplers draw the epoch's order at the first fetch, in
+    the loop: a resume sets their generators ahead of it, as for a loader given alone);
+    and the names of the others, which drew theirs as zip() made them (workers fetching
+    ahead), or whose loader is no notebook variable (its generator= is not known)."""
+    made = next((layer for layer in _wrapped(loader) if type(layer) is zip), None)
+    if made is None:
+        return [], ""
+    try:
+        iterators = made.__reduce__()[1]
+    except Exception:  # noqa: BLE001 - a Python whose zip() reduces otherwise
+        return [], ""
+    loaders = {id(_index_sampler(value)): (name, value) for name, value in namespace.items()
+               if isinstance(value, torch.utils.data.DataLoader)}
+    found, unreplayed = [], []
+    for iterator in iterators:
+        if not isinstance(iterator, torch.utils.data.dataloader._BaseDataLoaderIter):
+            continue  # (a list, a range: no order drawn)
+        name, data = loaders.get(id(getattr(iterator, "_index_sampler", None)), (None, None))
+        started = getattr(iterator, "_sampler_iter", None)
+        if data is not None and isinstance(
+                iterator, torch.utils.data.dataloader._SingleProcessDataLoaderIter) \
+                and getattr(iterator, "_num_yielded", None) == 0 \
+                and isinstance(started, types.GeneratorType) \
+                and inspect.getgeneratorstate(started) == inspect.GEN_CREATED:
+            found.append((iterator, data))
+        else:
+            unreplayed.append(name or f"a {type(iterator).__name__}")
+    return found, ", ".join(unreplayed)
+
+
+def _index_sampler(loader: torch.utils.data.DataLoader) -> Any:
+    """What a DataLoader's iterators draw indices from (its batch sampler, or its sampler
+    where it batches none), as its iterators keep it; None where it cannot be read."""
+    try:
+        return loader._index_sampler
+    except Exception:  # noqa: BLE001 - a DataLoader subclass of another make
+        return None
 
 
 # Where wrappers of a loader keep it: tqdm's ``iterable``, accelerate's ``base_dataloader``

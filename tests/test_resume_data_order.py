@@ -349,3 +349,56 @@ def test_a_checkpoint_holding_fewer_loader_generators_puts_back_those_it_holds(
     assert "resumed from" in out and "the checkpoint holds the state of 1 of this loader's 2 " \
         "generators" in out, out
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
+# batches(zip(l1, l2)): zip() makes the loaders' iterators before batches() begins (each
+# draws its workers' base seed from its generator=), and their samplers draw the epoch's
+# order at the first fetch, inside batches(). ``generators``: written inline in each
+# DataLoader(...) or notebook variables; ``die``: the batch of epoch 1 the run is killed
+# at (2: its newest save is at epoch 0's end; 8: mid-epoch 1).
+ZIPPED_INLINE = """
+import hashlib, os, torch, ckpt_nb
+from torch.utils.data import DataLoader, TensorDataset
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+{generators}
+labelled = DataLoader(TensorDataset(X[:100], Y[:100]), batch_size=10, shuffle=True,
+                      generator={first})
+unlabelled = DataLoader(TensorDataset(X[100:]), batch_size=10, shuffle=True,
+                        generator={second})
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+with ckpt_nb.auto("store", every_steps=5, sync=True):  # (the kill loses no save)
+    for epoch in ckpt_nb.epochs(3):
+        for i, ((xb, yb), (xu,)) in ckpt_nb.batches(zip(labelled, unlabelled)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb + 0.1 * xu.mean(0)), yb).backward()
+            opt.step()
+            if os.environ["DIE"] and epoch == 1 and i == {die}:
+                os.kill(os.getpid(), 9)
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest())
+"""
+
+ZIPPED_GENERATORS = {
+    "inline": dict(generators="", first="torch.Generator().manual_seed(7)",
+                   second="torch.Generator().manual_seed(8)"),
+    "named": dict(generators="g1, g2 = torch.Generator().manual_seed(7), "
+                             "torch.Generator().manual_seed(8)", first="g1", second="g2"),
+}
+
+
+@pytest.mark.parametrize("generators, die", [("inline", 2), ("inline", 8), ("named", 2)],
+                         ids=["inline, epoch end", "inline, mid-epoch", "named, epoch end"])
+def test_zipped_loaders_given_to_batches_resume_bit_exact(tmp_path: Path, generators: str,
+                                                          die: int) -> None:
+    """batches(zip(labelled, unlabelled)) with the loaders' generator= written inline: the
+    resumed epoch went on in another order (the rerun's loaders start from their seeds), while
+    the start line said "ckpt_nb.batches() restores its order". batches() sees through the
+    zip to the loaders' iterators now: their generators are saved as the loop begins and set
+    for the replay (at an epoch's end, as saved, with the base seed zip() drew redrawn)."""
+    code = ZIPPED_INLINE.format(die=die, **ZIPPED_GENERATORS[generators])
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
+    assert f"step {10 if die == 2 else 15})" in resumed.stdout  # (resumed from)
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
