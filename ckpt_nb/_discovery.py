@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import dataclasses
 import functools
 import inspect
 import io
@@ -67,13 +68,30 @@ class Discovery:
         return line
 
 
+# Why an object of the user's own holding loop state (an early stopper's class, a
+# SimpleNamespace of ``best`` / ``bad``) is skipped, after its type's name, and the ways on.
+_NO_STATE_DICT = (", no state_dict(): not saved, nor put back on resume; give it "
+                  "state_dict()/load_state_dict(), or keep its fields in plain variables")
+
+
 def skipped_text(skipped: Mapping[str, str]) -> str:
     """``name (why)``, the names with one reason together (``a, b (why)``): three
-    Datasets were three copies of one paragraph on a line."""
+    Datasets were three copies of one paragraph on a line. Objects of the user's own
+    without state_dict() last, their types each and the reason once:
+    ``st (SimpleNamespace), stopper (Stopper), no state_dict(): ...``."""
     names: dict[str, list[str]] = {}
+    own: list[str] = []
     for name, why in skipped.items():
-        names.setdefault(why, []).append(name)
-    return ", ".join(f"{', '.join(together)} ({why})" for why, together in names.items())
+        if why.endswith(_NO_STATE_DICT):
+            own.append(f"{name} ({why[:-len(_NO_STATE_DICT)]})")
+        else:
+            names.setdefault(why, []).append(name)
+    parts = [f"{', '.join(together)} ({why})" for why, together in names.items()]
+    if own:
+        tail = _NO_STATE_DICT if len(own) == 1 else _NO_STATE_DICT.replace(
+            "give it", "give them").replace("its fields", "their fields")
+        parts.append(", ".join(own) + tail)
+    return ", ".join(parts)
 
 
 class _Unsupported(Exception):
@@ -1058,7 +1076,9 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 try:
                     size = plain_size(value, limit=max_variable_bytes)
                 except _Unsupported as exc:
-                    found.skipped[name] = str(exc)
+                    found.skipped[name] = str(exc) + (
+                        _NO_STATE_DICT if str(exc) == type(value).__name__
+                        and _holds_fields(value) else "")
                     continue
                 if size > max_variable_bytes:
                     found.skipped[name] = _over_the_cap(size, max_variable_bytes, magic)
@@ -1068,6 +1088,16 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
             found.skipped[name] = _unread(value, exc)
     _drop_contained_modules(found.statefuls)
     return found
+
+
+def _holds_fields(value: Any) -> bool:
+    """Whether a value is an object of the user's own holding fields, loop state a save
+    does not hold (an early stopper's ``best`` and ``bad``): an instance of a class the
+    notebook or script defines, a SimpleNamespace or a dataclass, with attributes."""
+    kind = type(value)
+    return bool(getattr(value, "__dict__", None)) and (
+        kind.__module__ == "__main__" or kind is types.SimpleNamespace
+        or dataclasses.is_dataclass(kind))
 
 
 def _over_the_cap(size: int, cap: int, magic: bool) -> str:

@@ -5,7 +5,9 @@ and run again, each against a run never stopped."""
 
 from __future__ import annotations
 
+import os
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -267,6 +269,35 @@ def test_map_style_datasets_are_skipped_in_a_word_and_merged() -> None:
     train_ds, val_ds = torch.utils.data.random_split(ds, [8, 2])
     summary = discover({"ds": ds, "train_ds": train_ds, "val_ds": val_ds}).summary()
     assert summary.endswith("skipped ds (TensorDataset), train_ds, val_ds (Subset)"), summary
+
+
+class Stopper:  # (an early stopper of the user's, without state_dict())
+    __module__ = "__main__"  # (as a notebook's class, or a script's)
+
+    def __init__(self) -> None:
+        self.best, self.bad = float("inf"), 0
+
+
+def test_objects_of_the_users_own_holding_loop_state_are_skipped_with_why_and_the_way_on(
+        ) -> None:
+    """An early stopper of the user's class and a SimpleNamespace of best / bad were said
+    "skipped st (SimpleNamespace), stopper (Stopper)": the type alone, though the loop
+    changes them and a resume does not put them back. The reason and the ways on are said
+    once for them, last; a library's object (an open file) keeps its word."""
+    namespace = {"log_file": open(os.devnull), "st": types.SimpleNamespace(best=1.0, bad=0),
+                 "stopper": Stopper()}
+    try:
+        summary = discover(namespace).summary()
+    finally:
+        namespace["log_file"].close()
+    assert summary.endswith(
+        "skipped log_file (open file), st (SimpleNamespace), stopper (Stopper), no "
+        "state_dict(): not saved, nor put back on resume; give them "
+        "state_dict()/load_state_dict(), or keep their fields in plain variables"), summary
+    alone = discover({"stopper": Stopper()}).summary()
+    assert alone.endswith("skipped stopper (Stopper), no state_dict(): not saved, nor put "
+                          "back on resume; give it state_dict()/load_state_dict(), or keep "
+                          "its fields in plain variables"), alone
 
 
 def test_an_auto_block_passing_its_loader_to_batches_is_not_told_to_wrap_it(
