@@ -3663,8 +3663,17 @@ class AutoSession(NotState):
         if loader_rng is not None:
             # (an earlier ckpt_nb saved the loader's own generators alone, first in the list)
             fitting = [(g, state) for g, state in zip(generators, loader_rng) if _fits(g, state)]
+            # At an epoch's end, the notebook's own were put back as saved by the resume,
+            # and the epoch's code may have drawn from them or seeded them since, as the
+            # unstopped run's did (`g.manual_seed(100 + epoch)`): they are as its now.
+            kept = set() if skip else {id(obj.generator if isinstance(obj, GeneratorState)
+                                          else obj.rng)
+                                       for obj in self.discovery.statefuls.values()
+                                       if isinstance(obj, (GeneratorState, RandomState))}
             for generator, state in fitting:
-                generator.set_state(state)  # (as the epoch began, or as it was saved)
+                if id(generator.rng if isinstance(generator, _HeldRandom)
+                      else generator) not in kept:
+                    generator.set_state(state)  # (as the epoch began, or as it was saved)
             if len(fitting) != len(generators):
                 self.say(f"the checkpoint holds the state of {len(fitting)} of this loader's "
                          f"{len(generators)} generators (saved by an earlier ckpt_nb, or the "
@@ -3672,7 +3681,8 @@ class AutoSession(NotState):
             if not skip:  # (as saved at an epoch's end: before zip() made the iterators,
                 # each drawing its workers' base seed from its loader's generator, then)
                 for iterator, data in zipped:
-                    if isinstance(data.generator, torch.Generator):
+                    if isinstance(data.generator, torch.Generator) \
+                            and id(data.generator) not in kept:
                         iterator._base_seed = torch.empty((), dtype=torch.int64).random_(
                             generator=data.generator).item()
         if skip and unreplayed:

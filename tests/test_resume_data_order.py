@@ -402,3 +402,41 @@ def test_zipped_loaders_given_to_batches_resume_bit_exact(tmp_path: Path, genera
     reference, resumed = unstopped_and_resumed(tmp_path, code)
     assert f"step {10 if die == 2 else 15})" in resumed.stdout  # (resumed from)
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
+# A notebook generator seeded by each epoch's code, the loader on it made there too: the
+# way on that the refusal of a generator made inside the epoch gives (one defined ahead).
+RESEEDED = """
+import hashlib, os, torch, ckpt_nb
+from torch.utils.data import DataLoader, TensorDataset
+torch.use_deterministic_algorithms(True)
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+g = torch.Generator()
+with ckpt_nb.auto("store", every_steps=5, sync=True):  # (the kill loses no save)
+    for epoch in ckpt_nb.epochs(3):
+        g.manual_seed(100 + epoch)
+        loader = DataLoader(TensorDataset(X, Y), batch_size=20, shuffle=True, generator=g)
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if os.environ["DIE"] and epoch == 1 and i == 2:
+                os.kill(os.getpid(), 9)
+print("params", hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest())
+"""
+
+
+def test_a_notebook_generator_the_epochs_code_seeds_resumes_bit_exact_at_an_epochs_end(
+        tmp_path: Path) -> None:
+    """Resumed from a save at epoch 0's end, batches() set the loader's generator (``g``,
+    a notebook variable) to its state at that save, over the ``g.manual_seed(101)`` that
+    epoch 1's code had just run: the epoch went on in another order. The notebook's own
+    generators are left as the epoch's code left them now (the resume put them back as
+    saved before it ran)."""
+    reference, resumed = unstopped_and_resumed(tmp_path, RESEEDED)
+    assert "step 10)" in resumed.stdout  # (resumed from epoch 1, batch 0)
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
