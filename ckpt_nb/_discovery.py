@@ -911,6 +911,31 @@ def _attribute_values(value: Any) -> list[Any]:
     return found
 
 
+@functools.lru_cache(maxsize=16)
+def helper_accumulators(code: types.CodeType) -> tuple[str, ...]:
+    """The locals of a function of the user's that runs a batches() loop which it sets
+    before that loop and adds to in it (``total = 0.0``, then ``total += loss.item()``):
+    no checkpoint holds a function's locals, so a resume mid-epoch starts them again at
+    their first value. None where its source cannot be read."""
+    function = _definition_of(code)
+    if function is None:
+        return ()
+    declared = {n for s in ast.walk(function) if isinstance(s, (ast.Global, ast.Nonlocal))
+                for n in s.names}
+    found: dict[str, None] = {}
+    for loop in ast.walk(function):
+        if not isinstance(loop, (ast.For, ast.AsyncFor)) or not _iterates(loop.iter, "batches"):
+            continue
+        before = {t.id for n in ast.walk(function) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                  and n.lineno < loop.lineno
+                  for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                  for t in ast.walk(target) if isinstance(t, ast.Name)}  # (`a, b = 0, 0`)
+        found.update((n.target.id, None) for part in loop.body for n in ast.walk(part)
+                     if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
+                     and n.target.id in before and n.target.id not in declared)
+    return tuple(found)
+
+
 def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str]] | None:
     """Where ``code`` passes each DataLoader of ``namespace`` (by id) to batches(): _FIRST
     (the loop batches() tracks), _LATER (a loop surely after it in the same epoch, which

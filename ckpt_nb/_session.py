@@ -65,7 +65,8 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, a
 from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
-                         from_storable, is_code, loader_random, names_bound, skipped_text,
+                         from_storable, helper_accumulators, is_code, loader_random,
+                         names_bound, skipped_text,
                          to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
@@ -3649,6 +3650,8 @@ class AutoSession(NotState):
         # A Dataset drawing from a notebook's generator draws again as the skipped batches
         # are fetched: those go back as at the stop after it, as the global ones do.
         held = _random_states(self.discovery.statefuls) if skip else []
+        if skip:
+            self._tell_helper_locals()
         if skip and self.loop.batch_generators:
             # (as the loop began: a generator of batches draws its order from them as the
             # skip fetches its first batch; put back as at the stop after the skip)
@@ -3750,6 +3753,30 @@ class AutoSession(NotState):
             self.loop.next_batch = index
         finally:
             self.loop.in_batches = False
+
+    def _tell_helper_locals(self) -> None:
+        """Resumed mid-epoch in a function of the user's (``run_epoch()``) whose locals
+        sum over the loop (``total = 0.0``, then ``total += ...`` in it): say once that
+        they start again at their first value, which no checkpoint holds."""
+        frame = sys._getframe(1)
+        while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] \
+                in ("ckpt_nb", "tqdm"):  # (this loop's helpers, a progress bar around it)
+            frame = frame.f_back
+        if frame is None or frame.f_code.co_name.startswith("<") or \
+                frame.f_code in _told_helper_locals:
+            return
+        names = _quietly_read(lambda: helper_accumulators(frame.f_code))
+        if not names:
+            return
+        _told_helper_locals.add(frame.f_code)
+        them = "it" if len(names) == 1 else "them"
+        self.say(f"warning: resumed mid-epoch inside {frame.f_code.co_name}(), whose "
+                 f"{'local' if len(names) == 1 else 'locals'} {', '.join(names)} "
+                 f"{'sums' if len(names) == 1 else 'sum'} over the loop: no checkpoint holds "
+                 f"a function's locals, so {them} start{'s' if len(names) == 1 else ''} again "
+                 "from the value the function sets before the loop, and what the epoch logs from "
+                 f"{them} differs from an unstopped run's (the weights resume exactly); keep "
+                 "running sums in notebook variables or in the cell's own code")
 
     def _save_before_a_failed_fetch(self, index: int, rng: Any,
                                     before: list[tuple[Any, Any]]) -> None:
@@ -4243,6 +4270,18 @@ def _stored_key(name: str) -> str:
 def _live_name(key: str) -> str:
     """The notebook name of an object saved under ``key`` (``_stored_key``)."""
     return key[3:] if key.startswith("ns:") else key
+
+
+# The functions a mid-epoch resume warned of their accumulating locals (once each).
+_told_helper_locals: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+
+
+def _quietly_read(read: Callable[[], tuple[str, ...]]) -> tuple[str, ...]:
+    """``read()``, or nothing where reading the user's source raised."""
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - source ast reads in a way this does not expect
+        return ()
 
 
 def _loader_generators(loader: Any, zipped: Iterable[Any] = ()

@@ -396,3 +396,45 @@ def test_a_run_of_the_same_code_in_another_live_process_is_not_its_retention(
         assert theirs < set(ckpt_nb.CheckpointManager(tmp_path / "store").list()["id"])
     finally:
         staying.communicate("", timeout=60)
+
+
+# A helper that runs the epoch's batches() loop and sums its losses in a local.
+HELPER_SUM = """
+import os, torch, ckpt_nb
+torch.manual_seed(0)
+X = torch.randn(200, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=20,
+                                     shuffle=True)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+def run_epoch(epoch):
+    total, seen = 0.0, []
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        total += loss.item()
+        seen.append(i)
+        if os.environ["DIE"] and epoch == 1 and i == 7:
+            os.kill(os.getpid(), 9)
+    return total
+
+with ckpt_nb.auto("store", every_steps=4, sync=True):
+    for epoch in ckpt_nb.epochs(3):
+        ckpt_nb.log(train_loss=run_epoch(epoch))
+"""
+
+
+def test_a_mid_epoch_resume_in_a_helper_says_its_running_sums_start_again(
+        tmp_path: Path) -> None:
+    """run_epoch()'s `total = 0.0` ... `total += loss.item()` started again at 0 after a
+    mid-epoch resume (no checkpoint holds a function's locals): the weights were exact,
+    the logged train_loss not, and nothing was said. It is said once now, naming it."""
+    _, resumed = unstopped_and_resumed(tmp_path, HELPER_SUM)
+    out = resumed.stdout + resumed.stderr
+    assert "(epoch 1, batch 6, step 16)" in out, out  # (resumed mid-epoch)
+    assert out.count("warning: resumed mid-epoch inside run_epoch(), whose local total "
+                     "sums over the loop") == 1, out
+    assert "seen" not in out.split("inside run_epoch()")[1].split("\n")[0], out
