@@ -4304,8 +4304,9 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any]
     the iterators of notebook DataLoaders in it that drew no order yet, with their loaders
     (made in this process, their samplers draw the epoch's order at the first fetch, in
     the loop: a resume sets their generators ahead of it, as for a loader given alone);
-    and the names of the others, which drew theirs as zip() made them (workers fetching
-    ahead), or whose loader is no notebook variable (its generator= is not known)."""
+    and the names of the others that draw from generators of their own, which drew their
+    order as zip() made them (workers fetching ahead), or whose loader is no notebook
+    variable (its generator= is not known)."""
     made = next((layer for layer in _wrapped(loader) if type(layer) is zip), None)
     if made is None:
         return [], ""
@@ -4327,9 +4328,33 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any]
                 and isinstance(started, types.GeneratorType) \
                 and inspect.getgeneratorstate(started) == inspect.GEN_CREATED:
             found.append((iterator, data))
-        else:
-            unreplayed.append(name or f"a {type(iterator).__name__}")
+        elif _quietly_held(data if data is not None else _LoaderParts(iterator)):
+            # (one drawing from the global generators alone draws as the unstopped run's:
+            # they are set as the epoch began before the epoch's code makes the zip)
+            unreplayed.append(name or "a DataLoader that is no notebook variable")
     return found, ", ".join(unreplayed)
+
+
+class _LoaderParts:
+    """What ``loader_random`` reads of a DataLoader, from one of its iterators (whose
+    loader is not known): its samplers and dataset; its ``generator=`` is not kept."""
+
+    generator = None
+
+    def __init__(self, iterator: Any) -> None:
+        index = getattr(iterator, "_index_sampler", None)
+        batched = getattr(iterator, "_auto_collation", False)
+        self.batch_sampler = index if batched else None
+        self.sampler = getattr(index, "sampler", None) if batched else index
+        self.dataset = getattr(iterator, "_dataset", None)
+
+
+def _quietly_held(loader: Any) -> bool:
+    """Whether a loader draws from generators other than the global ones."""
+    try:
+        return bool(loader_random(loader)[0])
+    except Exception:  # noqa: BLE001 - an odd sampler's attributes: said, to be safe
+        return True
 
 
 def _index_sampler(loader: torch.utils.data.DataLoader) -> Any:

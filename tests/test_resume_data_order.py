@@ -440,3 +440,30 @@ def test_a_notebook_generator_the_epochs_code_seeds_resumes_bit_exact_at_an_epoc
     reference, resumed = unstopped_and_resumed(tmp_path, RESEEDED)
     assert "step 10)" in resumed.stdout  # (resumed from epoch 1, batch 0)
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
+def test_a_zip_says_which_loaders_a_resume_cannot_replay_and_no_others() -> None:
+    """What batches(zip(...)) replays of the zipped loaders: a notebook loader in this
+    process, its iterator yet to draw (l1), is set as the loop began; one with workers
+    that drew its order from its generator= as zip() made it (l2), and one that is no
+    notebook variable (its generator= unknown), are the ones a mid-epoch resume names; one
+    drawing from the global generators alone (l3: set as the epoch began before zip()
+    draws) and a plain list are not named."""
+    from ckpt_nb._session import _zipped_loaders
+
+    data = torch.utils.data.TensorDataset(torch.arange(8.0))
+
+    def loader(workers: int = 0, seed: int | None = 1) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(
+            data, batch_size=2, shuffle=True, num_workers=workers,
+            generator=None if seed is None else torch.Generator().manual_seed(seed))
+
+    namespace = {"l1": loader(), "l2": loader(workers=1), "l3": loader(workers=1, seed=None)}
+    made = zip(namespace["l1"], namespace["l2"], namespace["l3"], loader(), [1, 2])
+    try:
+        found, unreplayed = _zipped_loaders(made, namespace)
+        assert [data for _, data in found] == [namespace["l1"]]
+        assert unreplayed == "l2, a DataLoader that is no notebook variable"
+        assert _zipped_loaders(iter([1]), namespace) == ([], "")
+    finally:
+        del made  # (its workers end)
