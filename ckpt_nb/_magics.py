@@ -49,7 +49,9 @@ class CkptMagics(Magics):
                                    "where the notebook is unknown, as in nbconvert or "
                                    "papermill jobs). One store for every notebook, set in "
                                    "ipython_config.py: their cells resume and prune each "
-                                   "other's runs; set root_dir there").tag(config=True)
+                                   "other's runs; set root_dir there. A relative one is in "
+                                   "the folder the kernel was in as %load_ext ckpt_nb ran, "
+                                   "as root_dir's").tag(config=True)
     root_dir = Unicode("checkpoints", help="The folder (or store URL) of the default stores, "
                                            "<root_dir>/<notebook name>, each notebook's own "
                                            "(<root_dir>/session where the notebook is "
@@ -105,18 +107,17 @@ class CkptMagics(Magics):
 
     def _default_store(self) -> str:
         """The store of a magic given no --dir: CkptMagics.default_dir, else <root_dir>/
-        <notebook name>, a relative root_dir in the folder the kernel was in as %load_ext
+        <notebook name>, a relative one in the folder the kernel was in as %load_ext
         ckpt_nb ran (the notebook's), whatever %cd did since: its own path while the
         kernel is still there, else that folder's."""
-        if self.default_dir:
-            return self.default_dir
-        root = self.root_dir
-        if "://" not in root and not os.path.isabs(os.path.expanduser(root)):
+        store = self.default_dir or session_mod.default_directory(self.shell.user_ns,
+                                                                  self.root_dir)
+        if "://" not in store and not os.path.isabs(os.path.expanduser(store)):
             with contextlib.suppress(OSError):  # (a working folder deleted: anchored)
                 if os.path.samefile(os.getcwd(), self._root_home):
-                    return session_mod.default_directory(self.shell.user_ns, root)
-            root = os.path.join(self._root_home, root)
-        return session_mod.default_directory(self.shell.user_ns, root)
+                    return store
+            store = os.path.join(self._root_home, store)
+        return store
 
     def note_cell(self, info: Any) -> None:
         """pre_run_cell: keep the cell's id (JupyterLab and Notebook 7 send one), which

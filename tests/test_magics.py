@@ -1910,3 +1910,32 @@ def test_ckpt_nbs_own_objects_a_namespace_holds_are_not_said_as_left_out(
     assert run(shell, cell).success and "resumed from" in capsys.readouterr().out
     assert all(shell.user_ns[name] is value for name, value in before.items())
     run(shell, "mgr.close()")
+
+
+def test_a_relative_default_dir_stays_the_notebooks_after_a_cd(shell, tmp_path: Path,
+                                                               capsys) -> None:
+    """%config CkptMagics.default_dir = "runs/exp1" (the README's example), a cell stopped,
+    %cd sub, the same cell again: it wrote a new store, sub/runs/exp1, and did not resume
+    (root_dir was anchored in the notebook's folder, default_dir, the store itself, not)."""
+    magics = shell.magics_manager.registry["CkptMagics"]
+    run(shell, SMALL)
+    cell = ("%%ckpt_auto --every-steps 2\nfor epoch in ckpt_nb.epochs(3):\n"
+            "    for i, x in ckpt_nb.batches(data):\n"
+            "        if (epoch, i) == (1, 2) and STOP.is_set(): raise KeyboardInterrupt\n"
+            "        opt.zero_grad(); model(x).sum().backward(); opt.step()\n")
+    try:
+        assert run(shell, "%config CkptMagics.default_dir = 'runs/exp1'").success
+        run(shell, "import threading\nSTOP = threading.Event()\nSTOP.set()")
+        assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
+        store = tmp_path / "runs" / "exp1"
+        stopped = ckpt_nb.CheckpointManager(store).list()["id"].iloc[-1]
+        (tmp_path / "sub").mkdir()
+        run(shell, "%cd sub\nSTOP.clear()")
+        capsys.readouterr()
+        assert run(shell, cell).success
+        out = capsys.readouterr().out
+        assert f"resumed from {stopped}" in out and str(store) in out.splitlines()[0], out
+        assert not (tmp_path / "sub" / "runs").exists()
+    finally:
+        shell.config.pop("CkptMagics", None)
+        magics.default_dir = ""
