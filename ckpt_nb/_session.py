@@ -1063,7 +1063,8 @@ def _held_storages(namespace: Mapping[str, Any], wanted: set[int],
     attribute), other than through an optimizer: those are held, not orphaned. Stops
     once all are found; modules give their parameters and buffers, not a state_dict;
     values whose ids are ``passed_over`` are not walked.
-    Only plain dicts, lists, tuples, sets and instance ``__dict__``s are walked, read
+    Only plain dicts, lists, tuples, sets, deques, instance ``__dict__``s and ``__slots__``,
+    modules' public attributes and functions' closures are walked, read
     without the object's own hooks (a lazy proxy's ``__getattr__``, a shelf's unpickling);
     a walk past ``_HELD_WALK_MOST`` values, or one that fails, takes all as held: the
     warning it serves is not worth a slow or failed rollback."""
@@ -1093,12 +1094,14 @@ def _held_storages(namespace: Mapping[str, Any], wanted: set[int],
                              .items() if not key.startswith("_"))
             elif isinstance(value, dict):
                 queue.extend((item, depth + 1) for item in value.values())
-            elif isinstance(value, (list, tuple, set, frozenset)):
+            elif isinstance(value, (list, tuple, set, frozenset, deque)):
                 queue.extend((item, depth + 1) for item in value)
             else:  # (an object of the user's own: a trainer, an EMA, a wrapper)
+                # (and its __slots__' values: a dataclass(slots=True) holding the model)
+                queue.extend((item, depth + 1) for item in _slot_values(value))
                 try:
                     attributes = object.__getattribute__(value, "__dict__")
-                except Exception:  # noqa: BLE001 - (none: __slots__, a C type)
+                except Exception:  # noqa: BLE001 - (none: __slots__ alone, a C type)
                     continue
                 if type(attributes) is dict:
                     queue.extend((item, depth + 1) for item in attributes.values())
@@ -1109,6 +1112,19 @@ def _held_storages(namespace: Mapping[str, Any], wanted: set[int],
 
 # The most values the walk for an orphaned optimizer's holders visits (~0.1 s here).
 _HELD_WALK_MOST = 100_000
+
+
+def _slot_values(value: Any) -> list[Any]:
+    """The values an object keeps in its classes' ``__slots__`` (``_held_storages``),
+    read through the slots' own descriptors, not the object's hooks; unset ones left out."""
+    found: list[Any] = []
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(slot := cls.__dict__.get(name), types.MemberDescriptorType):
+                with contextlib.suppress(AttributeError):
+                    found.append(slot.__get__(value, cls))
+    return found
 
 
 def _code_holds(value: Any) -> list[Any]:

@@ -294,6 +294,13 @@ def test_a_cell_run_on_a_model_re_created_with_another_shape_says_so(
     pytest.param("model.heads = [torch.nn.Linear(3, 3)]\n"
                  "opt_d = torch.optim.SGD(model.heads[0].parameters(), lr=0.1)\n",
                  id="a module a model keeps in a plain list"),
+    pytest.param("import collections\nparts = collections.deque([torch.nn.Linear(3, 1)])\n"
+                 "opt_d = torch.optim.SGD(parts[0].parameters(), lr=0.1)\n",
+                 id="a module in a deque"),
+    pytest.param("import dataclasses\n@dataclasses.dataclass(slots=True)\nclass Parts:\n"
+                 "    d_net: object\nparts = Parts(torch.nn.Linear(3, 1))\n"
+                 "opt_d = torch.optim.SGD(parts.d_net.parameters(), lr=0.1)\n",
+                 id="a module an object with __slots__ keeps"),
 ])
 def test_an_optimizer_of_another_shape_that_the_namespace_holds_is_not_orphaned(
         shell, tmp_path: Path, setup: str) -> None:
