@@ -3571,11 +3571,8 @@ class AutoSession(NotState):
     def _set_generators(self, states: dict[str, Any]) -> None:
         """Set the notebook's tracked generators to ``states`` (``_generator_states``'s,
         by stored key); one of another kind now is left as it is."""
-        live = {_stored_key(name): obj for name, obj in self.discovery.statefuls.items()}
-        for key, state in states.items():
-            if isinstance(obj := live.get(key), (GeneratorState, RandomState)):
-                with contextlib.suppress(Exception):
-                    obj.load_state_dict(state)
+        self._rewind_generators(
+            {_stored_key(name): obj for name, obj in self.discovery.statefuls.items()}, states)
 
     def _rewind_generators(self, targets: dict[str, Any], states: dict[str, Any] | None
                            ) -> dict[str, Any]:
