@@ -279,18 +279,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             commands[argv[0]].error(f"{' and '.join(named)} each name the metric: give one")
         _refuse_misspelt_options(commands[argv[0]], options)
         return _metric_with_mode(commands[argv[0]],
-                                 commands[argv[0]].parse_intermixed_args(argv[1:]))
+                                 commands[argv[0]].parse_intermixed_args(argv[1:]),
+                                 named[0] if named else "--metric")
     return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
 
 
 _RANKING_OPTIONS = ("--metric", "--on", "--mode")
 
 
-def _metric_with_mode(parser: argparse.ArgumentParser,
-                      args: argparse.Namespace) -> argparse.Namespace:
+def _metric_with_mode(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                      typed: str = "--metric") -> argparse.Namespace:
     """``--metric val_loss:min`` (or ``--on``, the notebook's word) read as ``--metric
     val_loss --mode min``: it was taken for a metric named "val_loss:min", which no
-    checkpoint logs."""
+    checkpoint logs. ``typed``: the option the user gave it with, which an error names."""
     metric = getattr(args, "metric", None)
     name, _, mode = (metric or "").rpartition(":")
     mode = mode.lower()
@@ -300,8 +301,8 @@ def _metric_with_mode(parser: argparse.ArgumentParser,
         args.metric, args.mode = name, mode
     elif name and mode.isalpha() and mode.startswith(("min", "max")):  # (a word: minimum;
         # not a metric whose own name has a colon, grad:max_norm, which it found before)
-        parser.error(f"--metric {metric}: the mode after the ':' is min or max, not "
-                     f"{metric.rpartition(':')[2]!r}: --metric {name}:{mode[:3]}")
+        parser.error(f"{typed} {metric}: the mode after the ':' is min or max, not "
+                     f"{metric.rpartition(':')[2]!r}: {typed} {name}:{mode[:3]}")
     return args
 
 

@@ -129,8 +129,10 @@ def test_a_folder_that_is_no_store_names_the_stores_it_was_likely_meant_for(
      "did you mean --force?"),
     (["export", "{dir}", "latest", "o.safetensors", "--trust_pickle"], "ckpt-nb export: error: "
      "unrecognized arguments: --trust_pickle: did you mean --trust-pickle?"),
-    (["show", "{dir}", "best", "--on", "loss:minimum"], "ckpt-nb show: error: --metric "
-     "loss:minimum: the mode after the ':' is min or max, not 'minimum': --metric loss:min"),
+    (["show", "{dir}", "best", "--on", "loss:minimum"], "ckpt-nb show: error: --on "
+     "loss:minimum: the mode after the ':' is min or max, not 'minimum': --on loss:min"),
+    (["ls", "{dir}", "--metric=loss:Maximum"], "ckpt-nb ls: error: --metric loss:Maximum: "
+     "the mode after the ':' is min or max, not 'Maximum': --metric loss:max"),
     (["rm", "{dir}", "-2", "-force"], "ckpt-nb rm: error: unrecognized arguments: -force: "
      "did you mean --force?"),  # (one dash, as the magics take -every-steps)
     (["ls", "{dir}", "-all_metrics"], "ckpt-nb ls: error: unrecognized arguments: "
