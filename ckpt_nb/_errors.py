@@ -226,18 +226,21 @@ def check_flag(name: str, value: object) -> None:
         raise TypeError(f"{name} takes True or False, not {value!r}")
 
 
-def warn(message: str, category: type[Warning] = UserWarning) -> None:
+def warn(message: str, category: type[Warning] = UserWarning,
+         *, skipped: tuple[str, ...] = ()) -> None:
     """Warn at the first line outside ckpt_nb on the stack (the user's call), however deep
     inside the package the warning starts: a fixed ``stacklevel`` points into ckpt_nb
     whenever the same code is reached through another path (the magics, the CLI). Where
     that line is IPython's (a magic's or a cell hook's work) or a thread's (a background
-    save), there is no line of the user's to show: the warning is ckpt_nb's own, one line."""
+    save), there is no line of the user's to show: the warning is ckpt_nb's own, one line.
+    ``skipped``: files passed over too (torch's, for a save in an optimizer's step hook:
+    the user's line is the ``opt.step()``)."""
     words = WARNING_WORDS.get()
     if words is not None:
         message = words(message)
     frame = sys._getframe(1)
     level = 2  # (1 is this function's own frame)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
+    while frame is not None and frame.f_code.co_filename.startswith((*_SKIPPED, *skipped)):
         frame = frame.f_back
         level += 1
     if frame is not None and str(frame.f_globals.get("__name__")).startswith(_HOSTS):

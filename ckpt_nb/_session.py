@@ -1000,6 +1000,10 @@ def _storage(tensor: torch.Tensor) -> int | None:
         return None
 
 
+# (torch's optimizer module: a save in a step hook warns at the user's ``opt.step()``)
+_TORCH_OPTIM = os.path.abspath(sys.modules[torch.optim.Optimizer.__module__].__file__ or "\0")
+
+
 def _orphaned_optimizers(names: Iterable[str], found: Discovery,
                          namespace: Mapping[str, Any]) -> list[str]:
     """A notice for each optimizer of ``names`` that may drive the parameters of a module
@@ -1414,6 +1418,11 @@ class AutoSession(NotState):
         self._told_untracked = False  # that its checkpoints from here are not resumed (once)
         self._kept_exact: str | None = None  # the exact checkpoint its later loop keeps
         self._sorted = False  # whether rediscover() ran: its first sort is the start line's
+        # The tracked modules by name as last sorted (id, their parameters' storages), and
+        # the storages of those bound to another module since the last save's check
+        # (``model = ...`` run again under the line form): an optimizer over them is asked.
+        self._modules_seen: dict[str, tuple[int, set[int]]] = {}
+        self._remade: set[int] = set()
         self._start_versions: dict[str, tuple[tuple[int, int], ...]] = {}  # (begin_cell's)
         self._interrupts = 0
         self._pending: _Pending | None = None
@@ -1516,10 +1525,31 @@ class AutoSession(NotState):
         self.discovery = discover(self.namespace, track=self.config.track,
                                   max_variable_bytes=self.config.max_variable_bytes,
                                   code=self._code, magic=self.config.magic)
+        for name, module in self.discovery.statefuls.items():
+            seen = self._modules_seen.get(name)
+            if isinstance(module, torch.nn.Module) and (seen is None or seen[0] != id(module)):
+                if seen is not None and self._sorted:
+                    self._remade |= seen[1]
+                self._modules_seen[name] = (id(module), {_storage(p) for p in
+                                                         module.parameters()} - {None})
         if not self._sorted:
             self._sorted = True
             self._told_skipped.update(self.discovery.skipped.items())
         return self.discovery
+
+    def _tell_orphaned_after_remade(self, found: Discovery) -> None:
+        """At a save: where a tracked module was made anew since the last one (the
+        ``model = ...`` cell run again under the line form, which starts no cell to warn
+        at), warn of an optimizer left stepping the old one's parameters, once for that
+        change: its checkpoints hold a model that never trains. Only those over the old
+        one's parameters are asked: one left from earlier is not named at each change."""
+        if not self._remade:
+            return
+        old, self._remade = self._remade, set()
+        names = [n for n, o in found.statefuls.items() if isinstance(o, torch.optim.Optimizer)
+                 and any(_storage(p) in old for group in o.param_groups for p in group["params"])]
+        for notice in _orphaned_optimizers(names, found, self.namespace) if names else ():
+            warn(notice, RuntimeWarning, skipped=(_TORCH_OPTIM,))
 
     def begin_cell(self, source: str | None = None, cell_id: str | None = None,
                    *, unseen: Iterable[str] = (), store_from: str | None = None,
@@ -2473,6 +2503,7 @@ class AutoSession(NotState):
             self._tell_untracked()
         found = self.rediscover()
         self._tell_skipped(found)
+        self._tell_orphaned_after_remade(found)
         if self._tell_no_state_at_save:  # (the cell made none of them as it ran)
             self._tell_no_state_at_save = False
             if not found.statefuls:
@@ -3856,6 +3887,7 @@ class AutoSession(NotState):
         run = extra.get(RUN_KEY) if isinstance(extra, dict) else None
         names = _variable_names(cid, run.get("variables")) if isinstance(run, dict) else []
         found = self.rediscover()
+        self._remade.clear()  # (the plan's notices say it: a save after it does not again)
         live = found.statefuls
         objects = [_live_name(key) for key in state.get("types") or {}]
         variables = [n for n in names if self._assignable(n, live)]
@@ -3914,6 +3946,8 @@ class AutoSession(NotState):
                  f"{_left_as_they_are(ck, self.discovery.statefuls, targets.values())}")
         for notice in plan.orphaned:  # (after the line: what was restored, then what to check)
             warn(f"rolled back to {ck.id}: {notice}", RuntimeWarning)
+        if plan.orphaned:  # (said: the next save does not say it again)
+            self._remade.clear()
         return ck.id
 
     def status(self) -> dict[str, Any]:

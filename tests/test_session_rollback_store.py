@@ -316,6 +316,35 @@ def test_an_optimizer_of_another_shape_that_the_namespace_holds_is_not_orphaned(
     assert drives_warnings(shell, "%ckpt_rollback -1") == []
 
 
+def test_the_line_form_warns_once_of_a_model_re_created_after_its_optimizer(
+        shell, tmp_path: Path) -> None:
+    """The same under the line form (%ckpt_auto on, plain training cells): no cell starts
+    to warn at, and its saves held an untrained model with no word. The first save after
+    the change warns, once, of the optimizer over the old model's parameters; the later
+    ones, and those after the optimizer's cell is run again, say nothing more."""
+    train = "for i in range(3):\n    opt.zero_grad(); model(torch.ones(4)).sum().backward()" \
+        "; opt.step()"
+    run(shell, REBIND_SETUP)
+    # (an optimizer left from earlier, over parameters of its own: not named at the change)
+    run(shell, "stale = torch.optim.SGD([torch.nn.Parameter(torch.ones(3))], lr=0.1)")
+    run(shell, f"%ckpt_auto --dir {tmp_path / 's'} --every-steps 2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(shell, train)  # (no change: quiet)
+        quiet = len(caught)
+        run(shell, "model = torch.nn.Linear(4, 2)")
+        before = shell.user_ns["model"].weight.detach().clone()
+        run(shell, train)
+        run(shell, train)
+        assert torch.equal(shell.user_ns["model"].weight, before)  # (what it warns of)
+        run(shell, "opt = torch.optim.SGD(model.parameters(), lr=0.1)")
+        run(shell, train)
+    run(shell, "%ckpt_auto --off")
+    told = [str(w.message) for w in caught if "drives" in str(w.message)]
+    assert quiet == 0 and told == [ORPHAN_NOTICE]
+    assert not torch.equal(shell.user_ns["model"].weight, before)
+
+
 def rollback_warnings(shell: InteractiveShell) -> list[str]:
     """The warnings of ``%ckpt_rollback -1``, which must succeed."""
     with warnings.catch_warnings(record=True) as caught:
