@@ -3007,8 +3007,19 @@ class AutoSession(NotState):
         # (sorted again: the cell may have made the model and optimizer it trained anew)
         live = {id(obj) for obj in self.rediscover().statefuls.values()}
         if any(ref() is not None and id(ref()) in live for ref in trained):
-            self.step = self.last_save_step = step
-            self._step_offset = step - max(self._steps_by_optimizer.values(), default=0)
+            self._count_from(step)
+
+    def _count_from(self, step: int) -> None:
+        """The kernel's state is a checkpoint's at ``step`` (rolled back to, or a cell's
+        under the line form): the later steps count on from it, by what the optimizers it
+        tracks now take. Those no longer tracked (the old ``opt`` that a cell made anew)
+        are forgotten: their steps stayed in the most any optimizer took and held the step
+        back, a new optimizer's first steps counted none (11 where 14 were taken)."""
+        tracked = {id(obj) for obj in self.discovery.statefuls.values()}
+        for key in [key for key in self._steps_by_optimizer if key not in tracked]:
+            del self._steps_by_optimizer[key]  # (one that steps again counts on anew)
+        self.step = self.last_save_step = step
+        self._step_offset = step - max(self._steps_by_optimizer.values(), default=0)
 
     def _tell_finished(self) -> None:
         """In a kernel that has not saved, resumed or rolled back on this store (a new one,
@@ -3246,8 +3257,7 @@ class AutoSession(NotState):
         self.history = saved.history
         self.metrics = dict(ck.metrics)
         if saved.step is not None:
-            self.step = self.last_save_step = saved.step
-            self._step_offset = self.step - max(self._steps_by_optimizer.values(), default=0)
+            self._count_from(saved.step)
         return targets, variables
 
     def _rebaseline(self, objects: Mapping[str, Any]) -> None:

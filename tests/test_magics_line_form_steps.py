@@ -56,6 +56,34 @@ def test_the_line_form_counts_its_steps_on_from_the_checkpoint_the_model_came_fr
     assert saved(store)[-1][1:] == (None, 2)
 
 
+@pytest.mark.parametrize("after", ["cell", "rollback"])
+def test_the_line_form_counts_the_steps_of_an_optimizer_made_anew(
+        shell, tmp_path: Path, after: str) -> None:
+    """After a %%ckpt_auto cell under it that made its model and optimizer anew, or a
+    rollback into a model and optimizer made anew, the old optimizer's count stayed in the
+    most any optimizer took: the new one's first steps counted none (11 where 14 were
+    taken; after the rollback, no save at all of the 5 steps trained)."""
+    store = tmp_path / "s"
+    made = "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.01)"
+    run(shell, SETUP)
+    run(shell, f"%ckpt_auto --dir {store} --every-steps 2")
+    if after == "cell":
+        run(shell, "train(3)")
+        run(shell, f"%%ckpt_auto --dir {store}\n{made}\ntrain(6)")
+        start = 9
+    else:
+        run(shell, "train(5)")
+        run(shell, made)
+        run(shell, "%ckpt_rollback -1")
+        start = 4
+    run(shell, "train(5)")
+    run(shell, "%ckpt_auto --off")
+    rows = saved(store)
+    assert [step for _, _, step in rows[-3:]] == [start + 2, start + 4, start + 5]
+    steps = {cid: step for cid, _, step in rows}
+    assert all(parent is None or steps[parent] < step for _, parent, step in rows)
+
+
 @pytest.mark.parametrize("form", ["line", "cell"])
 def test_an_on_save_at_the_step_an_every_steps_save_took_is_one_checkpoint(
         shell, tmp_path: Path, form: str) -> None:
