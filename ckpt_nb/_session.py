@@ -3710,8 +3710,13 @@ class AutoSession(NotState):
             # (as the loop began: a generator of batches draws its order from them as the
             # skip fetches its first batch; put back as at the stop after the skip)
             self._set_generators(self.loop.batch_generators)
+        # The notebook's own generators: a resume puts them back as saved (as the epoch
+        # began, for a resume in it) before the epoch's code runs again and draws from them.
+        ours = {id(obj.generator if isinstance(obj, GeneratorState) else obj.rng)
+                for obj in self.discovery.statefuls.values()
+                if isinstance(obj, (GeneratorState, RandomState))}
         # (zip(l1, l2): its loaders' iterators, made as zip() was, before this loop began)
-        zipped, unreplayed = _zipped_loaders(loader, self.namespace)
+        zipped, unreplayed = _zipped_loaders(loader, self.namespace, ours)
         generators = self.loop.generators = _loader_generators(
             loader, [data for _, data in zipped])
         self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
@@ -3723,10 +3728,7 @@ class AutoSession(NotState):
             # At an epoch's end, the notebook's own were put back as saved by the resume,
             # and the epoch's code may have drawn from them or seeded them since, as the
             # unstopped run's did (`g.manual_seed(100 + epoch)`): they are as its now.
-            kept = set() if skip else {id(obj.generator if isinstance(obj, GeneratorState)
-                                          else obj.rng)
-                                       for obj in self.discovery.statefuls.values()
-                                       if isinstance(obj, (GeneratorState, RandomState))}
+            kept = set() if skip else ours
             for generator, state in fitting:
                 if id(generator.rng if isinstance(generator, _HeldRandom)
                       else generator) not in kept:
@@ -3742,7 +3744,7 @@ class AutoSession(NotState):
                             and id(data.generator) not in kept:
                         iterator._base_seed = torch.empty((), dtype=torch.int64).random_(
                             generator=data.generator).item()
-        if skip and unreplayed:
+        if start is not None and unreplayed:  # (resumed: mid-epoch or at an epoch's end)
             self.say(f"the resumed epoch may go on in another order than a run never stopped "
                      f"for {unreplayed} in the zip() given to batches(): its iterator drew "
                      "its order as zip() made it, before the resume could set its generators "
@@ -4355,15 +4357,17 @@ def _loader_generators(loader: Any, zipped: Iterable[Any] = ()
             for rng in found.values()]
 
 
-def _zipped_loaders(loader: Any, namespace: Mapping[str, Any]
+def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
+                    ours: AbstractSet[int] = frozenset()
                     ) -> tuple[list[tuple[Any, torch.utils.data.DataLoader]], str]:
     """A ``zip()`` that ``batches()`` is given (or a wrapper of it, ``tqdm(zip(l1, l2))``):
     the iterators of notebook DataLoaders in it that drew no order yet, with their loaders
     (made in this process, their samplers draw the epoch's order at the first fetch, in
     the loop: a resume sets their generators ahead of it, as for a loader given alone);
-    and the names of the others that draw from generators of their own, which drew their
-    order as zip() made them (workers fetching ahead), or whose loader is no notebook
-    variable (its generator= is not known)."""
+    and the names of the others that draw from generators of their own other than the
+    notebook's (``ours``, ids: put back as saved before the epoch's code makes the zip),
+    which drew their order as zip() made them (workers fetching ahead), or whose loader is
+    no notebook variable (its generator= is not known)."""
     made = next((layer for layer in _wrapped(loader) if type(layer) is zip), None)
     if made is None:
         return [], ""
@@ -4385,9 +4389,9 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any]
                 and isinstance(started, types.GeneratorType) \
                 and inspect.getgeneratorstate(started) == inspect.GEN_CREATED:
             found.append((iterator, data))
-        elif _quietly_held(data if data is not None else _LoaderParts(iterator)):
-            # (one drawing from the global generators alone draws as the unstopped run's:
-            # they are set as the epoch began before the epoch's code makes the zip)
+        elif _quietly_held(data if data is not None else _LoaderParts(iterator), ours):
+            # (one drawing from the global generators alone, or the notebook's, draws as the
+            # unstopped run's: they are set as the epoch began before its code makes the zip)
             unreplayed.append(name or "a DataLoader that is no notebook variable")
     return found, ", ".join(unreplayed)
 
@@ -4406,10 +4410,10 @@ class _LoaderParts:
         self.dataset = getattr(iterator, "_dataset", None)
 
 
-def _quietly_held(loader: Any) -> bool:
-    """Whether a loader draws from generators other than the global ones."""
+def _quietly_held(loader: Any, ours: AbstractSet[int] = frozenset()) -> bool:
+    """Whether a loader draws from generators other than the global ones and ``ours``."""
     try:
-        return bool(loader_random(loader)[0])
+        return any(id(rng) not in ours for rng in loader_random(loader)[0].values())
     except Exception:  # noqa: BLE001 - an odd sampler's attributes: said, to be safe
         return True
 

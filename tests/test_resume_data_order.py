@@ -467,3 +467,28 @@ def test_a_zip_says_which_loaders_a_resume_cannot_replay_and_no_others() -> None
         assert _zipped_loaders(iter([1]), namespace) == ([], "")
     finally:
         del made  # (its workers end)
+    # (l2's generator= a notebook variable: put back as saved before zip() draws from it)
+    made = zip(namespace["l2"], namespace["l3"])
+    try:
+        assert _zipped_loaders(made, namespace, {id(namespace["l2"].generator)}) == ([], "")
+    finally:
+        del made
+
+
+@pytest.mark.parametrize("first, die, said", [
+    ("torch.Generator().manual_seed(7), num_workers=1", 2, True),
+    ("g1, num_workers=1", 8, False)], ids=["inline, epoch end", "named, mid-epoch"])
+def test_a_zipped_loader_with_workers_is_said_at_any_resume_it_cannot_replay(
+        tmp_path: Path, first: str, die: int, said: bool) -> None:
+    """A zipped loader with workers draws its order as zip() makes its iterator: from a
+    generator= written inline, a resume at an epoch's end went on in another order without a
+    word (only a mid-epoch one said so); from a notebook generator (put back as saved before
+    the epoch's code makes the zip) it resumes exactly, and was named all the same."""
+    code = ZIPPED_INLINE.format(die=die, generators="g1 = torch.Generator().manual_seed(7)",
+                                first=first, second="None")
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
+    assert f"step {10 if die == 2 else 15})" in resumed.stdout  # (resumed from)
+    assert ("in another order than a run never stopped for labelled" in resumed.stdout) \
+        is said, resumed.stdout
+    if not said:
+        assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
