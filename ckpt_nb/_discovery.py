@@ -1118,11 +1118,13 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
 def _holds_fields(value: Any) -> bool:
     """Whether a value is an object of the user's own holding fields, loop state a save
     does not hold (an early stopper's ``best`` and ``bad``): an instance of a class the
-    notebook or script defines, a SimpleNamespace or a dataclass, with attributes."""
+    notebook or script defines, a SimpleNamespace or a dataclass, with attributes. A
+    Dataset class of the notebook's is none: its data, made again by the rerun's code."""
     kind = type(value)
-    return bool(getattr(value, "__dict__", None)) and (
-        kind.__module__ == "__main__" or kind is types.SimpleNamespace
-        or dataclasses.is_dataclass(kind))
+    return (kind.__module__ == "__main__" or kind is types.SimpleNamespace
+            or dataclasses.is_dataclass(kind)) and not isinstance(
+                value, torch.utils.data.Dataset) \
+        and bool(getattr(value, "__dict__", None))
 
 
 def _over_the_cap(size: int, cap: int, magic: bool) -> str:

@@ -278,6 +278,19 @@ class Stopper:  # (an early stopper of the user's, without state_dict())
         self.best, self.bad = float("inf"), 0
 
 
+class Pairs(torch.utils.data.Dataset):  # (a notebook's Dataset class)
+    __module__ = "__main__"
+
+    def __init__(self) -> None:
+        self.x = torch.arange(4.0)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.x[i]
+
+
 def test_objects_of_the_users_own_holding_loop_state_are_skipped_with_why_and_the_way_on(
         ) -> None:
     """An early stopper of the user's class and a SimpleNamespace of best / bad were said
@@ -294,6 +307,10 @@ def test_objects_of_the_users_own_holding_loop_state_are_skipped_with_why_and_th
         "skipped log_file (open file), st (SimpleNamespace), stopper (Stopper), no "
         "state_dict(): not saved, nor put back on resume; give them "
         "state_dict()/load_state_dict(), or keep their fields in plain variables"), summary
+    # (a Dataset class of the notebook's: its data, which the rerun's code makes again)
+    data = discover({"ds": Pairs(), "stopper": Stopper()}).summary()
+    assert "skipped ds (Pairs), stopper (Stopper), no state_dict(): not saved, nor put " \
+        "back on resume; give it " in data, data
     alone = discover({"stopper": Stopper()}).summary()
     assert alone.endswith("skipped stopper (Stopper), no state_dict(): not saved, nor put "
                           "back on resume; give it state_dict()/load_state_dict(), or keep "
