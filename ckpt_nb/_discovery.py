@@ -912,19 +912,22 @@ def _attribute_values(value: Any) -> list[Any]:
 
 
 @functools.lru_cache(maxsize=16)
-def helper_accumulators(code: types.CodeType) -> tuple[str, ...]:
-    """The locals of a function of the user's that runs a batches() loop which it sets
-    before that loop and adds to in it (``total = 0.0``, then ``total += loss.item()``):
-    no checkpoint holds a function's locals, so a resume mid-epoch starts them again at
-    their first value. None where its source cannot be read."""
+def helper_accumulators(code: types.CodeType, line: int) -> tuple[str, ...]:
+    """The locals of a function of the user's that runs a batches() loop (the one at its
+    ``line``, the frame's) which it sets before that loop and adds to in it (``total =
+    0.0``, then ``total += loss.item()``): no checkpoint holds a function's locals, so a
+    resume mid-epoch starts them again at their first value; a later loop's (validation)
+    run whole after it. None where its source cannot be read."""
     function = _definition_of(code)
     if function is None:
         return ()
+    line -= code.co_firstlineno - 1  # (in the function's source alone, as ast reads it)
     declared = {n for s in ast.walk(function) if isinstance(s, (ast.Global, ast.Nonlocal))
                 for n in s.names}
     found: dict[str, None] = {}
     for loop in ast.walk(function):
-        if not isinstance(loop, (ast.For, ast.AsyncFor)) or not _iterates(loop.iter, "batches"):
+        if not isinstance(loop, (ast.For, ast.AsyncFor)) or not _iterates(loop.iter, "batches") \
+                or not loop.lineno <= line <= (loop.end_lineno or loop.lineno):
             continue
         before = {t.id for n in ast.walk(function) if isinstance(n, (ast.Assign, ast.AnnAssign))
                   and n.lineno < loop.lineno

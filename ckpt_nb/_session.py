@@ -3821,15 +3821,16 @@ class AutoSession(NotState):
         if frame is None or frame.f_code.co_name.startswith("<") or \
                 frame.f_code in _told_helper_locals:
             return
-        names = _quietly_read(lambda: helper_accumulators(frame.f_code))
+        names = _quietly_read(lambda: helper_accumulators(frame.f_code, frame.f_lineno))
         if not names:
             return
         _told_helper_locals.add(frame.f_code)
-        them = "it" if len(names) == 1 else "them"
+        one = len(names) == 1
+        them, they = ("it", "it starts") if one else ("them", "they start")
         self.say(f"warning: resumed mid-epoch inside {frame.f_code.co_name}(), whose "
-                 f"{'local' if len(names) == 1 else 'locals'} {', '.join(names)} "
-                 f"{'sums' if len(names) == 1 else 'sum'} over the loop: no checkpoint holds "
-                 f"a function's locals, so {them} start{'s' if len(names) == 1 else ''} again "
+                 f"{'local' if one else 'locals'} {', '.join(names)} "
+                 f"{'sums' if one else 'sum'} over the loop: no checkpoint holds "
+                 f"a function's locals, so {they} again "
                  "from the value the function sets before the loop, and what the epoch logs from "
                  f"{them} differs from an unstopped run's (the weights resume exactly); keep "
                  "running sums in notebook variables or in the cell's own code")

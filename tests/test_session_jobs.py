@@ -409,7 +409,7 @@ model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 def run_epoch(epoch):
-    total, seen = 0.0, []
+    total, seen, val_total = 0.0, [], 0.0
     for i, (xb, yb) in ckpt_nb.batches(loader):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
@@ -419,6 +419,9 @@ def run_epoch(epoch):
         seen.append(i)
         if os.environ["DIE"] and epoch == 1 and i == 7:
             os.kill(os.getpid(), 9)
+    with torch.no_grad():  # (a later loop: run whole after a resume in the first)
+        for _, (xb, yb) in ckpt_nb.batches(loader):
+            val_total += torch.nn.functional.cross_entropy(model(xb), yb).item()
     return total
 
 with ckpt_nb.auto("store", every_steps=4, sync=True):
@@ -437,4 +440,5 @@ def test_a_mid_epoch_resume_in_a_helper_says_its_running_sums_start_again(
     assert "(epoch 1, batch 6, step 16)" in out, out  # (resumed mid-epoch)
     assert out.count("warning: resumed mid-epoch inside run_epoch(), whose local total "
                      "sums over the loop") == 1, out
-    assert "seen" not in out.split("inside run_epoch()")[1].split("\n")[0], out
+    said = out.split("inside run_epoch()")[1].split("\n")[0]
+    assert "seen" not in said and "val_total" not in said, out
