@@ -3720,6 +3720,7 @@ class AutoSession(NotState):
         generators = self.loop.generators = _loader_generators(
             loader, [data for _, data in zipped])
         self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
+        ahead = [g.get_state() for g in generators]  # (as the epoch's code left them)
         if start is not None:  # (before the generators are set: a new iterator draws)
             self._start_as_saved(data_loader, start)
         if loader_rng is not None:
@@ -3733,6 +3734,11 @@ class AutoSession(NotState):
                 if id(generator.rng if isinstance(generator, _HeldRandom)
                       else generator) not in kept:
                     generator.set_state(state)  # (as the epoch began, or as it was saved)
+            for generator, state in zip(generators, ahead):  # (persistent workers' iterator
+                # made anew above drew from them: the unstopped run's, kept, did not)
+                if id(generator.rng if isinstance(generator, _HeldRandom)
+                      else generator) in kept:
+                    generator.set_state(state)
             if len(fitting) != len(generators):
                 self.say(f"the checkpoint holds the state of {len(fitting)} of this loader's "
                          f"{len(generators)} generators (saved by an earlier ckpt_nb, or the "

@@ -492,3 +492,21 @@ def test_a_zipped_loader_with_workers_is_said_at_any_resume_it_cannot_replay(
         is said, resumed.stdout
     if not said:
         assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
+def test_a_notebook_generator_of_a_loader_with_persistent_workers_resumes_at_an_epochs_end(
+        tmp_path: Path) -> None:
+    """persistent_workers=True on a notebook generator ``g``, resumed from a save at epoch
+    0's end: the resume makes the loader's kept iterator anew, which draws from ``g``, and
+    that draw (set over before, as saved) was left in it, so the epoch went on in another
+    order. The notebook's own generators go back as the epoch's code left them now."""
+    code = RESEEDED.replace(
+        "        g.manual_seed(100 + epoch)\n        loader = DataLoader(TensorDataset(X, Y), "
+        "batch_size=20, shuffle=True, generator=g)\n", "").replace(
+        "g = torch.Generator()\n", "g = torch.Generator().manual_seed(7)\nloader = DataLoader("
+        "TensorDataset(X, Y), batch_size=20, shuffle=True, generator=g, num_workers=1,\n"
+        "                    persistent_workers=True)\n")
+    assert "persistent_workers=True" in code and "manual_seed(100" not in code
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
+    assert "step 10)" in resumed.stdout  # (resumed from epoch 1, batch 0)
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
