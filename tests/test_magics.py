@@ -1837,6 +1837,30 @@ def test_a_rollback_to_a_branchs_tip_says_the_next_save_goes_on_along_it(
     assert (rows.loc[branched, "parent"], rows.loc[branched, "branch"]) == (first, "branch-1")
 
 
+# A cell that stops at epoch 1, batch 2 while STOP is set (a KeyboardInterrupt).
+_STOPPING_CELL = ("%%ckpt_auto --every-steps 2\nfor epoch in ckpt_nb.epochs(3):\n"
+                  "    for i, x in ckpt_nb.batches(data):\n"
+                  "        if (epoch, i) == (1, 2) and STOP.is_set(): raise KeyboardInterrupt\n"
+                  "        opt.zero_grad(); model(x).sum().backward(); opt.step()\n")
+
+
+def _stopped_then_run_again_after_a_cd(shell, capsys, tmp_path: Path, store: str) -> str:
+    """A cell on the default store (``store``, under ``tmp_path``) interrupted, then %cd
+    sub, then the same cell again: checks that it resumed the stopped checkpoint from that
+    store and made none under sub/; the stopped checkpoint's id."""
+    run(shell, "import threading\nSTOP = threading.Event()\nSTOP.set()")  # (not restored)
+    assert isinstance(run(shell, _STOPPING_CELL).error_in_exec, KeyboardInterrupt)
+    stopped = ckpt_nb.CheckpointManager(tmp_path / store).list()["id"].iloc[-1]
+    (tmp_path / "sub").mkdir()
+    run(shell, "%cd sub\nSTOP.clear()")
+    capsys.readouterr()
+    assert run(shell, _STOPPING_CELL).success
+    out = capsys.readouterr().out
+    assert f"resumed from {stopped}" in out and str(tmp_path / store) in out.splitlines()[0], out
+    assert not (tmp_path / "sub" / store.split("/")[0]).exists()
+    return stopped
+
+
 def test_the_default_store_stays_the_notebooks_after_a_cd(shell, tmp_path: Path,
                                                           capsys) -> None:
     """An interrupted cell on the default store, then %cd, then the same cell again: the
@@ -1844,25 +1868,11 @@ def test_the_default_store_stays_the_notebooks_after_a_cd(shell, tmp_path: Path,
     they were, not resuming the stopped run. A relative root_dir is in the folder the
     kernel loaded ckpt_nb in now; an explicit relative --dir stays the current folder's."""
     run(shell, SMALL)
-    cell = ("%%ckpt_auto --every-steps 2\nfor epoch in ckpt_nb.epochs(3):\n"
-            "    for i, x in ckpt_nb.batches(data):\n"
-            "        if (epoch, i) == (1, 2) and STOP.is_set(): raise KeyboardInterrupt\n"
-            "        opt.zero_grad(); model(x).sum().backward(); opt.step()\n")
-    run(shell, "import threading\nSTOP = threading.Event()\nSTOP.set()")  # (not restored)
-    assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
-    store = tmp_path / "checkpoints" / "session"
-    stopped = ckpt_nb.CheckpointManager(store).list()["id"].iloc[-1]
-    (tmp_path / "sub").mkdir()
-    run(shell, "%cd sub\nSTOP.clear()")
-    capsys.readouterr()
-    assert run(shell, cell).success
-    out = capsys.readouterr().out
-    assert f"resumed from {stopped}" in out and str(store) in out.splitlines()[0], out
-    assert not (tmp_path / "sub" / "checkpoints").exists()
-    capsys.readouterr()
+    stopped = _stopped_then_run_again_after_a_cd(shell, capsys, tmp_path, "checkpoints/session")
     assert run(shell, "%ckpt_list").result["id"].iloc[-1] != stopped  # (the store written)
     # (a --dir given is the current folder's, as any path typed)
-    assert run(shell, cell.replace("--every-steps 2", "--dir here --every-steps 2")).success
+    assert run(shell, _STOPPING_CELL.replace("--every-steps 2",
+                                             "--dir here --every-steps 2")).success
     assert (tmp_path / "sub" / "here").is_dir() and not (tmp_path / "here").exists()
 
 
@@ -1919,23 +1929,9 @@ def test_a_relative_default_dir_stays_the_notebooks_after_a_cd(shell, tmp_path: 
     (root_dir was anchored in the notebook's folder, default_dir, the store itself, not)."""
     magics = shell.magics_manager.registry["CkptMagics"]
     run(shell, SMALL)
-    cell = ("%%ckpt_auto --every-steps 2\nfor epoch in ckpt_nb.epochs(3):\n"
-            "    for i, x in ckpt_nb.batches(data):\n"
-            "        if (epoch, i) == (1, 2) and STOP.is_set(): raise KeyboardInterrupt\n"
-            "        opt.zero_grad(); model(x).sum().backward(); opt.step()\n")
     try:
         assert run(shell, "%config CkptMagics.default_dir = 'runs/exp1'").success
-        run(shell, "import threading\nSTOP = threading.Event()\nSTOP.set()")
-        assert isinstance(run(shell, cell).error_in_exec, KeyboardInterrupt)
-        store = tmp_path / "runs" / "exp1"
-        stopped = ckpt_nb.CheckpointManager(store).list()["id"].iloc[-1]
-        (tmp_path / "sub").mkdir()
-        run(shell, "%cd sub\nSTOP.clear()")
-        capsys.readouterr()
-        assert run(shell, cell).success
-        out = capsys.readouterr().out
-        assert f"resumed from {stopped}" in out and str(store) in out.splitlines()[0], out
-        assert not (tmp_path / "sub" / "runs").exists()
+        _stopped_then_run_again_after_a_cd(shell, capsys, tmp_path, "runs/exp1")
     finally:
         shell.config.pop("CkptMagics", None)
         magics.default_dir = ""
