@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 import difflib
 import functools
+import gc
 import hashlib
 import inspect
 import itertools
@@ -1429,6 +1430,8 @@ class AutoSession(NotState):
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
         self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
         self._pending_loader_start: _LoaderStart | None = None  # how its epoch began
+        # (the torch generators there were as a resume at an epoch's end put the run back)
+        self._generators_at_resume: weakref.WeakSet[Any] | None = None
         self._epoch_put_back: _EpochPutBack | None = None  # (a mid-epoch resume's)
         self._step_offset = 0  # steps done before this session (a resumed run's)
         self._previous_sigint: Any = None
@@ -3503,6 +3506,9 @@ class AutoSession(NotState):
             self._pending_loader_rng = loop.get("loader_rng_now")
             self._pending_loader_start = _LoaderStart(loop.get("loader_iterator_kept"),
                                                       loop.get("loader_states_now"))
+            # (a generator the epoch's code makes after this for its loader draws from it
+            # as the unstopped run's new one did: not set from the checkpoint)
+            self._generators_at_resume = _live_generators()
             if ck.rng is not None:
                 RNGState().load_state_dict(ck.rng)
         missing = [_live_name(n) for n in ck.state if n not in targets and n not in kept] + \
@@ -3651,6 +3657,7 @@ class AutoSession(NotState):
         evaluation's after the loop, lost that many)."""
         self._epoch_put_back = None
         self._pending_skip = self._pending_loader_rng = self._pending_loader_start = None
+        self._generators_at_resume = None
 
     def _epochs_from(self, epoch: int, n: int, resumed: int | None) -> Iterator[int]:
         """epochs()'s loop, from ``epoch`` (``resumed``: the epoch a resume began in)."""
@@ -3701,6 +3708,7 @@ class AutoSession(NotState):
         loader_rng, self._pending_skip, self._pending_loader_rng = \
             self._pending_loader_rng, None, None
         start, self._pending_loader_start = self._pending_loader_start, None
+        before, self._generators_at_resume = self._generators_at_resume, None
         # A Dataset drawing from a notebook's generator draws again as the skipped batches
         # are fetched: those go back as at the stop after it, as the global ones do.
         held = _random_states(self.discovery.statefuls) if skip else []
@@ -3729,7 +3737,10 @@ class AutoSession(NotState):
             # At an epoch's end, the notebook's own were put back as saved by the resume,
             # and the epoch's code may have drawn from them or seeded them since, as the
             # unstopped run's did (`g.manual_seed(100 + epoch)`): they are as its now.
-            kept = set() if skip else ours
+            # A generator the epoch's code made since (`DataLoader(..., generator=torch.
+            # Generator().manual_seed(100 + epoch))`) is as the unstopped run's made it:
+            # the checkpoint holds the state of the previous epoch's loader's.
+            kept = set() if skip else ours | _made_since(before, generators)
             for generator, state in fitting:
                 if id(generator.rng if isinstance(generator, _HeldRandom)
                       else generator) not in kept:
@@ -4362,6 +4373,26 @@ def _loader_generators(loader: Any, zipped: Iterable[Any] = ()
         found.update((id(rng), rng) for rng in loader_random(layer)[0].values())
     return [rng if isinstance(rng, torch.Generator) else _HeldRandom(rng)
             for rng in found.values()]
+
+
+def _live_generators() -> weakref.WeakSet[Any]:
+    """The torch generators that objects hold now (a resume at an epoch's end, before the
+    epoch's code runs again: ``_made_since``)."""
+    found: weakref.WeakSet[Any] = weakref.WeakSet()
+    objects = gc.get_objects()
+    for at in range(0, len(objects), 10_000):  # (their referents: a generator is untracked)
+        found.update(obj for obj in gc.get_referents(*objects[at:at + 10_000])
+                     if issubclass(type(obj), torch.Generator))
+    return found
+
+
+def _made_since(before: weakref.WeakSet[Any] | None, generators: Iterable[Any]) -> set[int]:
+    """Ids of the torch ``generators`` made since ``before`` was taken: the epoch's code
+    made them anew, as the unstopped run's did (``DataLoader(...,
+    generator=torch.Generator().manual_seed(100 + epoch))``)."""
+    if before is None:
+        return set()
+    return {id(rng) for rng in generators if isinstance(rng, torch.Generator) and rng not in before}
 
 
 def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],

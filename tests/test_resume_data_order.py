@@ -510,3 +510,39 @@ def test_a_notebook_generator_of_a_loader_with_persistent_workers_resumes_at_an_
     reference, resumed = unstopped_and_resumed(tmp_path, code)
     assert "step 10)" in resumed.stdout  # (resumed from epoch 1, batch 0)
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
+# The loader, and its generator= written inline, made anew by each epoch's code.
+INLINE_RESEEDED = {
+    "alone": RESEEDED.replace("g = torch.Generator()\n", "").replace(
+        "        g.manual_seed(100 + epoch)\n", "").replace(
+        ", generator=g)", ",\n                            generator=torch.Generator().manual_seed("
+        "100 + epoch))"),
+    "zipped": RESEEDED.replace("g = torch.Generator()\n", "").replace(
+        "        g.manual_seed(100 + epoch)\n        loader = DataLoader(TensorDataset(X, Y), "
+        "batch_size=20, shuffle=True, generator=g)\n",
+        "        l1, l2 = (DataLoader(TensorDataset(X, Y), batch_size=20, shuffle=True,\n"
+        "                             generator=torch.Generator().manual_seed(s + epoch))\n"
+        "                  for s in (100, 200))\n").replace(
+        "for i, (xb, yb) in ckpt_nb.batches(loader):",
+        "for i, ((xb, yb), (xu, _)) in ckpt_nb.batches(zip(l1, l2)):").replace(
+        "torch.nn.functional.cross_entropy(model(xb), yb).backward()",
+        "(torch.nn.functional.cross_entropy(model(xb), yb) + model(xu).pow(2).mean())"
+        ".backward()"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(INLINE_RESEEDED))
+def test_a_loader_the_epochs_code_makes_with_an_inline_generator_resumes_at_an_epochs_end(
+        tmp_path: Path, form: str) -> None:
+    """``loader = DataLoader(..., generator=torch.Generator().manual_seed(100 + epoch))``
+    in the epoch's code (alone, or two zipped), resumed from a save at epoch 0's end: the
+    resume set the new loader's generator to the state saved with epoch 0's loader, and the
+    epoch went on in another order without a word. A generator of a loader made since the
+    resume is left as the epoch's code made it, as the unstopped run's was."""
+    code = INLINE_RESEEDED[form]
+    assert "manual_seed(100 + epoch))" in code or "manual_seed(s + epoch))" in code
+    assert "g = torch.Generator()" not in code
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
+    assert "step 10)" in resumed.stdout  # (resumed from epoch 1, batch 0)
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
