@@ -531,7 +531,8 @@ class Explorer(w.VBox, NotState):
         self._unmade_selection: str | None = None
         self._transient = False  # the status line shows a failed draw or refresh
         # While the status line tells of a rollback: its target and the ids there were then
-        # (a save since makes "the next save starts a branch from it" old news).
+        # (a save since makes "the next save starts a branch from it", or "the next save
+        # goes on along its branch, NAME" for a branch's tip, old news).
         self._rolled_back: tuple[str, frozenset[str]] | None = None
         self._counted_since: set[str] = set()  # (of them, those counted as saved since)
         # Each checkpoint's run record (None: it has none), as read for the --keep-best it
@@ -724,7 +725,8 @@ class Explorer(w.VBox, NotState):
 
     def _say_saved_since_rollback(self, frame: Any) -> None:
         """Replace the rollback's message once checkpoints were saved since: its "the
-        next save starts a branch from it" is then what happened, not what will. Only
+        next save starts a branch from it" (or, rolled back to a branch's tip, "the next
+        save goes on along its branch, NAME") is then what happened, not what will. Only
         checkpoints that descend from the one rolled back to count: not another process's
         saves of other runs."""
         if self._rolled_back is None:
