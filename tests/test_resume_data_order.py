@@ -546,3 +546,19 @@ def test_a_loader_the_epochs_code_makes_with_an_inline_generator_resumes_at_an_e
     reference, resumed = unstopped_and_resumed(tmp_path, code)
     assert "step 10)" in resumed.stdout  # (resumed from epoch 1, batch 0)
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
+def test_a_loader_the_epochs_code_makes_with_an_inline_generator_resumes_in_the_same_kernel(
+        shell, tmp_path: Path, capsys) -> None:
+    """The same, in the kernel that was interrupted after epoch 0's last batch (the
+    previous epoch's loader and its generator still there): the new one's generator is
+    left as the epoch's code made it."""
+    cell = TRAIN.replace(
+        "    for i, (xb, yb) in ckpt_nb.batches(loader):\n",
+        "    loader = torch.utils.data.DataLoader(\n"
+        "        Augmented(), batch_size=20, shuffle=True,\n"
+        "        generator=torch.Generator().manual_seed(100 + epoch))\n"
+        "    for i, (xb, yb) in ckpt_nb.batches(loader):\n")
+    assert "manual_seed(100 + epoch)" in cell
+    stopped_then_resumed(shell, capsys, tmp_path, SETUP.format(rng=NOTEBOOK_GENERATORS["torch"]),
+                         cell, "after-0-9", KeyboardInterrupt)
