@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import difflib
 import inspect
 import os
 import re
@@ -33,6 +32,7 @@ from ._errors import (RANK_BY_ANOTHER, CaptureError, CkptError, StateMismatchErr
 from ._session import (TRUST_PICKLE_ROLLBACK, UNRANKED_BEST_WAYS, AutoConfig, parse_duration,
                        parse_metric_trigger)
 from ._store import LOCAL_SCHEMES, file_url_path, location, store_exists, why_no_store
+from ._units import options_meant
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
 MAGIC_NAMES = {"line": ("ckpt_auto", "ckpt_rollback", "ckpt_list", "ckpt_status", "ckpt_ui"),
@@ -614,16 +614,12 @@ def _misspelt_option_hint(magic: Any, line: str) -> str:
     """For an option the magic does not take that is one of its own misspelt
     (``--every-secs``, ``--keepbest``, ``--no_resume``, ``-every-steps``): the one meant,
     or the two it is as close to; "" otherwise (``--bogus``)."""
-    options = [string for string in magic.parser._option_string_actions
-               if string.startswith("--")]
     for token in arg_split(line):
         name = token.partition("=")[0]
         if not name.startswith("-") or _ROLLBACK_BACK.fullmatch(name) \
                 or _option_action(magic, name) is not None:
             continue
-        spelt = "--" + name.lstrip("-").replace("_", "-")
-        close = [spelt] if spelt in options else \
-            difflib.get_close_matches(spelt, options, n=2, cutoff=0.85)
+        close = options_meant(name, magic.parser._option_string_actions)
         if close:
             return f": did you mean {' or '.join(close)}?"
     return ""

@@ -1,9 +1,12 @@
-"""Sizes and names as people read them, the same in the CLI and the explorer: a
-checkpoint's size reads alike wherever it is shown, and metrics come in one order."""
+"""Sizes and names as people read and type them, the same in the CLI, the magics and the
+explorer: a checkpoint's size reads alike wherever it is shown, metrics come in one order,
+and a misspelt option is read one way."""
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 
 BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -32,3 +35,13 @@ def natural_order(name: str) -> tuple[list[int | str], str]:
     not '²', a digit to isdigit() that int() refuses."""
     parts = re.split(r"(\d+)", name)
     return [int(part) if part.isdecimal() else part for part in parts], name
+
+
+def options_meant(name: str, known: Iterable[str]) -> list[str]:
+    """The ``--`` options of ``known`` that a misspelt one (``--every-secs``, ``--keepbest``,
+    ``--no_resume``, ``-every-steps``) was meant as: itself with one dash or ``_`` read as
+    ``--`` / ``-``, else the two it is closest to; none for an unlike one (``--bogus``)."""
+    options = [option for option in known if option.startswith("--")]
+    spelt = "--" + name.lstrip("-").replace("_", "-")
+    return [spelt] if spelt in options else \
+        difflib.get_close_matches(spelt, options, n=2, cutoff=0.85)

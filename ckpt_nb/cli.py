@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import io
 import math
 import os
@@ -33,7 +32,7 @@ from . import __version__
 from ._errors import (CheckpointNotFoundError, CkptError, CorruptCheckpointError,
                       MetricNotFoundError, StoreError, metrics_logged, too_far_back)
 from ._metric_names import metric_mode_from_name
-from ._units import human_size, natural_order
+from ._units import human_size, natural_order, options_meant
 
 if TYPE_CHECKING:  # loaded by the commands that need them: they bring torch (a second)
     from ._manager import CheckpointManager
@@ -253,9 +252,7 @@ def _refuse_misspelt_options(parser: argparse.ArgumentParser, options: list[str]
                 or name in parser._option_string_actions or any(
                 string.startswith(name) for string in known):  # (argparse takes a prefix)
             continue
-        spelt = "--" + name.lstrip("-").replace("_", "-")
-        close = [spelt] if spelt in known else \
-            difflib.get_close_matches(spelt, known, n=2, cutoff=0.85)
+        close = options_meant(name, known)
         if close:
             parser.error(f"unrecognized arguments: {option}: did you mean "
                          f"{' or '.join(close)}?")
