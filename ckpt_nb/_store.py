@@ -1975,16 +1975,21 @@ def store_exists(location: str | os.PathLike[str]) -> bool:
         return text != "memory://" and open_store(text).has(FORMAT_KEY)
     if text.startswith(LOCAL_SCHEMES):
         text = str(file_url_path(text))
-    root = Path(text).expanduser()  # (as LocalStore takes it)
-    return any((root / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
+    return _is_store_folder(Path(text).expanduser())  # (as LocalStore takes it)
+
+
+def _is_store_folder(path: Path) -> bool:
+    """Whether a local folder holds a catalog or a format stamp."""
+    from ._format import FORMAT_KEY  # (the format module builds on this one)
+
+    return any((path / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
 
 
 def _holds_store(path: Path) -> bool:
-    """Whether a local folder is a store's (as ``store_exists`` tells it)."""
-    from ._format import FORMAT_KEY  # (the format module builds on this one)
-
+    """Whether a local folder is a store's, False where it cannot be read (the folders
+    looked through for the stores a typed path was meant for)."""
     with contextlib.suppress(OSError):
-        return any((path / name).is_file() for name in (CATALOG_FILE, FORMAT_KEY))
+        return _is_store_folder(path)
     return False
 
 
