@@ -1603,6 +1603,10 @@ class AutoSession(NotState):
                 warn(notice, RuntimeWarning)
 
     def _tell_no_state(self, unseen: list[str]) -> None:
+        """Warn that the session tracks none of ``unseen`` (the stateful locals of a
+        function that called auto() without its namespace), or no stateful object at all:
+        at the cell's start, or at its first save where the cell makes its objects as it
+        runs."""
         warn("ckpt_nb tracks " + (
             f"no {', '.join(unseen)}: auto() in a function sees its module's globals, "
             "not the function's locals; pass namespace=locals()" if unseen else
