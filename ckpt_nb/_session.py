@@ -3761,7 +3761,7 @@ class AutoSession(NotState):
             if not skip:  # (as saved at an epoch's end: before zip() made the iterators,
                 # each drawing its workers' base seed from its loader's generator, then)
                 for iterator, data in zipped:
-                    if isinstance(data.generator, torch.Generator) \
+                    if iterator is not None and isinstance(data.generator, torch.Generator) \
                             and id(data.generator) not in kept:
                         iterator._base_seed = torch.empty((), dtype=torch.int64).random_(
                             generator=data.generator).item()
@@ -4405,7 +4405,9 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
     """A ``zip()`` that ``batches()`` is given (or a wrapper of it, ``tqdm(zip(l1, l2))``):
     the iterators of notebook DataLoaders in it that drew no order yet, with their loaders
     (made in this process, their samplers draw the epoch's order at the first fetch, in
-    the loop: a resume sets their generators ahead of it, as for a loader given alone);
+    the loop: a resume sets their generators ahead of it, as for a loader given alone),
+    and with None for an iterator, the loaders in a wrapper whose iterator is a generator
+    yet to start (``zip(tqdm(l1), l2)``: it makes the loader's iterator in the loop);
     and the names of the others that draw from generators of their own other than the
     notebook's (``ours``, ids: put back as saved before the epoch's code makes the zip),
     which drew their order as zip() made them (workers fetching ahead), or whose loader is
@@ -4422,7 +4424,18 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
     found, unreplayed = [], []
     for iterator in iterators:
         if not isinstance(iterator, torch.utils.data.dataloader._BaseDataLoaderIter):
-            continue  # (a list, a range: no order drawn)
+            # (a wrapper's, ``zip(tqdm(l1), l2)``: a generator yet to start makes its
+            # loader's iterator at the first fetch, in the loop, as a loader given alone)
+            inner = _wrapper_loader(iterator)
+            if inner is None:
+                continue  # (a list, a range: no order drawn)
+            if inspect.getgeneratorstate(iterator) == inspect.GEN_CREATED:
+                found.append((None, inner))
+            elif _quietly_held(inner, ours):
+                unreplayed.append(next((name for name, value in namespace.items()
+                                        if value is inner),
+                                       "a DataLoader that is no notebook variable"))
+            continue
         name, data = loaders.get(id(getattr(iterator, "_index_sampler", None)), (None, None))
         started = getattr(iterator, "_sampler_iter", None)
         if data is not None and isinstance(
@@ -4436,6 +4449,19 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
             # unstopped run's: they are set as the epoch began before its code makes the zip)
             unreplayed.append(name or "a DataLoader that is no notebook variable")
     return found, ", ".join(unreplayed)
+
+
+def _wrapper_loader(iterator: Any) -> torch.utils.data.DataLoader | None:
+    """The DataLoader a wrapper's iterator in a zip() draws from: a generator (tqdm's
+    ``__iter__``) holds the wrapper as its ``self``, which holds the loader
+    (``_data_loader``); None for an iterator of another kind, or one holding none."""
+    if not isinstance(iterator, types.GeneratorType) or iterator.gi_frame is None:
+        return None
+    try:
+        wrapper = iterator.gi_frame.f_locals.get("self")
+    except Exception:  # noqa: BLE001 - a frame's locals that cannot be read
+        return None
+    return None if wrapper is None else _data_loader(wrapper)
 
 
 class _LoaderParts:
