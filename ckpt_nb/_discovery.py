@@ -254,12 +254,13 @@ _TRACKED = "each epoch's first batches() loop; outside epochs(), the cell's firs
 
 
 def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] = (),
-                 held: Container[int] = ()) -> str | None:
+                 held: Container[int] = (), ours: Container[int] = ()) -> str | None:
     """Why a value is reported as skipped; None for things silently ignored (code).
     ``loops``: where the code that runs passes it to ``batches()`` (``_batches_loops``),
     none where it does not or is not known; ``named``: the ids of the values
     said under names of their own (a loader's dataset said there); ``held``: the ids of
-    the generators checkpoints hold (``_held_generators``)."""
+    the generators checkpoints hold (``_held_generators``); ``ours``: those of the
+    notebook's own, put back as saved before the epoch's code runs again."""
     if isinstance(value, types.GeneratorType) or inspect.isasyncgen(value):
         return "generator"
     if isinstance(value, io.IOBase):
@@ -273,7 +274,16 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
         dataset = value.dataset
         what = "position" if _stateless_stream(dataset) else "order"  # (a stream's is its own)
         stream = _stateless_stream(dataset) and id(dataset) not in named
-        if _FIRST in loops:
+        if _ZIPPED in loops and (_FIRST in loops or _EITHER in loops) \
+                and value.num_workers > 0 \
+                and any(id(rng) not in ours for rng in loader_random(value)[0].values()):
+            # (as a resume says it: _session._zipped_loaders)
+            use = ("in the zip() given to ckpt_nb.batches(), with workers, it draws its "
+                   f"{what} as zip() makes its iterator, before batches() can set its "
+                   "generators: a resume may go on in another order; to resume it exactly, "
+                   "make its generator= a notebook variable (`g = torch.Generator()."
+                   "manual_seed(7)`, then `generator=g`)")
+        elif _FIRST in loops:
             use = f"ckpt_nb.batches() restores its {what}"
         elif _LATER in loops and _EITHER not in loops:
             use = ("passed to a later batches() loop alone, a plain enumerate: a resume "
@@ -461,6 +471,10 @@ def _code_names(code: str, name: str) -> bool:
 # same epoch is a plain enumerate that saves none of its loader's state; where the code
 # does not say which (a branch, a loop that runs it again), it may be either.
 _FIRST, _LATER, _EITHER = "first", "later", "either"
+# Passed to batches() as a zip()'s argument itself (``batches(zip(l1, l2))``, not
+# ``zip(tqdm(l1), l2)``): zip() makes its iterator before batches() begins, which, with
+# workers, draws the epoch's order as it is made (said beside one of the above).
+_ZIPPED = "zipped"
 
 
 class _Code(NamedTuple):
@@ -756,6 +770,13 @@ class _LoopReader:
                     (f"{n}.{attributes[id(a)]}" if self.binding is None or a.id in self.bare
                      or a.id not in self.binding else "?") if id(a) in attributes else n
                     for a in arguments for n in self.names(a)), where))
+                zipped = tuple(n for z in ast.walk(ast.Tuple(_call_arguments(call)))
+                               if isinstance(z, ast.Call) and isinstance(z.func, ast.Name)
+                               and z.func.id == "zip"
+                               for a in z.args if isinstance(a, ast.Name)
+                               for n in self.names(a))
+                if zipped:
+                    self.passes.append((zipped, _ZIPPED))
             elif isinstance(call.func, ast.Name) and call.func.id not in self.reading \
                     and (definition := self.definition(call.func.id)) is not None:
                 followed.update(map(id, self.helper(call, definition, scope, repeated or again,
@@ -973,6 +994,10 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
     for passed, where in passes:
         values = [_quietly(lambda n=n: _value_named(namespace, n), None) for n in passed]
         direct = [v for v in values if isinstance(v, torch.utils.data.DataLoader)]
+        if where == _ZIPPED:  # (said beside the loop it is passed to: the pass above)
+            for loader in direct:
+                loops.setdefault(id(loader), set()).add(where)
+            continue
         held = [loader for v in values if v is not None
                 and not isinstance(v, torch.utils.data.DataLoader)
                 for loader in _loaders_in(v, objects=False)]
@@ -1069,6 +1094,9 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
     streams = {id(namespace[n]) for n in names
                if _quietly(lambda n=n: _stateless_stream(namespace.get(n)))}
     held = _held_generators(namespace, names)
+    ours = {id(namespace[n]) for n in names if _quietly(  # (the notebook's own generators)
+        lambda n=n: isinstance(namespace.get(n), _RANDOM_KINDS)
+        and not isinstance(namespace.get(n), random.SystemRandom))}
     loops = {} if code is None or not any(_quietly(
         lambda n=n: isinstance(namespace.get(n), torch.utils.data.DataLoader)) for n in names) \
         else _quietly(lambda: _batches_loops(code, namespace), None)  # (None: either said)
@@ -1092,7 +1120,7 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 found.statefuls[name] = value
             elif (reason := _skip_reason(
                     value, {_EITHER} if loops is None else loops.get(id(value), set()), streams,
-                    held)) is not None:
+                    held, ours)) is not None:
                 found.skipped[name] = reason
                 if code is not None and _code_names(code, name):
                     warn_persistent_workers(value, name)

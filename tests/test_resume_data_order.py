@@ -512,6 +512,9 @@ def test_a_zipped_loader_with_workers_is_said_at_any_resume_it_cannot_replay(
     assert f"step {10 if die == 2 else 15})" in resumed.stdout  # (resumed from)
     assert ("in another order than a run never stopped for labelled" in resumed.stdout) \
         is said, resumed.stdout
+    # (and so does the start line: it said "restores its order" of labelled)
+    assert ("skipped labelled (DataLoader: in the zip() given to ckpt_nb.batches(), with "
+            "workers" in resumed.stdout) is said, resumed.stdout
     if not said:
         assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
 
