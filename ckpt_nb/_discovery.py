@@ -1127,7 +1127,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
             elif is_code(value) or _not_state(value) or \
                     type(value).__module__.startswith(("IPython", "ipykernel")):
                 if track is not None:
-                    found.skipped[name] = f"{type(value).__name__}: code is not state"
+                    found.skipped[name] = f"{type(value).__name__}: " + (
+                        _OWN_OBJECT if _not_state(value) else "code is not state")
             else:
                 try:
                     size = plain_size(value, limit=max_variable_bytes)
@@ -1144,6 +1145,12 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
             found.skipped[name] = _unread(value, exc)
     _drop_contained_modules(found.statefuls)
     return found
+
+
+# Why ckpt_nb's own object named to track (``--track mgr``) is skipped, and what to track.
+_OWN_OBJECT = ("ckpt_nb's own, not training state: no checkpoint holds it, and a resume "
+               "leaves it as it is; track what the run trains and changes instead (the "
+               "model, the optimizer, the variables the cell updates)")
 
 
 def _holds_fields(value: Any) -> bool:

@@ -1935,3 +1935,26 @@ def test_a_relative_default_dir_stays_the_notebooks_after_a_cd(shell, tmp_path: 
     finally:
         shell.config.pop("CkptMagics", None)
         magics.default_dir = ""
+
+
+def test_ckpt_nbs_own_object_named_to_track_is_said_to_be_no_training_state(
+        shell, tmp_path: Path, capsys) -> None:
+    """`%%ckpt_auto --track model,opt,mgr` (the store's manager named by mistake): its
+    start line said `skipped mgr (CheckpointManager: code is not state)`, which it is not.
+    It says what it is, ckpt_nb's own, and what to track instead; a function named is
+    still code."""
+    run(shell, SMALL)
+    step = "opt.zero_grad(); model(data[0]).sum().backward(); opt.step()"
+    store = tmp_path / "d"
+    assert run(shell, f"%%ckpt_auto --dir {store}\n{step}").success
+    assert run(shell, f"mgr = ckpt_nb.CheckpointManager({str(store)!r})\n"
+                      "def helper(): pass").success
+    capsys.readouterr()
+    assert run(shell, f"%%ckpt_auto --dir {store} --track model,opt,mgr,helper\n{step}").success
+    out = capsys.readouterr().out
+    assert "tracking model, opt" in out, out
+    assert ("mgr (CheckpointManager: ckpt_nb's own, not training state: no checkpoint holds "
+            "it, and a resume leaves it as it is; track what the run trains and changes "
+            "instead (the model, the optimizer, the variables the cell updates))") in out, out
+    assert "helper (function: code is not state)" in out, out
+    run(shell, "mgr.close()")
