@@ -554,7 +554,8 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     # (on a terminal: 136 columns for the demo's store; piped, every column; from a
     # notebook's `!ckpt-nb ls`, every column too: the kernel's pty is 80 columns wide
     # whatever the output area, which scrolls)
-    if cut and not os.environ.get("JPY_PARENT_PID"):
+    fitting = cut and not os.environ.get("JPY_PARENT_PID")
+    if fitting:
         table = dict(zip(headers, map(list, zip(*rows))))
         # (given up least important first; a branch's name matters where rows differ)
         one_branch = frame["branch"].nunique() == 1
@@ -577,22 +578,22 @@ def _ls(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     print(_table(headers, rows, right=_NUMERIC | set(labels)))
     # (a row's stored bytes are what its save added: a deleted base's chunks that its
     # deltas still need are in no row, but in the store's total)
-    print(f"\n{len(frame)} checkpoint{'' if len(frame) == 1 else 's'}{on}; "
-          f"{stored} in the store")
+    # (the lines under it wrapped where the table was fitted: on a terminal)
+    width = shutil.get_terminal_size().columns if fitting else None
+    print("\n" + _wrap(f"{len(frame)} checkpoint{'' if len(frame) == 1 else 's'}{on}; "
+                       f"{stored} in the store", width))
     if fitted:
         print(fitted)
     if len(metrics) < len(every):
-        print(f"{_count(len(every) - len(metrics), 'more metric')} not shown (--all-metrics "
-              "shows them)")
+        print(_wrap(f"{_count(len(every) - len(metrics), 'more metric')} not shown "
+                    "(--all-metrics shows them)", width))
     # (the marks the listed rows carry: on a --branch, not those of checkpoints elsewhere)
     listed_places = sorted(places[cid] for cid in frame["id"] if places.get(cid, 1) > 1)
     if listed_places:
         marks = (f"{_best_marks(listed_places)}: the next best by "
                  f"{_printable(str(mgr.metric))} ({mgr.mode}) after best, which the store's "
                  f"run keeps with it (--keep-best {keep_best})")
-        # (wrapped where the table was fitted: on a terminal, as its "to fit" line is)
-        print(_wrap(marks, shutil.get_terminal_size().columns)
-              if cut and not os.environ.get("JPY_PARENT_PID") else marks)
+        print(_wrap(marks, width))
     return 0
 
 
@@ -656,9 +657,12 @@ def _fitting_steps(table: dict[str, list[str]], width: int, order: Sequence[str]
     return left_out, [c for c in shortened if c not in left_out]
 
 
-def _wrap(text: str, width: int) -> str:
+def _wrap(text: str, width: int | None) -> str:
     """``text`` in lines of at most ``width`` columns as a terminal shows them (a wide
-    character takes two, which textwrap counts as one), broken at spaces only."""
+    character takes two, which textwrap counts as one), broken at spaces only; as it is
+    where ``width`` is None (piped)."""
+    if width is None:
+        return text
     lines: list[str] = []
     line = ""
     for word in text.split(" "):

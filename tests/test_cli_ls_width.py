@@ -112,7 +112,7 @@ def test_the_footer_fits_wide_characters_and_says_where_the_table_cannot_fit(
     with CheckpointManager(tmp_path / "wide", metric="val_loss") as mgr:
         mgr.save(torch.nn.Linear(2, 2), rng=False, step=1, epoch=1,
                  metrics={"val_loss": 0.5, "精度_検証": 0.9, "損失_訓練": 0.3})
-    for columns in range(34, 70, 2):  # (under 33 the "1 checkpoint; ..." line is wider)
+    for columns in range(28, 70, 2):  # (under 27 the table is wider: id, marks, val_loss)
         lines = on_terminal_here(columns, "ls", tmp_path / "wide")
         assert all(_shown_width(line) <= columns for line in lines), (columns, lines)
     with CheckpointManager(tmp_path / "many", metric="m01", mode="min") as mgr:
@@ -130,6 +130,25 @@ def test_the_footer_fits_wide_characters_and_says_where_the_table_cannot_fit(
                              "logical, strategy, parent, batch_idx, stored; shortened: "
                              "created"), footer
     assert "to fit" not in footer
+
+
+def test_the_lines_under_the_table_are_wrapped_on_a_narrow_terminal(tmp_path: Path) -> None:
+    """At COLUMNS under ~30 the "to fit" and marks' footer lines were wrapped, the summary
+    line ("1 checkpoint on branch 'main'; ... in the store", 47 columns) and the "more
+    metrics not shown" one not. Piped, each stays one line."""
+    with CheckpointManager(tmp_path, metric="m00", mode="min") as mgr:
+        mgr.save(torch.nn.Linear(2, 2), rng=False, step=1,
+                 metrics={f"m{i:02}": i / 10 for i in range(10)})
+    lines = on_terminal_here(20, "ls", tmp_path, "--branch", "main")
+    under = lines[lines.index("") + 1:]  # (the table itself stays wider: id, marks, m00)
+    assert all(_shown_width(line) <= 20 for line in under), under
+    said = " ".join(under)
+    assert re.match(r"1 checkpoint on branch 'main'; [\d.]+ \w+ in the store the table is "
+                    r"wider than 20 columns even so, ", said), said
+    assert said.endswith(" 2 more metrics not shown (--all-metrics shows them)"), said
+    piped = run_module("ls", tmp_path, "--branch", "main").stdout.splitlines()
+    assert piped[-1] == "2 more metrics not shown (--all-metrics shows them)"
+    assert re.fullmatch(r"1 checkpoint on branch 'main'; [\d.]+ \w+ in the store", piped[-2])
 
 
 def _shown_width(line: str) -> int:
