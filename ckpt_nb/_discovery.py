@@ -282,7 +282,15 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
                    f"{what} as zip() makes its iterator, before batches() can set its "
                    "generators: a resume may go on in another order; to resume it exactly, "
                    "make its generator= a notebook variable (`g = torch.Generator()."
-                   "manual_seed(7)`, then `generator=g`)")
+                   "manual_seed(7)`, then `generator=g`)" + (
+                       ", with persistent_workers=False" if value.persistent_workers else ""))
+        elif _IN_ZIP in loops and (_FIRST in loops or _EITHER in loops) \
+                and value.num_workers > 0 and value.persistent_workers:
+            use = ("in the zip() given to ckpt_nb.batches(), with persistent workers, its "
+                   "iterator is made anew by a resume, where a run never stopped kept it "
+                   f"from the epoch before: a resume may go on in another {what}; "
+                   "persistent_workers=False (and a notebook variable for its generator=) "
+                   "resumes it exactly")
         elif _FIRST in loops:
             use = f"ckpt_nb.batches() restores its {what}"
         elif _LATER in loops and _EITHER not in loops:
@@ -419,13 +427,14 @@ def loader_random(loader: Any) -> tuple[dict[str, Any], dict[str, str]]:
     return held, unheld
 
 
-def warn_persistent_workers(value: Any, name: str | None) -> None:
+def warn_persistent_workers(value: Any, name: str | None, order_kept: bool = True) -> None:
     """Say once per loader, where it is used (a cell whose code names it, a ``batches()``
     given it), that its persistent workers' random state is not saved: they keep it from
     epoch to epoch, where fresh workers are seeded from the state that ``batches()``
     replays, so their random augmentation cannot resume bit-identical (its order does:
-    ``batches()`` keeps or makes the iterator as the run did). ``name``: the notebook's
-    for it, where it has one."""
+    ``batches()`` keeps or makes the iterator as the run did; not in a zip() given to it,
+    ``order_kept`` False, whose start line says so). ``name``: the notebook's for it,
+    where it has one."""
     if not isinstance(value, torch.utils.data.DataLoader) or value.num_workers == 0 \
             or not value.persistent_workers or value in _warned_loaders:
         return
@@ -433,8 +442,9 @@ def warn_persistent_workers(value: Any, name: str | None) -> None:
     owner = f"{name}'s" if name else "the loader's"
     print(f"ckpt_nb: warning: {owner} persistent workers keep a random state from epoch "
           "to epoch that checkpoints do not hold: after a resume, the random draws in its "
-          "workers (a Dataset's augmentation) differ from an unstopped run's, though the "
-          "order of its batches is the same; persistent_workers=False resumes bit-identical",
+          "workers (a Dataset's augmentation) differ from an unstopped run's" + (
+              ", though the order of its batches is the same" if order_kept else "")
+          + "; persistent_workers=False resumes bit-identical",
           file=sys.stderr, flush=True)
 
 
@@ -473,8 +483,10 @@ def _code_names(code: str, name: str) -> bool:
 _FIRST, _LATER, _EITHER = "first", "later", "either"
 # Passed to batches() as a zip()'s argument itself (``batches(zip(l1, l2))``, not
 # ``zip(tqdm(l1), l2)``): zip() makes its iterator before batches() begins, which, with
-# workers, draws the epoch's order as it is made (said beside one of the above).
-_ZIPPED = "zipped"
+# workers, draws the epoch's order as it is made (said beside one of the above); and
+# anywhere in such a zip(), wrapped too: a resume makes its iterator anew, which, with
+# persistent workers, an unstopped run kept from the epoch before.
+_ZIPPED, _IN_ZIP = "zipped", "in a zip"
 
 
 class _Code(NamedTuple):
@@ -770,13 +782,15 @@ class _LoopReader:
                     (f"{n}.{attributes[id(a)]}" if self.binding is None or a.id in self.bare
                      or a.id not in self.binding else "?") if id(a) in attributes else n
                     for a in arguments for n in self.names(a)), where))
-                zipped = tuple(n for z in ast.walk(ast.Tuple(_call_arguments(call)))
-                               if isinstance(z, ast.Call) and isinstance(z.func, ast.Name)
-                               and z.func.id == "zip"
-                               for a in z.args if isinstance(a, ast.Name)
-                               for n in self.names(a))
-                if zipped:
-                    self.passes.append((zipped, _ZIPPED))
+                zips = [z for z in ast.walk(ast.Tuple(_call_arguments(call)))
+                        if isinstance(z, ast.Call) and isinstance(z.func, ast.Name)
+                        and z.func.id == "zip"]
+                for kind, names in (
+                        (_ZIPPED, [a for z in zips for a in z.args if isinstance(a, ast.Name)]),
+                        (_IN_ZIP, _name_nodes([a for z in zips for a in z.args]))):
+                    if names:
+                        self.passes.append((tuple(n for a in names for n in self.names(a)),
+                                            kind))
             elif isinstance(call.func, ast.Name) and call.func.id not in self.reading \
                     and (definition := self.definition(call.func.id)) is not None:
                 followed.update(map(id, self.helper(call, definition, scope, repeated or again,
@@ -994,7 +1008,7 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
     for passed, where in passes:
         values = [_quietly(lambda n=n: _value_named(namespace, n), None) for n in passed]
         direct = [v for v in values if isinstance(v, torch.utils.data.DataLoader)]
-        if where == _ZIPPED:  # (said beside the loop it is passed to: the pass above)
+        if where in (_ZIPPED, _IN_ZIP):  # (said beside the loop it is passed to)
             for loader in direct:
                 loops.setdefault(id(loader), set()).add(where)
             continue
@@ -1123,7 +1137,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                     held, ours)) is not None:
                 found.skipped[name] = reason
                 if code is not None and _code_names(code, name):
-                    warn_persistent_workers(value, name)
+                    warn_persistent_workers(value, name, order_kept=_IN_ZIP not in (
+                        loops or {}).get(id(value), ()))
             elif is_code(value) or _not_state(value) or \
                     type(value).__module__.startswith(("IPython", "ipykernel")):
                 if track is not None:

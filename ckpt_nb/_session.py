@@ -3769,9 +3769,11 @@ class AutoSession(NotState):
             self.say(f"the resumed epoch may go on in another order than a run never stopped "
                      f"for {unreplayed} in the zip() given to batches(): its iterator drew "
                      "its order as zip() made it, before the resume could set its generators "
-                     "(a loader with workers, one that is no notebook variable); to resume "
-                     "it exactly, make its generator= a notebook variable (`g = torch."
-                     "Generator().manual_seed(7)`) and give batches() a generator of the "
+                     "(a loader with workers, one that is no notebook variable), or, with "
+                     "persistent workers, is made anew where a run never stopped kept it from "
+                     "the epoch before; to resume it exactly, make its generator= a notebook "
+                     "variable (`g = torch.Generator().manual_seed(7)`), with "
+                     "persistent_workers=False, and give batches() a generator of the "
                      "zipped batches (`def pairs(): yield from zip(l1, l2)`, then "
                      "batches(pairs())), whose iterators are made inside the loop")
         if not skip:
@@ -4411,7 +4413,8 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
     and the names of the others that draw from generators of their own other than the
     notebook's (``ours``, ids: put back as saved before the epoch's code makes the zip),
     which drew their order as zip() made them (workers fetching ahead), or whose loader is
-    no notebook variable (its generator= is not known)."""
+    no notebook variable (its generator= is not known), and of any with persistent workers
+    (made anew by a resume, where an unstopped run kept it from the epoch before)."""
     made = next((layer for layer in _wrapped(loader) if type(layer) is zip), None)
     if made is None:
         return [], ""
@@ -4429,9 +4432,10 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
             inner = _wrapper_loader(iterator)
             if inner is None:
                 continue  # (a list, a range: no order drawn)
-            if inspect.getgeneratorstate(iterator) == inspect.GEN_CREATED:
+            persistent = inner.num_workers > 0 and inner.persistent_workers
+            if inspect.getgeneratorstate(iterator) == inspect.GEN_CREATED and not persistent:
                 found.append((None, inner))
-            elif _quietly_held(inner, ours):
+            elif persistent or _quietly_held(inner, ours):
                 unreplayed.append(next((name for name, value in namespace.items()
                                         if value is inner),
                                        "a DataLoader that is no notebook variable"))
@@ -4444,9 +4448,12 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
                 and isinstance(started, types.GeneratorType) \
                 and inspect.getgeneratorstate(started) == inspect.GEN_CREATED:
             found.append((iterator, data))
-        elif _quietly_held(data if data is not None else _LoaderParts(iterator), ours):
+        elif getattr(iterator, "_persistent_workers", False) or \
+                _quietly_held(data if data is not None else _LoaderParts(iterator), ours):
             # (one drawing from the global generators alone, or the notebook's, draws as the
-            # unstopped run's: they are set as the epoch began before its code makes the zip)
+            # unstopped run's: they are set as the epoch began before its code makes the zip;
+            # not one with persistent workers: a resume makes anew the iterator that an
+            # unstopped run kept from the epoch before, and its base seed draws first)
             unreplayed.append(name or "a DataLoader that is no notebook variable")
     return found, ", ".join(unreplayed)
 

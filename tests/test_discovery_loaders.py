@@ -623,3 +623,29 @@ for epoch in ckpt_nb.epochs(2):
         "resume may go on in another order; to resume it exactly, make its generator= a "
         "notebook variable (`g = torch.Generator().manual_seed(7)`, then `generator=g`)")
     assert {skipped[n] for n in ("l2", "l3", "l4")} == {RESTORES}, skipped
+
+
+def test_a_zipped_loader_with_persistent_workers_is_not_said_restored(capsys) -> None:
+    """A loader with persistent workers in the zip given to batches(), itself or in a
+    wrapper, its generator= a notebook variable: a resume makes its iterator anew, where a
+    run never stopped kept it, and says the order may differ; the start line said
+    "restores its order", and its warning "the order of its batches is the same"."""
+    data = torch.utils.data.TensorDataset(torch.randn(12, 3))
+    g = torch.Generator()
+    namespace = {name: torch.utils.data.DataLoader(data, shuffle=True, num_workers=1,
+                                                   persistent_workers=True, generator=g)
+                 for name in ("l1", "l2")}
+    namespace["g"] = g
+    skipped = discover(namespace, code="""
+for epoch in ckpt_nb.epochs(2):
+    for i, (a, b) in ckpt_nb.batches(zip(l1, tqdm(l2))):
+        pass
+""").skipped
+    assert skipped["l1"] == skipped["l2"] == (
+        "DataLoader: in the zip() given to ckpt_nb.batches(), with persistent workers, its "
+        "iterator is made anew by a resume, where a run never stopped kept it from the epoch "
+        "before: a resume may go on in another order; persistent_workers=False (and a "
+        "notebook variable for its generator=) resumes it exactly"), skipped
+    warned = capsys.readouterr().err
+    assert "l1's persistent workers keep a random state" in warned, warned
+    assert "the order of its batches is the same" not in warned, warned

@@ -426,7 +426,32 @@ def test_a_loader_in_a_progress_bar_inside_a_zip_resumes_bit_exact_mid_epoch(
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
 
 
-# A notebook generator seeded by each epoch's code, the loader on it made there too: the
+@pytest.mark.parametrize("zipped", ["tqdm(labelled, disable=True), unlabelled",
+                                    "labelled, unlabelled"], ids=["in a wrapper", "itself"])
+def test_a_zipped_loader_with_persistent_workers_is_said_at_a_resume(
+        tmp_path: Path, zipped: str) -> None:
+    """A loader with persistent workers in the zip given to batches(), its generator= a
+    notebook variable: the resume makes its iterator anew, which draws its workers' base
+    seed from the generator before the epoch's order, where the unstopped run kept the
+    epoch before's: the resumed epoch went on in another order without a word, the start
+    line saying "restores its order". Both say so now, as of the other zipped loaders it
+    cannot replay."""
+    code = ZIPPED_INLINE.format(die=8, **ZIPPED_GENERATORS["named"]).replace(
+        "generator=g1)", "generator=g1, num_workers=1, persistent_workers=True)").replace(
+        "batches(zip(labelled, unlabelled))", f"batches(zip({zipped}))").replace(
+        "import hashlib", "from tqdm import tqdm\nimport hashlib")
+    assert "persistent_workers=True" in code and f"zip({zipped})" in code
+    (tmp_path / "run").mkdir()
+    script(tmp_path / "run", "train.py", code, die=True)
+    resumed = script(tmp_path / "run", "train.py", code)
+    assert "step 15)" in resumed.stdout, resumed.stdout + resumed.stderr  # (resumed from)
+    assert "in another order than a run never stopped for labelled in the zip()" in \
+        resumed.stdout, resumed.stdout
+    assert "skipped labelled (DataLoader: in the zip() given to ckpt_nb.batches(), with " \
+        "persistent workers, its iterator is made anew by a resume" in resumed.stdout  # (start)
+
+
+
 # way on that the refusal of a generator made inside the epoch gives (one defined ahead).
 RESEEDED = """
 import hashlib, os, torch, ckpt_nb
