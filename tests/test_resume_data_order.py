@@ -598,6 +598,24 @@ def test_a_loader_the_epochs_code_makes_with_an_inline_generator_resumes_at_an_e
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
 
 
+def test_a_loader_in_a_progress_bar_inside_a_zip_resumes_in_the_kernel_interrupted(
+        shell, tmp_path: Path, capsys) -> None:
+    """batches(zip(tqdm(l1), l2)), interrupted mid-epoch 1 and run again in the same kernel:
+    l1's generator (written inline) went on from where the interrupt left it, not as the
+    epoch began. Set as the loop began now, as for a loader given alone."""
+    setup = SETUP.format(rng=NOTEBOOK_GENERATORS["torch"]) + """
+from tqdm import tqdm
+l1 = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[:100], Y[:100]),
+                                 batch_size=10, shuffle=True,
+                                 generator=torch.Generator().manual_seed(7))
+"""
+    cell = TRAIN.replace("ckpt_nb.batches(loader):",
+                         "ckpt_nb.batches(zip(tqdm(l1, disable=True), loader)):").replace(
+        "for i, (xb, yb) in", "for i, ((xb, yb), _) in")
+    assert "zip(tqdm(l1" in cell
+    stopped_then_resumed(shell, capsys, tmp_path, setup, cell, "after-1-5", KeyboardInterrupt)
+
+
 def test_a_loader_the_epochs_code_makes_with_an_inline_generator_resumes_in_the_same_kernel(
         shell, tmp_path: Path, capsys) -> None:
     """The same, in the kernel that was interrupted after epoch 0's last batch (the
