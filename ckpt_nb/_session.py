@@ -2030,7 +2030,13 @@ class AutoSession(NotState):
         print(f"ckpt_nb: no consistent point came within {_SIGNAL_GRACE:g} s of {name}: "
               f"ending without a save ({latest})", file=sys.stderr, flush=True)
         if callable(self._chained_signals.get(signum)):
-            _thread.interrupt_main(signum)  # (our handler, in the main thread: _end_now)
+            # (our handler, in the main thread: _end_now. The signal itself, sent to that
+            # thread, wakes the call it may be in, one that does not return; a signal
+            # only simulated, _thread.interrupt_main's, waits for that call to end)
+            if hasattr(signal, "pthread_kill"):
+                signal.pthread_kill(threading.main_thread().ident, signum)
+            else:
+                _thread.interrupt_main(signum)
             return
         os._exit(128 + signum)
 

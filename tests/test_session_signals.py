@@ -5,7 +5,10 @@ lands there whatever the machine's speed; they run in fresh interpreters."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,8 @@ from IPython.core.error import UsageError
 
 import ckpt_nb
 from digits_code import LOAD_DIGITS  # (scikit-learn's digits, scikit-learn not imported)
-from test_session_jobs import script  # (a script file run in a fresh interpreter)
+from test_session_jobs import REPO, script  # (a script file run in a fresh interpreter)
+import warm_python  # (fresh interpreters forked from a warm one)
 
 TRAIN = """
 import hashlib, os, signal, sys, time, torch, ckpt_nb
@@ -187,6 +191,37 @@ def test_no_consistent_point_after_the_signal_ends_the_process_after_the_grace(
     before = "import ckpt_nb._session\nckpt_nb._session._SIGNAL_GRACE = 0.5"
     done = script(tmp_path, "train.py", train(before, signal=f"{SIGTERM}; time.sleep(120)"))
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert "ckpt_nb: no consistent point came within 0.5 s of SIGTERM: ending without a " \
+        "save (no checkpoint holds the run)" in done.stderr
+    assert checkpoints(tmp_path / "store") == []
+
+
+def test_no_consistent_point_after_the_signal_hands_it_to_the_users_handler_after_the_grace(
+        tmp_path: Path) -> None:
+    """With a handler of the user's chained, the grace's end was handed to the main thread
+    by _thread.interrupt_main, which wakes no call: one that does not return (here a wait
+    on an event nobody sets) kept the handler from ever running, the process alive past
+    its "ending without a save" line. The main thread is sent the signal itself."""
+    before = """
+import ckpt_nb._session, threading
+ckpt_nb._session._SIGNAL_GRACE = 0.5
+def on_term(signum, frame):
+    print("handler: took it", flush=True)
+    sys.exit(7)
+signal.signal(signal.SIGTERM, on_term)
+"""
+    code = train(before, signal=f"{SIGTERM}; threading.Event().wait()")
+    (tmp_path / "train.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("JPY_SESSION_NAME", None)
+    try:  # (without the signal it waits for good: 120 s, well over a loaded machine's run)
+        done = warm_python.run([sys.executable, str(tmp_path / "train.py")], cwd=tmp_path,
+                               env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the handler of the user's never ran: the process waited on, past the "
+                    "grace")
+    assert done.returncode == 7, done.stdout + done.stderr
+    assert "handler: took it" in done.stdout
     assert "ckpt_nb: no consistent point came within 0.5 s of SIGTERM: ending without a " \
         "save (no checkpoint holds the run)" in done.stderr
     assert checkpoints(tmp_path / "store") == []
