@@ -35,13 +35,15 @@ def test_a_server_that_refuses_the_connection_as_the_store_opens_is_a_store_erro
         capsys: pytest.CaptureFixture[str]) -> None:
     """ftp:// connects as it opens: a refused connection was a bare ConnectionRefusedError
     ("ls failed: Connection refused" from the CLI), naming no store."""
-    with socket.socket() as probe:  # a port nothing listens on
+    # (a port nothing listens on, held bound meanwhile: let go, another test process's
+    # server could take it)
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         url = f"ftp://127.0.0.1:{probe.getsockname()[1]}/exp"
-    with pytest.raises(StoreError, match=f"opening {url} failed: .*Connection refused "
-                                         r"\(check that the server is up"):
-        FsspecStore(url)
-    assert cli(["ls", url]) == 1 and f"opening {url} failed" in capsys.readouterr().err
+        with pytest.raises(StoreError, match=f"opening {url} failed: .*Connection refused "
+                                             r"\(check that the server is up"):
+            FsspecStore(url)
+        assert cli(["ls", url]) == 1 and f"opening {url} failed" in capsys.readouterr().err
 
 
 def test_a_cache_or_a_reader_inside_the_chain_is_refused_by_name() -> None:
