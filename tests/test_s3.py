@@ -207,14 +207,16 @@ def test_the_cli_says_the_backend_failed_when_it_cannot_reach_the_store(
     import fsspec.config
 
     CheckpointManager(f"s3://{bucket}/exp").save(h=Holder(weights(5)))
-    with socket.socket() as probe:  # a port nothing listens on
+    # (a port nothing listens on, held bound meanwhile: let go, another test process's
+    # server could take it)
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", dead)
-    retries = {"retries": {"max_attempts": 1}}
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": dead,
-                                                   "config_kwargs": retries})
-    assert cli(["ls", f"s3://{bucket}/exp"]) == 1
+        monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", dead)
+        retries = {"retries": {"max_attempts": 1}}
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": dead,
+                                                       "config_kwargs": retries})
+        assert cli(["ls", f"s3://{bucket}/exp"]) == 1
     err = capsys.readouterr().err
     assert "no checkpoint store" not in err and f"s3://{bucket}/exp" in err, err
 
