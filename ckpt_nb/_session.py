@@ -1445,6 +1445,7 @@ class AutoSession(NotState):
         self._signalled: int | None = None
         self._signal_frame: FrameType | None = None
         self._signal_timer: threading.Timer | None = None
+        self._grace_over = False  # the timer handed the signal to the main thread again
         self._cell_start_step = 0
         self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
         self._ending = False  # end_cell's save is running
@@ -1977,8 +1978,8 @@ class AutoSession(NotState):
         consistent point within ``_SIGNAL_GRACE`` s, ends the process as the signal would."""
         __tracebackhide__ = True  # noqa: F841
         name = signal.Signals(signum).name
-        if self._signalled is not None:
-            self._end_now(signum, frame, f"{name} again")
+        if self._signalled is not None:  # (said already where it is the grace's end)
+            self._end_now(signum, frame, None if self._grace_over else f"{name} again")
             return
         self._signalled, self._signal_frame = signum, frame
         if not self._ending and not self._in_save and self.step == self.last_save_step \
@@ -2033,6 +2034,7 @@ class AutoSession(NotState):
             # (our handler, in the main thread: _end_now. The signal itself, sent to that
             # thread, wakes the call it may be in, one that does not return; a signal
             # only simulated, _thread.interrupt_main's, waits for that call to end)
+            self._grace_over = True
             if hasattr(signal, "pthread_kill"):
                 signal.pthread_kill(threading.main_thread().ident, signum)
             else:
@@ -2040,15 +2042,16 @@ class AutoSession(NotState):
             return
         os._exit(128 + signum)
 
-    def _end_now(self, signum: int, frame: Any, why: str) -> None:
+    def _end_now(self, signum: int, frame: Any, why: str | None) -> None:
         """End as the signal would, without saving: the handler before ckpt_nb's, or the
-        signal's default action."""
+        signal's default action; ``why`` said first (None: said already)."""
         self._restore_signals()
         chained = self._chained_signals.get(signum)
-        self._signalled = None
-        print(f"ckpt_nb: {why}: ending at once, NOT saved; "
-              + (f"the latest checkpoint is {self._position}" if self._position else
-                 "no checkpoint holds the run"), file=sys.stderr, flush=True)
+        self._signalled, self._grace_over = None, False
+        if why is not None:
+            print(f"ckpt_nb: {why}: ending at once, NOT saved; "
+                  + (f"the latest checkpoint is {self._position}" if self._position else
+                     "no checkpoint holds the run"), file=sys.stderr, flush=True)
         if callable(chained):
             chained(signum, frame)
             return

@@ -224,6 +224,7 @@ signal.signal(signal.SIGTERM, on_term)
     assert "handler: took it" in done.stdout
     assert "ckpt_nb: no consistent point came within 0.5 s of SIGTERM: ending without a " \
         "save (no checkpoint holds the run)" in done.stderr
+    assert "SIGTERM again:" not in done.stderr, done.stderr  # (one signal came)
     assert checkpoints(tmp_path / "store") == []
 
 
