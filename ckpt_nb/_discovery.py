@@ -782,9 +782,12 @@ class _LoopReader:
                     (f"{n}.{attributes[id(a)]}" if self.binding is None or a.id in self.bare
                      or a.id not in self.binding else "?") if id(a) in attributes else n
                     for a in arguments for n in self.names(a)), where))
-                zips = [z for z in ast.walk(ast.Tuple(_call_arguments(call)))
-                        if isinstance(z, ast.Call) and isinstance(z.func, ast.Name)
-                        and z.func.id == "zip"]
+                # (a later loop's zip() is a plain enumerate's: the tracked loop's alone
+                # says a loader is zipped, `batches(l1)` then `batches(zip(l1, l2))`)
+                zips = [] if where == _LATER else [
+                    z for z in ast.walk(ast.Tuple(_call_arguments(call)))
+                    if isinstance(z, ast.Call) and isinstance(z.func, ast.Name)
+                    and z.func.id == "zip"]
                 for kind, names in (
                         (_ZIPPED, [a for z in zips for a in z.args if isinstance(a, ast.Name)]),
                         (_IN_ZIP, _name_nodes([a for z in zips for a in z.args]))):

@@ -649,3 +649,40 @@ for epoch in ckpt_nb.epochs(2):
     warned = capsys.readouterr().err
     assert "l1's persistent workers keep a random state" in warned, warned
     assert "the order of its batches is the same" not in warned, warned
+
+
+def test_a_loader_zipped_in_a_later_loop_only_is_said_as_its_first_loop_restores_it(
+        capsys) -> None:
+    """``batches(l1)`` first, then ``batches(zip(l1, l2))`` later in the epoch (a plain
+    enumerate): the zip marks were taken from any loop, and l1, which the tracked first
+    loop restores, was said to resume in another order (with workers, or persistent ones,
+    whose warning lost "the order of its batches is the same"). The tracked loop's alone
+    counts now."""
+    data = torch.utils.data.TensorDataset(torch.randn(12, 3))
+    g = torch.Generator()
+    namespace = {"l1": torch.utils.data.DataLoader(data, shuffle=True, num_workers=1,
+                                                   generator=torch.Generator()),
+                 "l2": torch.utils.data.DataLoader(data, shuffle=True, num_workers=1,
+                                                   persistent_workers=True, generator=g),
+                 "l3": torch.utils.data.DataLoader(data, shuffle=True, generator=g), "g": g}
+    skipped = discover(namespace, code="""
+for epoch in ckpt_nb.epochs(2):
+    for i, (a, b) in ckpt_nb.batches(zip(tqdm(l1), l3)):
+        pass
+    for i, b in ckpt_nb.batches(l2):
+        pass
+    for i, (a, b, c) in ckpt_nb.batches(zip(l1, l2, l3)):
+        pass
+""").skipped
+    assert skipped["l1"] == skipped["l3"] == RESTORES, skipped
+    assert skipped["l2"].startswith("DataLoader: passed to a later batches() loop"), skipped
+    skipped = discover(namespace, code="""
+for epoch in ckpt_nb.epochs(2):
+    for i, b in ckpt_nb.batches(l2):
+        pass
+    for i, (a, b) in ckpt_nb.batches(zip(l2, l3)):
+        pass
+""").skipped
+    assert skipped["l2"] == RESTORES, skipped
+    warned = capsys.readouterr().err
+    assert "l2's persistent workers" in warned and "batches is the same" in warned, warned
