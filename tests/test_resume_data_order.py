@@ -451,7 +451,7 @@ def test_a_zipped_loader_with_persistent_workers_is_said_at_a_resume(
         "persistent workers, its iterator is made anew by a resume" in resumed.stdout  # (start)
 
 
-
+# A notebook generator seeded by each epoch's code, the loader on it made there too: the
 # way on that the refusal of a generator made inside the epoch gives (one defined ahead).
 RESEEDED = """
 import hashlib, os, torch, ckpt_nb
