@@ -4428,7 +4428,7 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
     if made is None:
         return [], ""
     try:
-        iterators = made.__reduce__()[1]
+        iterators = _zip_members(made)
     except Exception:  # noqa: BLE001 - a Python whose zip() reduces otherwise
         return [], ""
     loaders = {id(_index_sampler(value)): (name, value) for name, value in namespace.items()
@@ -4465,6 +4465,13 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
             # unstopped run kept from the epoch before, and its base seed draws first)
             unreplayed.append(name or "a DataLoader that is no notebook variable")
     return found, ", ".join(unreplayed)
+
+
+def _zip_members(made: zip) -> list[Any]:
+    """The iterators a ``zip()`` holds, and those of a zip() in it (``zip(zip(l1, l2),
+    l3)``: made as the outer one was, before the loop)."""
+    return [member for iterator in made.__reduce__()[1]
+            for member in (_zip_members(iterator) if type(iterator) is zip else [iterator])]
 
 
 def _wrapper_loader(iterator: Any) -> torch.utils.data.DataLoader | None:

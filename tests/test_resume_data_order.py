@@ -426,6 +426,21 @@ def test_a_loader_in_a_progress_bar_inside_a_zip_resumes_bit_exact_mid_epoch(
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
 
 
+def test_loaders_in_a_zip_inside_the_zip_given_to_batches_resume_bit_exact_mid_epoch(
+        tmp_path: Path) -> None:
+    """batches(zip(zip(labelled, unlabelled))), generator= written inline: the inner zip's
+    iterators (made as the outer one was) were not looked into, the loaders' generators
+    neither saved nor set, and the resumed epoch went on in another order, the start line
+    saying "restores its order". Its members are read as the outer zip's now."""
+    code = ZIPPED_INLINE.format(die=8, **ZIPPED_GENERATORS["inline"]).replace(
+        "for i, ((xb, yb), (xu,)) in ckpt_nb.batches(zip(labelled, unlabelled)):",
+        "for i, (((xb, yb), (xu,)),) in ckpt_nb.batches(zip(zip(labelled, unlabelled))):")
+    assert "zip(zip(" in code
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
+    assert "step 15)" in resumed.stdout  # (resumed from epoch 1, batch 6)
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
 @pytest.mark.parametrize("zipped", ["tqdm(labelled, disable=True), unlabelled",
                                     "labelled, unlabelled"], ids=["in a wrapper", "itself"])
 def test_a_zipped_loader_with_persistent_workers_is_said_at_a_resume(
