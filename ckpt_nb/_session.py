@@ -4438,16 +4438,16 @@ def _zipped_loaders(loader: Any, namespace: Mapping[str, Any],
         if not isinstance(iterator, torch.utils.data.dataloader._BaseDataLoaderIter):
             # (a wrapper's, ``zip(tqdm(l1), l2)``: a generator yet to start makes its
             # loader's iterator at the first fetch, in the loop, as a loader given alone)
-            inner = _wrapper_loader(iterator)
-            if inner is None:
-                continue  # (a list, a range: no order drawn)
-            persistent = inner.num_workers > 0 and inner.persistent_workers
-            if inspect.getgeneratorstate(iterator) == inspect.GEN_CREATED and not persistent:
-                found.append((None, inner))
-            elif persistent or _quietly_held(inner, ours):
-                unreplayed.append(next((name for name, value in namespace.items()
-                                        if value is inner),
-                                       "a DataLoader that is no notebook variable"))
+            # (a list, a range: none, no order drawn)
+            for inner in _wrapper_loaders(iterator):
+                persistent = inner.num_workers > 0 and inner.persistent_workers
+                if inspect.getgeneratorstate(iterator) == inspect.GEN_CREATED \
+                        and not persistent:
+                    found.append((None, inner))
+                elif persistent or _quietly_held(inner, ours):
+                    unreplayed.append(next((name for name, value in namespace.items()
+                                            if value is inner),
+                                           "a DataLoader that is no notebook variable"))
             continue
         name, data = loaders.get(id(getattr(iterator, "_index_sampler", None)), (None, None))
         started = getattr(iterator, "_sampler_iter", None)
@@ -4474,17 +4474,23 @@ def _zip_members(made: zip) -> list[Any]:
             for member in (_zip_members(iterator) if type(iterator) is zip else [iterator])]
 
 
-def _wrapper_loader(iterator: Any) -> torch.utils.data.DataLoader | None:
-    """The DataLoader a wrapper's iterator in a zip() draws from: a generator (tqdm's
+def _wrapper_loaders(iterator: Any) -> list[torch.utils.data.DataLoader]:
+    """The DataLoaders a wrapper's iterator in a zip() draws from: a generator (tqdm's
     ``__iter__``) holds the wrapper as its ``self``, which holds the loader
-    (``_data_loader``); None for an iterator of another kind, or one holding none."""
+    (``_data_loader``); one yet to start, those it is given as well (its locals are its
+    arguments: ``zip(shifted(l1), l2)``, ``def shifted(dl): for x, y in dl: ...``);
+    none for an iterator of another kind, or one holding none."""
     if not isinstance(iterator, types.GeneratorType) or iterator.gi_frame is None:
-        return None
+        return []
     try:
-        wrapper = iterator.gi_frame.f_locals.get("self")
+        values = dict(iterator.gi_frame.f_locals)
     except Exception:  # noqa: BLE001 - a frame's locals that cannot be read
-        return None
-    return None if wrapper is None else _data_loader(wrapper)
+        return []
+    if inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED:
+        values = {"self": values.get("self")}  # (a started one's locals: its own doings)
+    found = {id(loader): loader for value in values.values() if value is not None
+             and (loader := _data_loader(value)) is not None}
+    return list(found.values())
 
 
 class _LoaderParts:

@@ -426,6 +426,23 @@ def test_a_loader_in_a_progress_bar_inside_a_zip_resumes_bit_exact_mid_epoch(
     assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
 
 
+def test_a_loader_given_to_a_generator_function_inside_a_zip_resumes_bit_exact_mid_epoch(
+        tmp_path: Path) -> None:
+    """batches(zip(shifted(labelled), unlabelled)), ``def shifted(dl): for ... in dl``, its
+    generator= written inline: as with tqdm(labelled), the loader's iterator is made in the
+    loop, but the generator function's has no ``self`` to find it through: its generator
+    was neither saved nor set, the resumed epoch in another order without a word. Its
+    arguments are looked through now, as a wrapper's ``self`` is."""
+    code = ZIPPED_INLINE.format(die=8, **ZIPPED_GENERATORS["inline"]).replace(
+        "batches(zip(labelled, unlabelled))", "batches(zip(shifted(labelled), unlabelled))"
+    ).replace("model = torch.nn", "def shifted(dl):\n    for xb, yb in dl:\n"
+              "        yield xb + 1, yb\nmodel = torch.nn")
+    assert "zip(shifted(" in code and "def shifted(dl)" in code
+    reference, resumed = unstopped_and_resumed(tmp_path, code)
+    assert "step 15)" in resumed.stdout  # (resumed from epoch 1, batch 6)
+    assert resumed.stdout.split()[-1] == reference.stdout.split()[-1]
+
+
 def test_loaders_in_a_zip_inside_the_zip_given_to_batches_resume_bit_exact_mid_epoch(
         tmp_path: Path) -> None:
     """batches(zip(zip(labelled, unlabelled))), generator= written inline: the inner zip's
