@@ -276,7 +276,7 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
         stream = _stateless_stream(dataset) and id(dataset) not in named
         if _ZIPPED in loops and (_FIRST in loops or _EITHER in loops) \
                 and value.num_workers > 0 \
-                and any(id(rng) not in ours for rng in loader_random(value)[0].values()):
+                and _quietly_held(value, ours):
             # (as a resume says it: _session._zipped_loaders)
             use = ("in the zip() given to ckpt_nb.batches(), with workers, it draws its "
                    f"{what} as zip() makes its iterator, before batches() can set its "
@@ -425,6 +425,15 @@ def loader_random(loader: Any) -> tuple[dict[str, Any], dict[str, str]]:
             continue
         seen.add(id(value))
     return held, unheld
+
+
+def _quietly_held(loader: Any, ours: Container[int] = frozenset()) -> bool:
+    """Whether a loader draws from generators other than the global ones and ``ours``
+    (ids): those a resume cannot put back as saved before the epoch's code runs again."""
+    try:
+        return any(id(rng) not in ours for rng in loader_random(loader)[0].values())
+    except Exception:  # noqa: BLE001 - an odd sampler's attributes: said, to be safe
+        return True
 
 
 def warn_persistent_workers(value: Any, name: str | None, order_kept: bool = True) -> None:

@@ -66,8 +66,8 @@ from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, a
 from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
-                         from_storable, helper_accumulators, is_code, loader_random,
-                         names_bound, skipped_text,
+                         _quietly_held, from_storable, helper_accumulators, is_code,
+                         loader_random, names_bound, skipped_text,
                          to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
@@ -4505,14 +4505,6 @@ class _LoaderParts:
         self.batch_sampler = index if batched else None
         self.sampler = getattr(index, "sampler", None) if batched else index
         self.dataset = getattr(iterator, "_dataset", None)
-
-
-def _quietly_held(loader: Any, ours: AbstractSet[int] = frozenset()) -> bool:
-    """Whether a loader draws from generators other than the global ones and ``ours``."""
-    try:
-        return any(id(rng) not in ours for rng in loader_random(loader)[0].values())
-    except Exception:  # noqa: BLE001 - an odd sampler's attributes: said, to be safe
-        return True
 
 
 def _index_sampler(loader: torch.utils.data.DataLoader) -> Any:
