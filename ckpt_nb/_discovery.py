@@ -490,13 +490,24 @@ def _code_names(code: str, name: str) -> bool:
 # same epoch is a plain enumerate that saves none of its loader's state; where the code
 # does not say which (a branch, a loop that runs it again), it may be either.
 _FIRST, _LATER, _EITHER = "first", "later", "either"
-# Passed to batches() as a zip()'s argument itself (``batches(zip(l1, l2))``, not
-# ``zip(tqdm(l1), l2)``): zip() makes its iterator before batches() begins, which, with
-# workers, draws the epoch's order as it is made (said beside one of the above); and
-# anywhere in such a zip(), wrapped too: a resume makes its iterator anew, which, with
-# persistent workers, an unstopped run kept from the epoch before.
+# Passed to batches() as a zip()'s argument itself (``batches(zip(l1, l2))``,
+# ``zip(iter(l1), l2)``, not ``zip(tqdm(l1), l2)``): zip() makes its iterator before
+# batches() begins, which, with workers, draws the epoch's order as it is made (said beside
+# one of the above); and anywhere in such a zip(), wrapped too: a resume makes its iterator
+# anew, which, with persistent workers, an unstopped run kept from the epoch before.
 _ZIPPED, _IN_ZIP = "zipped", "in a zip"
 
+
+
+def _made_by_zip(argument: ast.expr) -> ast.Name | None:
+    """The name whose iterator a ``zip()`` argument makes as zip() is called, ahead of the
+    loop: ``l1`` in ``zip(l1, ...)`` and in ``zip(iter(l1), ...)``; None for others (a
+    wrapper's, ``tqdm(l1)``, makes it in the loop)."""
+    if isinstance(argument, ast.Call) and isinstance(argument.func, ast.Name) \
+            and argument.func.id == "iter" and len(argument.args) == 1 \
+            and not argument.keywords:
+        argument = argument.args[0]
+    return argument if isinstance(argument, ast.Name) else None
 
 class _Code(NamedTuple):
     module: ast.Module
@@ -798,7 +809,8 @@ class _LoopReader:
                     if isinstance(z, ast.Call) and isinstance(z.func, ast.Name)
                     and z.func.id == "zip"]
                 for kind, names in (
-                        (_ZIPPED, [a for z in zips for a in z.args if isinstance(a, ast.Name)]),
+                        (_ZIPPED, [n for z in zips for a in z.args
+                                   if (n := _made_by_zip(a)) is not None]),
                         (_IN_ZIP, _name_nodes([a for z in zips for a in z.args]))):
                     if names:
                         self.passes.append((tuple(n for a in names for n in self.names(a)),

@@ -611,10 +611,10 @@ def test_a_zipped_loader_with_workers_drawing_from_an_inline_generator_is_not_sa
 
     namespace = {"l1": loader(1, torch.Generator()), "l2": loader(1, g),
                  "l3": loader(0, torch.Generator()), "l4": loader(1, torch.Generator()),
-                 "g": g}
+                 "l5": loader(1, torch.Generator()), "g": g}
     skipped = discover(namespace, code="""
 for epoch in ckpt_nb.epochs(2):
-    for i, (a, b, c, d) in ckpt_nb.batches(zip(l1, l2, l3, tqdm(l4))):
+    for i, (a, b, c, d, e) in ckpt_nb.batches(zip(l1, l2, l3, tqdm(l4), iter(l5))):
         pass
 """).skipped
     assert skipped["l1"] == (
@@ -622,6 +622,7 @@ for epoch in ckpt_nb.epochs(2):
         "order as zip() makes its iterator, before batches() can set its generators: a "
         "resume may go on in another order; to resume it exactly, make its generator= a "
         "notebook variable (`g = torch.Generator().manual_seed(7)`, then `generator=g`)")
+    assert skipped["l5"] == skipped["l1"]  # (iter(l5): made as zip()'s argument, as l1's)
     assert {skipped[n] for n in ("l2", "l3", "l4")} == {RESTORES}, skipped
 
 
