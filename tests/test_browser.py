@@ -10,13 +10,13 @@ it fails: ``.ci/install`` installs Chromium there.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -61,12 +61,6 @@ def artifacts_dir() -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def weights_digest(state_dict: dict) -> str:
     """The probe's digest, computed here from a checkpoint's saved model state."""
     return hashlib.sha256(b"".join(t.detach().contiguous().numpy().tobytes()
@@ -105,11 +99,12 @@ def _get(url: str, token: str) -> bytes:
         return reply.read()
 
 
-def _stop_server(proc: subprocess.Popen, lab: Lab, runtime: Path) -> None:
-    """Shut the server down with its kernels; then end, by pid, anything still running that
-    was started for this test (kernels live in their own sessions, outside the server's
-    process group: the notebook's own second kernel too)."""
-    if proc.poll() is None:
+def _stop_server(proc: subprocess.Popen, lab: Lab | None, runtime: Path) -> None:
+    """Shut the server down with its kernels (``lab``: where it answers, if it does); then
+    end, by pid, anything still running that was started for this test (kernels live in
+    their own sessions, outside the server's process group: the notebook's own second
+    kernel too)."""
+    if proc.poll() is None and lab is not None:
         try:
             request = urllib.request.Request(f"{lab.url}/api/shutdown", method="POST", data=b"",
                                              headers={"Authorization": f"token {lab.token}"})
@@ -176,10 +171,40 @@ def shared_page(chromium: Path, browser: Callable[[Path], Any]) -> Iterator[Any]
         context.close()
 
 
+def _listening_port(proc: subprocess.Popen, runtime: Path, log: Path) -> int | None:
+    """The loopback port that ``proc``, a Jupyter server told ``--ServerApp.port=0``,
+    listens on: the one its runtime file (``jpserver-<pid>.json``) names, once this very
+    process listens there. None if the server exited having lost that port: jupyter_server
+    binds port 0, reads the number, lets go and binds it again later (``_find_http_port``),
+    and another process can take it in between."""
+    info = runtime / f"jpserver-{proc.pid}.json"  # (`jupyter lab` execs: the pid stays)
+    port = None
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            said = log.read_text()
+            if port is not None and f"The port {port} is already in use" in said:
+                return None
+            pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{said[-3000:]}")
+        if port is None and info.exists():
+            with contextlib.suppress(ValueError):  # (still being written)
+                port = int(json.loads(info.read_text())["port"])
+        if port is not None:
+            with contextlib.suppress(psutil.Error):
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                       for c in psutil.Process(proc.pid).net_connections("tcp")):
+                    return port
+        if time.monotonic() > deadline:
+            pytest.fail(f"jupyter lab did not listen on a port within 90 s "
+                        f"({info.name} {'names ' + str(port) if port else 'not written'}):\n"
+                        f"{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
-    """JupyterLab on a free loopback port, serving a copy of the quickstart; its config,
-    runtime, settings and workspace folders are this test's own."""
+    """JupyterLab on a loopback port the system gave it, serving a copy of the quickstart;
+    its config, runtime, settings and workspace folders are this test's own."""
     root = tmp_path / "lab"
     root.mkdir()
     store = root / _prepare_notebook(root)
@@ -192,22 +217,35 @@ def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
                JUPYTER_RUNTIME_DIR=str(runtime), JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
     env.pop("JPY_SESSION_NAME", None)
-    port, token = free_port(), secrets.token_hex(16)
+    token = secrets.token_hex(16)
     log = tmp_path / "jupyter.log"
-    # sys.executable is the venv's python, so the "python3" kernelspec runs it too.
+    # sys.executable is the venv's python, so the "python3" kernelspec runs it too. Port 0:
+    # the server takes a port the system gives it, rather than one this test picked and let
+    # go, which another test process (the suite runs in several) could take first.
     command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
-               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+               "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",
                "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
                f"--ServerApp.root_dir={root}", "--LabApp.news_url=",
                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=root, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+    for _ in range(3):
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(command, cwd=root, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        try:
+            port = _listening_port(proc, runtime, log)
+        except BaseException:
+            _stop_server(proc, None, runtime)
+            raise
+        if port is not None:
+            break
+    else:
+        pytest.fail(f"jupyter lab lost the port it chose to another process three times:\n"
+                    f"{log.read_text()[-3000:]}")
     server = Lab(f"http://127.0.0.1:{port}", token, root, store, log)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"jupyter lab exited with {proc.returncode}:\n"
@@ -217,8 +255,8 @@ def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
                 break
             except (OSError, ValueError):
                 if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter lab did not answer /api/status within 90 s:\n"
-                                f"{log.read_text()[-3000:]}")
+                    pytest.fail(f"jupyter lab listens on {port} but did not answer "
+                                f"/api/status within 30 s:\n{log.read_text()[-3000:]}")
                 time.sleep(0.2)
         yield server
     finally:
