@@ -1132,14 +1132,21 @@ def test_another_managers_pins_and_notes_show_within_the_poll() -> None:
 
 class Relay:
     """A TCP relay to a server on loopback that goes down (connections refused) and comes
-    back on the same port: a store's server lost and found again, for real."""
+    back on the same port: a store's server lost and found again, for real. The port stays
+    the relay's while it is down: a socket bound to it that never listens (a connection is
+    refused) holds it, shared only by a socket of this user's with SO_REUSEPORT set, the
+    relay's listener. Let go, another test process could take it (a server's bind, or a
+    connection's own end): the explorer's requests would reach that server instead of
+    being refused, or up() would fail."""
 
     def __init__(self, target: str) -> None:
         self.target = int(target.rsplit(":", 1)[1])
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.holder = socket.socket()
+        self.holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self.holder.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.holder.getsockname()[1]}"
         self.open: list[socket.socket] = []
-        threading.Thread(target=self._serve, args=(self.listener,), daemon=True).start()
+        self.up()
 
     def _serve(self, listener: socket.socket) -> None:
         while True:
@@ -1167,8 +1174,16 @@ class Relay:
         self.open.clear()
 
     def up(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", int(self.url.rsplit(":", 1)[1])))
+        self.listener = socket.socket()
+        for option in (socket.SO_REUSEADDR, socket.SO_REUSEPORT):  # (REUSEADDR: binds
+            self.listener.setsockopt(socket.SOL_SOCKET, option, 1)  # over TIME_WAITs)
+        self.listener.bind(self.holder.getsockname())
+        self.listener.listen()
         threading.Thread(target=self._serve, args=(self.listener,), daemon=True).start()
+
+    def close(self) -> None:
+        self.down()
+        self.holder.close()
 
 
 @pytest.fixture
@@ -1193,7 +1208,7 @@ def explorer_behind_relay(endpoint: str, s3_url: str, poll_seconds: float
     finally:
         ui.close()
         mgr.close()
-        relay.down()
+        relay.close()
 
 
 def test_a_server_down_shows_in_the_status_line_and_goes_when_it_is_back(
