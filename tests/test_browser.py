@@ -245,7 +245,7 @@ def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
                     f"{log.read_text()[-3000:]}")
     server = Lab(f"http://127.0.0.1:{port}", token, root, store, log)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"jupyter lab exited with {proc.returncode}:\n"
@@ -256,7 +256,7 @@ def lab(chromium: Path, tmp_path: Path) -> Iterator[Lab]:
             except (OSError, ValueError):
                 if time.monotonic() > deadline:
                     pytest.fail(f"jupyter lab listens on {port} but did not answer "
-                                f"/api/status within 30 s:\n{log.read_text()[-3000:]}")
+                                f"/api/status within 90 s:\n{log.read_text()[-3000:]}")
                 time.sleep(0.2)
         yield server
     finally:
