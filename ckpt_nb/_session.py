@@ -3370,8 +3370,17 @@ class AutoSession(NotState):
                              "come in another order than the unstopped run's")
         reuses = _reuses_iterator(loader)
         if reuses is not None and start.iterator_reused not in (None, reuses):
-            # (a dropped iterator shuts its workers down)
-            loader._iterator = loader._get_iterator() if start.iterator_reused else None
+            # (a dropped iterator shuts its workers down. A new one draws its workers' seed
+            # from the loader's generator= or, without one, the global generator, which
+            # the resume set as saved: the unstopped run's drew it epochs before, so it
+            # is put back as the resume set it, or the order drawn next is another)
+            drawn = loader.generator if isinstance(loader.generator, torch.Generator) \
+                else torch.default_generator
+            before = drawn.get_state()
+            try:
+                loader._iterator = loader._get_iterator() if start.iterator_reused else None
+            finally:
+                drawn.set_state(before)
         elif reuses is None:
             self.say(f"this torch ({torch.__version__}) keeps a DataLoader's persistent "
                      "workers otherwise than ckpt_nb knows: the resumed epoch may come in "

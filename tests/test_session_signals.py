@@ -169,6 +169,26 @@ def test_a_signal_to_the_process_group_saves_though_the_loaders_workers_died(
     assert params(resumed.stdout) == params(unstopped.stdout)
 
 
+def test_a_signal_at_an_epochs_end_resumes_a_persistent_workers_loader_in_its_order(
+        tmp_path: Path) -> None:
+    """SIGTERM in epoch 0's last step is saved at epoch 1's start. The resume made the
+    loader's persistent-workers iterator (kept by the unstopped run since epoch 0) anew,
+    which drew its workers' seed from the global generator the resume had just set: epoch
+    1 came in another order, the weights not the unstopped run's."""
+    code = train().replace("(epoch, i) == (1, 5)", "(epoch, i) == (0, 17)") \
+        .replace("shuffle=True)", "shuffle=True, num_workers=2, persistent_workers=True)")
+    (tmp_path / "ref").mkdir()
+    unstopped = script(tmp_path / "ref", "train.py", code.replace(SIGTERM, "pass"))
+    assert unstopped.returncode == 0, unstopped.stderr
+    stopped = script(tmp_path, "train.py", code)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout + stopped.stderr
+    assert checkpoints(tmp_path / "store") == [(18, "SIGTERM")]
+    resumed = script(tmp_path, "train.py", code)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(epoch 1, batch 0, step 18)" in resumed.stdout, resumed.stdout
+    assert params(resumed.stdout) == params(unstopped.stdout)
+
+
 @pytest.mark.parametrize("options", [", save_on_signals=()", ", save_on_signals='none'"])
 def test_save_on_signals_off_leaves_sigterm_its_default(tmp_path: Path, options: str) -> None:
     done = script(tmp_path, "train.py", train(options=options))
