@@ -1963,7 +1963,10 @@ class AutoSession(NotState):
 
     def _restore_signals(self) -> None:
         for signum, previous in self._previous_signals.items():
-            signal.signal(signum, previous)
+            # (a handler the cell's code set since, its own or a library's, stays: it
+            # replaced ckpt_nb's for the rest of the cell, and is the signal's after it)
+            if getattr(signal.getsignal(signum), "__self__", None) is self:
+                signal.signal(signum, previous)
         self._previous_signals = {}
         self._cancel_signal_timer()
 

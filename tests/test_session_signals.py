@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from IPython.core.error import UsageError
 
 import ckpt_nb
@@ -300,3 +301,25 @@ def test_the_magic_takes_sigterm_for_the_cell_alone_and_on_signal_none_leaves_it
     assert shell.run_cell(f"%%ckpt_auto --dir {tmp_path} --on-signal none\n{cell}",
                           store_history=False).success
     assert shell.user_ns["seen"] is before
+
+
+def test_a_handler_the_cells_code_sets_stays_after_the_cell(tmp_path: Path, shell) -> None:
+    """A SIGTERM handler set inside the block or cell (the code's own, or a library's) was
+    replaced at its end by the one before ckpt_nb's (SIG_DFL): the process lost it without
+    a word. It stays, as a handler set before the cell does."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    try:
+        with ckpt_nb.auto(str(tmp_path / "block"), namespace={"model": torch.nn.Linear(2, 2)}):
+            signal.signal(signal.SIGTERM, mine)
+        assert signal.getsignal(signal.SIGTERM) is mine
+        signal.signal(signal.SIGTERM, before)
+        shell.user_ns.update(mine=mine, model=torch.nn.Linear(2, 2))
+        assert shell.run_cell(f"%%ckpt_auto --dir {tmp_path / 'cell'}\nimport signal\n"
+                              "signal.signal(signal.SIGTERM, mine)", store_history=False).success
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
