@@ -1998,7 +1998,9 @@ class AutoSession(NotState):
             "stopping the cell" if _in_ipython() else "ending"
         print(f"ckpt_nb: {name} received: {what}, then {then} ({name} again ends the "
               "process at once)", file=sys.stderr, flush=True)
-        if self._ending:  # (the save is running: no consistent point to wait for)
+        if self._ending or self._in_save:  # (a save is running: no consistent point to
+            # wait for; it ends as the signal asks once the save is in, however long the
+            # save takes: the grace's end cut it short, "no consistent point came")
             return
         self._signal_timer = threading.Timer(_SIGNAL_GRACE, self._signal_overdue, (signum,))
         self._signal_timer.daemon = True

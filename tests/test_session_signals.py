@@ -147,6 +147,26 @@ def test_a_signal_during_a_save_ends_with_that_save_named(tmp_path: Path, sync: 
         f"nothing new to save since checkpoint {newest}" in done.stdout, done.stdout
 
 
+def test_a_signal_during_a_save_longer_than_the_grace_waits_for_it(tmp_path: Path) -> None:
+    """A save that outlasts the grace (a large state written to a slow disk, --sync): the
+    grace ran from the signal, and its end cut the save short, "no consistent point came
+    within 0.5 s of SIGTERM: ending without a save" after "finishing the save in
+    progress", step 18's save lost. The save is waited for and named."""
+    slow = SIGNAL_AS_STEP_18_IS_WRITTEN.replace(
+        "os.kill(os.getpid(), signal.SIGTERM)\n",
+        "os.kill(os.getpid(), signal.SIGTERM)\n        time.sleep(1.5)\n") + \
+        "import ckpt_nb._session\nckpt_nb._session._SIGNAL_GRACE = 0.5\n"
+    code = train(slow, ", sync=True", "pass").replace("every_steps=1000", "every_steps=6")
+    done = script(tmp_path, "train.py", code)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert "no consistent point came" not in done.stderr, done.stderr
+    with ckpt_nb.CheckpointManager(tmp_path / "store") as mgr:
+        rows = mgr.list()
+    assert rows["step"].tolist() == [6, 12, 18], rows
+    assert f"SIGTERM at step 18: saved as checkpoint {rows['id'].iloc[-1]}; exiting with " \
+        "status 143" in done.stdout, done.stdout
+
+
 def test_a_signal_to_the_process_group_saves_though_the_loaders_workers_died(
         tmp_path: Path) -> None:
     """Slurm's scancel (``kill -TERM -PGID``) reaches the DataLoader's workers too, which
