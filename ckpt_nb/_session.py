@@ -2045,6 +2045,9 @@ class AutoSession(NotState):
             else:
                 _thread.interrupt_main(signum)
             return
+        if _in_ipython():  # (a kernel sends the line to the notebook from a thread of its
+            # own, which the exit would stop before it is sent: the kernel died unexplained)
+            time.sleep(_SIGNAL_SAID_WAIT)
         os._exit(128 + signum)
 
     def _end_now(self, signum: int, frame: Any, why: str | None) -> None:
@@ -4074,6 +4077,8 @@ def _with_step(row: CheckpointRow) -> str:
     return row.id + (f" (step {row.step})" if row.step is not None else "")
 
 
+# Seconds a kernel's end at a signal's grace waits for its line to reach the notebook.
+_SIGNAL_SAID_WAIT = 0.5
 # Seconds a signal of save_on_signals waits for a consistent point before it ends the
 # process unsaved (a preemption's own grace, 30 s in Kubernetes, may end it sooner)
 _SIGNAL_GRACE = 60.0

@@ -343,3 +343,32 @@ def test_a_handler_the_cells_code_sets_stays_after_the_cell(tmp_path: Path, shel
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_the_graces_end_in_a_kernel_says_why_in_the_notebook(tmp_path: Path) -> None:
+    """No consistent point within the grace ends the kernel, as the signal would: the line
+    that says so, sent to the notebook from the kernel's own thread, was cut off by the
+    exit, and the kernel died without a word in the cell."""
+    from test_kernel import Kernel  # (a real ipykernel, forked warm: conftest)
+    kernel = Kernel(tmp_path)
+    try:
+        kernel.setup()
+        kernel.run("import signal, ckpt_nb._session\nckpt_nb._session._SIGNAL_GRACE = 0.5")
+        msg_id = kernel.execute(f"""%%ckpt_auto --dir {tmp_path / 'store'} --every-steps 1000
+for epoch in ckpt_nb.epochs(1):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(120)  # (a call that does not return)
+""")
+        said = "ckpt_nb: no consistent point came within 0.5 s of SIGTERM: ending without " \
+            "a save (no checkpoint holds the run)"
+        try:
+            out = kernel.read(msg_id, lambda text: said in text, timeout=60)
+        except TimeoutError as stopped:
+            out = str(stopped)
+        assert said in out, out
+    finally:
+        kernel.close()
