@@ -1445,6 +1445,7 @@ class AutoSession(NotState):
         self._signalled: int | None = None
         self._signal_frame: FrameType | None = None
         self._signal_timer: threading.Timer | None = None
+        self._previous_sigchld: Any = None  # (torch's, held while a signal is pending)
         self._grace_over = False  # the timer handed the signal to the main thread again
         self._cell_start_step = 0
         self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
@@ -1961,7 +1962,31 @@ class AutoSession(NotState):
             self._previous_signals[signum] = previous
             signal.signal(signum, self._on_signal)
 
+    def _hold_worker_deaths(self) -> None:
+        """A signal sent to the process group (scancel) ends a DataLoader's workers too,
+        and torch's SIGCHLD handler raised their death (``RuntimeError: DataLoader worker
+        (pid N) is killed by signal``) wherever the main thread was, mid-step, even in this
+        handler: the cell ended with it unsaved. While the signal is pending it is held:
+        the next fetch fails on the dead workers, and the state before it is saved
+        (``_save_before_a_failed_fetch``)."""
+        torch_handler = signal.getsignal(signal.SIGCHLD)
+        if not callable(torch_handler) or self._previous_sigchld is not None:
+            return
+
+        def held(signum: int, frame: Any) -> None:
+            try:
+                torch_handler(signum, frame)
+            except RuntimeError:
+                if self._signalled is None:
+                    raise
+
+        self._previous_sigchld = torch_handler
+        signal.signal(signal.SIGCHLD, held)
+
     def _restore_signals(self) -> None:
+        if self._previous_sigchld is not None:
+            signal.signal(signal.SIGCHLD, self._previous_sigchld)
+            self._previous_sigchld = None
         for signum, previous in self._previous_signals.items():
             # (a handler the cell's code set since, its own or a library's, stays: it
             # replaced ckpt_nb's for the rest of the cell, and is the signal's after it)
@@ -1985,6 +2010,7 @@ class AutoSession(NotState):
             self._end_now(signum, frame, None if self._grace_over else f"{name} again")
             return
         self._signalled, self._signal_frame = signum, frame
+        self._hold_worker_deaths()
         if not self._ending and not self._in_save and self.step == self.last_save_step \
                 and not self._metric_due and self._save_asked is None and not self._interrupts \
                 and self._last_save_written(_SIGNAL_WRITE_WAIT):

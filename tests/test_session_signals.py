@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -370,5 +371,52 @@ for epoch in ckpt_nb.epochs(1):
         except TimeoutError as stopped:
             out = str(stopped)
         assert said in out, out
+    finally:
+        kernel.close()
+
+
+def test_a_signal_to_a_kernels_process_group_saves_though_its_loaders_workers_died(
+        tmp_path: Path) -> None:
+    """scancel's SIGTERM to the kernel's process group ends the loader's workers too: torch's
+    SIGCHLD handler raised their death mid-step (here inside ckpt_nb's own handler), "not
+    saving after RuntimeError: the model changed since the last consistent point", every
+    step lost. It is held while the signal is pending: the step is saved, the cell stops."""
+    from test_kernel import Kernel  # (a real ipykernel, forked warm: conftest)
+    kernel = Kernel(tmp_path)
+    try:
+        kernel.setup()
+        msg_id = kernel.execute(f"""%%ckpt_auto --dir {tmp_path / 'store'} --every-steps 1000
+workers = torch.utils.data.DataLoader(loader.dataset, batch_size=90, shuffle=True,
+                                      num_workers=2)
+for epoch in ckpt_nb.epochs(1):
+    for i, (xb, yb) in ckpt_nb.batches(workers):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        if i == 2:
+            print("group", os.getpgid(0), flush=True)
+            while os.path.exists("hold"):  # (the step's compute: the signal comes here)
+                time.sleep(0.01)
+""")
+        (tmp_path / "hold").touch()
+        out = kernel.read(msg_id, lambda text: "group " in text)
+        group = int(out.split("group ")[1].split()[0])
+        assert group != os.getpgid(0)  # (the kernel's own group, not pytest's)
+        workers = [int(pid) for task in Path(f"/proc/{group}/task").iterdir()
+                   for pid in (task / "children").read_text().split()]
+        assert workers
+        os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + 60  # (no hang where they outlive it: it fails below)
+        for pid in workers:  # (dead, in the compute: their SIGCHLD came there)
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and \
+                    Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+                time.sleep(0.01)
+        (tmp_path / "hold").unlink()
+        out, reply = kernel.finish(msg_id)
+        assert "RuntimeError" not in out, out
+        [(step, note)] = checkpoints(tmp_path / "store")
+        assert (step, note) == (3, "SIGTERM"), out
+        assert reply["ename"] == "KeyboardInterrupt", out
+        assert reply["evalue"].startswith("SIGTERM: the cell stopped at step 3, saved as "), out
     finally:
         kernel.close()
