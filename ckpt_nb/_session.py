@@ -4104,7 +4104,7 @@ def _with_step(row: CheckpointRow) -> str:
 
 
 # Seconds a kernel's end at a signal's grace waits for its line to reach the notebook.
-_SIGNAL_SAID_WAIT = 0.5
+_SIGNAL_SAID_WAIT = 2.0
 # Seconds a signal of save_on_signals waits for a consistent point before it ends the
 # process unsaved (a preemption's own grace, 30 s in Kubernetes, may end it sooner)
 _SIGNAL_GRACE = 60.0
