@@ -1445,7 +1445,9 @@ class AutoSession(NotState):
         self._signalled: int | None = None
         self._signal_frame: FrameType | None = None
         self._signal_timer: threading.Timer | None = None
-        self._previous_sigchld: Any = None  # (torch's, held while a signal is pending)
+        # (torch's SIGCHLD handler and its wrapper, which holds its error while a signal
+        # is pending: _hold_worker_deaths)
+        self._previous_sigchld: tuple[Any, Any] | None = None
         self._grace_over = False  # the timer handed the signal to the main thread again
         self._cell_start_step = 0
         self._any_cell = True  # the line form's watch of a cell, not a %%ckpt_auto cell
@@ -1980,12 +1982,14 @@ class AutoSession(NotState):
                 if self._signalled is None:
                     raise
 
-        self._previous_sigchld = torch_handler
+        self._previous_sigchld = torch_handler, held
         signal.signal(signal.SIGCHLD, held)
 
     def _restore_signals(self) -> None:
         if self._previous_sigchld is not None:
-            signal.signal(signal.SIGCHLD, self._previous_sigchld)
+            torch_handler, held = self._previous_sigchld
+            if signal.getsignal(signal.SIGCHLD) is held:  # (one the code set since stays)
+                signal.signal(signal.SIGCHLD, torch_handler)
             self._previous_sigchld = None
         for signum, previous in self._previous_signals.items():
             # (a handler the cell's code set since, its own or a library's, stays: it

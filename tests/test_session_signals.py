@@ -420,3 +420,34 @@ for epoch in ckpt_nb.epochs(1):
         assert reply["evalue"].startswith("SIGTERM: the cell stopped at step 3, saved as "), out
     finally:
         kernel.close()
+
+
+def test_a_sigchld_handler_the_blocks_code_sets_after_the_signal_stays(tmp_path: Path) -> None:
+    """The signal wraps the SIGCHLD handler (torch's: a worker's death held while it is
+    pending); one the code set after it (its own, a library's) was replaced at the block's
+    end by the one the wrapper held, lost without a word. It stays, as for SIGTERM."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGCHLD)
+    taken = []
+
+    def torchs(signum: int, frame: object) -> None:
+        pass
+
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: taken.append(signum))
+        signal.signal(signal.SIGCHLD, torchs)
+        with ckpt_nb.auto(str(tmp_path / "block"), namespace={"model": torch.nn.Linear(2, 2)}):
+            signal.raise_signal(signal.SIGTERM)  # (nothing to save: handed on, which returns)
+            assert taken == [signal.SIGTERM]
+            assert signal.getsignal(signal.SIGCHLD) is not torchs  # (the wrapper)
+            signal.signal(signal.SIGCHLD, mine)
+        assert signal.getsignal(signal.SIGCHLD) is mine
+        with ckpt_nb.auto(str(tmp_path / "block"), namespace={"model": torch.nn.Linear(2, 2)}):
+            signal.signal(signal.SIGCHLD, torchs)
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGCHLD) is torchs  # (the wrapper's own put back)
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGCHLD, before[1])
