@@ -3409,16 +3409,19 @@ class AutoSession(NotState):
         reuses = _reuses_iterator(loader)
         if reuses is not None and start.iterator_reused not in (None, reuses):
             # (a dropped iterator shuts its workers down. A new one draws its workers' seed
-            # from the loader's generator= or, without one, the global generator, which
-            # the resume set as saved: the unstopped run's drew it epochs before, so it
-            # is put back as the resume set it, or the order drawn next is another)
-            drawn = loader.generator if isinstance(loader.generator, torch.Generator) \
-                else torch.default_generator
-            before = drawn.get_state()
+            # from the loader's generator= or, without one, the global generator, and its
+            # sampler its first indices from its own or the global one, which the resume
+            # set as saved: the unstopped run's drew them epochs before, so they are put
+            # back as the resume set them, or the order drawn next is another)
+            drawn = {id(g): g for g in (torch.default_generator, loader.generator,
+                                        getattr(loader.sampler, "generator", None))
+                     if isinstance(g, torch.Generator)}
+            before = [(g, g.get_state()) for g in drawn.values()]
             try:
                 loader._iterator = loader._get_iterator() if start.iterator_reused else None
             finally:
-                drawn.set_state(before)
+                for g, state in before:
+                    g.set_state(state)
         elif reuses is None:
             self.say(f"this torch ({torch.__version__}) keeps a DataLoader's persistent "
                      "workers otherwise than ckpt_nb knows: the resumed epoch may come in "

@@ -191,14 +191,20 @@ def test_a_signal_to_the_process_group_saves_though_the_loaders_workers_died(
     assert params(resumed.stdout) == params(unstopped.stdout)
 
 
+@pytest.mark.parametrize("order", [
+    "shuffle=True",
+    # (the workers' seed from the loader's generator, the sampler's order from the global one)
+    "sampler=torch.utils.data.RandomSampler(X), generator=torch.Generator().manual_seed(5)",
+])
 def test_a_signal_at_an_epochs_end_resumes_a_persistent_workers_loader_in_its_order(
-        tmp_path: Path) -> None:
+        tmp_path: Path, order: str) -> None:
     """SIGTERM in epoch 0's last step is saved at epoch 1's start. The resume made the
     loader's persistent-workers iterator (kept by the unstopped run since epoch 0) anew,
-    which drew its workers' seed from the global generator the resume had just set: epoch
-    1 came in another order, the weights not the unstopped run's."""
+    which drew its workers' seed from the global generator the resume had just set (or the
+    loader's generator=, its sampler the global one for its first indices): epoch 1 came
+    in another order, the weights not the unstopped run's."""
     code = train().replace("(epoch, i) == (1, 5)", "(epoch, i) == (0, 17)") \
-        .replace("shuffle=True)", "shuffle=True, num_workers=2, persistent_workers=True)")
+        .replace("shuffle=True)", f"{order}, num_workers=2, persistent_workers=True)")
     (tmp_path / "ref").mkdir()
     unstopped = script(tmp_path / "ref", "train.py", code.replace(SIGTERM, "pass"))
     assert unstopped.returncode == 0, unstopped.stderr
