@@ -3410,11 +3410,12 @@ class AutoSession(NotState):
         if reuses is not None and start.iterator_reused not in (None, reuses):
             # (a dropped iterator shuts its workers down. A new one draws its workers' seed
             # from the loader's generator= or, without one, the global generator, and its
-            # sampler its first indices from its own or the global one, which the resume
-            # set as saved: the unstopped run's drew them epochs before, so they are put
-            # back as the resume set them, or the order drawn next is another)
-            drawn = {id(g): g for g in (torch.default_generator, loader.generator,
-                                        getattr(loader.sampler, "generator", None))
+            # sampler its first indices from the generators it holds (`loader_random`) or
+            # the global one, which the resume set as saved: the unstopped run's drew them
+            # epochs before, so they are put back as the resume set them, or the order drawn
+            # next is another)
+            drawn = {id(g): g for g in (torch.default_generator,
+                                        *loader_random(loader)[0].values())
                      if isinstance(g, torch.Generator)}
             before = [(g, g.get_state()) for g in drawn.values()]
             try:
