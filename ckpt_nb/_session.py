@@ -3410,14 +3410,11 @@ class AutoSession(NotState):
         if reuses is not None and start.iterator_reused not in (None, reuses):
             # (a dropped iterator shuts its workers down. A new one draws its workers' seed
             # from the loader's generator= or, without one, the global generator, and its
-            # sampler its first indices from the generators it holds (`loader_random`) or
-            # the global one, which the resume set as saved: the unstopped run's drew them
-            # epochs before, so they are put back as the resume set them, or the order drawn
-            # next is another)
-            drawn = {id(g): g for g in (torch.default_generator,
-                                        *loader_random(loader)[0].values())
-                     if isinstance(g, torch.Generator)}
-            before = [(g, g.get_state()) for g in drawn.values()]
+            # sampler its first indices from the generators it holds or the global one,
+            # as the resume set them: the unstopped run's drew them epochs before, so they
+            # are put back, or the order drawn next is another)
+            before = [(g, g.get_state())
+                      for g in (torch.default_generator, *_loader_generators(loader))]
             try:
                 loader._iterator = loader._get_iterator() if start.iterator_reused else None
             finally:
@@ -3792,7 +3789,6 @@ class AutoSession(NotState):
         generators = self.loop.generators = _loader_generators(
             loader, [data for _, data in zipped])
         self.loop.loader = None if data_loader is None else weakref.ref(data_loader)
-        ahead = [g.get_state() for g in generators]  # (as the epoch's code left them)
         if start is not None:  # (before the generators are set: a new iterator draws)
             self._start_as_saved(data_loader, start)
         if loader_rng is not None:
@@ -3809,11 +3805,6 @@ class AutoSession(NotState):
                 if id(generator.rng if isinstance(generator, _HeldRandom)
                       else generator) not in kept:
                     generator.set_state(state)  # (as the epoch began, or as it was saved)
-            for generator, state in zip(generators, ahead):  # (persistent workers' iterator
-                # made anew above drew from them: the unstopped run's, kept, did not)
-                if id(generator.rng if isinstance(generator, _HeldRandom)
-                      else generator) in kept:
-                    generator.set_state(state)
             if len(fitting) != len(generators):
                 self.say(f"the checkpoint holds the state of {len(fitting)} of this loader's "
                          f"{len(generators)} generators (saved by an earlier ckpt_nb, or the "
