@@ -1091,6 +1091,20 @@ def is_code(value: Any) -> bool:
                               types.MethodType, functools.partial))
 
 
+def _state_dict_fails(value: Any) -> bool:
+    """Whether a DataLoader's ``state_dict()`` raises: accelerate's ``DataLoaderShard``
+    has one that works only over torchdata's StatefulDataLoader, and fails over a plain
+    DataLoader (``accelerator.prepare(loader)``). Such a loader is no Stateful: it is a
+    loader, which ``batches()`` saves and puts back as it does a plain one's."""
+    if not isinstance(value, torch.utils.data.DataLoader):
+        return False
+    try:
+        value.state_dict()
+    except Exception:  # noqa: BLE001 - whatever the wrapper's own code raises
+        return True
+    return False
+
+
 def _is_stateful(value: Any) -> bool:
     """Whether a value's class gives it ``state_dict()`` and ``load_state_dict()``: asked
     of the class, since the Protocol's check asks the instance, whose ``__getattr__`` (a
@@ -1099,7 +1113,7 @@ def _is_stateful(value: Any) -> bool:
         return False
     methods = ("state_dict", "load_state_dict")
     if all(callable(getattr(type(value), method, None)) for method in methods):
-        return True
+        return not _state_dict_fails(value)
     # A proxy or wrapper forwarding them (wrapt's ObjectProxy, a class delegating to its
     # model by __getattr__) is asked itself, as before; a mapping (a config dict with
     # attribute access) never is: its answer would be a new child stored in it, or a
