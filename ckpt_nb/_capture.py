@@ -1714,6 +1714,26 @@ _TORCH_OPTIMIZERS = tuple(c for c in vars(torch.optim).values() if isinstance(c,
 _EXTRA_STATE = "_extra_state"  # (torch's key for a module's get_extra_state())
 
 
+def state_left_out(obj: Any) -> list[str]:
+    """What a module whose ``state_dict()`` is empty holds all the same, that changes as it
+    runs and no save takes: its non-persistent buffers (``register_buffer(...,
+    persistent=False)``), and a torchmetrics ``Metric``'s states (``tp``, ``mean_value``),
+    which torchmetrics keeps out of ``state_dict()`` unless ``metric.persistent(True)``.
+    Empty where the state holds anything (a model's constant non-persistent buffers, such
+    as a position-ids table, beside its weights, are no loop state)."""
+    if not isinstance(obj, torch.nn.Module):
+        return []
+    left: list[str] = []
+    for path, module in obj.named_modules():
+        prefix = f"{path}." if path else ""
+        left += [prefix + n for n in getattr(module, "_non_persistent_buffers_set", ())]
+        defaults, persistent = getattr(module, "_defaults", None), \
+            getattr(module, "_persistent", None)
+        if isinstance(defaults, dict) and isinstance(persistent, dict):  # (torchmetrics)
+            left += [prefix + n for n in defaults if not persistent.get(n)]
+    return left
+
+
 def _from_torch(obj: Any) -> bool:
     name = getattr(obj, "__module__", None) or type(obj).__module__
     return name == "torch" or name.startswith("torch.")

@@ -388,6 +388,7 @@ class CheckpointManager(NotState):
         self._told_over_budget = False  # retention said the kept checkpoints pass max_bytes
         self._told_unranked = False  # retention said no checkpoint logs keep_best's metric
         self._told_never_best = False  # a save said it logs metrics, but not the one ranked
+        self._told_left_out: set[str] = set()  # objects said to save nothing of their state
         self._told_stray: set[str] = set()  # optimizers a save said step no saved module
         self._holding = threading.local()  # .lock: this thread is in _exclusive()
         # An upper bound of ``stored_bytes()`` (its last measure plus what saves added
@@ -1205,6 +1206,24 @@ class CheckpointManager(NotState):
              f"this checkpoint is never 'best'{_did_you_mean(self.metric, metrics)}",
              RuntimeWarning)
 
+    def _tell_left_out(self, name: str, obj: Any) -> None:
+        """Say, once per manager and name, that an object's ``state_dict()`` is empty while
+        it holds state that changes as it runs (a torchmetrics Metric's accumulators,
+        non-persistent buffers): the checkpoint holds none of it, and a resume starts it
+        anew (it restored nothing, silently)."""
+        left = capture.state_left_out(obj)
+        if not left:
+            return
+        self._told_left_out.add(name)
+        torchmetrics = any(hasattr(m, "_defaults") for m in obj.modules())
+        shown = ", ".join(left[:6]) + (f", ... ({len(left)} in all)" if len(left) > 6 else "")
+        warn(f"{name} ({type(obj).__name__}): its state_dict() is empty, so this save holds "
+             f"none of its state ({shown}" + (
+                 ": torchmetrics keeps a metric's states out of state_dict(); "
+                 f"{name}.persistent(True) before training puts them in" if torchmetrics else
+                 ": non-persistent buffers; register them with persistent=True to save them")
+             + "), and a restore or resume leaves it as it is", RuntimeWarning)
+
     def capture(self, objects: Mapping[str, Any], *, metrics: Mapping[str, float] | None = None,
                 extra: Mapping[str, Any] | None = None,
                 rng: bool | Mapping[str, Any] = True,
@@ -1240,6 +1259,8 @@ class CheckpointManager(NotState):
             for name, obj in objects.items():
                 tree[name] = obj.state_dict()
                 kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
+                if not tree[name] and name not in self._told_left_out:
+                    self._tell_left_out(name, obj)
             rng_state = dict(rng) if isinstance(rng, Mapping) else \
                 (capture.RNGState().state_dict() if rng else None)
             flat = capture.flatten(
