@@ -399,8 +399,31 @@ def generator_state_problem(kind: str, state: Any) -> str | None:
 
 def as_stateful(obj: Any) -> Any:
     """What a keyword's object is saved and restored through: the module a wrapper runs
-    (``unwrap``), a generator's ``GeneratorState``, else the object itself."""
-    return GeneratorState(obj) if GeneratorState.wraps(obj) else unwrap(obj)
+    (``unwrap``), the optimizer or scheduler accelerate's wrapper drives
+    (``unwrap_state``), a generator's ``GeneratorState``, else the object itself."""
+    return GeneratorState(obj) if GeneratorState.wraps(obj) else unwrap_state(unwrap(obj))
+
+
+# Wrappers whose state_dict() and load_state_dict() are those of the object they hold
+# (accelerate's, from accelerator.prepare(): on a CPU or GPU they pass both straight on),
+# by class, and the attribute that holds it. Saved and restored through what they hold,
+# a checkpoint records the optimizer's own class (AdamW), and moves between a prepared
+# optimizer and a plain one, either way, as a compiled model's does.
+_STATE_WRAPPERS = {"accelerate.optimizer.AcceleratedOptimizer": "optimizer",
+                   "accelerate.scheduler.AcceleratedScheduler": "scheduler"}
+
+
+def _state_wrapper_attr(kind: type) -> str | None:
+    return next((_STATE_WRAPPERS[name] for c in kind.__mro__
+                 if (name := f"{c.__module__}.{c.__qualname__}") in _STATE_WRAPPERS), None)
+
+
+def unwrap_state(obj: Any) -> Any:
+    """The optimizer or LR scheduler an accelerate wrapper holds (``obj`` for any other)."""
+    attr = _state_wrapper_attr(type(obj))
+    inner = getattr(obj, attr, None) if attr is not None else None
+    return inner if callable(getattr(inner, "state_dict", None)) \
+        and callable(getattr(inner, "load_state_dict", None)) else obj
 
 
 def rng_put_back() -> Callable[[], None]:
@@ -1672,7 +1695,9 @@ def _other_kind(name: str, obj: Any, saved: str | None, state: Any) -> str | Non
     groups have no momentum), AdamW given Adam's runs Adam (no decoupled decay)."""
     if not isinstance(obj, _CHECKED_KINDS):
         return None
-    if saved is None or "." not in saved:  # (not known: a file imported from elsewhere)
+    if saved is None or "." not in saved or saved in _STATE_WRAPPERS:
+        # (not known: a file imported from elsewhere; a wrapper's, saved by a ckpt_nb
+        # that recorded accelerate's wrapper, not the optimizer it held)
         return _other_hyperparameters(name, obj, state)
     saved_class, live_class = saved.rsplit(".", 1)[-1], type(obj).__name__
     if saved_class == live_class:
