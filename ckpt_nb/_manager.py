@@ -1257,7 +1257,15 @@ class CheckpointManager(NotState):
         measured = {key: as_metric(key, value) for key, value in _metric_items(metrics)}
         with collector_paused():
             for name, obj in objects.items():
-                tree[name] = obj.state_dict()
+                try:
+                    tree[name] = obj.state_dict()
+                except Exception as exc:  # noqa: BLE001 - whatever the object's code raises
+                    raise CaptureError(
+                        f"{name} ({type(obj).__name__}): its state_dict() failed "
+                        f"({type(exc).__name__}: {exc}); nothing was saved" + (
+                            ". A DataLoader's order is saved by ckpt_nb.batches() in a "
+                            "notebook session, not by save(): leave it out"
+                            if isinstance(obj, torch.utils.data.DataLoader) else "")) from exc
                 kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
                 if not tree[name] and name not in self._told_left_out:
                     self._tell_left_out(name, obj)

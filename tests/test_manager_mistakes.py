@@ -309,3 +309,27 @@ def test_a_read_from_a_folder_the_manager_made_names_a_misspelt_path(tmp_path: P
         with pytest.raises(CheckpointNotFoundError) as refused:
             found.load("latest")
         assert str(refused.value).endswith("has no checkpoints yet")
+
+
+class PreparedLoader(torch.utils.data.DataLoader):
+    """As accelerate's prepared DataLoader over a plain one: its state_dict() raises."""
+
+    def state_dict(self) -> dict:
+        return self.dl_state_dict  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_an_object_whose_state_dict_fails_is_named_and_nothing_is_saved(
+        tmp_path: Path) -> None:
+    """save(loader=prepared_loader) was accelerate's bare AttributeError, from its code."""
+    mgr = CheckpointManager(tmp_path)
+    loader = PreparedLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)))
+    with pytest.raises(ckpt_nb.CkptError) as caught:
+        mgr.save(torch.nn.Linear(2, 2), loader=loader)
+    said = str(caught.value)
+    assert said.startswith("loader (PreparedLoader): its state_dict() failed (AttributeError: "),\
+        said
+    assert "nothing was saved" in said and "ckpt_nb.batches()" in said, said
+    assert mgr.list().empty
