@@ -1751,7 +1751,8 @@ def state_left_out(obj: Any) -> list[str]:
     left: list[str] = []
     for path, module in obj.named_modules():
         prefix = f"{path}." if path else ""
-        left += [prefix + n for n in getattr(module, "_non_persistent_buffers_set", ())]
+        unsaved = getattr(module, "_non_persistent_buffers_set", ())
+        left += [prefix + n for n in module._buffers if n in unsaved]  # (in their order)
         defaults, persistent = getattr(module, "_defaults", None), \
             getattr(module, "_persistent", None)
         if isinstance(defaults, dict) and isinstance(persistent, dict):  # (torchmetrics)
