@@ -1739,6 +1739,24 @@ _TORCH_OPTIMIZERS = tuple(c for c in vars(torch.optim).values() if isinstance(c,
 _EXTRA_STATE = "_extra_state"  # (torch's key for a module's get_extra_state())
 
 
+def merged_adapters(obj: Any) -> list[str]:
+    """The layers of a module whose adapters are merged into its base weights (peft's
+    ``merge_adapter()``: a LoRA layer's ``merged_adapters``): a flag that its state_dict()
+    does not hold, so a state saved merged and restored into an unmerged model adds the
+    adapters twice, and one saved unmerged and restored into a merged model drops them,
+    silently."""
+    if not isinstance(obj, torch.nn.Module):
+        return []
+    return [path for path, module in obj.named_modules()
+            if isinstance(merged := getattr(module, "merged_adapters", None), list) and merged]
+
+
+MERGED_WORDS = ("merged into its base weights (peft's merge_adapter()), which its "
+                "state_dict() does not record: restored into a model whose adapters are not "
+                "merged (or the other way) it adds them twice (or drops them), silently; "
+                "unmerge_adapter() before saving and before restoring")
+
+
 def state_left_out(obj: Any) -> list[str]:
     """What a module whose ``state_dict()`` is empty holds all the same, that changes as it
     runs and no save takes: its non-persistent buffers (``register_buffer(...,
@@ -2083,6 +2101,10 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     (``RestoreInterrupts``).
     """
     targets = {name: as_stateful(obj) for name, obj in targets.items()}
+    for name, obj in targets.items():
+        if name in states and (merged := merged_adapters(obj)):
+            warn(f"{name}: restoring into a model with the adapters of {len(merged)} layers "
+                 + MERGED_WORDS, RuntimeWarning)
     states = {name: _with_tied_copies(targets[name], _unprefixed(targets[name], state))
               if isinstance(targets.get(name), torch.nn.Module) and isinstance(state, Mapping)
               and all(isinstance(k, str) for k in state) else state

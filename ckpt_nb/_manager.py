@@ -1269,6 +1269,10 @@ class CheckpointManager(NotState):
                 kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
                 if not tree[name] and name not in self._told_left_out:
                     self._tell_left_out(name, obj)
+                if name not in self._told_left_out and (merged := capture.merged_adapters(obj)):
+                    self._told_left_out.add(name)
+                    warn(f"{name}: saved with the adapters of {len(merged)} layers "
+                         + capture.MERGED_WORDS, RuntimeWarning)
             rng_state = dict(rng) if isinstance(rng, Mapping) else \
                 (capture.RNGState().state_dict() if rng else None)
             flat = capture.flatten(
