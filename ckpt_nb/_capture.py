@@ -2001,6 +2001,32 @@ def _wrapper_hint(name: str, state: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _adapter_hint(name: str, module: torch.nn.Module, state: Mapping[str, Any]) -> list[str]:
+    """Advice for a module refused a state where one side is a LoRA (peft) model and the
+    other not: their keys differ by more than a prefix (``base_model.model.``, a layer's
+    ``.base_layer.``, the adapters' own), which the refusal's key lists do not say."""
+    def lora(keys: Iterable[Any]) -> bool:
+        return any(isinstance(k, str) and (".lora_A." in k or ".lora_B." in k) for k in keys)
+
+    live_state = module.state_dict()
+    saved, live = lora(state), lora(live_state)
+    if saved and live and not any(".base_layer." in str(k) for k in state) \
+            and any(".base_layer." in k for k in live_state):
+        return [f"{name}: the checkpoint holds a LoRA (peft) model's adapters alone (the "
+                "adapter_model file save_pretrained() writes), named without the adapter's "
+                "name: set_peft_model_state_dict(model, safetensors.torch.load_file(path)), "
+                "or PeftModel.from_pretrained(base, folder), takes it"]
+    if saved and not live:
+        return [f"{name}: the checkpoint is a LoRA (peft) model's, with its adapters; this "
+                "module has none: restore into the model get_peft_model(base, config) "
+                "gives (then merge_and_unload() for a plain one)"]
+    if live and not saved:
+        return [f"{name}: this module is a LoRA (peft) model, the checkpoint holds a model "
+                "without adapters: restore into the base model before get_peft_model() "
+                "wraps it"]
+    return []
+
+
 class RestoreInterrupts:
     """Ctrl-C and a restore, all or nothing. Before ``commit()`` (reading, decoding and
     checking: what takes long) an interrupt stops the restore at once, its message saying
@@ -2139,7 +2165,8 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
             problems.append(f"{name}: {other}")
         elif isinstance(obj, torch.nn.Module):
             found = check_module(name, obj, states[name], strict)
-            problems += found + (_wrapper_hint(name, states[name]) if found else [])
+            problems += found + (_wrapper_hint(name, states[name]) +
+                                 _adapter_hint(name, obj, states[name]) if found else [])
             if not strict and any(keys := skipped_keys(obj, states[name])):
                 skipped[name] = keys
         elif isinstance(obj, torch.optim.Optimizer):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckpt_nb import CheckpointManager
+from ckpt_nb import CheckpointManager, StateMismatchError
 
 
 class LoraLinear(torch.nn.Module):
@@ -57,3 +57,44 @@ def test_a_save_of_merged_adapters_and_a_restore_into_them_are_told(tmp_path: Pa
                       "of 2 layers merged .* silently"):
         mgr.restore(plain, model=model)
     assert not torch.allclose(model(x), unmerged)  # (what it says: the adapters dropped)
+
+
+class Peft(torch.nn.Module):
+    """As peft's PeftModel names its keys: base_model.model. ahead of the base model's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base_model = torch.nn.Module()
+        self.base_model.model = torch.nn.Sequential(LoraLinear())
+
+
+@pytest.mark.parametrize("saved, live, said", [
+    (Peft, lambda: torch.nn.Sequential(torch.nn.Linear(4, 4)),
+     "model: the checkpoint is a LoRA (peft) model's, with its adapters; this module has "
+     "none: restore into the model get_peft_model(base, config) gives"),
+    (lambda: torch.nn.Sequential(torch.nn.Linear(4, 4)), Peft,
+     "model: this module is a LoRA (peft) model, the checkpoint holds a model without "
+     "adapters: restore into the base model before get_peft_model() wraps it"),
+])
+def test_a_lora_state_and_a_plain_model_are_told_apart_in_the_refusal(
+        tmp_path: Path, saved, live, said: str) -> None:
+    """The refusal listed ten missing and ten unexpected keys, which differ by more than a
+    prefix (base_model.model., .base_layer.), and said nothing of why."""
+    mgr = CheckpointManager(tmp_path)
+    cid = mgr.save(saved())
+    with pytest.raises(StateMismatchError) as caught:
+        mgr.restore(cid, model=live())
+    assert said in str(caught.value), str(caught.value)
+
+
+def test_an_adapter_file_alone_is_told_how_peft_loads_it(tmp_path: Path) -> None:
+    """peft's save_pretrained() writes the adapters alone, without the adapter's name."""
+    from safetensors.torch import save_file
+    model = Peft()
+    adapters = {k: v
+                for k, v in model.state_dict().items() if ".lora_" in k}
+    save_file(adapters, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(StateMismatchError, match="adapters alone .* "
+                       "set_peft_model_state_dict"):
+        CheckpointManager(tmp_path / "store").restore(
+            str(tmp_path / "adapter_model.safetensors"), model=Peft())
