@@ -62,7 +62,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 
 from ._capture import (RestoreInterrupts, RNGState, SnapshotBuffers, Stateful, as_stateful,
-                       load_all, rng_problem, unwrap)
+                       load_all, rng_problem, unwrap, unwrap_state)
 from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
@@ -1670,13 +1670,16 @@ class AutoSession(NotState):
         at another rate without a word (without --track, discovery takes them)."""
         if self.config.track is None:
             return
-        optimizers = {id(obj): name for name, obj in found.statefuls.items()
+        # (accelerate's prepared optimizer and scheduler by what they hold: the scheduler
+        # it wraps steps the optimizer the prepared one wraps)
+        optimizers = {id(unwrap_state(obj)): name for name, obj in found.statefuls.items()
                       if isinstance(obj, torch.optim.Optimizer)}
         tracked = {id(obj) for obj in found.statefuls.values()}
-        left = {name: optimizers[id(value.optimizer)] for name, value in self.namespace.items()
-                if not name.startswith("_") and isinstance(value, _SCHEDULERS)
+        left = {name: optimizers[id(unwrap_state(value).optimizer)]
+                for name, value in self.namespace.items()
+                if not name.startswith("_") and isinstance(unwrap_state(value), _SCHEDULERS)
                 and id(value) not in tracked
-                and id(getattr(value, "optimizer", None)) in optimizers}
+                and id(getattr(unwrap_state(value), "optimizer", None)) in optimizers}
         if not left:
             return
         one = len(left) == 1

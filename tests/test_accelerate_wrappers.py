@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
+
+import ckpt_nb
 
 from ckpt_nb import CheckpointManager
 from ckpt_nb._capture import _other_kind
@@ -111,3 +114,15 @@ def test_a_state_recorded_as_the_wrappers_is_checked_as_one_of_unknown_class() -
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     said = _other_kind("optimizer", sgd, "accelerate.optimizer.AcceleratedOptimizer", state)
     assert said is not None and "momentum" in said, said
+
+
+@pytest.mark.usefixtures("fresh_process_state")
+def test_a_track_that_leaves_out_a_prepared_scheduler_says_so(tmp_path: Path, capsys) -> None:
+    """track="model,opt" with accelerate's prepared scheduler of opt: no word, where a plain
+    StepLR of opt is named (a resume puts opt's learning rate back, not the scheduler's)."""
+    model, opt, sched = trio(True)
+    with ckpt_nb.auto(tmp_path, namespace={"model": model, "opt": opt, "sched": sched},
+                      track="model,opt"):
+        pass
+    assert 'leaves out sched (AcceleratedScheduler of opt), which sets the learning rate ' \
+        'of a tracked optimizer' in capsys.readouterr().out
