@@ -480,6 +480,12 @@ class CkptMagics(Magics):
         the line is DIR: a path with spaces needs no quotes."""
         if _help_shown(self.ckpt_ui, line):
             return None
+        if _terminal(self.shell):  # (it showed the widget's repr, and polled on unseen)
+            shown = f"%ckpt_list {line.strip()}".strip()
+            raise UsageError("%ckpt_ui: the explorer is a widget, which the terminal IPython "
+                             f"cannot show: {shown} shows the store here (ckpt-nb ls DIR in "
+                             "a shell), and %ckpt_ui opens the explorer in Jupyter "
+                             "(JupyterLab, Notebook 7, VS Code)")
         from ._explorer import explore
 
         directory = _directory("ckpt_ui", line) or self._store_to_open(
@@ -512,6 +518,12 @@ class CkptMagics(Magics):
             return
         for key, value in status.items():
             print(f"{key:>14}: {value}")
+
+
+def _terminal(shell: Any) -> bool:
+    """Whether ``shell`` is the terminal IPython's (``ipython``, ``ipython -c``, ``ipython
+    script.ipy``), which shows no widget: a widget's text is all it prints."""
+    return any(kind.__name__ == "TerminalInteractiveShell" for kind in type(shell).__mro__)
 
 
 def load(shell: Any) -> CkptMagics:
