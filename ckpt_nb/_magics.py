@@ -31,7 +31,8 @@ from ._errors import (RANK_BY_ANOTHER, CaptureError, CkptError, StateMismatchErr
                       UntrustedPickleError, warnings_worded)
 from ._session import (TRUST_PICKLE_ROLLBACK, UNRANKED_BEST_WAYS, AutoConfig, parse_duration,
                        parse_metric_trigger)
-from ._store import LOCAL_SCHEMES, file_url_path, location, store_exists, why_no_store
+from ._store import (LOCAL_SCHEMES, UNWRITABLE_STORE, file_url_path, location, store_exists,
+                     why_no_store)
 from ._units import options_meant
 
 _NEGATIVE_VALUE = re.compile(r"(--[a-z-]+)\s+(-[\d.])")
@@ -262,7 +263,15 @@ class CkptMagics(Magics):
         try:
             return session_mod.start(config, self.shell.user_ns, nested=nested)
         except (CkptError, ValueError) as exc:  # (ValueError: a URL no storage takes)
-            raise UsageError(f"%ckpt_auto: {exc}") from None
+            text = str(exc)
+            if text.endswith(UNWRITABLE_STORE):  # (a read-only notebook folder, say)
+                text = text.removesuffix(UNWRITABLE_STORE) + (
+                    " (a folder this kernel cannot write), the default store: give --dir DIR "
+                    "in a folder it can write, or %config CkptMagics.root_dir = \"DIR\" "
+                    "(the folder of the default stores)"
+                    if config.directory == self._default_store()
+                    else UNWRITABLE_STORE.replace("process", "kernel"))
+            raise UsageError(f"%ckpt_auto: {text}") from None
 
     def _cell_number(self) -> int:
         """The number IPython gave the running cell, so that a traceback of the cell's

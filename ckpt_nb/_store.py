@@ -173,6 +173,11 @@ class Store(ABC, NotState):
         return f"{type(self).__name__}({self.url!r})"
 
 
+# What a store that cannot be made for want of permission (a read-only folder or file
+# system) adds to its error.
+UNWRITABLE_STORE = " (a folder this process cannot write): give a directory it can write"
+
+
 class LocalStore(Store):
     """A directory on local disk; values are files, fsynced before they appear."""
 
@@ -191,7 +196,9 @@ class LocalStore(Store):
             if blocking is not None:  # (said as %ckpt_list and explore() say it)
                 raise StoreError(f"{blocking} is a file: give a directory, the folder a "
                                  "CheckpointManager saves its checkpoints into") from None
-            raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+            unwritable = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+            raise StoreError(f"cannot create store directory {self.root}: {exc}"
+                             + (UNWRITABLE_STORE if unwritable else "")) from exc
         _refuse_links(self.root)
         self._refuse_linked_values()
 
