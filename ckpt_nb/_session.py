@@ -1712,9 +1712,16 @@ class AutoSession(NotState):
             (f" (step {row.step})" if row.step is not None else "")
         self.say(f"{', '.join(trained)} {'is' if len(trained) == 1 else 'are'} as a run that "
                  f"stopped at step {left.step} left {'it' if len(trained) == 1 else 'them'}, "
-                 f"trained past {past}: this cell trains on from there, not from a clean "
-                 "start; run the set-up cell again for one" +
-                 ("" if row is None else f" (or %ckpt_rollback {row.id})"))
+                 f"trained past {past}: " + (
+                     "this cell trains on from there, not from a clean start; run the set-up "
+                     "cell again for one" + ("" if row is None else
+                                             f" (or %ckpt_rollback {row.id})")
+                     if _in_ipython() else
+                     "this block trains on from there, not from a clean start; make "
+                     f"{'it' if len(trained) == 1 else 'them'} anew before it for one"
+                     + ("" if row is None else " (or " + _rollback_advice(
+                         row.id, self.config.directory or location(self.manager.store))
+                        .removeprefix("call ").partition(", or give")[0] + ")")))
 
     def begin_line_cell(self) -> None:
         """Start of any cell a session watches: a new loop, no interrupt pending."""
@@ -3258,7 +3265,7 @@ class AutoSession(NotState):
         no takeover advised."""
         if (owner := _live_owner(run.get("owner"))) is not None:
             self.say(f"checkpoint {checkpoint_id} holds an unfinished run of other code "
-                     f"(another cell, or this one before an edit) of {owner}, which "
+                     f"{_OTHER_CODE[_in_ipython()]} of {owner}, which "
                      "trains it or goes on with it there: not resuming it here")
             return
         at = checkpoint_id
@@ -3270,8 +3277,8 @@ class AutoSession(NotState):
             at = exact
         before = "" if at == checkpoint_id else \
             f" from checkpoint {at}, its newest saved before its later loop began"
-        self.say(f"checkpoint {checkpoint_id} holds an unfinished run of other code (another "
-                 f"cell, or this one before an edit): not resuming it here; to resume it"
+        self.say(f"checkpoint {checkpoint_id} holds an unfinished run of other code "
+                 f"{_OTHER_CODE[_in_ipython()]}: not resuming it here; to resume it"
                  f"{before}, " + _rollback_advice(at, self.config.directory
                                                    or location(self.manager.store)))
 
@@ -5045,6 +5052,13 @@ def _rollback_advice(checkpoint_id: str, directory: str) -> str:
         return f"`%ckpt_rollback {checkpoint_id}`, then run this cell again"
     return (f"call `ckpt_nb.rollback({checkpoint_id!r}, directory={directory!r}, "
             "namespace=globals())` before the block, or give the block a name= of its own")
+
+
+# What other code an unfinished run not resumed is of: in IPython, a cell's; in a script,
+# a block's, told apart by the calls that reach it (a script run through runpy, or from
+# another function, is other code).
+_OTHER_CODE = {True: "(another cell, or this one before an edit)",
+               False: "(another block, or this one edited or reached through other calls)"}
 
 
 def _in_ipython() -> bool:
