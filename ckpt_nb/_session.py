@@ -1426,6 +1426,10 @@ class AutoSession(NotState):
         self._remade: set[int] = set()
         self._start_versions: dict[str, tuple[tuple[int, int], ...]] = {}  # (begin_cell's)
         self._interrupts = 0
+        # The stop an interrupt's save raised into the cell's code (its message), until the
+        # cell ends: where the cell ends without it, code in the cell caught it (%run, which
+        # shows an error and goes on; an except that takes KeyboardInterrupt).
+        self._stop_raised: str | None = None
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
         self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
@@ -1726,6 +1730,7 @@ class AutoSession(NotState):
     def begin_line_cell(self) -> None:
         """Start of any cell a session watches: a new loop, no interrupt pending."""
         self._interrupts = 0
+        self._stop_raised = None
         self.loop = _Loop()
         self._install_sigint()
         self._install_signals()
@@ -1733,6 +1738,12 @@ class AutoSession(NotState):
     def end_cell(self, error: BaseException | None = None, *, final: bool = True) -> None:
         """End of a cell: a save (``final`` marks the run finished), or on error the
         last consistent state."""
+        # The stop an interrupt's save raised, caught in the cell (by %run, say), which ran
+        # on to its end: not an end of the run (the run is the interrupt's checkpoint's, to
+        # resume), but the stop it was, raised again.
+        caught = self._stop_raised if error is None else None
+        if caught is not None:
+            error = _stopped(caught)
         # An interrupt that no consistent point came after (a cell that stopped training):
         # the cell ran to its end, which is saved; a cell of its own then stops.
         interrupted = error is None and self._interrupts > 0
@@ -1823,6 +1834,7 @@ class AutoSession(NotState):
             self._pending = None
             self._save_asked = None  # (an error before its point: not the next cell's)
             self._interrupts = 0
+            self._stop_raised = None
             if error is not None:  # (what a resume of this run compares the live values with)
                 _left_values[self.url] = self._comparable_values()
                 last = self._last_write
@@ -1841,6 +1853,10 @@ class AutoSession(NotState):
         if signalled is not None and error is None:  # (no consistent point came after it)
             self._signalled = signalled
             self._end_on_signal(None if end_failed else end_id, at_end=True)
+        if caught is not None and final:
+            raise _stopped(f"{caught} (its stop was caught in the cell, by %run or an "
+                           "except that takes KeyboardInterrupt, and the cell ran on: not the "
+                           "run's end)")
         if (interrupted or during_save) and final:
             raise _stopped(f"the cell ran to its end, saved as checkpoint {end_id}"
                            if end_id is not None else
@@ -2397,10 +2413,12 @@ class AutoSession(NotState):
                               f"%ckpt_rollback {latest} puts it back"))
         self.say(f"saved {cid} on interrupt")
         if resumable:
-            raise _stopped(f"the cell stopped at step {self.step}: run it again to go "
-                           f"on from checkpoint {cid}")
-        raise _stopped(f"the cell stopped at step {self.step}; checkpoint {cid} holds it, "
-                       + self._rerun_after_stop(cid))
+            self._stop_raised = f"the cell stopped at step {self.step}: run it again to go " \
+                                f"on from checkpoint {cid}"
+        else:
+            self._stop_raised = f"the cell stopped at step {self.step}; checkpoint {cid} " \
+                                "holds it, " + self._rerun_after_stop(cid)
+        raise _stopped(self._stop_raised)
 
     def _rerun_after_stop(self, cid: str) -> str:
         """What running the cell again does after a stop saved as ``cid`` at a position
