@@ -226,7 +226,11 @@ def _lane_color(lane: int) -> str:
 
 
 def _empty(fig: Figure, message: str) -> Figure:
+    """``fig`` saying ``message`` in its middle, in lines that fit its width (one line, a
+    long metric's name in it ran off both edges)."""
     ax = fig.add_subplot()
+    width = max(20, int(fig.get_figwidth() * 72 / 7))  # (characters of ~7 pt at 10 pt)
+    message = "\n".join(_short(line, width, most=4 * width) for line in message.split("\n"))
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="0.4")
     ax.set_axis_off()
     return fig

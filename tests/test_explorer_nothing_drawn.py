@@ -84,3 +84,25 @@ def test_the_same_checkpoint_said_goes_once_another_pair_is_drawn(
         assert "the same checkpoint" in ui.diff_table.value  # (the tab still says it)
     finally:
         ui.close()
+
+
+def test_a_long_metric_name_with_nothing_to_draw_fits_in_the_figure(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """A metric logged only as NaN, with a long name: "no data: no checkpoint logged NAME
+    as a finite number" was one centred line wider than the figure, cut off at both edges
+    (the explorer's Metrics tab showed "lata: no checkpoint logged grad_norm_…_num")."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    name = "grad_norm_after_clipping_of_the_whole_network_parameters"
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        for epoch in range(2):
+            mgr.save(digits.model, digits.optimizer, epoch,
+                     metrics={name: float("nan"), "loss": digits.train_step()})
+    fig = ckpt_nb.plot_metrics(tmp_path / "s", name)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    [text] = fig.axes[0].texts
+    assert " ".join(text.get_text().replace("_\n", "_").split()) == \
+        f"no data: no checkpoint logged {name} as a finite number"
+    box = text.get_window_extent(canvas.get_renderer())
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (box, fig.bbox)
