@@ -558,8 +558,10 @@ class Explorer(w.VBox, NotState):
         # comes first).
         self._metric_picked = False
         self.metric.observe(self._on_metric_choice, names="value")
-        self.metrics_plot = w.Image(format="png")
-        self.compare_plot = w.Image(format="png")
+        # Each image hidden till drawn: a tab opened while this kernel runs a cell is
+        # drawn once the cell ends, and till then showed a broken-image icon.
+        self.metrics_plot = w.Image(format="png", layout=w.Layout(display="none"))
+        self.compare_plot = w.Image(format="png", layout=w.Layout(display="none"))
         self.compare_box = w.VBox([w.HTML("<b>Selected checkpoints side by side</b>"),
                                    self.compare_plot], layout=w.Layout(display="none"))
         self.compare_hint = w.HTML("<i>ctrl- or shift-click two or more rows to compare their "
@@ -580,7 +582,7 @@ class Explorer(w.VBox, NotState):
         self._said_same: tuple[str, str] | None = None
         self.diff_a.observe(self._on_diff_choice, names="value")
         self.diff_b.observe(self._on_diff_choice, names="value")
-        self.diff_plot = w.Image(format="png")
+        self.diff_plot = w.Image(format="png", layout=w.Layout(display="none"))
         self.diff_table = w.HTML()
         self.tabs = w.Tab(children=[
             w.VBox([self.table, self.table_note]),

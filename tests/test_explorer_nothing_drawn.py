@@ -106,3 +106,24 @@ def test_a_long_metric_name_with_nothing_to_draw_fits_in_the_figure(
         f"no data: no checkpoint logged {name} as a finite number"
     box = text.get_window_extent(canvas.get_renderer())
     assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (box, fig.bbox)
+
+
+def test_a_tab_not_drawn_yet_shows_no_image(tmp_path: Path, digits: DigitsRun) -> None:
+    """The tabs are drawn in the kernel when opened; while the kernel runs a cell (a
+    %%ckpt_auto cell below the explorer, its saves showing live in the table) a click on
+    Metrics or Diff waits for the cell's end, and meanwhile the tab showed its images
+    undrawn: a broken-image icon."""
+    ids = saved(tmp_path / "s", digits, 3)
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        images = (ui.metrics_plot, ui.compare_plot, ui.diff_plot)
+        assert [i.layout.display for i in images] == ["none"] * 3
+        ui.select(ids[1:])
+        assert [i.layout.display for i in images] == ["none"] * 3  # (no tab drawn yet)
+        ui.tabs.selected_index = 1
+        assert ui.metrics_plot.value and ui.metrics_plot.layout.display is None
+        assert ui.compare_plot.value and ui.compare_plot.layout.display is None
+        ui.tabs.selected_index = 3
+        assert ui.diff_plot.value and ui.diff_plot.layout.display is None
+    finally:
+        ui.close()
