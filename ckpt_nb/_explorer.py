@@ -312,6 +312,11 @@ NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
 # the kernel), within REDRAW_SECONDS (the least, the most); the saves of a gap show at its
 # end. A click redraws at once.
 REDRAW_SECONDS = (1.0, 2.0)
+# After how long a cell running in this kernel is said under the buttons: the kernel acts
+# on a click (a button, a tab, a row) only once the cell ends, so clicks did nothing.
+BUSY_SECONDS = 2.0
+BUSY = ("this kernel is running a cell: what you click here is done when the cell ends "
+        "(new checkpoints still show as they are saved); interrupt the kernel to act now")
 REDRAW_GAP_PER_COST = 10
 # The status line's colour for what ckpt_nb said or warned during an action (a success's
 # green, a failure's red, are the action's own).
@@ -512,6 +517,8 @@ class Explorer(w.VBox, NotState):
         self._wake = threading.Event()
         self._closed = False
         self._unsubscribe: Any = lambda: None
+        self._unhook: Callable[[], None] = lambda: None
+        self._busy_timer: threading.Timer | None = None
         self._owns_manager = False
         _check_arguments(store, namespace, poll_seconds)
         poll_seconds = float(poll_seconds)  # (a NumPy float32 is no timeout for a wait)
@@ -618,14 +625,18 @@ class Explorer(w.VBox, NotState):
         actions = w.HBox([self.rollback_button, self.pin_button, self.unpin_button,
                           self.delete_button, self.export_path, self.export_button],
                          layout=w.Layout(flex_flow="row wrap"))
+        self.busy_note = w.HTML(f'<span style="color:{NOTE_COLOR}">{BUSY}</span>',
+                                layout=w.Layout(display="none"))
+        self.busy_note.add_class("ckpt-nb-busy")
         self.css = w.HTML(f"<style>{EXPLORER_CSS}</style>", layout=w.Layout(display="none"))
         # (the style last: a front end that shows the widget as text starts at the title)
         super().__init__([self.title, self.tabs, actions, self.confirm_box, self.progress,
-                          self.status, self.css])
+                          self.busy_note, self.status, self.css])
         self.add_class("ckpt-nb-explorer")
 
         self._show(self._read())  # (a store that fails to open fails here, raised)
         self._unsubscribe = _session.subscribe(self._on_session_event)
+        self._unhook = self._hook_cells()
         self._signature = self._catalog_signature()
         self._follower = threading.Thread(target=self._follow, args=(poll_seconds,),
                                           daemon=True, name="ckpt_nb-explorer")
@@ -1487,6 +1498,43 @@ class Explorer(w.VBox, NotState):
                     self._say_stale(exc)
                 behind = True
 
+    def _hook_cells(self) -> Callable[[], None]:
+        """Say when a cell has run in this kernel for ``BUSY_SECONDS`` (``busy_note``),
+        till it ends; returns what undoes the hooks (nothing to undo outside IPython)."""
+        with contextlib.suppress(ImportError):
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            if shell is not None and hasattr(shell, "events"):
+                shell.events.register("pre_run_cell", self._cell_started)
+                shell.events.register("post_run_cell", self._cell_ended)
+
+                def unhook() -> None:
+                    for event, hook in (("pre_run_cell", self._cell_started),
+                                        ("post_run_cell", self._cell_ended)):
+                        with contextlib.suppress(ValueError):
+                            shell.events.unregister(event, hook)
+                return unhook
+        return lambda: None
+
+    def _cell_started(self, *_: Any) -> None:
+        self._cell_ended()
+        if not self._closed:
+            self._busy_timer = threading.Timer(BUSY_SECONDS, self._say_busy)
+            self._busy_timer.daemon = True
+            self._busy_timer.start()
+
+    def _say_busy(self) -> None:
+        if not self._closed:
+            self.busy_note.layout.display = None
+
+    def _cell_ended(self, *_: Any) -> None:
+        timer, self._busy_timer = self._busy_timer, None
+        if timer is not None:
+            timer.cancel()
+        if self.busy_note.layout.display != "none":
+            self.busy_note.layout.display = "none"
+
     def _check_open(self) -> None:
         """Refuse an action of a closed explorer: its catalog is closed, and the
         catalog's own refusal blamed CheckpointManager.close() (a refresh said it would
@@ -1511,6 +1559,8 @@ class Explorer(w.VBox, NotState):
         self._stop.set()
         self._wake.set()
         self._unsubscribe()
+        self._unhook()
+        self._cell_ended()
         if self._owns_manager:
             with contextlib.suppress(Exception):
                 self.manager.close()
