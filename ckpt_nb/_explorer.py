@@ -536,6 +536,9 @@ class Explorer(w.VBox, NotState):
         # Why the last selection asked for was not made, the store unreadable (a click queued
         # meanwhile, a Pin, must not act on the selection before it), till the store reads.
         self._unmade_selection: str | None = None
+        # The selection's checkpoints a refresh found deleted (by retention, another
+        # explorer) till the next selection: a button then says why none is selected.
+        self._gone_selection: list[str] = []
         self._transient = False  # the status line shows a failed draw or refresh
         # While the status line tells of a rollback: its target and the ids there were then
         # (a save since makes "the next save starts a branch from it", or "the next save
@@ -689,7 +692,10 @@ class Explorer(w.VBox, NotState):
         holds the lock, or no other thread runs yet)."""
         self.table_frame = frame
         self._unmade_selection = None  # (the views show what the buttons act on again)
-        self.selected = [i for i in self.selected if i in set(frame["id"])]
+        kept = [i for i in self.selected if i in set(frame["id"])]
+        if kept != self.selected:  # (deleted since: said if a button then finds none)
+            self._gone_selection = [i for i in self.selected if i not in kept]
+        self.selected = kept
         if self._pending_action and self._pending_action[1] not in self.selected:
             self._drop_pending(gone=self._pending_action[1] not in set(frame["id"]))
         ids = list(frame["id"])
@@ -868,6 +874,7 @@ class Explorer(w.VBox, NotState):
             if selected != self.selected:
                 self._drop_pending()
             self.selected = selected
+            self._gone_selection = []
             self._sync_selection()
             self._draw_visible()
             return self.selected
@@ -969,6 +976,11 @@ class Explorer(w.VBox, NotState):
         if self._unmade_selection is not None and not self.refresh():
             raise StoreError(f"{self._unmade_selection}; nothing done: press it again once "
                              "the store can be read (it then acts on the selection shown)")
+        if not self.selected and self._gone_selection:
+            gone = ", ".join(self._gone_selection)
+            raise CheckpointNotFoundError(
+                f"{gone}, selected, was deleted {DELETED_BY} since: select another checkpoint "
+                "(click a row in Checkpoints or a node in DAG)")
         if len(self.selected) != 1:
             several = f": {len(self.selected)} are selected" if self.selected else ""
             raise ValueError(f"select one checkpoint first{several} (click a row in "

@@ -127,3 +127,4 @@ def test_a_tab_not_drawn_yet_shows_no_image(tmp_path: Path, digits: DigitsRun) -
         assert ui.diff_plot.value and ui.diff_plot.layout.display is None
     finally:
         ui.close()
+
