@@ -71,6 +71,10 @@ function render({ model, el }) {
     const columns = model.get("columns"), rows = model.get("rows");
     const selected = new Set(model.get("selected"));
     const sortBy = model.get("sort_by"), ascending = model.get("ascending");
+    // (scrolled to its end, as it opens, the box stays there as saves add rows: a run
+    // watched live added its rows below the fold)
+    const atEnd = shownSelection !== null &&
+      el.scrollHeight - el.scrollTop - el.clientHeight < 4;
     const table = document.createElement("table");
     const head = table.createTHead().insertRow();
     for (const c of columns) {
@@ -119,6 +123,8 @@ function render({ model, el }) {
       shownSelection = selection;
       reveal(() => el.querySelector(".ckpt-nb-selected") ||
                    (first ? newest(el.querySelector("tbody")) : null));
+    } else if (atEnd) {
+      el.scrollTop = el.scrollHeight;
     }
   };
   const newest = (body) => {  // (the last of the latest created: ties in catalog order)

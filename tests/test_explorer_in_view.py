@@ -127,3 +127,22 @@ def test_a_row_ctrl_clicked_in_the_table_stays_in_view(page: Any,
                   f"'{ids[10]}'])")  # (made elsewhere, as ui.select: scrolled to)
     settled(page)
     assert page.evaluate(IN_VIEW, f'tr[data-id="{ids[3]}"]')
+
+
+def test_the_table_at_its_end_follows_the_rows_saves_add(page: Any,
+                                                         many: dict[str, Any]) -> None:
+    """A run watched live: the table opened at its newest row, and the rows each save
+    added went below the box's fold, out of view. Scrolled up, it stays where it is."""
+    ids, table = many["ids"], dict(many["table"])
+    rows = table["rows"]
+    page.evaluate(RENDER, [_explorer._TABLE_ESM, {**table, "rows": rows[:60]}, "width: 900px"])
+    settled(page)
+    assert page.evaluate(IN_VIEW, f'tr[data-id="{ids[59]}"]')
+    for end in (65, 80):  # (two saves' redraws)
+        page.evaluate("(rows) => window.viewModel.set('rows', rows)", rows[:end])
+        settled(page)
+        assert page.evaluate(IN_VIEW, f'tr[data-id="{ids[end - 1]}"]'), end
+    page.evaluate("() => { document.querySelector('.ckpt-nb-table').scrollTop = 0; }")
+    page.evaluate("(rows) => window.viewModel.set('rows', rows)", rows[:79])
+    settled(page)
+    assert page.evaluate(IN_VIEW, f'tr[data-id="{ids[0]}"]')  # (left where it was scrolled)
