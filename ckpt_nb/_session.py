@@ -1430,6 +1430,12 @@ class AutoSession(NotState):
         # cell ends: where the cell ends without it, code in the cell caught it (%run, which
         # shows an error and goes on; an except that takes KeyboardInterrupt).
         self._stop_raised: str | None = None
+        # The frame of the cell run's tracked loop (epochs(), or batches() outside it) while
+        # it has not run to its end, and the error IPython last showed as the cell began: an
+        # error shown since through that frame (%run shows one and goes on) stopped the loop,
+        # and the cell that ran on did not end the run (``_caught_error``).
+        self._loop_frame: Any = None
+        self._shown_before: BaseException | None = None
         self._pending: _Pending | None = None
         self._pending_skip: tuple[int, dict[str, Any] | None] | None = None  # (batches, RNG)
         self._pending_loader_rng: list[torch.Tensor] | None = None  # the loader's, to set
@@ -1731,6 +1737,8 @@ class AutoSession(NotState):
         """Start of any cell a session watches: a new loop, no interrupt pending."""
         self._interrupts = 0
         self._stop_raised = None
+        self._loop_frame = None
+        self._shown_before = getattr(sys, "last_value", None)
         self.loop = _Loop()
         self._install_sigint()
         self._install_signals()
@@ -1744,6 +1752,11 @@ class AutoSession(NotState):
         caught = self._stop_raised if error is None else None
         if caught is not None:
             error = _stopped(caught)
+        # An error caught in the cell that stopped its loop (%run shows it and goes on): as
+        # though it had reached the cell, not the run's end (said below).
+        failed = self._caught_error() if error is None and final else None
+        if failed is not None:
+            error = failed
         # An interrupt that no consistent point came after (a cell that stopped training):
         # the cell ran to its end, which is saved; a cell of its own then stops.
         interrupted = error is None and self._interrupts > 0
@@ -1835,6 +1848,7 @@ class AutoSession(NotState):
             self._save_asked = None  # (an error before its point: not the next cell's)
             self._interrupts = 0
             self._stop_raised = None
+            self._loop_frame = self._shown_before = None  # (a frame holds its locals)
             if error is not None:  # (what a resume of this run compares the live values with)
                 _left_values[self.url] = self._comparable_values()
                 last = self._last_write
@@ -1853,6 +1867,14 @@ class AutoSession(NotState):
         if signalled is not None and error is None:  # (no consistent point came after it)
             self._signalled = signalled
             self._end_on_signal(None if end_failed else end_id, at_end=True)
+        if failed is not None:
+            then = f"run the cell again to go on from checkpoint {self._position}" \
+                if self._position is not None and self._resumable() \
+                and self.loop.untracked is None else self._latest_said()
+            self.say(f"the cell's loop stopped at step {self.step} on the "
+                     f"{type(failed).__name__} shown above, which was caught in the cell (by "
+                     "%run, which shows an error and goes on), and the cell ran on: not the "
+                     f"run's end; {then}")
         if caught is not None and final:
             raise _stopped(f"{caught} (its stop was caught in the cell, by %run or an "
                            "except that takes KeyboardInterrupt, and the cell ran on: not the "
@@ -1862,6 +1884,22 @@ class AutoSession(NotState):
                            if end_id is not None else
                            "the cell ran to its end, NOT saved (its save failed); "
                            + self._latest_said())
+
+    def _caught_error(self) -> BaseException | None:
+        """The error IPython showed during the cell (``sys.last_value``: ``%run``, which
+        catches every error, shows it and goes on) that unwound through the frame of the
+        cell's tracked loop, which did not run to its end: the loop stopped on it, not by
+        the code's choice (a ``break``, an early stop, ends the run). An ``except`` of the
+        cell's own shows nothing: its code's choice too."""
+        frame, shown = self._loop_frame, getattr(sys, "last_value", None)
+        if frame is None or shown is None or shown is self._shown_before:
+            return None
+        tb = shown.__traceback__
+        while tb is not None:
+            if tb.tb_frame is frame:
+                return shown
+            tb = tb.tb_next
+        return None
 
     def _stopped_at_once(self, when: str = "") -> str:
         """What a second interrupt, which stops a cell at once, left: whether a checkpoint
@@ -3730,8 +3768,10 @@ class AutoSession(NotState):
         __tracebackhide__ = True  # (its refusals to resume are not ckpt_nb's faults)
         resumed = self._resume_now()
         epoch = resumed if resumed is not None else start
+        self._loop_frame = _loop_caller(sys._getframe(1))
         try:
             yield from self._epochs_from(epoch, n, resumed)
+            self._loop_frame = None  # (it ran to its end)
         finally:
             # (the loop left before the resumed epoch's batches() began: a break or a
             # return in its code ahead of the loop, an error caught around it, no epochs
@@ -3790,6 +3830,9 @@ class AutoSession(NotState):
         prefix_ran = self._epoch_put_back is not None
         self._resume_now()
         self.loop.tracked_loader = id(loader)
+        outer = self.loop.epoch is None  # (the cell run's loop, not an epoch's)
+        if outer:
+            self._loop_frame = _loop_caller(sys._getframe(1))
         skip, rng_after = self._pending_skip or (0, None)
         if skip and prefix_ran:
             self._undo_epoch_prefix()
@@ -3909,6 +3952,8 @@ class AutoSession(NotState):
             # changes (sched.step()) with a position that says it has not run, and a resume
             # would run it again. The next is the epoch boundary.
             self.loop.next_batch = index
+            if outer:
+                self._loop_frame = None  # (it ran to its end)
         finally:
             self.loop.in_batches = False
 
@@ -4727,6 +4772,15 @@ def _put_random(states: list[tuple[Any, Any]]) -> None:
             rng.setstate(state)
         else:
             rng.bit_generator.state = state
+
+
+def _loop_caller(frame: Any) -> Any:
+    """The frame whose code loops over ckpt_nb.epochs() or batches(): the first from
+    ``frame`` out that is not ckpt_nb's own (LoopIterator) or a progress bar's around it."""
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] \
+            in ("ckpt_nb", "tqdm"):
+        frame = frame.f_back
+    return frame
 
 
 def epochs(n: int, start: int = 0) -> LoopIterator:
