@@ -21,6 +21,7 @@ import json
 import linecache
 import random
 import re
+import shlex
 import sys
 import textwrap
 import threading
@@ -29,6 +30,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -1007,7 +1009,10 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
     that reaches code the reader cannot follow (a static method, a partial, a container, a
     subscript), a batches() call given what names no loader, and a first loop after a
     call the reader cannot see into, are _EITHER. None where the code is not Python
-    (never raises: a start line goes on with its general wording)."""
+    (never raises: a start line goes on with its general wording). A ``%run`` of a
+    Python file is read as that file's code; one it cannot read makes every loader
+    _EITHER, as code it cannot see into (it may pass them to batches())."""
+    code, unread = _with_run_files(code)
     parsed = _parsed(code)
     if parsed is None:
         return None
@@ -1046,7 +1051,87 @@ def _batches_loops(code: str, namespace: Mapping[str, Any]) -> dict[int, set[str
     for name in escapes:
         for loader in _loaders_in(namespace.get(name)):
             loops.setdefault(id(loader), set()).add(_EITHER)
+    for loader in loaders if unread else ():
+        loops.setdefault(id(loader), set()).add(_EITHER)
     return loops
+
+
+_RUN_MAGIC = re.compile(r"%run\b|run_line_magic")  # (a cell that may hold one)
+# %run's options that take a value (IPython's "nidtN:b:pD:l:rs:T:em:G"); -m runs a module.
+_RUN_VALUED = frozenset("NbDlsTm")
+
+
+def _run_file(arguments: str) -> str | None:
+    """The Python file a ``%run`` line's arguments run, where it is one this process can
+    read now (relative to the working directory, as %run finds it); None for a module
+    (-m), a notebook, a name IPython expands ($x, {x}), or no such file."""
+    if any(c in arguments for c in "${"):
+        return None
+    try:
+        words = shlex.split(arguments)
+    except ValueError:
+        return None
+    while words and words[0].startswith("-") and len(words[0]) > 1:
+        option = words.pop(0)
+        if "m" in option[1:]:
+            return None
+        if option[-1] in _RUN_VALUED and words:
+            words.pop(0)  # (its value)
+    if not words:
+        return None
+    path = Path(words[0]).expanduser()
+    if not path.suffix and not path.exists():
+        path = path.with_suffix(".py")
+    return str(path) if path.suffix == ".py" and path.is_file() else None
+
+
+class _RunFiles(ast.NodeTransformer):
+    """``%run FILE`` statements (``get_ipython().run_line_magic('run', ...)``) replaced by
+    FILE's code, where it reads as Python; ``unread`` where one does not."""
+
+    def __init__(self) -> None:
+        self.found = self.unread = False
+
+    def visit_Expr(self, node: ast.Expr) -> Any:
+        call = node.value
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "run_line_magic"
+                and _is_call_of(call.func.value, "get_ipython") and len(call.args) == 2
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                        for a in call.args) and call.args[0].value == "run"):
+            return node
+        self.found = True
+        path = _run_file(call.args[1].value)
+        try:
+            body = ast.parse(Path(path).read_text(encoding="utf-8")).body \
+                if path is not None else None
+        except Exception:  # noqa: BLE001 - unreadable, or no Python
+            body = None
+        if not body:
+            self.unread = True
+            return node
+        return body
+
+
+def _with_run_files(code: str) -> tuple[str, bool]:
+    """The code with each ``%run`` of a Python file in it replaced by that file's code
+    (the training loop there: discovery read only the cell, and told a loader the file
+    passes to batches() to be wrapped in it), and whether a ``%run`` was not read (a
+    module, a notebook, a file it cannot read or parse). The code as it is where it runs
+    no file; read anew each time (the file may have changed since)."""
+    if not _RUN_MAGIC.search(code):
+        return code, False
+    parsed = _parsed(code)
+    if parsed is None:
+        return code, False
+    files = _RunFiles()
+    try:
+        module = files.visit(copy.deepcopy(parsed.module))  # (the parse is cached: not shared)
+        if not files.found:
+            return code, False
+        return ast.unparse(ast.fix_missing_locations(module)), files.unread
+    except Exception:  # noqa: BLE001 - code ast reads in a way this does not expect
+        return code, True
 
 
 @functools.lru_cache(maxsize=16)

@@ -275,6 +275,24 @@ def test_a_cell_timed_or_captured_under_ckpt_auto_is_read_through_the_magic() ->
     assert said(f"%%writefile x.py\n{body}")["loader"] == WRAP
 
 
+def test_a_loop_in_a_file_the_cell_runs_with_run_is_read_from_that_file(
+        tmp_path: Path) -> None:
+    """``%run -i loop.py``, whose loop passes loader to batches(): discovery read only the
+    cell, and the start line told the user to wrap loader in ckpt_nb.batches(), wrapped
+    as it was. The file is read where the %run stands, anew each time; a %run it cannot
+    read (a module, no such file) may pass any loader to batches(): said in general."""
+    (tmp_path / "loop.py").write_text(VALIDATION_IN_EPOCHS)
+    for line in (f"%run -i {tmp_path / 'loop.py'}", f"%run -n -N 2 {tmp_path / 'loop'} a b",
+                 f"if True:\n    %run -i '{tmp_path / 'loop.py'}'"):
+        assert said(f"x = 1\n{line}\nprint(x)\n") == {"loader": RESTORES, "val_loader": LATER}, \
+            line
+    (tmp_path / "loop.py").write_text("for i, b in ckpt_nb.batches(val_loader): pass\n")
+    assert said(f"%run -i {tmp_path / 'loop.py'}") == {"loader": WRAP, "val_loader": RESTORES}
+    for line in ("%run -m trainer", f"%run {tmp_path / 'none.py'}", "%run $script"):
+        assert said(line) == {"loader": EITHER, "val_loader": EITHER}, line
+    assert said("%time x = 1")["loader"] == WRAP  # (no %run: as before)
+
+
 class Noise:
     """A transform drawing from its own generator."""
 
