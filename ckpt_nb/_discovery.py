@@ -1180,8 +1180,14 @@ def _state_dict_fails(value: Any) -> bool:
     """Whether a DataLoader's ``state_dict()`` raises: accelerate's ``DataLoaderShard``
     has one that works only over torchdata's StatefulDataLoader, and fails over a plain
     DataLoader (``accelerator.prepare(loader)``). Such a loader is no Stateful: it is a
-    loader, which ``batches()`` saves and puts back as it does a plain one's."""
+    loader, which ``batches()`` saves and puts back as it does a plain one's. torchdata's
+    own (StatefulDataLoader and its subclasses) is not asked: it works, and asked before
+    the loop it makes the epoch's iterator (starting its workers, drawing from torch's
+    RNG) ahead of the cell's own ``torch.manual_seed``."""
     if not isinstance(value, torch.utils.data.DataLoader):
+        return False
+    owner = next((c for c in type(value).__mro__ if "state_dict" in vars(c)), None)
+    if (getattr(owner, "__module__", None) or "").startswith("torchdata."):
         return False
     try:
         value.state_dict()

@@ -61,3 +61,22 @@ def test_a_wrapped_loader_resumes_mid_epoch_bit_exact(tmp_path: Path) -> None:
     said = resumed.stdout.split("resumed from")[1].split(")")[0]
     assert ", step 10" in said or ", step 15" in said, resumed.stdout  # (mid-epoch)
     assert resumed.stdout.split("weights")[1] == unstopped.stdout.split("weights")[1]
+
+
+def test_torchdatas_stateful_loader_is_not_asked_for_its_state_at_discovery() -> None:
+    """torchdata's StatefulDataLoader's state_dict() works; asked at discovery (before the
+    loop) it made the epoch's iterator, starting its workers and drawing from torch's RNG
+    ahead of the cell's own seeding: it is a Stateful, found without asking it."""
+    asked = []
+
+    def state_dict(self):
+        asked.append(1)
+        return {}
+    kind = type("StatefulDataLoader", (torch.utils.data.DataLoader,), {
+        "__module__": "torchdata.stateful_dataloader.stateful_dataloader",
+        "state_dict": state_dict, "load_state_dict": lambda self, state: None})
+    loader = kind(torch.utils.data.TensorDataset(torch.randn(12, 3)), shuffle=True)
+    found = discover({"loader": loader},
+                     code="for i, (x,) in ckpt_nb.batches(loader):\n    pass\n")
+    assert found.statefuls["loader"] is loader
+    assert not asked
