@@ -1221,7 +1221,8 @@ class CheckpointManager(NotState):
              f"none of its state ({shown}" + (
                  ": torchmetrics keeps a metric's states out of state_dict(); "
                  f"{name}.persistent(True) before training puts them in" if torchmetrics else
-                 ": non-persistent buffers; register them with persistent=True to save them")
+                 ": non-persistent buffers; if training changes them, register them with "
+                 "persistent=True to save them")
              + "), and a restore or resume leaves it as it is", RuntimeWarning)
 
     def capture(self, objects: Mapping[str, Any], *, metrics: Mapping[str, float] | None = None,
