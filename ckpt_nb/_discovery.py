@@ -1484,7 +1484,12 @@ def assign_in_place(namespace: dict[str, Any], name: str, saved: Any) -> None:
 def _put_back(live: Any, saved: Any) -> Any:
     """``saved``, as the live object updated in place where it can be, down into
     lists, dicts and tuples: a tensor there may be one an optimizer trains (a
-    ``torch.func`` dict of parameters), which a new tensor would leave untrained."""
+    ``torch.func`` dict of parameters), which a new tensor would leave untrained.
+
+    Only such a tensor (a leaf that requires grad, or a Parameter) takes the saved
+    values in place; any other tensor or array is replaced: it may be a batch the loop
+    left in a variable, a view of the data set or one of its items (``xb = X[s:s + 64]``,
+    ``for x, y in data``), and copying the saved batch into it wrote over the data."""
     if isinstance(live, list) and isinstance(saved, list):
         live[:] = [_put_back(old, new) for old, new in zip(live, saved)] + saved[len(live):]
         return live
@@ -1496,15 +1501,12 @@ def _put_back(live: Any, saved: Any) -> Any:
     if type(live) is tuple and type(saved) is tuple:
         return tuple(_put_back(old, new) for old, new in zip(live, saved)) + saved[len(live):]
     if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
-            and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf:
+            and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf \
+            and (live.requires_grad or isinstance(live, torch.nn.Parameter)):
         try:
             with torch.no_grad():  # (a leaf an optimizer trains stays that optimizer's)
                 live.copy_(saved)
         except RuntimeError:  # (an inference tensor, an expanded or sparse one: replaced)
             return saved
-        return live
-    if isinstance(live, np.ndarray) and isinstance(saved, np.ndarray) \
-            and live.shape == saved.shape and live.dtype == saved.dtype and live.flags.writeable:
-        live[...] = saved
         return live
     return saved

@@ -1,0 +1,82 @@
+"""A resume or rollback puts a saved variable back in place only where the live object is
+one something may train (a leaf tensor that requires grad, a Parameter): any other tensor
+or array is replaced. A loop's batch left in a variable by a failed run (``xb = X[s:s +
+10]``, a view of the data set; ``x`` of ``for x, t in data``, one of its items) was written
+over with the checkpoint's batch at the resume: the data set changed, silently. In a real
+in-process IPython shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from test_magics import run  # (the shell's helper)
+
+pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
+
+SETUP = """
+import os, numpy as np, torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+X = {make}(50, 8); Y = {make}(50, 2)
+X0, Y0 = X.copy() if isinstance(X, np.ndarray) else X.clone(), Y.copy() \\
+    if isinstance(Y, np.ndarray) else Y.clone()
+"""
+
+LOOP = """%%ckpt_auto --dir {store} --every-steps 2
+for epoch in ckpt_nb.epochs(3):
+    for i, s in ckpt_nb.batches(range(0, 50, 10)):
+        xb, yb = X[s:s + 10], Y[s:s + 10]
+        opt.zero_grad()
+        ((model(torch.as_tensor(xb)) - torch.as_tensor(yb)) ** 2).mean().backward()
+        opt.step()
+        if (epoch, i) == {fail_at} and os.environ.get("CKPT_NB_TEST_FAIL"):
+            raise RuntimeError("a bug")
+"""
+
+
+@pytest.mark.parametrize("make", ["torch.randn", "np.random.default_rng(0).standard_normal"])
+@pytest.mark.parametrize("fail_at", [(2, 0), (1, 2)], ids=["epoch-start", "mid-epoch"])
+def test_a_resume_leaves_the_data_a_left_batch_views_as_it_was(
+        shell: Any, tmp_path: Path, monkeypatch: Any, make: str,
+        fail_at: tuple[int, int]) -> None:
+    make = make if make == "torch.randn" else f"lambda *s: {make}(s, dtype=np.float32)"
+    run(shell, SETUP.format(make=f"({make})"))
+    cell = LOOP.format(store=tmp_path / "ref", fail_at=fail_at)
+    assert run(shell, cell).success
+    reference = [p.detach().clone() for p in shell.user_ns["model"].parameters()]
+
+    run(shell, SETUP.format(make=f"({make})"))
+    cell = LOOP.format(store=tmp_path / "run", fail_at=fail_at)
+    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
+    assert not run(shell, cell).success  # (xb, yb: views of the last batch, left behind)
+    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
+    assert run(shell, cell).success  # (resumes, putting back xb, yb as saved)
+    ns = shell.user_ns
+    for data, before in ((ns["X"], ns["X0"]), (ns["Y"], ns["Y0"])):
+        assert np.array_equal(np.asarray(data), np.asarray(before))
+    assert all(torch.equal(a, b) for a, b in zip(ns["model"].parameters(), reference))
+
+
+def test_a_tensor_an_optimizer_trains_is_still_put_back_in_place() -> None:
+    """A ``torch.func`` style dict of leaves that require grad, which the optimizer holds,
+    and a Parameter: the saved values are copied into them, so the optimizer still trains
+    them; a plain tensor and an array beside them are replaced, not written into."""
+    from ckpt_nb._discovery import assign_in_place
+
+    w, frozen = torch.ones(3, requires_grad=True), torch.nn.Parameter(torch.ones(2), False)
+    batch, array = torch.ones(4), np.ones(4)
+    opt = torch.optim.SGD([w], lr=0.5)
+    ns: dict[str, Any] = {"params": {"w": w, "frozen": frozen, "batch": batch}, "a": array}
+    assign_in_place(ns, "params", {"w": torch.zeros(3), "frozen": torch.zeros(2),
+                                   "batch": torch.zeros(4)})
+    assign_in_place(ns, "a", np.zeros(4))
+    assert ns["params"]["w"] is w and opt.param_groups[0]["params"][0] is w
+    assert ns["params"]["frozen"] is frozen and not frozen.any() and w.requires_grad
+    assert not w.detach().any()
+    assert ns["params"]["batch"] is not batch and batch.all() and not ns["params"]["batch"].any()
+    assert ns["a"] is not array and array.all() and not ns["a"].any()
