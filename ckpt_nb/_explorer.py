@@ -311,6 +311,13 @@ DIFF_VALUE_ROWS = 40
 # the output's width.
 METRIC_WIDTH = (280, 8)
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
+# An explorer opened with wait=True (``%ckpt_ui`` in a cell above the first %%ckpt_auto
+# cell) on a store not made yet: its notes, and what its actions say till the store is there.
+NO_STORE_YET = ("no checkpoints yet: there is no store at {where} yet; its checkpoints show "
+                "here once the first %%ckpt_auto cell (or a CheckpointManager) saves to it")
+NOTHING_YET = ("no checkpoint store at {where} yet: nothing to show or act on till the first "
+               "%%ckpt_auto cell (or a CheckpointManager) saves to it; this explorer shows "
+               "its checkpoints then")
 # While saves keep coming (a training run in this kernel saving every few steps), the
 # follower redraws once a gap at most: a redraw reads every row and draws the visible tab
 # (tens of milliseconds, a few hundred on Metrics), and the run waited for it at each save.
@@ -518,7 +525,8 @@ class Explorer(w.VBox, NotState):
     as left out."""
 
     def __init__(self, store: str | os.PathLike[str] | CheckpointManager, *,
-                 namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> None:
+                 namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0,
+                 wait: bool = False) -> None:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._closed = False
@@ -527,13 +535,23 @@ class Explorer(w.VBox, NotState):
         self._busy_timer: threading.Timer | None = None
         self._owns_manager = False
         _check_arguments(store, namespace, poll_seconds)
+        if not isinstance(wait, bool):
+            raise TypeError(f"wait takes True (follow a store not made yet till it is) or "
+                            f"False, not {type(wait).__name__} {wait!r}")
         poll_seconds = float(poll_seconds)  # (a NumPy float32 is no timeout for a wait)
-        with _plots.opened(store):  # a clear error for a missing store
-            pass
-        self.manager = store if isinstance(store, CheckpointManager) else \
-            CheckpointManager(os.fspath(store))
-        self._owns_manager = not isinstance(store, CheckpointManager)
-        self.url = self.manager.store.url
+        # The store's folder or URL, as given; its manager is None while a store explored
+        # with wait=True is not there yet (opened by ``_open_when_there``).
+        self._location = None if isinstance(store, CheckpointManager) else os.fspath(store)
+        self._manager: CheckpointManager | None = None
+        if isinstance(store, CheckpointManager):
+            self._manager = store
+        elif not wait or store_exists(self._location):
+            with _plots.opened(store):  # a clear error for a missing store (a typo)
+                pass
+            self._manager = CheckpointManager(self._location)
+            self._owns_manager = True
+        self.url = self._manager.store.url if self._manager is not None else \
+            _session.store_url(self._location)
         self.namespace = namespace
         self._lock = threading.RLock()
         self.table_frame: Any = None
@@ -643,13 +661,51 @@ class Explorer(w.VBox, NotState):
                           self.busy_note, self.status, self.css])
         self.add_class("ckpt-nb-explorer")
 
-        self._show(self._read())  # (a store that fails to open fails here, raised)
+        if self._manager is not None:
+            self._show(self._read())  # (a store that fails to open fails here, raised)
+        else:
+            self._show_not_yet()
         self._unsubscribe = _session.subscribe(self._on_session_event)
         self._unhook = self._hook_cells()
-        self._signature = self._catalog_signature()
+        self._signature = self._catalog_signature() if self._manager is not None else None
         self._follower = threading.Thread(target=self._follow, args=(poll_seconds,),
                                           daemon=True, name="ckpt_nb-explorer")
         self._follower.start()
+
+    @property
+    def manager(self) -> CheckpointManager:
+        """The store's ``CheckpointManager``. Explored with ``wait=True`` before the store
+        was made, there is none till it is: a ``CheckpointNotFoundError`` says so."""
+        if self._manager is None:
+            raise CheckpointNotFoundError(NOTHING_YET.format(where=self._location))
+        return self._manager
+
+    def _open_when_there(self) -> bool:
+        """Whether the store is open: one explored with ``wait=True`` before it was made
+        is opened here once it is there (a look for its catalog, or on an object store its
+        format stamp)."""
+        if self._manager is not None:
+            return True
+        with self._lock:
+            if self._manager is None and not self._closed:
+                if not store_exists(self._location):
+                    return False
+                manager = CheckpointManager(self._location)
+                self._manager, self._owns_manager = manager, True
+                self.url = manager.store.url
+                if self._closed:  # (closed meanwhile: close() found no manager to close)
+                    with contextlib.suppress(Exception):
+                        manager.close()
+        return self._manager is not None
+
+    def _show_not_yet(self) -> None:
+        """What an explorer waiting for its store shows: its notes say so, the title names
+        the store."""
+        where = self._location
+        note = f"<i>{html.escape(NO_STORE_YET.format(where=where))}</i>"
+        self.table_note.value = self.dag_note.value = note
+        self.dag.layout.display = "none"
+        self.title.value = f"<b>ckpt_nb</b> · {html.escape(_shown_path(where))} · no store yet"
 
     # -- data -----------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -661,6 +717,8 @@ class Explorer(w.VBox, NotState):
         self._check_open()
         with self._lock:
             try:
+                if not self._open_when_there():
+                    return False  # (not there yet: the notes say so)
                 self._check_store()
                 frame = self._read()
                 if not len(frame):
@@ -737,6 +795,7 @@ class Explorer(w.VBox, NotState):
             (f"{heir} is its nearest kept ancestor" if heir else "no ancestor of it is kept"))
         self._sync_selection()
         for note in (self.table_note, self.dag_note):
+            note.value = NO_CHECKPOINTS  # (an explorer that waited for the store: no longer)
             note.layout.display = "none" if len(frame) else None
         self.dag.layout.display = None if len(frame) else "none"  # (an empty box)
         stored = int(frame["stored_bytes"].sum()) if len(frame) else 0
@@ -849,6 +908,8 @@ class Explorer(w.VBox, NotState):
                 isinstance(ascending, numbers.Integral) and ascending in (0, 1)):
             raise TypeError(f"ascending takes True or False, not {ascending!r}")
         ascending = bool(ascending)
+        if self.table_frame is None:
+            self._check_store()  # (no store yet: said so; made since: opened and read)
         if column not in self.table.columns:
             raise MetricNotFoundError(f"cannot sort by {column!r}: no such column; give one "
                                       f"of {', '.join(self.table.columns)}")
@@ -960,7 +1021,12 @@ class Explorer(w.VBox, NotState):
         """Refuse to read or act on a store removed while open: a local one's catalog lock
         file failed with "[Errno 2]"; an object store's manager reads one as empty
         (``read_empty``: then a look for its format stamp tells). The rows shown were the
-        last ones read."""
+        last ones read. One explored with ``wait=True`` whose store is not there yet refuses
+        till it is (``NOTHING_YET``), and once it is there, opens and reads it first."""
+        if self._manager is None:
+            if not self._open_when_there():
+                raise CheckpointNotFoundError(NOTHING_YET.format(where=self._location))
+            self.refresh()
         store = self.manager.store
         root = getattr(store, "root", None)
         if isinstance(root, Path):
@@ -979,6 +1045,8 @@ class Explorer(w.VBox, NotState):
         made, the store unreadable, the store is read first: while it still cannot be, that
         is the reason given, and nothing is acted on; once it can, the selection the views
         show again is acted on."""
+        if self._manager is None:
+            self._check_store()  # (no store yet: said so; made since: opened and read)
         if self._unmade_selection is not None and not self.refresh():
             raise StoreError(f"{self._unmade_selection}; nothing done: press it again once "
                              "the store can be read (it then acts on the selection shown)")
@@ -995,6 +1063,8 @@ class Explorer(w.VBox, NotState):
 
     # -- drawing -------------------------------------------------------------------------
     def _draw_visible(self) -> None:
+        if self._manager is None:  # (no store yet: nothing to draw, the notes say why)
+            return
         index = self.tabs.selected_index
         if index == 1:
             self._draw(self._draw_metrics)
@@ -1498,6 +1568,10 @@ class Explorer(w.VBox, NotState):
             if self._stop.is_set():
                 return
             try:
+                if self._manager is None:  # (explored with wait=True: is the store there?)
+                    if not self._open_when_there():
+                        continue
+                    woken = True
                 retry = behind or self._unmade_selection is not None  # (a click's read failed)
                 if not (woken or retry) and self._catalog_signature() == self._signature:
                     continue
@@ -1579,12 +1653,23 @@ class Explorer(w.VBox, NotState):
         self._unsubscribe()
         self._unhook()
         self._cell_ended()
-        if self._owns_manager:
+        if self._owns_manager and self._manager is not None:
             with contextlib.suppress(Exception):
-                self.manager.close()
+                self._manager.close()
         for widget in _widgets_within(self):
             widget.close()
         super().close()
+
+
+def _shown_path(location: str) -> str:
+    """A store as its user would write it: a path relative to here, else as given."""
+    if "://" in location:
+        return location
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(os.path.expanduser(location))
+        if not relative.startswith(".."):
+            return relative
+    return location
 
 
 def _widgets_within(root: w.Widget) -> list[w.Widget]:
@@ -1623,15 +1708,19 @@ def _running_cell() -> tuple[str, Any] | None:
 
 
 def explore(store: str | os.PathLike[str] | CheckpointManager, *,
-            namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0) -> Explorer:
+            namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0,
+            wait: bool = False) -> Explorer:
     """The explorer for a store: a directory, URL or CheckpointManager. ``namespace``
     is what Roll back restores into (default: the IPython kernel's); ``poll_seconds``
     is how often the catalog is checked for other writers (0: only this process's saves).
+    A store that is not there is refused (a typo), unless ``wait=True``: the explorer then
+    opens saying there are no checkpoints yet, and shows the store once it is made (the
+    first ``%%ckpt_auto`` cell's save, or a CheckpointManager's).
     Run again in the same notebook cell, it closes the explorers the cell's earlier runs
     opened (those of this run stay)."""
     running = _running_cell()
     if running is None:
-        return Explorer(store, namespace=namespace, poll_seconds=poll_seconds)
+        return Explorer(store, namespace=namespace, poll_seconds=poll_seconds, wait=wait)
     cell, run = running
     opened_in, explorers = _opened_by_cell.pop(cell, (run, []))
     if opened_in is not run:
@@ -1639,6 +1728,6 @@ def explore(store: str | os.PathLike[str] | CheckpointManager, *,
             earlier.close()
         explorers = []
     _opened_by_cell[cell] = (run, explorers)
-    ui = Explorer(store, namespace=namespace, poll_seconds=poll_seconds)
+    ui = Explorer(store, namespace=namespace, poll_seconds=poll_seconds, wait=wait)
     explorers.append(ui)
     return ui

@@ -485,8 +485,9 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_ui(self, line: str) -> Any:
         """%ckpt_ui [DIR] (or --dir DIR, as %ckpt_rollback takes it): the explorer for DIR,
-        or for the active or last session's store, else the default store. The rest of
-        the line is DIR: a path with spaces needs no quotes."""
+        or for the active or last session's store, else the default store, followed till
+        the first %%ckpt_auto cell makes it where it is not there yet. The rest of the line
+        is DIR: a path with spaces needs no quotes."""
         if _help_shown(self.ckpt_ui, line):
             return None
         if _terminal(self.shell):  # (it showed the widget's repr, and polled on unseen)
@@ -497,10 +498,25 @@ class CkptMagics(Magics):
                              "(JupyterLab, Notebook 7, VS Code)")
         from ._explorer import explore
 
-        directory = _directory("ckpt_ui", line) or self._store_to_open(
+        directory = _directory("ckpt_ui", line)
+        # Given no DIR in a kernel that has run no session, the default store, which the
+        # first %%ckpt_auto cell makes: followed till it is there (the explorer opened
+        # above the training cell, to watch it fill); a DIR given that is not there is
+        # refused (a typo).
+        wait = directory is None and session_mod.last_directory() is None
+        if wait:
+            directory = self._default_store()
+            try:
+                found = store_exists(directory)
+            except (CkptError, ValueError) as exc:  # (a backend that fails, a bad URL)
+                raise UsageError(f"%ckpt_ui: {exc}") from None
+            print(f"ckpt_nb: no session in this kernel: %ckpt_ui opens the default store, "
+                  f"{directory}" + ("" if found else ", not made yet: its checkpoints show "
+                                    "once the first %%ckpt_auto cell saves"))
+        directory = directory or self._store_to_open(
             "ckpt_ui", "no store to explore", "%ckpt_ui DIR")
         try:
-            return explore(directory, namespace=self.shell.user_ns)
+            return explore(directory, namespace=self.shell.user_ns, wait=wait)
         except CkptError as exc:
             raise UsageError(f"%ckpt_ui: {exc}") from None
 

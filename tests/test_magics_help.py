@@ -95,7 +95,7 @@ def test_help_examples_are_accepted(shell) -> None:
     ("%ckpt_rollback latest extra", "%ckpt_rollback: unrecognized arguments: extra"),
     ("%ckpt_rollback 'unclosed", "%ckpt_rollback: No closing quotation"),
     ("%ckpt_list", "%ckpt_list: no store to list"),
-    ("%ckpt_ui", "%ckpt_ui: no store to explore"),
+    ("%ckpt_ui --dir", "%ckpt_ui --dir needs a directory"),
 ])
 def test_usage_errors_name_their_magic(shell, code: str, message: str) -> None:
     """argparse's complaints came without the magic's name."""
