@@ -527,6 +527,7 @@ class Explorer(w.VBox, NotState):
     def __init__(self, store: str | os.PathLike[str] | CheckpointManager, *,
                  namespace: dict[str, Any] | None = None, poll_seconds: float = 1.0,
                  wait: bool = False) -> None:
+        self._built = False  # (its widgets made: one refused as it opened has none to close)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._closed = False
@@ -659,6 +660,7 @@ class Explorer(w.VBox, NotState):
         # (the style last: a front end that shows the widget as text starts at the title)
         super().__init__([self.title, self.tabs, actions, self.confirm_box, self.progress,
                           self.busy_note, self.status, self.css])
+        self._built = True
         self.add_class("ckpt-nb-explorer")
 
         if self._manager is not None:
@@ -1648,6 +1650,8 @@ class Explorer(w.VBox, NotState):
         kept the rest, and through their callbacks every closed explorer, for the rest of
         the session. Its actions then refuse (a StoreError: open a new one)."""
         self._closed = True
+        if not getattr(self, "_built", False):  # (refused as it opened: a wrong argument, a
+            return  # store not there; closed by its __del__, it printed an AttributeError)
         self._stop.set()
         self._wake.set()
         self._unsubscribe()

@@ -6,6 +6,8 @@ real %%ckpt_auto cell training on digits."""
 
 from __future__ import annotations
 
+import gc
+import sys
 import time
 from pathlib import Path
 
@@ -76,3 +78,19 @@ def test_explore_waits_only_when_asked(tmp_path: Path, digits: DigitsRun) -> Non
         ui.close()
     with pytest.raises(TypeError, match="wait takes True"):
         ckpt_nb.explore(tmp_path / "s", wait="yes")
+
+
+def test_an_explorer_refused_as_it_opened_leaves_no_error_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo's refusal (or a wrong argument's) was followed, once the half-made explorer
+    was collected, by "Exception ignored in: Widget.__del__ ... AttributeError: 'Explorer'
+    object has no attribute 'busy_note'" in a later cell's output."""
+    unraised: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook",
+                        lambda u: unraised.append(f"{u.exc_type.__name__}: {u.exc_value}"))
+    with pytest.raises(CheckpointNotFoundError, match="no checkpoint store at"):
+        ckpt_nb.explore(tmp_path / "typo", namespace={}, poll_seconds=0)
+    with pytest.raises(TypeError, match="poll_seconds takes"):
+        ckpt_nb.explore(tmp_path / "typo", poll_seconds="1")
+    gc.collect()
+    assert unraised == []
