@@ -1101,16 +1101,14 @@ class Explorer(w.VBox, NotState):
         if self.table_frame is None or self.tabs.selected_index != 1:
             return
         frame = self.table_frame
-        self.metrics_plot.value = _plots.to_png(_plots.plot_metrics(
-            self.manager, self.metric.value, selected=self.selected, table=frame))
-        self.metrics_plot.layout.display = None
+        _show_png(self.metrics_plot, _plots.to_png(_plots.plot_metrics(
+            self.manager, self.metric.value, selected=self.selected, table=frame)))
         comparing = len(self.selected) >= 2  # the side-by-side bars need two or more
         self.compare_box.layout.display = "flex" if comparing else "none"
         self.compare_hint.layout.display = "none" if comparing else "flex"
         if comparing:
-            self.compare_plot.value = _plots.to_png(_plots.plot_compare(
-                self.manager, self.selected, self._compared_metrics(), table=frame))
-            self.compare_plot.layout.display = None
+            _show_png(self.compare_plot, _plots.to_png(_plots.plot_compare(
+                self.manager, self.selected, self._compared_metrics(), table=frame)))
 
     def _draw_diff(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 3:
@@ -1166,8 +1164,8 @@ class Explorer(w.VBox, NotState):
                 values = f"not compared: {exc}"
             png = _plots.to_png(_plots.plot_diff(self.manager, a, b, table=diff))
             self._drawn_diff = (a, b, (diff, values), png)
-        (diff, values), self.diff_plot.value = self._drawn_diff[2:]
-        self.diff_plot.layout.display = None
+        (diff, values), png = self._drawn_diff[2:]
+        _show_png(self.diff_plot, png)
         frame = self.table_frame.set_index("id")
         deltas, in_deltas = [], set()
         for m in _plots.metric_columns(self.table_frame):
@@ -1663,6 +1661,16 @@ class Explorer(w.VBox, NotState):
         for widget in _widgets_within(self):
             widget.close()
         super().close()
+
+
+def _show_png(image: w.Image, png: bytes) -> None:
+    """Show a plot's PNG at most as wide as its own pixels (``max_width``; narrower where
+    the output is): a box's flex stretched it to the output's width, a 672 px plot blurred
+    to 2220 px in a wide window, pushing what is below it out of sight."""
+    image.value = png
+    width = int.from_bytes(png[16:20], "big")  # (the IHDR chunk's width, first in a PNG)
+    image.layout.max_width = f"{width}px"
+    image.layout.display = None
 
 
 def _shown_path(location: str) -> str:
