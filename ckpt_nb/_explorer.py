@@ -313,6 +313,9 @@ METRIC_WIDTH = (280, 8)
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
 # An explorer opened with wait=True (``%ckpt_ui`` in a cell above the first %%ckpt_auto
 # cell) on a store not made yet: its notes, and what its actions say till the store is there.
+NOTHING_TO_COMPARE = ("nothing to compare: the selected checkpoints logged no metrics (their "
+                      "metric columns show —; a save between epochs' ends logs none): select "
+                      "ones that logged some")
 NO_STORE_YET = ("no checkpoints yet: there is no store at {where} yet; its checkpoints show "
                 "here once the first %%ckpt_auto cell (or a CheckpointManager) saves to it")
 NOTHING_YET = ("no checkpoint store at {where} yet: nothing to show or act on till the first "
@@ -597,8 +600,12 @@ class Explorer(w.VBox, NotState):
         # drawn once the cell ends, and till then showed a broken-image icon.
         self.metrics_plot = w.Image(format="png", layout=w.Layout(display="none"))
         self.compare_plot = w.Image(format="png", layout=w.Layout(display="none"))
+        # (said where the selection logged no metric: a blank figure with a line in it)
+        self.compare_note = w.HTML(f"<i>{html.escape(NOTHING_TO_COMPARE)}</i>",
+                                   layout=w.Layout(display="none"))
         self.compare_box = w.VBox([w.HTML("<b>Selected checkpoints side by side</b>"),
-                                   self.compare_plot], layout=w.Layout(display="none"))
+                                   self.compare_plot, self.compare_note],
+                                  layout=w.Layout(display="none"))
         self.compare_hint = w.HTML("<i>ctrl- or shift-click two or more rows to compare their "
                                    "metrics side by side</i>")
         self.diff_a = w.Dropdown(description="from",
@@ -1091,7 +1098,7 @@ class Explorer(w.VBox, NotState):
     def _compared_metrics(self) -> list[str] | None:
         """The metrics the side-by-side compare draws: those one or more of the selected
         checkpoints logged (a panel of "n/a" alone told nothing); None where they logged
-        none (``plot_compare`` then says so)."""
+        none (``compare_note`` then says so)."""
         frame = self.table_frame
         drawn = frame[frame["id"].isin(self.selected[:_plots.COMPARE_MOST])]
         return [m for m in _plots.metric_columns(frame)
@@ -1107,8 +1114,13 @@ class Explorer(w.VBox, NotState):
         self.compare_box.layout.display = "flex" if comparing else "none"
         self.compare_hint.layout.display = "none" if comparing else "flex"
         if comparing:
-            _show_png(self.compare_plot, _plots.to_png(_plots.plot_compare(
-                self.manager, self.selected, self._compared_metrics(), table=frame)))
+            metrics = self._compared_metrics()
+            self.compare_note.layout.display = "none" if metrics else None
+            if metrics:
+                _show_png(self.compare_plot, _plots.to_png(_plots.plot_compare(
+                    self.manager, self.selected, metrics, table=frame)))
+            else:
+                self.compare_plot.layout.display = "none"
 
     def _draw_diff(self) -> None:
         if self.table_frame is None or self.tabs.selected_index != 3:

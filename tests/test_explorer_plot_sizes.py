@@ -34,3 +34,32 @@ def test_each_plot_is_shown_at_most_as_wide_as_its_pixels(
         assert ui.metrics_plot.layout.max_width == "672px"  # (7 in at 96 dpi)
     finally:
         ui.close()
+
+
+def test_checkpoints_that_logged_no_metrics_are_compared_as_a_note(
+        tmp_path: Path, digits: DigitsRun) -> None:
+    """Two step saves between epochs' ends (no metrics) side by side showed a blank 7 x 3.4
+    inch figure with one line of text in its middle."""
+    with ckpt_nb.CheckpointManager(tmp_path / "s") as mgr:
+        bare = []
+        for step in (1, 2):
+            digits.train_step()
+            bare.append(mgr.save(digits.model, digits.optimizer, step=step))
+        logged = mgr.save(digits.model, digits.optimizer, step=3,
+                          metrics={"loss": digits.train_step()})
+    ui = ckpt_nb.explore(tmp_path / "s", namespace={}, poll_seconds=0)
+    try:
+        ui.tabs.selected_index = 1
+        ui.select(bare)
+        assert ui.compare_box.layout.display == "flex"
+        assert ui.compare_plot.layout.display == "none" and not ui.compare_plot.value
+        assert ui.compare_note.layout.display is None
+        assert "logged no metrics" in ui.compare_note.value
+        ui.select([bare[0], logged])  # (one logged some: drawn)
+        assert ui.compare_plot.value and ui.compare_plot.layout.display is None
+        assert ui.compare_note.layout.display == "none"
+        ui.select(bare)  # (the last drawn plot goes again)
+        assert ui.compare_plot.layout.display == "none"
+        assert ui.compare_note.layout.display is None and "⚠" not in ui.status.value
+    finally:
+        ui.close()
