@@ -547,6 +547,9 @@ class Explorer(w.VBox, NotState):
         # with wait=True is not there yet (opened by ``_open_when_there``).
         self._location = None if isinstance(store, CheckpointManager) else os.fspath(store)
         self._manager: CheckpointManager | None = None
+        # Waiting (``%ckpt_ui`` before any session, ``_follow_first_session``): the store
+        # of the first session this process starts, if that is not the one waited for.
+        self._follows_session = False
         if isinstance(store, CheckpointManager):
             self._manager = store
         elif not wait or store_exists(self._location):
@@ -697,15 +700,32 @@ class Explorer(w.VBox, NotState):
             return True
         with self._lock:
             if self._manager is None and not self._closed:
-                if not store_exists(self._location):
+                location = self._location
+                if self._follows_session:  # (a %%ckpt_auto --dir elsewhere: that store)
+                    location = _session.last_directory() or location
+                if not store_exists(location):
                     return False
-                manager = CheckpointManager(self._location)
+                manager = CheckpointManager(location)
                 self._manager, self._owns_manager = manager, True
+                self._location = location
                 self.url = manager.store.url
                 if self._closed:  # (closed meanwhile: close() found no manager to close)
                     with contextlib.suppress(Exception):
                         manager.close()
         return self._manager is not None
+
+    def _follow_first_session(self) -> None:
+        """Waiting for the default store (``%ckpt_ui`` in a kernel that ran no session):
+        show instead the store of the first session this process starts, wherever its
+        --dir puts it, as ``%ckpt_ui`` opens the last session's store once there is one."""
+        self._follows_session = True
+        note = ("no checkpoints yet: no %%ckpt_auto cell has run in this kernel, and there is "
+                f"no store at {self._location}, the default one, yet; the first %%ckpt_auto "
+                "cell's checkpoints show here as it saves them")
+        with self._lock:
+            if self._manager is None:
+                self.table_note.value = self.dag_note.value = f"<i>{html.escape(note)}</i>"
+        self._wake.set()  # (a session started meanwhile: looked at now)
 
     def _show_not_yet(self) -> None:
         """What an explorer waiting for its store shows: its notes say so, the title names
@@ -1535,7 +1555,7 @@ class Explorer(w.VBox, NotState):
     def _on_session_event(self, event: str, checkpoint_id: str, url: str) -> None:
         # Called on the session's writer thread: only wake the follower, so a burst of
         # saves costs one redraw and the writer never waits for a plot.
-        if url == self.url:
+        if url == self.url or (self._manager is None and self._follows_session):
             self._wake.set()
 
     def _catalog_signature(self) -> tuple[Any, ...]:

@@ -485,9 +485,10 @@ class CkptMagics(Magics):
     @line_magic
     def ckpt_ui(self, line: str) -> Any:
         """%ckpt_ui [DIR] (or --dir DIR, as %ckpt_rollback takes it): the explorer for DIR,
-        or for the active or last session's store, else the default store, followed till
-        the first %%ckpt_auto cell makes it where it is not there yet. The rest of the line
-        is DIR: a path with spaces needs no quotes."""
+        or for the active or last session's store, else the default store; where that is
+        not there yet, the explorer waits for the first %%ckpt_auto cell and shows its store
+        (wherever its --dir puts it). The rest of the line is DIR: a path with spaces needs
+        no quotes."""
         if _help_shown(self.ckpt_ui, line):
             return None
         if _terminal(self.shell):  # (it showed the widget's repr, and polled on unseen)
@@ -511,14 +512,17 @@ class CkptMagics(Magics):
             except (CkptError, ValueError) as exc:  # (a backend that fails, a bad URL)
                 raise UsageError(f"%ckpt_ui: {exc}") from None
             print(f"ckpt_nb: no session in this kernel: %ckpt_ui opens the default store, "
-                  f"{directory}" + ("" if found else ", not made yet: its checkpoints show "
-                                    "once the first %%ckpt_auto cell saves"))
+                  f"{directory}" + ("" if found else ", not made yet: the first %%ckpt_auto "
+                                    "cell's checkpoints show as it saves them"))
         directory = directory or self._store_to_open(
             "ckpt_ui", "no store to explore", "%ckpt_ui DIR")
         try:
-            return explore(directory, namespace=self.shell.user_ns, wait=wait)
+            ui = explore(directory, namespace=self.shell.user_ns, wait=wait)
         except CkptError as exc:
             raise UsageError(f"%ckpt_ui: {exc}") from None
+        if wait:  # (a first cell's %%ckpt_auto --dir elsewhere: that store, as %ckpt_ui opens)
+            ui._follow_first_session()
+        return ui
 
     @line_magic
     def ckpt_status(self, line: str) -> None:

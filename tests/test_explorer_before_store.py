@@ -36,7 +36,7 @@ def test_ckpt_ui_above_the_first_training_cell_shows_its_saves(
         assert "not made yet" in capsys.readouterr().out
         store = Path("checkpoints") / "session"  # (the default store, not there)
         assert not store.exists()
-        assert f"there is no store at {store} yet" in ui.table_note.value
+        assert f"there is no store at {store}, the default one, yet" in ui.table_note.value
         assert "first %%ckpt_auto cell" in ui.table_note.value
         for button in (ui.rollback_button, ui.pin_button, ui.delete_button, ui.export_button):
             button.click()  # (refused by name, not a crash)
@@ -60,6 +60,25 @@ def test_ckpt_ui_above_the_first_training_cell_shows_its_saves(
     finally:
         ui.close()
     assert not shell.run_cell("%ckpt_ui runs/typo", store_history=False).success  # (refused)
+
+
+def test_ckpt_ui_waiting_shows_the_store_the_first_cell_s_dir_names(
+        shell: InteractiveShell, digits: DigitsRun) -> None:
+    """%ckpt_ui opens the last session's store once there is one: opened before it, it
+    shows the first %%ckpt_auto cell's --dir, not the default store it waited for."""
+    assert shell.run_cell("import ckpt_nb\nui = %ckpt_ui", store_history=False).success
+    ui = shell.user_ns["ui"]
+    try:
+        shell.user_ns.update(model=digits.model, opt=digits.optimizer, run=digits)
+        assert shell.run_cell("%%ckpt_auto --dir runs/x\nfor epoch in ckpt_nb.epochs(1):\n"
+                              "    ckpt_nb.log(loss=run.train_step())",
+                              store_history=False).success
+        saved = list(ckpt_nb.CheckpointManager("runs/x").list()["id"])
+        poll(lambda: [r["id"] for r in ui.table.rows] == saved)
+        assert [r["id"] for r in ui.table.rows] == saved and saved
+        assert "runs/x" in ui.title.value and not Path("checkpoints").exists()
+    finally:
+        ui.close()
 
 
 def test_explore_waits_only_when_asked(tmp_path: Path, digits: DigitsRun) -> None:
