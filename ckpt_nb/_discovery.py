@@ -28,7 +28,8 @@ import threading
 import types
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -1476,9 +1477,24 @@ def _column_dtypes(names: list[Any]) -> list[Any]:
     return names
 
 
-def assign_in_place(namespace: dict[str, Any], name: str, saved: Any) -> None:
-    """Put a saved variable back, mutating the live object where it can."""
-    namespace[name] = _put_back(namespace.get(name), saved)
+def assign_in_place(namespace: dict[str, Any], name: str, saved: Any,
+                    held: AbstractSet[int] = frozenset()) -> None:
+    """Put a saved variable back, mutating the live object where it can; one that is an
+    item of another's (``held``, ``items_held``) is replaced: a batch of an in-memory data
+    set left in a variable (``for batch in data``), which a refill would write into."""
+    live = namespace.get(name)
+    namespace[name] = saved if id(live) in held else _put_back(live, saved)
+
+
+def items_held(values: Iterable[Any]) -> set[int]:
+    """The ids of the items of these lists, tuples and dicts (one level down)."""
+    found: set[int] = set()
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            found.update(map(id, value))
+        elif isinstance(value, dict):
+            found.update(map(id, value.values()))
+    return found
 
 
 def _put_back(live: Any, saved: Any) -> Any:

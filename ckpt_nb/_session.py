@@ -67,7 +67,7 @@ from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
                          _quietly_held, from_storable, helper_accumulators, is_code,
-                         loader_random, names_bound, skipped_text,
+                         items_held, loader_random, names_bound, skipped_text,
                          to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
@@ -3372,8 +3372,9 @@ class AutoSession(NotState):
         variables = [n for n in saved.variables if self._assignable(n, found.statefuls)]
         load_all(targets, ck.state, kinds=ck.kinds, param_names=ck.param_names,
                  modules={_stored_key(n): obj for n, obj in found.statefuls.items()})
+        held = items_held(self.namespace.values())
         for name in variables:
-            assign_in_place(self.namespace, name, saved.variables[name])
+            assign_in_place(self.namespace, name, saved.variables[name], held)
         self.history = saved.history
         self.metrics = dict(ck.metrics)
         if saved.step is not None:
@@ -3694,8 +3695,9 @@ class AutoSession(NotState):
                 {**{key: obj for key, (obj, _) in put_back.objects.items()}, **again}.values()))
         changed = [name for name, fingerprint in put_back.variables.items()
                    if name not in self.namespace or _differs(self.namespace[name], fingerprint)]
+        held = items_held(self.namespace.values())
         for name, value in self._saved_variables(put_back, changed).items():
-            assign_in_place(self.namespace, name, value)
+            assign_in_place(self.namespace, name, value, held)
         if said or changed:
             self.say(f"epoch {self.loop.epoch}'s code ahead of its batches() loop ran again "
                      f"as it resumed; what it changed is put back as saved in {ck.id}: "

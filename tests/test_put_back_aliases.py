@@ -80,3 +80,39 @@ def test_a_tensor_an_optimizer_trains_is_still_put_back_in_place() -> None:
     assert not w.detach().any()
     assert ns["params"]["batch"] is not batch and batch.all() and not ns["params"]["batch"].any()
     assert ns["a"] is not array and array.all() and not ns["a"].any()
+
+
+ITEMS = """
+import os, torch, ckpt_nb
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = [{item} for _ in range(5)]
+before = [[v.clone() for v in (b.values() if isinstance(b, dict) else b)] for b in data]
+"""
+
+ITEMS_LOOP = """%%ckpt_auto --dir {store} --every-steps 2
+for epoch in ckpt_nb.epochs(3):
+    for i, batch in ckpt_nb.batches(data):
+        x, t = (batch["x"], batch["t"]) if isinstance(batch, dict) else batch
+        opt.zero_grad(); ((model(x) - t) ** 2).mean().backward(); opt.step()
+        if (epoch, i) == (2, 0) and os.environ.get("CKPT_NB_TEST_FAIL"):
+            raise RuntimeError("a bug")
+"""
+
+
+@pytest.mark.parametrize("item", ['[torch.randn(4, 8), torch.randn(4, 2)]',
+                                  '{"x": torch.randn(4, 8), "t": torch.randn(4, 2)}'],
+                         ids=["list", "dict"])
+def test_a_resume_leaves_the_data_set_whose_item_a_batch_variable_is_as_it_was(
+        shell: Any, tmp_path: Path, monkeypatch: Any, item: str) -> None:
+    """``batch`` left by the failed run is the list (or dict) ``data[1]``: refilled with
+    the saved batch (``data[0]``'s items), it changed the data set."""
+    run(shell, ITEMS.format(item=item))
+    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
+    assert not run(shell, ITEMS_LOOP.format(store=tmp_path / "run")).success
+    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
+    assert run(shell, ITEMS_LOOP.format(store=tmp_path / "run")).success
+    ns = shell.user_ns
+    for got, want in zip(ns["data"], ns["before"]):
+        values = got.values() if isinstance(got, dict) else got
+        assert all(torch.equal(a, b) for a, b in zip(values, want))
