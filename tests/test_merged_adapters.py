@@ -7,6 +7,8 @@ drawn as peft draws it, its flag named as peft names it: CI has no peft.)"""
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -14,6 +16,12 @@ import pytest
 import torch
 
 from ckpt_nb import CheckpointManager, StateMismatchError
+
+
+@pytest.fixture(autouse=True)
+def peft_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check runs where peft is imported (a user of LoRA layers has): a stand-in."""
+    monkeypatch.setitem(sys.modules, "peft", sys.modules.get("peft") or types.ModuleType("peft"))
 
 
 class LoraLinear(torch.nn.Module):
@@ -98,3 +106,14 @@ def test_an_adapter_file_alone_is_told_how_peft_loads_it(tmp_path: Path) -> None
                        "set_peft_model_state_dict"):
         CheckpointManager(tmp_path / "store").restore(
             str(tmp_path / "adapter_model.safetensors"), model=Peft())
+
+
+def test_without_peft_imported_no_model_is_walked(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """No LoRA layer is there to find (and the walk costs a large model's save time)."""
+    monkeypatch.delitem(sys.modules, "peft")
+    model = LoraLinear()
+    model.merge_adapter()
+    with CheckpointManager(tmp_path / "s") as mgr, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mgr.save(model)
