@@ -1265,7 +1265,7 @@ class CheckpointManager(NotState):
                         f"{name} ({type(obj).__name__}): its state_dict() failed "
                         f"({type(exc).__name__}: {exc}); nothing was saved" + (
                             ". A DataLoader's order is saved by ckpt_nb.batches() in a "
-                            "notebook session, not by save(): leave it out"
+                            "%%ckpt_auto cell or an auto() block, not by save(): leave it out"
                             if isinstance(obj, torch.utils.data.DataLoader) else "")) from exc
                 kinds[name] = f"{type(obj).__module__}.{type(obj).__qualname__}"
                 if not tree[name] and name not in self._told_left_out:
