@@ -1478,12 +1478,24 @@ def _column_dtypes(names: list[Any]) -> list[Any]:
 
 
 def assign_in_place(namespace: dict[str, Any], name: str, saved: Any,
-                    held: AbstractSet[int] = frozenset()) -> None:
-    """Put a saved variable back, mutating the live object where it can; one that is an
-    item of another's (``held``, ``items_held``) is replaced: a batch of an in-memory data
-    set left in a variable (``for batch in data``), which a refill would write into."""
+                    held: AbstractSet[int] = frozenset(), saved_id: int | None = None) -> None:
+    """Put a saved variable back. A list or dict is refilled in place only where it is
+    the very one the save took under that name (``saved_id``, its id then, where this
+    process made that save), and no item of another's (``held``, ``items_held``);
+    any other is replaced, its trained tensors kept (``_put_back``): a batch of a data set
+    left in a variable (``for batch in data``, ``batch = ds.items[i]``, ``b = data["train"][i]``)
+    is one of its items, which a refill would write into, as it would into whatever else
+    holds a list or dict the save did not take (a dict bound since, in a new kernel)."""
     live = namespace.get(name)
-    namespace[name] = saved if id(live) in held else _put_back(live, saved)
+    namespace[name] = saved if id(live) in held else \
+        _put_back(live, saved, refill=saved_id is not None and id(live) == saved_id)
+
+
+def saved_ids(variables: Mapping[str, Any]) -> dict[str, int]:
+    """The ids of the lists and dicts a save takes, by name: those a resume or rollback to
+    it refills in place, where the variable still holds the same one (``assign_in_place``)."""
+    return {name: id(value) for name, value in variables.items()
+            if isinstance(value, (list, dict))}
 
 
 def items_held(values: Iterable[Any]) -> set[int]:
@@ -1497,20 +1509,29 @@ def items_held(values: Iterable[Any]) -> set[int]:
     return found
 
 
-def _put_back(live: Any, saved: Any) -> Any:
-    """``saved``, as the live object updated in place where it can be, down into
-    lists, dicts and tuples: a tensor there may be one an optimizer trains (a
-    ``torch.func`` dict of parameters), which a new tensor would leave untrained.
+def _put_back(live: Any, saved: Any, refill: bool = False) -> Any:
+    """``saved``, with the live tensors that train kept and given the saved values, down
+    into lists, dicts and tuples: a tensor there may be one an optimizer trains (a
+    ``torch.func`` dict of parameters), which a new tensor would leave untrained. The live
+    list or dict itself is refilled only with ``refill`` (the one the save took), the
+    lists and dicts in it never (which they are now, the save does not say): else a new one.
 
     Only such a tensor (a leaf that requires grad, or a Parameter) takes the saved
     values in place; any other tensor or array is replaced: it may be a batch the loop
     left in a variable, a view of the data set or one of its items (``xb = X[s:s + 64]``,
     ``for x, y in data``), and copying the saved batch into it wrote over the data."""
     if isinstance(live, list) and isinstance(saved, list):
-        live[:] = [_put_back(old, new) for old, new in zip(live, saved)] + saved[len(live):]
+        items = [_put_back(old, new) for old, new in zip(live, saved)] + saved[len(live):]
+        if not refill:
+            return items
+        live[:] = items
         return live
     if isinstance(live, dict) and type(saved) is type(live):  # (defaultdicts too)
         items = {k: _put_back(live[k], v) if k in live else v for k, v in saved.items()}
+        if not refill:
+            fresh = saved.copy()  # (its type: a defaultdict's default_factory kept)
+            fresh.update(items)
+            return fresh
         live.clear()
         live.update(items)
         return live

@@ -67,7 +67,7 @@ from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
                          _quietly_held, from_storable, helper_accumulators, is_code,
-                         items_held, loader_random, names_bound, skipped_text,
+                         items_held, loader_random, names_bound, saved_ids, skipped_text,
                          to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
@@ -2648,6 +2648,7 @@ class AutoSession(NotState):
                                       else None)},
                "variables": {n: to_storable(v) for n, v in found.variables.items()},
                **_flags_off(found.statefuls)}
+        taken_ids = saved_ids(found.variables)
         if not self.config.sync:
             self._buffers.start()
         objects = {_stored_key(n): obj for n, obj in found.statefuls.items()}
@@ -2679,6 +2680,7 @@ class AutoSession(NotState):
                 kept, self._kept_exact = self._kept_exact, exact
                 self.manager.named = {*(self.manager.named - {kept}), exact}
             cid = self.manager.save_state(state, **fields)
+            _saved_ids[cid] = taken_ids  # (the lists and dicts a put back may refill)
             self._written.setdefault(run["run"], set()).add(cid)  # (_path_to's)
             if exact_taken is not None:
                 self._exact_written = (exact_taken, run["run"], cid)
@@ -3372,9 +3374,9 @@ class AutoSession(NotState):
         variables = [n for n in saved.variables if self._assignable(n, found.statefuls)]
         load_all(targets, ck.state, kinds=ck.kinds, param_names=ck.param_names,
                  modules={_stored_key(n): obj for n, obj in found.statefuls.items()})
-        held = items_held(self.namespace.values())
+        held, taken = items_held(self.namespace.values()), _saved_ids.get(ck.id, {})
         for name in variables:
-            assign_in_place(self.namespace, name, saved.variables[name], held)
+            assign_in_place(self.namespace, name, saved.variables[name], held, taken.get(name))
         self.history = saved.history
         self.metrics = dict(ck.metrics)
         if saved.step is not None:
@@ -3695,9 +3697,9 @@ class AutoSession(NotState):
                 {**{key: obj for key, (obj, _) in put_back.objects.items()}, **again}.values()))
         changed = [name for name, fingerprint in put_back.variables.items()
                    if name not in self.namespace or _differs(self.namespace[name], fingerprint)]
-        held = items_held(self.namespace.values())
+        held, taken = items_held(self.namespace.values()), _saved_ids.get(ck.id, {})
         for name, value in self._saved_variables(put_back, changed).items():
-            assign_in_place(self.namespace, name, value, held)
+            assign_in_place(self.namespace, name, value, held, taken.get(name))
         if said or changed:
             self.say(f"epoch {self.loop.epoch}'s code ahead of its batches() loop ran again "
                      f"as it resumed; what it changed is put back as saved in {ck.id}: "
@@ -4146,6 +4148,9 @@ _AFTER_THE_LOOP = "after the batches() loop"
 # cell's --keep says (``AutoSession._rolled_back_branches``)
 _rolled_back_to: dict[str, set[str]] = {}
 _left_values: dict[str, dict[str, Any]] = {}  # store URL -> cheap values as a run left them
+# checkpoint id -> the ids of the lists and dicts its save took, by name, for the saves of
+# this process: a put back refills in place only the one the variable held then
+_saved_ids: dict[str, dict[str, int]] = {}
 # Checkpoints that hold the tracked objects as a cell that stopped left them, and those
 # objects (weakly, by stored key): a resume of one keeps what later runs of this process
 # trained since (``_trained_since``), if it is still the object the cell left

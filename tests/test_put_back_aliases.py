@@ -116,3 +116,48 @@ def test_a_resume_leaves_the_data_set_whose_item_a_batch_variable_is_as_it_was(
     for got, want in zip(ns["data"], ns["before"]):
         values = got.values() if isinstance(got, dict) else got
         assert all(torch.equal(a, b) for a, b in zip(values, want))
+
+
+HELD = """
+import os, torch, ckpt_nb
+torch.manual_seed(0)
+class Items(torch.utils.data.Dataset):  # (its items no notebook variable holds)
+    def __init__(self, items): self.items = items
+    def __len__(self): return len(self.items)
+    def __getitem__(self, i): return self.items[i]
+ds = Items([{"x": torch.randn(4, 8), "t": torch.randn(4, 2)} for _ in range(5)])
+nested = {"train": [[torch.randn(4, 8), torch.randn(4, 2)] for _ in range(5)]}
+before = repr([sorted(b.items()) for b in ds.items]) + repr(nested)
+model = torch.nn.Linear(8, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+class Logger:  # (holds the list the notebook's losses is)
+    def __init__(self, seen): self.seen = seen
+logger = Logger(losses)
+"""
+
+HELD_LOOP = """%%ckpt_auto --dir {store} --every-steps 2
+for epoch in ckpt_nb.epochs(3):
+    for i, batch in ckpt_nb.batches(ds):
+        pair = nested["train"][i]
+        x, t = batch["x"], batch["t"]
+        opt.zero_grad(); loss = ((model(x) - t) ** 2 + pair[0].sum() * 0).mean()
+        loss.backward(); opt.step(); losses.append(loss.item())
+        if (epoch, i) == (2, 0) and os.environ.get("CKPT_NB_TEST_FAIL"):
+            raise RuntimeError("a bug")
+"""
+
+
+def test_a_resume_writes_into_no_list_or_dict_the_save_did_not_take(
+        shell: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """``batch``, an item of a Dataset object's list, and ``pair``, two levels down in a
+    dict, were refilled with the saved batch at the resume, changing the data set; a
+    list the save took (``losses``, which a logger holds too) is still refilled."""
+    run(shell, HELD)
+    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
+    assert not run(shell, HELD_LOOP.format(store=tmp_path / "run")).success
+    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
+    assert run(shell, HELD_LOOP.format(store=tmp_path / "run")).success
+    ns = shell.user_ns
+    assert repr([sorted(b.items()) for b in ns["ds"].items]) + repr(ns["nested"]) \
+        == ns["before"]
+    assert ns["logger"].seen is ns["losses"] and len(ns["losses"]) == 15
