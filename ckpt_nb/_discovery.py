@@ -1486,8 +1486,8 @@ def assign_in_place(namespace: dict[str, Any], name: str, saved: Any,
     left in a variable (``for batch in data``, ``batch = ds.items[i]``, ``b = data["train"][i]``)
     is one of its items, which a refill would write into, as it would into whatever else
     holds a list or dict the save did not take (a dict bound since, in a new kernel)."""
-    live = namespace.get(name)
-    namespace[name] = saved if id(live) in held else \
+    live = namespace.get(name)  # (a tensor held in a list is as any: one that trains kept)
+    namespace[name] = saved if id(live) in held and not isinstance(live, torch.Tensor) else \
         _put_back(live, saved, refill=saved_id is not None and id(live) == saved_id)
 
 

@@ -161,3 +161,54 @@ def test_a_resume_writes_into_no_list_or_dict_the_save_did_not_take(
     assert repr([sorted(b.items()) for b in ns["ds"].items]) + repr(ns["nested"]) \
         == ns["before"]
     assert ns["logger"].seen is ns["losses"] and len(ns["losses"]) == 15
+
+
+ALIASES = """
+import os, torch, ckpt_nb
+torch.manual_seed(0)
+X, Y = torch.randn(40, 8), torch.randn(40, 2)
+model = torch.nn.Sequential(torch.nn.Linear(8, 2), torch.nn.BatchNorm1d(2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+w, params = model[0].weight, dict(model.named_parameters())
+buf, groups = model[1].running_mean, opt.param_groups
+seen = []
+"""
+
+ALIASES_LOOP = """%%ckpt_auto --dir {store} --every-steps 3
+for epoch in ckpt_nb.epochs(3):
+    {epoch_code}
+    for i, s in ckpt_nb.batches(range(0, 40, 10)):
+        opt.zero_grad(); loss = ((model(X[s:s + 10]) - Y[s:s + 10]) ** 2).mean()
+        {batch_code}
+        loss.backward(); opt.step()
+        if (epoch, i) == (1, 2) and os.environ.get("CKPT_NB_TEST_FAIL"):
+            raise RuntimeError("a bug")
+"""
+
+# What the loop does through each alias, and what the alias must still be after a resume
+USES = {
+    "weight": ("pass", "loss = loss + 0.01 * w.pow(2).sum()", "model[0].weight", "w"),
+}
+
+
+@pytest.mark.parametrize("alias", list(USES))
+def test_a_variable_that_is_part_of_a_tracked_object_stays_it_after_a_resume(
+        shell: Any, tmp_path: Path, monkeypatch: Any, alias: str) -> None:
+    """weight: ``w = model[0].weight`` beside ``params = dict(model.named_parameters())``
+    was taken for an item of a data set (``params`` holds it) and replaced by the saved
+    tensor: the loop's penalty on ``w`` then trained a tensor no model holds."""
+    epoch_code, batch_code, owner, name = USES[alias]
+    cell = ALIASES_LOOP.format(store="{store}", epoch_code=epoch_code, batch_code=batch_code)
+    run(shell, ALIASES)
+    assert run(shell, cell.format(store=tmp_path / "ref")).success
+    reference = [t.clone() for t in shell.user_ns["model"].state_dict().values()]
+    reference_seen = list(shell.user_ns["seen"])
+    run(shell, ALIASES)
+    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
+    assert not run(shell, cell.format(store=tmp_path / "run")).success
+    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
+    assert run(shell, cell.format(store=tmp_path / "run")).success
+    ns = shell.user_ns
+    assert ns[name] is eval(owner, ns)
+    assert all(torch.equal(a, b) for a, b in zip(ns["model"].state_dict().values(), reference))
+    assert ns["seen"] == reference_seen
