@@ -1478,17 +1478,21 @@ def _column_dtypes(names: list[Any]) -> list[Any]:
 
 
 def assign_in_place(namespace: dict[str, Any], name: str, saved: Any,
-                    held: AbstractSet[int] = frozenset(), saved_id: int | None = None) -> None:
+                    held: AbstractSet[int] = frozenset(), saved_id: int | None = None,
+                    tracked: AbstractSet[int] = frozenset()) -> None:
     """Put a saved variable back. A list or dict is refilled in place only where it is
     the very one the save took under that name (``saved_id``, its id then, where this
     process made that save), and no item of another's (``held``, ``items_held``);
     any other is replaced, its trained tensors kept (``_put_back``): a batch of a data set
     left in a variable (``for batch in data``, ``batch = ds.items[i]``, ``b = data["train"][i]``)
     is one of its items, which a refill would write into, as it would into whatever else
-    holds a list or dict the save did not take (a dict bound since, in a new kernel)."""
+    holds a list or dict the save did not take (a dict bound since, in a new kernel).
+    A tensor of a tracked object (``tracked``, by id: ``buf = model.bn.running_mean``) is
+    left as it is, in a list or dict too: its object's load put it back, or kept it."""
     live = namespace.get(name)  # (a tensor held in a list is as any: one that trains kept)
     namespace[name] = saved if id(live) in held and not isinstance(live, torch.Tensor) else \
-        _put_back(live, saved, refill=saved_id is not None and id(live) == saved_id)
+        _put_back(live, saved, refill=saved_id is not None and id(live) == saved_id,
+                  tracked=tracked)
 
 
 def saved_ids(variables: Mapping[str, Any]) -> dict[str, int]:
@@ -1496,6 +1500,12 @@ def saved_ids(variables: Mapping[str, Any]) -> dict[str, int]:
     it refills in place, where the variable still holds the same one (``assign_in_place``)."""
     return {name: id(value) for name, value in variables.items()
             if isinstance(value, (list, dict))}
+
+
+def tensors_of(objects: Iterable[Any]) -> set[int]:
+    """The ids of the parameters and buffers of these objects' modules."""
+    return {id(t) for obj in objects if isinstance(obj, torch.nn.Module)
+            for t in (*obj.parameters(), *obj.buffers())}
 
 
 def items_held(values: Iterable[Any]) -> set[int]:
@@ -1509,7 +1519,8 @@ def items_held(values: Iterable[Any]) -> set[int]:
     return found
 
 
-def _put_back(live: Any, saved: Any, refill: bool = False) -> Any:
+def _put_back(live: Any, saved: Any, refill: bool = False,
+              tracked: AbstractSet[int] = frozenset()) -> Any:
     """``saved``, with the live tensors that train kept and given the saved values, down
     into lists, dicts and tuples: a tensor there may be one an optimizer trains (a
     ``torch.func`` dict of parameters), which a new tensor would leave untrained. The live
@@ -1521,13 +1532,15 @@ def _put_back(live: Any, saved: Any, refill: bool = False) -> Any:
     left in a variable, a view of the data set or one of its items (``xb = X[s:s + 64]``,
     ``for x, y in data``), and copying the saved batch into it wrote over the data."""
     if isinstance(live, list) and isinstance(saved, list):
-        items = [_put_back(old, new) for old, new in zip(live, saved)] + saved[len(live):]
+        items = [_put_back(old, new, tracked=tracked)
+                 for old, new in zip(live, saved)] + saved[len(live):]
         if not refill:
             return items
         live[:] = items
         return live
     if isinstance(live, dict) and type(saved) is type(live):  # (defaultdicts too)
-        items = {k: _put_back(live[k], v) if k in live else v for k, v in saved.items()}
+        items = {k: _put_back(live[k], v, tracked=tracked) if k in live else v
+                 for k, v in saved.items()}
         if not refill:
             fresh = saved.copy()  # (its type: a defaultdict's default_factory kept)
             fresh.update(items)
@@ -1536,7 +1549,10 @@ def _put_back(live: Any, saved: Any, refill: bool = False) -> Any:
         live.update(items)
         return live
     if type(live) is tuple and type(saved) is tuple:
-        return tuple(_put_back(old, new) for old, new in zip(live, saved)) + saved[len(live):]
+        return tuple(_put_back(old, new, tracked=tracked)
+                     for old, new in zip(live, saved)) + saved[len(live):]
+    if isinstance(live, torch.Tensor) and id(live) in tracked:
+        return live  # (a tracked module's buffer: its load put it back)
     if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf \
             and (live.requires_grad or isinstance(live, torch.nn.Parameter)):

@@ -188,6 +188,7 @@ for epoch in ckpt_nb.epochs(3):
 # What the loop does through each alias, and what the alias must still be after a resume
 USES = {
     "weight": ("pass", "loss = loss + 0.01 * w.pow(2).sum()", "model[0].weight", "w"),
+    "buffer": ("pass", "seen.append(buf.sum().item())", "model[1].running_mean", "buf"),
 }
 
 
@@ -196,7 +197,9 @@ def test_a_variable_that_is_part_of_a_tracked_object_stays_it_after_a_resume(
         shell: Any, tmp_path: Path, monkeypatch: Any, alias: str) -> None:
     """weight: ``w = model[0].weight`` beside ``params = dict(model.named_parameters())``
     was taken for an item of a data set (``params`` holds it) and replaced by the saved
-    tensor: the loop's penalty on ``w`` then trained a tensor no model holds."""
+    tensor: the loop's penalty on ``w`` then trained a tensor no model holds. buffer:
+    ``buf = model[1].running_mean``, no tensor that trains, was replaced by the saved one,
+    which the model no longer updated: what the loop read from it stood still."""
     epoch_code, batch_code, owner, name = USES[alias]
     cell = ALIASES_LOOP.format(store="{store}", epoch_code=epoch_code, batch_code=batch_code)
     run(shell, ALIASES)
