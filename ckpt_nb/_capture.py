@@ -2200,6 +2200,33 @@ def load_all(targets: Mapping[str, Any], states: Mapping[str, Any], strict: bool
     return skipped
 
 
+def _load_optimizer(opt: torch.optim.Optimizer, state: Any) -> None:
+    """``opt.load_state_dict(state)``, its ``param_groups`` list, their dicts and its
+    ``state`` dict kept: torch's load makes them anew, and a variable holding them
+    (``groups = opt.param_groups``, whose learning rate the loop sets) then held the old
+    ones, which no longer drove the optimizer. Where the class loads in its own way (a
+    wrapper sharing its groups with its base optimizer), it is left as torch leaves it."""
+    groups, dicts, held = opt.param_groups, list(opt.param_groups), opt.state
+    opt.load_state_dict(state)
+    if type(opt).load_state_dict is not torch.optim.Optimizer.load_state_dict or \
+            "param_groups" not in vars(opt) or "state" not in vars(opt):
+        return
+    fresh = opt.param_groups
+    if fresh is not groups and type(fresh) is list and len(fresh) == len(dicts) and \
+            all(type(d) is dict for d in (*fresh, *dicts)):
+        for old, new in zip(dicts, fresh):
+            items = dict(new)
+            old.clear()
+            old.update(items)
+        groups[:] = dicts
+        opt.param_groups = groups
+    if opt.state is not held and type(opt.state) is type(held):
+        items = dict(opt.state)
+        held.clear()
+        held.update(items)
+        opt.state = held
+
+
 def _load_in_order(targets: Mapping[str, Any], states: Mapping[str, Any], order: list[str],
                    backed_up: list[str], strict: bool) -> None:
     """load_all's commit: each target in ``order``, those of ``backed_up`` copied first
@@ -2216,6 +2243,8 @@ def _load_in_order(targets: Mapping[str, Any], states: Mapping[str, Any], order:
         try:
             if isinstance(obj, torch.nn.Module):
                 obj.load_state_dict(states[name], strict=strict)
+            elif isinstance(obj, torch.optim.Optimizer):
+                _load_optimizer(obj, states[name])
             else:
                 obj.load_state_dict(states[name])
         except Exception as exc:

@@ -1487,9 +1487,12 @@ def assign_in_place(namespace: dict[str, Any], name: str, saved: Any,
     left in a variable (``for batch in data``, ``batch = ds.items[i]``, ``b = data["train"][i]``)
     is one of its items, which a refill would write into, as it would into whatever else
     holds a list or dict the save did not take (a dict bound since, in a new kernel).
-    A tensor of a tracked object (``tracked``, by id: ``buf = model.bn.running_mean``) is
-    left as it is, in a list or dict too: its object's load put it back, or kept it."""
+    A part of a tracked object (``tracked``, by id, ``parts_of``: ``buf =
+    model.bn.running_mean``, ``groups = opt.param_groups``) is left as it is, in a list or
+    dict too: its object's load put it back, or kept it."""
     live = namespace.get(name)  # (a tensor held in a list is as any: one that trains kept)
+    if id(live) in tracked:
+        return
     namespace[name] = saved if id(live) in held and not isinstance(live, torch.Tensor) else \
         _put_back(live, saved, refill=saved_id is not None and id(live) == saved_id,
                   tracked=tracked)
@@ -1502,10 +1505,20 @@ def saved_ids(variables: Mapping[str, Any]) -> dict[str, int]:
             if isinstance(value, (list, dict))}
 
 
-def tensors_of(objects: Iterable[Any]) -> set[int]:
-    """The ids of the parameters and buffers of these objects' modules."""
-    return {id(t) for obj in objects if isinstance(obj, torch.nn.Module)
-            for t in (*obj.parameters(), *obj.buffers())}
+def parts_of(objects: Iterable[Any]) -> set[int]:
+    """The ids of the parameters and buffers of these objects' modules, and of their
+    optimizers' ``param_groups`` list, its dicts and ``state`` dict (``_load_optimizer``
+    keeps them)."""
+    found: set[int] = set()
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            found.update(map(id, (*obj.parameters(), *obj.buffers())))
+        elif isinstance(obj, torch.optim.Optimizer):
+            groups = getattr(obj, "param_groups", None)
+            found.update(map(id, (groups, getattr(obj, "state", None))))
+            found.update(map(id, groups if isinstance(groups, list) else ()))
+            found.discard(id(None))
+    return found
 
 
 def items_held(values: Iterable[Any]) -> set[int]:
@@ -1551,8 +1564,8 @@ def _put_back(live: Any, saved: Any, refill: bool = False,
     if type(live) is tuple and type(saved) is tuple:
         return tuple(_put_back(old, new, tracked=tracked)
                      for old, new in zip(live, saved)) + saved[len(live):]
-    if isinstance(live, torch.Tensor) and id(live) in tracked:
-        return live  # (a tracked module's buffer: its load put it back)
+    if id(live) in tracked:
+        return live  # (a tracked module's buffer, an optimizer's groups: their load's)
     if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf \
             and (live.requires_grad or isinstance(live, torch.nn.Parameter)):

@@ -68,7 +68,7 @@ from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIte
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
                          _quietly_held, from_storable, helper_accumulators, is_code,
                          items_held, loader_random, names_bound, saved_ids, skipped_text,
-                         tensors_of, to_storable, warn_persistent_workers)
+                         parts_of, to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
                       StateMismatchError, UntrustedPickleError, check_flag, tell, warn,
@@ -3375,7 +3375,7 @@ class AutoSession(NotState):
         load_all(targets, ck.state, kinds=ck.kinds, param_names=ck.param_names,
                  modules={_stored_key(n): obj for n, obj in found.statefuls.items()})
         held, taken = items_held(self.namespace.values()), _saved_ids.get(ck.id, {})
-        tracked = tensors_of(found.statefuls.values())
+        tracked = parts_of(found.statefuls.values())
         for name in variables:
             assign_in_place(self.namespace, name, saved.variables[name], held, taken.get(name),
                             tracked)
@@ -3700,7 +3700,7 @@ class AutoSession(NotState):
         changed = [name for name, fingerprint in put_back.variables.items()
                    if name not in self.namespace or _differs(self.namespace[name], fingerprint)]
         held, taken = items_held(self.namespace.values()), _saved_ids.get(ck.id, {})
-        tracked = tensors_of(live.values())
+        tracked = parts_of(live.values())
         for name, value in self._saved_variables(put_back, changed).items():
             assign_in_place(self.namespace, name, value, held, taken.get(name), tracked)
         if said or changed:
