@@ -1382,6 +1382,7 @@ class AutoSession(NotState):
         # A checkpoint carries a metric only for the state it was measured on: the count
         # of optimizer steps this session had seen when each metric was last logged.
         self._steps_seen = 0
+        self._line_cell_began = 0  # (_steps_seen as the line form's cell began)
         self._logged_at: dict[str, int] = {}
         self.best: float | None = None
         # With --keep-best K: the K best values of the --on metric logged, best first (the
@@ -1739,6 +1740,7 @@ class AutoSession(NotState):
         self._stop_raised = None
         self._loop_frame = None
         self._shown_before = getattr(sys, "last_value", None)
+        self._line_cell_began = self._steps_seen
         self.loop = _Loop()
         self._install_sigint()
         self._install_signals()
@@ -1772,8 +1774,11 @@ class AutoSession(NotState):
         try:
             if error is None:
                 # (a metric that improved on a state saved without it: a cell that evaluated)
+                # (and a line form's cell that trained: a save at its last step holds not
+                # what it changed after, its end's takes that one's place)
                 if final or self.step > self.last_save_step or self._metric_due \
-                        or self._save_asked is not None:
+                        or self._save_asked is not None or \
+                        self._steps_seen > self._line_cell_began:
                     try:
                         end_id = self._save_end(final)
                         end_failed = end_id is None
@@ -2814,7 +2819,13 @@ class AutoSession(NotState):
         if self._interrupts > 1:  # (a second interrupt, held during that wait: stop at once)
             raise KeyboardInterrupt
         self._report_background_error()  # (the save in flight's, said apart)
-        return self._save_in_place(reason="end of cell", finished=finished, wait=True,
+        prior = self._last_write
+        # (a line form's cell whose last step a trigger saved: its end's save, of the same
+        # state and the variables the cell changed after it, is that trigger's)
+        reason = prior.note if not finished and prior is not None and \
+            prior.id == self._position and prior.steps_seen == self._steps_seen and \
+            self._steps_seen > self._line_cell_began else "end of cell"
+        return self._save_in_place(reason=reason, finished=finished, wait=True,
                                    unsaved="the cell's end")
 
     def _save_in_place(self, *, reason: str, finished: bool = False, wait: bool = False,

@@ -106,3 +106,21 @@ def test_an_on_save_at_the_step_an_every_steps_save_took_is_one_checkpoint(
     assert rows["note"].tolist() == ["every 5 steps", last]
     assert rows["val_loss"].tolist()[1] == 0.5
     assert rows["parent"].tolist()[1] == rows["id"].tolist()[0]
+
+
+def test_a_cell_whose_last_step_a_trigger_saved_saves_what_it_changed_after(
+        shell, tmp_path: Path) -> None:
+    """Under the line form, a cell whose last step an --every-steps save took, then
+    recording what it measured (``log.append(...)``), saved nothing at its end: the
+    variables it changed after that step were in no checkpoint, and a rollback to the
+    latest put ``log`` back without them (a cell of 3 steps saved them)."""
+    store = tmp_path / "s"
+    run(shell, SETUP + "log = []")
+    run(shell, f"%ckpt_auto --dir {store} --every-steps 2")
+    run(shell, "train(2)\nlog.append('evaluated')")
+    run(shell, "log.append('later, in a cell that trains nothing')")
+    run(shell, "%ckpt_rollback latest")
+    run(shell, "%ckpt_auto --off")
+    assert shell.user_ns["log"] == ["evaluated"]
+    rows = ckpt_nb.CheckpointManager(store).list()
+    assert rows["step"].tolist() == [2] and rows["note"].tolist() == ["every 2 steps"]
