@@ -311,11 +311,12 @@ DIFF_VALUE_ROWS = 40
 # the output's width.
 METRIC_WIDTH = (280, 8)
 NO_CHECKPOINTS = "<i>no checkpoints yet: they show here as they are saved</i>"
-# An explorer opened with wait=True (``%ckpt_ui`` in a cell above the first %%ckpt_auto
-# cell) on a store not made yet: its notes, and what its actions say till the store is there.
+# The side-by-side compare's note where the selected checkpoints logged no metric.
 NOTHING_TO_COMPARE = ("nothing to compare: the selected checkpoints logged no metrics (their "
                       "metric columns show —; a save between epochs' ends logs none): select "
                       "ones that logged some")
+# An explorer opened with wait=True (``%ckpt_ui`` in a cell above the first %%ckpt_auto
+# cell) on a store not made yet: its notes, and what its actions say till the store is there.
 NO_STORE_YET = ("no checkpoints yet: there is no store at {where} yet; its checkpoints show "
                 "here once the first %%ckpt_auto cell (or a CheckpointManager) saves to it")
 NOTHING_YET = ("no checkpoint store at {where} yet: nothing to show or act on till the first "
