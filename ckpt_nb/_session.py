@@ -1892,7 +1892,7 @@ class AutoSession(NotState):
 
     def _caught_error(self) -> BaseException | None:
         """The error IPython showed during the cell (``sys.last_value``: ``%run``, which
-        catches every error, shows it and goes on) that unwound through the frame of the
+        catches every error, shows it and goes on) that unwound out of the frame of the
         cell's tracked loop, which did not run to its end: the loop stopped on it, not by
         the code's choice (a ``break``, an early stop, ends the run). An ``except`` of the
         cell's own shows nothing: its code's choice too."""
@@ -1900,6 +1900,9 @@ class AutoSession(NotState):
         if frame is None or shown is None or shown is self._shown_before:
             return None
         tb = shown.__traceback__
+        # (its first frame is where it was caught: caught in the loop's own frame, shown
+        # there by showtraceback(), it did not stop the loop, which the code then left)
+        tb = tb.tb_next if tb is not None else None
         while tb is not None:
             if tb.tb_frame is frame:
                 return shown

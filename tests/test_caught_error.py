@@ -70,18 +70,26 @@ def test_an_error_run_catches_leaves_the_run_unfinished_and_it_resumes_exactly(
     assert all(torch.equal(a, b) for a, b in zip(weights(shell), reference))
 
 
-@pytest.mark.parametrize("how", ["break", "except"])
+@pytest.mark.parametrize("how", ["break", "except", "shown-then-break"])
 def test_a_loop_left_by_the_cells_own_choice_still_ends_the_run(
         shell: Any, tmp_path: Path, capsys: Any, monkeypatch: Any,
         how: str) -> None:
     """A ``break`` (early stopping) in the %run file, then an error %run shows from
     another file (not through the loop); or an ``except Exception`` of the cell's own
-    around its loop: the run ended, as the code chose, and a rerun does not resume it."""
+    around its loop; or an error the loop's own code caught and showed
+    (``get_ipython().showtraceback()``) before a ``break``: the run ended, as the code
+    chose, and a rerun does not resume it."""
     (tmp_path / "loop.py").write_text(LOOP)
     (tmp_path / "other.py").write_text("raise ValueError('an evaluation bug')\n")
     if how == "break":
         run(shell, SETUP + "STOP = 1")
         body = f"%run -i {tmp_path / 'loop.py'}\n%run -i {tmp_path / 'other.py'}\n"
+    elif how == "shown-then-break":
+        (tmp_path / "loop.py").write_text(LOOP.replace(
+            "    if epoch == STOP:", "    try:\n        1 / 0\n    except ZeroDivisionError:\n"
+            "        get_ipython().showtraceback()\n    if epoch == STOP:"))
+        run(shell, SETUP + "STOP = 1")
+        body = f"%run -i {tmp_path / 'loop.py'}\n"
     else:
         run(shell, SETUP)
         monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
