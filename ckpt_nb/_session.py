@@ -4800,9 +4800,12 @@ def _put_random(states: list[tuple[Any, Any]]) -> None:
 
 def _loop_caller(frame: Any) -> Any:
     """The frame whose code loops over ckpt_nb.epochs() or batches(): the first from
-    ``frame`` out that is not ckpt_nb's own (LoopIterator) or a progress bar's around it."""
-    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] \
-            in ("ckpt_nb", "tqdm"):
+    ``frame`` out that is not ckpt_nb's own (LoopIterator) or a generator's around it (a
+    progress bar: tqdm's, rich's track(), one of the notebook's own), which an error in
+    the loop's body does not unwind through."""
+    while frame is not None and (
+            str(frame.f_globals.get("__name__", "")).split(".")[0] == "ckpt_nb"
+            or frame.f_code.co_flags & inspect.CO_GENERATOR):
         frame = frame.f_back
     return frame
 

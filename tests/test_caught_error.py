@@ -43,9 +43,14 @@ def weights(shell: Any) -> list[torch.Tensor]:
     return [p.detach().clone() for p in shell.user_ns["model"].parameters()]
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "progress"])
 def test_an_error_run_catches_leaves_the_run_unfinished_and_it_resumes_exactly(
-        shell: Any, tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
-    (tmp_path / "loop.py").write_text(LOOP)
+        shell: Any, tmp_path: Path, capsys: Any, monkeypatch: Any, wrapped: bool) -> None:
+    """``wrapped``: epochs() in a progress bar of the notebook's own (a generator, as
+    tqdm's and rich's track() are), whose frame the loop's error does not unwind through."""
+    (tmp_path / "loop.py").write_text(LOOP if not wrapped else (
+        "def progress(it):\n    yield from it\n"
+        + LOOP.replace("in ckpt_nb.epochs(3)", "in progress(ckpt_nb.epochs(3))")))
     body = f"%run -i {tmp_path / 'loop.py'}\n"
     run(shell, SETUP)
     assert run(shell, f"%%ckpt_auto --dir {tmp_path / 'ref'} --every-steps 2\n{body}").success
