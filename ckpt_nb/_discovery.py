@@ -1478,31 +1478,35 @@ def _column_dtypes(names: list[Any]) -> list[Any]:
 
 
 def assign_in_place(namespace: dict[str, Any], name: str, saved: Any,
-                    held: AbstractSet[int] = frozenset(), saved_id: int | None = None,
+                    refillable: AbstractSet[int] = frozenset(),
                     tracked: AbstractSet[int] = frozenset()) -> None:
     """Put a saved variable back. A list or dict is refilled in place only where it is
-    the very one the save took under that name (``saved_id``, its id then, where this
-    process made that save), and no item of another's (``held``, ``items_held``);
-    any other is replaced, its trained tensors kept (``_put_back``): a batch of a data set
-    left in a variable (``for batch in data``, ``batch = ds.items[i]``, ``b = data["train"][i]``)
-    is one of its items, which a refill would write into, as it would into whatever else
-    holds a list or dict the save did not take (a dict bound since, in a new kernel).
-    A part of a tracked object (``tracked``, by id, ``parts_of``: ``buf =
-    model.bn.running_mean``, ``groups = opt.param_groups``) is left as it is, in a list or
-    dict too: its object's load put it back, or kept it."""
+    one the save took as a variable (``refillable``, ids: ``refillable`` of
+    ``saved_ids``), so what else holds it (a logger, ``state = {"history": history}``)
+    holds it still; any other is replaced, its trained tensors kept (``_put_back``): a
+    batch of a data set left in a variable (``for batch in data``, ``batch =
+    ds.items[i]``, ``b = data["train"][i]``) is one of its items, which a refill would
+    write into, as it would into whatever else holds a list or dict the save did not
+    take (a dict bound since, in a new kernel). A part of a tracked object (``tracked``,
+    by id, ``parts_of``: ``buf = model.bn.running_mean``, ``groups = opt.param_groups``)
+    is left as it is, in a list or dict too: its object's load put it back, or kept it."""
     live = namespace.get(name)  # (a tensor held in a list is as any: one that trains kept)
-    if id(live) in tracked:
-        return
-    namespace[name] = saved if id(live) in held and not isinstance(live, torch.Tensor) else \
-        _put_back(live, saved, refill=saved_id is not None and id(live) == saved_id,
-                  tracked=tracked)
+    if id(live) not in tracked:
+        namespace[name] = _put_back(live, saved, refillable, tracked)
 
 
 def saved_ids(variables: Mapping[str, Any]) -> dict[str, int]:
-    """The ids of the lists and dicts a save takes, by name: those a resume or rollback to
-    it refills in place, where the variable still holds the same one (``assign_in_place``)."""
+    """The ids of the lists and dicts a save takes, by name (``refillable``)."""
     return {name: id(value) for name, value in variables.items()
             if isinstance(value, (list, dict))}
+
+
+def refillable(namespace: Mapping[str, Any], taken: Mapping[str, int]) -> set[int]:
+    """The ids of the lists and dicts that variables hold now that a save took under the
+    same names (``taken``, its ``saved_ids``, where this process made it): those a resume
+    or rollback to it refills in place (``assign_in_place``)."""
+    return {id(namespace[name]) for name, was in taken.items()
+            if name in namespace and id(namespace[name]) == was}
 
 
 def parts_of(objects: Iterable[Any]) -> set[int]:
@@ -1521,40 +1525,31 @@ def parts_of(objects: Iterable[Any]) -> set[int]:
     return found
 
 
-def items_held(values: Iterable[Any]) -> set[int]:
-    """The ids of the items of these lists, tuples and dicts (one level down)."""
-    found: set[int] = set()
-    for value in values:
-        if isinstance(value, (list, tuple)):
-            found.update(map(id, value))
-        elif isinstance(value, dict):
-            found.update(map(id, value.values()))
-    return found
-
-
-def _put_back(live: Any, saved: Any, refill: bool = False,
+def _put_back(live: Any, saved: Any, refillable: AbstractSet[int] = frozenset(),
               tracked: AbstractSet[int] = frozenset()) -> Any:
     """``saved``, with the live tensors that train kept and given the saved values, down
     into lists, dicts and tuples: a tensor there may be one an optimizer trains (a
-    ``torch.func`` dict of parameters), which a new tensor would leave untrained. The live
-    list or dict itself is refilled only with ``refill`` (the one the save took), the
-    lists and dicts in it never (which they are now, the save does not say): else a new one.
+    ``torch.func`` dict of parameters), which a new tensor would leave untrained. A live
+    list or dict is refilled only where ``refillable`` (ids: one the save took as a
+    variable), else made anew; a part of a tracked object (``tracked``) is left as it is.
 
     Only such a tensor (a leaf that requires grad, or a Parameter) takes the saved
     values in place; any other tensor or array is replaced: it may be a batch the loop
     left in a variable, a view of the data set or one of its items (``xb = X[s:s + 64]``,
     ``for x, y in data``), and copying the saved batch into it wrote over the data."""
+    if id(live) in tracked:
+        return live  # (a tracked module's buffer, an optimizer's groups: their load's)
     if isinstance(live, list) and isinstance(saved, list):
-        items = [_put_back(old, new, tracked=tracked)
+        items = [_put_back(old, new, refillable, tracked)
                  for old, new in zip(live, saved)] + saved[len(live):]
-        if not refill:
+        if id(live) not in refillable:
             return items
         live[:] = items
         return live
     if isinstance(live, dict) and type(saved) is type(live):  # (defaultdicts too)
-        items = {k: _put_back(live[k], v, tracked=tracked) if k in live else v
+        items = {k: _put_back(live[k], v, refillable, tracked) if k in live else v
                  for k, v in saved.items()}
-        if not refill:
+        if id(live) not in refillable:
             fresh = saved.copy()  # (its type: a defaultdict's default_factory kept)
             fresh.update(items)
             return fresh
@@ -1562,10 +1557,8 @@ def _put_back(live: Any, saved: Any, refill: bool = False,
         live.update(items)
         return live
     if type(live) is tuple and type(saved) is tuple:
-        return tuple(_put_back(old, new, tracked=tracked)
+        return tuple(_put_back(old, new, refillable, tracked)
                      for old, new in zip(live, saved)) + saved[len(live):]
-    if id(live) in tracked:
-        return live  # (a tracked module's buffer, an optimizer's groups: their load's)
     if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor) \
             and live.shape == saved.shape and live.dtype == saved.dtype and live.is_leaf \
             and (live.requires_grad or isinstance(live, torch.nn.Parameter)):

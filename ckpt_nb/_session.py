@@ -67,7 +67,7 @@ from ._catalog import CheckpointRow
 from ._discovery import (_HIDDEN, _MAX_DEPTH, Discovery, GeneratorState, LoopIterator, NotState,
                          RandomState, _is_stateful, assign_in_place, code_run_by, discover,
                          _quietly_held, from_storable, helper_accumulators, is_code,
-                         items_held, loader_random, names_bound, saved_ids, skipped_text,
+                         loader_random, names_bound, refillable, saved_ids, skipped_text,
                          parts_of, to_storable, warn_persistent_workers)
 from ._errors import (RANK_BY_ANOTHER, CaptureError, CheckpointNotFoundError, CkptError,
                       CorruptCheckpointError, MetricNotFoundError, ParameterOrderError,
@@ -3388,11 +3388,10 @@ class AutoSession(NotState):
         variables = [n for n in saved.variables if self._assignable(n, found.statefuls)]
         load_all(targets, ck.state, kinds=ck.kinds, param_names=ck.param_names,
                  modules={_stored_key(n): obj for n, obj in found.statefuls.items()})
-        held, taken = items_held(self.namespace.values()), _saved_ids.get(ck.id, {})
+        kept = refillable(self.namespace, _saved_ids.get(ck.id, {}))
         tracked = parts_of(found.statefuls.values())
         for name in variables:
-            assign_in_place(self.namespace, name, saved.variables[name], held, taken.get(name),
-                            tracked)
+            assign_in_place(self.namespace, name, saved.variables[name], kept, tracked)
         self.history = saved.history
         self.metrics = dict(ck.metrics)
         if saved.step is not None:
@@ -3713,10 +3712,10 @@ class AutoSession(NotState):
                 {**{key: obj for key, (obj, _) in put_back.objects.items()}, **again}.values()))
         changed = [name for name, fingerprint in put_back.variables.items()
                    if name not in self.namespace or _differs(self.namespace[name], fingerprint)]
-        held, taken = items_held(self.namespace.values()), _saved_ids.get(ck.id, {})
+        kept = refillable(self.namespace, _saved_ids.get(ck.id, {}))
         tracked = parts_of(live.values())
         for name, value in self._saved_variables(put_back, changed).items():
-            assign_in_place(self.namespace, name, value, held, taken.get(name), tracked)
+            assign_in_place(self.namespace, name, value, kept, tracked)
         if said or changed:
             self.say(f"epoch {self.loop.epoch}'s code ahead of its batches() loop ran again "
                      f"as it resumed; what it changed is put back as saved in {ck.id}: "

@@ -223,3 +223,42 @@ def test_a_variable_that_is_part_of_a_tracked_object_stays_it_after_a_resume(
     assert ns[name] is eval(owner, ns)
     assert all(torch.equal(a, b) for a, b in zip(ns["model"].state_dict().values(), reference))
     assert ns["seen"] == reference_seen
+
+
+ALIKE = """
+import os, torch, ckpt_nb
+torch.manual_seed(0)
+w = torch.zeros(8, 2, requires_grad=True); b = torch.zeros(2, requires_grad=True)
+params = [w, b]; opt = torch.optim.SGD(params, lr=0.1)
+history = []; state = {"history": history}
+data = [(torch.randn(16, 8), torch.randn(16, 2)) for _ in range(5)]
+"""
+
+ALIKE_LOOP = """%%ckpt_auto --dir {store} --every-steps 2
+for epoch in ckpt_nb.epochs(3):
+    for i, (x, t) in ckpt_nb.batches(data):
+        opt.zero_grad(); ((x @ w + b - t) ** 2).mean().backward(); opt.step()
+        history.append(i)
+        if (epoch, i) == (2, 0) and os.environ.get("CKPT_NB_TEST_FAIL"):
+            raise RuntimeError("a bug")
+"""
+
+
+def test_a_variable_another_holds_alike_stays_held_by_it_after_a_resume(
+        shell: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """``w`` in ``params = [w, b]`` (the optimizer's), ``history`` in ``state``: replaced
+    as items of another variable, the optimizer trained a ``w`` the loop no longer used,
+    and ``state["history"]`` stopped growing; only an item saved otherwise than its
+    holder's (a batch of the data set) is replaced."""
+    run(shell, ALIKE)
+    assert run(shell, ALIKE_LOOP.format(store=tmp_path / "ref")).success
+    reference = shell.user_ns["w"].detach().clone()
+    run(shell, ALIKE)
+    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
+    assert not run(shell, ALIKE_LOOP.format(store=tmp_path / "run")).success
+    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
+    assert run(shell, ALIKE_LOOP.format(store=tmp_path / "run")).success
+    ns = shell.user_ns
+    assert ns["w"] is ns["params"][0] is ns["opt"].param_groups[0]["params"][0]
+    assert torch.equal(ns["w"], reference)
+    assert ns["state"]["history"] is ns["history"] and len(ns["history"]) == 15
