@@ -262,3 +262,42 @@ def test_a_variable_another_holds_alike_stays_held_by_it_after_a_resume(
     assert ns["w"] is ns["params"][0] is ns["opt"].param_groups[0]["params"][0]
     assert torch.equal(ns["w"], reference)
     assert ns["state"]["history"] is ns["history"] and len(ns["history"]) == 15
+
+
+FUNC = """
+import os, torch, ckpt_nb
+from torch.func import functional_call
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = [torch.randn(16, 8) for _ in range(5)]
+"""
+
+FUNC_LOOP = """%%ckpt_auto --dir {store} --every-steps 2
+for epoch in ckpt_nb.epochs(3):
+    for i, x in ckpt_nb.batches(data):
+        opt.zero_grad()
+        functional_call(model, (params, buffers), (x,)).pow(2).mean().backward()
+        opt.step()
+        if (epoch, i) == (2, 0) and os.environ.get("CKPT_NB_TEST_FAIL"):
+            raise RuntimeError("a bug")
+"""
+
+
+def test_a_variable_holding_a_modules_buffers_still_holds_them_after_a_resume(
+        shell: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """``torch.func``'s ``buffers = dict(model.named_buffers())``: given tensors of their
+    own at the resume, the loop's BatchNorm statistics went on in them, the model's stayed
+    as saved (and its later checkpoints with them), silently."""
+    run(shell, FUNC)
+    assert run(shell, FUNC_LOOP.format(store=tmp_path / "ref")).success
+    reference = {k: v.clone() for k, v in shell.user_ns["model"].state_dict().items()}
+    run(shell, FUNC)
+    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
+    assert not run(shell, FUNC_LOOP.format(store=tmp_path / "run")).success
+    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
+    assert run(shell, FUNC_LOOP.format(store=tmp_path / "run")).success
+    ns = shell.user_ns
+    assert all(ns["buffers"][k] is b for k, b in ns["model"].named_buffers())
+    assert all(torch.equal(v, reference[k]) for k, v in ns["model"].state_dict().items())
