@@ -19,6 +19,14 @@ from test_magics import run  # (the shell's helper)
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
 
+
+def fail_then_resume(shell: Any, cell: str, monkeypatch: Any) -> None:
+    """Run ``cell`` to its error (the batch variables left behind), then again: it resumes."""
+    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
+    assert not run(shell, cell).success
+    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
+    assert run(shell, cell).success
+
 SETUP = """
 import os, numpy as np, torch, ckpt_nb
 torch.manual_seed(0)
@@ -53,10 +61,7 @@ def test_a_resume_leaves_the_data_a_left_batch_views_as_it_was(
 
     run(shell, SETUP.format(make=f"({make})"))
     cell = LOOP.format(store=tmp_path / "run", fail_at=fail_at)
-    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
-    assert not run(shell, cell).success  # (xb, yb: views of the last batch, left behind)
-    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
-    assert run(shell, cell).success  # (resumes, putting back xb, yb as saved)
+    fail_then_resume(shell, cell, monkeypatch)  # (xb, yb: views of the last batch)
     ns = shell.user_ns
     for data, before in ((ns["X"], ns["X0"]), (ns["Y"], ns["Y0"])):
         assert np.array_equal(np.asarray(data), np.asarray(before))
@@ -109,10 +114,7 @@ def test_a_resume_leaves_the_data_set_whose_item_a_batch_variable_is_as_it_was(
     """``batch`` left by the failed run is the list (or dict) ``data[1]``: refilled with
     the saved batch (``data[0]``'s items), it changed the data set."""
     run(shell, ITEMS.format(item=item))
-    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
-    assert not run(shell, ITEMS_LOOP.format(store=tmp_path / "run")).success
-    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
-    assert run(shell, ITEMS_LOOP.format(store=tmp_path / "run")).success
+    fail_then_resume(shell, ITEMS_LOOP.format(store=tmp_path / "run"), monkeypatch)
     ns = shell.user_ns
     for got, want in zip(ns["data"], ns["before"]):
         values = got.values() if isinstance(got, dict) else got
@@ -154,10 +156,7 @@ def test_a_resume_writes_into_no_list_or_dict_the_save_did_not_take(
     dict, were refilled with the saved batch at the resume, changing the data set; a
     list the save took (``losses``, which a logger holds too) is still refilled."""
     run(shell, HELD)
-    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
-    assert not run(shell, HELD_LOOP.format(store=tmp_path / "run")).success
-    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
-    assert run(shell, HELD_LOOP.format(store=tmp_path / "run")).success
+    fail_then_resume(shell, HELD_LOOP.format(store=tmp_path / "run"), monkeypatch)
     ns = shell.user_ns
     assert repr([sorted(b.items()) for b in ns["ds"].items]) + repr(ns["nested"]) \
         == ns["before"]
@@ -248,16 +247,12 @@ def test_a_variable_another_holds_alike_stays_held_by_it_after_a_resume(
         shell: Any, tmp_path: Path, monkeypatch: Any) -> None:
     """``w`` in ``params = [w, b]`` (the optimizer's), ``history`` in ``state``: replaced
     as items of another variable, the optimizer trained a ``w`` the loop no longer used,
-    and ``state["history"]`` stopped growing; only an item saved otherwise than its
-    holder's (a batch of the data set) is replaced."""
+    and ``state["history"]`` stopped growing: the very list saved is refilled, held alike."""
     run(shell, ALIKE)
     assert run(shell, ALIKE_LOOP.format(store=tmp_path / "ref")).success
     reference = shell.user_ns["w"].detach().clone()
     run(shell, ALIKE)
-    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
-    assert not run(shell, ALIKE_LOOP.format(store=tmp_path / "run")).success
-    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
-    assert run(shell, ALIKE_LOOP.format(store=tmp_path / "run")).success
+    fail_then_resume(shell, ALIKE_LOOP.format(store=tmp_path / "run"), monkeypatch)
     ns = shell.user_ns
     assert ns["w"] is ns["params"][0] is ns["opt"].param_groups[0]["params"][0]
     assert torch.equal(ns["w"], reference)
@@ -294,10 +289,7 @@ def test_a_variable_holding_a_modules_buffers_still_holds_them_after_a_resume(
     assert run(shell, FUNC_LOOP.format(store=tmp_path / "ref")).success
     reference = {k: v.clone() for k, v in shell.user_ns["model"].state_dict().items()}
     run(shell, FUNC)
-    monkeypatch.setenv("CKPT_NB_TEST_FAIL", "1")
-    assert not run(shell, FUNC_LOOP.format(store=tmp_path / "run")).success
-    monkeypatch.delenv("CKPT_NB_TEST_FAIL")
-    assert run(shell, FUNC_LOOP.format(store=tmp_path / "run")).success
+    fail_then_resume(shell, FUNC_LOOP.format(store=tmp_path / "run"), monkeypatch)
     ns = shell.user_ns
     assert all(ns["buffers"][k] is b for k, b in ns["model"].named_buffers())
     assert all(torch.equal(v, reference[k]) for k, v in ns["model"].state_dict().items())
