@@ -152,6 +152,9 @@ def plain_size(value: Any, depth: int = 0, limit: int | None = None) -> int:
     if type(value) in (list, tuple, set, frozenset):
         return sum(plain_size(v, depth + 1, limit) for v in value) + 8 * len(value)
     if isinstance(value, dict):
+        if type(value) is not dict and type(value) not in _DICT_KINDS:
+            raise _Unsupported(f"{type(value).__name__}, a dict subclass: it would come "
+                               "back as a plain dict")
         if not all(isinstance(k, (str, int, float, bool)) for k in value):
             raise _Unsupported("dict with non-scalar keys")
         return sum(plain_size(v, depth + 1, limit) for v in value.values()) + 16 * len(value)

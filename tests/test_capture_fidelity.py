@@ -161,6 +161,24 @@ def test_a_notebook_variable_with_a_pickled_key_is_left_out_of_a_rollback(
         in capsys.readouterr().out
 
 
+
+def test_a_notebook_variable_of_a_dict_subclass_is_skipped_not_made_a_plain_dict(
+        tmp_path: Path, capsys) -> None:
+    """An EasyDict-like config (``cfg.lr``) came back from a rollback as a plain dict,
+    where ``cfg.lr`` then failed, without a word: it is skipped and named, as a list
+    subclass is; an OrderedDict, a Counter, a defaultdict come back as themselves."""
+    model = torch.nn.Linear(2, 2)
+    cfg, kept = AttributeDict(lr=0.1), collections.OrderedDict(a=1)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+          "cfg": cfg, "nested": [AttributeDict(a=1)], "kept": kept}
+    train_two_steps(tmp_path, ns)
+    out = capsys.readouterr().out
+    assert "skipped cfg, nested (AttributeDict, a dict subclass: it would come back as a " \
+           "plain dict)" in out
+    ns["kept"] = collections.OrderedDict(a=2)
+    ckpt_nb.rollback("latest", directory=tmp_path, namespace=ns)
+    assert ns["cfg"] is cfg and ns["kept"] == kept and type(ns["kept"]) is type(kept)
+
 BASE_TYPES = [
     pytest.param(AttributeDict(lr=0.1), {"lr": 0.1}, id="dict subclass"),
     pytest.param(Steps([1, 2]), [1, 2], id="list subclass"),
