@@ -15,18 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from test_caught_stop import SETUP  # (the same model, optimizer and data)
 from test_magics import run  # (the shell's helper)
 
 pytestmark = pytest.mark.usefixtures("fresh_process_state")  # (each test a new kernel)
 
-SETUP = """
-import os, torch, ckpt_nb
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-data = [(torch.randn(4, 8), torch.randn(4, 2)) for _ in range(5)]
-STOP = None
-"""
 
 LOOP = """
 for epoch in ckpt_nb.epochs(3):
