@@ -1483,19 +1483,14 @@ def _column_dtypes(names: list[Any]) -> list[Any]:
 def assign_in_place(namespace: dict[str, Any], name: str, saved: Any,
                     refillable: AbstractSet[int] = frozenset(),
                     tracked: AbstractSet[int] = frozenset()) -> None:
-    """Put a saved variable back. A list or dict is refilled in place only where it is
-    one the save took as a variable (``refillable``, ids: ``refillable`` of
-    ``saved_ids``), so what else holds it (a logger, ``state = {"history": history}``)
-    holds it still; any other is replaced, its trained tensors kept (``_put_back``): a
-    batch of a data set left in a variable (``for batch in data``, ``batch =
-    ds.items[i]``, ``b = data["train"][i]``) is one of its items, which a refill would
-    write into, as it would into whatever else holds a list or dict the save did not
-    take (a dict bound since, in a new kernel). A part of a tracked object (``tracked``,
-    by id, ``parts_of``: ``buf = model.bn.running_mean``, ``groups = opt.param_groups``)
-    is left as it is, in a list or dict too: its object's load put it back, or kept it."""
-    live = namespace.get(name)  # (a tensor held in a list is as any: one that trains kept)
-    if id(live) not in tracked:
-        namespace[name] = _put_back(live, saved, refillable, tracked)
+    """Put a saved variable back (``_put_back``). A list or dict is refilled in place only
+    where it is one the save took as a variable (``refillable``'s ids), so what else holds
+    it (a logger, ``state = {"history": history}``) holds it still; any other is made
+    anew: a batch of a data set left in a variable (``for batch in data``, ``batch =
+    ds.items[i]``) is one of its items, which a refill would write into. A part of a
+    tracked object (``tracked``, ``parts_of``: ``buf = model.bn.running_mean``, ``groups =
+    opt.param_groups``) is left as it is: its object's load put it back, or kept it."""
+    namespace[name] = _put_back(namespace.get(name), saved, refillable, tracked)
 
 
 def saved_ids(variables: Mapping[str, Any]) -> dict[str, int]:
