@@ -1053,11 +1053,9 @@ class Explorer(w.VBox, NotState):
         (``read_empty``: then a look for its format stamp tells). The rows shown were the
         last ones read. One explored with ``wait=True`` whose store is not there yet refuses
         till it is (``NOTHING_YET``), and once it is there, opens and reads it first."""
-        if self._manager is None:
-            if not self._open_when_there():
-                raise CheckpointNotFoundError(NOTHING_YET.format(where=self._location))
+        if self._manager is None and self._open_when_there():
             self.refresh()
-        store = self.manager.store
+        store = self.manager.store  # (not there yet: NOTHING_YET, raised by ``manager``)
         root = getattr(store, "root", None)
         if isinstance(root, Path):
             gone = not store_exists(root)
