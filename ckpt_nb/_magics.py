@@ -808,6 +808,7 @@ _MAGIC_WORDS = {
                         "(%ckpt_list, then %ckpt_rollback ID)",
     "--track (track=)": "--track",
     "list() (ckpt-nb ls)": "%ckpt_list",
+    session_mod.STORE_MOVED_WAY_ON: "give its new place as --dir",
     _RANK_BY_ANOTHER[0]: _RANK_BY_ANOTHER[1],
 }
 

@@ -4974,6 +4974,8 @@ def _session_for(directory: str | os.PathLike[str] | None,
     config, last_namespace = _last[:2] if _last else (AutoConfig(), {})
     last_store = _last_store(_last) if _last else default_directory(last_namespace)
     config = dataclasses.replace(config, directory=last_store)
+    if directory is None:
+        _refuse_a_store_gone(last_store)
     another_store = directory is not None and (
         _last is None or store_url(directory) != store_url(last_store))
     if directory is not None:
@@ -4991,6 +4993,21 @@ def _session_for(directory: str | os.PathLike[str] | None,
         yield temporary
     finally:
         temporary.close()
+
+
+# (the magics say it as --dir)
+STORE_MOVED_WAY_ON = "give its new place as directory="
+
+
+def _refuse_a_store_gone(store: str) -> None:
+    """Refuse a rollback from the last session's local store whose folder is no longer
+    there (renamed, moved or deleted since the session ran): opening it made an empty
+    store at the old path and called that path misspelt."""
+    if ("://" not in store or store.startswith(LOCAL_SCHEMES)) and not store_exists(store):
+        raise CheckpointNotFoundError(
+            f"no checkpoint store at {store} any more: the last session's store was "
+            "renamed, moved or deleted since it ran, and nothing was rolled back; put it "
+            f"back, or {STORE_MOVED_WAY_ON}")
 
 
 def history(store: str | os.PathLike[str] | CheckpointManager,

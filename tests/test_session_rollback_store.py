@@ -678,3 +678,21 @@ def test_best_by_the_stores_recorded_ranking_is_said_in_the_python_words(
         "rollback('best', on=(METRIC, 'min'|'max')) ranks by another"]
     assert f"rolled back to {best_by(tmp_path, 'acc', 'max')} " in capsys.readouterr().out
     run(shell, "%ckpt_auto --off")
+
+
+def test_a_rollback_from_the_last_sessions_store_renamed_since_says_so_and_makes_none(
+        shell, tmp_path: Path) -> None:
+    """The store renamed after its cell ran: a rollback without --dir made an empty store
+    at the old path and said "no checkpoints yet ... (a misspelt path?)"."""
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'a'} --every-steps 2" + LOOP)
+    (tmp_path / "a").rename(tmp_path / "renamed")
+    with pytest.raises(UsageError, match="renamed, moved or deleted since it ran, and nothing "
+                       "was rolled back; put it back, or give its new place as --dir") as refused:
+        shell.run_line_magic("ckpt_rollback", "latest")
+    assert "misspelt" not in str(refused.value) and not (tmp_path / "a").exists()
+    with pytest.raises(ckpt_nb.CheckpointNotFoundError,
+                       match="put it back, or give its new place as directory="):
+        ckpt_nb.rollback("latest")
+    assert not (tmp_path / "a").exists()
+    run(shell, f"%ckpt_rollback latest --dir {tmp_path / 'renamed'}")
