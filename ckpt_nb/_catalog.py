@@ -903,6 +903,12 @@ class Catalog:
             ).fetchone()
         return None if row is None else CheckpointRow.from_sql(row)
 
+    def ids_at_step(self, step: int) -> list[str]:
+        """The ids of the checkpoints saved at ``step``, newest first: no row decoded."""
+        with self._lock:
+            return [r[0] for r in self._db.execute(
+                "SELECT id FROM checkpoints WHERE step=? ORDER BY seq DESC", (step,)).fetchall()]
+
     def ids_with_prefix(self, prefix: str) -> list[str]:
         with self._lock:
             rows = self._db.execute(

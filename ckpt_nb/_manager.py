@@ -290,6 +290,12 @@ def _new_id() -> str:
 _NO_THREAD = "can't start new thread"
 
 
+def _saved_at(step: str, ids: list[str]) -> str:
+    """Which checkpoints were saved at ``step`` (``ids``, newest first), in words."""
+    newest = " (the newest first)" if len(ids) > 1 else ""
+    return f"step {step} was saved as {', '.join(ids[:3])}{newest}"
+
+
 class CheckpointManager(NotState):
     """Checkpoints of one training run (or many branching runs) in one store.
 
@@ -1872,7 +1878,8 @@ class CheckpointManager(NotState):
     # -- resolving ids ---------------------------------------------------------------
     def resolve(self, which: str = "latest") -> str:
         """The id meant by "latest", "best", "-N" (N back from latest) or an id prefix (of 4
-        characters at least: a number is a step, not an id).
+        characters at least: a number is a step, not an id; one that is a step saved is
+        refused, naming that step's checkpoints, even where an id begins with it).
 
         Only "best" reads every checkpoint's row: the others cost the same in a store
         of thousands. A store written from elsewhere (an object store's) is read again
@@ -1941,6 +1948,13 @@ class CheckpointManager(NotState):
         if not self.catalog.newest_ids(1):
             raise CheckpointNotFoundError(self._no_checkpoints_yet())
         matches = self.catalog.ids_with_prefix(which)
+        at_step = self._ids_at_step(which)
+        if matches and at_step:  # (a step meant, as like as not)
+            raise CheckpointNotFoundError(
+                f"{which!r} is ambiguous: {' and '.join(sorted(matches)[:2])}"
+                f"{' and more' if len(matches) > 2 else ''} start"
+                f"{'s' if len(matches) == 1 else ''} with it, and a step is not an id: "
+                f"{_saved_at(which, at_step)}: give the id of the checkpoint meant")
         if len(matches) == 1:
             return matches[0]
         if matches:
@@ -1954,7 +1968,8 @@ class CheckpointManager(NotState):
                 "(ckpt-nb ls), 'latest', 'best' or '-N'")
         raise CheckpointNotFoundError(
             f"no checkpoint {which!r} in {self.store.url}: use an id from list() (ckpt-nb ls), "
-            "'latest', 'best' or '-N'")
+            "'latest', 'best' or '-N'"
+            + (f"; a step is not an id: {_saved_at(which, at_step)}" if at_step else ""))
 
     def _too_short(self, which: str) -> str:
         """The refusal of an id prefix too short to name a checkpoint; a number is named
@@ -1962,13 +1977,20 @@ class CheckpointManager(NotState):
         said = (f"{which!r} is too short for an id prefix: give at least {SHORTEST_PREFIX} "
                 "characters of a checkpoint's id (list(), ckpt-nb ls), or 'latest', 'best' or "
                 "'-N'")
-        if not which.isdecimal():
+        at_step = self._ids_at_step(which)
+        if at_step is None:
             return said
-        at = [row.id for row in reversed(self.catalog.checkpoints()) if row.step == int(which)]
-        if not at:
+        if not at_step:
             return f"{said}; a step is not an id, and no checkpoint is at step {which}"
-        newest = " (the newest first)" if len(at) > 1 else ""
-        return f"{said}; a step is not an id: step {which} was saved as {', '.join(at[:3])}{newest}"
+        return f"{said}; a step is not an id: {_saved_at(which, at_step)}"
+
+    def _ids_at_step(self, which: str) -> list[str] | None:
+        """The checkpoints saved at the step ``which`` names, newest first; None where it
+        is no number. Steps run to thousands, whose digits begin some ids:
+        restore("4000") took the checkpoint whose id began so."""
+        if not which.isdecimal() or len(which) > 18:  # (SQLite's integers: 64 bits)
+            return None
+        return self.catalog.ids_at_step(int(which))
 
     def _no_checkpoints_yet(self) -> str:
         """The refusal of a read from an empty store, naming a folder that this manager

@@ -1815,6 +1815,32 @@ def test_a_number_or_a_short_prefix_is_refused_not_taken_as_an_id(tmp_path: Path
         assert len(named) > 30 and [mgr.resolve(cid[:4]) for cid in named] == named
 
 
+
+def test_a_step_of_thousands_whose_digits_begin_an_id_is_refused_not_taken_as_it(
+        tmp_path: Path) -> None:
+    """restore("4000"), meant as step 4000, restored the checkpoint whose id began with
+    4000; a step with no such id was refused without naming its checkpoint."""
+    model = torch.nn.Linear(2, 2)
+    with CheckpointManager(tmp_path) as mgr:
+        digits = mgr.save(model)
+        while not digits[:4].isdecimal():  # (one id in 7 begins with 4 digits)
+            digits = mgr.save(model)
+        at_step = mgr.save(model, step=int(digits[:4]))
+        with pytest.raises(CheckpointNotFoundError) as refused:
+            mgr.restore(digits[:4], model=model)
+        assert str(refused.value) == (
+            f"{digits[:4]!r} is ambiguous: {digits} starts with it, and a step is not an id: "
+            f"step {digits[:4]} was saved as {at_step}: give the id of the checkpoint meant")
+        assert mgr.resolve(digits[:6]) == digits and mgr.resolve(at_step) == at_step
+        step = next(n for n in range(1000, 10000, 1000)
+                    if not mgr.catalog.ids_with_prefix(str(n)))
+        at_thousands = mgr.save(model, step=step)
+        with pytest.raises(CheckpointNotFoundError,
+                           match=f"; a step is not an id: step {step} was saved as "
+                                 f"{at_thousands}$"):
+            mgr.resolve(str(step))
+
+
 def test_diff_tells_frozen_from_trained(tmp_path: Path) -> None:
     model = Finetune()
     opt = torch.optim.SGD(model.head.parameters(), lr=1e-2)
