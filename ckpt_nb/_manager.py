@@ -1975,8 +1975,7 @@ class CheckpointManager(NotState):
         """The refusal of an id prefix too short to name a checkpoint; a number is named
         as a step, with the checkpoints saved at it."""
         said = (f"{which!r} is too short for an id prefix: give at least {SHORTEST_PREFIX} "
-                "characters of a checkpoint's id (list(), ckpt-nb ls), or 'latest', 'best' or "
-                "'-N'")
+                "characters of an id from list() (ckpt-nb ls), or 'latest', 'best' or '-N'")
         at_step = self._ids_at_step(which)
         if at_step is None:
             return said

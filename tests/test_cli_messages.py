@@ -160,3 +160,13 @@ def test_a_metric_named_with_a_colon_is_still_found(
                          "--mode", "min")
     assert (code, err) == (0, "") and out.startswith(f"id:        {lowest}\n")
     assert run(capsys, "ls", tmp_path, "--on", "grad:max_norm:max")[0] == 0
+
+
+def test_a_prefix_too_short_is_told_the_command_that_lists_ids_not_the_apis_list(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ckpt-nb show DIR 0c6`` said "(list(), ckpt-nb ls)", where every other refusal of
+    the command line names `ckpt-nb ls` alone."""
+    saved(tmp_path, {})
+    assert run(capsys, "show", tmp_path, "f0e") == (1, "", (
+        "ckpt-nb: 'f0e' is too short for an id prefix: give at least 4 characters of an id "
+        "from `ckpt-nb ls`, or 'latest', 'best' or '-N'\n"))
