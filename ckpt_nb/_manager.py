@@ -2451,6 +2451,8 @@ class CheckpointManager(NotState):
         """Per-tensor change from checkpoint ``a`` to ``b`` as a pandas DataFrame. A
         tensor whose view and chunks are the same on both sides is not read; the others
         are read a batch at a time, so a diff takes memory for a few tensors, not two models.
+        The RNG state's rows (``rng/...``) say whether it changed, with no l2 or rel_change
+        (NaN): a generator's state is words, not a vector whose norm means anything.
         The other values (an optimizer's lr, ``extra``, step): ``diff_values``."""
         import pandas as pd
 
@@ -2501,7 +2503,8 @@ class CheckpointManager(NotState):
             for (record, *_), ta, tb in zip(batch, left_tensors, right_tensors):
                 changed = ta.dtype != tb.dtype or not _same_values(ta, tb)
                 record.update(status="changed" if changed else "identical", changed=changed,
-                              **(_change_norms(ta, tb) if changed
+                              **(_NO_NORMS if changed and record["tensor"].startswith("rng/")
+                                 else _change_norms(ta, tb) if changed
                                  else {"l2": 0.0, "rel_change": 0.0}))
         return pd.DataFrame(records, columns=["tensor", "status", "shape", "dtype", "changed",
                                               "same_chunks", "l2", "rel_change"])
@@ -3842,6 +3845,11 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         as_ints = capture.SAME_SIZE_INTS[a.dtype.itemsize]  # (views of any strides at one size)
         return torch.equal(a.resolve_conj().resolve_neg().view(as_ints),
                            b.resolve_conj().resolve_neg().view(as_ints))
+
+
+# A changed RNG state's norms: none (its words' l2, 4.3e+10, was drawn as a change of the
+# model's size in the explorer's Diff tab).
+_NO_NORMS = {"l2": math.nan, "rel_change": math.nan}
 
 
 def _change_norms(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:

@@ -450,6 +450,7 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
     if total > DIFF_BARS:  # (in the diff's order; an added or removed tensor ranks first)
         rank = table["rel_change"].astype("float64").fillna(math.inf)
         rank = rank.where(table["status"] != "identical", -1.0)
+        rank = rank.where(~table["tensor"].str.startswith("rng/"), 0.0)  # (no norm: last)
         table = table.loc[sorted(rank.nlargest(DIFF_BARS, keep="first").index)]
         table = table.reset_index(drop=True)
     fig = Figure(figsize=(7, min(12.0, 1.2 + 0.24 * max(len(table), 3))), layout="constrained")

@@ -831,11 +831,8 @@ def _diff_resolved(mgr: CheckpointManager, args: argparse.Namespace) -> int:
     if frame.empty:
         print("no tensors in either checkpoint")
     else:
-        # (the RNG state's words are no vector: its norms, 4.3e+10, meant nothing)
-        rows = [[r["tensor"], r["status"], _shape(r["shape"]),
-                 *(["-", "-"] if r["tensor"].startswith("rng/") else
-                   [_cell(r["l2"]), _percent(r["rel_change"])])]
-                for _, r in frame.iterrows()]
+        rows = [[r["tensor"], r["status"], _shape(r["shape"]), _cell(r["l2"]),
+                 _percent(r["rel_change"])] for _, r in frame.iterrows()]
         print(_table(["tensor", "status", "shape", "l2", "rel_change"], rows, right=_NUMERIC))
     if len(values):
         print("\n" + _values_table(values))

@@ -1855,6 +1855,27 @@ def test_diff_tells_frozen_from_trained(tmp_path: Path) -> None:
     assert head["status"] == "changed" and 0 < head["rel_change"] < 1
 
 
+def test_diff_says_the_rng_state_changed_with_no_norm_and_ranks_it_last(tmp_path: Path) -> None:
+    """A generator's state is words: its "relative change" (0.0057) was drawn as a bar beside
+    the model's, and its l2 (4.3e+10) ranked it among the most changed tensors."""
+    from ckpt_nb import _plots
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(_plots.DIFF_BARS)])
+    with CheckpointManager(tmp_path) as mgr:
+        a = mgr.save(model)
+        torch.rand(10)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(0.01)
+        b = mgr.save(model)
+        table = mgr.diff(a, b).set_index("tensor")
+        rng = table.loc["rng/torch"]
+        assert rng["status"] == "changed" and rng["changed"]
+        assert math.isnan(rng["l2"]) and math.isnan(rng["rel_change"])
+        drawn = [t.get_text() for t in _plots.plot_diff(mgr, a, b).axes[0].get_yticklabels()]
+    assert len(drawn) == _plots.DIFF_BARS and not any(t.startswith("rng/") for t in drawn)
+
+
 def test_export_and_import(tmp_path: Path, digits: DigitsRun) -> None:
     from safetensors.torch import load_file
 
