@@ -1409,6 +1409,11 @@ class AutoSession(NotState):
         self._told_save_later = False  # that save() is taken at the next consistent point
         self._metric_reason = ""  # (why the due --on save is: the note it carries)
         self._told_skipped: set[tuple[str, str]] = set()  # (name, why), said once
+        # What was tracked as the cell's loop began (its epochs(), else its first batches()),
+        # where a resume in a new process begins: an object a save tracks beyond them (one
+        # the loop made) is told once, as such a resume refuses its checkpoints.
+        self._tracked_at_loop: set[str] | None = None
+        self._told_made_in_loop: set[str] = set()
         self._said_failures: set[str] = set()  # background save failures said (ids out)
         self._failure_repeats = 0  # and how many came again since
         self._told_slow = False  # that due saves wait for a slow store's write (once a cell)
@@ -1742,6 +1747,7 @@ class AutoSession(NotState):
         self._shown_before = getattr(sys, "last_value", None)
         self._line_cell_began = self._steps_seen
         self.loop = _Loop()
+        self._tracked_at_loop = None
         self._install_sigint()
         self._install_signals()
 
@@ -2631,6 +2637,8 @@ class AutoSession(NotState):
             self._tell_untracked()
         found = self.rediscover()
         self._tell_skipped(found)
+        if not finished:  # (a finished run is resumed by none)
+            self._tell_made_in_loop(found)
         self._tell_orphaned_after_remade(found)
         if self._tell_no_state_at_save:  # (the cell made none of them as it ran)
             self._tell_no_state_at_save = False
@@ -2815,6 +2823,36 @@ class AutoSession(NotState):
         if new:
             self._told_skipped.update(new.items())
             self.say("not saving " + skipped_text(new))
+
+    def _note_loop_began(self) -> None:
+        """Note what is tracked as the cell's loop begins (``_tell_made_in_loop``)."""
+        if self._tracked_at_loop is None and not self._any_cell:
+            self._tracked_at_loop = set(self.rediscover().statefuls)
+
+    def _tell_made_in_loop(self, found: Discovery) -> None:
+        """Say once of each object a save tracks that the cell's loop made (``best_model =
+        copy.deepcopy(model)`` on an improvement): a resume in a new process begins as the
+        loop does, before the loop makes it, and refuses every checkpoint holding it
+        (``_resume_now``), so this run could not go on after a crash."""
+        if self._tracked_at_loop is None:
+            return
+        made = [name for name in found.statefuls
+                if name not in self._tracked_at_loop and name not in self._told_made_in_loop]
+        if not made:
+            return
+        self._told_made_in_loop.update(made)
+        names = ", ".join(f"{name} ({type(found.statefuls[name]).__name__})" for name in made)
+        them = "it" if len(made) == 1 else "them"
+        module = next((name for name in made
+                       if isinstance(found.statefuls[name], torch.nn.Module)), None)
+        example = (f" (`{module} = copy.deepcopy(model)`; or keep "
+                   "`copy.deepcopy(model.state_dict())` in the variable, saved as a value)"
+                   if module is not None else "")
+        self.say(f"{names}, made in the cell's loop, {'is' if len(made) == 1 else 'are'} in "
+                 "its checkpoints from this one on, which a resume in a new process (a "
+                 "kernel restarted after a crash) refuses: it begins where the loop does, "
+                 f"before the loop makes {them}; make {them} ahead of the cell's loops too, "
+                 f"where a resume finds {them} to load{example}")
 
     def _save_end(self, finished: bool) -> str | None:
         """The cell's end save: its id, or None where it failed (said)."""
@@ -3786,6 +3824,7 @@ class AutoSession(NotState):
         """``range(start, n)`` that records the epoch (each end is a consistent point)
         and, resuming, starts at the saved epoch."""
         __tracebackhide__ = True  # (its refusals to resume are not ckpt_nb's faults)
+        self._note_loop_began()
         resumed = self._resume_now()
         epoch = resumed if resumed is not None else start
         self._loop_frame = _loop_caller(sys._getframe(1))
@@ -3848,6 +3887,7 @@ class AutoSession(NotState):
         # (the epoch's resume, before the code ahead of this loop ran again; not one this
         # loop makes, just now)
         prefix_ran = self._epoch_put_back is not None
+        self._note_loop_began()
         self._resume_now()
         self.loop.tracked_loader = id(loader)
         outer = self.loop.epoch is None  # (the cell run's loop, not an epoch's)

@@ -1,0 +1,45 @@
+"""An object the loop makes (a best-model copy, ``best_model = copy.deepcopy(model)`` on
+an improvement, where ``best_model = None`` came before) is tracked by the saves after
+it, but a resume in a new process begins where the loop does, before it exists, and
+refuses those checkpoints: a run killed then could not go on. The first save that holds
+it says so, and how to make it resumable. Scripts in a fresh interpreter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_session_jobs import script  # (a script file run in a fresh interpreter)
+
+BEST_COPY = """
+import copy, torch, ckpt_nb
+torch.manual_seed(0)
+X = torch.randn(60, 8); Y = (X.sum(1) > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=10)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+best_model, best = {ahead}, float("inf")
+with ckpt_nb.auto("store", every_steps=4, sync=True):
+    for epoch in ckpt_nb.epochs(3):
+        for i, (xb, yb) in ckpt_nb.batches(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+        val = torch.nn.functional.cross_entropy(model(X), Y).item()
+        if val < best:
+            best, best_model = val, copy.deepcopy(model)
+"""
+
+SAID = "best_model (Linear), made in the cell's loop, is in its checkpoints from this one on"
+
+
+def test_a_best_model_copy_made_in_the_loop_is_said_once(tmp_path: Path) -> None:
+    done = script(tmp_path, "train.py", BEST_COPY.format(ahead="None"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count(SAID) == 1, done.stdout
+    assert "`best_model = copy.deepcopy(model)`" in done.stdout
+
+
+def test_one_made_ahead_of_the_loop_is_not(tmp_path: Path) -> None:
+    done = script(tmp_path, "train.py", BEST_COPY.format(ahead="copy.deepcopy(model)"))
+    assert done.returncode == 0, done.stderr
+    assert "made in the cell's loop" not in done.stdout, done.stdout
