@@ -15,6 +15,7 @@ import ast
 import builtins
 import contextlib
 import copy
+import ctypes
 import dataclasses
 import datetime
 import difflib
@@ -1351,6 +1352,9 @@ class AutoSession(NotState):
                  *, out: Any = None) -> None:
         self.config = config
         self.namespace = namespace
+        # The function whose locals() the namespace is (auto(namespace=locals()) in a
+        # function): Python neither keeps that dict up to date nor reads it back.
+        self.locals_frame: types.FrameType | None = None
         self.out = out or sys.stdout
         directory = config.directory or default_directory(namespace)
         metric, mode = config.on if config.on else (None, "min")
@@ -1545,6 +1549,7 @@ class AutoSession(NotState):
         """Sort the namespace again: what is tracked changes as the notebook runs. The
         first sort is the one the session's start line names (a cell's, or the line
         form's): what it skips a save does not name again."""
+        self._pull_locals()
         self.discovery = discover(self.namespace, track=self.config.track,
                                   max_variable_bytes=self.config.max_variable_bytes,
                                   code=self._code, magic=self.config.magic)
@@ -2829,6 +2834,30 @@ class AutoSession(NotState):
         if self._tracked_at_loop is None and not self._any_cell:
             self._tracked_at_loop = set(self.rediscover().statefuls)
 
+    def _pull_locals(self) -> None:
+        """Read the function's locals into the namespace (``locals_frame``): the dict
+        ``locals()`` gave holds them as they were when it was called."""
+        if self.locals_frame is None:
+            return
+        live = self.locals_frame.f_locals  # (before 3.13: the very dict, brought up to date)
+        if live is not self.namespace:  # (3.13 on: a view of the frame; locals() a copy)
+            self.namespace.clear()
+            self.namespace.update(live)
+
+    def _push_locals(self, names: Iterable[str]) -> None:
+        """Write the namespace's ``names`` back into the function's locals
+        (``locals_frame``), right after they were put back: a resume's values otherwise
+        stay in a dict the function never reads."""
+        frame, names = self.locals_frame, list(names)
+        if frame is None or not names:
+            return
+        if sys.version_info >= (3, 13):  # (f_locals writes through, PEP 667)
+            live = frame.f_locals
+            for name in names:
+                live[name] = self.namespace[name]
+        else:  # (reading f_locals first would overwrite the dict with the old values)
+            ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+
     def _tell_made_in_loop(self, found: Discovery) -> None:
         """Say once of each object a save tracks that the cell's loop made (``best_model =
         copy.deepcopy(model)`` on an improvement): a resume in a new process begins as the
@@ -3430,6 +3459,7 @@ class AutoSession(NotState):
         tracked = parts_of(found.statefuls.values())
         for name in variables:
             assign_in_place(self.namespace, name, saved.variables[name], kept, tracked)
+        self._push_locals(variables)
         self.history = saved.history
         self.metrics = dict(ck.metrics)
         if saved.step is not None:
@@ -3754,6 +3784,7 @@ class AutoSession(NotState):
         tracked = parts_of(live.values())
         for name, value in self._saved_variables(put_back, changed).items():
             assign_in_place(self.namespace, name, value, kept, tracked)
+        self._push_locals(changed)
         if said or changed:
             self.say(f"epoch {self.loop.epoch}'s code ahead of its batches() loop ran again "
                      f"as it resumed; what it changed is put back as saved in {ck.id}: "
@@ -4026,8 +4057,8 @@ class AutoSession(NotState):
                 in ("ckpt_nb", "tqdm"):  # (this loop's helpers, a progress bar around it)
             frame = frame.f_back
         if frame is None or frame.f_code.co_name.startswith("<") or \
-                frame.f_code in _told_helper_locals:
-            return
+                frame.f_code in _told_helper_locals or frame is self.locals_frame:
+            return  # (the function whose locals() the session saves and puts back)
         names = _quietly_read(lambda: helper_accumulators(frame.f_code, frame.f_lineno))
         if not names:
             return
@@ -5256,6 +5287,8 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name takes a string, not {name!r}")
     session = start(AutoConfig.from_keywords(directory, options), namespace, nested=True)
+    if _function_locals(namespace, caller):
+        session.locals_frame = caller
     # ("auto:" is in no notebook's cell id, which are letters, digits, - and _)
     try:
         session.begin_cell(name or _unnamed_block(caller),
@@ -5269,5 +5302,16 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
         session.end_cell()
     finally:
         stop = session.close()  # (an interrupt meanwhile: held until it is done)
+        session.locals_frame = None
     if stop is not None:
         raise stop
+
+
+def _function_locals(namespace: dict[str, Any], frame: types.FrameType) -> bool:
+    """Whether ``namespace`` is what ``locals()`` gave in ``frame``, a function's (a
+    module's locals() is its globals, which the session reads and writes as they are)."""
+    if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        return False
+    live = frame.f_locals
+    return live is namespace or (set(live) == namespace.keys()
+                                 and all(live[name] is value for name, value in namespace.items()))
