@@ -255,6 +255,13 @@ def _stateless_stream(value: Any) -> bool:
     return isinstance(value, torch.utils.data.IterableDataset) and not _is_stateful(value)
 
 
+# Why an iterator (a loader's, drawn with next() in the loop) is not resumed where it was.
+_ITERATOR = ("an iterator, whose place no checkpoint holds: after a resume it goes on from "
+             "where it stands then (in a new process, from its start), not from where the "
+             "stopped run was; a loader's iterator drawn with next() in the loop resumes "
+             "exactly as a loader zip()ped with the tracked one, `batches(zip(loader, "
+             "other))`")
+
 # Which batches() loop restores its loader's order, where the code does not say which.
 _TRACKED = "each epoch's first batches() loop; outside epochs(), the cell's first"
 
@@ -275,6 +282,9 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
         return "lock"
     if isinstance(value, types.LambdaType) and value.__name__ == "<lambda>":
         return "lambda"
+    if isinstance(value, Iterator) and not isinstance(value, NotState):  # (``u_iter =
+        # iter(loader)``, drawn by next() in the loop; not a loop helper of ckpt_nb's)
+        return f"{type(value).__name__}: {_ITERATOR}"
     if isinstance(value, torch.utils.data.DataLoader):
         unheld = loader_random(value)[1]
         dataset = value.dataset
