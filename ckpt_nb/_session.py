@@ -4971,10 +4971,20 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
     once it is closed, saying the rollback finished."""
     ranking = _rollback_ranking(which, on)
     check_flag("trust_pickle", trust_pickle)
+    caller = sys._getframe(1)
     with RestoreInterrupts("rollback") as interrupts, _session_for(directory, namespace) \
             as session, warnings_worded(*_RANK_BY_ANOTHER):
         _refuse_unranked_best(session, which, ranking)
-        return session._rollback(which, ranking, interrupts, trust_pickle=trust_pickle)
+        # (namespace=locals() in a function: its variables are put back into the function)
+        bound = namespace is not None and session.locals_frame is None \
+            and _function_locals(namespace, caller)
+        if bound:
+            session.locals_frame = caller
+        try:
+            return session._rollback(which, ranking, interrupts, trust_pickle=trust_pickle)
+        finally:
+            if bound:
+                session.locals_frame = None
 
 
 def rollback_plan(which: str = "latest", *, directory: str | os.PathLike[str] | None = None,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import ckpt_nb
 from ckpt_nb._format import RUN_KEY
-from test_session_jobs import unstopped_and_resumed
+from test_session_jobs import script, unstopped_and_resumed
 
 IN_MAIN = """
 import os, signal, torch, ckpt_nb
@@ -51,3 +51,35 @@ def test_a_functions_locals_are_saved_as_they_stand_and_put_back(tmp_path: Path)
     assert end.startswith("end 180 ") and resumed.stdout.splitlines()[-1] == end
     saved = ckpt_nb.CheckpointManager(tmp_path / "ref" / "store").load("latest")
     assert saved.extra[RUN_KEY]["variables"]["seen"] == 180
+
+
+ROLLBACK_IN_MAIN = """
+import torch, ckpt_nb
+
+def main():
+    torch.manual_seed(0)
+    X = torch.randn(40, 8); Y = (X.sum(1) > 0).long()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=10)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = 0
+    with ckpt_nb.auto("store", every_steps=4, sync=True, namespace=locals()):
+        for epoch in ckpt_nb.epochs(2):
+            for i, (xb, yb) in ckpt_nb.batches(loader):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                seen += len(xb)
+    ckpt_nb.rollback("-1", namespace=locals())
+    print("seen", seen)
+
+main()
+"""
+
+
+def test_a_rollback_in_a_function_puts_its_locals_back(tmp_path: Path) -> None:
+    """It said "restored ... seen" and left the function's seen at 80."""
+    done = script(tmp_path, "train.py", ROLLBACK_IN_MAIN)
+    assert done.returncode == 0, done.stderr
+    assert "restored model, opt, X, Y, seen" in done.stdout, done.stdout
+    assert done.stdout.splitlines()[-1] == "seen 40", done.stdout
