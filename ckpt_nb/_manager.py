@@ -1390,7 +1390,8 @@ class CheckpointManager(NotState):
             try:
                 self._apply_retention(protect={row.id})
                 self._bound_generation = self.catalog.generation()
-            except OSError as exc:  # (StoreError too) the checkpoint is committed all the same
+            except (OSError, MemoryError) as exc:  # (StoreError; a pack not mapped, too)
+                # the checkpoint is committed all the same: its id is returned, with a warning
                 self._bytes_bound = None
                 self._collection_failed = True  # (the next one collects the whole store)
                 warn(f"checkpoint {row.id} was saved, but retention failed ({exc}); "
@@ -2824,7 +2825,8 @@ class CheckpointManager(NotState):
             try:
                 self._drop(ids, whole_store=self._collection_failed or self._deletion_pending())
                 self._collection_failed = False
-            except OSError as exc:  # (StoreError too) after the catalog let them go
+            except (OSError, MemoryError) as exc:  # (StoreError; a pack not mapped, too)
+                # after the catalog let them go: deleted all the same, with a warning
                 if any(self.catalog.get(cid) is not None for cid in ids):
                     raise
                 self._collection_failed = True  # (the next deletion collects the whole store)

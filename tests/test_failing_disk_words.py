@@ -102,6 +102,62 @@ def test_a_pack_that_cannot_be_mapped_for_want_of_memory_is_said_so(tmp_path: Pa
     assert said[2:] == ["2 True", "3 True"]
 
 
+# A checkpoint whose chunks share a pack of some 55 MiB with a 64 MiB tensor of noise that
+# only it holds, in each of two stores under argv[1]; then, with 24 MiB more address space
+# (RLIMIT_AS) than the process has, a save whose retention deletes it in one and a delete()
+# of it in the other, whose compaction maps that pack; each said, then the stores audited
+# without the limit.
+RETENTION_WITHOUT_ROOM_TO_MAP = """
+import os, resource, sys, warnings, torch
+sys.path.insert(0, sys.argv[2])
+from conftest import Holder
+from ckpt_nb import CheckpointManager
+torch.manual_seed(0)
+model = torch.nn.Linear(1024, 1024)
+firsts = [CheckpointManager(os.path.join(sys.argv[1], name)).save(
+    model, big=Holder({"w": torch.rand(16 << 20)}), rng=False) for name in "ab"]
+kept = CheckpointManager(os.path.join(sys.argv[1], "a"), max_to_keep=1)
+by_hand = CheckpointManager(os.path.join(sys.argv[1], "b"))
+by_hand.save(model, rng=False)
+size = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (size + (24 << 20), resource.RLIM_INFINITY))
+for write in (lambda: kept.save(model, rng=False), lambda: by_hand.delete(firsts[1])):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            print("returned", write() not in firsts[:1])
+        except MemoryError as exc:
+            print("raised", exc)
+    print(*(str(w.message) for w in caught), sep="\\n")
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+for mgr, first in zip((kept, by_hand), firsts):
+    fresh = torch.nn.Linear(1024, 1024)
+    mgr.restore("latest", model=fresh, rng=False)
+    print(mgr.list()["id"].tolist() != [first], first in mgr.list()["id"].tolist(),
+          all(map(torch.equal, fresh.state_dict().values(), model.state_dict().values())),
+          mgr.gc().packs_compacted, mgr.verify().ok)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+def test_a_deletion_whose_compaction_cannot_map_a_pack_is_made_with_a_warning(
+        tmp_path: Path) -> None:
+    """A save committed before its retention's compaction ran out of address space returns
+    its id, and a delete() made before its compaction did is made, each with a warning, as
+    where room ran out: both raised the MemoryError "then try again" for what was done."""
+    done = warm_python.run([sys.executable, "-c", RETENTION_WITHOUT_ROOM_TO_MAP,
+                            str(tmp_path), str(Path(__file__).parent)])
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
+    assert said[0] == "returned True", done.stdout
+    assert re.match(r"checkpoint [0-9a-f]{10} was saved, but retention failed \(no memory "
+                    r"left to map packs/", said[1]), said[1]
+    assert said[2] == "returned True", done.stdout
+    assert re.match(r"checkpoint [0-9a-f]{10} was deleted, but what follows failed \(no "
+                    r"memory left to map packs/", said[3]), said[3]
+    assert said[4:] == ["True False True 1 True"] * 2, done.stdout
+
+
 @contextlib.contextmanager
 def read_only(folder: Path) -> Iterator[None]:
     """``folder`` made read-only in place by a bind mount over itself (EROFS, as a file
