@@ -20,6 +20,7 @@ import io
 import mmap
 import os
 import re
+import resource
 import shlex
 import socket
 import stat
@@ -494,6 +495,16 @@ def why_unwritable(exc: OSError) -> str:
     return "make it, and its folder, writable for this user"
 
 
+def _why_full(exc: OSError) -> str:
+    """What to do about a write refused for want of room: a file past this process's
+    file-size limit (ulimit -f, EFBIG) is no full disk, which "free some room" said."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if exc.errno == errno.EFBIG and limit != resource.RLIM_INFINITY:
+        return (f"this process may write no file over {limit} bytes (its file-size limit, "
+                "ulimit -f): raise the limit")
+    return "free some room"
+
+
 @contextlib.contextmanager
 def _writing(key: str, root: Path) -> Iterator[None]:
     """The file system's refusals to write ``key`` as StoreErrors that name it (the errno
@@ -505,7 +516,7 @@ def _writing(key: str, root: Path) -> Iterator[None]:
     except OSError as exc:
         if exc.errno not in _REFUSED:
             raise
-        hint = ": free some room, then try again (what was saved before is intact)" \
+        hint = f": {_why_full(exc)}, then try again (what was saved before is intact)" \
             if exc.errno in _FULL else f": {why_unwritable(exc)}" \
             if exc.errno in (errno.EROFS, errno.EIO) else ""
         error = StoreError(f"cannot write {key} in the store {root}: "

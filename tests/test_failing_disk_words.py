@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DigitsRun, same
+from conftest import DigitsRun, Holder, same
 
 from ckpt_nb import CheckpointManager, StoreError
 
@@ -49,6 +49,23 @@ def test_a_lock_file_note_the_disk_refuses_is_a_store_error_naming_it(
     mgr.restore(first, model=run.model, rng=False)
     assert same(run.weights(), weights)
     assert mgr.save(run.model, run.optimizer, step=1, rng=False) != first
+
+
+def test_a_pack_past_the_file_size_limit_names_the_limit_not_a_full_disk(
+        tmp_path: Path, file_size_limit: Callable[[int | None], None]) -> None:
+    """A pack that outgrew RLIMIT_FSIZE (ulimit -f), on a disk with room: the save said
+    "File too large: free some room, then try again", which no freed room helps."""
+    mgr = CheckpointManager(tmp_path)
+    first = mgr.save(h=Holder({"w": torch.randn(1 << 20)}), rng=False)
+    file_size_limit(1 << 20)
+    with pytest.raises(StoreError, match=r"saving a checkpoint failed, so it was not saved: "
+                       r"cannot write packs/[0-9a-f]{32}\.pack in the store .*: File too "
+                       r"large: this process may write no file over 1048576 bytes \(its "
+                       r"file-size limit, ulimit -f\): raise the limit, then try again \(what "
+                       r"was saved before is intact\)$"):
+        mgr.save(h=Holder({"w": torch.randn(1 << 20)}), rng=False)
+    file_size_limit(None)
+    assert mgr.list()["id"].tolist() == [first] and mgr.verify().ok
 
 
 # A model's checkpoint whose chunks lie in a pack of some 55 MiB (saved with a 64 MiB tensor of
