@@ -719,8 +719,9 @@ def _nan_logged(mgr: CheckpointManager, frame: Any, fixed: set[str]) -> set[tupl
     ``list()``, a metric never logged is NaN too, and both showed as "-"."""
     logged = {row.id: row.metrics for row in mgr.catalog.checkpoints()}
     rows = [logged.get(cid, {}) for cid in frame["id"]]
-    # (list()'s metric columns, after its own, are the metrics' names in sorted order)
-    names = sorted({name for metrics in rows for name in metrics})
+    # (list()'s metric columns, after its own, are the metrics' names in natural order:
+    # sorted plainly, a NaN loss_10 was shown as loss_2's "nan", and loss_10 as "-")
+    names = sorted({name for metrics in rows for name in metrics}, key=natural_order)
     columns = [c for c in frame.columns if c not in fixed]
     if len(names) != len(columns):  # (a checkpoint deleted meanwhile: "-" as before)
         return set()

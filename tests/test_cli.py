@@ -1034,6 +1034,19 @@ def test_a_nan_metric_is_shown_as_nan_not_as_never_logged(
     assert code == 0 and "metrics:   loss=nan\n" in out
 
 
+def test_a_nan_metric_is_shown_in_its_own_column_where_names_sort_naturally(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ls shows loss_2 before loss_10; a NaN loss_10 was marked in loss_2's column (its
+    1.0 shown as "nan") and loss_10 was "-", as never logged."""
+    with CheckpointManager(tmp_path) as mgr:
+        nan_id = mgr.save(torch.nn.Linear(2, 2),
+                          metrics={"loss_2": 1.0, "loss_10": float("nan")})
+    code, out, _ = run(capsys, "ls", tmp_path)
+    header, row = (line.split() for line in out.splitlines()[:2])
+    assert code == 0 and row[0] == nan_id, out
+    assert header[-2:] == ["loss_2", "loss_10"] and row[-2:] == ["1", "nan"], out
+
+
 def test_verify_says_a_missing_pack_once_not_once_per_chunk(
         store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     store.packs[2].unlink()
