@@ -883,6 +883,13 @@ class Catalog:
             rows = self._db.execute("SELECT * FROM checkpoints ORDER BY seq").fetchall()
         return [CheckpointRow.from_sql(r) for r in rows]
 
+    def newest(self, limit: int) -> list[CheckpointRow]:
+        """The newest ``limit`` checkpoints, newest first: only those rows are decoded."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM checkpoints ORDER BY seq DESC LIMIT ?",
+                                    (limit,)).fetchall()
+        return [CheckpointRow.from_sql(r) for r in rows]
+
     def newest_ids(self, limit: int = -1) -> list[str]:
         """Checkpoint ids, newest first (at most ``limit``): no row decoded."""
         with self._lock:

@@ -2362,12 +2362,16 @@ class CheckpointManager(NotState):
         natural order: loss_2 before loss_10, as the CLI and the refusals name them);
         ``created`` is tz-aware UTC (``.dt.tz_convert(None)`` for naive), so that no reader
         takes it for local time."""
+        self._catch_up()
+        return self._list_table(self.catalog.checkpoints(), branch=branch)
+
+    def _list_table(self, every: list[CheckpointRow], *, branch: str | None = None) -> Any:
+        """``list()``'s table of ``every`` row of the catalog as one read gave them (the
+        caller caught up): ``ckpt-nb ls`` ranks and marks the same rows, not a second
+        read of a catalog of thousands."""
         import pandas as pd
 
-        self._catch_up()
-        rows = self.catalog.checkpoints()
-        if branch is not None:
-            rows = [r for r in rows if r.branch == branch]
+        rows = every if branch is None else [r for r in every if r.branch == branch]
         names = sorted({m for r in rows for m in r.metrics}, key=natural_order)
         # A metric named like a column (a "step" logged as a metric) is "metric:step"
         # (or "metric:metric:step", where a metric has that name too).

@@ -37,7 +37,7 @@ def written_keep_best(manager: CheckpointManager, known: dict[str, Any] | None =
     if manager.metric is None:
         return None
     runs = known if known is not None else {}
-    newest = list(reversed(manager.catalog.checkpoints()[-RUN_RECORD_DEPTH:]))
+    newest = manager.catalog.newest(RUN_RECORD_DEPTH)
     for rows in (newest[:1], newest[1:]):
         read = _run_records(manager, [row for row in rows if row.id not in runs])
         runs.update((cid, run) for cid, run in read.items() if run is not _UNREAD)

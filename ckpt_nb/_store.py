@@ -377,7 +377,10 @@ class LocalStore(Store):
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir() or base.is_symlink():
             return
-        folders = [base]
+        # (a key cut from its path as a string: pathlib's relative_to for each file was
+        # a third of the time an open and an ls of a store of 1,500 checkpoints took)
+        root = os.path.join(os.fspath(self.root), "")
+        folders = [os.fspath(base)]
         while folders:
             try:
                 entries = os.scandir(folders.pop())
@@ -386,9 +389,9 @@ class LocalStore(Store):
             with entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
-                        folders.append(Path(entry.path))
+                        folders.append(entry.path)
                         continue
-                    key = Path(entry.path).relative_to(self.root).as_posix()
+                    key = entry.path[len(root):].replace(os.sep, "/")
                     if TMP_MARK not in key and _is_key(key):
                         yield key, entry
 
