@@ -2495,7 +2495,7 @@ class CheckpointManager(NotState):
                 same_layout = all(ra.get(k) == rb.get(k) for k in _VIEW_FIELDS)
                 if same_layout and ca == cb:
                     record.update(status="identical", changed=False, same_chunks=True,
-                                  l2=0.0, rel_change=0.0)
+                                  **_norms_of_same(name))
                 elif shape_a != shape_b:
                     record.update(status="reshaped", shape=f"{shape_a}->{shape_b}")
                 else:
@@ -2510,7 +2510,7 @@ class CheckpointManager(NotState):
                 record.update(status="changed" if changed else "identical", changed=changed,
                               **(_NO_NORMS if changed and record["tensor"].startswith("rng/")
                                  else _change_norms(ta, tb) if changed
-                                 else {"l2": 0.0, "rel_change": 0.0}))
+                                 else _norms_of_same(record["tensor"])))
         return pd.DataFrame(records, columns=["tensor", "status", "shape", "dtype", "changed",
                                               "same_chunks", "l2", "rel_change"])
 
@@ -3856,6 +3856,13 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 # A changed RNG state's norms: none (its words' l2, 4.3e+10, was drawn as a change of the
 # model's size in the explorer's Diff tab).
 _NO_NORMS = {"l2": math.nan, "rel_change": math.nan}
+
+
+def _norms_of_same(tensor: str) -> dict[str, float]:
+    """A diff's norms of a tensor the same on both sides: none for the RNG state's, as
+    where it changed (its 0 was written as "0 0%" in ckpt-nb diff, where a changed one's
+    is "-"), else 0."""
+    return _NO_NORMS if tensor.startswith("rng/") else {"l2": 0.0, "rel_change": 0.0}
 
 
 def _change_norms(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
