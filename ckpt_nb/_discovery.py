@@ -1257,6 +1257,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
     loops = {} if code is None or not any(_quietly(
         lambda n=n: isinstance(namespace.get(n), torch.utils.data.DataLoader)) for n in names) \
         else _quietly(lambda: _batches_loops(code, namespace), None)  # (None: either said)
+    restored = _quietly(lambda: _samplers_batches_restores(namespace, names, loops, held),
+                        set())
     for name in names:
         if name not in namespace:
             found.skipped[name] = "not defined"
@@ -1291,6 +1293,8 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
                 try:
                     size = plain_size(value, limit=max_variable_bytes)
                 except _Unsupported as exc:
+                    if id(value) in restored:
+                        continue  # (its loader's line says batches() restores its order)
                     found.skipped[name] = str(exc) + (
                         _NO_STATE_DICT if str(exc) == type(value).__name__
                         and _holds_fields(value) else "")
@@ -1302,6 +1306,28 @@ def discover(namespace: Mapping[str, Any], *, track: list[str] | None = None,
         except Exception as exc:  # noqa: BLE001 - whatever an object's attributes raise
             found.skipped[name] = _unread(value, exc)
     _drop_contained_modules(found.statefuls)
+    return found
+
+
+def _samplers_batches_restores(namespace: Mapping[str, Any], names: list[str],
+                                loops: Mapping[int, set[str]] | None,
+                                held: Container[int]) -> set[int]:
+    """The ids of the samplers and batch samplers of the loaders the code passes to the
+    ``batches()`` loop it tracks, whose every generator batches() saves as the epoch
+    begins (``loader_random``): a resume puts them back, so a sampler of the user's own
+    holding a ``torch.Generator`` resumed its order bit-exact while the start line said it
+    was "not saved, nor put back on resume"."""
+    found: set[int] = set()
+    for name in names:
+        loader = namespace.get(name)
+        if not isinstance(loader, torch.utils.data.DataLoader) or loops is not None and \
+                not {_FIRST, _EITHER} & loops.get(id(loader), set()):
+            continue
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        for part in (getattr(loader, "sampler", None), batch_sampler,
+                     getattr(batch_sampler, "sampler", None)):
+            if part is not None and not _unheld_draws(part, held):
+                found.add(id(part))
     return found
 
 

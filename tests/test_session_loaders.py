@@ -317,6 +317,45 @@ def test_objects_of_the_users_own_holding_loop_state_are_skipped_with_why_and_th
                           "its fields in plain variables"), alone
 
 
+class Shuffled(torch.utils.data.Sampler):  # (a notebook's sampler, its own generator)
+    __module__ = "__main__"
+
+    def __init__(self, n: int) -> None:
+        self.n, self.gen = n, torch.Generator().manual_seed(11)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(torch.randperm(self.n, generator=self.gen).tolist())
+
+
+TRAINING = """
+for i, (x,) in ckpt_nb.batches(loader):
+    pass
+"""
+
+
+def test_a_sampler_holding_its_generator_is_not_said_unsaved_where_batches_restores_it(
+        ) -> None:
+    """A sampler of the user's own with its torch.Generator, in the loader the cell
+    passes to batches(), was "skipped sampler (Shuffled), no state_dict(): not saved, nor
+    put back on resume", though batches() saves and puts back its generator (the resume
+    is bit-exact). Where no batches() restores it, it is still said."""
+    sampler = Shuffled(8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)),
+                                         batch_size=2, sampler=sampler)
+    namespace = {"sampler": sampler, "loader": loader, "stopper": Stopper()}
+    tracked = discover(namespace, code=TRAINING).summary()
+    assert "sampler" not in tracked.split("skipped ")[1], tracked
+    assert "skipped loader (DataLoader: ckpt_nb.batches() restores its order), stopper " \
+        "(Stopper), no state_dict()" in tracked, tracked
+    unwrapped = discover(namespace, code=TRAINING.replace("ckpt_nb.batches(loader)",
+                                                          "enumerate(loader)")).summary()
+    assert "sampler (Shuffled), stopper (Stopper), no state_dict(): not saved" in unwrapped, \
+        unwrapped
+
+
 def test_an_auto_block_passing_its_loader_to_batches_is_not_told_to_wrap_it(
         tmp_path: Path) -> None:
     """auto()'s start line said "wrap it in ckpt_nb.batches()" of the loader its block
