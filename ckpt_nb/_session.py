@@ -2858,6 +2858,43 @@ class AutoSession(NotState):
         else:  # (reading f_locals first would overwrite the dict with the old values)
             ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
 
+    def _untracked_refusal(self, ck: Checkpoint, step: int | None, untracked: list[str],
+                           tracked: set[str]) -> str:
+        """Why a resume refuses checkpoint ``ck``, which holds the objects ``untracked``
+        (names) that the cell does not track now (sorted by ``rediscover`` just before).
+        Where the namespace holds something else under each (``best_model = None`` ahead
+        of the loop, ``copy.deepcopy(model)`` in it), that is said, with what to make it:
+        "define them ahead of the cell's loops" read oddly where the name was defined, as
+        None. As ``_tell_made_in_loop`` said at the first save."""
+        start = (f"not resuming checkpoint {ck.id} (step {step}): it holds "
+                 f"{', '.join(untracked)}, which this cell does not track now (it tracks "
+                 f"{', '.join(map(_live_name, tracked)) or 'nothing'}), and the loop would "
+                 "go on from the saved position without their state")
+        # (each sorted now as a value or skipped: none that --track leaves out)
+        held = {name: self.namespace[name] for name in untracked if name in self.namespace
+                and (name in self.discovery.variables or name in self.discovery.skipped)}
+        if len(held) < len(untracked):
+            return (f"{start}; define them ahead of the cell's loops (one made inside a "
+                    "loop, a generator seeded by epoch say, is not there yet as a resume "
+                    "begins), or add them to --track, or run with --no-resume "
+                    "(auto(resume=False)) not to resume it")
+        kinds = {name: ck.kinds.get(_stored_key(name), "").rpartition(".")[2] or "object"
+                 for name in held}
+        now = ", ".join(f"{name} is {'None' if value is None else 'a ' + type(value).__name__}"
+                        f" here, where the checkpoint holds a {kinds[name]}"
+                        for name, value in held.items())
+        them = "it" if len(held) == 1 else "them"
+        make = f"{untracked[0]} a {kinds[untracked[0]]}" if len(held) == 1 else \
+            "each what the checkpoint holds"
+        module = next((name for name in held if ck.kinds.get(_stored_key(name), "")
+                       .startswith("torch.nn.")), None)
+        example = "" if module is None else f" (`{module} = copy.deepcopy(model)`" + (
+            f" in place of `{module} = None`)" if held[module] is None else ")")
+        return (f"{start}: {now} (a resume begins where the loop does, before a loop that "
+                f"makes {them} has run); make {make} ahead of the cell's loops, where a "
+                f"resume finds {them} to load{example}, and run the cell again; or run "
+                "with --no-resume (auto(resume=False)) not to resume it")
+
     def _tell_made_in_loop(self, found: Discovery) -> None:
         """Say once of each object a save tracks that the cell's loop made (``best_model =
         copy.deepcopy(model)`` on an improvement): a resume in a new process begins as the
@@ -3635,14 +3672,8 @@ class AutoSession(NotState):
         tracked = {_stored_key(n) for n in self.rediscover().statefuls}
         untracked = [_live_name(key) for key in ck.state if key not in tracked]
         if untracked:  # (a typo in --track, or a set-up cell not run again)
-            raise StateMismatchError(
-                f"not resuming checkpoint {ck.id} (step {saved.step}): it holds "
-                f"{', '.join(untracked)}, which this cell does not track now (it tracks "
-                f"{', '.join(map(_live_name, tracked)) or 'nothing'}), and the loop would go "
-                "on from the saved position without their state; define them ahead of the "
-                "cell's loops (one made inside a loop, a generator seeded by epoch say, is "
-                "not there yet as a resume begins), or add them to --track, or run with "
-                "--no-resume (auto(resume=False)) not to resume it")
+            raise StateMismatchError(self._untracked_refusal(ck, saved.step, untracked,
+                                                             tracked))
         if ck.extra[RUN_KEY].get("cell") != self.cell_hash:  # (said once it resumes)
             self.say(f"this cell changed since checkpoint {ck.id} was saved; resuming anyway")
         changed = self._changed_since(saved)

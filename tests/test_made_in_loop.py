@@ -43,3 +43,23 @@ def test_one_made_ahead_of_the_loop_is_not(tmp_path: Path) -> None:
     done = script(tmp_path, "train.py", BEST_COPY.format(ahead="copy.deepcopy(model)"))
     assert done.returncode == 0, done.stderr
     assert "made in the cell's loop" not in done.stdout, done.stdout
+
+
+KILLED = BEST_COPY.replace("            opt.step()\n", """            opt.step()
+            if os.environ["DIE"] and epoch == 1 and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+""").replace("import copy,", "import copy, os, signal,")
+
+
+def test_the_refusal_to_resume_says_what_the_name_holds_now(tmp_path: Path) -> None:
+    """Killed after a save holding the loop's copy, the run again in a new process was
+    refused with "define them ahead of the cell's loops", though best_model was defined
+    (as None): the refusal says what it is now and what to make it."""
+    script(tmp_path, "train.py", KILLED.format(ahead="None"), die=True)
+    refused = script(tmp_path, "train.py", KILLED.format(ahead="None"))
+    assert "StateMismatchError" in refused.stderr, refused.stderr
+    assert "best_model is None here, where the checkpoint holds a Linear" in refused.stderr
+    assert "make best_model a Linear ahead of the cell's loops" in refused.stderr
+    assert "(`best_model = copy.deepcopy(model)` in place of `best_model = None`)" \
+        in refused.stderr
+    assert "define them ahead" not in refused.stderr, refused.stderr
