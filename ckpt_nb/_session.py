@@ -1505,7 +1505,7 @@ class AutoSession(NotState):
             self._position = checkpoint_id
             _positions[self.url] = checkpoint_id
             _deleted_rollbacks.pop(self.url, None)
-            _position_events[self.url] = event
+            _set_position_event(self.url, event)
             _publish("save", checkpoint_id, self.url)
         elif event == "delete":  # (retention's, the end save's in place of the last)
             if _positions.get(self.url) == checkpoint_id:
@@ -1519,7 +1519,7 @@ class AutoSession(NotState):
         # (the checkpoint's metrics were measured on what it put back)
         self._logged_at = dict.fromkeys(ck.metrics, self._steps_seen)
         _positions[self.url] = ck.id
-        _position_events[self.url] = event
+        _set_position_event(self.url, event)
         _position_objects[self.url] = (ck.step, _trained(objects))
         _deleted_rollbacks.pop(self.url, None)
         _publish(event, ck.id, self.url)
@@ -3221,6 +3221,7 @@ class AutoSession(NotState):
         still counts from its own start."""
         if self.url not in _position_objects:
             self._tell_finished()
+            self._tell_rolled_back_elsewhere()
         step, trained = _position_objects.get(self.url, (None, []))
         if not trained:
             return
@@ -3260,6 +3261,30 @@ class AutoSession(NotState):
             del self._steps_by_optimizer[key]  # (one that steps again counts on anew)
         self.step = self.last_save_step = step
         self._step_offset = step - max(self._steps_by_optimizer.values(), default=0)
+
+    def _tell_rolled_back_elsewhere(self) -> None:
+        """Where the models and optimizers this store's run tracks are those a rollback
+        on another store put back (``%ckpt_rollback latest --dir S_old``, then a cell on
+        S), say so: the position is that store's, so here the run starts over on them,
+        its loops from the start and its steps from 0, in a new root, which went without
+        a word."""
+        live = {id(obj): name for name, obj in self.discovery.statefuls.items()}
+        for url, event in reversed(_position_events.items()):  # (the newest first)
+            _, trained = _position_objects.get(url, (None, []))
+            names = [live[id(obj)] for ref in trained
+                     if (obj := ref()) is not None and id(obj) in live]
+            if not names:
+                continue
+            if event != "rollback" or url == self.url or url not in _positions:
+                return  # (trained since, by a save on a store: no rollback's state)
+            where = str(file_url_path(url)) if url.startswith("file:") else url
+            self.say(f"{', '.join(names)} come{'s' if len(names) == 1 else ''} from "
+                     f"checkpoint {_positions[url]} of {where} (rolled back to there); "
+                     f"that position is that store's, so in "
+                     f"{location(self.manager.store)} this run starts over on "
+                     f"{'it' if len(names) == 1 else 'them'}: its loops from the start, "
+                     "steps from 0, in a new root")
+            return
 
     def _tell_finished(self) -> None:
         """In a kernel that has not saved, resumed or rolled back on this store (a new one,
@@ -4414,6 +4439,13 @@ def _live_owner(owner: Any) -> str | None:
     if started is not None and now != started:
         return None  # (ended, a zombie; or its pid went to a later process)
     return f"process {pid} (another kernel, still running)"
+
+
+def _set_position_event(url: str, event: str) -> None:
+    """Record how the kernel's state got to its position on ``url``, the newest last: a
+    cell on another store says where the objects it trains came from by the newest."""
+    _position_events.pop(url, None)
+    _position_events[url] = event
 
 
 def _forget_position(url: str) -> None:

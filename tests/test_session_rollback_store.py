@@ -696,3 +696,26 @@ def test_a_rollback_from_the_last_sessions_store_renamed_since_says_so_and_makes
         ckpt_nb.rollback("latest")
     assert not (tmp_path / "a").exists()
     run(shell, f"%ckpt_rollback latest --dir {tmp_path / 'renamed'}")
+
+
+def test_a_cell_on_another_store_after_a_rollback_says_its_run_starts_over_there(
+        shell, tmp_path: Path, capsys) -> None:
+    """``%ckpt_rollback -2 --dir old``, then a cell on ``new``: it trained from the
+    rolled-back objects with its loops from the start and its steps from 0, in a new root,
+    without a word. One line says where the objects came from and that the run starts
+    over there; once this store's saves hold them, no cell says it again."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {old} --every-steps 2" + LOOP)
+    run(shell, f"%ckpt_rollback --dir {old} -2")
+    rolled_to = CheckpointManager(old).resolve("-2")
+    capsys.readouterr()
+    run(shell, f"%%ckpt_auto --dir {new} --every-steps 2" + LOOP)
+    said = [line for line in capsys.readouterr().out.splitlines() if "rolled back" in line]
+    assert said == [f"ckpt_nb: model, opt come from checkpoint {rolled_to} of {old} (rolled "
+                    f"back to there); that position is that store's, so in {new} this run "
+                    "starts over on them: its loops from the start, steps from 0, in a new "
+                    "root"], said
+    assert CheckpointManager(new).list()["step"].tolist()[0] == 2  # (from 0: its first save)
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'third'} --every-steps 2" + LOOP)
+    assert "rolled back" not in capsys.readouterr().out
