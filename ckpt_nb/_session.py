@@ -2848,14 +2848,18 @@ class AutoSession(NotState):
         """Write the namespace's ``names`` back into the function's locals
         (``locals_frame``), right after they were put back: a resume's values otherwise
         stay in a dict the function never reads."""
-        frame, names = self.locals_frame, list(names)
-        if frame is None or not names:
+        frame = self.locals_frame
+        values = {name: self.namespace[name] for name in names if name in self.namespace}
+        if frame is None or not values:
             return
-        if sys.version_info >= (3, 13):  # (f_locals writes through, PEP 667)
-            live = frame.f_locals
-            for name in names:
-                live[name] = self.namespace[name]
-        else:  # (reading f_locals first would overwrite the dict with the old values)
+        # Before 3.13 f_locals is the frame's dict brought up to date from its variables
+        # (which drops the put-back values where the namespace is that dict, and is not
+        # the namespace where it is a copy of locals()); each is set in it, then written
+        # into the variables. From 3.13 on, f_locals writes through (PEP 667).
+        live = frame.f_locals
+        for name, value in values.items():
+            live[name] = value
+        if sys.version_info < (3, 13):
             ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
 
     def _untracked_refusal(self, ck: Checkpoint, step: int | None, untracked: list[str],

@@ -53,6 +53,17 @@ def test_a_functions_locals_are_saved_as_they_stand_and_put_back(tmp_path: Path)
     assert saved.extra[RUN_KEY]["variables"]["seen"] == 180
 
 
+def test_a_copy_of_the_functions_locals_puts_them_back_too(tmp_path: Path) -> None:
+    """``namespace=dict(locals())`` (what ``locals()`` gives from 3.13 on: a copy): the
+    saves read the function, but before 3.13 a resume wrote the frame's own dict, not the
+    copy the values were put back into, and said "seen = 120 (was 0)" of a run that went on
+    from 0 (it ended at 60 seen, not 180)."""
+    code = IN_MAIN.replace("namespace=locals()", "namespace=dict(locals())")
+    unstopped, resumed = unstopped_and_resumed(tmp_path, code)
+    assert "put back as saved: seen = 120 (was 0)" in resumed.stdout, resumed.stdout
+    assert resumed.stdout.splitlines()[-1] == unstopped.stdout.splitlines()[-1]
+
+
 ROLLBACK_IN_MAIN = """
 import torch, ckpt_nb
 
