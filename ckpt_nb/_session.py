@@ -2642,7 +2642,9 @@ class AutoSession(NotState):
             self._tell_untracked()
         found = self.rediscover()
         self._tell_skipped(found)
-        if not finished:  # (a finished run is resumed by none)
+        # (a finished run is resumed by none; one past its tracked loop, from the newest
+        # checkpoint saved before, which the later loop's objects are not in)
+        if not finished and self.loop.untracked is None:
             self._tell_made_in_loop(found)
         self._tell_orphaned_after_remade(found)
         if self._tell_no_state_at_save:  # (the cell made none of them as it ran)
@@ -2913,11 +2915,16 @@ class AutoSession(NotState):
         self._told_made_in_loop.update(made)
         names = ", ".join(f"{name} ({type(found.statefuls[name]).__name__})" for name in made)
         them = "it" if len(made) == 1 else "them"
-        module = next((name for name in made
-                       if isinstance(found.statefuls[name], torch.nn.Module)), None)
-        example = (f" (`{module} = copy.deepcopy(model)`; or keep "
-                   "`copy.deepcopy(model.state_dict())` in the variable, saved as a value)"
-                   if module is not None else "")
+        # (a copy of a module the loop began with, by its type: an EMA's AveragedModel or
+        # a new head is made ahead as it is, not copied)
+        copied = next(((name, source) for name in made
+                       for source in sorted(self._tracked_at_loop)
+                       if isinstance(found.statefuls[name], torch.nn.Module)
+                       and type(found.statefuls.get(source)) is type(found.statefuls[name])),
+                      None)
+        example = "" if copied is None else (
+            f" (`{copied[0]} = copy.deepcopy({copied[1]})`; or keep "
+            f"`copy.deepcopy({copied[1]}.state_dict())` in the variable, saved as a value)")
         self.say(f"{names}, made in the cell's loop, {'is' if len(made) == 1 else 'are'} in "
                  "its checkpoints from this one on, which a resume in a new process (a "
                  "kernel restarted after a crash) refuses: it begins where the loop does, "

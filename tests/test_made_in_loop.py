@@ -63,3 +63,46 @@ def test_the_refusal_to_resume_says_what_the_name_holds_now(tmp_path: Path) -> N
     assert "(`best_model = copy.deepcopy(model)` in place of `best_model = None`)" \
         in refused.stderr
     assert "define them ahead" not in refused.stderr, refused.stderr
+
+
+LATER_LOOP = """
+import torch, ckpt_nb
+torch.manual_seed(0)
+X = torch.randn(60, 8); Y = (X.sum(1) > 0).long()
+data = torch.utils.data.TensorDataset(X, Y)
+loader = torch.utils.data.DataLoader(data, batch_size=10)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with ckpt_nb.auto("store", every_steps=4, sync=True):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    head = torch.nn.Linear(2, 2)
+    opt2 = torch.optim.SGD(head.parameters(), lr=0.1)
+    for i, (xb, yb) in ckpt_nb.batches(torch.utils.data.DataLoader(data, batch_size=5)):
+        opt2.zero_grad()
+        torch.nn.functional.cross_entropy(head(model(xb)), yb).backward()
+        opt2.step()
+"""
+
+
+def test_one_made_for_a_later_loop_is_not_said_to_be_refused(tmp_path: Path) -> None:
+    """A head made between a cell's loops was said to be made in its loop and refused by a
+    resume, with `head = copy.deepcopy(model)` to do; a resume takes that run from its
+    newest checkpoint saved before the later loop began, which does not hold it."""
+    done = script(tmp_path, "train.py", LATER_LOOP)
+    assert done.returncode == 0, done.stderr
+    assert "a saved position does not say which loop" in done.stdout, done.stdout
+    assert "made in the cell's loop" not in done.stdout, done.stdout
+
+
+def test_an_ema_made_in_the_loop_is_not_told_to_be_a_copy_of_the_model(tmp_path: Path) -> None:
+    """The way on named `ema = copy.deepcopy(model)` for every module, an EMA's
+    AveragedModel too, which is made ahead as it is, not copied."""
+    done = script(tmp_path, "train.py", BEST_COPY.replace(
+        "best, best_model = val, copy.deepcopy(model)",
+        "best, ema = val, torch.optim.swa_utils.AveragedModel(model)").format(ahead="None"))
+    assert done.returncode == 0, done.stderr
+    assert "ema (AveragedModel), made in the cell's loop, is in its" in done.stdout
+    assert "copy.deepcopy" not in done.stdout, done.stdout
