@@ -2456,8 +2456,10 @@ class CheckpointManager(NotState):
         """Per-tensor change from checkpoint ``a`` to ``b`` as a pandas DataFrame. A
         tensor whose view and chunks are the same on both sides is not read; the others
         are read a batch at a time, so a diff takes memory for a few tensors, not two models.
-        The RNG state's rows (``rng/...``) say whether it changed, with no l2 or rel_change
-        (NaN): a generator's state is words, not a vector whose norm means anything.
+        The rows of a generator's state (the RNG's, ``rng/...``, a tracked
+        ``torch.Generator``'s, those a run record keeps of its loop) say whether it changed,
+        with no l2 or rel_change (NaN, unchanged too): its state is words, not a vector whose
+        norm means anything.
         The other values (an optimizer's lr, ``extra``, step): ``diff_values``."""
         import pandas as pd
 
@@ -2478,6 +2480,8 @@ class CheckpointManager(NotState):
                 raise _undescribed(cid, exc) from exc
             manifests.append(manifest)
         left, right = sides
+        kinds = {**manifests[0]["state"].get("types", {}),
+                 **manifests[1]["state"].get("types", {})}
         records, unread = [], []
         for name in list(left) + [n for n in right if n not in left]:
             ra, ca, na, shape_a, dtype_a = left.get(name, (None,) * 5)
@@ -2495,7 +2499,7 @@ class CheckpointManager(NotState):
                 same_layout = all(ra.get(k) == rb.get(k) for k in _VIEW_FIELDS)
                 if same_layout and ca == cb:
                     record.update(status="identical", changed=False, same_chunks=True,
-                                  **_norms_of_same(name))
+                                  **_NO_NORMS if _random_state(name, kinds) else _NO_CHANGE)
                 elif shape_a != shape_b:
                     record.update(status="reshaped", shape=f"{shape_a}->{shape_b}")
                 else:
@@ -2508,9 +2512,8 @@ class CheckpointManager(NotState):
             for (record, *_), ta, tb in zip(batch, left_tensors, right_tensors):
                 changed = ta.dtype != tb.dtype or not _same_values(ta, tb)
                 record.update(status="changed" if changed else "identical", changed=changed,
-                              **(_NO_NORMS if changed and record["tensor"].startswith("rng/")
-                                 else _change_norms(ta, tb) if changed
-                                 else _norms_of_same(record["tensor"])))
+                              **(_NO_NORMS if _random_state(record["tensor"], kinds)
+                                 else _change_norms(ta, tb) if changed else _NO_CHANGE))
         return pd.DataFrame(records, columns=["tensor", "status", "shape", "dtype", "changed",
                                               "same_chunks", "l2", "rel_change"])
 
@@ -3853,16 +3856,29 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
                            b.resolve_conj().resolve_neg().view(as_ints))
 
 
-# A changed RNG state's norms: none (its words' l2, 4.3e+10, was drawn as a change of the
+# A generator state's norms: none (its words' l2, 4.3e+10, was drawn as a change of the
 # model's size in the explorer's Diff tab).
 _NO_NORMS = {"l2": math.nan, "rel_change": math.nan}
+_NO_CHANGE = {"l2": 0.0, "rel_change": 0.0}
+
+# The fields of a run record's loop that hold generators' states (the RNG's as an epoch or
+# the loop began, its loaders' and the notebook's generators').
+_LOOP_GENERATORS = ("_rng", "_rng_now", "_generators")
 
 
-def _norms_of_same(tensor: str) -> dict[str, float]:
-    """A diff's norms of a tensor the same on both sides: none for the RNG state's, as
-    where it changed (its 0 was written as "0 0%" in ckpt-nb diff, where a changed one's
-    is "-"), else 0."""
-    return _NO_NORMS if tensor.startswith("rng/") else {"l2": 0.0, "rel_change": 0.0}
+def _random_state(tensor: str, kinds: Mapping[str, str]) -> bool:
+    """Whether a checkpoint's ``tensor`` is (part of) a generator's state: the RNG's, a
+    tracked generator's (by its object's kind, ``types`` in a manifest), or one a
+    ``%%ckpt_auto`` run record keeps of its loop. Their norms rank nothing: a
+    ``torch.Generator`` in the notebook changed by "0.024" of itself beside a model."""
+    parts = tensor.split("/")
+    if parts[0] == "rng":
+        return True
+    if parts[0] == "objects" and len(parts) > 2:
+        return str(kinds.get(parts[1], "")).rpartition(".")[2] in ("GeneratorState",
+                                                                   "RandomState")
+    return len(parts) > 3 and parts[:3] == ["extra", RUN_KEY, "loop"] \
+        and parts[3].endswith(_LOOP_GENERATORS)
 
 
 def _change_norms(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:

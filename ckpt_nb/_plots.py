@@ -448,9 +448,10 @@ def plot_diff(store: StoreLike, a: str, b: str, *, table: Any = None) -> Figure:
             table = manager.diff(a, b)
     total = len(table)
     if total > DIFF_BARS:  # (in the diff's order; an added or removed tensor ranks first)
-        rank = table["rel_change"].astype("float64").fillna(math.inf)
-        rank = rank.where(table["status"] != "identical", -1.0)
-        rank = rank.where(~table["tensor"].str.startswith("rng/"), 0.0)  # (no norm: last)
+        rel = table["rel_change"].astype("float64")
+        rank = rel.fillna(math.inf).where(table["status"] != "identical", -1.0)
+        # (changed with no norm, a generator's state: last of the changes)
+        rank = rank.where((table["status"] != "changed") | rel.notna(), 0.0)
         table = table.loc[sorted(rank.nlargest(DIFF_BARS, keep="first").index)]
         table = table.reset_index(drop=True)
     fig = Figure(figsize=(7, min(12.0, 1.2 + 0.24 * max(len(table), 3))), layout="constrained")

@@ -1876,6 +1876,33 @@ def test_diff_says_the_rng_state_changed_with_no_norm_and_ranks_it_last(tmp_path
     assert len(drawn) == _plots.DIFF_BARS and not any(t.startswith("rng/") for t in drawn)
 
 
+def test_diff_gives_a_tracked_generator_and_a_runs_loop_generators_no_norm_either(
+        tmp_path: Path) -> None:
+    """The rows of a notebook's torch.Generator (objects/g/state) and of the generators an
+    auto() run record keeps of its loop (its loader's) had norms too: g "changed by 0.024"
+    ranked among the model's tensors, the loader's generator by 0.71."""
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 2), torch.randn(40, 2))
+    model = torch.nn.Linear(2, 2)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1), "g": g,
+          "loader": torch.utils.data.DataLoader(data, batch_size=10, shuffle=True, generator=g)}
+    with ckpt_nb.auto(str(tmp_path), every_steps=3, sync=True, namespace=ns):
+        for _ in ckpt_nb.epochs(2):
+            for _, (x, y) in ckpt_nb.batches(ns["loader"]):
+                ns["opt"].zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                ns["opt"].step()
+    with CheckpointManager(tmp_path) as mgr:
+        ids = mgr.list()["id"].tolist()
+        table = mgr.diff(ids[0], ids[-2]).set_index("tensor")
+    changed = table[table["status"] == "changed"]
+    words = [name for name in changed.index if name == "objects/g/state"
+             or name.startswith("extra/ckpt_nb_run/loop/loader_rng")]
+    assert "objects/g/state" in words and len(words) > 1, table
+    assert changed.loc[words, ["l2", "rel_change"]].isna().all().all(), table
+    assert changed.loc["objects/model/weight", "rel_change"] > 0
+
+
 def test_export_and_import(tmp_path: Path, digits: DigitsRun) -> None:
     from safetensors.torch import load_file
 
