@@ -1986,10 +1986,11 @@ class CheckpointManager(NotState):
 
     def _ids_at_step(self, which: str) -> list[str] | None:
         """The checkpoints saved at the step ``which`` names, newest first; None where it
-        is no number. Steps run to thousands, whose digits begin some ids:
-        restore("4000") took the checkpoint whose id began so."""
-        if not which.isdecimal() or len(which) > 18:  # (SQLite's integers: 64 bits)
-            return None
+        is no number, or one no step is written as ("0764", an id's prefix: a leading
+        zero). Steps run to thousands, whose digits begin some ids: restore("4000") took
+        the checkpoint whose id began so."""
+        if not which.isdecimal() or len(which) > 18 or str(int(which)) != which:
+            return None  # (18 digits: SQLite's integers are 64 bits)
         return self.catalog.ids_at_step(int(which))
 
     def _no_checkpoints_yet(self) -> str:
