@@ -77,23 +77,44 @@ _NO_STATE_DICT = (", no state_dict(): not saved, nor put back on resume; give it
                   "state_dict()/load_state_dict(), or keep its fields in plain variables")
 
 
+# Why an iterator (a loader's, drawn with next() in the loop) is not resumed where it was,
+# after its type; several: ``_ITERATORS``, once after their names (``skipped_text``).
+_ITERATOR = (": an iterator, whose place no checkpoint holds: after a resume it goes on "
+             "from where it stands then (in a new process, from its start), not from where "
+             "the stopped run was; a loader's iterator drawn with next() in the loop resumes "
+             "exactly as a loader zip()ped with the tracked one, `batches(zip(loader, "
+             "other))`")
+_ITERATORS = (": iterators, whose places no checkpoint holds: after a resume they go on "
+              "from where they stand then (in a new process, from their start), not from "
+              "where the stopped run was; a loader's iterator drawn with next() in the loop "
+              "resumes exactly as a loader zip()ped with the tracked one, "
+              "`batches(zip(loader, other))`")
+
+# The reasons said after a skipped value's type, once for all the names with one (each
+# with its type), by their words for several. The user's own objects come last.
+_SAID_AFTER_TYPES = {
+    _ITERATOR: _ITERATORS,
+    _NO_STATE_DICT: _NO_STATE_DICT.replace("give it", "give them").replace(
+        "its fields", "their fields"),
+}
+
+
 def skipped_text(skipped: Mapping[str, str]) -> str:
     """``name (why)``, the names with one reason together (``a, b (why)``): three
     Datasets were three copies of one paragraph on a line. Objects of the user's own
     without state_dict() last, their types each and the reason once:
     ``st (SimpleNamespace), stopper (Stopper), no state_dict(): ...``."""
     names: dict[str, list[str]] = {}
-    own: list[str] = []
+    typed: dict[str, list[str]] = {}  # (by the reason said once after them)
     for name, why in skipped.items():
-        if why.endswith(_NO_STATE_DICT):
-            own.append(f"{name} ({why[:-len(_NO_STATE_DICT)]})")
+        tail = next((tail for tail in _SAID_AFTER_TYPES if why.endswith(tail)), None)
+        if tail is not None:
+            typed.setdefault(tail, []).append(f"{name} ({why[:-len(tail)]})")
         else:
             names.setdefault(why, []).append(name)
     parts = [f"{', '.join(together)} ({why})" for why, together in names.items()]
-    if own:
-        tail = _NO_STATE_DICT if len(own) == 1 else _NO_STATE_DICT.replace(
-            "give it", "give them").replace("its fields", "their fields")
-        parts.append(", ".join(own) + tail)
+    parts += [", ".join(together) + (tail if len(together) == 1 else _SAID_AFTER_TYPES[tail])
+              for tail, together in typed.items()]
     return ", ".join(parts)
 
 
@@ -255,13 +276,6 @@ def _stateless_stream(value: Any) -> bool:
     return isinstance(value, torch.utils.data.IterableDataset) and not _is_stateful(value)
 
 
-# Why an iterator (a loader's, drawn with next() in the loop) is not resumed where it was.
-_ITERATOR = ("an iterator, whose place no checkpoint holds: after a resume it goes on from "
-             "where it stands then (in a new process, from its start), not from where the "
-             "stopped run was; a loader's iterator drawn with next() in the loop resumes "
-             "exactly as a loader zip()ped with the tracked one, `batches(zip(loader, "
-             "other))`")
-
 # Which batches() loop restores its loader's order, where the code does not say which.
 _TRACKED = "each epoch's first batches() loop; outside epochs(), the cell's first"
 
@@ -282,9 +296,11 @@ def _skip_reason(value: Any, loops: Container[str] = (), named: Container[int] =
         return "lock"
     if isinstance(value, types.LambdaType) and value.__name__ == "<lambda>":
         return "lambda"
-    if isinstance(value, Iterator) and not isinstance(value, NotState):  # (``u_iter =
-        # iter(loader)``, drawn by next() in the loop; not a loop helper of ckpt_nb's)
-        return f"{type(value).__name__}: {_ITERATOR}"
+    if isinstance(value, Iterator) and not isinstance(value, NotState) \
+            and not _holds_fields(value):  # (``u_iter = iter(loader)``, drawn by next() in
+        # the loop; not a loop helper of ckpt_nb's, nor a class of the user's, which a
+        # state_dict() makes resumable: _NO_STATE_DICT)
+        return type(value).__name__ + _ITERATOR
     if isinstance(value, torch.utils.data.DataLoader):
         unheld = loader_random(value)[1]
         dataset = value.dataset
