@@ -5050,14 +5050,14 @@ def rollback(which: str = "latest", *, directory: str | os.PathLike[str] | None 
             as session, warnings_worded(*_RANK_BY_ANOTHER):
         _refuse_unranked_best(session, which, ranking)
         # (namespace=locals() in a function: its variables are put back into the function)
-        bound = namespace is not None and session.locals_frame is None \
-            and _function_locals(namespace, caller)
-        if bound:
-            session.locals_frame = caller
+        bound = _function_locals(namespace, caller) \
+            if namespace is not None and session.locals_frame is None else None
+        if bound is not None:
+            session.locals_frame = bound
         try:
             return session._rollback(which, ranking, interrupts, trust_pickle=trust_pickle)
         finally:
-            if bound:
+            if bound is not None:
                 session.locals_frame = None
 
 
@@ -5371,8 +5371,7 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name takes a string, not {name!r}")
     session = start(AutoConfig.from_keywords(directory, options), namespace, nested=True)
-    if _function_locals(namespace, caller):
-        session.locals_frame = caller
+    session.locals_frame = _function_locals(namespace, caller)
     # ("auto:" is in no notebook's cell id, which are letters, digits, - and _)
     try:
         session.begin_cell(name or _unnamed_block(caller),
@@ -5391,11 +5390,17 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
         raise stop
 
 
-def _function_locals(namespace: dict[str, Any], frame: types.FrameType) -> bool:
-    """Whether ``namespace`` is what ``locals()`` gave in ``frame``, a function's (a
-    module's locals() is its globals, which the session reads and writes as they are)."""
-    if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
-        return False
-    live = frame.f_locals
-    return live is namespace or (set(live) == namespace.keys()
-                                 and all(live[name] is value for name, value in namespace.items()))
+def _function_locals(namespace: dict[str, Any],
+                     frame: types.FrameType | None) -> types.FrameType | None:
+    """The function whose ``locals()`` ``namespace`` is: ``frame``'s, or one that called it
+    through code of the user's passing it on (a context manager of theirs around
+    ``auto()``, ``with tracked(locals()):``, whose saves otherwise held the function's
+    variables as at the call); None where it is no function's (a module's locals() is
+    its globals, which the session reads and writes as they are)."""
+    while frame is not None and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        live = frame.f_locals
+        if live is namespace or (namespace and set(live) == namespace.keys() and all(
+                live[name] is value for name, value in namespace.items())):
+            return frame
+        frame = frame.f_back
+    return None

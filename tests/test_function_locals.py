@@ -64,6 +64,29 @@ def test_a_copy_of_the_functions_locals_puts_them_back_too(tmp_path: Path) -> No
     assert resumed.stdout.splitlines()[-1] == unstopped.stdout.splitlines()[-1]
 
 
+WRAPPER = """
+import contextlib
+
+@contextlib.contextmanager
+def tracked(namespace):
+    with ckpt_nb.auto("store", every_steps=4, sync=True, namespace=namespace) as session:
+        yield session
+"""
+
+
+def test_locals_passed_through_a_context_manager_of_the_users_are_the_functions(
+        tmp_path: Path) -> None:
+    """``with tracked(locals()):``, the project's defaults around ``auto()``: the function
+    was looked for as auto()'s caller alone, the wrapper, so every save held seen at 0 and
+    a resume went on from 0 (it ended at 60 seen, not 180), saying nothing."""
+    code = IN_MAIN.replace("def main():", WRAPPER + "\ndef main():").replace(
+        'ckpt_nb.auto("store", every_steps=4, sync=True, namespace=locals())',
+        "tracked(locals())")
+    unstopped, resumed = unstopped_and_resumed(tmp_path, code)
+    assert "seen = 120 (was 0)" in resumed.stdout, resumed.stdout
+    assert resumed.stdout.splitlines()[-1] == unstopped.stdout.splitlines()[-1]
+
+
 ROLLBACK_IN_MAIN = """
 import torch, ckpt_nb
 
