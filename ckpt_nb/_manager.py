@@ -3933,7 +3933,19 @@ def _check_which(which: Any, *, files: bool = False) -> None:
     if not isinstance(which, (str, os.PathLike) if files else str):
         raise TypeError(f"which must be \"latest\", \"best\", \"-N\" or a checkpoint id"
                         f"{' (or the path of a .pt / .safetensors file)' if files else ''}, "
-                        f"not {which!r}")
+                        f"not {which!r}{_as_step(which)}")
+
+
+def _as_step(which: Any) -> str:
+    """The way on for a number given as a checkpoint (Orbax's ``restore(step)``): -N as a
+    string, or the checkpoint of a step looked up in list()."""
+    if isinstance(which, (bool, np.bool_)) or not isinstance(which, numbers.Integral):
+        return ""
+    which = int(which)  # (a NumPy integer's repr: np.int64(2000))
+    if which < 0:
+        return f" (N back from latest is the string '{which}')"
+    return f"; a step is not an id: mgr.list().query('step == {which}')['id'].iloc[-1] " \
+        f"is the newest checkpoint saved at step {which}"
 
 
 def _check_file_path(call: str, path: Any) -> None:

@@ -1842,6 +1842,21 @@ def test_a_step_of_thousands_whose_digits_begin_an_id_is_refused_not_taken_as_it
             mgr.resolve(str(step))
 
 
+def test_a_number_given_as_a_checkpoint_is_told_how_to_find_its_steps(tmp_path: Path) -> None:
+    """restore(2000), Orbax's restore(step), said only that it must be a string."""
+    with CheckpointManager(tmp_path) as mgr:
+        cid = mgr.save(torch.nn.Linear(1, 1), step=2000)
+        for which in (2000, np.int64(2000)):
+            with pytest.raises(TypeError) as refused:
+                mgr.resolve(which)
+            way = str(refused.value).partition("; a step is not an id: ")[2]
+            assert way == "mgr.list().query('step == 2000')['id'].iloc[-1] is the newest " \
+                "checkpoint saved at step 2000"
+            assert mgr.list().query("step == 2000")["id"].iloc[-1] == cid
+        with pytest.raises(TypeError, match=r"not -1 \(N back from latest is the string '-1'\)$"):
+            mgr.restore(-1)
+
+
 def test_an_id_prefix_with_a_leading_zero_is_no_step(tmp_path: Path) -> None:
     """'0764', an id's prefix, was refused as ambiguous with "step 0764" where step 764
     was saved: no step is written with a leading zero."""
