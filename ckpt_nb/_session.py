@@ -5376,7 +5376,7 @@ def auto(directory: str | None = None, *, namespace: dict[str, Any] | None = Non
     try:
         session.begin_cell(name or _unnamed_block(caller),
                            cell_id=None if name is None else f"auto:{name}", unseen=unseen,
-                           code=code_run_by(caller))
+                           code=code_run_by(session.locals_frame or caller))
         try:
             yield session
         except BaseException as exc:

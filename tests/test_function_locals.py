@@ -84,6 +84,8 @@ def test_locals_passed_through_a_context_manager_of_the_users_are_the_functions(
         "tracked(locals())")
     unstopped, resumed = unstopped_and_resumed(tmp_path, code)
     assert "seen = 120 (was 0)" in resumed.stdout, resumed.stdout
+    # (the start line read the wrapper's code, where no batches() takes the loader)
+    assert "wrap it in ckpt_nb.batches()" not in unstopped.stdout, unstopped.stdout
     assert resumed.stdout.splitlines()[-1] == unstopped.stdout.splitlines()[-1]
 
 
