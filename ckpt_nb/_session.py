@@ -426,6 +426,9 @@ class _Loop:
     # The state_dict()s of the loader's dataset, sampler and batch sampler as the epoch
     # began: a replay of the epoch starts them there (one that advances in __iter__).
     loader_states: dict[str, Any] | None = None
+    # How the tracked loader cut the epoch as it began (_loader_shape): a mid-epoch resume
+    # skips next_batch batches, which are the same samples only in batches of that size.
+    loader_shape: dict[str, Any] | None = None
     in_batches: bool = False
     # The id() of the loader batches() tracks in this epoch (outside epochs(), in the cell
     # run); None until batches() runs.
@@ -602,6 +605,8 @@ class _SavedRun:
         for key in ("loader_states", "loader_states_now"):
             if not isinstance(loop.get(key), (dict, type(None))):
                 raise corrupt(f"{key} is not a dict of state_dicts")
+        if not isinstance(loop.get("loader_shape"), (dict, type(None))):
+            raise corrupt(f"loader_shape {loop['loader_shape']!r}")
         return cls(variables, history, step, best, loop, unreadable)
 
     def unread(self) -> str:
@@ -2664,6 +2669,7 @@ class AutoSession(NotState):
                         "loader_rng_now": [g.get_state() for g in self.loop.generators],
                         "loader_iterator_reused": self.loop.iterator_reused,
                         "loader_states": self.loop.loader_states,
+                        "loader_shape": self.loop.loader_shape,
                         "untracked": self.loop.untracked,
                         "exact": self._newest_exact() if self.loop.untracked else None,
                         # (how the next epoch begins: only a save at an epoch's end uses it)
@@ -3651,11 +3657,12 @@ class AutoSession(NotState):
                      "another order than the unstopped run's; persistent_workers=False "
                      "resumes bit-identical")
 
-    def _resume_now(self) -> int | None:
+    def _resume_now(self, loader: Any = None) -> int | None:
         """Restore the pending run in place; returns the epoch to start at. In the kernel
         that stopped it, the objects that other runs trained since are kept as they are:
         putting them back would undo that training (those the stop left, where the run
-        resumes from a checkpoint before it: ``_exact_before``)."""
+        resumes from a checkpoint before it: ``_exact_before``). ``loader``: what the
+        tracked ``batches()`` loop goes over, where that loop resumes the run."""
         __tracebackhide__ = True
         stopped = self._pending.checkpoint.id if self._pending is not None else None
         if self._pending is not None and \
@@ -3705,6 +3712,7 @@ class AutoSession(NotState):
         if pending is None:
             return None
         ck, saved = pending.checkpoint, pending.run
+        self._refuse_recut_loader(ck.id, saved, loader)
         tracked = {_stored_key(n) for n in self.rediscover().statefuls}
         untracked = [_live_name(key) for key in ck.state if key not in tracked]
         if untracked:  # (a typo in --track, or a set-up cell not run again)
@@ -3769,7 +3777,8 @@ class AutoSession(NotState):
                           start_rng=loop.get("start_rng"),
                           start_generators=loop.get("start_generators"),
                           batch_generators=loop.get("batch_generators"),
-                          loader_states=loop.get("loader_states"))
+                          loader_states=loop.get("loader_states"),
+                          loader_shape=loop.get("loader_shape"))
         if loop["epoch_rng"] is not None and loop["next_batch"]:
             RNGState().load_state_dict(loop.get("start_rng") or loop["epoch_rng"])
             self._pending_skip = (loop["next_batch"], ck.rng)
@@ -3807,6 +3816,42 @@ class AutoSession(NotState):
                  + (f"; put back as saved: {', '.join(changed)}" if changed else "")
                  + saved.unread())
         return loop["epoch"]
+
+    def _refuse_recut_loader(self, checkpoint_id: str, saved: _SavedRun, loader: Any
+                             ) -> None:
+        """Refuse, before anything is loaded, a mid-epoch resume whose loader now cuts
+        the epoch otherwise than when it was saved (another batch_size, another data set):
+        skipping the batches done would repeat some of the epoch's samples and leave out
+        others, without a word. ``loader``: the tracked loop's, where it is at hand; else
+        the notebook variable that held it (a resume as ``epochs()`` begins)."""
+        loop = saved.loop or {}
+        shape = loop.get("loader_shape")
+        if not loop.get("next_batch") or loop.get("epoch_rng") is None or not shape:
+            return  # (at an epoch's end any loader goes on: nothing is skipped)
+        if loader is None:
+            loader = self.namespace.get(shape.get("name")) if shape.get("name") else None
+            if loader is None:
+                return  # (made in the epoch's code: not there yet)
+        now = _loader_shape(loader, _data_loader(loader), {})
+        differs = [(what, shape.get(key), now[key]) for key, what in
+                   (("batch_size", "batch_size"), ("batches", "batches an epoch"))
+                   if shape.get(key) is not None and now[key] is not None
+                   and shape.get(key) != now[key]]
+        if not differs:
+            return
+        name = shape.get("name") or "the loader"
+        raise StateMismatchError(
+            f"not resuming checkpoint {checkpoint_id} (step {saved.step}): it was saved "
+            f"{loop['next_batch']} batches into "
+            + ("its epoch" if loop.get("epoch") is None else f"epoch {loop['epoch']}")
+            + f" of {name}, which now has " + " and ".join(
+                f"{what} {new} (was {old})" for what, old, new in differs)
+            + f": skipping {loop['next_batch']} of its batches now would train some of the "
+            "epoch's samples twice and leave others out; nothing was loaded. Make the "
+            "loader as it was to resume exactly, or %ckpt_rollback ID "
+            "(ckpt_nb.rollback(ID)) to a checkpoint of the run at an epoch's end (batch 0), "
+            "which goes on with any loader, or run with --no-resume (auto(resume=False)) "
+            "not to resume it")
 
     def _undo_epoch_prefix(self) -> None:
         """Put back what the epoch's code ahead of its batches() loop changed as it ran
@@ -3986,7 +4031,7 @@ class AutoSession(NotState):
         # loop makes, just now)
         prefix_ran = self._epoch_put_back is not None
         self._note_loop_began()
-        self._resume_now()
+        self._resume_now(loader)
         self.loop.tracked_loader = id(loader)
         outer = self.loop.epoch is None  # (the cell run's loop, not an epoch's)
         if outer:
@@ -4061,6 +4106,7 @@ class AutoSession(NotState):
             self.loop.batch_generators = self._generator_states()
             self.loop.loader_rng = [g.get_state() for g in generators]
             self.loop.loader_states, unsaved = _loader_states(data_loader)
+            self.loop.loader_shape = _loader_shape(loader, data_loader, self.namespace)
             if unsaved:
                 self.say(f"not saved as the epoch began, so a resume in it may replay "
                          f"another order: the loader's {unsaved}")
@@ -4819,6 +4865,17 @@ def _data_loader(loader: Any) -> torch.utils.data.DataLoader | None:
     """The DataLoader that ``batches()`` is given, or wrapped in what it is given."""
     return next((layer for layer in _wrapped(loader)
                  if isinstance(layer, torch.utils.data.DataLoader)), None)
+
+
+def _loader_shape(loader: Any, data_loader: torch.utils.data.DataLoader | None,
+                  namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """How ``loader`` cuts an epoch: its batches an epoch and its DataLoader's batch_size
+    (None where it has none), and the notebook variable that holds it (None where none)."""
+    name = next((key for key, value in namespace.items()
+                 if value is loader or (data_loader is not None and value is data_loader)),
+                None)
+    return {"name": name, "batches": _length(lambda: len(loader)),
+            "batch_size": None if data_loader is None else data_loader.batch_size}
 
 
 def _reuses_iterator(loader: torch.utils.data.DataLoader | None) -> bool | None:

@@ -1,0 +1,76 @@
+"""What the user's code changed between a save and its resume, in a real in-process IPython
+shell on scikit-learn's digits: a resume that would go on silently wrong is refused,
+naming what differs and the ways on, with nothing loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+from digits_code import LOAD_DIGITS
+from test_magics import final_state, run, same
+
+SETUP = LOAD_DIGITS + """
+import os, signal, torch, ckpt_nb
+torch.manual_seed(0)
+X, Y = (torch.tensor(a) for a in load_digits(return_X_y=True))
+X = X.float() / 16.0
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=90,
+                                     shuffle=True)
+model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+def stop_at(epoch, i):
+    if (epoch, i) == STOP:
+        os.kill(os.getpid(), signal.SIGINT)
+"""
+
+TRAIN = """%%ckpt_auto --dir {dir} --every-steps 50
+for epoch in ckpt_nb.epochs(2):
+    for i, (xb, yb) in ckpt_nb.batches(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        stop_at(epoch, i)
+"""
+
+BATCHES_45 = ("loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), "
+              "batch_size=45, shuffle=True)")
+
+
+@pytest.mark.parametrize("where", ["epochs", "batches"])
+def test_a_loader_cut_otherwise_is_not_resumed_mid_epoch(shell: InteractiveShell,
+                                                         tmp_path: Path, capsys,
+                                                         where: str) -> None:
+    """The loader made again with another batch_size after a stop mid-epoch: the resume
+    skipped as many of the new, smaller batches as the run had done of the old, training
+    the epoch's first samples again (or leaving some out) without a word. It is refused,
+    nothing loaded, naming the batch size; with the loader as it was, it resumes."""
+    cell = TRAIN if where == "epochs" else \
+        TRAIN.replace("for epoch in ckpt_nb.epochs(2):\n    ", "epoch = 0\nif True:\n    ")
+    run(shell, SETUP)
+    shell.user_ns["STOP"] = (0 if where == "batches" else 1, 4)
+    assert not run(shell, cell.format(dir=tmp_path / "s")).success  # (interrupted, saved)
+    stopped = final_state(shell)
+    shell.user_ns["STOP"] = None
+    run(shell, BATCHES_45)
+    with torch.no_grad():
+        for p in shell.user_ns["model"].parameters():
+            p.add_(1.0)  # (changed since the stop: a refused resume puts nothing back)
+    changed = final_state(shell)
+    capsys.readouterr()
+    result = run(shell, cell.format(dir=tmp_path / "s"))
+    out = capsys.readouterr()
+    text = out.out + out.err + str(result.error_in_exec)
+    assert not result.success and "StateMismatchError" in type(result.error_in_exec).__name__
+    assert "batch_size 45 (was 90)" in text and "--no-resume" in text, text
+    assert same(final_state(shell), changed), "a refused resume loaded something"
+    assert not same(changed, stopped)
+    run(shell, "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), "
+               "batch_size=90, shuffle=True)")
+    capsys.readouterr()
+    assert run(shell, cell.format(dir=tmp_path / "s")).success
+    assert "resumed from" in capsys.readouterr().out
