@@ -1214,6 +1214,55 @@ def _put_back_flags(objects: Mapping[str, Any], run: Mapping[str, Any]) -> list[
     return changed
 
 
+_HYPERPARAMETERS_NAMED = 3  # (a resume's line names the first few; the rest are counted)
+
+
+def _changed_hyperparameters(objects: Mapping[str, Any], saved: Mapping[str, Any],
+                             same: Iterable[str]) -> list[str]:
+    """The optimizers' hyper-parameters (``lr``, ``weight_decay``, ``betas``, ...) that
+    a resume puts back otherwise than they are now, in words (``opt's lr = 0.01 (was
+    0.001)``): an lr the cell's code set ahead of its loop, or the set-up cell's edited, is
+    replaced by the saved one, which the line said nothing of. An optimizer the stop left
+    (``same``) is compared as it stands; a new one's lr by its ``initial_lr`` where both
+    hold one (its scheduler's starting lr: the saved lr is where the schedule stood)."""
+    same = set(same)
+    changed = []
+    for key, obj in objects.items():
+        optimizer, state = unwrap_state(obj), saved.get(key)
+        if not isinstance(optimizer, torch.optim.Optimizer) or not isinstance(state, Mapping):
+            continue
+        groups = state.get("param_groups")
+        if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+            continue  # (refused by the load, which names it)
+        for index, (old, new) in enumerate(zip(groups, optimizer.param_groups)):
+            if not isinstance(old, Mapping):
+                continue
+            names = [name for name in old if name not in ("params", "param_names")
+                     and name in new]
+            if key not in same and "initial_lr" in names:
+                names.remove("lr")
+            where = f"{_live_name(key)}'s " + (f"group {index} " if len(groups) > 1 else "")
+            changed += [f"{where}{name} = {old[name]!r} (was {new[name]!r})" for name in names
+                        if _differs(old[name], new[name])]
+    if len(changed) > _HYPERPARAMETERS_NAMED:
+        changed[_HYPERPARAMETERS_NAMED:] = [
+            f"{len(changed) - _HYPERPARAMETERS_NAMED} more optimizer hyper-parameters"]
+    return changed
+
+
+def _differs(saved: Any, live: Any) -> bool:
+    """Whether a saved hyper-parameter is not the live one (a tensor lr compared by its
+    value; a tuple read back as a list is the same)."""
+    if isinstance(saved, torch.Tensor) or isinstance(live, torch.Tensor):
+        try:
+            return bool(torch.as_tensor(saved).ne(torch.as_tensor(live)).any())
+        except (RuntimeError, TypeError, ValueError):
+            return True
+    if isinstance(saved, (list, tuple)) and isinstance(live, (list, tuple)):
+        return len(saved) != len(live) or any(map(_differs, saved, live))
+    return bool(saved != live)
+
+
 def _unfit(checkpoint_id: str, step: int | None, error: StateMismatchError
            ) -> StateMismatchError:
     """The refusal to resume a run whose checkpoint does not fit the objects as they are
@@ -3742,6 +3791,9 @@ class AutoSession(NotState):
                 f"not resuming checkpoint {ck.id} (step {saved.step}): {pickled}; nothing was "
                 "loaded. Run the cell with --trust-pickle (auto(trust_pickle=True)) if you "
                 "trust this store, or with --no-resume (auto(resume=False)) not to resume it")
+        # (read before the load: an lr the cell's code set ahead of its loop is put back)
+        hyper = _changed_hyperparameters(
+            {key: obj for key, obj in live.items() if key not in kept}, ck.state, same)
         # (a Ctrl-C as it goes in is held, then this cell's: saved at the next consistent
         # point, as one during training)
         with RestoreInterrupts(f"resume from {ck.id}", resume=True) as interrupts:
@@ -3804,7 +3856,7 @@ class AutoSession(NotState):
             [n for n in saved.variables if n not in variables]
         changed = [_live_name(n) for n in dict.fromkeys([*since, *touched]) if n in targets] + \
             [text for name, text in changed.items() if name in variables]
-        changed += _put_back_flags(targets, ck.extra[RUN_KEY])
+        changed += _put_back_flags(targets, ck.extra[RUN_KEY]) + hyper
         at = ", ".join(f"{name} {value}" for name, value in (
             ("epoch", loop["epoch"]), ("batch", loop["next_batch"]), ("step", saved.step))
             if value is not None)  # (outside epochs() it has none, as a rollback says)
@@ -3814,6 +3866,8 @@ class AutoSession(NotState):
                     "another cell since this one stopped, which does not train them)"
                     if kept else "")
                  + (f"; put back as saved: {', '.join(changed)}" if changed else "")
+                 + ("; --no-resume trains on with the optimizer's values as set (its loops "
+                    "from their start)" if hyper else "")
                  + saved.unread())
         return loop["epoch"]
 

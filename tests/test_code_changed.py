@@ -24,8 +24,9 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.L
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 def stop_at(epoch, i):
-    if (epoch, i) == STOP:
+    if (epoch, i) == stop_at.where:  # (an attribute: no variable the cell captures)
         os.kill(os.getpid(), signal.SIGINT)
+stop_at.where = None
 """
 
 TRAIN = """%%ckpt_auto --dir {dir} --every-steps 50
@@ -52,10 +53,10 @@ def test_a_loader_cut_otherwise_is_not_resumed_mid_epoch(shell: InteractiveShell
     cell = TRAIN if where == "epochs" else \
         TRAIN.replace("for epoch in ckpt_nb.epochs(2):\n    ", "epoch = 0\nif True:\n    ")
     run(shell, SETUP)
-    shell.user_ns["STOP"] = (0 if where == "batches" else 1, 4)
+    shell.user_ns["stop_at"].where = (0 if where == "batches" else 1, 4)
     assert not run(shell, cell.format(dir=tmp_path / "s")).success  # (interrupted, saved)
     stopped = final_state(shell)
-    shell.user_ns["STOP"] = None
+    shell.user_ns["stop_at"].where = None
     run(shell, BATCHES_45)
     with torch.no_grad():
         for p in shell.user_ns["model"].parameters():
@@ -74,3 +75,34 @@ def test_a_loader_cut_otherwise_is_not_resumed_mid_epoch(shell: InteractiveShell
     capsys.readouterr()
     assert run(shell, cell.format(dir=tmp_path / "s")).success
     assert "resumed from" in capsys.readouterr().out
+
+
+def test_an_lr_set_ahead_of_the_loop_is_named_as_the_resume_puts_it_back(
+        shell: InteractiveShell, tmp_path: Path, capsys) -> None:
+    """The cell edited after a stop to set the optimizer's lr ahead of its loop: the resume
+    put the saved lr back over it (as the README says) without a word, where it names the
+    variables it puts back. The line names it now, and how to train on with it; a resume
+    onto an optimizer made anew as before names nothing."""
+    run(shell, SETUP)
+    shell.user_ns["stop_at"].where = (0, 4)
+    assert not run(shell, TRAIN.format(dir=tmp_path / "s"), cell_id="train").success
+    shell.user_ns["stop_at"].where = None
+    # (its cell id, as JupyterLab sends it, tells the edited cell as the same)
+    edited = TRAIN.replace("for epoch", "for group in opt.param_groups:\n    group['lr'] = "
+                           "0.01\nfor epoch", 1)
+    capsys.readouterr()
+    assert run(shell, edited.format(dir=tmp_path / "s"), cell_id="train").success
+    out = capsys.readouterr().out
+    assert "put back as saved: opt's lr = 0.05 (was 0.01);" in out and "--no-resume" in out, out
+    assert shell.user_ns["opt"].param_groups[0]["lr"] == 0.05
+
+    run(shell, SETUP)  # (a new model and optimizer, as a new kernel's: nothing edited)
+    shell.user_ns["stop_at"].where = (0, 4)
+    assert not run(shell, TRAIN.format(dir=tmp_path / "t")).success
+    shell.user_ns["stop_at"].where = None
+    run(shell, SETUP.split("\ndef stop_at")[0])
+    capsys.readouterr()
+    assert run(shell, TRAIN.format(dir=tmp_path / "t")).success
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "lr =" not in out, out
+
