@@ -47,8 +47,8 @@ from ._catalog import (LABELS_WRITTEN, Catalog, CheckpointRow, ChunkRow, Damaged
                        disk_full, open_cache)
 from ._errors import (DELETED_BY, RANK_BY_ANOTHER, CaptureError, CheckpointInUseError,
                       CheckpointNotFoundError, CkptError, CorruptCheckpointError,
-                      StateMismatchError, StoreError, StoreFormatError, check_flag,
-                      metrics_logged, too_far_back, warn)
+                      ParameterOrderError, StateMismatchError, StoreError, StoreFormatError,
+                      check_flag, metrics_logged, too_far_back, warn)
 from ._format import (FORMAT, RUN_KEY, check_format, chunk_row_problem, decode_manifest,
                       encode_manifest, has_pickle, id_of, is_deletion_key, is_pack_key,
                       is_run_key, label_key, manifest_key, new_deletion_key, pickle_problem,
@@ -2155,10 +2155,18 @@ class CheckpointManager(NotState):
             try:
                 skipped = capture.load_all(targets, ck.state, strict=strict, kinds=ck.kinds,
                                            param_names=ck.param_names)
+            except StateMismatchError as exc:
+                if put_back is not None:
+                    put_back()
+                ways = _partial_restore_ways(targets, ck.state, strict, os.fspath(which))
+                if not ways or isinstance(exc, ParameterOrderError):
+                    raise
+                raise StateMismatchError(f"{exc}\n  {ways}") from None
             except BaseException:
                 if put_back is not None:
                     put_back()
                 raise
+            _warn_nothing_taken(ck.id, targets, skipped)
             ck.missing_keys = {name: keys for name, (keys, _) in skipped.items() if keys}
             ck.unexpected_keys = {name: keys for name, (_, keys) in skipped.items() if keys}
             for name in targets:
@@ -4078,6 +4086,55 @@ def _metric_items(metrics: Any) -> Iterable[tuple[Any, Any]]:
         raise TypeError(f"metrics must be a dict of name -> number (metrics={{'val_loss': "
                         f"0.31}}), not {type(metrics).__name__} {reprlib.repr(metrics)}")
     return metrics.items()
+
+
+def _partial_restore_ways(targets: Mapping[str, Any], states: Mapping[str, Any],
+                          strict: bool, which: str) -> str:
+    """How to take the part of a checkpoint that fits a module changed since its save (a
+    layer added or renamed, a head resized: transfer learning), for the refusal's last
+    line; "" where no module target's keys or shapes differ."""
+    keyed, reshaped = [], {}
+    for name, obj in targets.items():
+        module, state = capture.unwrap(obj), states.get(name)
+        if not isinstance(module, torch.nn.Module) or not isinstance(state, Mapping):
+            continue
+        current = module.state_dict()
+        if any(capture.skipped_keys(module, state, current)) and current.keys() & state.keys():
+            keyed.append(name)  # (none in common: renamed, which strict=False loads nothing of)
+        differ = [key for key, value in state.items() if isinstance(value, torch.Tensor)
+                  and isinstance(current.get(key), torch.Tensor) and not isinstance(
+                      current[key], torch.nn.parameter.UninitializedTensorMixin)  # (lazy)
+                  and current[key].shape != value.shape]
+        if differ:
+            reshaped[name] = differ
+    if reshaped:
+        name, keys = next(iter(reshaped.items()))
+        return (f"to take the rest, whose shapes fit (a backbone under a new head), load it "
+                f"without those keys: state = mgr.load({which!r}).state[{name!r}]; "
+                f"{name}.load_state_dict({{k: v for k, v in state.items() if k not in "
+                f"{keys[:4]!r}{' + ...' if len(keys) > 4 else ''}}}, strict=False)")
+    if keyed and strict:
+        return (f"restore(..., strict=True) needs the same keys: restore(..., strict=False) "
+                f"loads those that fit into {', '.join(keyed)}, leaving the others as they "
+                "are (the Checkpoint's missing_keys and unexpected_keys name them)")
+    return ""
+
+
+def _warn_nothing_taken(cid: str, targets: Mapping[str, Any],
+                        skipped: Mapping[str, tuple[list[str], list[str]]]) -> None:
+    """Warn of a module that a restore with ``strict=False`` put none of the checkpoint's
+    keys into (renamed layers: ``fc1.weight`` now where ``0.weight`` was saved): it stays
+    as it was, and only the Checkpoint's missing_keys would tell."""
+    for name, (missing, unexpected) in skipped.items():
+        module = capture.unwrap(targets[name])
+        if not (isinstance(module, torch.nn.Module) and missing and unexpected):
+            continue
+        if set(missing) >= set(module.state_dict()):
+            warn(f"restore(..., strict=False) of checkpoint {cid} put none of its keys into "
+                 f"{name}, which stays as it was: the checkpoint holds {unexpected[:4]}"
+                 f"{' ...' if len(unexpected) > 4 else ''}, {name} {missing[:4]}"
+                 f"{' ...' if len(missing) > 4 else ''}; take the state from load() and "
+                 "rename its keys to load it", RuntimeWarning)
 
 
 def _warn_left_out(ck: Checkpoint) -> None:

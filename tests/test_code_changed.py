@@ -106,3 +106,55 @@ def test_an_lr_set_ahead_of_the_loop_is_named_as_the_resume_puts_it_back(
     out = capsys.readouterr().out
     assert "resumed from" in out and "lr =" not in out, out
 
+
+def _digits_model(classes: int) -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, classes))
+
+
+def test_a_backbone_under_a_new_head_is_told_how_to_load(tmp_path: Path) -> None:
+    """Transfer learning: run A's 10-class model restored into run B's with a 5-class head.
+    The refusal named the shapes only, with strict=False refused alike; it now gives the
+    load that takes the backbone, which works, and a layer added is told strict=False."""
+    from ckpt_nb import CheckpointManager, StateMismatchError
+
+    torch.manual_seed(0)
+    trained = _digits_model(10)
+    with CheckpointManager(tmp_path / "a") as mgr:
+        cid = mgr.save(model=trained, epoch=0)
+        new = _digits_model(5)
+        before = [t.clone() for t in new.state_dict().values()]
+        for strict in (True, False):
+            with pytest.raises(StateMismatchError) as refused:
+                mgr.restore(cid, model=new, strict=strict)
+            assert "state = mgr.load(" in str(refused.value) and \
+                "['2.weight', '2.bias']" in str(refused.value), refused.value
+        assert same(list(new.state_dict().values()), before)
+        state = mgr.load(cid).state["model"]
+        new.load_state_dict({k: v for k, v in state.items()
+                             if k not in ['2.weight', '2.bias']}, strict=False)
+        assert torch.equal(new[0].weight, trained[0].weight)
+
+        deeper = torch.nn.Sequential(*_digits_model(10), torch.nn.ReLU(), torch.nn.Linear(10, 5))
+        with pytest.raises(StateMismatchError, match=r"missing keys(.|\n)*strict=False\) loads"):
+            mgr.restore(cid, model=deeper)
+        assert mgr.restore(cid, model=deeper, strict=False).missing_keys == {
+            "model": ["4.weight", "4.bias"]}
+
+
+def test_strict_false_that_takes_nothing_warns(tmp_path: Path) -> None:
+    """The layers renamed since the save (fc1 where 0 was): restore(strict=False) loaded
+    nothing, said only by the Checkpoint's missing_keys, and training went on from random
+    weights. It warns now, naming both sides' keys."""
+    from ckpt_nb import CheckpointManager
+
+    class Named(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.act, self.fc2 = (torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                                            torch.nn.Linear(32, 10))
+
+    with CheckpointManager(tmp_path / "a") as mgr:
+        cid = mgr.save(model=_digits_model(10), epoch=0)
+        with pytest.warns(RuntimeWarning, match=r"put none of its keys into model(.|\n)*fc1"):
+            mgr.restore(cid, model=Named(), strict=False)
