@@ -4344,7 +4344,18 @@ class AutoSession(NotState):
                 f"{TRUST_PICKLE_ROLLBACK} loads them, if you trust this store")
         saved = _SavedRun.read(ck.id, ck.extra.get(RUN_KEY))
         interrupts.commit(f"rollback to {ck.id}")
-        targets, variables = self._apply(ck, saved)
+        try:
+            targets, variables = self._apply(ck, saved)
+        except StateMismatchError as exc:
+            if isinstance(exc, ParameterOrderError):  # (says its own way on)
+                raise
+            raise StateMismatchError(
+                f"{exc}\nthe tracked objects are not as they were when {ck.id} was saved (a "
+                "layer added or resized, another optimizer, since): build them as they were "
+                "to roll back, or take the part that fits from its state, "
+                f"CheckpointManager({location(self.manager.store)!r}).load({ck.id!r})"
+                ".state (a model's: load_state_dict(..., strict=False) without the keys "
+                "named)") from None
         self._rebaseline(targets)
         self._moved_to(ck, "rollback", targets.values())
         _rolled_back_to.setdefault(self.url, set()).add(ck.id)

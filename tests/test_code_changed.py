@@ -158,3 +158,19 @@ def test_strict_false_that_takes_nothing_warns(tmp_path: Path) -> None:
         cid = mgr.save(model=_digits_model(10), epoch=0)
         with pytest.warns(RuntimeWarning, match=r"put none of its keys into model(.|\n)*fc1"):
             mgr.restore(cid, model=Named(), strict=False)
+
+
+def test_a_rollback_into_a_resized_head_says_the_way_on(shell: InteractiveShell, tmp_path: Path,
+                                                        capsys) -> None:
+    """The model made again with a 5-class head, then %ckpt_rollback to a checkpoint of the
+    10-class one: the refusal named the shapes and said only to look in another store. It
+    says now that the objects changed since, and how to take the part that fits."""
+    run(shell, SETUP)
+    assert run(shell, TRAIN.format(dir=tmp_path / "s")).success
+    run(shell, "model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), "
+               "torch.nn.Linear(32, 5))\nopt = torch.optim.SGD(model.parameters(), lr=0.05)")
+    capsys.readouterr()
+    result = run(shell, "%ckpt_rollback latest")
+    text = str(result.error_in_exec)
+    assert "(32, 5)" not in text and "(5, 32) float32 in the live object" in text, text
+    assert "build them as they were" in text and ".load(" in text, text
