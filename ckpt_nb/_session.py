@@ -4024,6 +4024,13 @@ class AutoSession(NotState):
         self._note_loop_began()
         resumed = self._resume_now()
         epoch = resumed if resumed is not None else start
+        if resumed is not None and (resumed > n or resumed == n and self._pending_skip):
+            # (epochs(N) lowered since the stop, below where the run stood: nothing is
+            # trained, and the run ends as though it had run to its end)
+            self.say(f"the resumed run stood in epoch {resumed}, past the end of "
+                     f"epochs({n}) (edited since it stopped): nothing is left to train, and "
+                     f"the run ends at the state it resumed; run the cell with --no-resume "
+                     f"(auto(resume=False)) to train epochs({n}) again from there")
         self._loop_frame = _loop_caller(sys._getframe(1))
         try:
             yield from self._epochs_from(epoch, n, resumed)

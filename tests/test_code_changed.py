@@ -174,3 +174,20 @@ def test_a_rollback_into_a_resized_head_says_the_way_on(shell: InteractiveShell,
     text = str(result.error_in_exec)
     assert "(32, 5)" not in text and "(5, 32) float32 in the live object" in text, text
     assert "build them as they were" in text and ".load(" in text, text
+
+
+def test_epochs_lowered_below_the_stop_says_nothing_is_left(shell: InteractiveShell,
+                                                            tmp_path: Path, capsys) -> None:
+    """epochs(2) edited to epochs(1) after a stop in epoch 1: the resume said it resumed
+    in epoch 1 and trained nothing, the run ending without a word. It says so now."""
+    run(shell, SETUP)
+    shell.user_ns["stop_at"].where = (1, 4)
+    assert not run(shell, TRAIN.format(dir=tmp_path / "s"), cell_id="train").success
+    shell.user_ns["stop_at"].where = None
+    stopped = final_state(shell)
+    capsys.readouterr()
+    assert run(shell, TRAIN.replace("epochs(2)", "epochs(1)").format(dir=tmp_path / "s"),
+               cell_id="train").success
+    out = capsys.readouterr().out
+    assert "past the end of epochs(1)" in out and "nothing is left to train" in out, out
+    assert same(final_state(shell), stopped)
