@@ -4093,14 +4093,16 @@ def _partial_restore_ways(targets: Mapping[str, Any], states: Mapping[str, Any],
     """How to take the part of a checkpoint that fits a module changed since its save (a
     layer added or renamed, a head resized: transfer learning), for the refusal's last
     line; "" where no module target's keys or shapes differ."""
-    keyed, reshaped = [], {}
+    keyed, reshaped, moved = [], {}, False
     for name, obj in targets.items():
         module, state = capture.unwrap(obj), states.get(name)
         if not isinstance(module, torch.nn.Module) or not isinstance(state, Mapping):
             continue
         current = module.state_dict()
-        if any(capture.skipped_keys(module, state, current)) and current.keys() & state.keys():
+        missing, unexpected = capture.skipped_keys(module, state, current)
+        if (missing or unexpected) and current.keys() & state.keys():
             keyed.append(name)  # (none in common: renamed, which strict=False loads nothing of)
+            moved = moved or bool(missing and unexpected)
         differ = [key for key, value in state.items() if isinstance(value, torch.Tensor)
                   and isinstance(current.get(key), torch.Tensor) and not isinstance(
                       current[key], torch.nn.parameter.UninitializedTensorMixin)  # (lazy)
@@ -4116,7 +4118,10 @@ def _partial_restore_ways(targets: Mapping[str, Any], states: Mapping[str, Any],
     if keyed and strict:
         return (f"restore(..., strict=True) needs the same keys: restore(..., strict=False) "
                 f"loads those that fit into {', '.join(keyed)}, leaving the others as they "
-                "are (the Checkpoint's missing_keys and unexpected_keys name them)")
+                "are (the Checkpoint's missing_keys and unexpected_keys name them)"
+                + ("; where a layer moved (renamed, or wrapped in an adapter: 0.weight now "
+                   "0.base.weight), rename its keys in the state from load() instead, or it "
+                   "keeps its values as built" if moved else ""))
     return ""
 
 

@@ -140,6 +140,10 @@ def test_a_backbone_under_a_new_head_is_told_how_to_load(tmp_path: Path) -> None
             mgr.restore(cid, model=deeper)
         assert mgr.restore(cid, model=deeper, strict=False).missing_keys == {
             "model": ["4.weight", "4.bias"]}
+        adapted = _digits_model(10)  # (a LoRA-style adapter around its first layer)
+        adapted[0] = torch.nn.ModuleDict({"base": adapted[0]})
+        with pytest.raises(StateMismatchError, match=r"0\.weight now 0\.base\.weight"):
+            mgr.restore(cid, model=adapted)
 
 
 def test_strict_false_that_takes_nothing_warns(tmp_path: Path) -> None:
