@@ -3761,7 +3761,11 @@ class AutoSession(NotState):
         if pending is None:
             return None
         ck, saved = pending.checkpoint, pending.run
-        self._refuse_recut_loader(ck.id, saved, loader)
+        if loader is not None and saved.loop and saved.loop.get("epoch_rng") is not None:
+            # (resumed by batches(): outside epochs(), nothing loaded yet)
+            self._refuse_recut_loader(ck.id, saved.step, saved.loop.get("epoch"),
+                                      saved.loop["next_batch"], saved.loop.get("loader_shape"),
+                                      loader, loaded=False)
         tracked = {_stored_key(n) for n in self.rediscover().statefuls}
         untracked = [_live_name(key) for key in ck.state if key not in tracked]
         if untracked:  # (a typo in --track, or a set-up cell not run again)
@@ -3871,21 +3875,18 @@ class AutoSession(NotState):
                  + saved.unread())
         return loop["epoch"]
 
-    def _refuse_recut_loader(self, checkpoint_id: str, saved: _SavedRun, loader: Any
-                             ) -> None:
-        """Refuse, before anything is loaded, a mid-epoch resume whose loader now cuts
-        the epoch otherwise than when it was saved (another batch_size, another data set):
-        skipping the batches done would repeat some of the epoch's samples and leave out
-        others, without a word. ``loader``: the tracked loop's, where it is at hand; else
-        the notebook variable that held it (a resume as ``epochs()`` begins)."""
-        loop = saved.loop or {}
-        shape = loop.get("loader_shape")
-        if not loop.get("next_batch") or loop.get("epoch_rng") is None or not shape:
+    def _refuse_recut_loader(self, checkpoint_id: str, step: int | None, epoch: int | None,
+                             skip: int, shape: Mapping[str, Any] | None, loader: Any,
+                             loaded: bool) -> None:
+        """Refuse a mid-epoch resume whose loader (the one the tracked ``batches()`` loop
+        is given) now cuts the epoch otherwise than when it was saved (another batch_size,
+        another data set): skipping the batches done would repeat some of the epoch's
+        samples and leave out others, without a word. ``skip``: the batches done, saved
+        ``epoch`` and ``shape`` (``_loader_shape``); ``loaded``: whether the resume put the
+        objects back already (in ``epochs()``, before the epoch's code made or changed the
+        loader), else nothing is."""
+        if not skip or not shape:
             return  # (at an epoch's end any loader goes on: nothing is skipped)
-        if loader is None:
-            loader = self.namespace.get(shape.get("name")) if shape.get("name") else None
-            if loader is None:
-                return  # (made in the epoch's code: not there yet)
         now = _loader_shape(loader, _data_loader(loader), {})
         differs = [(what, shape.get(key), now[key]) for key, what in
                    (("batch_size", "batch_size"), ("batches", "batches an epoch"))
@@ -3895,17 +3896,18 @@ class AutoSession(NotState):
             return
         name = shape.get("name") or "the loader"
         raise StateMismatchError(
-            f"not resuming checkpoint {checkpoint_id} (step {saved.step}): it was saved "
-            f"{loop['next_batch']} batches into "
-            + ("its epoch" if loop.get("epoch") is None else f"epoch {loop['epoch']}")
+            f"not resuming checkpoint {checkpoint_id} (step {step}): it was saved "
+            f"{skip} batches into " + ("its epoch" if epoch is None else f"epoch {epoch}")
             + f" of {name}, which now has " + " and ".join(
                 f"{what} {new} (was {old})" for what, old, new in differs)
-            + f": skipping {loop['next_batch']} of its batches now would train some of the "
-            "epoch's samples twice and leave others out; nothing was loaded. Make the "
-            "loader as it was to resume exactly, or %ckpt_rollback ID "
-            "(ckpt_nb.rollback(ID)) to a checkpoint of the run at an epoch's end (batch 0), "
-            "which goes on with any loader, or run with --no-resume (auto(resume=False)) "
-            "not to resume it")
+            + f": skipping {skip} of its batches now would train some of the "
+            "epoch's samples twice and leave others out; "
+            + (f"the tracked objects are as {checkpoint_id} holds them, no batch was trained"
+               if loaded else "nothing was loaded")
+            + ". Make the loader as it was and run the cell again to resume exactly, or "
+            "%ckpt_rollback ID (ckpt_nb.rollback(ID)) to a checkpoint of the run at an "
+            "epoch's end (batch 0), which goes on with any loader, or run with --no-resume "
+            "(auto(resume=False)) not to resume it")
 
     def _undo_epoch_prefix(self) -> None:
         """Put back what the epoch's code ahead of its batches() loop changed as it ran
@@ -4098,6 +4100,10 @@ class AutoSession(NotState):
         if outer:
             self._loop_frame = _loop_caller(sys._getframe(1))
         skip, rng_after = self._pending_skip or (0, None)
+        if skip and prefix_ran and (put_back := self._epoch_put_back) is not None:
+            # (epochs() resumed before the epoch's code made or changed the loader)
+            self._refuse_recut_loader(put_back.checkpoint.id, put_back.step, self.loop.epoch,
+                                      skip, self.loop.loader_shape, loader, loaded=True)
         if skip and prefix_ran:
             self._undo_epoch_prefix()
         self._epoch_put_back = None  # (it holds the checkpoint's state: not kept through)

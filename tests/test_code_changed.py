@@ -49,9 +49,14 @@ def test_a_loader_cut_otherwise_is_not_resumed_mid_epoch(shell: InteractiveShell
     """The loader made again with another batch_size after a stop mid-epoch: the resume
     skipped as many of the new, smaller batches as the run had done of the old, training
     the epoch's first samples again (or leaving some out) without a word. It is refused,
-    nothing loaded, naming the batch size; with the loader as it was, it resumes."""
+    naming the batch size, no batch trained (outside epochs() nothing loaded; in it the
+    objects as the checkpoint holds them, put back before the epoch's code made the
+    loader); with the loader as it was, it resumes."""
     cell = TRAIN if where == "epochs" else \
         TRAIN.replace("for epoch in ckpt_nb.epochs(2):\n    ", "epoch = 0\nif True:\n    ")
+    run(shell, SETUP)
+    assert run(shell, cell.format(dir=tmp_path / "reference")).success
+    unstopped = final_state(shell)
     run(shell, SETUP)
     shell.user_ns["stop_at"].where = (0 if where == "batches" else 1, 4)
     assert not run(shell, cell.format(dir=tmp_path / "s")).success  # (interrupted, saved)
@@ -68,13 +73,19 @@ def test_a_loader_cut_otherwise_is_not_resumed_mid_epoch(shell: InteractiveShell
     text = out.out + out.err + str(result.error_in_exec)
     assert not result.success and "StateMismatchError" in type(result.error_in_exec).__name__
     assert "batch_size 45 (was 90)" in text and "--no-resume" in text, text
-    assert same(final_state(shell), changed), "a refused resume loaded something"
+    if where == "epochs":  # (put back as epochs() began, before the loader was at hand)
+        assert "the tracked objects are as" in text and "no batch was trained" in text
+        assert same(final_state(shell), stopped)
+    else:
+        assert "nothing was loaded" in text
+        assert same(final_state(shell), changed), "a refused resume loaded something"
     assert not same(changed, stopped)
     run(shell, "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), "
                "batch_size=90, shuffle=True)")
     capsys.readouterr()
     assert run(shell, cell.format(dir=tmp_path / "s")).success
     assert "resumed from" in capsys.readouterr().out
+    assert same(final_state(shell), unstopped)  # (the refused try left no trace)
 
 
 def test_an_lr_set_ahead_of_the_loop_is_named_as_the_resume_puts_it_back(
@@ -195,3 +206,23 @@ def test_epochs_lowered_below_the_stop_says_nothing_is_left(shell: InteractiveSh
     out = capsys.readouterr().out
     assert "past the end of epochs(1)" in out and "nothing is left to train" in out, out
     assert same(final_state(shell), stopped)
+
+
+def test_a_loader_the_epochs_code_makes_by_epoch_resumes(shell: InteractiveShell,
+                                                         tmp_path: Path, capsys) -> None:
+    """A curriculum: the epoch's code makes its loader over more samples each epoch. The
+    set-up cell's loader (run again, as in a new kernel) cuts the epoch otherwise than the
+    one the stopped epoch made; the resume compares the one batches() is given, after
+    the epoch's code made it again, and goes on."""
+    cell = TRAIN.replace(
+        "for epoch in ckpt_nb.epochs(2):\n", "for epoch in ckpt_nb.epochs(2):\n    loader = "
+        "torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[:900 + 450 * epoch], "
+        "Y[:900 + 450 * epoch]), batch_size=90, shuffle=True)\n")
+    run(shell, SETUP)
+    shell.user_ns["stop_at"].where = (1, 4)
+    assert not run(shell, cell.format(dir=tmp_path / "s")).success
+    run(shell, SETUP)
+    capsys.readouterr()
+    result = run(shell, cell.format(dir=tmp_path / "s"))
+    assert result.success, result.error_in_exec
+    assert "resumed from" in capsys.readouterr().out
