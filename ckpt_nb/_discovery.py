@@ -1330,7 +1330,8 @@ def _samplers_batches_restores(namespace: Mapping[str, Any], names: list[str],
                                 held: Container[int]) -> set[int]:
     """The ids of the samplers and batch samplers of the loaders the code passes to the
     ``batches()`` loop it tracks, whose every generator batches() saves as the epoch
-    begins (``loader_random``): a resume puts them back, so a sampler of the user's own
+    begins (``loader_random``) and whose ``__iter__`` changes no field of theirs
+    (``_advances_own_fields``): a resume puts them back, so a sampler of the user's own
     holding a ``torch.Generator`` resumed its order bit-exact while the start line said it
     was "not saved, nor put back on resume"."""
     found: set[int] = set()
@@ -1342,9 +1343,64 @@ def _samplers_batches_restores(namespace: Mapping[str, Any], names: list[str],
         batch_sampler = getattr(loader, "batch_sampler", None)
         for part in (getattr(loader, "sampler", None), batch_sampler,
                      getattr(batch_sampler, "sampler", None)):
-            if part is not None and not _unheld_draws(part, held):
+            if part is not None and not _unheld_draws(part, held) and \
+                    not _advances_own_fields(part):
                 found.add(id(part))
     return found
+
+
+# The methods that change a list, dict or set in place (``self.seen.append(i)``).
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update",
+                       "add", "discard", "setdefault", "popitem", "sort", "reverse"})
+
+
+def _advances_own_fields(sampler: Any) -> bool:
+    """Whether a sampler's ``__iter__`` (or a method of its class that it calls) sets or
+    changes a field of its own (``self.epoch += 1``, seeding a generator made anew each
+    epoch, as DistributedSampler's ``set_epoch`` does by hand): state that no checkpoint
+    holds and batches() does not put back, so the order after a resume is another. True
+    where its source cannot be read; False for torch's own samplers, which keep none."""
+    kind = type(sampler)
+    if kind.__module__.split(".")[0] == "torch":
+        return False
+    functions = {"__iter__": inspect.getattr_static(kind, "__iter__", None)}
+    read: set[str] = set()
+    while functions:
+        name, function = functions.popitem()
+        read.add(name)
+        if not isinstance(function, types.FunctionType):
+            return True
+        if function.__module__.split(".")[0] == "torch":
+            continue
+        tree = _definition_of(function.__code__)
+        if tree is None or not tree.args.args:
+            return True
+        this = tree.args.args[0].arg
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else \
+                node.targets if isinstance(node, ast.Delete) else []
+            if any(_rooted_at(target, this) and not isinstance(target, ast.Name)
+                   for target in targets):
+                return True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if isinstance(owner, ast.Attribute) and _rooted_at(owner, this) and \
+                        node.func.attr in _MUTATORS:
+                    return True
+                if isinstance(owner, ast.Name) and owner.id == this and \
+                        node.func.attr not in read:
+                    functions[node.func.attr] = inspect.getattr_static(
+                        kind, node.func.attr, None)
+    return False
+
+
+def _rooted_at(node: ast.expr, name: str) -> bool:
+    """Whether an expression is ``name``'s attribute or item, however deep
+    (``self.epoch``, ``self.counts[i]``)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == name
 
 
 # Why ckpt_nb's own object named to track (``--track mgr``) is skipped, and what to track.

@@ -356,6 +356,50 @@ def test_a_sampler_holding_its_generator_is_not_said_unsaved_where_batches_resto
         unwrapped
 
 
+class EpochSeeded(torch.utils.data.Sampler):  # (DistributedSampler's order, by itself)
+    __module__ = "__main__"
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.epoch += 1
+        return iter(self._order())
+
+    def _order(self) -> list[int]:
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)
+                              ).tolist()
+
+
+class Remembering(Shuffled):  # (the generator batches() saves, and a field it does not)
+    __module__ = "__main__"
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        order = torch.randperm(self.n, generator=self.gen).tolist()
+        self.orders = getattr(self, "orders", [])
+        self.orders.append(order)
+        return iter(order)
+
+
+@pytest.mark.parametrize("kind", [EpochSeeded, Remembering])
+def test_a_sampler_whose_iter_changes_its_own_fields_is_still_said_unsaved(
+        kind: type[torch.utils.data.Sampler]) -> None:
+    """A sampler whose __iter__ counts its epochs (seeding a generator made anew from the
+    count) or keeps what it drew, in the loader the cell passes to batches(), was no longer
+    listed, the start line saying only "batches() restores its order": the count is in no
+    checkpoint, and the resumed run's later epochs came in another order than the
+    unstopped run's."""
+    sampler = kind(8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)),
+                                         batch_size=2, sampler=sampler)
+    tracked = discover({"sampler": sampler, "loader": loader}, code=TRAINING).summary()
+    assert f"sampler ({kind.__name__}), no state_dict(): not saved, nor put back on " \
+        "resume" in tracked, tracked
+
+
 def test_an_auto_block_passing_its_loader_to_batches_is_not_told_to_wrap_it(
         tmp_path: Path) -> None:
     """auto()'s start line said "wrap it in ckpt_nb.batches()" of the loader its block
