@@ -1554,7 +1554,8 @@ class Explorer(w.VBox, NotState):
     def _on_session_event(self, event: str, checkpoint_id: str, url: str) -> None:
         # Called on the session's writer thread: only wake the follower, so a burst of
         # saves costs one redraw and the writer never waits for a plot.
-        if url == self.url or (self._manager is None and self._follows_session):
+        if url == _session.store_url(self.url) or (
+                self._manager is None and self._follows_session):  # (sessions' keys)
             self._wake.set()
 
     def _catalog_signature(self) -> tuple[Any, ...]:

@@ -1424,7 +1424,7 @@ class AutoSession(NotState):
         self._exact_taken = 0
         self._exact_written: tuple[int, str, str] | None = None
         self.manager.runs = self._own_checkpoints
-        self.url = self.manager.store.url
+        self.url = store_url(self.manager)  # (resolved: the key of the kernel's position)
         self._follow_position()
         self.manager.add_listener(self._on_manager_event)
         self.writer = BackgroundWriter()
@@ -4661,10 +4661,10 @@ def _trained(objects: Iterable[Any]) -> list[weakref.ref[Any]]:
 
 
 def store_url(store: str | os.PathLike[str] | CheckpointManager) -> str:
-    """The key a store is known by: its URL (a local folder's resolved file:// URI)."""
-    if isinstance(store, CheckpointManager):
-        return store.store.url
-    text = os.fspath(store)
+    """The key a store is known by: its URL (a local folder's resolved file:// URI, a
+    manager's too: one opened through a link or ``sub/..`` is the same store, and the
+    kernel's position in it was lost, a rollback's cell taking it for another)."""
+    text = store.store.url if isinstance(store, CheckpointManager) else os.fspath(store)
     if "://" in text and not text.startswith(LOCAL_SCHEMES):
         return canonical_url(text)
     path = file_url_path(text) if text.startswith(LOCAL_SCHEMES) else Path(text)

@@ -719,3 +719,22 @@ def test_a_cell_on_another_store_after_a_rollback_says_its_run_starts_over_there
     assert CheckpointManager(new).list()["step"].tolist()[0] == 2  # (from 0: its first save)
     run(shell, f"%%ckpt_auto --dir {tmp_path / 'third'} --every-steps 2" + LOOP)
     assert "rolled back" not in capsys.readouterr().out
+
+
+def test_a_cell_on_the_rolled_back_store_by_another_spelling_goes_on_from_there(
+        shell, tmp_path: Path, capsys) -> None:
+    """``%ckpt_rollback --dir S -2``, then a cell on S spelled through a link (or
+    ``sub/../S``): the kernel's position was keyed by each spelling, so the cell did not
+    go on from the rolled-back checkpoint but started over in a new root, and said that
+    the objects came from another store."""
+    old = tmp_path / "old"
+    (tmp_path / "link").symlink_to(old)
+    run(shell, SETUP)
+    run(shell, f"%%ckpt_auto --dir {old} --every-steps 2" + LOOP)
+    run(shell, f"%ckpt_rollback --dir {old} -2")
+    rolled_to = CheckpointManager(old).resolve("-2")
+    capsys.readouterr()
+    run(shell, f"%%ckpt_auto --dir {tmp_path / 'link'} --every-steps 2" + LOOP)
+    out = capsys.readouterr().out
+    assert f"ckpt_nb: resumed from {rolled_to} (epoch 1, batch 0, step 2)" in out, out
+    assert "rolled back to there" not in out, out
