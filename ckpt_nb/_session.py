@@ -2949,7 +2949,9 @@ class AutoSession(NotState):
             "each what the checkpoint holds"
         module = next((name for name in held if ck.kinds.get(_stored_key(name), "")
                        .startswith("torch.nn.")), None)
-        example = "" if module is None else f" (`{module} = copy.deepcopy(model)`" + (
+        source = None if module is None else _copied_from(
+            self.discovery.statefuls, kinds[module], module)
+        example = "" if module is None else f" (`{module} = copy.deepcopy({source})`" + (
             f" in place of `{module} = None`)" if held[module] is None else ")")
         return (f"{start}: {now} (a resume begins where the loop does, before a loop that "
                 f"makes {them} has run); make {make} ahead of the cell's loops, where a "
@@ -4574,6 +4576,16 @@ def _live_owner(owner: Any) -> str | None:
     if started is not None and now != started:
         return None  # (ended, a zombie; or its pid went to a later process)
     return f"process {pid} (another kernel, still running)"
+
+
+def _copied_from(statefuls: Mapping[str, Any], kind: str, copy_name: str) -> str:
+    """The name of the tracked module that a loop's copy ``copy_name`` of class ``kind``
+    was likely made from, for the example of making the copy ahead of the loop: "model"
+    was written where the notebook's is ``net``, a name the example then did not run
+    with."""
+    return next((name for name, obj in statefuls.items() if name != copy_name
+                 and isinstance(obj, torch.nn.Module) and type(obj).__name__ == kind),
+                "model")
 
 
 def _set_position_event(url: str, event: str) -> None:

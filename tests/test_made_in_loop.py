@@ -106,3 +106,15 @@ def test_an_ema_made_in_the_loop_is_not_told_to_be_a_copy_of_the_model(tmp_path:
     assert done.returncode == 0, done.stderr
     assert "ema (AveragedModel), made in the cell's loop, is in its" in done.stdout
     assert "copy.deepcopy" not in done.stdout, done.stdout
+
+
+def test_the_example_copies_the_notebooks_own_model_by_its_name(tmp_path: Path) -> None:
+    """Where the model is ``net``, the first save's words and the refusal's example were
+    `best_net = copy.deepcopy(model)`, a name the notebook does not have."""
+    killed = KILLED.replace("model", "net").format(ahead="None")
+    told = script(tmp_path, "train.py", killed, die=True)
+    assert "(`best_net = copy.deepcopy(net)`; or keep `copy.deepcopy(net.state_dict())`" \
+        in told.stdout, told.stdout
+    refused = script(tmp_path, "train.py", killed)
+    assert "(`best_net = copy.deepcopy(net)` in place of `best_net = None`)" \
+        in refused.stderr, refused.stderr
