@@ -2941,11 +2941,11 @@ class AutoSession(NotState):
                     "(auto(resume=False)) not to resume it")
         kinds = {name: ck.kinds.get(_stored_key(name), "").rpartition(".")[2] or "object"
                  for name in held}
-        now = ", ".join(f"{name} is {'None' if value is None else 'a ' + type(value).__name__}"
-                        f" here, where the checkpoint holds a {kinds[name]}"
+        now = ", ".join(f"{name} is {'None' if value is None else _a(type(value).__name__)}"
+                        f" here, where the checkpoint holds {_a(kinds[name])}"
                         for name, value in held.items())
         them = "it" if len(held) == 1 else "them"
-        make = f"{untracked[0]} a {kinds[untracked[0]]}" if len(held) == 1 else \
+        make = f"{untracked[0]} {_a(kinds[untracked[0]])}" if len(held) == 1 else \
             "each what the checkpoint holds"
         module = next((name for name in held if ck.kinds.get(_stored_key(name), "")
                        .startswith("torch.nn.")), None)
@@ -4576,6 +4576,11 @@ def _live_owner(owner: Any) -> str | None:
     if started is not None and now != started:
         return None  # (ended, a zombie; or its pid went to a later process)
     return f"process {pid} (another kernel, still running)"
+
+
+def _a(kind: str) -> str:
+    """A class's name with its article: "a Linear", "an AveragedModel"."""
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def _copied_from(statefuls: Mapping[str, Any], kind: str, copy_name: str) -> str:

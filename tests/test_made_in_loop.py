@@ -118,3 +118,15 @@ def test_the_example_copies_the_notebooks_own_model_by_its_name(tmp_path: Path) 
     refused = script(tmp_path, "train.py", killed)
     assert "(`best_net = copy.deepcopy(net)` in place of `best_net = None`)" \
         in refused.stderr, refused.stderr
+
+
+def test_the_refusal_words_an_averaged_model_with_its_article(tmp_path: Path) -> None:
+    """"where the checkpoint holds a AveragedModel"; and an EMA is no copy to make."""
+    killed = KILLED.replace("best, best_model = val, copy.deepcopy(model)",
+                            "best, best_model = val, torch.optim.swa_utils.AveragedModel(model)")
+    script(tmp_path, "train.py", killed.format(ahead="None"), die=True)
+    refused = script(tmp_path, "train.py", killed.format(ahead="None"))
+    assert "best_model is None here, where the checkpoint holds an AveragedModel" \
+        in refused.stderr, refused.stderr
+    assert "make best_model an AveragedModel ahead of the cell's loops" in refused.stderr
+    assert "copy.deepcopy" not in refused.stderr, refused.stderr
