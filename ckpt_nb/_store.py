@@ -41,6 +41,7 @@ from . import _native
 from ._buffers import fill
 from ._errors import CorruptCheckpointError, MissingDependencyError, StoreError
 from ._not_state import NotState
+from ._units import human_size
 
 try:
     import fcntl
@@ -501,11 +502,14 @@ def why_unwritable(exc: OSError) -> str:
 def _why_full(exc: OSError) -> str:
     """What to do about a write refused for want of room: a file past this process's
     file-size limit (ulimit -f, EFBIG) is no full disk, which "free some room" said."""
+    if exc.errno != errno.EFBIG:
+        return "free some room"
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if exc.errno == errno.EFBIG and limit != resource.RLIM_INFINITY:
-        return (f"this process may write no file over {limit} bytes (its file-size limit, "
-                "ulimit -f): raise the limit")
-    return "free some room"
+    if limit != resource.RLIM_INFINITY:
+        return (f"this process may write no file over {human_size(limit)} ({limit} bytes: "
+                "its file-size limit, ulimit -f): raise the limit")
+    return ("the file system takes no file this big (FAT32's largest is 4 GiB): put the "
+            "store on another file system")
 
 
 @contextlib.contextmanager

@@ -60,12 +60,24 @@ def test_a_pack_past_the_file_size_limit_names_the_limit_not_a_full_disk(
     file_size_limit(1 << 20)
     with pytest.raises(StoreError, match=r"saving a checkpoint failed, so it was not saved: "
                        r"cannot write packs/[0-9a-f]{32}\.pack in the store .*: File too "
-                       r"large: this process may write no file over 1048576 bytes \(its "
-                       r"file-size limit, ulimit -f\): raise the limit, then try again \(what "
+                       r"large: this process may write no file over 1\.0 MiB \(1048576 "
+                       r"bytes: its file-size limit, ulimit -f\): raise the limit, then try "
+                       r"again \(what "
                        r"was saved before is intact\)$"):
         mgr.save(h=Holder({"w": torch.randn(1 << 20)}), rng=False)
     file_size_limit(None)
     assert mgr.list()["id"].tolist() == [first] and mgr.verify().ok
+
+
+def test_a_file_too_big_for_its_file_system_is_no_full_disk() -> None:
+    """EFBIG with no file-size limit set: a file system's own largest file (FAT32's 4 GiB),
+    which "free some room" did not help either."""
+    from ckpt_nb._store import _why_full
+
+    assert _why_full(OSError(errno.EFBIG, "File too large")) == (
+        "the file system takes no file this big (FAT32's largest is 4 GiB): put the store on "
+        "another file system")
+    assert _why_full(OSError(errno.ENOSPC, "No space left on device")) == "free some room"
 
 
 # A model's checkpoint whose chunks lie in a pack of some 55 MiB (saved with a 64 MiB tensor of
