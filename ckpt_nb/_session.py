@@ -1216,6 +1216,11 @@ def _put_back_flags(objects: Mapping[str, Any], run: Mapping[str, Any]) -> list[
 
 _HYPERPARAMETERS_NAMED = 3  # (a resume's line names the first few; the rest are counted)
 
+# The hyper-parameters a scheduler drives as it steps (and sets as it is made), by the
+# setting it keeps in the group beside them (OneCycleLR, CyclicLR: max_momentum): the
+# saved value is where the schedule stood, no edit; the setting is compared instead.
+_SCHEDULED = {"lr": "initial_lr", "momentum": "max_momentum", "betas": "max_momentum"}
+
 
 def _changed_hyperparameters(objects: Mapping[str, Any], saved: Mapping[str, Any],
                              same: Iterable[str]) -> list[str]:
@@ -1223,8 +1228,11 @@ def _changed_hyperparameters(objects: Mapping[str, Any], saved: Mapping[str, Any
     a resume puts back otherwise than they are now, in words (``opt's lr = 0.01 (was
     0.001)``): an lr the cell's code set ahead of its loop, or the set-up cell's edited, is
     replaced by the saved one, which the line said nothing of. An optimizer the stop left
-    (``same``) is compared as it stands; a new one's lr by its ``initial_lr`` where both
-    hold one (its scheduler's starting lr: the saved lr is where the schedule stood)."""
+    (``same``) is compared as it stands. One a scheduler drives is compared by the
+    scheduler's settings (``initial_lr``, ``max_momentum``), not by the values it steps;
+    a new one's lr not at all where no scheduler keeps its starting lr (a
+    ReduceLROnPlateau or the loop's own decay moved the saved lr from the one it is made
+    with, which is no edit)."""
     same = set(same)
     changed = []
     for key, obj in objects.items():
@@ -1237,10 +1245,10 @@ def _changed_hyperparameters(objects: Mapping[str, Any], saved: Mapping[str, Any
         for index, (old, new) in enumerate(zip(groups, optimizer.param_groups)):
             if not isinstance(old, Mapping):
                 continue
-            names = [name for name in old if name not in ("params", "param_names")
-                     and name in new]
-            if key not in same and "initial_lr" in names:
-                names.remove("lr")
+            held = [name for name in old if name not in ("params", "param_names")
+                    and name in new]
+            names = [name for name in held if _SCHEDULED.get(name) not in held
+                     and (name != "lr" or key in same)]
             where = f"{_live_name(key)}'s " + (f"group {index} " if len(groups) > 1 else "")
             changed += [f"{where}{name} = {old[name]!r} (was {new[name]!r})" for name in names
                         if _differs(old[name], new[name])]

@@ -226,3 +226,38 @@ def test_a_loader_the_epochs_code_makes_by_epoch_resumes(shell: InteractiveShell
     result = run(shell, cell.format(dir=tmp_path / "s"))
     assert result.success, result.error_in_exec
     assert "resumed from" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("scheduler", ["OneCycleLR(opt, max_lr=0.05, total_steps=60)",
+                                       "ReduceLROnPlateau(opt, patience=0, factor=0.5)"])
+def test_what_a_scheduler_moved_is_not_named_as_edited(shell: InteractiveShell,
+                                                       tmp_path: Path, capsys,
+                                                       scheduler: str) -> None:
+    """A new kernel, nothing edited: the resume named the betas a OneCycleLR had cycled
+    (the new one set them to its max_momentum), or the lr a ReduceLROnPlateau had lowered,
+    as put back otherwise than set, and told --no-resume to train on with them. The
+    scheduler's own settings are compared instead: an edited max_lr is named."""
+    setup = SETUP.replace("opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)",
+                          "opt = torch.optim.Adam(model.parameters(), lr=0.01)\n"
+                          f"sched = torch.optim.lr_scheduler.{scheduler}")
+    plateau = scheduler.startswith("Reduce")
+    cell = TRAIN.replace("    for i, (xb", "    sched.step(1.0)\n    for i, (xb") if plateau \
+        else TRAIN.replace("        stop_at(", "        sched.step()\n        stop_at(")
+    run(shell, setup)
+    shell.user_ns["stop_at"].where = (1, 4)
+    assert not run(shell, cell.format(dir=tmp_path / "s")).success
+    run(shell, setup)  # (a new model, optimizer and scheduler, as a new kernel's)
+    capsys.readouterr()
+    assert run(shell, cell.format(dir=tmp_path / "s")).success
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "put back as saved:" not in out, out
+    if plateau:
+        return
+    run(shell, setup)
+    shell.user_ns["stop_at"].where = (1, 4)
+    assert not run(shell, cell.format(dir=tmp_path / "t")).success
+    run(shell, setup.replace("max_lr=0.05", "max_lr=0.02"))
+    capsys.readouterr()
+    assert run(shell, cell.format(dir=tmp_path / "t")).success
+    out = capsys.readouterr().out
+    assert "opt's max_lr = 0.05 (was 0.02)" in out and "betas" not in out, out
