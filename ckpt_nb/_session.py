@@ -4111,11 +4111,11 @@ class AutoSession(NotState):
             self._loop_frame = _loop_caller(sys._getframe(1))
         skip, rng_after = self._pending_skip or (0, None)
         if skip and prefix_ran and (put_back := self._epoch_put_back) is not None:
-            # (epochs() resumed before the epoch's code made or changed the loader)
+            self._undo_epoch_prefix()
+            # (epochs() resumed before the epoch's code made or changed the loader; a
+            # refusal after what that code changed is put back leaves the objects as saved)
             self._refuse_recut_loader(put_back.checkpoint.id, put_back.step, self.loop.epoch,
                                       skip, self.loop.loader_shape, loader, loaded=True)
-        if skip and prefix_ran:
-            self._undo_epoch_prefix()
         self._epoch_put_back = None  # (it holds the checkpoint's state: not kept through)
         loader_rng, self._pending_skip, self._pending_loader_rng = \
             self._pending_loader_rng, None, None

@@ -261,3 +261,23 @@ def test_what_a_scheduler_moved_is_not_named_as_edited(shell: InteractiveShell,
     assert run(shell, cell.format(dir=tmp_path / "t")).success
     out = capsys.readouterr().out
     assert "opt's max_lr = 0.05 (was 0.02)" in out and "betas" not in out, out
+
+
+def test_a_recut_loader_refused_in_an_epoch_leaves_the_objects_as_saved(
+        shell: InteractiveShell, tmp_path: Path, capsys) -> None:
+    """The refusal in epochs() said the tracked objects were as the checkpoint holds
+    them, but came before what the epoch's code ahead of its loop changed as it ran again
+    was put back: its lr, halved each epoch there, was halved once more."""
+    cell = TRAIN.replace("    for i, (xb", "    for group in opt.param_groups:\n"
+                         "        group['lr'] *= 0.5\n    for i, (xb")
+    run(shell, SETUP)
+    shell.user_ns["stop_at"].where = (1, 4)
+    assert not run(shell, cell.format(dir=tmp_path / "s")).success
+    stopped = final_state(shell)
+    shell.user_ns["stop_at"].where = None
+    run(shell, BATCHES_45)
+    capsys.readouterr()
+    result = run(shell, cell.format(dir=tmp_path / "s"))
+    assert "the tracked objects are as" in str(result.error_in_exec), result.error_in_exec
+    assert same(final_state(shell), stopped)
+    assert shell.user_ns["opt"].param_groups[0]["lr"] == 0.0125
