@@ -3899,11 +3899,13 @@ class AutoSession(NotState):
             return  # (at an epoch's end any loader goes on: nothing is skipped)
         now = _loader_shape(loader, _data_loader(loader), {})
         differs = [(what, shape.get(key), now[key]) for key, what in
-                   (("batch_size", "batch_size"), ("batches", "batches an epoch"))
+                   (("batch_size", "batch_size"), ("samples", "samples an epoch"),
+                    ("batches", "batches an epoch"))
                    if shape.get(key) is not None and now[key] is not None
                    and shape.get(key) != now[key]]
-        if not differs:
-            return
+        if not differs or [what for what, _, _ in differs] == ["batches an epoch"] and \
+                shape.get("samples") is not None and now["samples"] is not None:
+            return  # (drop_last alone changed: the batches done are the same samples)
         name = shape.get("name") or "the loader"
         raise StateMismatchError(
             f"not resuming checkpoint {checkpoint_id} (step {step}): it was saved "
@@ -4972,13 +4974,16 @@ def _data_loader(loader: Any) -> torch.utils.data.DataLoader | None:
 
 def _loader_shape(loader: Any, data_loader: torch.utils.data.DataLoader | None,
                   namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """How ``loader`` cuts an epoch: its batches an epoch and its DataLoader's batch_size
-    (None where it has none), and the notebook variable that holds it (None where none)."""
+    """How ``loader`` cuts an epoch: its batches an epoch, its DataLoader's batch_size and
+    samples an epoch (its sampler's length; None where it has none), and the notebook
+    variable that holds it (None where none)."""
     name = next((key for key, value in namespace.items()
                  if value is loader or (data_loader is not None and value is data_loader)),
                 None)
+    batched = data_loader is not None and data_loader.batch_size is not None
     return {"name": name, "batches": _length(lambda: len(loader)),
-            "batch_size": None if data_loader is None else data_loader.batch_size}
+            "batch_size": data_loader.batch_size if batched else None,
+            "samples": _length(lambda: len(data_loader.sampler)) if batched else None}
 
 
 def _reuses_iterator(loader: torch.utils.data.DataLoader | None) -> bool | None:

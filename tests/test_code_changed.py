@@ -281,3 +281,22 @@ def test_a_recut_loader_refused_in_an_epoch_leaves_the_objects_as_saved(
     assert "the tracked objects are as" in str(result.error_in_exec), result.error_in_exec
     assert same(final_state(shell), stopped)
     assert shell.user_ns["opt"].param_groups[0]["lr"] == 0.0125
+
+
+def test_a_loader_made_again_with_drop_last_alone_resumes(shell: InteractiveShell,
+                                                          tmp_path: Path, capsys) -> None:
+    """drop_last=True where the stop's loader had none: the epoch's last, short batch
+    left out, the batches done the very same samples. The resume was refused as though
+    they were other ones; it goes on now, and a data set of another size is refused."""
+    run(shell, SETUP)
+    shell.user_ns["stop_at"].where = (1, 4)
+    assert not run(shell, TRAIN.format(dir=tmp_path / "s")).success
+    shell.user_ns["stop_at"].where = None
+    run(shell, BATCHES_45.replace("(X, Y), batch_size=45", "(X[:900], Y[:900]), batch_size=90"))
+    result = run(shell, TRAIN.format(dir=tmp_path / "s"))
+    assert "samples an epoch 900 (was 1797)" in str(result.error_in_exec), result.error_in_exec
+    run(shell, BATCHES_45.replace("batch_size=45", "batch_size=90, drop_last=True"))
+    capsys.readouterr()
+    result = run(shell, TRAIN.format(dir=tmp_path / "s"))
+    assert result.success, result.error_in_exec
+    assert "resumed from" in capsys.readouterr().out
