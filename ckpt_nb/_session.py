@@ -1228,12 +1228,16 @@ def _changed_hyperparameters(objects: Mapping[str, Any], saved: Mapping[str, Any
     a resume puts back otherwise than they are now, in words (``opt's lr = 0.01 (was
     0.001)``): an lr the cell's code set ahead of its loop, or the set-up cell's edited, is
     replaced by the saved one, which the line said nothing of. An optimizer the stop left
-    (``same``) is compared as it stands. One a scheduler drives is compared by the
-    scheduler's settings (``initial_lr``, ``max_momentum``), not by the values it steps;
-    a new one's lr not at all where no scheduler keeps its starting lr (a
+    (``same``) is compared as it stands, unless a scheduler made since drives it: as it
+    was made it set what it steps (a OneCycleLR its lr and momentum), which is compared
+    by the scheduler's settings instead (``initial_lr``, ``max_momentum``), as a new
+    optimizer's is; a new one's lr not at all where no scheduler keeps its starting lr (a
     ReduceLROnPlateau or the loop's own decay moved the saved lr from the one it is made
     with, which is no edit)."""
     same = set(same)
+    rescheduled = {id(getattr(unwrap_state(obj), "optimizer", None))
+                   for key, obj in objects.items()
+                   if key not in same and isinstance(unwrap_state(obj), _SCHEDULERS)}
     changed = []
     for key, obj in objects.items():
         optimizer, state = unwrap_state(obj), saved.get(key)
@@ -1247,7 +1251,8 @@ def _changed_hyperparameters(objects: Mapping[str, Any], saved: Mapping[str, Any
                 continue
             held = [name for name in old if name not in ("params", "param_names")
                     and name in new]
-            names = [name for name in held if _SCHEDULED.get(name) not in held
+            anew = key not in same or id(optimizer) in rescheduled
+            names = [name for name in held if not (anew and _SCHEDULED.get(name) in held)
                      and (name != "lr" or key in same)]
             where = f"{_live_name(key)}'s " + (f"group {index} " if len(groups) > 1 else "")
             changed += [f"{where}{name} = {old[name]!r} (was {new[name]!r})" for name in names

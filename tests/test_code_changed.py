@@ -300,3 +300,28 @@ def test_a_loader_made_again_with_drop_last_alone_resumes(shell: InteractiveShel
     result = run(shell, TRAIN.format(dir=tmp_path / "s"))
     assert result.success, result.error_in_exec
     assert "resumed from" in capsys.readouterr().out
+
+
+def test_a_scheduler_made_in_the_cell_is_no_edit_in_the_same_kernel(
+        shell: InteractiveShell, tmp_path: Path, capsys) -> None:
+    """The cell makes its OneCycleLR ahead of the loop: run again after the stop, it set
+    the optimizer's lr and momentum to its start, which the resume named as edited. An
+    lr the edited cell sets under a set-up cell's StepLR is still named."""
+    made_here = TRAIN.replace(
+        "for epoch", "sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, "
+        "total_steps=60)\nfor epoch").replace("        stop_at(", "        sched.step()\n"
+                                              "        stop_at(")
+    stepped = TRAIN.replace("    stop_at(epoch, i)\n", "    stop_at(epoch, i)\n    sched.step()\n")
+    for setup, cell, edited, named in (
+            (SETUP, made_here, made_here, None),
+            (SETUP + "sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)\n", stepped,
+             stepped.replace("for epoch", "for group in opt.param_groups:\n    group['lr'] = "
+                             "0.001\nfor epoch", 1), "opt's lr = 0.025 (was 0.001)")):
+        run(shell, setup)
+        shell.user_ns["stop_at"].where = (1, 4)
+        assert not run(shell, cell.format(dir=tmp_path / "s"), cell_id="train").success
+        shell.user_ns["stop_at"].where = None
+        capsys.readouterr()
+        assert run(shell, edited.format(dir=tmp_path / "s"), cell_id="train").success
+        out = capsys.readouterr().out
+        assert (named in out) if named else "put back as saved:" not in out, out
