@@ -4980,15 +4980,39 @@ def _data_loader(loader: Any) -> torch.utils.data.DataLoader | None:
 def _loader_shape(loader: Any, data_loader: torch.utils.data.DataLoader | None,
                   namespace: Mapping[str, Any]) -> dict[str, Any]:
     """How ``loader`` cuts an epoch: its batches an epoch, its DataLoader's batch_size and
-    samples an epoch (its sampler's length; None where it has none), and the notebook
-    variable that holds it (None where none)."""
+    samples an epoch (its sampler's length; None where it has none; a ``zip()``'s, those
+    of each loader in it), and the notebook variable that holds it (None where none)."""
     name = next((key for key, value in namespace.items()
                  if value is loader or (data_loader is not None and value is data_loader)),
                 None)
+    made = next((layer for layer in _wrapped(loader) if type(layer) is zip), None)
+    if made is not None:  # (zip(l1, l2), which has no len: each loader's, in order)
+        try:
+            members = [_member_shape(member) for member in _zip_members(made)]
+        except Exception:  # noqa: BLE001 - a Python whose zip() reduces otherwise
+            members = []
+        return {"name": name or "the zip() given to batches()", "batches": None,
+                "batch_size": [size for size, _ in members] or None,
+                "samples": [samples for _, samples in members] or None}
     batched = data_loader is not None and data_loader.batch_size is not None
     return {"name": name, "batches": _length(lambda: len(loader)),
             "batch_size": data_loader.batch_size if batched else None,
             "samples": _length(lambda: len(data_loader.sampler)) if batched else None}
+
+
+def _member_shape(iterator: Any) -> tuple[int | None, int | None]:
+    """The batch_size and samples an epoch of the DataLoader an iterator in a ``zip()``
+    draws from (``_loader_shape``), or Nones (a list's, a batch sampler of another make):
+    the batches a mid-epoch resume skips are that loader's too."""
+    if isinstance(iterator, torch.utils.data.dataloader._BaseDataLoaderIter):
+        if not iterator._auto_collation:
+            return None, None
+        batcher = iterator._index_sampler  # (its batch sampler)
+        return getattr(batcher, "batch_size", None), _length(lambda: len(batcher.sampler))
+    inner = _wrapper_loaders(iterator)  # (zip(tqdm(l1), l2): the loader it wraps)
+    if len(inner) != 1 or inner[0].batch_size is None:
+        return None, None
+    return inner[0].batch_size, _length(lambda: len(inner[0].sampler))
 
 
 def _reuses_iterator(loader: torch.utils.data.DataLoader | None) -> bool | None:

@@ -325,3 +325,24 @@ def test_a_scheduler_made_in_the_cell_is_no_edit_in_the_same_kernel(
         assert run(shell, edited.format(dir=tmp_path / "s"), cell_id="train").success
         out = capsys.readouterr().out
         assert (named in out) if named else "put back as saved:" not in out, out
+
+
+def test_a_zipped_loader_cut_otherwise_is_not_resumed_mid_epoch(shell: InteractiveShell,
+                                                                tmp_path: Path) -> None:
+    """batches(zip(loader, loader2)), one made again with another batch_size: a zip() has
+    no len and is no DataLoader, so the check saw nothing and the resume skipped the done
+    batches in the new size without a word. Each zipped loader's is compared."""
+    cell = TRAIN.replace("ckpt_nb.batches(loader)", "ckpt_nb.batches(zip(loader, loader2))") \
+        .replace("(xb, yb)", "((xb, yb), _)")
+    run(shell, SETUP + "loader2 = torch.utils.data.DataLoader(torch.utils.data.TensorDataset("
+                       "X, Y), batch_size=90, shuffle=True)\n")
+    shell.user_ns["stop_at"].where = (1, 4)
+    assert not run(shell, cell.format(dir=tmp_path / "s")).success
+    shell.user_ns["stop_at"].where = None
+    run(shell, BATCHES_45)
+    result = run(shell, cell.format(dir=tmp_path / "s"))
+    assert "zip() given to batches(), which now has batch_size [45, 90] (was [90, 90])" in \
+        str(result.error_in_exec), result.error_in_exec
+    run(shell, BATCHES_45.replace("batch_size=45", "batch_size=90"))
+    result = run(shell, cell.format(dir=tmp_path / "s"))
+    assert result.success, result.error_in_exec
