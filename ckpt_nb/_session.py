@@ -4190,7 +4190,8 @@ class AutoSession(NotState):
             self.loop.batch_generators = self._generator_states()
             self.loop.loader_rng = [g.get_state() for g in generators]
             self.loop.loader_states, unsaved = _loader_states(data_loader)
-            self.loop.loader_shape = _loader_shape(loader, data_loader, self.namespace)
+            self.loop.loader_shape = _loader_shape(loader, data_loader, self.namespace,
+                                                   stateful=bool(self.loop.loader_states))
             if unsaved:
                 self.say(f"not saved as the epoch began, so a resume in it may replay "
                          f"another order: the loader's {unsaved}")
@@ -4978,10 +4979,13 @@ def _data_loader(loader: Any) -> torch.utils.data.DataLoader | None:
 
 
 def _loader_shape(loader: Any, data_loader: torch.utils.data.DataLoader | None,
-                  namespace: Mapping[str, Any]) -> dict[str, Any]:
+                  namespace: Mapping[str, Any], stateful: bool = False) -> dict[str, Any]:
     """How ``loader`` cuts an epoch: its batches an epoch, its DataLoader's batch_size and
     samples an epoch (its sampler's length; None where it has none; a ``zip()``'s, those
-    of each loader in it), and the notebook variable that holds it (None where none)."""
+    of each loader in it), and the notebook variable that holds it (None where none).
+    ``stateful``: its dataset, sampler or batch sampler has a state, which a resume puts
+    back as the epoch began only after the check: lengths that may follow it (a curriculum
+    sampler's, growing as each epoch's iterator is made) are None, not compared."""
     name = next((key for key, value in namespace.items()
                  if value is loader or (data_loader is not None and value is data_loader)),
                 None)
@@ -4995,9 +4999,10 @@ def _loader_shape(loader: Any, data_loader: torch.utils.data.DataLoader | None,
                 "batch_size": [size for size, _ in members] or None,
                 "samples": [samples for _, samples in members] or None}
     batched = data_loader is not None and data_loader.batch_size is not None
-    return {"name": name, "batches": _length(lambda: len(loader)),
+    return {"name": name, "batches": None if stateful else _length(lambda: len(loader)),
             "batch_size": data_loader.batch_size if batched else None,
-            "samples": _length(lambda: len(data_loader.sampler)) if batched else None}
+            "samples": _length(lambda: len(data_loader.sampler))
+            if batched and not stateful else None}
 
 
 def _member_shape(iterator: Any) -> tuple[int | None, int | None]:
