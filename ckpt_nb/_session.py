@@ -1256,23 +1256,23 @@ def _changed_hyperparameters(objects: Mapping[str, Any], saved: Mapping[str, Any
                      and (name != "lr" or key in same)]
             where = f"{_live_name(key)}'s " + (f"group {index} " if len(groups) > 1 else "")
             changed += [f"{where}{name} = {old[name]!r} (was {new[name]!r})" for name in names
-                        if _differs(old[name], new[name])]
+                        if _hyperparameter_differs(old[name], new[name])]
     if len(changed) > _HYPERPARAMETERS_NAMED:
         changed[_HYPERPARAMETERS_NAMED:] = [
             f"{len(changed) - _HYPERPARAMETERS_NAMED} more optimizer hyper-parameters"]
     return changed
 
 
-def _differs(saved: Any, live: Any) -> bool:
+def _hyperparameter_differs(saved: Any, live: Any) -> bool:
     """Whether a saved hyper-parameter is not the live one (a tensor lr compared by its
-    value; a tuple read back as a list is the same)."""
+    value; betas given as a list, read back as a tuple, are the same)."""
     if isinstance(saved, torch.Tensor) or isinstance(live, torch.Tensor):
         try:
             return bool(torch.as_tensor(saved).ne(torch.as_tensor(live)).any())
         except (RuntimeError, TypeError, ValueError):
             return True
     if isinstance(saved, (list, tuple)) and isinstance(live, (list, tuple)):
-        return len(saved) != len(live) or any(map(_differs, saved, live))
+        return len(saved) != len(live) or any(map(_hyperparameter_differs, saved, live))
     return bool(saved != live)
 
 

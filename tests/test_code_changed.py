@@ -389,3 +389,19 @@ def test_a_sampler_whose_length_follows_its_state_resumes(shell: InteractiveShel
     result = run(shell, TRAIN.format(dir=tmp_path / "s"))
     assert result.success, result.error_in_exec
     assert same(final_state(shell), unstopped)
+
+
+
+def test_a_hyper_parameter_equal_in_value_is_no_edit() -> None:
+    """lr=1 saved, the cell setting 1.0 (or a tensor lr, its float): the comparison that
+    takes them for equal was shadowed by a later function of the same name, which tells
+    types apart, so the resume named them as put back otherwise than set."""
+    from ckpt_nb._session import _changed_hyperparameters
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1, momentum=0.5)
+    saved = {"opt": opt.state_dict()}
+    opt.param_groups[0]["lr"] = 1.0
+    assert _changed_hyperparameters({"opt": opt}, saved, ["opt"]) == []
+    opt.param_groups[0]["lr"] = 0.5
+    assert _changed_hyperparameters({"opt": opt}, saved, ["opt"]) == ["opt's lr = 1 (was 0.5)"]
