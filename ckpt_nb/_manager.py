@@ -2476,6 +2476,7 @@ class CheckpointManager(NotState):
 
         ids = [self.resolve(a), self.resolve(b)]
         manifests, sides = [], []
+        kinds: dict[str, Any] = {}  # (each object's class: which tensors are generators')
         for cid in ids:
             with self._reading(cid):
                 manifest = self._manifest(cid)
@@ -2485,12 +2486,14 @@ class CheckpointManager(NotState):
                 sides.append({t["name"]: (t, chunks[t["storage"]], sizes[t["storage"]],
                                           _sizes(t["shape"]), dtype_from_name(t["dtype"]))
                               for t in manifest["tensors"]})
+                types = manifest["state"]["types"] if "types" in manifest["state"] else {}
+                if not isinstance(types, Mapping):
+                    raise TypeError(f"its types are a {type(types).__name__}, not a dict")
+                kinds.update(types)
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise _undescribed(cid, exc) from exc
             manifests.append(manifest)
         left, right = sides
-        kinds = {**manifests[0]["state"].get("types", {}),
-                 **manifests[1]["state"].get("types", {})}
         records, unread = [], []
         for name in list(left) + [n for n in right if n not in left]:
             ra, ca, na, shape_a, dtype_a = left.get(name, (None,) * 5)
